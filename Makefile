@@ -1,0 +1,49 @@
+# Two entry points: `make lab` and `make test`. Everything else is set-up they share.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: lab test setup browser lint bench samples clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# torch first, pinned to the CPU build, so that the package's range does not pull a CUDA build.
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[notebook,dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# Debian's chromium for the JupyterLab browser tests (never `playwright install`).
+browser:
+	@if [ ! -x /usr/bin/chromium ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	      || echo "warning: could not install chromium; browser tests will be skipped"; \
+	  else echo "warning: no chromium and no root apt-get; browser tests will be skipped"; fi; \
+	fi
+
+lab: setup
+	$(BIN)/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root,)
+
+test: setup browser
+	$(BIN)/ruff check workbench tests benchmarks scripts
+	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=300 tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=300 --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks
+
+lint: setup
+	$(BIN)/ruff check workbench tests benchmarks scripts
+
+bench: setup
+	$(BIN)/python benchmarks/run.py
+
+samples: setup
+	$(BIN)/python scripts/make_samples.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,39 @@
+"""Checkpoint Workbench: look inside PyTorch checkpoints without loading them, describe layout
+conversions as small graphs of tensor operations, see what a conversion costs before running it,
+and run it with bounded memory on one process or many.
+
+`import workbench` stays cheap (no torch import): names are resolved on first use.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+__version__ = "0.1.0"
+
+from .errors import CheckpointError, MapperError, PlanError, WorkbenchError  # noqa: E402
+
+_LAZY = {
+    "open_checkpoint": ("workbench.view", "open_checkpoint"),
+    "Checkpoint": ("workbench.view", "Checkpoint"),
+    "Catalog": ("workbench.catalog", "Catalog"),
+    "TensorInfo": ("workbench.catalog", "TensorInfo"),
+    "plan": ("workbench.plan", "plan"),
+    "Plan": ("workbench.plan", "Plan"),
+    "convert": ("workbench.engine", "convert"),
+    "mapper": ("workbench.mapper", None),
+}
+
+__all__ = ["CheckpointError", "MapperError", "PlanError", "WorkbenchError", "__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module_name, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'workbench' has no attribute {name!r}") from None
+    module = import_module(module_name)
+    value = module if attr is None else getattr(module, attr)
+    globals()[name] = value
+    return value

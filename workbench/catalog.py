@@ -1,0 +1,129 @@
+"""The metadata model every layer shares: what tensors a checkpoint holds and where their bytes are.
+
+A `Catalog` is built from headers alone. It never holds tensor data; it knows, for each tensor, its
+dtype, shape and the byte range that stores it, and it has a `reader` that fetches those bytes when
+asked. Mappers bind to catalogs, plans are computed from them, and the engine copies the byte ranges
+they name.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from .dtypes import nbytes_of
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    """One tensor's metadata: name, safetensors dtype code, shape, and where its bytes live.
+
+    `file` is relative to the catalog root ('' when the tensor is not on disk, e.g. a mapper output
+    before it is laid out); `begin`/`end` are absolute byte offsets in that file, end exclusive.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    file: str = ""
+    begin: int = 0
+    end: int = 0
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return nbytes_of(self.dtype, self.numel)
+
+    def with_name(self, name: str) -> TensorInfo:
+        return TensorInfo(name, self.dtype, self.shape, self.file, self.begin, self.end)
+
+    def meta(self) -> TensorInfo:
+        """The same tensor without a location (what a mapper output looks like)."""
+        return TensorInfo(self.name, self.dtype, self.shape)
+
+
+@dataclass(frozen=True, slots=True)
+class FileInfo:
+    """One file of a checkpoint that holds tensors."""
+
+    path: str  # relative to the catalog root
+    size: int
+    header_bytes: int
+    n_tensors: int
+
+
+class TensorReader(Protocol):
+    """Fetches tensor bytes for a catalog; one per opened checkpoint."""
+
+    def read_bytes(self, info: TensorInfo) -> bytes:
+        """The tensor's bytes, row-major contiguous, exactly `info.nbytes` long."""
+        ...
+
+    def locate(self, info: TensorInfo) -> tuple[Path, int, int] | None:
+        """(absolute path, begin, end) when the bytes lie contiguous and raw in one file, else None.
+
+        The engine copies located tensors with kernel copies; the rest go through `read_bytes`.
+        """
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class Catalog(Mapping[str, TensorInfo]):
+    """An ordered mapping name -> TensorInfo plus the files that hold them.
+
+    Order is the on-disk order (file, then offset), which is the order a reader streams them in.
+    """
+
+    root: Path
+    format: str
+    tensors: dict[str, TensorInfo]
+    files: dict[str, FileInfo] = field(default_factory=dict)
+    metadata: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    extras: list[str] = field(default_factory=list)  # non-tensor files beside the weights (config.json ...)
+    reader: TensorReader | None = field(default=None, repr=False, compare=False)
+
+    def __getitem__(self, name: str) -> TensorInfo:
+        return self.tensors[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.tensors
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
+
+    def path_of(self, info: TensorInfo) -> Path:
+        """Absolute path of the file that holds `info`."""
+        return self.root / info.file if self.root.is_dir() else self.root
+
+    def locate(self, name: str) -> tuple[Path, int, int] | None:
+        """Where one tensor's raw bytes lie, if contiguous in a single file (see TensorReader.locate)."""
+        return None if self.reader is None else self.reader.locate(self.tensors[name])
+
+    def read_bytes(self, name: str) -> bytes:
+        """The raw bytes of one tensor (only that tensor's byte range is read)."""
+        if self.reader is None:
+            from .errors import CheckpointError
+
+            raise CheckpointError(f"Cannot read tensor {name!r}: this catalog has no data (it was built from metadata only).")
+        return self.reader.read_bytes(self.tensors[name])
+
+    @classmethod
+    def from_infos(cls, infos: Iterable[TensorInfo], *, root: str | Path = ".", format: str = "memory") -> Catalog:
+        """A data-less catalog from metadata, for planning against synthetic or expected layouts."""
+        return cls(root=Path(root), format=format, tensors={t.name: t for t in infos})

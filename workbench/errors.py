@@ -1,0 +1,32 @@
+"""Error types: every failure a user can cause surfaces as a `WorkbenchError` with a one-paragraph message.
+
+Messages follow the pattern "Cannot <do X>: <cause> (<value>). <Fix>." and name the file and the tensor
+when there is one, so a user can act on them without reading a traceback.
+"""
+
+from __future__ import annotations
+
+
+class WorkbenchError(Exception):
+    """Base of every error this package raises on purpose (bad input, bad mapper, bad plan)."""
+
+    def __init__(self, message: str, *, file: str | None = None, tensor: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.file = file
+        self.tensor = tensor
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class CheckpointError(WorkbenchError):
+    """A checkpoint on disk is malformed, incomplete, unsafe or unsupported."""
+
+
+class MapperError(WorkbenchError):
+    """A mapper cannot be built, bound to a source or applied."""
+
+
+class PlanError(WorkbenchError):
+    """A conversion cannot be planned or executed as asked."""

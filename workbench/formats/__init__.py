@@ -1,0 +1,49 @@
+"""On-disk layouts. Each module detects its layout, lists tensors from headers, and reads byte ranges.
+
+`open_catalog(path)` picks the first format whose `detect` accepts the path. Formats added later
+(DCP, torch.save zips, atorch) register in `FORMATS`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from ..catalog import Catalog
+from ..errors import CheckpointError
+from . import safetensors_folder
+from .safetensors import looks_like_safetensors
+
+# (name, detect, open) in priority order.
+FORMATS: list[tuple[str, Callable[[Path], bool], Callable[[Path], Catalog]]] = [
+    ("safetensors", safetensors_folder.detect, safetensors_folder.open_path),
+]
+
+
+def register(name: str, detect: Callable[[Path], bool], open_: Callable[[Path], Catalog], *, first: bool = False) -> None:
+    """Add a format; `first=True` puts it ahead of the others (for more specific layouts)."""
+    entry = (name, detect, open_)
+    if first:
+        FORMATS.insert(0, entry)
+    else:
+        FORMATS.append(entry)
+
+
+def open_catalog(path: str | os.PathLike) -> Catalog:
+    """Open any supported checkpoint (file or folder) from its headers alone."""
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"Cannot open checkpoint {p}: no such file or folder. Check the path.", file=str(p))
+    for _name, detect, open_ in FORMATS:
+        if detect(p):
+            return open_(p)
+    if p.is_file() and looks_like_safetensors(p):
+        return safetensors_folder.open_file(p)
+    kind = "folder" if p.is_dir() else "file"
+    raise CheckpointError(
+        f"Cannot open checkpoint {p}: this {kind} is not in a format the workbench knows "
+        f"(tried: {', '.join(n for n, _, _ in FORMATS)}). Point at a .safetensors file, an HF model folder, "
+        "or a supported training checkpoint.",
+        file=str(p),
+    )

@@ -1,0 +1,229 @@
+"""Single safetensors files: strict header parsing and validation, and byte-range reads.
+
+The header is validated completely before any of it is used: a file that the reference reader would
+refuse is refused here with a message naming the file, the tensor and the fault.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..catalog import FileInfo, TensorInfo
+from ..dtypes import DTYPE_BITS
+from ..errors import CheckpointError
+from ..iostats import open_for_read, read_at
+
+# The reference implementation refuses headers above 100 MB; so do we, before allocating anything.
+MAX_HEADER_BYTES = 100_000_000
+SUFFIX = ".safetensors"
+
+
+@dataclass(frozen=True)
+class SafetensorsHeader:
+    """A parsed, validated safetensors header: tensors in data order, metadata, sizes."""
+
+    tensors: list[TensorInfo]
+    metadata: dict[str, str]
+    header_bytes: int  # 8 + N
+    file_size: int
+
+
+def _fail(path: str, cause: str, tensor: str | None = None, fix: str = "") -> CheckpointError:
+    where = f" (tensor {tensor!r})" if tensor else ""
+    fix = fix or "The file is corrupt or not a safetensors file: re-download or re-export it."
+    return CheckpointError(f"Cannot read safetensors file {path}{where}: {cause}. {fix}", file=path, tensor=tensor)
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    seen: dict = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def read_header(path: str | os.PathLike, *, rel: str | None = None, fd: int | None = None) -> SafetensorsHeader:
+    """Parse and validate the header of one safetensors file, reading only the header bytes.
+
+    `rel` is the name recorded in each TensorInfo.file (defaults to the file name).
+    """
+    spath = os.fspath(path)
+    own_fd = fd is None
+    try:
+        if own_fd:
+            try:
+                fd = open_for_read(spath)
+            except OSError as exc:
+                raise CheckpointError(
+                    f"Cannot open safetensors file {spath}: {exc.strerror}. Check the path and permissions.", file=spath
+                ) from None
+        file_size = os.fstat(fd).st_size
+        if file_size < 8:
+            raise _fail(spath, f"the file is {file_size} bytes, shorter than the 8-byte header length")
+        (n,) = struct.unpack("<Q", read_at(fd, 8, 0))
+        if n > MAX_HEADER_BYTES:
+            raise _fail(spath, f"the header length field says {n} bytes, above the {MAX_HEADER_BYTES} byte limit")
+        if 8 + n > file_size:
+            raise _fail(spath, f"the header length field says {n} bytes but the file has only {file_size - 8} after it (truncated file?)")
+        raw = read_at(fd, n, 8)
+    finally:
+        if own_fd and fd is not None:
+            os.close(fd)
+    tensors, metadata = parse_header_bytes(raw, spath, rel if rel is not None else os.path.basename(spath), 8 + n, file_size)
+    return SafetensorsHeader(tensors, metadata, 8 + n, file_size)
+
+
+def parse_header_bytes(
+    raw: bytes, path: str, rel: str, data_start: int, file_size: int
+) -> tuple[list[TensorInfo], dict[str, str]]:
+    """Validate header JSON bytes; return tensors sorted by data offset, with absolute file offsets."""
+    if not raw.startswith(b"{"):
+        raise _fail(path, "the header does not start with '{'")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _fail(path, "the header is not valid UTF-8") from None
+    try:
+        header = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise _fail(path, f"the header is not valid JSON ({exc.msg if hasattr(exc, 'msg') else exc})") from None
+    if not isinstance(header, dict):
+        raise _fail(path, "the header is not a JSON object")
+    # A duplicate key silently overwrites in json.loads; a cheap count spots it, a slow parse names it.
+    if raw.count(b'"data_offsets"') != len(header) - ("__metadata__" in header):
+        try:
+            json.loads(text, object_pairs_hook=_no_duplicates)
+        except _DuplicateKey as dup:
+            raise _fail(path, f"the header names {dup.key!r} twice", tensor=dup.key) from None
+
+    metadata = header.pop("__metadata__", None)
+    if metadata is None:
+        metadata = {}
+    elif not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+        raise _fail(path, "__metadata__ must be an object mapping strings to strings")
+
+    entries: list[tuple[int, int, str, str, tuple[int, ...]]] = []
+    for name, entry in header.items():
+        if not isinstance(entry, dict):
+            raise _fail(path, "the entry is not an object", name)
+        dtype = entry.get("dtype")
+        if dtype not in DTYPE_BITS:
+            raise _fail(path, f"unknown dtype {dtype!r}", name, f"Known dtypes: {', '.join(DTYPE_BITS)}.")
+        shape = entry.get("shape")
+        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+            raise _fail(path, f"shape must be a list of non-negative integers, got {shape!r}", name)
+        offsets = entry.get("data_offsets")
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(type(o) is int and o >= 0 for o in offsets)
+            or offsets[0] > offsets[1]
+        ):
+            raise _fail(path, f"data_offsets must be [begin, end] with 0 <= begin <= end, got {offsets!r}", name)
+        entries.append((offsets[0], offsets[1], name, dtype, tuple(shape)))
+
+    entries.sort(key=lambda e: (e[0], e[1]))
+    buffer_size = file_size - data_start
+    expected = 0
+    tensors: list[TensorInfo] = []
+    for begin, end, name, dtype, shape in entries:
+        if begin != expected:
+            cause = "overlaps the previous tensor" if begin < expected else f"leaves a gap of {begin - expected} bytes before it"
+            raise _fail(path, f"data_offsets [{begin}, {end}] {cause}", name)
+        numel = 1
+        for d in shape:
+            numel *= d
+        bits = numel * DTYPE_BITS[dtype]
+        if bits % 8:
+            raise _fail(path, f"{numel} elements of {dtype} do not fill whole bytes", name)
+        if bits // 8 != end - begin:
+            raise _fail(
+                path, f"shape {list(shape)} of {dtype} needs {bits // 8} bytes but data_offsets span {end - begin}", name
+            )
+        if end > buffer_size:
+            raise _fail(path, f"data_offsets end at {end} but the data buffer has {buffer_size} bytes (truncated file?)", name)
+        tensors.append(TensorInfo(name, dtype, shape, rel, data_start + begin, data_start + end))
+        expected = end
+    if expected != buffer_size:
+        raise _fail(path, f"the tensors cover {expected} bytes of a {buffer_size}-byte data buffer (trailing or missing data)")
+    return tensors, metadata
+
+
+def looks_like_safetensors(path: Path) -> bool:
+    """Cheap sniff: a header length that fits the file and a header that starts with '{'."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(9)
+            size = os.fstat(fh.fileno()).st_size
+    except OSError:
+        return False
+    if len(head) < 9:
+        return False
+    (n,) = struct.unpack("<Q", head[:8])
+    return head[8:9] == b"{" and 8 + n <= size
+
+
+class FileReader:
+    """Reads tensor byte ranges from the files of one checkpoint, keeping their descriptors open."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._fds: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def _fd(self, rel: str) -> int:
+        with self._lock:
+            fd = self._fds.get(rel)
+            if fd is None:
+                path = self.root / rel if self.root.is_dir() else self.root
+                try:
+                    fd = open_for_read(path)
+                except OSError as exc:
+                    raise CheckpointError(f"Cannot open {path}: {exc.strerror}. Was the checkpoint moved or deleted?", file=str(path)) from None
+                self._fds[rel] = fd
+            return fd
+
+    def read_bytes(self, info: TensorInfo) -> bytes:
+        """The bytes of one tensor; nothing else of its file is read."""
+        try:
+            return read_at(self._fd(info.file), info.end - info.begin, info.begin)
+        except EOFError:
+            raise CheckpointError(
+                f"Cannot read tensor {info.name!r} from {info.file}: the file ended early (it changed or was truncated "
+                "after it was opened). Re-open the checkpoint.",
+                file=info.file,
+                tensor=info.name,
+            ) from None
+
+    def locate(self, info: TensorInfo) -> tuple[Path, int, int]:
+        """Safetensors data is always raw and contiguous: the file and the absolute byte range."""
+        return (self.root / info.file if self.root.is_dir() else self.root, info.begin, info.end)
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def file_info(rel: str, header: SafetensorsHeader) -> FileInfo:
+    """The FileInfo row of one parsed file."""
+    return FileInfo(rel, header.file_size, header.header_bytes, len(header.tensors))

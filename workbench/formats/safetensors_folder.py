@@ -1,0 +1,201 @@
+"""Checkpoints made of safetensors files: one file, a folder with an HF index, or a bare folder.
+
+The HF index is untrusted input like the rest: every shard path must stay inside the folder, every
+shard must exist, and the index must agree with what the shards' headers say.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path, PurePosixPath
+
+from ..catalog import Catalog, TensorInfo
+from ..errors import CheckpointError
+from .safetensors import SUFFIX, FileReader, SafetensorsHeader, file_info, read_header
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+MAX_INDEX_BYTES = 512 * 1024 * 1024
+
+
+def find_index(folder: Path) -> Path | None:
+    """The HF index of a folder: `model.safetensors.index.json`, else a single `*.safetensors.index.json`."""
+    preferred = folder / INDEX_NAME
+    if preferred.is_file():
+        return preferred
+    found = sorted(folder.glob("*" + SUFFIX + ".index.json"))
+    return found[0] if len(found) == 1 else None
+
+
+def safe_member(folder: Path, rel: object, *, what: str) -> str:
+    """Validate that `rel` (from an untrusted index) names a file inside `folder`; return it normalized."""
+    if not isinstance(rel, str) or not rel or "\x00" in rel:
+        raise CheckpointError(f"Cannot use {what}: the shard path {rel!r} is not a file name. Fix the index.", file=str(folder))
+    pure = PurePosixPath(rel.replace("\\", "/"))
+    if pure.is_absolute() or ".." in pure.parts or rel.startswith(("/", "\\")) or (len(rel) > 1 and rel[1] == ":"):
+        raise CheckpointError(
+            f"Cannot use {what}: the shard path {rel!r} points outside the checkpoint folder {folder}. "
+            "Refusing it; an index may only name files inside its own folder.",
+            file=str(folder),
+        )
+    real_root = os.path.realpath(folder)
+    real = os.path.realpath(folder / pure)
+    if os.path.commonpath([real_root, real]) != real_root:
+        raise CheckpointError(
+            f"Cannot use {what}: the shard path {rel!r} is a link that leads outside the checkpoint folder "
+            f"({real}). Refusing it; copy the shard into the folder instead.",
+            file=str(folder),
+        )
+    return str(pure)
+
+
+def _load_index(index_path: Path) -> dict[str, str]:
+    size = index_path.stat().st_size
+    if size > MAX_INDEX_BYTES:
+        raise CheckpointError(f"Cannot read index {index_path}: it is {size} bytes, more than any real index. Check the file.", file=str(index_path))
+    try:
+        index = json.loads(index_path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise CheckpointError(f"Cannot read index {index_path}: it is not valid JSON ({exc}). Re-download or regenerate it.", file=str(index_path)) from None
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"Cannot read index {index_path}: it has no \"weight_map\" object. Re-download or regenerate it.", file=str(index_path))
+    return weight_map
+
+
+def _extras(folder: Path, weights: set[str]) -> list[str]:
+    """Non-weight files at the top of the folder (config, tokenizer ...), which conversions copy along."""
+    out = []
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        if entry.is_file() and entry.name not in weights and not entry.name.endswith(SUFFIX) and not entry.name.endswith(".index.json"):
+            out.append(entry.name)
+    return out
+
+
+def _catalog(root: Path, fmt: str, headers: dict[str, SafetensorsHeader], tensors: dict[str, TensorInfo], **kw) -> Catalog:
+    metadata: dict[str, str] = {}
+    for header in headers.values():
+        metadata.update(header.metadata)
+    return Catalog(
+        root=root,
+        format=fmt,
+        tensors=tensors,
+        files={rel: file_info(rel, h) for rel, h in headers.items()},
+        metadata=metadata,
+        reader=FileReader(root),
+        **kw,
+    )
+
+
+def open_file(path: Path) -> Catalog:
+    """A single `.safetensors` file."""
+    header = read_header(path, rel=path.name)
+    return _catalog(path, "safetensors", {path.name: header}, {t.name: t for t in header.tensors})
+
+
+def open_indexed(folder: Path, index_path: Path) -> Catalog:
+    """An HF sharded folder: the index names each tensor's shard; every claim is checked."""
+    weight_map = _load_index(index_path)
+    shard_of: dict[str, str] = {}
+    shards: list[str] = []
+    checked: dict[object, str] = {}
+    for name, rel in weight_map.items():
+        norm = checked.get(rel)
+        if norm is None:
+            norm = safe_member(folder, rel, what=f"index {index_path.name} entry for tensor {name!r}")
+            checked[rel] = norm
+            if norm not in shards:
+                shards.append(norm)
+        shard_of[name] = norm
+    shards.sort()
+    headers: dict[str, SafetensorsHeader] = {}
+    for rel in shards:
+        path = folder / rel
+        if not path.is_file():
+            users = [n for n, r in shard_of.items() if r == rel]
+            raise CheckpointError(
+                f"Cannot open checkpoint {folder}: shard {rel} named by {index_path.name} is missing "
+                f"(it should hold {len(users)} tensors, e.g. {users[0]!r}). Download the missing shard.",
+                file=str(path),
+                tensor=users[0],
+            )
+        headers[rel] = read_header(path, rel=rel)
+
+    tensors: dict[str, TensorInfo] = {}
+    home: dict[str, str] = {}
+    unlisted: list[str] = []
+    for rel, header in headers.items():
+        for info in header.tensors:
+            if info.name in home:
+                raise CheckpointError(
+                    f"Cannot open checkpoint {folder}: tensor {info.name!r} is stored in two shards "
+                    f"({home[info.name]} and {rel}). Remove the stale copy or regenerate the checkpoint.",
+                    file=rel,
+                    tensor=info.name,
+                )
+            home[info.name] = rel
+            if shard_of.get(info.name) == rel:
+                tensors[info.name] = info
+            else:
+                unlisted.append(info.name)
+    for name, rel in shard_of.items():
+        if name not in tensors:
+            where = f"it is in {home[name]}" if name in home else "no shard holds it"
+            raise CheckpointError(
+                f"Cannot open checkpoint {folder}: {index_path.name} says tensor {name!r} is in {rel}, but {where}. "
+                "The index and the shards disagree: regenerate the index or re-download the shards.",
+                file=rel,
+                tensor=name,
+            )
+    warnings = []
+    if unlisted:
+        warnings.append(
+            f"{len(unlisted)} tensors stored in shards are not listed in {index_path.name} and are ignored "
+            f"(e.g. {unlisted[0]!r})."
+        )
+    return _catalog(
+        folder, "hf-sharded", headers, tensors, warnings=warnings, extras=_extras(folder, set(shards) | {index_path.name})
+    )
+
+
+def open_folder(folder: Path) -> Catalog:
+    """A folder holding `model.safetensors` or several `*.safetensors` files without an index."""
+    index = find_index(folder)
+    if index is not None:
+        return open_indexed(folder, index)
+    files = sorted(p.name for p in folder.glob("*" + SUFFIX) if p.is_file())
+    if not files:
+        raise CheckpointError(f"Cannot open checkpoint {folder}: it holds no .safetensors file and no index. Point at a checkpoint folder or file.", file=str(folder))
+    headers: dict[str, SafetensorsHeader] = {}
+    tensors: dict[str, TensorInfo] = {}
+    for rel in files:
+        safe_member(folder, rel, what=f"file {rel}")
+        headers[rel] = read_header(folder / rel, rel=rel)
+        for info in headers[rel].tensors:
+            if info.name in tensors:
+                raise CheckpointError(
+                    f"Cannot open checkpoint {folder}: tensor {info.name!r} is stored in two files "
+                    f"({tensors[info.name].file} and {rel}). Remove the stale file or open one file directly.",
+                    file=rel,
+                    tensor=info.name,
+                )
+            tensors[info.name] = info
+    fmt = "safetensors" if len(files) == 1 else "safetensors-folder"
+    return _catalog(folder, fmt, headers, tensors, extras=_extras(folder, set(files)))
+
+
+def detect(path: Path) -> bool:
+    """True when `path` is a safetensors file or a folder of them."""
+    if path.is_file():
+        return path.suffix == SUFFIX or path.name.endswith(SUFFIX + ".index.json")
+    return path.is_dir() and (find_index(path) is not None or any(path.glob("*" + SUFFIX)))
+
+
+def open_path(path: Path) -> Catalog:
+    """Open a safetensors file, an index file, or a folder."""
+    if path.is_file():
+        if path.name.endswith(".index.json"):
+            return open_indexed(path.parent, path)
+        return open_file(path)
+    return open_folder(path)

@@ -1,0 +1,270 @@
+"""Streaming safetensors writer and HF index writer.
+
+The whole layout (every tensor's dtype, shape and offset) is decided before the first byte is written,
+so the header goes first and tensor data can then arrive in any order, in pieces, or be copied by the
+kernel straight from a source file. Nothing is visible under the final name until every declared byte
+has been written and synced: a crash leaves only a `.partial` file, never a plausible-looking one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..catalog import TensorInfo
+from ..errors import PlanError
+from ..iostats import IO
+
+# Reference writer order: larger element types first (keeps every tensor aligned), then by name.
+_DTYPE_RANK = [
+    "BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ",
+    "F8_E5M2FNUZ", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "C64", "F64", "I64", "U64",
+]
+_RANK = {code: i for i, code in enumerate(_DTYPE_RANK)}
+DEFAULT_METADATA = {"format": "pt"}
+PARTIAL_SUFFIX = ".partial"
+
+
+def reference_order(tensors: Iterable[TensorInfo]) -> list[TensorInfo]:
+    """The order the reference writer stores tensors in: dtype rank descending, then name."""
+    return sorted(tensors, key=lambda t: (-_RANK.get(t.dtype, 0), t.name))
+
+
+@dataclass(frozen=True)
+class FileLayout:
+    """Everything needed to write one safetensors file: the header bytes and each tensor's placement."""
+
+    file: str
+    header: bytes  # the 8-byte length prefix plus the padded JSON
+    tensors: tuple[TensorInfo, ...]  # with file and absolute begin/end set, in data order
+    size: int
+
+    def by_name(self) -> dict[str, TensorInfo]:
+        return {t.name: t for t in self.tensors}
+
+
+def layout_file(
+    file: str,
+    tensors: Sequence[TensorInfo],
+    metadata: Mapping[str, str] | None = None,
+    *,
+    order: str = "reference",
+) -> FileLayout:
+    """Place `tensors` in one file: header bytes and absolute offsets, identical to the reference writer.
+
+    `order='reference'` sorts like `safetensors.save_file` (so equal inputs give equal bytes);
+    `order='given'` keeps the caller's order.
+    """
+    ordered = reference_order(tensors) if order == "reference" else list(tensors)
+    names = set()
+    entries: dict[str, Any] = {"__metadata__": dict(DEFAULT_METADATA if metadata is None else metadata)}
+    if not entries["__metadata__"]:
+        del entries["__metadata__"]
+    offset = 0
+    for t in ordered:
+        if t.name in names or t.name == "__metadata__":
+            raise PlanError(f"Cannot lay out {file}: tensor name {t.name!r} appears twice or is reserved. Rename it.", tensor=t.name)
+        names.add(t.name)
+        entries[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [offset, offset + t.nbytes]}
+        offset += t.nbytes
+    body = json.dumps(entries, separators=(",", ":"), ensure_ascii=True).encode()
+    body += b" " * (-len(body) % 8)
+    header = len(body).to_bytes(8, "little") + body
+    start = len(header)
+    placed = []
+    for t in ordered:
+        begin = start + entries[t.name]["data_offsets"][0]
+        placed.append(TensorInfo(t.name, t.dtype, tuple(t.shape), file, begin, begin + t.nbytes))
+    return FileLayout(file, header, tuple(placed), start + offset)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class SafetensorsWriter:
+    """Writes one safetensors file laid out in advance; data may arrive in any order and in pieces.
+
+    Use as a context manager: leaving it with an exception removes the partial file; `commit()` checks
+    that every declared byte was written, syncs, and renames to the final name.
+    """
+
+    def __init__(self, folder: str | os.PathLike, layout: FileLayout) -> None:
+        self.folder = Path(folder)
+        self.layout = layout
+        self.final_path = self.folder / layout.file
+        self.partial_path = self.folder / (layout.file + PARTIAL_SUFFIX)
+        self._by_name = layout.by_name()
+        self._written: dict[str, int] = dict.fromkeys(self._by_name, 0)
+        self._fd: int | None = os.open(self.partial_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            os.ftruncate(self._fd, layout.size)
+            self._pwrite(layout.header, 0)
+        except BaseException:
+            self.abort()
+            raise
+
+    def _slot(self, name: str, at: int, length: int) -> TensorInfo:
+        info = self._by_name.get(name)
+        if info is None:
+            raise PlanError(f"Cannot write tensor {name!r} to {self.layout.file}: it is not in the planned layout.", file=self.layout.file, tensor=name)
+        if at < 0 or at + length > info.nbytes:
+            raise PlanError(
+                f"Cannot write tensor {name!r} to {self.layout.file}: {length} bytes at offset {at} overflow its declared "
+                f"{info.nbytes} bytes ({info.dtype} {list(info.shape)}). The data disagrees with the planned metadata.",
+                file=self.layout.file,
+                tensor=name,
+            )
+        return info
+
+    def _pwrite(self, data: bytes | memoryview, offset: int) -> None:
+        assert self._fd is not None
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            done += os.pwrite(self._fd, view[done:], offset + done)
+        IO.add_written(len(view))
+
+    def write(self, name: str, data: bytes | bytearray | memoryview, at: int = 0) -> None:
+        """Write `data` as bytes [at, at+len) of tensor `name`."""
+        length = memoryview(data).nbytes
+        info = self._slot(name, at, length)
+        self._pwrite(data, info.begin + at)
+        self._written[name] += length
+
+    def write_tensor(self, name: str, tensor: Any) -> None:
+        """Write a whole torch tensor, refusing one whose dtype or shape differs from the layout."""
+        from ..dtypes import from_torch
+
+        info = self._slot(name, 0, 0)
+        dtype = from_torch(tensor.dtype)
+        if dtype != info.dtype or tuple(tensor.shape) != info.shape:
+            raise PlanError(
+                f"Cannot write tensor {name!r} to {self.layout.file}: it is {dtype} {list(tensor.shape)} but the plan "
+                f"declared {info.dtype} {list(info.shape)}. The mapper's inference and its apply disagree.",
+                file=self.layout.file,
+                tensor=name,
+            )
+        tensor = tensor.detach().cpu().contiguous()
+        if tensor.numel():
+            import torch
+
+            self.write(name, tensor.reshape(-1).view(torch.uint8).numpy().data)
+
+    def copy_from(self, name: str, src_fd: int, src_offset: int, length: int, at: int = 0) -> None:
+        """Copy `length` bytes from an open source file straight into tensor `name` at `at` (kernel copy)."""
+        info = self._slot(name, at, length)
+        assert self._fd is not None
+        dst = info.begin + at
+        done = 0
+        try:
+            while done < length:
+                n = os.copy_file_range(src_fd, self._fd, length - done, src_offset + done, dst + done)
+                if n == 0:
+                    raise PlanError(
+                        f"Cannot copy tensor {name!r}: the source file ended early. It changed during the conversion.",
+                        tensor=name,
+                    )
+                done += n
+        except OSError:  # filesystems without copy_file_range: fall back to read + write
+            while done < length:
+                chunk = os.pread(src_fd, min(length - done, 64 << 20), src_offset + done)
+                if not chunk:
+                    raise PlanError(f"Cannot copy tensor {name!r}: the source file ended early.", tensor=name) from None
+                os.pwrite(self._fd, chunk, dst + done)
+                done += len(chunk)
+        IO.add_written(length)
+        self._written[name] += length
+
+    def missing(self) -> dict[str, int]:
+        """Tensors not yet fully written, with the bytes still owed."""
+        return {n: self._by_name[n].nbytes - w for n, w in self._written.items() if w != self._by_name[n].nbytes}
+
+    def commit(self, *, sync_dir: bool = True) -> Path:
+        """Check completeness, fsync, rename to the final name; returns the final path."""
+        missing = self.missing()
+        if missing:
+            name, owed = next(iter(missing.items()))
+            self.abort()
+            raise PlanError(
+                f"Cannot finish {self.layout.file}: {len(missing)} tensors were not completely written "
+                f"(e.g. {name!r}, {owed} bytes short). Nothing was kept.",
+                file=self.layout.file,
+                tensor=name,
+            )
+        assert self._fd is not None
+        os.fsync(self._fd)
+        os.close(self._fd)
+        self._fd = None
+        os.replace(self.partial_path, self.final_path)
+        if sync_dir:
+            _fsync_dir(self.folder)
+        return self.final_path
+
+    def abort(self) -> None:
+        """Close and remove the partial file."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        try:
+            os.unlink(self.partial_path)
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self) -> SafetensorsWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+
+
+def write_index(
+    folder: str | os.PathLike,
+    weight_map: Mapping[str, str],
+    total_size: int,
+    *,
+    name: str = "model.safetensors.index.json",
+    metadata: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write the HF index (sorted keys, `metadata.total_size`) atomically; it is the commit marker."""
+    folder = Path(folder)
+    meta = {"total_size": int(total_size)}
+    if metadata:
+        meta.update(metadata)
+    body = json.dumps({"metadata": meta, "weight_map": dict(sorted(weight_map.items()))}, indent=2, sort_keys=False) + "\n"
+    final = folder / name
+    partial = folder / (name + PARTIAL_SUFFIX)
+    with open(partial, "w", encoding="utf-8") as fh:
+        fh.write(body)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(partial, final)
+    _fsync_dir(folder)
+    return final
+
+
+def shard_file_name(k: int, n: int) -> str:
+    """HF shard naming: `model-0000k-of-0000n.safetensors`, or `model.safetensors` when n == 1."""
+    return "model.safetensors" if n == 1 else f"model-{k:05d}-of-{n:05d}.safetensors"
+
+
+def save_tensors(path: str | os.PathLike, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> Path:
+    """Write a dict of torch tensors to one safetensors file through the streaming writer."""
+    from ..dtypes import from_torch
+
+    path = Path(path)
+    infos = [TensorInfo(n, from_torch(t.dtype), tuple(t.shape)) for n, t in tensors.items()]
+    layout = layout_file(path.name, infos, metadata)
+    with SafetensorsWriter(path.parent, layout) as writer:
+        for name, tensor in tensors.items():
+            writer.write_tensor(name, tensor)
+        return writer.commit()

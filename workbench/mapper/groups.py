@@ -1,0 +1,121 @@
+"""What binding a mapper to a source produces: concrete dependency groups, problems, outputs.
+
+This is the contract between the mapper (which decides what each output is made of) and the planner
+and engine (which decide when and where to compute it). A `Group` is the smallest unit of work whose
+inputs can be read, transformed and written independently of every other group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..catalog import TensorInfo
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+
+@dataclass(frozen=True, slots=True)
+class ByteSlice:
+    """Bytes [begin, end) of input tensor `source`, offsets relative to the start of its data."""
+
+    source: str
+    begin: int
+    end: int
+
+    @property
+    def length(self) -> int:
+        return self.end - self.begin
+
+
+@dataclass(frozen=True)
+class Group:
+    """A connected unit of work: these source tensors in, these tensors out.
+
+    `inputs` carry their source locations; `outputs` are metadata only (the planner lays them out).
+    `op` is a concrete (template-free) mapper over exactly these names. When `recipe` is set, every
+    output is the concatenation of the listed input byte slices, so the engine can move bytes without
+    building tensors. When `chunk_cast` is set, the single output is the single input's elements
+    converted to that dtype in order, so the engine can convert it in bounded chunks.
+    """
+
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    op: Any  # workbench.mapper.Mapper; Any to avoid an import cycle
+    recipe: Mapping[str, tuple[ByteSlice, ...]] | None = None
+    chunk_cast: str | None = None
+    label: str = ""
+
+    @property
+    def bytes_in(self) -> int:
+        return sum(t.nbytes for t in self.inputs)
+
+    @property
+    def bytes_out(self) -> int:
+        return sum(t.nbytes for t in self.outputs)
+
+    @property
+    def byte_level(self) -> bool:
+        return self.recipe is not None
+
+    @property
+    def needs_torch(self) -> bool:
+        return self.recipe is None
+
+    def apply(self, tensors: Mapping[str, Any]) -> dict[str, Any]:
+        """Compute this group's outputs from its input tensors (torch), checking declared metadata."""
+        return self.op.apply(dict(tensors))
+
+
+Severity = Literal["error", "warning"]
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong (error) or worth knowing (warning), phrased so a user can act on it."""
+
+    severity: Severity
+    message: str
+    op: str | None = None
+    tensor: str | None = None
+
+
+@dataclass
+class Binding:
+    """A mapper bound to a source catalog: the groups to run and what is wrong, if anything."""
+
+    groups: list[Group]
+    problems: list[Problem] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)  # source tensors deliberately not carried over
+
+    @property
+    def ok(self) -> bool:
+        return not any(p.severity == "error" for p in self.problems)
+
+    @property
+    def errors(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == "error"]
+
+    @property
+    def outputs(self) -> dict[str, TensorInfo]:
+        return {t.name: t for g in self.groups for t in g.outputs}
+
+    def problems_frame(self) -> pd.DataFrame:
+        import pandas as pd
+
+        return pd.DataFrame(
+            [(p.severity, p.op, p.tensor, p.message) for p in self.problems],
+            columns=["severity", "op", "tensor", "message"],
+        )
+
+    def outputs_frame(self) -> pd.DataFrame:
+        import pandas as pd
+
+        rows = [
+            (t.name, t.dtype, t.shape, t.numel, t.nbytes, g.label, len(g.inputs))
+            for g in self.groups
+            for t in g.outputs
+        ]
+        return pd.DataFrame(rows, columns=["name", "dtype", "shape", "numel", "nbytes", "op", "n_inputs"]).set_index("name")
