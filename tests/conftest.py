@@ -1,0 +1,138 @@
+"""Shared fixtures: paths of the committed sample checkpoints and a factory of tiny checkpoints.
+
+Checkpoints made by `tiny_checkpoint` are written with the reference `safetensors` writer (not the
+package's own), so tests compare the workbench against an independent implementation.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLES = REPO / "sample_checkpoints"
+INDEX_NAME = "model.safetensors.index.json"
+
+
+@pytest.fixture(scope="session")
+def samples_dir() -> Path:
+    """The folder holding the committed sample checkpoints."""
+    return SAMPLES
+
+
+@pytest.fixture(scope="session")
+def llama_sample() -> Path:
+    """HF-sharded tiny GQA Llama (4 layers, 3 shards + index, F32)."""
+    return SAMPLES / "tiny-llama"
+
+
+@pytest.fixture(scope="session")
+def bert_sample() -> Path:
+    """Single-file tiny BERT (`model.safetensors` + config.json, F32)."""
+    return SAMPLES / "tiny-bert"
+
+
+def llama_like_tensors(layers: int = 2, hidden: int = 8, dtype: Any = None, seed: int = 0) -> dict[str, Any]:
+    """A small Llama-shaped state dict (GQA: k/v half the width of q), seeded, in name order."""
+    import torch
+
+    dtype = torch.float32 if dtype is None else dtype
+    gen = torch.Generator().manual_seed(seed)
+    kv = hidden // 2
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (16, hidden)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (hidden,),
+                p + "self_attn.q_proj.weight": (hidden, hidden),
+                p + "self_attn.k_proj.weight": (kv, hidden),
+                p + "self_attn.v_proj.weight": (kv, hidden),
+                p + "self_attn.o_proj.weight": (hidden, hidden),
+                p + "post_attention_layernorm.weight": (hidden,),
+                p + "mlp.gate_proj.weight": (2 * hidden, hidden),
+                p + "mlp.up_proj.weight": (2 * hidden, hidden),
+                p + "mlp.down_proj.weight": (hidden, 2 * hidden),
+            }
+        )
+    shapes["model.norm.weight"] = (hidden,)
+    shapes["lm_head.weight"] = (16, hidden)
+    return {name: torch.randn(shape, generator=gen).to(dtype) for name, shape in shapes.items()}
+
+
+def _write_checkpoint(
+    where: Path, tensors: dict[str, Any], *, shards: int, single_file: bool, metadata: dict[str, str] | None
+) -> Path:
+    from safetensors.torch import save_file
+
+    meta = {"format": "pt"} if metadata is None else metadata
+    if single_file:
+        where.mkdir(parents=True, exist_ok=True)
+        path = where / "model.safetensors"
+        save_file(tensors, str(path), metadata=meta)
+        return path
+    folder = where
+    folder.mkdir(parents=True, exist_ok=True)
+    if shards <= 1:
+        save_file(tensors, str(folder / "model.safetensors"), metadata=meta)
+        return folder
+    names = list(tensors)
+    per = -(-len(names) // shards)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for k in range(shards):
+        part = names[k * per : (k + 1) * per]
+        file = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+        save_file({n: tensors[n] for n in part}, str(folder / file), metadata=meta)
+        for n in part:
+            weight_map[n] = file
+            total += tensors[n].numel() * tensors[n].element_size()
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (folder / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+    return folder
+
+
+@pytest.fixture
+def tiny_checkpoint(tmp_path: Path) -> Callable[..., Path]:
+    """Factory writing a small checkpoint under tmp_path with the reference safetensors writer.
+
+    tiny_checkpoint(tensors=None, *, name="ckpt", shards=1, single_file=False, layers=2, hidden=8,
+                    dtype=None, seed=0, metadata=None) -> Path
+      tensors      dict name -> torch.Tensor; default: a Llama-like state dict (`layers`, `hidden`,
+                   `dtype`, `seed` shape it)
+      shards=1     a folder holding `model.safetensors`; shards=N>1: N shards + HF index
+      single_file  return the path of one `.safetensors` file instead of a folder
+    Returns the folder (or file) to open.
+    """
+    made: set[str] = set()
+
+    def make(
+        tensors: dict[str, Any] | None = None,
+        *,
+        name: str = "ckpt",
+        shards: int = 1,
+        single_file: bool = False,
+        layers: int = 2,
+        hidden: int = 8,
+        dtype: Any = None,
+        seed: int = 0,
+        metadata: dict[str, str] | None = None,
+    ) -> Path:
+        if name in made:
+            raise ValueError(f"tiny_checkpoint: name {name!r} already used in this test; pass another name")
+        made.add(name)
+        if tensors is None:
+            tensors = llama_like_tensors(layers=layers, hidden=hidden, dtype=dtype, seed=seed)
+        return _write_checkpoint(tmp_path / name, tensors, shards=shards, single_file=single_file, metadata=metadata)
+
+    return make
+
+
+@pytest.fixture
+def tiny_tensors() -> Callable[..., dict[str, Any]]:
+    """The default state-dict builder of `tiny_checkpoint`: tiny_tensors(layers=2, hidden=8, dtype=None, seed=0)."""
+    return llama_like_tensors
