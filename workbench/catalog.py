@@ -90,6 +90,9 @@ class Catalog(Mapping[str, TensorInfo]):
     warnings: list[str] = field(default_factory=list)
     extras: list[str] = field(default_factory=list)  # non-tensor files beside the weights (config.json ...)
     reader: TensorReader | None = field(default=None, repr=False, compare=False)
+    # Optional per-tensor facts a format knows (e.g. 'stage' of a pipeline DCP, 'shared_with' of a torch file):
+    # column name -> {tensor name -> value}; tensors without a value are simply absent.
+    columns: dict[str, dict[str, object]] = field(default_factory=dict)
 
     def __getitem__(self, name: str) -> TensorInfo:
         return self.tensors[name]

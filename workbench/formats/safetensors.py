@@ -6,11 +6,15 @@ refuse is refused here with a message naming the file, the tensor and the fault.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import struct
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from operator import itemgetter
 from pathlib import Path
 
 from ..catalog import FileInfo, TensorInfo
@@ -54,6 +58,14 @@ class _DuplicateKey(ValueError):
         self.key = key
 
 
+def _may_repeat_keys(raw: bytes, header: dict) -> bool:
+    """False when the raw text cannot hold a repeated key (every entry key appears once per tensor)."""
+    n_tensors = len(header) - ("__metadata__" in header)
+    if raw.count(b'"__metadata__"') != ("__metadata__" in header):
+        return True
+    return any(raw.count(key) != n_tensors for key in (b'"data_offsets"', b'"dtype"', b'"shape"'))
+
+
 def read_header(path: str | os.PathLike, *, rel: str | None = None, fd: int | None = None) -> SafetensorsHeader:
     """Parse and validate the header of one safetensors file, reading only the header bytes.
 
@@ -85,12 +97,33 @@ def read_header(path: str | os.PathLike, *, rel: str | None = None, fd: int | No
     return SafetensorsHeader(tensors, metadata, 8 + n, file_size)
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector: a 100k-tensor header makes ~1M acyclic objects, and the
+    collections they trigger would cost a third of the parse time for nothing."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def parse_header_bytes(
     raw: bytes, path: str, rel: str, data_start: int, file_size: int
 ) -> tuple[list[TensorInfo], dict[str, str]]:
     """Validate header JSON bytes; return tensors sorted by data offset, with absolute file offsets."""
-    if not raw.startswith(b"{"):
-        raise _fail(path, "the header does not start with '{'")
+    with gc_paused():
+        return _parse_header_bytes(raw, path, rel, data_start, file_size)
+
+
+def _parse_header_bytes(
+    raw: bytes, path: str, rel: str, data_start: int, file_size: int
+) -> tuple[list[TensorInfo], dict[str, str]]:
+    # JSON may start with whitespace; the reference reader accepts it, so do we.
+    if not raw.lstrip(b" \t\r\n").startswith(b"{"):
+        raise _fail(path, "the header does not start with '{' (it is not a JSON object)")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -101,12 +134,15 @@ def parse_header_bytes(
         raise _fail(path, f"the header is not valid JSON ({exc.msg if hasattr(exc, 'msg') else exc})") from None
     if not isinstance(header, dict):
         raise _fail(path, "the header is not a JSON object")
-    # A duplicate key silently overwrites in json.loads; a cheap count spots it, a slow parse names it.
-    if raw.count(b'"data_offsets"') != len(header) - ("__metadata__" in header):
+    # A duplicate key silently overwrites in json.loads; cheap counts spot it, a slow parse names it.
+    if _may_repeat_keys(raw, header):
         try:
             json.loads(text, object_pairs_hook=_no_duplicates)
         except _DuplicateKey as dup:
-            raise _fail(path, f"the header names {dup.key!r} twice", tensor=dup.key) from None
+            top = dup.key in header
+            where = "" if top else " inside an entry"
+            tensor = dup.key if top and dup.key != "__metadata__" else None
+            raise _fail(path, f"the header repeats the key {dup.key!r}{where}", tensor=tensor) from None
 
     metadata = header.pop("__metadata__", None)
     if metadata is None:
@@ -114,47 +150,50 @@ def parse_header_bytes(
     elif not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise _fail(path, "__metadata__ must be an object mapping strings to strings")
 
-    entries: list[tuple[int, int, str, str, tuple[int, ...]]] = []
+    # Hot loops: a header may list 100k tensors, so checks are inlined rather than written with all().
+    bits_of = DTYPE_BITS
+    entries: list[tuple[int, int, str, str, tuple[int, ...], int]] = []
     for name, entry in header.items():
-        if not isinstance(entry, dict):
+        if type(entry) is not dict:
             raise _fail(path, "the entry is not an object", name)
         dtype = entry.get("dtype")
-        if dtype not in DTYPE_BITS:
+        bits = bits_of.get(dtype) if type(dtype) is str else None
+        if bits is None:
             raise _fail(path, f"unknown dtype {dtype!r}", name, f"Known dtypes: {', '.join(DTYPE_BITS)}.")
         shape = entry.get("shape")
-        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        if type(shape) is not list:
             raise _fail(path, f"shape must be a list of non-negative integers, got {shape!r}", name)
+        numel = 1
+        for d in shape:
+            if type(d) is not int or d < 0:
+                raise _fail(path, f"shape must be a list of non-negative integers, got {shape!r}", name)
+            numel *= d
         offsets = entry.get("data_offsets")
-        if (
-            not isinstance(offsets, list)
-            or len(offsets) != 2
-            or not all(type(o) is int and o >= 0 for o in offsets)
-            or offsets[0] > offsets[1]
-        ):
+        if type(offsets) is not list or len(offsets) != 2:
             raise _fail(path, f"data_offsets must be [begin, end] with 0 <= begin <= end, got {offsets!r}", name)
-        entries.append((offsets[0], offsets[1], name, dtype, tuple(shape)))
+        begin, end = offsets
+        if type(begin) is not int or type(end) is not int or begin < 0 or begin > end:
+            raise _fail(path, f"data_offsets must be [begin, end] with 0 <= begin <= end, got {offsets!r}", name)
+        entries.append((begin, end, name, dtype, tuple(shape), numel * bits))
 
-    entries.sort(key=lambda e: (e[0], e[1]))
+    entries.sort(key=itemgetter(0, 1))  # stable: empty tensors sharing an offset keep header order
     buffer_size = file_size - data_start
     expected = 0
     tensors: list[TensorInfo] = []
-    for begin, end, name, dtype, shape in entries:
+    append = tensors.append
+    for begin, end, name, dtype, shape, bits in entries:
         if begin != expected:
             cause = "overlaps the previous tensor" if begin < expected else f"leaves a gap of {begin - expected} bytes before it"
             raise _fail(path, f"data_offsets [{begin}, {end}] {cause}", name)
-        numel = 1
-        for d in shape:
-            numel *= d
-        bits = numel * DTYPE_BITS[dtype]
         if bits % 8:
-            raise _fail(path, f"{numel} elements of {dtype} do not fill whole bytes", name)
+            raise _fail(path, f"{bits // DTYPE_BITS[dtype]} elements of {dtype} do not fill whole bytes", name)
         if bits // 8 != end - begin:
             raise _fail(
                 path, f"shape {list(shape)} of {dtype} needs {bits // 8} bytes but data_offsets span {end - begin}", name
             )
         if end > buffer_size:
             raise _fail(path, f"data_offsets end at {end} but the data buffer has {buffer_size} bytes (truncated file?)", name)
-        tensors.append(TensorInfo(name, dtype, shape, rel, data_start + begin, data_start + end))
+        append(TensorInfo(name, dtype, shape, rel, data_start + begin, data_start + end))
         expected = end
     if expected != buffer_size:
         raise _fail(path, f"the tensors cover {expected} bytes of a {buffer_size}-byte data buffer (trailing or missing data)")
@@ -180,6 +219,7 @@ class FileReader:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        self._paths: dict[str, Path] = {}
         self._fds: dict[str, int] = {}
         self._lock = threading.Lock()
 
@@ -209,7 +249,10 @@ class FileReader:
 
     def locate(self, info: TensorInfo) -> tuple[Path, int, int]:
         """Safetensors data is always raw and contiguous: the file and the absolute byte range."""
-        return (self.root / info.file if self.root.is_dir() else self.root, info.begin, info.end)
+        path = self._paths.get(info.file)
+        if path is None:  # cached: planners and the engine ask once per tensor, 100k times for big checkpoints
+            path = self._paths[info.file] = self.root / info.file if self.root.is_dir() else self.root
+        return (path, info.begin, info.end)
 
     def close(self) -> None:
         with self._lock:

@@ -12,7 +12,7 @@ from pathlib import Path, PurePosixPath
 
 from ..catalog import Catalog, TensorInfo
 from ..errors import CheckpointError
-from .safetensors import SUFFIX, FileReader, SafetensorsHeader, file_info, read_header
+from .safetensors import SUFFIX, FileReader, SafetensorsHeader, file_info, gc_paused, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -51,6 +51,11 @@ def safe_member(folder: Path, rel: object, *, what: str) -> str:
 
 
 def _load_index(index_path: Path) -> dict[str, str]:
+    return read_index(index_path)[0]
+
+
+def read_index(index_path: Path) -> tuple[dict[str, str], dict]:
+    """The index's `weight_map` (validated to be an object) and its `metadata` object ({} when absent)."""
     size = index_path.stat().st_size
     if size > MAX_INDEX_BYTES:
         raise CheckpointError(f"Cannot read index {index_path}: it is {size} bytes, more than any real index. Check the file.", file=str(index_path))
@@ -61,7 +66,8 @@ def _load_index(index_path: Path) -> dict[str, str]:
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict):
         raise CheckpointError(f"Cannot read index {index_path}: it has no \"weight_map\" object. Re-download or regenerate it.", file=str(index_path))
-    return weight_map
+    metadata = index.get("metadata")
+    return weight_map, metadata if isinstance(metadata, dict) else {}
 
 
 def _extras(folder: Path, weights: set[str]) -> list[str]:
@@ -101,7 +107,7 @@ def open_indexed(folder: Path, index_path: Path) -> Catalog:
     shards: list[str] = []
     checked: dict[object, str] = {}
     for name, rel in weight_map.items():
-        norm = checked.get(rel)
+        norm = checked.get(rel) if isinstance(rel, str) else None
         if norm is None:
             norm = safe_member(folder, rel, what=f"index {index_path.name} entry for tensor {name!r}")
             checked[rel] = norm
@@ -194,6 +200,11 @@ def detect(path: Path) -> bool:
 
 def open_path(path: Path) -> Catalog:
     """Open a safetensors file, an index file, or a folder."""
+    with gc_paused():
+        return _open_path(path)
+
+
+def _open_path(path: Path) -> Catalog:
     if path.is_file():
         if path.name.endswith(".index.json"):
             return open_indexed(path.parent, path)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..catalog import TensorInfo
+from ..dtypes import DTYPE_BITS
 from ..errors import PlanError
 from ..iostats import IO
 
@@ -27,6 +28,20 @@ _DTYPE_RANK = [
 _RANK = {code: i for i, code in enumerate(_DTYPE_RANK)}
 DEFAULT_METADATA = {"format": "pt"}
 PARTIAL_SUFFIX = ".partial"
+
+
+def tensor_meta(tensor: Any) -> tuple[str, tuple[int, ...]]:
+    """The safetensors dtype code and shape of a torch tensor.
+
+    torch packs two F4 values per element (`float4_e2m1fn_x2`); safetensors counts the 4-bit values.
+    """
+    from ..dtypes import from_torch
+
+    code = from_torch(tensor.dtype)
+    shape = tuple(tensor.shape)
+    if code == "F4" and shape:
+        shape = (*shape[:-1], shape[-1] * 2)
+    return code, shape
 
 
 def reference_order(tensors: Iterable[TensorInfo]) -> list[TensorInfo]:
@@ -69,17 +84,35 @@ def layout_file(
         if t.name in names or t.name == "__metadata__":
             raise PlanError(f"Cannot lay out {file}: tensor name {t.name!r} appears twice or is reserved. Rename it.", tensor=t.name)
         names.add(t.name)
-        entries[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [offset, offset + t.nbytes]}
-        offset += t.nbytes
-    body = json.dumps(entries, separators=(",", ":"), ensure_ascii=True).encode()
+        bits = t.numel * DTYPE_BITS[t.dtype] if t.dtype in DTYPE_BITS else 1
+        if bits % 8:
+            cause = f"unknown dtype {t.dtype!r}" if t.dtype not in DTYPE_BITS else f"{t.numel} elements of {t.dtype} do not fill whole bytes"
+            raise PlanError(f"Cannot lay out {file}: tensor {t.name!r} has {cause}, which safetensors cannot store.", tensor=t.name)
+        entries[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [offset, offset + bits // 8]}
+        offset += bits // 8
+    # Raw UTF-8 like the reference writer (which escapes only quotes, backslashes and control characters).
+    try:
+        body = json.dumps(entries, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        bad = next((t.name for t in ordered if _unencodable(t.name)), None)
+        what = f"tensor name {bad!r}" if bad is not None else "the metadata"
+        raise PlanError(f"Cannot lay out {file}: {what} is not valid Unicode text (lone surrogate). Fix it.", tensor=bad) from None
     body += b" " * (-len(body) % 8)
     header = len(body).to_bytes(8, "little") + body
     start = len(header)
     placed = []
     for t in ordered:
-        begin = start + entries[t.name]["data_offsets"][0]
-        placed.append(TensorInfo(t.name, t.dtype, tuple(t.shape), file, begin, begin + t.nbytes))
+        first, last = entries[t.name]["data_offsets"]
+        placed.append(TensorInfo(t.name, t.dtype, tuple(t.shape), file, start + first, start + last))
     return FileLayout(file, header, tuple(placed), start + offset)
+
+
+def _unencodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -142,13 +175,11 @@ class SafetensorsWriter:
 
     def write_tensor(self, name: str, tensor: Any) -> None:
         """Write a whole torch tensor, refusing one whose dtype or shape differs from the layout."""
-        from ..dtypes import from_torch
-
         info = self._slot(name, 0, 0)
-        dtype = from_torch(tensor.dtype)
-        if dtype != info.dtype or tuple(tensor.shape) != info.shape:
+        dtype, shape = tensor_meta(tensor)
+        if dtype != info.dtype or shape != info.shape:
             raise PlanError(
-                f"Cannot write tensor {name!r} to {self.layout.file}: it is {dtype} {list(tensor.shape)} but the plan "
+                f"Cannot write tensor {name!r} to {self.layout.file}: it is {dtype} {list(shape)} but the plan "
                 f"declared {info.dtype} {list(info.shape)}. The mapper's inference and its apply disagree.",
                 file=self.layout.file,
                 tensor=name,
@@ -183,6 +214,45 @@ class SafetensorsWriter:
                 done += len(chunk)
         IO.add_written(length)
         self._written[name] += length
+
+    def copy_span(self, src_fd: int, src_offset: int, file_offset: int, parts: Sequence[tuple[str, int, int]]) -> None:
+        """Kernel-copy one contiguous run of source bytes that fills several planned pieces at once.
+
+        `parts` are (tensor, offset within it, length) in file order and must tile the destination
+        range that starts at absolute `file_offset`; coalescing adjacent pieces into one copy is what
+        makes checkpoints of many small tensors fast.
+        """
+        position = file_offset
+        for name, at, length in parts:
+            info = self._slot(name, at, length)
+            if info.begin + at != position:
+                raise PlanError(
+                    f"Cannot copy into {self.layout.file}: the pieces of one copy are not contiguous at tensor {name!r}.",
+                    file=self.layout.file,
+                    tensor=name,
+                )
+            position += length
+        total = position - file_offset
+        assert self._fd is not None
+        done = 0
+        try:
+            while done < total:
+                n = os.copy_file_range(src_fd, self._fd, total - done, src_offset + done, file_offset + done)
+                if n == 0:
+                    raise PlanError(f"Cannot copy into {self.layout.file}: the source file ended early. It changed during the conversion.")
+                done += n
+        except OSError:  # filesystems without copy_file_range: fall back to read + write
+            while done < total:
+                chunk = os.pread(src_fd, min(total - done, 64 << 20), src_offset + done)
+                if not chunk:
+                    raise PlanError(f"Cannot copy into {self.layout.file}: the source file ended early.") from None
+                written = 0
+                while written < len(chunk):
+                    written += os.pwrite(self._fd, chunk[written:], file_offset + done + written)
+                done += len(chunk)
+        IO.add_written(total)
+        for name, _, length in parts:
+            self._written[name] += length
 
     def missing(self) -> dict[str, int]:
         """Tensors not yet fully written, with the bytes still owed."""
@@ -259,10 +329,8 @@ def shard_file_name(k: int, n: int) -> str:
 
 def save_tensors(path: str | os.PathLike, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> Path:
     """Write a dict of torch tensors to one safetensors file through the streaming writer."""
-    from ..dtypes import from_torch
-
     path = Path(path)
-    infos = [TensorInfo(n, from_torch(t.dtype), tuple(t.shape)) for n, t in tensors.items()]
+    infos = [TensorInfo(n, *tensor_meta(t)) for n, t in tensors.items()]
     layout = layout_file(path.name, infos, metadata)
     with SafetensorsWriter(path.parent, layout) as writer:
         for name, tensor in tensors.items():

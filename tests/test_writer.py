@@ -1,0 +1,184 @@
+"""The streaming safetensors writer: reference-compatible bytes, any write order, nothing half-written."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from workbench.catalog import TensorInfo
+from workbench.errors import PlanError
+from workbench.formats.safetensors import read_header
+from workbench.formats.safetensors_writer import (
+    PARTIAL_SUFFIX,
+    SafetensorsWriter,
+    layout_file,
+    save_tensors,
+    shard_file_name,
+    write_index,
+)
+
+
+def sample_tensors() -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return {
+        "model.layers.0.weight": torch.randn(8, 4, generator=gen).bfloat16(),
+        "model.layers.0.bias": torch.randn(8, generator=gen),
+        "step": torch.tensor(7, dtype=torch.int64),
+        "empty": torch.zeros(0, 3),
+        "mask": torch.tensor([True, False, True]),
+        "fp8": torch.randn(5, generator=gen).to(torch.float8_e4m3fn),
+        "ids": torch.arange(6, dtype=torch.int32).reshape(2, 3),
+        "gewicht.größe": torch.ones(2, dtype=torch.float16),  # non-ASCII names are stored as raw UTF-8
+        "packed_f4": torch.arange(4, dtype=torch.uint8).reshape(2, 2).view(torch.float4_e2m1fn_x2),
+    }
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def assert_same_tensors(loaded: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert sorted(loaded) == sorted(expected)
+    for name, tensor in expected.items():
+        got = loaded[name]
+        assert got.dtype == tensor.dtype and got.shape == tensor.shape, name
+        assert got.reshape(-1).view(torch.uint8).tolist() == tensor.reshape(-1).view(torch.uint8).tolist(), name
+
+
+def test_output_is_byte_identical_to_the_reference_writer(tmp_path: Path) -> None:
+    tensors = sample_tensors()
+    ours = save_tensors(tmp_path / "ours.safetensors", tensors)
+    save_file(tensors, str(tmp_path / "ref.safetensors"), metadata={"format": "pt"})
+    assert ours.read_bytes() == (tmp_path / "ref.safetensors").read_bytes()
+
+
+def test_output_loads_with_load_file_and_safe_open(tmp_path: Path) -> None:
+    tensors = {k: v for k, v in sample_tensors().items() if k != "packed_f4"}  # the reference cannot load F4 back
+    path = save_tensors(tmp_path / "model.safetensors", tensors)
+    assert_same_tensors(load_file(str(path)), tensors)
+    with safe_open(str(path), framework="pt") as f:
+        assert f.metadata() == {"format": "pt"}
+        assert_same_tensors({k: f.get_tensor(k) for k in list(f.keys())}, tensors)
+    assert leftovers(tmp_path) == ["model.safetensors"]
+
+
+def _layout_and_data() -> tuple[object, dict[str, bytes]]:
+    infos = [TensorInfo("a", "F32", (4, 4)), TensorInfo("b", "BF16", (3,)), TensorInfo("c", "U8", (5,))]
+    data = {"a": bytes(range(64)), "b": b"\x01\x02\x03\x04\x05\x06", "c": b"hello"}
+    return layout_file("out.safetensors", infos), data
+
+
+def _read_back(path: Path) -> dict[str, bytes]:
+    with safe_open(str(path), framework="pt") as f:
+        return {k: f.get_tensor(k).reshape(-1).view(torch.uint8).numpy().tobytes() for k in list(f.keys())}
+
+
+def test_writes_in_any_order_and_in_pieces(tmp_path: Path) -> None:
+    layout, data = _layout_and_data()
+    with SafetensorsWriter(tmp_path, layout) as writer:
+        writer.write("c", data["c"])
+        for at in (48, 16, 0, 32):  # out of order, 16-byte pieces
+            writer.write("a", data["a"][at : at + 16], at=at)
+        writer.write("b", memoryview(data["b"])[2:], at=2)
+        writer.write("b", data["b"][:2])
+        assert writer.missing() == {}
+        path = writer.commit()
+    assert _read_back(path) == data
+    assert leftovers(tmp_path) == ["out.safetensors"]
+
+
+def test_copy_from_moves_bytes_from_a_source_file(tmp_path: Path) -> None:
+    layout, data = _layout_and_data()
+    source = tmp_path / "source.bin"
+    source.write_bytes(b"junk" + data["a"] + data["c"] + b"tail")
+    fd = os.open(source, os.O_RDONLY)
+    try:
+        with SafetensorsWriter(tmp_path, layout) as writer:
+            writer.copy_from("a", fd, 4, 40)
+            writer.copy_from("a", fd, 44, 24, at=40)
+            writer.copy_from("c", fd, 68, 5)
+            writer.write("b", data["b"])
+            path = writer.commit()
+    finally:
+        os.close(fd)
+    assert _read_back(path) == data
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [torch.zeros(8, 4, dtype=torch.float32), torch.zeros(4, 8, dtype=torch.bfloat16), torch.zeros(33, dtype=torch.bfloat16)],
+    ids=["dtype", "shape", "length"],
+)
+def test_declared_vs_real_mismatch_is_refused_and_nothing_is_left(tmp_path: Path, wrong: torch.Tensor) -> None:
+    layout = layout_file("model.safetensors", [TensorInfo("w", "BF16", (8, 4))])
+    with pytest.raises(PlanError) as caught, SafetensorsWriter(tmp_path, layout) as writer:
+        writer.write_tensor("w", wrong)
+    assert "'w'" in str(caught.value) and "model.safetensors" in str(caught.value)
+    assert leftovers(tmp_path) == []
+
+
+def test_raw_write_beyond_the_declared_length_is_refused(tmp_path: Path) -> None:
+    layout = layout_file("model.safetensors", [TensorInfo("w", "F32", (2,))])
+    with pytest.raises(PlanError, match="overflow its declared 8 bytes"), SafetensorsWriter(tmp_path, layout) as writer:
+        writer.write("w", b"\0" * 4, at=6)
+    assert leftovers(tmp_path) == []
+    with pytest.raises(PlanError, match="not in the planned layout"), SafetensorsWriter(tmp_path, layout) as writer:
+        writer.write("other", b"\0")
+    assert leftovers(tmp_path) == []
+
+
+def test_commit_with_missing_bytes_is_refused_and_nothing_is_left(tmp_path: Path) -> None:
+    layout, data = _layout_and_data()
+    writer = SafetensorsWriter(tmp_path, layout)
+    writer.write("a", data["a"])
+    writer.write("b", data["b"][:4])
+    assert (tmp_path / ("out.safetensors" + PARTIAL_SUFFIX)).exists()
+    with pytest.raises(PlanError) as caught:
+        writer.commit()
+    message = str(caught.value)
+    assert "2 tensors were not completely written" in message and "Nothing was kept" in message
+    assert leftovers(tmp_path) == []
+
+
+def test_layout_refuses_what_safetensors_cannot_store() -> None:
+    with pytest.raises(PlanError, match="appears twice"):
+        layout_file("x.safetensors", [TensorInfo("a", "F32", (1,)), TensorInfo("a", "F32", (2,))])
+    with pytest.raises(PlanError, match="reserved"):
+        layout_file("x.safetensors", [TensorInfo("__metadata__", "F32", (1,))])
+    with pytest.raises(PlanError, match="do not fill whole bytes"):
+        layout_file("x.safetensors", [TensorInfo("q", "F4", (3,))])
+    with pytest.raises(PlanError, match="unknown dtype"):
+        layout_file("x.safetensors", [TensorInfo("q", "F128", (3,))])
+    with pytest.raises(PlanError, match="not valid Unicode"):
+        layout_file("x.safetensors", [TensorInfo("bad\ud800", "F32", (1,))])
+
+
+def test_layout_header_is_aligned_and_read_back_exactly(tmp_path: Path) -> None:
+    infos = [TensorInfo("small", "U8", (3,)), TensorInfo("big", "F64", (2,)), TensorInfo("mid", "F16", (5,))]
+    layout = layout_file("m.safetensors", infos)
+    assert len(layout.header) % 8 == 0
+    assert [t.name for t in layout.tensors] == ["big", "mid", "small"]  # wide dtypes first, like the reference
+    assert all(t.begin % 8 == 0 for t in layout.tensors[:1])
+    given = layout_file("m.safetensors", infos, order="given")
+    assert [t.name for t in given.tensors] == ["small", "big", "mid"]
+    path = tmp_path / "m.safetensors"
+    path.write_bytes(layout.header + bytes(layout.size - len(layout.header)))
+    header = read_header(path)
+    assert [(t.name, t.begin, t.end) for t in header.tensors] == [(t.name, t.begin, t.end) for t in layout.tensors]
+
+
+def test_write_index_sorts_keys_and_records_total_size(tmp_path: Path) -> None:
+    weight_map = {"z.weight": shard_file_name(2, 2), "a.weight": shard_file_name(1, 2), "m.bias": shard_file_name(1, 2)}
+    path = write_index(tmp_path, weight_map, 1234, metadata={"total_parameters": 617})
+    index = json.loads(path.read_text())
+    assert list(index["weight_map"]) == ["a.weight", "m.bias", "z.weight"]
+    assert index["weight_map"]["z.weight"] == "model-00002-of-00002.safetensors"
+    assert index["metadata"] == {"total_size": 1234, "total_parameters": 617}
+    assert leftovers(tmp_path) == ["model.safetensors.index.json"]
+    assert shard_file_name(1, 1) == "model.safetensors"

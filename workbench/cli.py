@@ -1,0 +1,396 @@
+"""The `workbench` command: inspect, diff and verify checkpoints from the shell.
+
+Each subcommand is a `Subcommand` entry in `SUBCOMMANDS`: a function that declares its arguments and a
+function that runs it and returns the exit status. Both call the Python API and hold no logic of their
+own beyond presenting results. Exit status: 0 success, 1 "differences found" (diff), 2 bad input (a
+malformed or missing checkpoint, a bad argument), 3 a bug in workbench; failures print a one-paragraph
+message on stderr instead of a traceback.
+
+Header-only work (inspect, verify) imports neither torch nor pandas, so it answers in a fraction of a
+second even for checkpoints with hundreds of shards; `inspect --layers` and `diff` use the pandas
+tables of `workbench.view`, and only `diff --values` reads tensor data (and imports torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from .cli_convert import convert_arguments, plan_arguments, run_convert, run_plan
+from .errors import WorkbenchError
+
+EXIT_OK = 0
+EXIT_DIFFERENT = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 3
+EXIT_INTERRUPTED = 130
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    """One `workbench <name>` command: its help line, its arguments and what it runs."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+# ----------------------------------------------------------------------------------------- output
+
+
+def human_bytes(n: int) -> str:
+    """A byte count in binary units: '512 B', '1.5 KiB', '3.0 GiB'."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024:
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} PiB"
+
+
+def shape_text(shape: Sequence[int] | None) -> str:
+    """A shape as '[64, 128]' ('[]' for a scalar, '' when absent)."""
+    return "" if shape is None else "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def render_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], right: Iterable[str] = ()) -> str:
+    """Rows as aligned text columns under a header; columns named in `right` are right-aligned."""
+    text_rows = [[("" if cell is None else str(cell)) for cell in row] for row in rows]
+    widths = [len(c) for c in columns]
+    for row in text_rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+    right_set = set(right)
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [
+            cell.rjust(widths[i]) if columns[i] in right_set else cell.ljust(widths[i]) for i, cell in enumerate(cells)
+        ]
+        return "  ".join(parts).rstrip()
+
+    out = [line(columns), line(["-" * w for w in widths])]
+    out.extend(line(row) for row in text_rows)
+    return "\n".join(out)
+
+
+def write_csv(stream: TextIO, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    """Rows as CSV with a header line."""
+    writer = csv.writer(stream, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows(rows)
+
+
+def _print(text: str = "") -> None:
+    sys.stdout.write(text + "\n")
+
+
+def _warn(text: str) -> None:
+    sys.stderr.write(f"warning: {text}\n")
+
+
+# ---------------------------------------------------------------------------------------- inspect
+
+
+def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", help="a .safetensors file, an HF model folder, or an index file")
+    parser.add_argument("--format", choices=("table", "json", "csv"), default="table", help="output format (default: table)")
+    parser.add_argument("--layers", action="store_true", help="fold per-layer tensors into one row per pattern ({i})")
+    parser.add_argument(
+        "--filter",
+        action="append",
+        metavar="GLOB",
+        help="only tensors matching this glob or {i} template (repeatable: any match)",
+    )
+
+
+def _selected(names: list[str], patterns: Sequence[str] | None) -> list[str]:
+    if not patterns:
+        return names
+    from .layers import select_names
+
+    keep: set[str] = set()
+    for pattern in patterns:
+        keep.update(select_names(names, pattern))
+    return [n for n in names if n in keep]
+
+
+def checkpoint_summary(catalog: Any, path: str) -> dict[str, Any]:
+    """The facts of the inspect header line: format, counts, total size, dtypes, metadata, warnings."""
+    dtypes: dict[str, dict[str, int]] = {}
+    params = 0
+    for info in catalog.tensors.values():
+        entry = dtypes.setdefault(info.dtype, {"tensors": 0, "bytes": 0})
+        entry["tensors"] += 1
+        entry["bytes"] += info.nbytes
+        params += info.numel
+    return {
+        "path": path,
+        "format": catalog.format,
+        "files": len(catalog.files),
+        "tensors": len(catalog.tensors),
+        "parameters": params,
+        "total_bytes": sum(d["bytes"] for d in dtypes.values()),
+        "dtypes": dict(sorted(dtypes.items(), key=lambda kv: -kv[1]["bytes"])),
+        "metadata": dict(catalog.metadata),
+        "warnings": list(catalog.warnings),
+    }
+
+
+def _summary_line(summary: dict[str, Any]) -> str:
+    dtypes = ", ".join(f"{code} x{d['tensors']} ({human_bytes(d['bytes'])})" for code, d in summary["dtypes"].items())
+    files = f"{summary['files']} file{'s' if summary['files'] != 1 else ''}"
+    return (
+        f"{summary['path']}: {summary['format']}, {files}, {summary['tensors']} tensors, "
+        f"{summary['parameters']:,} parameters, {human_bytes(summary['total_bytes'])}\n"
+        f"dtypes: {dtypes or 'none'}"
+    )
+
+
+TENSOR_FIELDS = ("name", "dtype", "shape", "numel", "nbytes", "file", "begin", "end")
+
+
+def tensor_records(catalog: Any, names: Iterable[str]) -> list[dict[str, Any]]:
+    """One JSON-ready record per tensor: name, dtype, shape, numel, nbytes, file, begin, end."""
+    records = []
+    for name in names:
+        t = catalog.tensors[name]
+        records.append(
+            {"name": name, "dtype": t.dtype, "shape": list(t.shape), "numel": t.numel, "nbytes": t.nbytes,
+             "file": t.file, "begin": t.begin, "end": t.end}
+        )
+    return records
+
+
+def layer_records(catalog: Any, names: Iterable[str]) -> list[dict[str, Any]]:
+    """One record per folded pattern (`model.layers.{i}.x` xN), as `Checkpoint.layers` computes it: count,
+    index range, typical dtype and shape, bytes of all members, members that differ (`odd_layers`)."""
+    from .catalog import Catalog
+    from .view import Checkpoint
+
+    chosen = Catalog(root=catalog.root, format=catalog.format, tensors={n: catalog.tensors[n] for n in names})
+    frame = Checkpoint(chosen).layers
+    records = []
+    for pattern, row in zip(frame.index, frame.itertuples(index=False), strict=True):
+        record = {"pattern": pattern, **{k: _plain(v) for k, v in row._asdict().items()}}
+        record["shape"] = list(record["shape"])
+        records.append(record)
+    return records
+
+
+def write_json(stream: TextIO, head: dict[str, Any], list_key: str, records: list[dict[str, Any]]) -> None:
+    """`{**head, list_key: records}` as JSON, one record per line so large outputs stay greppable."""
+    stream.write("{\n")
+    for key, value in head.items():
+        stream.write(f" {json.dumps(key)}: {json.dumps(value)},\n")
+    stream.write(f" {json.dumps(list_key)}: [")
+    for i, record in enumerate(records):
+        stream.write(("\n  " if i == 0 else ",\n  ") + json.dumps(record))
+    stream.write("\n ]\n}\n" if records else "]\n}\n")
+
+
+def _csv_cell(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return shape_text(value) if all(isinstance(v, int) for v in value) else " ".join(map(str, value))
+    return value
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    """List a checkpoint's tensors (or folded layers) from its headers alone."""
+    from .formats import open_catalog
+    from .layers import natural_key
+
+    catalog = open_catalog(args.path)
+    names = _selected(sorted(catalog.tensors, key=natural_key), args.filter)
+    if args.filter and not names:
+        _warn(f"no tensor of {args.path} matches {' or '.join(map(repr, args.filter))}.")
+    summary = checkpoint_summary(catalog, args.path)
+    summary["shown"] = len(names)
+    list_key = "layers" if args.layers else "tensors"
+    records = layer_records(catalog, names) if args.layers else tensor_records(catalog, names)
+
+    if args.format == "json":
+        write_json(sys.stdout, {"summary": summary}, list_key, records)
+        return EXIT_OK
+    if args.format == "csv":
+        columns = list(records[0]) if records else ["pattern"] if args.layers else list(TENSOR_FIELDS)
+        write_csv(sys.stdout, columns, ([_csv_cell(r[c]) for c in columns] for r in records))
+        return EXIT_OK
+
+    for warning in summary["warnings"]:
+        _warn(warning)
+    _print(_summary_line(summary))
+    if args.filter:
+        _print(f"showing {len(names)} of {summary['tensors']} tensors matching {' or '.join(args.filter)}")
+    _print()
+    if args.layers:
+        rows = [
+            (r["pattern"], r["count"], r["range"], r["dtype"], shape_text(r["shape"]), human_bytes(r["nbytes"]), r["odd_layers"])
+            for r in records
+        ]
+        columns = ("pattern", "count", "range", "dtype", "shape", "size", "odd layers")
+        _print(render_table(columns, rows, right=("count", "size")))
+        return EXIT_OK
+    many_files = len(catalog.files) > 1
+    columns = ["name", "dtype", "shape", "numel", "size"] + (["file"] if many_files else [])
+    rows = []
+    for r in records:
+        row = [r["name"], r["dtype"], shape_text(r["shape"]), f"{r['numel']:,}", human_bytes(r["nbytes"])]
+        rows.append([*row, r["file"]] if many_files else row)
+    _print(render_table(columns, rows, right=("numel", "size")))
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------------------------------- diff
+
+
+def _diff_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("a", help="the first checkpoint (file or folder)")
+    parser.add_argument("b", help="the second checkpoint (file or folder)")
+    parser.add_argument("--values", action="store_true", help="also compare values (reads tensor data; imports torch)")
+    parser.add_argument("--format", choices=("table", "json", "csv"), default="table", help="output format (default: table)")
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    """Show tensors added, removed or changed between two checkpoints; exit 1 when any differ."""
+    from .view import open_checkpoint
+
+    a = open_checkpoint(args.a)
+    frame = a.diff(open_checkpoint(args.b), values=args.values)
+    columns = ["name", *frame.columns]
+    rows = []
+    for name, record in zip(frame.index, frame.itertuples(index=False), strict=True):
+        rows.append((name, *(_plain(v) for v in record)))
+    if args.format == "json":
+        records = [dict(zip(columns, (list(v) if isinstance(v, tuple) else v for v in row), strict=True)) for row in rows]
+        write_json(sys.stdout, {"a": args.a, "b": args.b}, "differences", records)
+    elif args.format == "csv":
+        write_csv(sys.stdout, columns, [[_csv_cell(v) for v in row] for row in rows])
+    elif not rows:
+        _print(f"{args.a} and {args.b} hold the same {len(a)} tensors (names, dtypes, shapes{', values' if args.values else ''}).")
+    else:
+        counts: dict[str, int] = {}
+        for row in rows:
+            counts[row[1]] = counts.get(row[1], 0) + 1
+        _print(f"{args.a} -> {args.b}: " + ", ".join(f"{n} {status}" for status, n in counts.items()))
+        _print()
+        table_rows = [tuple(shape_text(v) if isinstance(v, tuple) else _cell(v) for v in row) for row in rows]
+        _print(render_table(columns, table_rows, right=("max_abs_diff",)))
+    return EXIT_DIFFERENT if rows else EXIT_OK
+
+
+def _plain(value: Any) -> Any:
+    """A pandas cell as a JSON-friendly Python value (NaN and missing become None)."""
+    if value is None:
+        return None
+    if isinstance(value, float) and value != value:
+        return None
+    if hasattr(value, "item"):
+        return value.item()
+    return value
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+# ----------------------------------------------------------------------------------------- verify
+
+
+def _verify_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", help="a checkpoint file or folder")
+    # Value checksums will be added here (`--checksums`, calling verify(..., checksums=True)).
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    """Check a checkpoint's structure: headers, index consistency, every shard complete."""
+    from .verify import verify
+
+    report = verify(args.path)
+    _print(report.summary())
+    for finding in report.findings:
+        _print(f"  {finding}")
+    errors = report.errors
+    if errors:
+        first = errors[0]
+        more = f" ({len(errors) - 1} more listed above)" if len(errors) > 1 else ""
+        sys.stderr.write(f"workbench verify: {first.message}{more}\n")
+        return EXIT_BAD_INPUT
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------------------------------- main
+
+SUBCOMMANDS: list[Subcommand] = [
+    Subcommand("inspect", "list a checkpoint's tensors from its headers (no tensor data read)", _inspect_arguments, run_inspect),
+    Subcommand("diff", "show tensors added, removed or changed between two checkpoints", _diff_arguments, run_diff),
+    Subcommand("verify", "check headers, index consistency and that every shard is complete", _verify_arguments, run_verify),
+    Subcommand("plan", "dry-run a conversion: layout, files and bytes read, peak memory, problems", plan_arguments, run_plan),
+    Subcommand("convert", "convert a checkpoint to HF safetensors shards (dry-run first, report after)", convert_arguments, run_convert),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with one subparser per entry of `SUBCOMMANDS`."""
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="workbench",
+        description="Look inside PyTorch checkpoints without loading them; plan and run layout conversions.",
+    )
+    parser.add_argument("--version", action="version", version=f"workbench {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show a traceback for unexpected errors")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for sub in SUBCOMMANDS:
+        sub_parser = subparsers.add_parser(sub.name, help=sub.help, description=sub.help[0].upper() + sub.help[1:] + ".")
+        sub.add_arguments(sub_parser)
+        sub_parser.set_defaults(run=sub.run)
+    return parser
+
+
+def _os_error_message(exc: OSError, command: str) -> str:
+    target = f" {exc.filename}" if exc.filename else ""
+    return f"Cannot {command}{target}: {exc.strerror or exc}. Check the path and its permissions."
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `workbench` console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    prefix = f"workbench {args.command}"
+    try:
+        return args.run(args)
+    except WorkbenchError as exc:
+        sys.stderr.write(f"{prefix}: {exc.message}\n")
+        return EXIT_BAD_INPUT
+    except BrokenPipeError:
+        # The reader of our output went away (`| head`): stop quietly.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+    except OSError as exc:
+        sys.stderr.write(f"{prefix}: {_os_error_message(exc, args.command)}\n")
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{prefix}: interrupted.\n")
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        if args.debug:
+            traceback.print_exc()
+        else:
+            sys.stderr.write(
+                f"{prefix}: internal error: {type(exc).__name__}: {exc}. This is a bug in workbench; "
+                "re-run with --debug for a traceback and report it.\n"
+            )
+        return EXIT_INTERNAL

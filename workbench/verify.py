@@ -1,0 +1,234 @@
+"""Structural integrity of a checkpoint on disk: every problem at once, not just the first.
+
+Opening a checkpoint stops at the first fault; `verify` keeps going and lists them all, so a user
+repairing a download sees every missing or truncated shard in one pass. It reads headers only:
+a header that validates proves its file is exactly as long as the header says (no missing or
+trailing bytes). Value checks that read tensor data plug in through `VALUE_CHECKS`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from .catalog import Catalog
+from .errors import CheckpointError, WorkbenchError
+from .formats import open_catalog, safetensors_folder
+from .formats.safetensors import SUFFIX, SafetensorsHeader, gc_paused, read_header
+from .formats.safetensors_writer import PARTIAL_SUFFIX
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem (error) or oddity (warning) found in a checkpoint."""
+
+    level: Literal["error", "warning"]
+    message: str
+    file: str | None = None
+    tensor: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.level}: {self.message}"
+
+
+@dataclass
+class VerifyReport:
+    """What `verify` checked and what it found; `ok` when no finding is an error."""
+
+    path: str
+    format: str = "unknown"
+    files_checked: int = 0
+    tensors: int = 0
+    tensor_bytes: int = 0
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == "error"]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == "warning"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def error(self, message: str, file: str | None = None, tensor: str | None = None) -> None:
+        self.findings.append(Finding("error", message, file, tensor))
+
+    def warning(self, message: str, file: str | None = None, tensor: str | None = None) -> None:
+        self.findings.append(Finding("warning", message, file, tensor))
+
+    def summary(self) -> str:
+        """One line: verdict, format, counts."""
+        verdict = "OK" if self.ok else f"FAILED ({_count(len(self.errors), 'problem')})"
+        warn = f", {_count(len(self.warnings), 'warning')}" if self.warnings else ""
+        return (
+            f"{self.path}: {verdict}{warn} - {self.format}, {_count(self.files_checked, 'file')}, "
+            f"{_count(self.tensors, 'tensor')}, {self.tensor_bytes:,} bytes of tensor data"
+        )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+# Checks that read tensor data (checksums, NaN scans ...), run by `verify(..., checksums=True)`.
+# Each takes the opened catalog and yields findings.
+VALUE_CHECKS: list[Callable[[Catalog], Iterable[Finding]]] = []
+
+
+def verify(path: str | os.PathLike, *, checksums: bool = False) -> VerifyReport:
+    """Check a checkpoint's headers, its index against its shards, and that every file is complete."""
+    report = VerifyReport(os.fspath(path))
+    p = Path(path)
+    if not p.exists():
+        report.error(f"Cannot verify {p}: no such file or folder. Check the path.", file=str(p))
+        return report
+    if safetensors_folder.detect(p):
+        with gc_paused():
+            _verify_safetensors(p, report)
+    if report.ok:
+        catalog = _open(p, report)
+        if catalog is not None and checksums:
+            if not VALUE_CHECKS:
+                raise WorkbenchError("Cannot verify checksums: no value check is available in this version. Run without checksums.")
+            for check in VALUE_CHECKS:
+                report.findings.extend(check(catalog))
+    return report
+
+
+def _open(p: Path, report: VerifyReport) -> Catalog | None:
+    """The final word: the checkpoint must open; fills counts for formats verified only this way."""
+    try:
+        catalog = open_catalog(p)
+    except CheckpointError as exc:
+        report.error(exc.message, exc.file, exc.tensor)
+        return None
+    report.format = catalog.format
+    report.files_checked = len(catalog.files)
+    report.tensors = len(catalog)
+    report.tensor_bytes = catalog.total_bytes
+    for warning in catalog.warnings:
+        if not any(f.message == warning for f in report.findings):
+            report.warning(warning)
+    return catalog
+
+
+def _header(path: Path, rel: str, report: VerifyReport) -> SafetensorsHeader | None:
+    try:
+        return read_header(path, rel=rel)
+    except CheckpointError as exc:
+        report.error(exc.message, rel, exc.tensor)
+        return None
+
+
+def _leftovers(folder: Path, report: VerifyReport) -> None:
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        if entry.name.endswith(PARTIAL_SUFFIX):
+            report.warning(
+                f"{entry.name} is an unfinished write (a conversion was interrupted); it is not part of the checkpoint "
+                "and can be deleted.",
+                file=entry.name,
+            )
+
+
+def _verify_safetensors(p: Path, report: VerifyReport) -> None:
+    if p.is_file() and not p.name.endswith(".index.json"):
+        report.format = "safetensors"
+        report.files_checked = 1
+        _header(p, p.name, report)
+        return
+    folder, index = (p.parent, p) if p.is_file() else (p, safetensors_folder.find_index(p))
+    _leftovers(folder, report)
+    if index is None:
+        files = sorted(e.name for e in os.scandir(folder) if e.name.endswith(SUFFIX) and e.is_file())
+        report.format = "safetensors-folder"
+        report.files_checked = len(files)
+        for rel in files:
+            _header(folder / rel, rel, report)
+        return
+    report.format = "hf-sharded"
+    _verify_index(folder, index, report)
+
+
+def _verify_index(folder: Path, index: Path, report: VerifyReport) -> None:
+    """Every shard the index names exists, is safe, complete, and holds exactly what the index says."""
+    try:
+        weight_map, index_metadata = safetensors_folder.read_index(index)
+    except CheckpointError as exc:
+        report.error(exc.message, index.name)
+        return
+    shard_of: dict[str, str] = {}
+    checked: dict[str, str | None] = {}  # index value -> normalized shard path (None: refused)
+    for name, rel in weight_map.items():
+        key = rel if isinstance(rel, str) else repr(rel)
+        if key not in checked:
+            try:
+                checked[key] = safetensors_folder.safe_member(folder, rel, what=f"index {index.name} entry for tensor {name!r}")
+            except CheckpointError as exc:
+                checked[key] = None
+                report.error(exc.message, index.name, name)
+        if checked[key] is not None:
+            shard_of[name] = checked[key]
+    shards = sorted(set(shard_of.values()))
+    report.files_checked = len(shards)
+    headers: dict[str, SafetensorsHeader] = {}
+    for rel in shards:
+        if not (folder / rel).is_file():
+            users = [n for n, r in shard_of.items() if r == rel]
+            report.error(
+                f"Cannot verify {folder}: shard {rel} named by {index.name} is missing (it should hold {len(users)} tensors, e.g. {users[0]!r}). "
+                "Download the missing shard.",
+                rel,
+                users[0],
+            )
+            continue
+        header = _header(folder / rel, rel, report)
+        if header is not None:
+            headers[rel] = header
+
+    home: dict[str, str] = {}
+    for rel, header in headers.items():
+        for info in header.tensors:
+            if info.name in home:
+                report.error(
+                    f"Cannot verify {folder}: tensor {info.name!r} is stored in two shards ({home[info.name]} and {rel}). "
+                    "Remove the stale copy or regenerate the checkpoint.",
+                    rel,
+                    info.name,
+                )
+                continue
+            home[info.name] = rel
+            report.tensor_bytes += info.nbytes if shard_of.get(info.name) == rel else 0
+    for name, rel in shard_of.items():
+        if rel in headers and home.get(name) != rel:
+            where = f"it is in {home[name]}" if name in home else "the shard does not hold it"
+            report.error(
+                f"Cannot verify {folder}: {index.name} says tensor {name!r} is in {rel}, but {where}. Regenerate the index or re-download the shards.",
+                rel,
+                name,
+            )
+    report.tensors = sum(1 for name, rel in shard_of.items() if home.get(name) == rel)
+
+    unlisted = [n for n, rel in home.items() if n not in shard_of]
+    if unlisted:
+        report.warning(
+            f"{len(unlisted)} tensors stored in shards are not listed in {index.name} and are ignored (e.g. {unlisted[0]!r}).",
+            home[unlisted[0]],
+            unlisted[0],
+        )
+    stray = sorted(e.name for e in os.scandir(folder) if e.name.endswith(SUFFIX) and e.name not in headers and e.name not in shards)
+    if stray:
+        report.warning(f"{len(stray)} .safetensors files in the folder are not named by {index.name} and are ignored: {', '.join(stray[:5])}.")
+    declared = index_metadata.get("total_size")
+    if report.ok and type(declared) is int and declared != report.tensor_bytes:
+        report.warning(
+            f"{index.name} declares total_size {declared} but its tensors hold {report.tensor_bytes} bytes. "
+            "Loaders ignore it; regenerate the index to fix it.",
+            index.name,
+        )
