@@ -102,6 +102,16 @@ class Binding:
     def outputs(self) -> dict[str, TensorInfo]:
         return {t.name: t for g in self.groups for t in g.outputs}
 
+    def raise_for_problems(self) -> Binding:
+        """Raise MapperError listing the errors, if any; otherwise return self (for chaining)."""
+        errors = self.errors
+        if errors:
+            from ..errors import MapperError
+
+            more = f" (and {len(errors) - 1} more problem(s); see binding.problems)" if len(errors) > 1 else ""
+            raise MapperError(errors[0].message + more, tensor=errors[0].tensor)
+        return self
+
     def problems_frame(self) -> pd.DataFrame:
         import pandas as pd
 

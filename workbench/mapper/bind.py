@@ -1,0 +1,364 @@
+"""Binding: expand templates against a source catalog, infer every output, collect problems.
+
+The binder walks the mapper tree over a `State` of metadata nodes, with the same semantics as
+`evaluate.run` (leaves read then write, untouched names pass through, Parallel children read the
+same state). Every user mistake becomes a `Problem`; nothing here raises for them. The result is
+turned into dependency groups by `grouping.build_binding`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import gc
+from collections.abc import Mapping
+from typing import Any
+
+from ..catalog import TensorInfo
+from ..dtypes import normalize_dtype
+from ..errors import MapperError, WorkbenchError
+from .base import Mapper, Meta, Rest
+from .compose import Parallel, PrefixScope, Sequential
+from .groups import Binding, Problem
+from .op import Op
+from .state import Comp, Node, State, find, union
+from .templates import Template, fill, placeholders_of
+
+Path = tuple[int, ...]
+
+
+def source_infos(source: Any) -> list[TensorInfo]:
+    """The source's tensors as TensorInfos in source order (Catalog, Mapping, or object with `.catalog`)."""
+    if hasattr(source, "catalog") and not isinstance(source, Mapping):
+        source = source.catalog
+    tensors = getattr(source, "tensors", None)
+    items = tensors.items() if isinstance(tensors, dict) else source.items() if isinstance(source, Mapping) else None
+    if items is None:
+        raise MapperError(
+            f"Cannot bind a mapper to {type(source).__name__}: expected a Catalog, a checkpoint, or a mapping "
+            "name -> TensorInfo/tensor. Pass wb.open_checkpoint(path) or its .catalog."
+        )
+    infos = []
+    for name, value in items:
+        if isinstance(value, TensorInfo):
+            infos.append(value if value.name == name else value.with_name(name))
+        elif hasattr(value, "dtype") and hasattr(value, "shape"):
+            try:
+                dtype = normalize_dtype(value.dtype)
+            except WorkbenchError as exc:
+                raise MapperError(f"Cannot bind to tensor {name!r}: {exc.message}", tensor=name) from None
+            infos.append(TensorInfo(name, dtype, tuple(int(size) for size in value.shape)))
+        else:
+            raise MapperError(
+                f"Cannot bind to source entry {name!r}: it is a {type(value).__name__}, not a TensorInfo or tensor.", tensor=name
+            )
+    return infos
+
+
+class Effect:
+    """What one step does to the state: names it consumes and nodes it produces (checked for clashes)."""
+
+    __slots__ = ("binder", "consumed", "produced")
+
+    def __init__(self, binder: Binder) -> None:
+        self.binder = binder
+        self.consumed: dict[str, tuple[Node, Mapper]] = {}
+        self.produced: dict[str, tuple[Node, Mapper]] = {}
+
+    def consume(self, name: str, node: Node, op: Mapper) -> None:
+        if name in self.consumed:
+            first_node, first = self.consumed[name]
+            self.binder.problem(
+                f"Cannot read {name!r} twice: both {first.short()} and {op.short()} consume it in the same step. "
+                "Each tensor feeds one operation per step; chain the operations in a Sequential, or remove one.",
+                op, name,
+            )
+            self.binder.poison(node)
+            return
+        self.consumed[name] = (node, op)
+
+    def produce(self, name: str, node: Node, op: Mapper) -> None:
+        if name in self.produced:
+            other_node, first = self.produced[name]
+            self.binder.problem(
+                f"Cannot write {name!r}: both {first.short()} and {op.short()} produce it. Give the outputs different names.",
+                op, name,
+            )
+            self.binder.poison(other_node)
+            self.binder.poison(node)
+            return
+        self.produced[name] = (node, op)
+
+    def absorb(self, other: Effect) -> None:
+        for name, (node, op) in other.consumed.items():
+            self.consume(name, node, op)
+        for name, (node, op) in other.produced.items():
+            self.produce(name, node, op)
+
+
+class Binder:
+    """One binding run: walks the tree, tracks components and problems."""
+
+    def __init__(self, mapper: Mapper, infos: list[TensorInfo], *, record: bool = False) -> None:
+        self.mapper = mapper
+        self.infos = infos
+        self.problems: list[Problem] = []
+        self.comps: list[Comp] = []
+        self.seq = 0
+        self.records: dict[Path, list[tuple[Op, tuple[Meta, ...]]]] | None = {} if record else None
+        self.scope_clashes: dict[Path, str] = {}  # scope path -> an outside name that lands under target_prefix
+        self._infer_cache: dict[tuple[Path, tuple[Meta, ...]], list[Meta]] = {}
+        self._templates: dict[Path, tuple[tuple[str, ...], list[Template]]] = {}
+        self._failed_templates: set[str] = set()
+        nodes = {info.name: Node((info.dtype, tuple(info.shape)), None, index) for index, info in enumerate(infos)}
+        self.state = State(nodes)
+
+    # -- bookkeeping -------------------------------------------------------------------------------
+    def problem(self, message: str, op: Mapper | None, tensor: str | None, severity: str = "error") -> None:
+        self.problems.append(Problem(severity, message, op.short() if op is not None else None, tensor))  # type: ignore[arg-type]
+
+    def comp_of(self, node: Node) -> Comp:
+        if node.comp is None:
+            comp = node.comp = Comp()
+            comp.sources.append(node.source)
+            self.comps.append(comp)
+        return find(node.comp)
+
+    def new_comp(self) -> Comp:
+        comp = Comp()
+        self.comps.append(comp)
+        return comp
+
+    def poison(self, node: Node) -> None:
+        self.comp_of(node).poisoned = True
+
+    def commit(self, state: State, effect: Effect, where: Mapper) -> None:
+        for name in effect.consumed:
+            state.remove(name)
+        for name, (node, op) in effect.produced.items():
+            if name in state.nodes:
+                self.problem(
+                    f"Cannot write {name!r}: {op.short()} produces it, but a tensor of that name is already there and "
+                    f"nothing consumes it. Drop or rename that tensor first (M.Drop({name!r})), or pick another output name.",
+                    op, name,
+                )
+                self.poison(node)
+                self.poison(state.nodes[name])
+                state.remove(name)
+            state.insert(name, node)
+
+    # -- the walk ----------------------------------------------------------------------------------
+    def run(self, mapper: Mapper, state: State, path: Path) -> None:
+        if isinstance(mapper, Op):
+            self.commit(state, self.leaf_effect(mapper, state, path), mapper)
+        elif isinstance(mapper, Sequential):
+            for index, child in enumerate(mapper.mappers):
+                self.run(child, state, path + (index,))
+        elif isinstance(mapper, Parallel):
+            merged = Effect(self)
+            for index, child in enumerate(mapper.mappers):
+                if isinstance(child, Op):  # leaves record straight into the shared effect (clashes checked there)
+                    self.leaf_effect(child, state, path + (index,), merged)
+                else:
+                    merged.absorb(self.effect_of(child, state, path + (index,)))
+            self.commit(state, merged, mapper)
+        elif isinstance(mapper, PrefixScope):
+            self.run_scope(mapper, state, path)
+        else:  # pragma: no cover
+            raise MapperError(f"Cannot bind {mapper!r}: unknown mapper type {type(mapper).__name__}.")
+
+    def effect_of(self, mapper: Mapper, state: State, path: Path) -> Effect:
+        """The effect of `mapper` on `state` without changing it (composites run on a copy)."""
+        if isinstance(mapper, Op):
+            return self.leaf_effect(mapper, state, path)
+        scratch = state.copy()
+        self.run(mapper, scratch, path)
+        effect = Effect(self)
+        for name, node in state.nodes.items():
+            if scratch.nodes.get(name) is not node:
+                effect.consume(name, node, mapper)
+        for name, node in scratch.nodes.items():
+            if state.nodes.get(name) is not node:
+                effect.produce(name, node, mapper)
+        return effect
+
+    def run_scope(self, scope: PrefixScope, state: State, path: Path) -> None:
+        source, target = scope.source_prefix, scope.target_prefix
+        cut = len(source)
+        before = {name[cut:]: node for name, node in state.nodes.items() if name.startswith(source)}
+        inner = State(dict(before))
+        self.run(scope.mapper, inner, path + (0,))
+        effect = Effect(self)
+        for local, node in before.items():
+            if inner.nodes.get(local) is not node:
+                effect.consume(source + local, node, scope)
+            elif source != target:
+                effect.consume(source + local, node, scope)
+                comp = self.comp_of(node)
+                self.seq += 1
+                comp.steps.append((self.seq, path, None))
+                effect.produce(target + local, Node(node.meta, comp), scope)
+        for local, node in inner.nodes.items():
+            if before.get(local) is not node:
+                effect.produce(target + local, node, scope)
+        if source != target and path not in self.scope_clashes:
+            clash = next((n for n in state.nodes if n.startswith(target) and not n.startswith(source)), None)
+            if clash is not None:
+                self.scope_clashes[path] = clash
+        self.commit(state, effect, scope)
+
+    # -- leaves ------------------------------------------------------------------------------------
+    def leaf_effect(self, leaf: Op, state: State, path: Path, effect: Effect | None = None) -> Effect:
+        """What `leaf` does to `state`, added to `effect` (a new one by default)."""
+        effect = Effect(self) if effect is None else effect
+        if not leaf.is_template:
+            self.instance(leaf, state, path, effect, reported=False)
+            return effect
+        for instance, reported in self.expand(leaf, state, path):
+            self.instance(instance, state, path, effect, reported=reported)
+        return effect
+
+    def _compiled(self, leaf: Op, path: Path) -> tuple[tuple[str, ...], list[Template]]:
+        found = self._templates.get(path)
+        if found is None:
+            order = tuple(sorted(placeholders_of(leaf.inputs[0])))
+            found = self._templates[path] = (order, [Template(text, order) for text in leaf.inputs])
+        return found
+
+    def expand(self, leaf: Op, state: State, path: Path) -> list[tuple[Op, bool]]:
+        """Concrete instances of a templated leaf; partial matches become problems (instances flagged)."""
+        order, templates = self._compiled(leaf, path)
+        nodes = state.nodes
+        matches: list[dict[tuple[str, ...], str]] = []
+        for template in templates:
+            found: dict[tuple[str, ...], str] = {}
+            for name in state.candidates(template):
+                if name in nodes:
+                    key = template.capture(name.split("."))
+                    if key is not None:
+                        found[key] = name
+            matches.append(found)
+        empty = [t.text for t, found in zip(templates, matches, strict=True) if not found]
+        if empty:
+            self._report_unmatched(leaf, empty, state)
+            self._failed_templates.update(leaf.outputs)
+            return []
+        instances: list[tuple[Op, bool]] = []
+        if len(matches) == 1:  # one input template: every match is complete
+            for key in matches[0]:
+                values = dict(zip(order, key, strict=True))
+                instances.append((leaf.rename_all(lambda text, v=values: fill(text, v)), False))  # type: ignore[misc]
+            return instances
+        keys = dict.fromkeys(key for found in matches for key in found)
+        for key in keys:
+            values = dict(zip(order, key, strict=True))
+            complete = all(key in found for found in matches)
+            if not complete:
+                missing = [fill(t.text, values) for t, found in zip(templates, matches, strict=True) if key not in found]
+                present = [found[key] for found in matches if key in found]
+                where = ", ".join(f"{{{k}}}={v}" for k, v in values.items())
+                self.problem(
+                    f"Cannot bind {leaf.short()}: {missing[0]!r} is missing, although {present[0]!r} matches ({where})"
+                    + (f"; {len(missing) - 1} more input(s) missing" if len(missing) > 1 else "")
+                    + ". Add the missing tensor, or limit the template to the matches that are complete (e.g. list them).",
+                    leaf, missing[0],
+                )
+            instances.append((leaf.rename_all(lambda text, v=values: fill(text, v)), not complete))  # type: ignore[misc]
+        return instances
+
+    def _report_unmatched(self, leaf: Op, empty: list[str], state: State) -> None:
+        if all(text in self._failed_templates for text in empty):
+            return  # an earlier failed operation was to produce these; that failure is already reported
+        text = next(t for t in empty if t not in self._failed_templates)
+        probe = Template(text, placeholders_of(text))
+        same_length = [n for n in state.candidates(Template(".".join(f"{{x{i}}}" for i in range(probe.nseg)), [])) if n in state.nodes]
+        pool = same_length[:5000] or list(state.nodes)[:5000]
+        guess = difflib.get_close_matches(fill(text, {name: "0" for name in probe.order}), pool, n=1)
+        hint = f" The closest name is {guess[0]!r}." if guess else ""
+        self.problem(
+            f"Cannot bind {leaf.short()}: template {text!r} matches no tensor ({len(state.nodes)} available).{hint} "
+            "Check the spelling against the source's tensor names, or remove the operation.",
+            leaf, text,
+        )
+
+    def instance(self, op: Op, state: State, path: Path, effect: Effect, *, reported: bool) -> None:
+        """Record one concrete operation: consume its inputs, infer and produce its outputs."""
+        nodes = state.nodes
+        present = [(name, nodes.get(name)) for name in op.inputs]
+        metas = tuple([node.meta if node is not None else None for _, node in present])
+        outputs: list[Meta] | None = None
+        if None in metas:
+            self._report_missing(op, state, present, reported)
+            present = [(name, node) for name, node in present if node is not None]
+        else:
+            key = (path, metas)
+            outputs = self._infer_cache.get(key)  # type: ignore[arg-type]
+            if outputs is None:
+                try:
+                    outputs = op._infer(list(metas))  # type: ignore[arg-type]
+                except MapperError as exc:
+                    self.problem(exc.message, op, (op.outputs or op.inputs)[0])
+                    self._failed_templates.update(op.outputs)
+                else:
+                    self._infer_cache[key] = outputs  # type: ignore[index]
+        if len(present) == 1:
+            comp = self.comp_of(present[0][1])  # type: ignore[arg-type]
+        else:
+            comp = union([self.comp_of(node) for _, node in present]) if present else self.new_comp()  # type: ignore[arg-type]
+        if outputs is None:
+            comp.poisoned = True
+        else:
+            self.seq += 1
+            comp.steps.append((self.seq, path, op))
+            if self.records is not None:
+                self.records.setdefault(path, []).append((op, metas))  # type: ignore[arg-type]
+        consumed, produced = effect.consumed, effect.produced
+        for name, node in present:
+            if name in consumed:
+                effect.consume(name, node, op)  # type: ignore[arg-type]  # reports the clash
+            else:
+                consumed[name] = (node, op)  # type: ignore[assignment]
+        for index, name in enumerate(op.outputs):
+            node = Node(None if outputs is None else outputs[index], comp)
+            if name in produced:
+                effect.produce(name, node, op)  # reports the clash
+            else:
+                produced[name] = (node, op)
+
+    def _report_missing(self, op: Op, state: State, present: list[tuple[str, Node | None]], reported: bool) -> None:
+        """An input is absent (or unknown after an earlier error): report it once, poison the outputs."""
+        missing = [name for name, node in present if node is None]
+        if missing and not reported and not any(name in self._failed_templates for name in missing):
+            guess = difflib.get_close_matches(missing[0], list(state.nodes)[:20000], n=1)
+            hint = f" The closest name is {guess[0]!r}." if guess else ""
+            self.problem(
+                f"Cannot bind {op.short()}: input {missing[0]!r} is not in the source.{hint} "
+                "Check the name against the source's tensors (or the step that should produce it).",
+                op, missing[0],
+            )
+        self._failed_templates.update(op.outputs)
+
+
+def bind(mapper: Mapper, source: Any, rest: Rest = "keep") -> Binding:
+    """Bind `mapper` to `source`; see `Mapper.bind`."""
+    return run_binder(mapper, source, rest)[0]
+
+
+def run_binder(mapper: Mapper, source: Any, rest: Rest = "keep", *, record: bool = False) -> tuple[Binding, Binder]:
+    """Bind and also return the binder (instance records, scope clashes) for `inverse`."""
+    if rest not in ("keep", "drop", "error"):
+        raise MapperError(f"Cannot bind with rest={rest!r}: use 'keep', 'drop' or 'error'.")
+    if not isinstance(mapper, Mapper):
+        raise MapperError(f"Cannot bind {mapper!r}: it is not a mapper.")
+    from .grouping import build_binding
+
+    # Binding allocates hundreds of thousands of small acyclic objects; the cyclic collector would
+    # rescan all of them again and again (3x the run time at 100k tensors) and find nothing.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        binder = Binder(mapper, source_infos(source), record=record)
+        binder.run(mapper, binder.state, ())
+        return build_binding(binder, rest), binder
+    finally:
+        if collecting:
+            gc.enable()

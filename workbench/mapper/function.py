@@ -1,0 +1,158 @@
+"""`Function`: a custom operation naming an importable callable, for what the vocabulary lacks.
+
+The callable is named by reference ("package.module:function") rather than held as an object, so a
+mapper that uses it still exports to code and JSON and ships to torchrun workers. It receives the
+input tensors positionally (in `inputs` order) plus `params` as keywords, and returns one tensor,
+a sequence of tensors in `outputs` order, or a mapping output name -> tensor.
+
+Metadata comes from the optional `infer` callable (same arguments, TensorInfos instead of tensors,
+returning (dtype, shape) pairs or TensorInfos); without it the function is run once on torch 'meta'
+tensors, which costs no memory but imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..dtypes import from_torch, normalize_dtype, to_torch
+from ..errors import MapperError, WorkbenchError
+from .base import Meta
+from .op import Op
+
+
+def _freeze(value: Any, where: str) -> Any:
+    """Params must survive JSON: scalars, strings, None, and lists/dicts of those (stored as tuples)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(item, where) for item in value)
+    raise MapperError(
+        f"Cannot build {where}: parameter value {value!r} is not JSON-friendly. "
+        "Use numbers, strings, booleans, None or lists of those."
+    )
+
+
+def resolve(reference: str, where: str) -> Any:
+    """Import the object named 'package.module:attribute.path'."""
+    module_name, _, attribute = reference.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as exc:  # any import failure is the user's to fix
+        raise MapperError(
+            f"Cannot use {where}: module {module_name!r} does not import ({type(exc).__name__}: {exc}). "
+            "Make it importable (installed, or on PYTHONPATH) on every process that runs the mapper."
+        ) from None
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise MapperError(f"Cannot use {where}: {module_name!r} has no attribute {attribute!r}. Check the name after ':'.")
+        target = getattr(target, part)
+    if not callable(target):
+        raise MapperError(f"Cannot use {where}: {reference!r} is not callable. Name a function.")
+    return target
+
+
+def _check_reference(reference: Any, field: str) -> str:
+    module_name, colon, attribute = reference.partition(":") if isinstance(reference, str) else ("", "", "")
+    if not (colon and module_name and attribute):
+        raise MapperError(
+            f"Cannot build Function: {field}={reference!r} must name a callable as 'package.module:function'."
+        )
+    return reference
+
+
+@dataclass(frozen=True, repr=False)
+class Function(Op):
+    """Custom operation: `fn` ('pkg.mod:func') maps `inputs` to `outputs`; `infer` gives output metadata."""
+
+    fn: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    infer: str | None = None
+    params: tuple[tuple[str, Any], ...] = ()
+
+    NAME_LIST_FIELDS = ("inputs", "outputs")
+
+    def __post_init__(self) -> None:
+        _check_reference(self.fn, "fn")
+        if self.infer is not None:
+            _check_reference(self.infer, "infer")
+        self._normalize()
+        if not self.inputs:
+            raise MapperError(f"Cannot build Function {self.fn!r}: it needs at least one input tensor.")
+        params = self.params.items() if isinstance(self.params, Mapping) else self.params
+        frozen = []
+        for key, value in params:
+            if not isinstance(key, str):
+                raise MapperError(f"Cannot build Function {self.fn!r}: parameter names must be strings (got {key!r}).")
+            frozen.append((key, _freeze(value, f"Function {self.fn!r}")))
+        self._set("params", tuple(sorted(frozen)))
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        """`params` as keyword arguments (tuples turned back into lists)."""
+        return {key: _thaw(value) for key, value in self.params}
+
+    def _normalize_outputs(self, result: Any, kind: str) -> list[Any]:
+        if isinstance(result, Mapping):
+            missing = [name for name in self.outputs if name not in result]
+            if missing:
+                raise MapperError(f"Cannot apply {self.short()}: its {kind} returned no {missing[0]!r}. Return every declared output.")
+            return [result[name] for name in self.outputs]
+        if len(self.outputs) == 1 and not isinstance(result, (list, tuple)):
+            return [result]
+        if not isinstance(result, (list, tuple)) or len(result) != len(self.outputs):
+            count = len(result) if isinstance(result, (list, tuple)) else 1
+            raise MapperError(
+                f"Cannot apply {self.short()}: its {kind} returned {count} result(s) for {len(self.outputs)} declared "
+                "outputs. Return one per output, in `outputs` order."
+            )
+        return list(result)
+
+    def _infer(self, metas: list[Meta]) -> list[Meta]:
+        if self.infer is None:
+            return self._infer_on_meta_device(metas)
+        from ..catalog import TensorInfo
+
+        infos = [TensorInfo(name, dtype, shape) for name, (dtype, shape) in zip(self.inputs, metas, strict=False)]
+        try:
+            result = resolve(self.infer, self.short())(*infos, **self.kwargs)
+        except WorkbenchError:
+            raise
+        except Exception as exc:
+            raise MapperError(f"Cannot infer outputs of {self.short()}: infer raised {type(exc).__name__}: {exc}.") from None
+        out: list[Meta] = []
+        for item in self._normalize_outputs(result, "infer"):
+            dtype, shape = (item.dtype, item.shape) if hasattr(item, "dtype") and hasattr(item, "shape") else item
+            out.append((normalize_dtype(dtype), tuple(int(size) for size in shape)))
+        return out
+
+    def _infer_on_meta_device(self, metas: list[Meta]) -> list[Meta]:
+        import torch
+
+        fn = resolve(self.fn, self.short())
+        try:
+            tensors = [torch.empty(shape, dtype=to_torch(dtype), device="meta") for dtype, shape in metas]
+            result = self._normalize_outputs(fn(*tensors, **self.kwargs), "fn")
+            return [(from_torch(t.dtype), tuple(t.shape)) for t in result]
+        except MapperError:
+            raise
+        except Exception as exc:
+            raise MapperError(
+                f"Cannot infer outputs of {self.short()} without data: running it on 'meta' tensors failed "
+                f"({type(exc).__name__}: {exc}). Pass infer='package.module:function' returning the output dtypes and shapes."
+            ) from None
+
+    def _compute(self, tensors: list[Any]) -> list[Any]:
+        fn = resolve(self.fn, self.short())
+        try:
+            result = fn(*tensors, **self.kwargs)
+        except Exception as exc:
+            raise MapperError(f"Cannot apply {self.short()}: the function raised {type(exc).__name__}: {exc}.") from None
+        return self._normalize_outputs(result, "fn")
+
+
+def _thaw(value: Any) -> Any:
+    return [_thaw(item) for item in value] if isinstance(value, tuple) else value

@@ -1,0 +1,89 @@
+"""The few model facts presets need (head counts, head size, biases), read from any kind of config.
+
+Accepts a path to `config.json` (or to the folder holding it), a transformers config object, or a
+plain dict; reading a path never imports transformers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import MapperError
+
+# Model families whose attention projections carry a bias although their config does not say so.
+_QKV_BIAS_FAMILIES = frozenset({"qwen2", "qwen2_moe", "qwen2_vl"})
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """Attention geometry of a decoder: query heads, key/value heads, size of one head."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    qkv_bias: bool = False
+    tie_word_embeddings: bool = False
+
+    @property
+    def q_rows(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_rows(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def heads_per_group(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+
+def _as_mapping(config: Any) -> Mapping[str, Any]:
+    if isinstance(config, Mapping):
+        return config
+    if isinstance(config, (str, Path)):
+        path = Path(config)
+        if path.is_dir():
+            path = path / "config.json"
+        try:
+            return json.loads(path.read_text())
+        except FileNotFoundError:
+            raise MapperError(f"Cannot read model config {str(path)!r}: the file does not exist. Pass the path of config.json.") from None
+        except (OSError, json.JSONDecodeError) as exc:
+            raise MapperError(f"Cannot read model config {str(path)!r}: {exc}. Pass a valid config.json.") from None
+    if hasattr(config, "to_dict"):
+        return config.to_dict()
+    return vars(config)
+
+
+def attention_shape(config: Any) -> AttentionShape:
+    """Read head counts and sizes from a config.json path, a transformers config, or a dict."""
+    if isinstance(config, AttentionShape):
+        return config
+    data = _as_mapping(config)
+    # Multimodal configs keep the decoder's facts in a text sub-config.
+    if "num_attention_heads" not in data and isinstance(data.get("text_config"), Mapping):
+        data = data["text_config"]
+
+    def need(key: str) -> int:
+        value = data.get(key)
+        if not isinstance(value, int) or value <= 0:
+            raise MapperError(
+                f"Cannot read the attention shape from the config: {key!r} is missing or not a positive integer ({value!r}). "
+                "Pass a config.json, a transformers config, or a dict with num_attention_heads, num_key_value_heads, "
+                "head_dim (or hidden_size)."
+            )
+        return value
+
+    heads = need("num_attention_heads")
+    kv_heads = data.get("num_key_value_heads") or heads
+    head_dim = data.get("head_dim") or need("hidden_size") // heads
+    if heads % kv_heads:
+        raise MapperError(
+            f"Cannot use the config: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}. Check the config."
+        )
+    qkv_bias = bool(data.get("attention_bias", False)) or data.get("model_type") in _QKV_BIAS_FAMILIES
+    return AttentionShape(heads, kv_heads, head_dim, qkv_bias, bool(data.get("tie_word_embeddings", False)))

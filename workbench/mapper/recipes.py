@@ -1,0 +1,124 @@
+"""Recipes for groups, computed once per group *shape* and shared.
+
+Thousands of groups in a checkpoint differ only by names (layer 0's q/k/v concat, layer 1's ...).
+A group's canonical key replaces every tensor name by its order of first appearance; groups with
+equal keys and equal input metadata have the same recipe up to renaming. So each distinct shape is
+traced once, and each group gets a `LazyRecipe` that builds its ByteSlices only when read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from ..catalog import TensorInfo
+from ..errors import MapperError
+from .base import Mapper
+from .evaluate import apply_concrete
+from .function import Function
+from .groups import ByteSlice
+from .layout import Sym, whole
+from .op import Op
+
+# slices of one output as (input token, begin, end)
+TokenSlices = tuple[tuple[int, int, int], ...]
+
+
+class LazyRecipe(Mapping[str, tuple[ByteSlice, ...]]):
+    """Read-only mapping output name -> ByteSlices, materialized from a shared token recipe on access."""
+
+    __slots__ = ("_outputs", "_shared", "_names")
+
+    def __init__(self, outputs: dict[str, int], shared: dict[int, TokenSlices], names: list[str]) -> None:
+        self._outputs = outputs  # output name -> token
+        self._shared = shared  # token -> slices in tokens
+        self._names = names  # token -> tensor name of this group
+
+    def __getitem__(self, name: str) -> tuple[ByteSlice, ...]:
+        names = self._names
+        return tuple(ByteSlice(names[token], begin, end) for token, begin, end in self._shared[self._outputs[name]])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._outputs)
+
+    def __len__(self) -> int:
+        return len(self._outputs)
+
+    def __repr__(self) -> str:
+        return f"LazyRecipe({dict(self)!r})"
+
+
+class Tracer:
+    """Computes group recipes and chunked-cast flags, caching them by canonical key."""
+
+    def __init__(self) -> None:
+        self._function_metas: dict[Any, list[Any]] = {}
+        self._shared: dict[Any, tuple[dict[int, TokenSlices] | None, bool]] = {}
+
+    def leaf(self, op: Op, syms: list[Sym]) -> list[Sym]:
+        if isinstance(op, Function):
+            metas = tuple((s.dtype, s.shape) for s in syms)
+            key = (op.fn, op.infer, op.params, metas)
+            out = self._function_metas.get(key)
+            if out is None:
+                out = self._function_metas[key] = op._infer(list(metas))
+            return [Sym(dtype, shape, None) for dtype, shape in out]
+        return op._trace(syms)
+
+    def trace(self, op: Mapper, inputs: tuple[TensorInfo, ...], outputs: list[TensorInfo]) -> list[Sym]:
+        state = {info.name: whole(info.name, info.dtype, tuple(info.shape)) for info in inputs}
+        result = apply_concrete(op, state, self.leaf)
+        syms = [result[info.name] for info in outputs]
+        for sym, info in zip(syms, outputs, strict=True):
+            if (sym.dtype, sym.shape) != (info.dtype, info.shape):  # pragma: no cover - binder and tracer share _infer
+                raise MapperError(f"Cannot build the group for {info.name!r}: traced metadata disagrees with inference (internal error).")
+        return syms
+
+    def shared_recipe(
+        self, signature: tuple[Any, ...], instances: dict[Any, list[Op]], op: Mapper,
+        inputs: tuple[TensorInfo, ...], outputs: list[TensorInfo],
+    ) -> tuple[Mapping[str, tuple[ByteSlice, ...]] | None, str | None]:
+        """(recipe or None, chunk_cast dtype or None), traced once per group shape and shared.
+
+        Groups over the same leaf paths whose names repeat in the same pattern (token of first
+        appearance) and whose inputs have the same metadata have the same recipe up to renaming.
+        """
+        tokens: dict[str, int] = {}
+        pattern: list[int] = []
+        for path in signature:
+            for instance in instances[path]:
+                pattern += [tokens.setdefault(name, len(tokens)) for name in instance.inputs]
+                pattern.append(-1)
+                pattern += [tokens.setdefault(name, len(tokens)) for name in instance.outputs]
+                pattern.append(-2)
+        key = (signature, tuple(pattern), tuple(sorted((tokens[i.name], i.dtype, tuple(i.shape)) for i in inputs)))
+        cached = self._shared.get(key)
+        if cached is None:
+            syms = self.trace(op, inputs, outputs)
+            shared: dict[int, TokenSlices] | None = None
+            if all(sym.slices is not None for sym in syms):
+                shared = {
+                    tokens[info.name]: tuple((tokens[s.source], s.begin, s.end) for s in sym.slices)  # type: ignore[union-attr]
+                    for info, sym in zip(outputs, syms, strict=True)
+                }
+            cached = self._shared[key] = (shared, _is_chunk_cast(syms, inputs, outputs))
+        shared, chunk = cached
+        if shared is not None:
+            return LazyRecipe({info.name: tokens[info.name] for info in outputs}, shared, list(tokens)), None
+        return None, outputs[0].dtype if chunk else None
+
+    def direct_recipe(self, op: Mapper, inputs: tuple[TensorInfo, ...], outputs: list[TensorInfo]) -> tuple[dict[str, tuple[ByteSlice, ...]] | None, str | None]:
+        if len(inputs) == 1 and len(outputs) == 1 and not any(True for _ in op.leaves()):
+            # A pure prefix rename: the output is the input's bytes.
+            info = inputs[0]
+            return {outputs[0].name: (ByteSlice(info.name, 0, info.nbytes),) if info.nbytes else ()}, None
+        syms = self.trace(op, inputs, outputs)
+        if all(sym.slices is not None for sym in syms):
+            return {info.name: sym.slices for info, sym in zip(outputs, syms, strict=True)}, None  # type: ignore[misc]
+        return None, outputs[0].dtype if _is_chunk_cast(syms, inputs, outputs) else None
+
+
+def _is_chunk_cast(syms: list[Sym], inputs: tuple[TensorInfo, ...], outputs: list[TensorInfo]) -> bool:
+    """One input, one output holding its elements in order, converted exactly once."""
+    return len(inputs) == 1 and len(outputs) == 1 and syms[0].elems_of == inputs[0].name and syms[0].casts == 1 and syms[0].slices is None
+
