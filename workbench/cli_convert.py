@@ -1,0 +1,144 @@
+"""The `workbench plan` and `workbench convert` subcommands (registered in `workbench.cli`).
+
+    workbench plan SRC [--mapper mapper.py] [--shard-size 5GB] [--nproc N] [--dtype bf16] [--dest DST]
+    workbench convert SRC DST [--mapper mapper.py] [--shard-size 5GB] [--dtype bf16] [--nproc N]
+                      [--dry-run] [--no-extras] [--overwrite] [--rest keep|drop|error] [--quiet]
+
+A mapper file is any Python file that defines `mapper` (what `mapper.to_code()` writes). Both
+commands print the dry-run first; `convert` then runs it and prints the report. Bad input exits
+with status 2 and a one-paragraph message. Neither command imports torch unless a step computes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .errors import MapperError, WorkbenchError
+
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2
+
+
+def load_mapper_file(path: str | os.PathLike) -> Any:
+    """The `mapper` a Python file defines (the file is executed: it is the user's own code)."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise MapperError(f"Cannot load mapper file {path}: no such file. Write one with mapper.to_code() or check the path.", file=path)
+    try:
+        namespace = runpy.run_path(path)
+    except SyntaxError as exc:
+        raise MapperError(f"Cannot load mapper file {path}: syntax error at line {exc.lineno}: {exc.msg}. Fix the file.", file=path) from None
+    except WorkbenchError as exc:
+        raise MapperError(f"Cannot load mapper file {path}: {exc.message}", file=path) from None
+    except Exception as exc:
+        raise MapperError(f"Cannot load mapper file {path}: running it raised {type(exc).__name__}: {exc}. Fix the file.", file=path) from None
+    mapper = namespace.get("mapper")
+    if mapper is None or not hasattr(mapper, "bind"):
+        found = "no name `mapper`" if mapper is None else f"`mapper` is a {type(mapper).__name__}, not a mapper"
+        raise MapperError(
+            f"Cannot load mapper file {path}: it defines {found}. Assign a workbench mapper to `mapper` "
+            "(e.g. `mapper = M.Sequential(...)`, as mapper.to_code() writes).",
+            file=path,
+        )
+    return mapper
+
+
+def _common_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mapper", metavar="FILE", help="Python file defining `mapper` (default: copy every tensor)")
+    parser.add_argument("--shard-size", default="5GB", help="largest shard, e.g. 5GB (decimal) or 500MiB (default 5GB)")
+    parser.add_argument("--dtype", help="store every floating-point tensor in this dtype (bf16, fp16, fp32 ...)")
+    parser.add_argument("--nproc", type=int, default=1, help="processes to run on (torchrun workers when > 1)")
+    parser.add_argument("--rest", choices=("keep", "drop", "error"), default="keep",
+                        help="what happens to tensors the mapper does not mention (default keep)")
+    parser.add_argument("--no-extras", action="store_true", help="do not copy config.json, tokenizer files ...")
+    parser.add_argument("--overwrite", action="store_true", help="replace an earlier conversion in the destination")
+
+
+def plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of `workbench plan`."""
+    parser.add_argument("source", metavar="SRC", help="checkpoint file or folder")
+    parser.add_argument("--dest", metavar="DST", help="destination to check (not empty, free space, resumable)")
+    _common_arguments(parser)
+
+
+def convert_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of `workbench convert`."""
+    parser.add_argument("source", metavar="SRC", help="checkpoint file or folder")
+    parser.add_argument("dest", metavar="DST", help="output folder (HF safetensors shards)")
+    _common_arguments(parser)
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and stop")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _plan(args: argparse.Namespace, dest: str | None):
+    from .planning import plan
+
+    mapper = load_mapper_file(args.mapper) if args.mapper else None
+    return plan(
+        args.source, mapper, shard_size=args.shard_size, nproc=args.nproc, rest=args.rest, dest=dest,
+        dtype=args.dtype, extras=not args.no_extras, overwrite=args.overwrite,
+    )
+
+
+def _refuse(command: str, the_plan) -> int:
+    errors = the_plan.errors
+    first = errors[0].message
+    more = f" ({len(errors) - 1} more problems listed above)" if len(errors) > 1 else ""
+    sys.stderr.write(f"workbench {command}: {first}{more}\n")
+    return EXIT_BAD_INPUT
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    """`workbench plan`: print the dry-run; exit 2 when it has errors."""
+    the_plan = _plan(args, args.dest)
+    print(the_plan.summary())
+    return EXIT_OK if the_plan.ok else _refuse("plan", the_plan)
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    """`workbench convert`: print the dry-run, run it, print the report."""
+    from .engine.inplace import under_torchrun
+
+    if under_torchrun() and not args.dry_run:  # started by the user's torchrun: each rank does its share
+        from .engine import convert
+
+        mapper = load_mapper_file(args.mapper) if args.mapper else None
+        report = convert(args.source, args.dest, mapper, shard_size=args.shard_size, rest=args.rest, dtype=args.dtype,
+                         extras=not args.no_extras, overwrite=args.overwrite, quiet=args.quiet)
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(report.summary())
+        return EXIT_OK
+    the_plan = _plan(args, args.dest)
+    print(the_plan.summary())
+    if not the_plan.ok:
+        return _refuse("convert", the_plan)
+    if args.dry_run:
+        return EXIT_OK
+    from .engine import execute
+
+    sys.stdout.flush()
+    report = execute(the_plan, quiet=args.quiet)
+    print(report.summary())
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run `plan` or `convert` on their own (the `workbench` command registers the same functions)."""
+    parser = argparse.ArgumentParser(prog="workbench")
+    sub = parser.add_subparsers(dest="command", required=True)
+    plan_arguments(sub.add_parser("plan", help="dry-run a conversion"))
+    convert_arguments(sub.add_parser("convert", help="convert a checkpoint"))
+    args = parser.parse_args(argv)
+    try:
+        return run_plan(args) if args.command == "plan" else run_convert(args)
+    except WorkbenchError as exc:
+        sys.stderr.write(f"workbench {args.command}: {exc.message}\n")
+        return EXIT_BAD_INPUT
+
+
+__all__ = ["convert_arguments", "load_mapper_file", "main", "plan_arguments", "run_convert", "run_plan"]

@@ -1,0 +1,80 @@
+"""A conversion job as JSON: what torchrun workers receive, and how they rebuild the same plan.
+
+Workers do not unpickle anything: they get the source path, the destination, the mapper's JSON
+export and the options, re-plan deterministically, and refuse to run if their plan's fingerprint
+differs from the launcher's (the source changed, or the mapper does not round-trip).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..errors import PlanError
+from ..planning.build import build_plan
+from ..planning.model import Plan, PlanOptions
+
+
+@dataclass
+class Job:
+    """Everything a worker needs to re-plan and run its share."""
+
+    source: str
+    dest: str
+    mapper_json: str | None
+    options: dict
+    fingerprint: str
+    kept: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        """The job as a JSON string."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Job:
+        """Rebuild a job from `to_json()` output."""
+        return cls(**json.loads(text))
+
+
+def job_for(plan: Plan) -> Job:
+    """The job that makes workers run `plan`; refuses plans that cannot be rebuilt elsewhere."""
+    if plan.mapper is not None and plan.mapper_json is None:
+        raise PlanError(
+            "Cannot run this conversion on several processes: its mapper cannot be exported as JSON (a Binding or a "
+            "custom object). Use a workbench.mapper mapper, or nproc=1."
+        )
+    root = plan.source.root
+    if plan.source.reader is None or not root.exists():
+        raise PlanError(
+            f"Cannot run this conversion on several processes: the source ({root}) is not a checkpoint on disk that "
+            "workers can open. Pass a checkpoint path, or use nproc=1."
+        )
+    assert plan.dest is not None
+    return Job(
+        source=os.path.abspath(root),
+        dest=str(plan.dest),
+        mapper_json=plan.mapper_json,
+        options=asdict(plan.options),
+        fingerprint=plan.fingerprint,
+        kept=sorted(plan.kept),
+    )
+
+
+def replan(job: Job) -> Plan:
+    """Rebuild the launcher's plan from a job, and prove it is the same plan."""
+    from ..formats import open_catalog
+
+    mapper = None
+    if job.mapper_json is not None:
+        from ..mapper import from_json
+
+        mapper = from_json(job.mapper_json)
+    plan = build_plan(open_catalog(job.source), mapper, PlanOptions(**job.options), Path(job.dest), check_dest=False, kept=job.kept)
+    if plan.fingerprint != job.fingerprint:
+        raise PlanError(
+            f"Cannot run the conversion of {job.source}: this worker's plan differs from the launcher's (fingerprint "
+            f"{plan.fingerprint[:12]} vs {job.fingerprint[:12]}). Did the source change during the run? Run it again."
+        )
+    return plan

@@ -1,0 +1,104 @@
+"""One rank's share of a plan: run its steps in schedule order, commit each file after its last step.
+
+Writers open at a file's first step and commit (fsync + rename) right after its last one, so at
+most the files being filled are open and every committed file is complete. The rank measures what
+it does: time, bytes, source files opened (through the counted I/O layer), tensor bytes held, RSS.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from ..errors import PlanError, WorkbenchError
+from ..formats.safetensors_writer import SafetensorsWriter
+from ..iostats import IO
+from ..planning.model import Plan
+from .memory import reset_rss_peak, rss_bytes, rss_peak_bytes
+from .progress import Progress
+from .report import RankResult
+from .steps import RankContext, run_step
+
+FAIL_RANK_ENV = "WORKBENCH_FAIL_RANK"  # tests: make this rank fail just before committing its last file
+
+
+def _injected_failure(rank: int, name: str) -> None:
+    if os.environ.get(FAIL_RANK_ENV, "") == str(rank):
+        raise PlanError(f"Cannot finish {name}: failure injected for testing ({FAIL_RANK_ENV}={rank}).", file=name)
+
+
+def _step_error(step, exc: Exception) -> PlanError:
+    what = step.group.label or type(step.group.op).__name__
+    outputs = ", ".join(t.name for t in step.group.outputs[:3])
+    return PlanError(
+        f"Cannot compute {outputs} (step {step.index}, {what}): {type(exc).__name__}: {exc}. "
+        "Check the mapper on these tensors (e.g. wb.open_checkpoint(...).load and op.apply).",
+        tensor=step.group.outputs[0].name if step.group.outputs else None,
+    )
+
+
+def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankResult:
+    """Execute `rank`'s steps of `plan` into `plan.dest`; raises on failure after removing partial files."""
+    assert plan.dest is not None
+    result = RankResult(rank, predicted_files=plan.source_paths(rank), predicted_peak_bytes=plan.rank_peak_bytes(rank))
+    steps = plan.rank_steps(rank)
+    files = {f.name: f for f in plan.rank_files(rank)}
+    last_step = {name: step.index for step in steps for name in step.files if name in files}
+    last_file = max(files, key=lambda n: last_step.get(n, -1), default=None)
+    if any(s.kind != "copy" for s in steps):
+        import torch  # noqa: F401  (imported before the baseline: its RSS is not the run's)
+    reset_rss_peak()
+    result.rss_baseline = rss_bytes()
+    IO.reset()
+    ctx = RankContext(plan)
+    started = time.perf_counter()
+    try:
+        if last_file is None:
+            _injected_failure(rank, "(no file)")
+        for step in steps:
+            for name in step.files:
+                if name in files and name not in ctx.writers:
+                    ctx.writers[name] = SafetensorsWriter(plan.dest, files[name].layout)
+            try:
+                run_step(ctx, step)
+            except WorkbenchError:
+                raise
+            except Exception as exc:
+                raise _step_error(step, exc) from exc
+            if ctx.queue.full:
+                ctx.queue.flush()
+            for name in step.files:
+                if last_step.get(name) == step.index:
+                    ctx.queue.flush()
+                    if name == last_file:
+                        _injected_failure(rank, name)
+                    ctx.writers.pop(name).commit(sync_dir=False)
+                    result.files_written.append(name)
+            if progress is not None:
+                progress.update(ctx.done_bytes)
+        ctx.queue.flush()
+    except BaseException:
+        ctx.queue.clear()
+        for writer in ctx.writers.values():
+            writer.abort()
+        raise
+    finally:
+        ctx.sources.close()
+        if progress is not None:
+            progress.update(ctx.done_bytes, force=True)
+    if result.files_written:
+        fd = os.open(plan.dest, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    io = IO.snapshot()
+    result.seconds = time.perf_counter() - started
+    result.steps = len(steps)
+    result.bytes_read = io["bytes_read"] + ctx.queue.copied_bytes
+    result.bytes_written = io["bytes_written"]
+    result.copy_calls = ctx.queue.copy_calls
+    result.files_opened = io["files_opened"]
+    result.peak_tensor_bytes = ctx.held.peak
+    result.rss_peak = rss_peak_bytes()
+    return result

@@ -1,0 +1,180 @@
+"""The run report: what the plan predicted next to what the run measured, overall and per rank."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..planning.sizes import format_bytes
+from ..planning.text import html_table, text_table
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+
+@dataclass
+class RankResult:
+    """What one rank did and measured (JSON-serialisable: workers send it to the launcher)."""
+
+    rank: int
+    ok: bool = True
+    error: str | None = None
+    seconds: float = 0.0
+    steps: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    copy_calls: int = 0
+    files_opened: list[str] = field(default_factory=list)
+    files_written: list[str] = field(default_factory=list)
+    predicted_files: list[str] = field(default_factory=list)
+    predicted_peak_bytes: int = 0
+    peak_tensor_bytes: int = 0
+    rss_baseline: int = 0
+    rss_peak: int = 0
+
+    def to_dict(self) -> dict:
+        """Plain data for JSON."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RankResult:
+        """Rebuild from `to_dict()` output."""
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass
+class RunReport:
+    """Predicted (from the plan) next to measured (from the run), plus per-rank detail.
+
+    `files_match_plan` proves the run opened exactly the source files the plan listed.
+    """
+
+    dest: Path
+    ranks: list[RankResult]
+    seconds: float
+    predicted_peak_bytes: int
+    predicted_files: list[str]
+    predicted_bytes_read: int
+    predicted_bytes_written: int
+    files: list[str]  # output files of the conversion (shards, index), in the destination
+    kept: list[str] = field(default_factory=list)
+    extras: list[str] = field(default_factory=list)
+    index_written: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """True when every rank succeeded."""
+        return all(r.ok for r in self.ranks)
+
+    @property
+    def nproc(self) -> int:
+        """Number of ranks that ran."""
+        return len(self.ranks)
+
+    @property
+    def peak_tensor_bytes(self) -> int:
+        """Measured peak of tensor bytes held by one process (the engine's own ledger)."""
+        return max((r.peak_tensor_bytes for r in self.ranks), default=0)
+
+    @property
+    def rss_peak(self) -> int:
+        """Largest process RSS high-water mark over the ranks."""
+        return max((r.rss_peak for r in self.ranks), default=0)
+
+    @property
+    def rss_above_baseline(self) -> int:
+        """Largest growth of RSS during the run over the ranks (peak minus RSS at the start)."""
+        return max((max(0, r.rss_peak - r.rss_baseline) for r in self.ranks), default=0)
+
+    @property
+    def files_opened(self) -> list[str]:
+        """Source files the run actually opened (union over ranks)."""
+        return sorted({f for r in self.ranks for f in r.files_opened})
+
+    @property
+    def files_match_plan(self) -> bool:
+        """True when every rank opened exactly the source files the plan said it would."""
+        return all(sorted(r.files_opened) == sorted(r.predicted_files) for r in self.ranks)
+
+    @property
+    def bytes_read(self) -> int:
+        """Source bytes read (reads and kernel copies), all ranks."""
+        return sum(r.bytes_read for r in self.ranks)
+
+    @property
+    def bytes_written(self) -> int:
+        """Bytes written to output files, all ranks."""
+        return sum(r.bytes_written for r in self.ranks)
+
+    @property
+    def throughput(self) -> float:
+        """Bytes written per second of wall time."""
+        return self.bytes_written / self.seconds if self.seconds > 0 else 0.0
+
+    def _comparison(self) -> list[tuple[str, object, object]]:
+        return [
+            ("peak tensor bytes", self.predicted_peak_bytes, self.peak_tensor_bytes),
+            ("source files opened", len(self.predicted_files), len(self.files_opened)),
+            ("bytes read", self.predicted_bytes_read, self.bytes_read),
+            ("bytes written", self.predicted_bytes_written, self.bytes_written),
+            ("RSS peak", None, self.rss_peak),
+            ("RSS above start", None, self.rss_above_baseline),
+            ("seconds", None, round(self.seconds, 3)),
+            ("throughput (bytes/s)", None, round(self.throughput)),
+        ]
+
+    def to_frame(self) -> pd.DataFrame:
+        """Predicted vs measured, one row per metric."""
+        import pandas as pd
+
+        return pd.DataFrame(self._comparison(), columns=["metric", "predicted", "measured"]).set_index("metric")
+
+    def ranks_frame(self) -> pd.DataFrame:
+        """One row per rank: time, bytes, files, memory, status."""
+        import pandas as pd
+
+        return pd.DataFrame([r.to_dict() for r in self.ranks]).set_index("rank")
+
+    def _rows(self) -> list[tuple[str, str, str]]:
+        size = format_bytes
+        return [
+            ("peak tensor bytes", size(self.predicted_peak_bytes), size(self.peak_tensor_bytes)),
+            ("source files opened", str(len(self.predicted_files)), str(len(self.files_opened))),
+            ("bytes read", size(self.predicted_bytes_read), size(self.bytes_read)),
+            ("bytes written", size(self.predicted_bytes_written), size(self.bytes_written)),
+            ("RSS peak", "-", size(self.rss_peak)),
+            ("RSS above start", "-", size(self.rss_above_baseline)),
+            ("time", "-", f"{self.seconds:.2f}s"),
+            ("throughput", "-", f"{size(self.throughput)}/s"),
+        ]
+
+    def _rank_rows(self) -> list[tuple]:
+        return [
+            (r.rank, "ok" if r.ok else "FAILED", f"{r.seconds:.2f}s", format_bytes(r.bytes_read), format_bytes(r.bytes_written),
+             len(r.files_opened), format_bytes(r.peak_tensor_bytes), format_bytes(r.rss_peak))
+            for r in self.ranks
+        ]
+
+    _RANK_HEADERS = ("rank", "status", "time", "read", "written", "files opened", "peak tensors", "RSS peak")
+
+    def summary(self) -> str:
+        """Text report: status line, predicted vs measured, per-rank lines."""
+        head = (f"Converted into {self.dest} in {self.seconds:.2f}s ({len(self.files)} files"
+                + (f", {len(self.kept)} kept from an earlier run" if self.kept else "") + ")")
+        if not self.ok:
+            head = f"Conversion into {self.dest} FAILED"
+        check = "yes" if self.files_match_plan else "NO"
+        parts = [head, text_table(["", "predicted", "measured"], self._rows()), f"  files opened match the plan: {check}"]
+        if self.nproc > 1:
+            parts.append(text_table(list(self._RANK_HEADERS), self._rank_rows()))
+        return "\n".join(parts)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    def _repr_html_(self) -> str:
+        head = html.escape(self.summary().splitlines()[0])
+        return (f"<div><b>{head}</b></div>" + html_table(["", "predicted", "measured"], self._rows())
+                + html_table(list(self._RANK_HEADERS), self._rank_rows()))

@@ -1,0 +1,51 @@
+"""How ranks tell each other (and the launcher) how they ended, and how failures read to users."""
+
+from __future__ import annotations
+
+import json
+import os
+import traceback
+from pathlib import Path
+
+from ..errors import PlanError, WorkbenchError
+from .report import RankResult
+
+
+class Cancelled(PlanError):
+    """The conversion was cancelled: workers stopped, no index written, temporary files removed."""
+
+
+def describe_failure(exc: BaseException) -> str:
+    """A one-paragraph cause: our own errors as they are, anything else with its type and origin."""
+    if isinstance(exc, WorkbenchError):
+        return str(exc)
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def failure_message(dest: object, results: list[RankResult], *, missing: list[int] = (), detail: str = "") -> str:
+    """The error users see when ranks failed: which rank, what cause, and that nothing was committed."""
+    causes = [f"rank {r.rank} failed: {(r.error or 'unknown error').rstrip('. ')}" for r in results if not r.ok]
+    if missing:
+        causes.append(f"rank(s) {', '.join(map(str, missing))} stopped without reporting{detail}")
+    cause = "; ".join(causes) or f"the workers stopped{detail}"
+    return (
+        f"Cannot convert into {dest}: {cause}. No index was written and temporary files were removed; "
+        "run the same conversion again to resume (finished shards are kept)."
+    )
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    """Write JSON so that readers see either nothing or the whole file."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(data), encoding="utf-8")
+    os.replace(partial, path)
+
+
+def read_json(path: Path) -> dict | None:
+    """A JSON file's content, or None when absent or unreadable."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None

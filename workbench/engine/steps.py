@@ -1,0 +1,184 @@
+"""Running one scheduled step: byte copy, chunked cast, or tensor compute.
+
+Each runner reads only the byte ranges its group needs, writes only into planned slots, and keeps
+the `HeldBytes` ledger exactly as the planner's cost rules predict (see `planning.schedule`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..catalog import Catalog, TensorInfo
+from ..dtypes import nbytes_of, to_torch
+from ..errors import PlanError
+from ..formats.safetensors_writer import SafetensorsWriter
+from ..iostats import read_into
+from ..planning.model import Plan
+from ..planning.schedule import CAST, COPY, Step, cast_chunk
+from .copier import CopyQueue
+from .memory import HeldBytes
+from .sources import SourceFiles
+
+
+@dataclass
+class RankContext:
+    """Everything a rank's steps share: the plan, open writers and sources, the copy queue, ledgers."""
+
+    plan: Plan
+    writers: dict[str, SafetensorsWriter] = field(default_factory=dict)
+    sources: SourceFiles = field(default_factory=SourceFiles)
+    queue: CopyQueue = field(default_factory=CopyQueue)
+    held: HeldBytes = field(default_factory=HeldBytes)
+    done_bytes: int = 0  # output tensor bytes produced so far
+
+    @property
+    def catalog(self) -> Catalog:
+        """The source catalog."""
+        return self.plan.source
+
+    @property
+    def dest(self) -> Path:
+        """The destination folder."""
+        assert self.plan.dest is not None
+        return self.plan.dest
+
+    def target(self, name: str) -> tuple[SafetensorsWriter, int] | None:
+        """The open writer and absolute offset of output tensor `name`; None when its file is kept."""
+        file, begin = self.plan.placement[name]
+        writer = self.writers.get(file)
+        return None if writer is None else (writer, begin)
+
+    def locate(self, info: TensorInfo) -> tuple[int, int] | None:
+        """(descriptor, absolute offset) of a source tensor's raw bytes, or None when not raw on disk."""
+        reader = self.catalog.reader
+        where = reader.locate(info) if reader is not None else None
+        if where is None:
+            return None
+        path, begin, _ = where
+        return self.sources.fd(path), begin
+
+
+def read_buffer(ctx: RankContext, info: TensorInfo) -> bytearray:
+    """A tensor's bytes in a fresh buffer (counted as held by the caller)."""
+    where = ctx.locate(info)
+    if where is None:
+        return bytearray(ctx.catalog.read_bytes(info.name))
+    buffer = bytearray(info.nbytes)
+    if info.nbytes:
+        read_into(where[0], memoryview(buffer), where[1])
+    return buffer
+
+
+def run_copy(ctx: RankContext, step: Step) -> None:
+    """Queue kernel copies for every output piece; unlocated inputs are read once and written."""
+    group = step.group
+    single = group.inputs[0] if len(group.inputs) == 1 else None
+    inputs = {} if single is not None else {t.name: t for t in group.inputs}
+    whole: dict[str, bytearray] = {}
+    try:
+        for out_name, pieces in group.recipe.items():
+            target = ctx.target(out_name)
+            if target is None:
+                continue
+            writer, begin = target
+            at = 0
+            for piece in pieces:
+                if piece.end > piece.begin:
+                    info = single if single is not None else inputs[piece.source]
+                    where = ctx.locate(info)
+                    if where is not None:
+                        ctx.queue.add(writer, begin + at, out_name, at, where[0], where[1] + piece.begin, piece.length)
+                    else:
+                        data = whole.get(piece.source)
+                        if data is None:
+                            data = whole[piece.source] = read_buffer(ctx, info)
+                            ctx.held.hold(len(data))
+                        writer.write(out_name, memoryview(data)[piece.begin : piece.end], at)
+                at += piece.length
+            ctx.done_bytes += at
+    finally:
+        ctx.held.release(sum(len(d) for d in whole.values()))
+
+
+def run_cast(ctx: RankContext, step: Step) -> None:
+    """Convert one tensor to another dtype chunk by chunk (bounded memory whatever its size)."""
+    import torch
+
+    src, out = step.group.inputs[0], step.group.outputs[0]
+    target = ctx.target(out.name)
+    if target is None or src.numel == 0:
+        return
+    writer, _ = target
+    per, _ = cast_chunk(src.numel, src.dtype, out.dtype, ctx.plan.options.chunk_bytes)
+    src_dtype, out_dtype = to_torch(src.dtype), to_torch(out.dtype)
+    where = ctx.locate(src)
+    data = bytearray(nbytes_of(src.dtype, per)) if where is not None else read_buffer(ctx, src)
+    converted = torch.empty(per, dtype=out_dtype)
+    held = len(data) + nbytes_of(out.dtype, per)
+    ctx.held.hold(held)
+    try:
+        for start in range(0, src.numel, per):
+            count = min(per, src.numel - start)
+            offset = nbytes_of(src.dtype, start)
+            if where is not None:
+                read_into(where[0], memoryview(data)[: nbytes_of(src.dtype, count)], where[1] + offset)
+                chunk = torch.frombuffer(data, dtype=src_dtype, count=count)
+            else:
+                chunk = torch.frombuffer(data, dtype=src_dtype, count=count, offset=offset)
+            piece = converted[:count]
+            piece.copy_(chunk)
+            writer.write(out.name, piece.view(torch.uint8).numpy(), nbytes_of(out.dtype, start))
+            ctx.done_bytes += nbytes_of(out.dtype, count)
+    finally:
+        ctx.held.release(held)
+
+
+def _as_tensor(buffer: bytearray, info: TensorInfo) -> Any:
+    import torch
+
+    dtype = to_torch(info.dtype)
+    if info.numel == 0:
+        return torch.empty(info.shape, dtype=dtype)
+    return torch.frombuffer(buffer, dtype=dtype).reshape(info.shape)
+
+
+def run_compute(ctx: RankContext, step: Step) -> None:
+    """Read the inputs as tensors, apply the group's op, write the declared outputs."""
+    group = step.group
+    held = 0
+    try:
+        tensors = {}
+        for info in group.inputs:
+            buffer = read_buffer(ctx, info)
+            held += len(buffer)
+            ctx.held.hold(len(buffer))
+            tensors[info.name] = _as_tensor(buffer, info)
+        results = group.apply(tensors)
+        ctx.held.hold(group.bytes_out)
+        held += group.bytes_out
+        missing = [t.name for t in group.outputs if t.name not in results]
+        if missing:
+            raise PlanError(
+                f"Cannot write output {missing[0]!r}: the group {group.label or group.op!r} did not produce it. "
+                "The mapper's apply and its inference disagree.",
+                tensor=missing[0],
+            )
+        for info in group.outputs:
+            target = ctx.target(info.name)
+            if target is not None:
+                target[0].write_tensor(info.name, results[info.name])
+                ctx.done_bytes += info.nbytes
+    finally:
+        ctx.held.release(held)
+
+
+def run_step(ctx: RankContext, step: Step) -> None:
+    """Dispatch a step to its runner."""
+    if step.kind == COPY:
+        run_copy(ctx, step)
+    elif step.kind == CAST:
+        run_cast(ctx, step)
+    else:
+        run_compute(ctx, step)

@@ -1,0 +1,151 @@
+"""The destination folder: is it free to write, is it an interrupted run of the same plan, is there room.
+
+An interrupted conversion leaves a small manifest (`.workbench-convert.json`) recording the plan's
+layout fingerprint. Re-running the same plan into that folder keeps every shard that is already
+complete: its size and header bytes equal the planned ones (shards are renamed into place only
+after they are fully written and synced, so a shard under its final name is whole).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..formats.safetensors_writer import PARTIAL_SUFFIX
+from ..mapper.groups import Problem
+from .sharding import OutputFile
+from .sizes import format_bytes
+
+MANIFEST_NAME = ".workbench-convert.json"
+INDEX_NAME = "model.safetensors.index.json"
+
+
+@dataclass
+class DestinationState:
+    """What the planner found at the destination."""
+
+    kept: set[str] = field(default_factory=set)  # complete shards of this plan already there
+    resumable: bool = False
+    problems: list[Problem] = field(default_factory=list)
+
+
+def read_manifest(dest: Path) -> dict | None:
+    """The manifest of an interrupted conversion in `dest`, or None."""
+    try:
+        data = json.loads((dest / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_manifest(dest: Path, fingerprint: str, files: Iterable[OutputFile]) -> None:
+    """Record which plan is being written into `dest` (before any shard), atomically."""
+    body = {
+        "workbench_convert": 1,
+        "fingerprint": fingerprint,
+        "files": {f.name: {"size": f.size, "header_bytes": len(f.layout.header)} for f in files},
+    }
+    partial = dest / (MANIFEST_NAME + PARTIAL_SUFFIX)
+    partial.write_text(json.dumps(body, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(partial, dest / MANIFEST_NAME)
+
+
+def remove_manifest(dest: Path) -> None:
+    """Drop the manifest once the conversion is complete."""
+    try:
+        os.unlink(dest / MANIFEST_NAME)
+    except FileNotFoundError:
+        pass
+
+
+def shard_is_complete(path: Path, planned: OutputFile) -> bool:
+    """True when the file at `path` has the planned size and exactly the planned header bytes."""
+    try:
+        if path.stat().st_size != planned.size:
+            return False
+        with open(path, "rb") as fh:
+            return fh.read(len(planned.layout.header)) == planned.layout.header
+    except OSError:
+        return False
+
+
+def own_names(files: Iterable[OutputFile], extras: Iterable[str]) -> set[str]:
+    """Every name a conversion may create in its destination, temporary names included."""
+    names = {MANIFEST_NAME, INDEX_NAME, *(f.name for f in files), *extras}
+    return names | {n + PARTIAL_SUFFIX for n in names}
+
+
+def _existing_ancestor(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_destination(
+    dest: Path,
+    files: list[OutputFile],
+    extras: list[str],
+    fingerprint: str,
+    *,
+    overwrite: bool,
+    source_root: Path,
+    source_files: Iterable[Path],
+    extra_bytes: int = 0,
+) -> DestinationState:
+    """Problems with writing this plan to `dest`, and which planned shards are already complete there."""
+    state = DestinationState()
+    real_dest = os.path.realpath(dest)
+    sources = {os.path.realpath(p) for p in source_files}
+    outputs = {os.path.realpath(dest / n) for n in (*(f.name for f in files), INDEX_NAME, *extras)}
+    if real_dest == os.path.realpath(source_root) or outputs & sources:
+        state.problems.append(
+            Problem("error", f"Cannot write to {dest}: it would overwrite the source checkpoint's files. Choose another destination.")
+        )
+        return state
+    if dest.exists() and not dest.is_dir():
+        state.problems.append(Problem("error", f"Cannot write to {dest}: it is a file, not a folder. Choose a folder path."))
+        return state
+    entries = sorted(os.listdir(dest)) if dest.is_dir() else []
+    if entries and not overwrite:
+        manifest = read_manifest(dest)
+        if manifest is not None and manifest.get("fingerprint") == fingerprint:
+            state.resumable = True
+            by_name = {f.name: f for f in files}
+            state.kept = {n for n in entries if n in by_name and shard_is_complete(dest / n, by_name[n])}
+            unrelated = [n for n in entries if n not in own_names(files, extras)]
+            if unrelated:
+                state.problems.append(
+                    Problem("warning", f"Destination {dest} also holds files this conversion does not write ({', '.join(unrelated[:5])}); they are left alone.")
+                )
+        elif manifest is not None:
+            state.problems.append(
+                Problem(
+                    "error",
+                    f"Cannot write to {dest}: it holds an unfinished conversion of a different plan (another source, mapper "
+                    "or shard size). Choose another destination, or pass overwrite=True (--overwrite) to replace it.",
+                )
+            )
+        else:
+            shown = ", ".join(entries[:5]) + (" ..." if len(entries) > 5 else "")
+            state.problems.append(
+                Problem(
+                    "error",
+                    f"Cannot write to {dest}: destination not empty ({len(entries)} entries: {shown}). Choose an empty or new "
+                    "folder, or pass overwrite=True (--overwrite) to replace the conversion's files there.",
+                )
+            )
+    needed = sum(f.size for f in files if f.name not in state.kept) + extra_bytes
+    free = shutil.disk_usage(_existing_ancestor(dest)).free
+    if needed > free:
+        state.problems.append(
+            Problem(
+                "error",
+                f"Cannot write to {dest}: not enough free disk (the output needs {format_bytes(needed)}, "
+                f"{format_bytes(free)} are free). Free some space or choose another destination.",
+            )
+        )
+    return state

@@ -1,0 +1,46 @@
+"""Fingerprints that identify a plan, so workers and resumed runs can prove they execute the same one.
+
+The layout fingerprint covers everything that decides the output bytes (source tensors and their
+locations, the groups and their recipes, the mapper's export, every output header); the run
+fingerprint adds the rank assignment. Both are independent of PYTHONHASHSEED and of the machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from ..catalog import Catalog
+from .schedule import Step
+from .sharding import OutputFile
+
+_BATCH = 2048
+
+
+def layout_fingerprint(catalog: Catalog, steps: list[Step], files: list[OutputFile], mapper_json: str | None) -> str:
+    """A hex digest of what decides the output bytes of a plan."""
+    digest = hashlib.sha256(b"workbench-layout-v1\n")
+    digest.update((mapper_json or "").encode())
+    for rel, info in sorted(catalog.files.items()):
+        digest.update(f"\nsrc {rel} {info.size}".encode())
+    lines: list[str] = []
+    for step in steps:
+        group = step.group
+        ins = ";".join(f"{t.name}|{t.dtype}|{t.shape}|{t.file}|{t.begin}|{t.end}" for t in group.inputs)
+        recipe = ""
+        if group.recipe is not None:
+            recipe = ";".join(f"{o}=" + ",".join(f"{p.source}[{p.begin}:{p.end}]" for p in ps) for o, ps in group.recipe.items())
+        lines.append(f"\nstep {step.kind} {group.chunk_cast} {type(group.op).__name__} {group.label} <{ins}> <{recipe}>")
+        if len(lines) >= _BATCH:
+            digest.update("".join(lines).encode())
+            lines.clear()
+    digest.update("".join(lines).encode())
+    for f in files:
+        digest.update(f"\nout {f.name} ".encode())
+        digest.update(hashlib.sha256(f.layout.header).digest())
+    return digest.hexdigest()
+
+
+def run_fingerprint(layout: str, files: list[OutputFile], nproc: int) -> str:
+    """A hex digest of the layout plus who writes which file."""
+    text = layout + f"\nnproc {nproc}\n" + "\n".join(f"{f.name} {f.rank}" for f in files)
+    return hashlib.sha256(text.encode()).hexdigest()

@@ -1,0 +1,383 @@
+"""`Plan`: the dry-run of a conversion, computed from metadata alone, and what the engine executes.
+
+A plan holds the schedule (one step per dependency group), the output layout (every output tensor's
+file and offset, the index), the rank assignment, the source files each rank opens and the bytes it
+reads, the predicted memory, and every problem found. Tables are pandas DataFrames built on first
+access, so the engine, which only needs the plain data, never imports pandas.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..catalog import Catalog
+from ..mapper.groups import Binding, Problem
+from .schedule import COMPUTE, Step
+from .sharding import OutputFile
+from .sizes import format_bytes, format_decimal
+from .text import html_table, text_table
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """The knobs a plan was made with (what a worker needs to re-plan identically)."""
+
+    shard_size: int
+    nproc: int = 1
+    rest: str = "keep"
+    dtype: str | None = None
+    extras: bool = True
+    overwrite: bool = False
+    chunk_bytes: int = 32 << 20
+
+
+class Plan:
+    """A conversion's dry-run: schedule, layout, ranks, files and bytes read, memory, problems.
+
+    Contract names: `ok`, `problems`, `outputs`, `files_read`, `peak_bytes`; more tables:
+    `output_files`, `groups`, `memory`, `ranks`; `index` is the HF index the run writes (None for a
+    single-file output). `str(plan)` / `summary()` give a text summary, notebooks show HTML.
+    """
+
+    def __init__(
+        self,
+        *,
+        source: Catalog,
+        dest: Path | None,
+        options: PlanOptions,
+        binding: Binding,
+        steps: list[Step],
+        files: list[OutputFile],
+        problems: list[Problem],
+        extras: list[str],
+        layout_fingerprint: str,
+        fingerprint: str,
+        mapper: Any = None,
+        mapper_json: str | None = None,
+    ) -> None:
+        self.source = source
+        self.dest = dest
+        self.options = options
+        self.binding = binding
+        self.steps = steps
+        self.output_file_list = files
+        self.problems = problems
+        self.extras = extras
+        self.layout_fingerprint = layout_fingerprint
+        self.fingerprint = fingerprint
+        self.mapper = mapper
+        self.mapper_json = mapper_json
+
+    # -- plain data (no pandas) -------------------------------------------------------------------
+
+    @property
+    def ok(self) -> bool:
+        """True when no problem is an error: the conversion can run."""
+        return not any(p.severity == "error" for p in self.problems)
+
+    @property
+    def errors(self) -> list[Problem]:
+        """Problems that block the conversion."""
+        return [p for p in self.problems if p.severity == "error"]
+
+    @property
+    def warnings(self) -> list[Problem]:
+        """Problems worth knowing that do not block the conversion."""
+        return [p for p in self.problems if p.severity == "warning"]
+
+    @property
+    def nproc(self) -> int:
+        """Number of processes (ranks) the plan is made for."""
+        return self.options.nproc
+
+    @property
+    def kept(self) -> set[str]:
+        """Output files already complete at the destination (an interrupted run of this plan)."""
+        return {f.name for f in self.output_file_list if f.kept}
+
+    def step_active(self, step: Step) -> bool:
+        """False for steps whose every output file is kept from an earlier run."""
+        return step.index in self._active_indexes
+
+    @cached_property
+    def _active_indexes(self) -> frozenset[int]:
+        kept = {f.name for f in self.output_file_list if f.kept}
+        if not kept:
+            return frozenset(s.index for s in self.steps)
+        return frozenset(s.index for s in self.steps if not all(name in kept for name in s.files))
+
+    @cached_property
+    def _steps_by_rank(self) -> dict[int, list[Step]]:
+        by_rank: dict[int, list[Step]] = {}
+        active = self._active_indexes
+        for step in self.steps:
+            if step.index in active:
+                by_rank.setdefault(step.rank, []).append(step)
+        return by_rank
+
+    def rank_steps(self, rank: int) -> list[Step]:
+        """The steps `rank` runs, in schedule order."""
+        return list(self._steps_by_rank.get(rank, ()))
+
+    def rank_files(self, rank: int) -> list[OutputFile]:
+        """The output files `rank` writes (kept ones excluded)."""
+        return [f for f in self.output_file_list if f.rank == rank and not f.kept]
+
+    @cached_property
+    def _file_by_name(self) -> dict[str, OutputFile]:
+        return {f.name: f for f in self.output_file_list}
+
+    def source_path(self, rel: str) -> Path:
+        """Absolute path of a source file named relative to the catalog root."""
+        root = self.source.root
+        return Path(os.path.abspath(root / rel if root.is_dir() else root))
+
+    @cached_property
+    def _reads_by_rank(self) -> dict[int, dict[str, int]]:
+        by_rank: dict[int, dict[str, int]] = {}
+        for rank, steps in self._steps_by_rank.items():
+            totals = by_rank.setdefault(rank, {})
+            for step in steps:
+                for rel, n in step.reads.items():
+                    totals[rel] = totals.get(rel, 0) + n
+        return by_rank
+
+    def reads(self, rank: int | None = None) -> dict[str, int]:
+        """Source file (relative) -> bytes read from it, for one rank or all; only files opened appear."""
+        if rank is not None:
+            return dict(sorted(self._reads_by_rank.get(rank, {}).items()))
+        totals: dict[str, int] = {}
+        for per_rank in self._reads_by_rank.values():
+            for rel, n in per_rank.items():
+                totals[rel] = totals.get(rel, 0) + n
+        return dict(sorted(totals.items()))
+
+    def source_paths(self, rank: int | None = None) -> list[str]:
+        """Absolute paths of the source files the run opens (for one rank or all)."""
+        return sorted(str(self.source_path(rel)) for rel in self.reads(rank))
+
+    @property
+    def bytes_read(self) -> int:
+        """Tensor bytes the run reads from the source."""
+        return sum(self.reads().values())
+
+    @property
+    def bytes_written(self) -> int:
+        """Bytes of the shard files the run writes (headers included, kept files excluded)."""
+        return sum(f.size for f in self.output_file_list if not f.kept)
+
+    def rank_peak_bytes(self, rank: int) -> int:
+        """Predicted peak of tensor bytes held by one rank."""
+        return max((s.held_bytes for s in self._steps_by_rank.get(rank, ())), default=0)
+
+    @property
+    def peak_bytes(self) -> int:
+        """Predicted peak of tensor bytes held in memory by one process (the largest over ranks)."""
+        return max((self.rank_peak_bytes(r) for r in self._steps_by_rank), default=0)
+
+    @property
+    def needs_torch(self) -> bool:
+        """True when some step computes on tensors (cast or op); byte copies need no torch."""
+        return any(s.kind != "copy" for steps in self._steps_by_rank.values() for s in steps)
+
+    @property
+    def total_size(self) -> int:
+        """Tensor bytes of all outputs (the index's metadata.total_size)."""
+        return sum(f.tensor_bytes for f in self.output_file_list)
+
+    @cached_property
+    def placement(self) -> dict[str, tuple[str, int]]:
+        """Output tensor name -> (file, absolute byte offset of its data)."""
+        return {t.name: (f.name, t.begin) for f in self.output_file_list for t in f.layout.tensors}
+
+    @property
+    def index(self) -> dict | None:
+        """The HF index the run writes last (None when the output is a single `model.safetensors`)."""
+        if len(self.output_file_list) < 2:
+            return None
+        weight_map = {t.name: f.name for f in self.output_file_list for t in f.layout.tensors}
+        return {"metadata": {"total_size": self.total_size}, "weight_map": dict(sorted(weight_map.items()))}
+
+    # -- DataFrames (pandas imported on first access) ----------------------------------------------
+
+    @cached_property
+    def outputs(self) -> pd.DataFrame:
+        """One row per output tensor: dtype, shape, nbytes, file, offset, rank, group label."""
+        import pandas as pd
+
+        rows = []
+        for step in self.steps:
+            for t in step.group.outputs:
+                file, offset = self.placement[t.name]
+                rows.append((t.name, t.dtype, t.shape, t.nbytes, file, offset, step.rank, step.group.label))
+        frame = pd.DataFrame(rows, columns=["name", "dtype", "shape", "nbytes", "file", "offset", "rank", "group"])
+        return frame.set_index("name")
+
+    @cached_property
+    def files_read(self) -> pd.DataFrame:
+        """One row per (source file, rank) the run opens: bytes read and tensors used from it."""
+        import pandas as pd
+
+        rows: dict[tuple[str, int], list[int]] = {}
+        for step in self.steps:
+            if not self.step_active(step):
+                continue
+            used: dict[str, int] = {}
+            for t in step.group.inputs:
+                used[t.file] = used.get(t.file, 0) + 1
+            for rel, n in step.reads.items():
+                row = rows.setdefault((rel, step.rank), [0, 0])
+                row[0] += n
+                row[1] += used.get(rel, 0)
+        data = [
+            (rel, rank, n, k, self.source.files[rel].size if rel in self.source.files else None, str(self.source_path(rel)))
+            for (rel, rank), (n, k) in sorted(rows.items())
+        ]
+        return pd.DataFrame(data, columns=["file", "rank", "bytes_read", "tensors", "file_size", "path"])
+
+    @cached_property
+    def output_files(self) -> pd.DataFrame:
+        """One row per output shard: size, tensors, rank, and whether it is kept from an earlier run."""
+        import pandas as pd
+
+        data = [(f.name, f.size, f.n_tensors, f.rank, f.kept) for f in self.output_file_list]
+        return pd.DataFrame(data, columns=["file", "size", "tensors", "rank", "kept"])
+
+    @cached_property
+    def groups(self) -> pd.DataFrame:
+        """The schedule: one row per step (group) in execution order with its bytes and memory."""
+        import pandas as pd
+
+        data = [
+            (
+                s.index, s.rank, s.group.label, s.kind, len(s.group.inputs), len(s.group.outputs), s.group.bytes_in,
+                s.group.bytes_out, s.bytes_read, s.held_bytes, ", ".join(s.files), self.step_active(s),
+            )
+            for s in self.steps
+        ]
+        columns = ["step", "rank", "label", "kind", "inputs", "outputs", "bytes_in", "bytes_out", "bytes_read",
+                   "held_bytes", "files", "runs"]
+        return pd.DataFrame(data, columns=columns).set_index("step")
+
+    @cached_property
+    def memory(self) -> pd.DataFrame:
+        """The memory timeline per rank: tensor bytes held during each step and the running peak."""
+        import pandas as pd
+
+        data, peaks = [], {}
+        for s in self.steps:
+            if not self.step_active(s):
+                continue
+            peaks[s.rank] = max(peaks.get(s.rank, 0), s.held_bytes)
+            data.append((s.index, s.rank, s.group.label, s.kind, s.held_bytes, peaks[s.rank]))
+        return pd.DataFrame(data, columns=["step", "rank", "label", "kind", "held_bytes", "peak_bytes"])
+
+    @cached_property
+    def ranks(self) -> pd.DataFrame:
+        """One row per rank: files it writes and opens, bytes it moves, its predicted peak memory."""
+        import pandas as pd
+
+        return pd.DataFrame([self._rank_row(r) for r in range(self.nproc)], columns=list(_RANK_COLUMNS))
+
+    def _rank_row(self, rank: int) -> tuple:
+        files = self.rank_files(rank)
+        reads = self.reads(rank)
+        return (
+            rank, [f.name for f in files], list(reads), sum(reads.values()), sum(f.size for f in files),
+            self.rank_peak_bytes(rank), len(self.rank_steps(rank)),
+        )
+
+    def problems_frame(self) -> pd.DataFrame:
+        """Problems as a table: severity, op, tensor, message."""
+        import pandas as pd
+
+        return pd.DataFrame(
+            [(p.severity, p.op, p.tensor, p.message) for p in self.problems], columns=["severity", "op", "tensor", "message"]
+        )
+
+    # -- summaries ----------------------------------------------------------------------------------
+
+    def _headline(self) -> list[str]:
+        src = self.source
+        kinds: dict[str, int] = {}
+        for s in self.steps:
+            kinds[s.kind] = kinds.get(s.kind, 0) + 1
+        kind_text = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+        n_files = len(self.output_file_list)
+        reads = self.reads()
+        status = "OK" if self.ok else f"{len(self.errors)} error(s): cannot run"
+        lines = [
+            f"Plan: {src.root} ({src.format}, {len(src.files)} files, {len(src)} tensors, {format_bytes(src.total_bytes)})"
+            f" -> {self.dest if self.dest is not None else '(no destination)'}",
+            f"status: {status}",
+            f"groups: {len(self.steps)} ({kind_text or 'none'}); outputs: {sum(f.n_tensors for f in self.output_file_list)} "
+            f"tensors, {format_bytes(self.total_size)} in {n_files} file{'s' if n_files != 1 else ''} "
+            f"(shard size {format_decimal(self.options.shard_size)})",
+            f"reads: {len(reads)} of {len(src.files)} source files, {format_bytes(sum(reads.values()))}; "
+            f"writes: {format_bytes(self.bytes_written)}"
+            + (f" ({len(self.kept)} shard(s) kept from an interrupted run)" if self.kept else ""),
+            f"peak tensor memory: {format_bytes(self.peak_bytes)} per process; ranks: {self.nproc}"
+            + ("; torch needed" if self.needs_torch else "; byte copies only (no torch)"),
+        ]
+        if self.extras:
+            lines.append(f"extras copied: {', '.join(self.extras)}")
+        return lines
+
+    def _file_rows(self) -> list[tuple]:
+        return [(f.name, format_bytes(f.size), f.n_tensors, f.rank, "kept" if f.kept else "") for f in self.output_file_list]
+
+    def _read_rows(self) -> list[tuple]:
+        rows = []
+        for rank in range(self.nproc):
+            for rel, n in self.reads(rank).items():
+                rows.append((rel, rank, format_bytes(n)))
+        return rows
+
+    def summary(self) -> str:
+        """A text summary: headline numbers, output files, source files read, problems."""
+        parts = ["\n".join(self._headline())]
+        if self.output_file_list:
+            parts.append("output files:\n" + text_table(["file", "size", "tensors", "rank", ""], self._file_rows()))
+        reads = self._read_rows()
+        if reads:
+            parts.append("source files read:\n" + text_table(["file", "rank", "bytes read"], reads))
+        if self.problems:
+            parts.append("problems:\n" + "\n".join(f"  {p.severity}: {p.message}" for p in self.problems))
+        return "\n".join(parts)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    def __repr__(self) -> str:
+        return f"<Plan {len(self.steps)} groups -> {len(self.output_file_list)} files, {'ok' if self.ok else 'not ok'}>"
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<div>{html.escape(line)}</div>" for line in self._headline())
+        parts = [f"<div><b>Conversion plan</b>{head}</div>"]
+        if self.problems:
+            items = "".join(
+                f"<li style='color:{'#b00' if p.severity == 'error' else '#a60'}'>{html.escape(p.severity)}: "
+                f"{html.escape(p.message)}</li>"
+                for p in self.problems
+            )
+            parts.append(f"<ul>{items}</ul>")
+        parts.append("<details open><summary>output files</summary>"
+                     + html_table(["file", "size", "tensors", "rank", ""], self._file_rows()) + "</details>")
+        parts.append("<details><summary>source files read</summary>"
+                     + html_table(["file", "rank", "bytes read"], self._read_rows()) + "</details>")
+        compute = [s for s in self.steps if s.kind == COMPUTE][:20]
+        if compute:
+            rows = [(s.index, s.group.label, format_bytes(s.held_bytes)) for s in compute]
+            parts.append("<details><summary>compute groups</summary>" + html_table(["step", "group", "held"], rows) + "</details>")
+        return "".join(parts)
+
+
+_RANK_COLUMNS = ("rank", "files", "source_files", "bytes_read", "bytes_written", "peak_bytes", "groups")

@@ -1,0 +1,133 @@
+"""The schedule: one step per dependency group, in the order the engine runs them.
+
+Steps are ordered by where their first byte lies in the source (file, then offset), so reads sweep
+each file forward and a group whose inputs span files runs as soon as its earliest input is reached
+instead of holding anything back. Each step knows what it reads from which file and how many
+tensor bytes the engine holds while running it; the engine uses the same rules, so the predicted
+memory is the measured one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..catalog import TensorInfo
+from ..dtypes import dtype_bits, nbytes_of
+from ..mapper.groups import Group
+
+COPY, CAST, COMPUTE = "copy", "cast", "compute"
+
+
+@dataclass(slots=True)
+class Step:
+    """One group in schedule order, with its cost; `files` and `rank` are filled in by the layout."""
+
+    index: int
+    group: Group
+    kind: str  # COPY (bytes moved, no tensors), CAST (chunked elementwise cast), COMPUTE (tensors in, op, out)
+    held_bytes: int  # tensor bytes the engine holds at the peak of this step
+    reads: dict[str, int]  # source file (relative) -> bytes read from it
+    bytes_out: int  # tensor bytes of the group's outputs
+    files: tuple[str, ...] = ()  # output files this step writes
+    rank: int = 0
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes the step reads from the source, all files together."""
+        return sum(self.reads.values())
+
+
+def cast_chunk(numel: int, src_dtype: str, dst_dtype: str, chunk_bytes: int) -> tuple[int, int]:
+    """Elements per chunk of a chunked cast and the bytes held for one chunk (input + output buffers)."""
+    bits = dtype_bits(src_dtype)
+    per = max(1, chunk_bytes * 8 // bits)
+    while (per * bits) % 8 or (per * dtype_bits(dst_dtype)) % 8:  # sub-byte dtypes: whole bytes per chunk
+        per += 1
+    per = min(per, numel)
+    return per, nbytes_of(src_dtype, per) + nbytes_of(dst_dtype, per)
+
+
+def step_kind(group: Group) -> str:
+    """How the engine runs a group: byte copy, chunked cast, or tensor compute."""
+    if group.recipe is not None:
+        return COPY
+    if group.chunk_cast is not None and len(group.inputs) == 1 and len(group.outputs) == 1:
+        return CAST
+    return COMPUTE
+
+
+class SourceAccess:
+    """How the source's bytes are reached: raw ranges (kernel-copyable) or whole reads through the reader.
+
+    A reader may define `sources_of(info) -> [(file, bytes), ...]` when one tensor is assembled from
+    several files (e.g. flat shards of several ranks); otherwise a tensor is read from `info.file`.
+    """
+
+    def __init__(self, reader: object | None) -> None:
+        self._locate = getattr(reader, "locate", None)
+        self._sources_of = getattr(reader, "sources_of", None)
+
+    def located(self, info: TensorInfo) -> bool:
+        """True when the tensor's bytes lie raw and contiguous in one file."""
+        return self._locate is None or self._locate(info) is not None
+
+    def add_whole_read(self, reads: dict[str, int], info: TensorInfo) -> None:
+        """Count reading the whole tensor into `reads` (file -> bytes)."""
+        if self._sources_of is not None and not self.located(info):
+            for rel, n in self._sources_of(info):
+                reads[rel] = reads.get(rel, 0) + n
+        else:
+            reads[info.file] = reads.get(info.file, 0) + info.nbytes
+
+
+def step_cost(group: Group, kind: str, bytes_out: int, access: SourceAccess, chunk_bytes: int) -> tuple[int, dict[str, int]]:
+    """(tensor bytes held at the peak, bytes read per source file) of running `group` as `kind`."""
+    reads: dict[str, int] = {}
+    if kind == COPY:
+        inputs = group.inputs
+        by_name = {inputs[0].name: inputs[0]} if len(inputs) == 1 else {t.name: t for t in inputs}
+        held = 0
+        whole: set[str] = set()
+        for slices in group.recipe.values():
+            for piece in slices:
+                info = by_name[piece.source]
+                if access.located(info):
+                    reads[info.file] = reads.get(info.file, 0) + piece.end - piece.begin
+                elif piece.source not in whole:  # read once, whole, and held for the step
+                    whole.add(piece.source)
+                    access.add_whole_read(reads, info)
+                    held += info.nbytes
+        return held, reads
+    bytes_in = 0
+    for info in group.inputs:
+        bytes_in += info.nbytes
+        access.add_whole_read(reads, info)
+    if kind == CAST:
+        src, out = group.inputs[0], group.outputs[0]
+        per, held = cast_chunk(src.numel, src.dtype, out.dtype, chunk_bytes)
+        if not access.located(src):  # read whole, converted chunk by chunk
+            held = bytes_in + nbytes_of(out.dtype, per)
+        return held, reads
+    return bytes_in + bytes_out, reads
+
+
+def build_steps(groups: list[Group], access: SourceAccess, chunk_bytes: int) -> list[Step]:
+    """Steps for the groups that produce something, in schedule order (source file, then offset)."""
+    files = sorted({t.file for g in groups for t in g.inputs})
+    file_order = {f: i for i, f in enumerate(files)}
+    never = (len(files), 0)
+
+    def position(item: tuple[int, Group]) -> tuple[tuple[int, int], int]:
+        index, group = item
+        first = min(((file_order[t.file], t.begin) for t in group.inputs), default=never)
+        return first, index
+
+    ordered = sorted(((i, g) for i, g in enumerate(groups) if g.outputs), key=position)
+    steps = []
+    for index, (_, group) in enumerate(ordered):
+        kind = step_kind(group)
+        outputs = group.outputs
+        bytes_out = outputs[0].nbytes if len(outputs) == 1 else sum(t.nbytes for t in outputs)
+        held, reads = step_cost(group, kind, bytes_out, access, chunk_bytes)
+        steps.append(Step(index, group, kind, held, reads, bytes_out))
+    return steps

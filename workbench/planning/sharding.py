@@ -1,0 +1,123 @@
+"""The output layout: which shard file each output tensor goes to, and where in it.
+
+Shards are filled greedily with whole groups in schedule order, so a shard's tensors come from
+neighbouring source bytes and a group's outputs stay in one file whenever the group fits in one
+shard. Only the shard size decides the layout, never the number of ranks, so the output bytes are
+the same however many processes write them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..catalog import TensorInfo
+from ..formats.safetensors_writer import FileLayout, layout_file, shard_file_name
+from ..mapper.groups import Problem
+from .schedule import Step
+from .sizes import format_bytes
+
+
+@dataclass
+class OutputFile:
+    """One planned output file: its layout (header bytes, tensor offsets) and who writes it."""
+
+    name: str
+    layout: FileLayout
+    steps: list[int] = field(default_factory=list)  # indexes of the steps that write to it, in order
+    rank: int = 0
+    kept: bool = False  # already complete at the destination (resume): not rewritten
+
+    @property
+    def size(self) -> int:
+        """File size in bytes, header included."""
+        return self.layout.size
+
+    @property
+    def tensor_bytes(self) -> int:
+        """Bytes of tensor data (the file without its header)."""
+        return self.layout.size - len(self.layout.header)
+
+    @property
+    def n_tensors(self) -> int:
+        """Number of tensors in the file."""
+        return len(self.layout.tensors)
+
+
+def _oversized(infos: list[TensorInfo], limit: int) -> list[Problem]:
+    if len(infos) > 3:  # one line for many, not one per tensor
+        biggest = max(infos, key=lambda t: t.nbytes)
+        return [Problem(
+            "warning",
+            f"{len(infos)} tensors are larger than the shard size ({format_bytes(limit)}), the largest {biggest.name!r} "
+            f"({format_bytes(biggest.nbytes)}): each gets a shard of its own, as the HF tools do. Raise the shard size "
+            "to avoid oversized shards.",
+            tensor=biggest.name,
+        )]
+    return [
+        Problem(
+            "warning",
+            f"Tensor {info.name!r} ({format_bytes(info.nbytes)}) is larger than the shard size ({format_bytes(limit)}): "
+            "it gets a shard of its own, as the HF tools do. Raise the shard size to avoid oversized shards.",
+            tensor=info.name,
+        )
+        for info in infos
+    ]
+
+
+def assign_shards(steps: list[Step], limit: int) -> tuple[list[list[TensorInfo]], list[tuple[int, ...]], list[Problem]]:
+    """Group output tensors into shards of at most `limit` tensor bytes.
+
+    Returns the shards (lists of metadata TensorInfos), the shard numbers each step writes to, and
+    warnings about tensors above the limit.
+    """
+    shards: list[list[TensorInfo]] = [[]]
+    step_shards: list[tuple[int, ...]] = []
+    filled = 0
+    oversized: list[TensorInfo] = []
+
+    def start_shard() -> None:
+        nonlocal filled
+        if shards[-1]:
+            shards.append([])
+        filled = 0
+
+    for step in steps:
+        outputs = step.group.outputs
+        size = step.bytes_out
+        used: list[int] = []
+        if size <= limit:
+            if filled + size > limit:
+                start_shard()
+            shards[-1].extend(outputs)
+            filled += size
+            used.append(len(shards) - 1)
+        else:  # the group cannot fit one shard: place its tensors one by one
+            for info in outputs:
+                if info.nbytes > limit:
+                    oversized.append(info)
+                    start_shard()
+                    shards[-1].append(info)
+                    used.append(len(shards) - 1)
+                    start_shard()
+                    continue
+                if filled + info.nbytes > limit:
+                    start_shard()
+                shards[-1].append(info)
+                filled += info.nbytes
+                used.append(len(shards) - 1)
+        step_shards.append(tuple(dict.fromkeys(used)))
+    if not shards[-1]:
+        shards.pop()
+    return shards, step_shards, _oversized(oversized, limit)
+
+
+def layout_outputs(steps: list[Step], limit: int) -> tuple[list[OutputFile], list[Problem]]:
+    """Name and lay out the shards (HF naming, reference tensor order); sets `step.files` to file names."""
+    shards, step_shards, warnings = assign_shards(steps, limit)
+    names = [shard_file_name(k + 1, len(shards)) for k in range(len(shards))]
+    files = [OutputFile(name, layout_file(name, tensors)) for name, tensors in zip(names, shards, strict=True)]
+    for step, numbers in zip(steps, step_shards, strict=True):
+        step.files = tuple(names[k] for k in numbers)
+        for k in numbers:
+            files[k].steps.append(step.index)
+    return files, warnings
