@@ -11,6 +11,7 @@ Names may hold `{placeholder}` segments (one dotted segment each); binding expan
 source. Everything here is metadata-only and torch-free until tensors are actually computed.
 """
 
+from . import presets
 from .base import Mapper
 from .compose import Parallel, PrefixScope, Sequential
 from .export import from_json
@@ -22,5 +23,5 @@ from .ops import Cast, Concat, Drop, Identity, Rename, Reshape, Split, Stack, Tr
 __all__ = [
     "Binding", "ByteSlice", "Cast", "Concat", "Drop", "Function", "Group", "Identity", "Mapper", "Op",
     "Parallel", "PrefixScope", "Problem", "Rename", "Reshape", "Sequential", "Split", "Stack", "Transpose",
-    "Unstack", "from_json",
+    "Unstack", "from_json", "presets",
 ]

@@ -28,8 +28,9 @@ Path = tuple[int, ...]
 
 def source_infos(source: Any) -> list[TensorInfo]:
     """The source's tensors as TensorInfos in source order (Catalog, Mapping, or object with `.catalog`)."""
-    if hasattr(source, "catalog") and not isinstance(source, Mapping):
-        source = source.catalog
+    catalog = getattr(source, "catalog", None)
+    if isinstance(catalog, Mapping):
+        source = catalog
     tensors = getattr(source, "tensors", None)
     items = tensors.items() if isinstance(tensors, dict) else source.items() if isinstance(source, Mapping) else None
     if items is None:
@@ -244,8 +245,9 @@ class Binder:
             return []
         instances: list[tuple[Op, bool]] = []
         if len(matches) == 1:  # one input template: every match is complete
-            for key in matches[0]:
-                values = dict(zip(order, key, strict=True))
+            template = templates[0]
+            for name in matches[0].values():
+                values = template.capture_values(name.split("."))
                 instances.append((leaf.rename_all(lambda text, v=values: fill(text, v)), False))  # type: ignore[misc]
             return instances
         keys = dict.fromkeys(key for found in matches for key in found)

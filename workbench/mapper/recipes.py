@@ -83,15 +83,31 @@ class Tracer:
         Groups over the same leaf paths whose names repeat in the same pattern (token of first
         appearance) and whose inputs have the same metadata have the same recipe up to renaming.
         """
-        tokens: dict[str, int] = {}
-        pattern: list[int] = []
-        for path in signature:
-            for instance in instances[path]:
-                pattern += [tokens.setdefault(name, len(tokens)) for name in instance.inputs]
-                pattern.append(-1)
-                pattern += [tokens.setdefault(name, len(tokens)) for name in instance.outputs]
-                pattern.append(-2)
-        key = (signature, tuple(pattern), tuple(sorted((tokens[i.name], i.dtype, tuple(i.shape)) for i in inputs)))
+        first = instances[signature[0]]
+        if len(signature) == 1 and len(first) == 1:
+            # The common case, one operation instance: tokens follow its inputs then outputs.
+            names = first[0].inputs + first[0].outputs
+            tokens = dict.fromkeys(names, 0)
+            if len(tokens) == len(names):
+                pattern: Any = len(names)
+                tokens = {name: index for index, name in enumerate(names)}
+            else:  # an in-place operation: an output reuses an input's name
+                tokens = {}
+                pattern = tuple(tokens.setdefault(name, len(tokens)) for name in names)
+        else:
+            tokens = {}
+            pattern = []
+            for path in signature:
+                for instance in instances[path]:
+                    pattern += [tokens.setdefault(name, len(tokens)) for name in instance.inputs]
+                    pattern.append(-1)
+                    pattern += [tokens.setdefault(name, len(tokens)) for name in instance.outputs]
+                    pattern.append(-2)
+            pattern = tuple(pattern)
+        metas = [(tokens[i.name], i.dtype, i.shape) for i in inputs]
+        if len(metas) > 1:
+            metas.sort()
+        key = (signature, pattern, tuple(metas))
         cached = self._shared.get(key)
         if cached is None:
             syms = self.trace(op, inputs, outputs)

@@ -17,7 +17,7 @@ from .templates import Template
 class Comp:
     """A connected set of nodes: the source tensors it reads and the operation instances it runs."""
 
-    __slots__ = ("parent", "sources", "steps", "poisoned")
+    __slots__ = ("parent", "sources", "steps", "poisoned", "outputs")
 
     def __init__(self) -> None:
         self.parent: Comp | None = None
@@ -25,6 +25,7 @@ class Comp:
         # (sequence number, path of the leaf in the mapper tree, concrete instance or None for a scope rename)
         self.steps: list[tuple[int, tuple[int, ...], Any]] = []
         self.poisoned = False
+        self.outputs: list[Any] = []  # final TensorInfos, filled when the walk is over
 
 
 def find(comp: Comp) -> Comp:

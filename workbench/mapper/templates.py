@@ -77,7 +77,7 @@ class Template:
     in that order, so templates of one operation produce comparable keys.
     """
 
-    __slots__ = ("text", "nseg", "literals", "positions", "literal_key", "captures", "order")
+    __slots__ = ("text", "nseg", "literals", "positions", "literal_key", "captures", "order", "simple")
 
     def __init__(self, text: str, order: Sequence[str]) -> None:
         self.text = text
@@ -99,6 +99,10 @@ class Template:
         self.positions = tuple(pos for pos, _ in literals)
         self.literal_key = tuple(literal for _, literal in literals)
         self.captures = tuple(captures)
+        # Fast path: each placeholder is a whole segment and appears once -> (position, name) pairs.
+        singles = [(pos, single) for pos, single, _, _ in captures if single is not None]
+        plain = len(singles) == len(captures) and len({name for _, name in singles}) == len(singles)
+        self.simple = tuple(singles) if plain else None
 
     def match(self, segments: Sequence[str]) -> tuple[str, ...] | None:
         """Placeholder values (in `order`) if the split name matches, else None."""
@@ -110,9 +114,14 @@ class Template:
         return self.capture(segments)
 
     def capture(self, segments: Sequence[str]) -> tuple[str, ...] | None:
-        """Placeholder values of a name already known to have this template's literal segments."""
-        if not self.captures:
-            return ()
+        """Placeholder values (in `order`) of a name already known to have this template's literal segments."""
+        values = self.capture_values(segments)
+        return None if values is None else tuple([values[name] for name in self.order])
+
+    def capture_values(self, segments: Sequence[str]) -> dict[str, str] | None:
+        """Placeholder name -> value for a name already known to have this template's literal segments."""
+        if self.simple is not None:
+            return {name: segments[pos] for pos, name in self.simple}
         values: dict[str, str] = {}
         for pos, single, pattern, names in self.captures:
             if single is not None:
@@ -125,4 +134,4 @@ class Template:
             for name, value in pairs:
                 if values.setdefault(name, value) != value:
                     return None
-        return tuple(values[name] for name in self.order)
+        return values
