@@ -22,7 +22,11 @@ _LAZY = {
     "plan": ("workbench.plan", "plan"),
     "Plan": ("workbench.plan", "Plan"),
     "convert": ("workbench.engine", "convert"),
+    "lightning_to_hf": ("workbench.lightning_extract", "lightning_to_hf"),
+    "lightning_matching": ("workbench.lightning_extract", "lightning_matching"),
     "mapper": ("workbench.mapper", None),
+    "load_into": ("workbench.model_io", "load_into"),
+    "save_from": ("workbench.model_io", "save_from"),
 }
 
 __all__ = ["CheckpointError", "MapperError", "PlanError", "WorkbenchError", "__version__", *_LAZY]

@@ -3,6 +3,7 @@
     workbench plan SRC [--mapper mapper.py] [--shard-size 5GB] [--nproc N] [--dtype bf16] [--dest DST]
     workbench convert SRC DST [--mapper mapper.py] [--shard-size 5GB] [--dtype bf16] [--nproc N]
                       [--dry-run] [--no-extras] [--overwrite] [--rest keep|drop|error] [--quiet]
+    (both also take [--to safetensors|dcp] [--select model|all] [--lightning-weights ema|model])
 
 A mapper file is any Python file that defines `mapper` (what `mapper.to_code()` writes). Both
 commands print the dry-run first; `convert` then runs it and prints the report. Bad input exits
@@ -57,6 +58,12 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what happens to tensors the mapper does not mention (default keep)")
     parser.add_argument("--no-extras", action="store_true", help="do not copy config.json, tokenizer files ...")
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier conversion in the destination")
+    parser.add_argument("--to", choices=("safetensors", "dcp"), default="safetensors",
+                        help="output format: HF safetensors shards (default) or a torch.distributed.checkpoint folder")
+    parser.add_argument("--select", choices=("model", "all"),
+                        help="training checkpoints: keep the model weights only (prefixes stripped), or everything")
+    parser.add_argument("--lightning-weights", choices=("ema", "model"),
+                        help="Lightning checkpoints: extract the EMA weights or the live model weights (prefixes stripped)")
 
 
 def plan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,19 +76,29 @@ def plan_arguments(parser: argparse.ArgumentParser) -> None:
 def convert_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of `workbench convert`."""
     parser.add_argument("source", metavar="SRC", help="checkpoint file or folder")
-    parser.add_argument("dest", metavar="DST", help="output folder (HF safetensors shards)")
+    parser.add_argument("dest", metavar="DST", help="output folder (HF safetensors shards, or DCP with --to dcp)")
     _common_arguments(parser)
     parser.add_argument("--dry-run", action="store_true", help="print the plan and stop")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
+def _mapper(args: argparse.Namespace) -> tuple[Any, str]:
+    """The user's mapper file, preceded by the --select / --lightning-weights extraction when asked for."""
+    mapper = load_mapper_file(args.mapper) if args.mapper else None
+    if args.select is None and args.lightning_weights is None:
+        return mapper, args.rest
+    from .lightning_extract import training_mapper
+
+    return training_mapper(args.source, select=args.select, lightning_weights=args.lightning_weights, mapper=mapper, rest=args.rest)
+
+
 def _plan(args: argparse.Namespace, dest: str | None):
     from .planning import plan
 
-    mapper = load_mapper_file(args.mapper) if args.mapper else None
+    mapper, rest = _mapper(args)
     return plan(
-        args.source, mapper, shard_size=args.shard_size, nproc=args.nproc, rest=args.rest, dest=dest,
-        dtype=args.dtype, extras=not args.no_extras, overwrite=args.overwrite,
+        args.source, mapper, shard_size=args.shard_size, nproc=args.nproc, rest=rest, dest=dest,
+        dtype=args.dtype, extras=not args.no_extras, overwrite=args.overwrite, to=args.to,
     )
 
 
@@ -107,9 +124,9 @@ def run_convert(args: argparse.Namespace) -> int:
     if under_torchrun() and not args.dry_run:  # started by the user's torchrun: each rank does its share
         from .engine import convert
 
-        mapper = load_mapper_file(args.mapper) if args.mapper else None
-        report = convert(args.source, args.dest, mapper, shard_size=args.shard_size, rest=args.rest, dtype=args.dtype,
-                         extras=not args.no_extras, overwrite=args.overwrite, quiet=args.quiet)
+        mapper, rest = _mapper(args)
+        report = convert(args.source, args.dest, mapper, shard_size=args.shard_size, rest=rest, dtype=args.dtype,
+                         extras=not args.no_extras, overwrite=args.overwrite, quiet=args.quiet, to=args.to)
         if int(os.environ.get("RANK", "0")) == 0:
             print(report.summary())
         return EXIT_OK

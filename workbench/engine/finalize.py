@@ -16,7 +16,8 @@ from ..formats.safetensors_writer import PARTIAL_SUFFIX, write_index
 from ..planning.destination import INDEX_NAME, MANIFEST_NAME, remove_manifest, write_manifest
 from ..planning.model import Plan
 
-_SHARD_NAME = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors$")
+DCP_METADATA = ".metadata"  # a DCP folder's commit marker
+_SHARD_NAME = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors$|^__\d+_\d+\.distcp$")
 
 
 def _unlink(path: os.PathLike | str) -> None:
@@ -52,9 +53,10 @@ def prepare_destination(plan: Plan) -> None:
     planned = {f.name for f in plan.output_file_list}
     if plan.options.overwrite:  # an older conversion's shards and index would contradict the new ones
         for name in os.listdir(dest):
-            if (_SHARD_NAME.match(name) and name not in plan.kept) or name in (INDEX_NAME, MANIFEST_NAME):
+            if (_SHARD_NAME.match(name) and name not in plan.kept) or name in (INDEX_NAME, MANIFEST_NAME, DCP_METADATA):
                 _unlink(dest / name)
-    _unlink(dest / INDEX_NAME)  # the index marks a complete output: it reappears only at the very end
+    for name in {INDEX_NAME, *plan.commit_files}:  # the index / .metadata marks a complete output: it reappears last
+        _unlink(dest / name)
     for name in planned - plan.kept:
         _unlink(dest / name)
     remove_partials(plan)
@@ -65,7 +67,7 @@ def prepare_destination(plan: Plan) -> None:
 def remove_partials(plan: Plan) -> None:
     """Delete temporary files this plan's writers may have left (after a failure or a cancel)."""
     assert plan.dest is not None
-    for name in [*(f.name for f in plan.output_file_list), INDEX_NAME, MANIFEST_NAME, *plan.extras]:
+    for name in [*(f.name for f in plan.output_file_list), INDEX_NAME, MANIFEST_NAME, *plan.commit_files, *plan.extras]:
         _unlink(plan.dest / (name + PARTIAL_SUFFIX))
 
 
@@ -88,6 +90,13 @@ def finalize_destination(plan: Plan) -> bool:
     """Commit a completed run: extras, then the index (last), then drop the manifest; True if an index was written."""
     assert plan.dest is not None
     copy_extras(plan)
+    if plan.options.to == "dcp":
+        from ..formats.dcp_writer import commit_dcp
+
+        commit_dcp(plan.dest, [f.layout for f in plan.output_file_list], plan.source.reader, objects=bool(plan.copied_objects))
+        remove_manifest(plan.dest)
+        _fsync_dir(plan.dest)
+        return True
     index = plan.index
     if index is not None:
         write_index(plan.dest, index["weight_map"], index["metadata"]["total_size"])

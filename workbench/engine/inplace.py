@@ -105,7 +105,7 @@ def _run(dist, source, dest, mapper, options, quiet, on_progress) -> RunReport:
     return RunReport(
         dest=plan.dest, ranks=results, seconds=time.perf_counter() - started, predicted_peak_bytes=plan.peak_bytes,
         predicted_files=plan.source_paths(), predicted_bytes_read=plan.bytes_read, predicted_bytes_written=plan.bytes_written,
-        files=[f.name for f in plan.output_file_list] + (["model.safetensors.index.json"] if outcome["index"] else []),
+        files=[f.name for f in plan.output_file_list] + (plan.commit_files if outcome["index"] else []),
         kept=sorted(plan.kept), extras=list(plan.extras),
         index_written=outcome["index"],
     )

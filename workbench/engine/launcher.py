@@ -195,7 +195,7 @@ class Launch:
             dest=self.plan.dest, ranks=sorted(results, key=lambda r: r.rank), seconds=seconds,
             predicted_peak_bytes=self.plan.peak_bytes, predicted_files=self.plan.source_paths(),
             predicted_bytes_read=self.plan.bytes_read, predicted_bytes_written=self.plan.bytes_written,
-            files=[f.name for f in self.plan.output_file_list] + ([] if self.plan.index is None else ["model.safetensors.index.json"]),
+            files=[f.name for f in self.plan.output_file_list] + (self.plan.commit_files if final.get("index_written") else []),
             kept=sorted(self.plan.kept), extras=list(self.plan.extras), index_written=bool(final.get("index_written")),
         )
 

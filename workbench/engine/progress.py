@@ -9,14 +9,21 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
+from importlib import import_module
+from typing import Any
 
 from .status import Cancelled
 
 ProgressCallback = Callable[[int, int, int], object]
 PROGRESS_TAG = "workbench"
 MIN_INTERVAL = 0.1
+# The notebook display `wb.convert` shows instead of a tqdm bar inside a Jupyter kernel: "module:function"
+# taking (plan, on_progress) and returning an object whose `run()` executes the plan and returns the report.
+# Set to "" to keep the tqdm bar.
+LIVE_DISPLAY = "workbench.widgets.run_panel:live_display"
 
 
 def make_bar(total: int, *, desc: str = "convert"):
@@ -24,6 +31,29 @@ def make_bar(total: int, *, desc: str = "convert"):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, leave=True)
+
+
+def in_jupyter_kernel() -> bool:
+    """True when running inside a Jupyter (ipykernel) kernel."""
+    if "ipykernel" not in sys.modules or "IPython" not in sys.modules:
+        return False
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def live_display(plan: Any, on_progress: ProgressCallback | None = None) -> Any:
+    """The notebook display that runs `plan` with live per-rank progress (see LIVE_DISPLAY), or None
+    outside a Jupyter kernel, when LIVE_DISPLAY is empty or when ipywidgets is missing."""
+    if not LIVE_DISPLAY or not in_jupyter_kernel():
+        return None
+    module_name, _, attr = LIVE_DISPLAY.partition(":")
+    try:
+        factory = getattr(import_module(module_name), attr)
+    except ImportError:
+        return None
+    return factory(plan, on_progress)
 
 
 def progress_line(rank: int, done: int, total: int, event: str = "progress") -> str:

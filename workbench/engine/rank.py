@@ -11,7 +11,7 @@ import os
 import time
 
 from ..errors import PlanError, WorkbenchError
-from ..formats.safetensors_writer import SafetensorsWriter
+from ..formats.dcp_writer import open_writer
 from ..iostats import IO
 from ..planning.model import Plan
 from .memory import reset_rss_peak, rss_bytes, rss_peak_bytes
@@ -37,6 +37,13 @@ def _step_error(step, exc: Exception) -> PlanError:
     )
 
 
+def _release_source_files(plan: Plan) -> None:
+    """Close the source reader's cached descriptors (readers reopen lazily), so the run's own opens are counted."""
+    close = getattr(plan.source.reader, "close", None)
+    if close is not None:
+        close()
+
+
 def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankResult:
     """Execute `rank`'s steps of `plan` into `plan.dest`; raises on failure after removing partial files."""
     assert plan.dest is not None
@@ -49,6 +56,7 @@ def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankRes
         import torch  # noqa: F401  (imported before the baseline: its RSS is not the run's)
     reset_rss_peak()
     result.rss_baseline = rss_bytes()
+    _release_source_files(plan)
     IO.reset()
     ctx = RankContext(plan)
     started = time.perf_counter()
@@ -58,7 +66,7 @@ def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankRes
         for step in steps:
             for name in step.files:
                 if name in files and name not in ctx.writers:
-                    ctx.writers[name] = SafetensorsWriter(plan.dest, files[name].layout)
+                    ctx.writers[name] = open_writer(plan.dest, files[name].layout)
             try:
                 run_step(ctx, step)
             except WorkbenchError:
@@ -84,6 +92,7 @@ def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankRes
         raise
     finally:
         ctx.sources.close()
+        _release_source_files(plan)
         if progress is not None:
             progress.update(ctx.done_bytes, force=True)
     if result.files_written:

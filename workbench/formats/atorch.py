@@ -265,6 +265,15 @@ class AtorchReader:
             raise _fail(str(self.root), "a rank file ended early (it changed after it was opened)", info.name) from None
         return parts[0] if len(parts) == 1 else b"".join(parts)  # b'' for an empty tensor
 
+    def sources_of(self, info: TensorInfo) -> list[tuple[str, int]]:
+        """(file, bytes) for every rank file that holds a piece of the tensor, in rank order."""
+        entry = self.tensors[info.name]
+        itemsize = DTYPE_BITS[entry.dtype] // 8
+        out: dict[str, int] = {}
+        for piece in entry.pieces:
+            out[piece.file] = out.get(piece.file, 0) + (piece.end - piece.start) * itemsize
+        return list(out.items())
+
     def locate(self, info: TensorInfo) -> tuple[Path, int, int] | None:
         """Raw bytes of a tensor held whole by one rank, else None."""
         entry = self.tensors[info.name]

@@ -79,6 +79,7 @@ class DcpTensor:
     shape: tuple[int, ...]
     chunks: tuple[Chunk, ...]
     stage: int | None
+    path: tuple | None = None  # the nested state-dict path (DCP's planner_data), when the metadata records it
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ class DcpObject:
     offset: int
     length: int
     stage: int | None
+    path: tuple | None = None
 
 
 def _fail(source: str, cause: str, tensor: str | None = None, fix: str = "") -> CheckpointError:
@@ -159,6 +161,8 @@ def read_metadata(folder: Path, prefix: str, stage: int | None) -> tuple[list[Dc
         raise _fail(source, f"the .metadata pickle holds {type(root).__name__}, not a DCP Metadata")
     entries = root.field("state_dict_metadata")
     storage = root.field("storage_data")
+    planner = root.field("planner_data")
+    planner = planner if isinstance(planner, dict) else {}
     if not isinstance(entries, dict) or not isinstance(storage, dict):
         raise _fail(source, "the metadata lacks state_dict_metadata or storage_data")
     where: dict[tuple[str, tuple[int, ...] | None], tuple[str, int, int]] = {}
@@ -190,7 +194,7 @@ def read_metadata(folder: Path, prefix: str, stage: int | None) -> tuple[list[Dc
             loc = where.get((name, None))
             if loc is None:
                 raise _fail(source, "no storage holds this object", name)
-            objects.append(DcpObject(name, loc[0], loc[1], loc[2], stage))
+            objects.append(DcpObject(name, loc[0], loc[1], loc[2], stage, _path_of(planner, name)))
             continue
         if kind != "TensorStorageMetadata":
             raise _fail(source, f"entry kind {kind} is not supported", name)
@@ -213,9 +217,16 @@ def read_metadata(folder: Path, prefix: str, stage: int | None) -> tuple[list[Dc
                 source, f"its chunks hold {covered} of its {_prod(shape)} elements", name,
                 "Some ranks' data is missing from the metadata; re-save the checkpoint.",
             )
-        tensors.append(DcpTensor(name, dtype, shape, tuple(chunks), stage))
+        tensors.append(DcpTensor(name, dtype, shape, tuple(chunks), stage, _path_of(planner, name)))
     version = root.field("version")
     return tensors, objects, str(version) if version is not None else ""
+
+
+def _path_of(planner: dict, name: str) -> tuple | None:
+    path = planner.get(name)
+    if isinstance(path, (tuple, list)) and path and all(isinstance(p, (str, int)) and not isinstance(p, bool) for p in path):
+        return tuple(path)
+    return None
 
 
 def _prod(shape: tuple[int, ...]) -> int:
@@ -306,11 +317,53 @@ class DcpReader:
             return self.meta_reader.locate(info.with_name(info.name[len("meta."):]))
         entry = self.tensors[info.name]
         if len(entry.chunks) != 1 or entry.chunks[0].sizes != entry.shape:
+            for chunk in entry.chunks:  # parse the chunks' archives now (planning), so a run reads only tensor bytes
+                if _prod(chunk.sizes):
+                    self._place(entry, chunk)
             return None
         place = self._place(entry, entry.chunks[0])
         if not place.contiguous:
             return None
         return ((self.root / entry.chunks[0].file).resolve(), place.begin, place.begin + info.nbytes)
+
+    def sources_of(self, info: TensorInfo) -> list[tuple[str, int]]:
+        """(file, bytes) for every file a whole read of the tensor touches: each chunk's file, or `meta.pt`."""
+        if self.meta_reader is not None and info.name.startswith("meta.") and info.name not in self.tensors:
+            return [(LIGHTNING_META, info.nbytes)]
+        entry = self.tensors[info.name]
+        itemsize = DTYPE_BITS[entry.dtype] // 8
+        out: dict[str, int] = {}
+        for chunk in entry.chunks:
+            n = _prod(chunk.sizes) * itemsize
+            if n:
+                out[chunk.file] = out.get(chunk.file, 0) + n
+        return list(out.items())
+
+    def planner_path(self, name: str) -> tuple | None:
+        """The nested state-dict path DCP recorded for an entry (tensor or object), or None."""
+        entry = self.tensors.get(name) or self.objects.get(name)
+        return entry.path if entry is not None else None
+
+    def object_sources(self) -> tuple[list[tuple[str, Path, int, int]], list[str]]:
+        """Non-tensor entries as (name, absolute file, offset, length) of their torch.save streams, and warnings.
+
+        An entry several pipeline stages store keeps the first stage's value (the others are named in a warning).
+        """
+        found = []
+        dropped = []
+        for key, obj in self.objects.items():
+            if key != obj.name:  # a later stage's copy of an entry an earlier stage holds
+                dropped.append(key)
+                continue
+            found.append((key, (self.root / obj.file).resolve(), obj.offset, obj.length))
+        warnings = []
+        if dropped:
+            shown = ", ".join(dropped[:4]) + (" ..." if len(dropped) > 4 else "")
+            warnings.append(
+                f"{len(dropped)} non-tensor entries are stored by several pipeline stages ({shown}); the merged checkpoint "
+                "keeps the first stage's value of each."
+            )
+        return found, warnings
 
     def read_object(self, name: str) -> Any:
         """A non-tensor entry's value, unpickled inertly (unknown classes come back as placeholders)."""

@@ -232,6 +232,10 @@ class LightningInfo:
         match = _LIST_INDEX.match(name)
         return match["container"] + "." if match else None
 
+    def ema_matches(self, source: str | None = None, param_names: Sequence[str] | None = None) -> dict[str, tuple[str, str]]:
+        """Weight name -> (EMA source tensor, 'name' | 'order'); raises CheckpointError when absent or ambiguous."""
+        return self._ema_matches(source, param_names, refuse=True)
+
     def _ema_matches(self, source: str | None, param_names: Sequence[str] | None, *, refuse: bool = True) -> dict[str, tuple[str, str]]:
         sources = self.ema_sources() if source is None else [source]
         if not sources:
@@ -302,8 +306,12 @@ def open_lightning(path: str | os.PathLike) -> LightningInfo:
     """Open a Lightning `.ckpt` file or FSDP sharded `*.ckpt/` folder as a LightningInfo (no data read)."""
     from . import open_catalog
 
-    p = Path(path)
-    catalog = open_catalog(p)
+    return lightning_info(open_catalog(Path(path)))
+
+
+def lightning_info(catalog: Catalog) -> LightningInfo:
+    """The LightningInfo of an already opened catalog; refuses catalogs that are not Lightning checkpoints."""
+    p = catalog.root
     if catalog.format == "torch":
         root = catalog.reader.archive.root  # type: ignore[union-attr]
         sharded = False

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import CheckpointError
+from .pickle_bounds import pickle_problem
 
 # torch storage classes of the legacy typed API -> torch dtype name of their elements.
 STORAGE_DTYPES: dict[str, str] = {
@@ -408,6 +409,11 @@ def load_inert(data: bytes, *, source: str, strict: Callable[[str], bool] | None
 
     With `strict`, a global for which `strict(qualified_name)` is False is refused with a CheckpointError.
     """
+    problem = pickle_problem(data)
+    if problem is not None:
+        raise CheckpointError(
+            f"Cannot read {source}: its pickle is corrupt or crafted ({problem}). Re-download or re-save the file.", file=source
+        )
     unpickler = _InertUnpickler(data, strict=strict)
     try:
         root = unpickler.load()
@@ -419,7 +425,7 @@ def load_inert(data: bytes, *, source: str, strict: Callable[[str], bool] | None
         ) from None
     except RecursionError:
         raise CheckpointError(f"Cannot read {source}: its pickle nests too deeply to be a checkpoint. Check the file.", file=source) from None
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError, AttributeError, MemoryError, UnicodeDecodeError) as exc:
+    except Exception as exc:  # only inert builders run: any failure (OverflowError on a FRAME length ...) means a bad pickle
         raise CheckpointError(
             f"Cannot read {source}: its pickle is corrupt or not a checkpoint ({type(exc).__name__}: {_short_repr(str(exc), 200)}). "
             "Re-download or re-save the file.",

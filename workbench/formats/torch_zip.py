@@ -82,7 +82,7 @@ def read_members(fd: int, source: str, base: int = 0, length: int | None = None)
     if pos < 0:  # an archive comment: search the last 64 KiB
         tail_len = min(length, 22 + 65535)
         tail = read_at(fd, tail_len, base + length - tail_len)
-        pos = tail.rfind(b"PK\x05\x06")
+        pos = tail.rfind(b"PK\x05\x06", 0, len(tail) - 18)  # a whole 22-byte record must follow
         if pos < 0:
             raise _zip_fail(source, "no zip end-of-directory record")
     eocd_at = length - tail_len + pos  # relative to base

@@ -47,11 +47,17 @@ def _extras_bytes(catalog: Catalog, names: list[str]) -> int:
     return total
 
 
+OUTPUT_FORMATS = {"safetensors": "safetensors", "hf": "safetensors", "dcp": "dcp"}
+
+
 def make_options(shard_size: int | str, nproc: int, rest: str, dtype: Any, extras: bool, overwrite: bool,
-                 chunk_size: int | str) -> PlanOptions:
+                 chunk_size: int | str, to: str = "safetensors") -> PlanOptions:
     """Validate and normalise the user's options."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise PlanError(f"Cannot plan with nproc={nproc!r}: it must be a whole number of processes, at least 1.")
+    if not isinstance(to, str) or to.lower() not in OUTPUT_FORMATS:
+        raise PlanError(f"Cannot plan an output in format {to!r}: choose to='safetensors' (HF shards) or to='dcp' "
+                        "(torch.distributed.checkpoint).")
     code = None
     if dtype is not None:
         from ..dtypes import normalize_dtype
@@ -65,6 +71,7 @@ def make_options(shard_size: int | str, nproc: int, rest: str, dtype: Any, extra
         extras=bool(extras),
         overwrite=bool(overwrite),
         chunk_bytes=parse_size(chunk_size, what="chunk size"),
+        to=OUTPUT_FORMATS[to.lower()],
     )
 
 
@@ -87,7 +94,7 @@ def build_plan(
         problems.append(Problem("error", "Cannot convert: the mapper produces no tensors (everything is dropped). "
                                           "Check the mapper and the rest= policy."))
     try:
-        files, warnings = layout_outputs(steps, options.shard_size)
+        files, warnings = layout_outputs(steps, options.shard_size, options.to)
     except PlanError as exc:
         problems.append(Problem("error", exc.message, tensor=exc.tensor))
         files, warnings = [], []
@@ -97,12 +104,24 @@ def build_plan(
     exported = mapper_json(mapper)
     layout_fp = layout_fingerprint(catalog, steps, files, exported)
     extras = list(catalog.extras) if options.extras and catalog.root.is_dir() else []
+    committed: list[str] = []  # files written at commit beside the shards (DCP: objects file, .metadata)
+    if options.to == "dcp":
+        from ..formats.dcp_writer import commit_files, source_objects
+
+        objects, object_warnings = source_objects(catalog.reader) if options.rest == "keep" else ([], [])
+        problems += [Problem("warning", w) for w in object_warnings]
+        outputs = {t.name for step in steps for t in step.group.outputs}
+        for name in sorted({o.name for o in objects} & outputs):
+            problems.append(Problem("error", f"Cannot write DCP entry {name!r}: it is both an output tensor and a non-tensor "
+                                             "entry of the source. Rename the tensor, or drop the entries with rest='drop'.",
+                                    tensor=name))
+        committed = commit_files(len(files), bool(objects))
     dest_path = Path(os.path.abspath(dest)) if dest is not None else None
     kept_names = set(kept)
     if dest_path is not None and check_dest and files:
         sources = [catalog.root / rel if catalog.root.is_dir() else catalog.root for rel in catalog.files]
         state = check_destination(
-            dest_path, files, extras, layout_fp, overwrite=options.overwrite, source_root=catalog.root,
+            dest_path, files, extras + committed, layout_fp, overwrite=options.overwrite, source_root=catalog.root,
             source_files=sources, extra_bytes=_extras_bytes(catalog, extras),
         )
         problems += state.problems
@@ -128,6 +147,7 @@ def plan(
     extras: bool = True,
     overwrite: bool = False,
     chunk_size: int | str = DEFAULT_CHUNK,
+    to: str = "safetensors",
 ) -> Plan:
     """Dry-run a conversion from metadata only; no tensor data is read.
 
@@ -135,9 +155,10 @@ def plan(
     or None to copy every tensor. `shard_size`: bytes or '5GB' / '500MiB'. `rest`: what happens to
     source tensors the mapper does not mention ('keep', 'drop', 'error'). `dtype`: store every
     floating-point output in this dtype. `dest`: checked for leftovers, resumability and free space.
-    `chunk_size`: input bytes a chunked cast converts at a time.
+    `chunk_size`: input bytes a chunked cast converts at a time. `to`: 'safetensors' (HF shards + index)
+    or 'dcp' (a torch.distributed.checkpoint folder that loads at any world size).
     """
-    options = make_options(shard_size, nproc, rest, dtype, extras, overwrite, chunk_size)
+    options = make_options(shard_size, nproc, rest, dtype, extras, overwrite, chunk_size, to)
     return build_plan(resolve_catalog(source), mapper, options, dest)
 
 

@@ -37,6 +37,7 @@ class PlanOptions:
     extras: bool = True
     overwrite: bool = False
     chunk_bytes: int = 32 << 20
+    to: str = "safetensors"  # output format: 'safetensors' (HF shards + index) or 'dcp' (torch.distributed.checkpoint)
 
 
 class Plan:
@@ -200,11 +201,29 @@ class Plan:
 
     @property
     def index(self) -> dict | None:
-        """The HF index the run writes last (None when the output is a single `model.safetensors`)."""
-        if len(self.output_file_list) < 2:
+        """The HF index the run writes last (None when the output is a single `model.safetensors`, or DCP)."""
+        if len(self.output_file_list) < 2 or self.options.to == "dcp":
             return None
         weight_map = {t.name: f.name for f in self.output_file_list for t in f.layout.tensors}
         return {"metadata": {"total_size": self.total_size}, "weight_map": dict(sorted(weight_map.items()))}
+
+    @cached_property
+    def copied_objects(self) -> list[str]:
+        """Non-tensor entries (step counters, param_groups ...) a DCP output copies from a DCP source."""
+        if self.options.to != "dcp" or self.options.rest != "keep":
+            return []
+        from ..formats.dcp_writer import source_objects
+
+        return [o.name for o in source_objects(self.source.reader)[0]]
+
+    @property
+    def commit_files(self) -> list[str]:
+        """Files written last, once every shard is complete: the HF index, or DCP's objects file and `.metadata`."""
+        if self.options.to == "dcp":
+            from ..formats.dcp_writer import commit_files
+
+            return commit_files(len(self.output_file_list), bool(self.copied_objects))
+        return [] if self.index is None else ["model.safetensors.index.json"]
 
     # -- DataFrames (pandas imported on first access) ----------------------------------------------
 
@@ -316,7 +335,7 @@ class Plan:
         status = "OK" if self.ok else f"{len(self.errors)} error(s): cannot run"
         lines = [
             f"Plan: {src.root} ({src.format}, {len(src.files)} files, {len(src)} tensors, {format_bytes(src.total_bytes)})"
-            f" -> {self.dest if self.dest is not None else '(no destination)'}",
+            f" -> {self.dest if self.dest is not None else '(no destination)'}" + (" (DCP)" if self.options.to == "dcp" else ""),
             f"status: {status}",
             f"groups: {len(self.steps)} ({kind_text or 'none'}); outputs: {sum(f.n_tensors for f in self.output_file_list)} "
             f"tensors, {format_bytes(self.total_size)} in {n_files} file{'s' if n_files != 1 else ''} "
@@ -329,6 +348,8 @@ class Plan:
         ]
         if self.extras:
             lines.append(f"extras copied: {', '.join(self.extras)}")
+        if self.copied_objects:
+            lines.append(f"non-tensor entries copied verbatim: {len(self.copied_objects)}")
         return lines
 
     def _file_rows(self) -> list[tuple]:

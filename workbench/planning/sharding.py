@@ -111,11 +111,21 @@ def assign_shards(steps: list[Step], limit: int) -> tuple[list[list[TensorInfo]]
     return shards, step_shards, _oversized(oversized, limit)
 
 
-def layout_outputs(steps: list[Step], limit: int) -> tuple[list[OutputFile], list[Problem]]:
-    """Name and lay out the shards (HF naming, reference tensor order); sets `step.files` to file names."""
+def layout_outputs(steps: list[Step], limit: int, to: str = "safetensors") -> tuple[list[OutputFile], list[Problem]]:
+    """Name and lay out the shards; sets `step.files` to file names.
+
+    `to='safetensors'`: HF naming, reference tensor order. `to='dcp'`: `__0_<k>.distcp` files, one torch.save
+    stream per tensor in schedule order (see `formats.dcp_writer`).
+    """
     shards, step_shards, warnings = assign_shards(steps, limit)
-    names = [shard_file_name(k + 1, len(shards)) for k in range(len(shards))]
-    files = [OutputFile(name, layout_file(name, tensors)) for name, tensors in zip(names, shards, strict=True)]
+    if to == "dcp":
+        from ..formats.dcp_writer import dcp_file_name, layout_dcp_file
+
+        names = [dcp_file_name(k) for k in range(len(shards))]
+        files = [OutputFile(name, layout_dcp_file(name, tensors)) for name, tensors in zip(names, shards, strict=True)]
+    else:
+        names = [shard_file_name(k + 1, len(shards)) for k in range(len(shards))]
+        files = [OutputFile(name, layout_file(name, tensors)) for name, tensors in zip(names, shards, strict=True)]
     for step, numbers in zip(steps, step_shards, strict=True):
         step.files = tuple(names[k] for k in numbers)
         for k in numbers:
