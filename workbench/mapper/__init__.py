@@ -15,6 +15,7 @@ from . import presets
 from .base import Mapper
 from .compose import Parallel, PrefixScope, Sequential
 from .export import from_json
+from .from_module import check_module, from_module
 from .function import Function
 from .groups import Binding, ByteSlice, Group, Problem
 from .op import Op
@@ -23,5 +24,5 @@ from .ops import Cast, Concat, Drop, Identity, Rename, Reshape, Split, Stack, Tr
 __all__ = [
     "Binding", "ByteSlice", "Cast", "Concat", "Drop", "Function", "Group", "Identity", "Mapper", "Op",
     "Parallel", "PrefixScope", "Problem", "Rename", "Reshape", "Sequential", "Split", "Stack", "Transpose",
-    "Unstack", "from_json", "presets",
+    "Unstack", "check_module", "from_json", "from_module", "presets",
 ]

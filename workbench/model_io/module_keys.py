@@ -1,0 +1,133 @@
+"""What a module holds, as the rest of the package sees checkpoints: state keys with dtype and global shape.
+
+A module's state is what `state_dict()` lists (parameters and persistent buffers), with tied tensors
+(one Parameter under several names, e.g. an LM head sharing the embedding) recognised by identity,
+and distributed tensors (DTensor, FSDP2) described by their global shape. Nothing here copies data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..catalog import TensorInfo
+from ..dtypes import from_torch
+from ..errors import MapperError
+
+
+@dataclass(frozen=True)
+class StateEntry:
+    """One state key of a module: the live tensor, its global metadata, and the key it is tied to."""
+
+    key: str
+    tensor: Any  # the Parameter / buffer / DTensor itself (state_dict(keep_vars=True))
+    info: TensorInfo  # global dtype and shape, no location
+    leader: str  # the first key holding the same tensor (== key when untied)
+
+    @property
+    def tied(self) -> bool:
+        """True when an earlier key holds the same tensor."""
+        return self.leader != self.key
+
+    @property
+    def distributed(self) -> bool:
+        """True for a DTensor (FSDP2 / tensor-parallel parameter): each rank holds a part."""
+        return is_dtensor(self.tensor)
+
+
+def is_dtensor(tensor: Any) -> bool:
+    """True for a torch.distributed DTensor, without importing torch.distributed when it is not loaded."""
+    return any(cls.__name__ == "DTensor" for cls in type(tensor).__mro__)
+
+
+def _meta_of(key: str, tensor: Any) -> TensorInfo:
+    try:
+        dtype = from_torch(tensor.dtype)
+    except Exception:
+        raise MapperError(
+            f"Cannot describe state key {key!r}: its dtype {tensor.dtype} has no safetensors code. Cast it first.", tensor=key
+        ) from None
+    return TensorInfo(key, dtype, tuple(int(size) for size in tensor.shape))
+
+
+def module_state(model: Any) -> dict[str, StateEntry]:
+    """Every state key of `model` in `state_dict()` order, with global metadata and ties."""
+    state = model.state_dict(keep_vars=True)
+    first_key: dict[int, str] = {}
+    entries: dict[str, StateEntry] = {}
+    for key, tensor in state.items():
+        if not hasattr(tensor, "dtype") or not hasattr(tensor, "shape"):
+            raise MapperError(
+                f"Cannot describe state key {key!r} of {type(model).__name__}: it is a {type(tensor).__name__}, not a tensor "
+                "(extra state is not supported). Remove it from the module's state or load it separately.",
+                tensor=key,
+            )
+        leader = first_key.setdefault(id(tensor), key)
+        entries[key] = StateEntry(key, tensor, _meta_of(key, tensor), leader)
+    return entries
+
+
+def state_infos(state: dict[str, StateEntry], *, untied: bool = True) -> list[TensorInfo]:
+    """The metadata of every key (only tie leaders when `untied`), in state order."""
+    return [e.info for e in state.values() if not (untied and e.tied)]
+
+
+def _split_key(key: str) -> tuple[str, str]:
+    module, _, attr = key.rpartition(".")
+    return module, attr
+
+
+def _holder(model: Any, key: str) -> tuple[Any, str]:
+    module_name, attr = _split_key(key)
+    return (model.get_submodule(module_name) if module_name else model), attr
+
+
+def on_meta(model: Any) -> bool:
+    """True when some parameter or buffer lives on the meta device (no storage yet)."""
+    import itertools
+
+    return any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers()))
+
+
+def _real_tensors(model: Any) -> list[tuple[str, str, str, Any]]:
+    """(module, table, attribute, tensor) of every plain parameter and buffer that already has storage."""
+    found = []
+    for module_name, module in model.named_modules():
+        for table in ("_parameters", "_buffers"):
+            for attr, tensor in getattr(module, table).items():
+                if tensor is not None and not tensor.is_meta and not is_dtensor(tensor):
+                    found.append((module_name, table, attr, tensor))
+    return found
+
+
+def _moved(tensor: Any, device: Any, memo: dict[int, Any]) -> Any:
+    import torch
+
+    if id(tensor) not in memo:
+        moved = tensor.to(device)
+        if isinstance(tensor, torch.nn.Parameter) and moved is not tensor:
+            moved = torch.nn.Parameter(moved, requires_grad=tensor.requires_grad)
+        memo[id(tensor)] = moved
+    return memo[id(tensor)]
+
+
+def materialize(model: Any, device: Any) -> list[str]:
+    """Give the meta tensors of a module real (uninitialised) storage on `device`, keeping ties and the
+    tensors that already had values; returns the buffers outside the state (non-persistent) left
+    uninitialised, since no checkpoint holds them."""
+    before = module_state(model)
+    ties = [(e.key, e.leader) for e in before.values() if e.tied]
+    lost = [name for name, buffer in model.named_buffers() if buffer.is_meta and name not in before]
+    real = _real_tensors(model)
+    model.to_empty(device=device)  # the one call FSDP2 modules follow; it also empties what had values ...
+    memo: dict[int, Any] = {}
+    for module_name, table, attr, tensor in real:  # ... so those are put back
+        getattr(model.get_submodule(module_name), table)[attr] = _moved(tensor, device, memo)
+    for key, leader in ties:  # to_empty replaces Parameters one module at a time, which unties them
+        owner, attr = _holder(model, key)
+        source, source_attr = _holder(model, leader)
+        tensors = owner._parameters if attr in owner._parameters else owner._buffers
+        value = getattr(source, source_attr)
+        if tensors.get(attr) is not value:
+            tensors[attr] = value
+    return lost
