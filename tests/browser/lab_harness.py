@@ -1,0 +1,96 @@
+"""Start a throw-away JupyterLab server for browser tests (token-less, loopback only, temp state)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+CHROMIUM = "/usr/bin/chromium"
+# JupyterLab's wheel ships its in-page test helpers (window.galata); loading them needs only this path.
+GALATA = Path(__import__("jupyterlab").__file__).parent / "galata"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class JupyterLab:
+    """A JupyterLab server over a copy of the notebooks; `url(path)` opens a notebook."""
+
+    def __init__(self, root: Path, state: Path) -> None:
+        self.root = root
+        self.state = state
+        self.port = free_port()
+        settings = state / "settings" / "@jupyterlab" / "apputils-extension"
+        settings.mkdir(parents=True, exist_ok=True)
+        (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+        self.log = open(state / "server.log", "wb")  # noqa: SIM115
+        env = dict(os.environ, JUPYTER_CONFIG_DIR=str(state / "config"), JUPYTER_RUNTIME_DIR=str(state / "runtime"))
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={self.port}",
+                "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.ip=127.0.0.1", "--ServerApp.port_retries=0",
+                f"--ServerApp.root_dir={root}", f"--LabApp.user_settings_dir={state / 'settings'}",
+                f"--LabApp.workspaces_dir={state / 'workspaces'}", "--ServerApp.disable_check_xsrf=True",
+                f"--LabApp.extra_labextensions_path={GALATA}", "--LabApp.expose_app_in_browser=True",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/api", timeout=1)
+                return
+            except OSError:
+                if self.proc.poll() is not None:
+                    break
+                time.sleep(0.3)
+        self.stop()
+        raise RuntimeError(f"JupyterLab did not start; log:\n{(state / 'server.log').read_text()[-3000:]}")
+
+    def url(self, notebook: str) -> str:
+        return f"http://127.0.0.1:{self.port}/lab/tree/{notebook}?reset"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.log.close()
+
+
+def browser_available() -> str | None:
+    """None when the browser tests can run, else the reason they cannot."""
+    if not os.path.exists(CHROMIUM):
+        return f"{CHROMIUM} is not installed (make test installs Debian's chromium when it runs as root)"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "python playwright is not installed"
+    if shutil.which("jupyter-lab") is None and not (Path(sys.executable).parent / "jupyter-lab").exists():
+        return "jupyterlab is not installed"
+    return None

@@ -1,0 +1,189 @@
+"""The notebooks in a real JupyterLab, driven by headless chromium: run all cells, use the widgets like a
+user (type a filter, choose in dropdowns, click), check they rendered as widgets, and save screenshots
+to docs/ (look at them: a widget shown as text would still be in the DOM)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from lab_harness import CHROMIUM, CHROMIUM_ARGS, JupyterLab, browser_available
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = REPO / "docs"
+UNAVAILABLE = browser_available()
+
+pytestmark = [pytest.mark.browser, pytest.mark.skipif(UNAVAILABLE is not None, reason=f"browser tests need chromium: {UNAVAILABLE}")]
+
+PANEL = ".jp-NotebookPanel:visible"
+# Outputs (and prompt numbers) saved in the file are cleared first, so ALL_RAN sees only this run. Run-all is
+# started without awaiting it in page.evaluate (which has no timeout); completion is polled with ALL_RAN.
+RUN_ALL = """async () => {
+  await window.galata.app.commands.execute('notebook:clear-all-cell-outputs');
+  window.galata.app.commands.execute('notebook:run-all-cells');
+}"""
+# Every code cell of the open notebook has an execution count and the kernel is idle. Read from the notebook
+# model, not the DOM: JupyterLab renders cells lazily, so the DOM may hold only the cells in view.
+# The open notebook's kernel is started, connected and idle (the toolbar's indicator says idle too early).
+KERNEL_READY = """() => {
+  const panel = window.galata.app.shell.currentWidget;
+  const context = panel && panel.sessionContext;
+  const kernel = context && context.isReady && context.session && context.session.kernel;
+  return !!kernel && kernel.connectionStatus === 'connected' && kernel.status === 'idle';
+}"""
+ALL_RAN = """() => {
+  const panel = window.galata.app.shell.currentWidget;
+  const model = panel && panel.content && panel.content.model;
+  if (!model) return false;
+  const counts = [];
+  for (let k = 0; k < model.cells.length; k++) {
+    const cell = model.cells.get(k);
+    if (cell.type === 'code') counts.push(cell.executionCount);
+  }
+  const kernel = panel.sessionContext.session && panel.sessionContext.session.kernel;
+  return counts.length > 0 && counts.every(c => c !== null && c !== undefined) && kernel && kernel.status === 'idle';
+}"""
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterLab]:
+    root = tmp_path_factory.mktemp("lab-root")
+    state = tmp_path_factory.mktemp("lab-state")
+    # Render every cell (no lazy windowing), so widgets in late cells are in the DOM to be found and scrolled to.
+    tracker = state / "settings" / "@jupyterlab" / "notebook-extension"
+    tracker.mkdir(parents=True)
+    (tracker / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}')
+    shutil.copytree(REPO / "notebooks", root / "notebooks", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    for sample in ("tiny-llama", "tiny-bert"):
+        shutil.copytree(REPO / "sample_checkpoints" / sample, root / "sample_checkpoints" / sample)
+    server = JupyterLab(root, state)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+def run_notebook(browser: object, lab: JupyterLab, notebook: str) -> object:
+    """Open a notebook, wait for its kernel, run every cell and wait until all have run."""
+    page = browser.new_page(viewport={"width": 1500, "height": 1500})  # type: ignore[attr-defined]
+    page.goto(lab.url(f"notebooks/{notebook}"))
+    page.wait_for_selector(".jp-NotebookPanel", timeout=60_000)
+    page.wait_for_function("() => window.galata && window.galata.app", timeout=30_000)
+    page.evaluate("() => { window.galata.app.commands.execute('application:toggle-left-area'); }")  # more room
+    page.wait_for_function(KERNEL_READY, timeout=60_000)
+    page.evaluate(RUN_ALL)
+    try:
+        page.wait_for_function(ALL_RAN, timeout=120_000)
+    except Exception:
+        page.screenshot(path=str(lab.state / f"{notebook}.timeout.png"))
+        raise
+    return page
+
+
+def assert_rendered_as_widget(page: object, selector: str, raw_text: str) -> None:
+    panel = page.locator(PANEL)  # type: ignore[attr-defined]
+    widget = panel.locator(selector)
+    try:
+        widget.wait_for(timeout=30_000)
+    except Exception:
+        page.screenshot(path=str(Path(tempfile.gettempdir()) / "workbench-browser-failure.png"))  # type: ignore[attr-defined]
+        raise AssertionError(f"{selector} is not on the page: the widget did not render") from None
+    assert widget.count() == 1
+    assert widget.locator(".widget-button").count() > 0 and panel.locator(".jupyter-widgets").count() > 0
+    text = panel.inner_text()
+    assert "Loading widget" not in text and "Error displaying widget" not in text
+    assert raw_text not in text, f"the widget shows as text ({raw_text!r})"
+
+
+def screenshot(widget: object, name: str) -> Path:
+    DOCS.mkdir(exist_ok=True)
+    path = DOCS / name
+    widget.scroll_into_view_if_needed()  # type: ignore[attr-defined]
+    widget.screenshot(path=str(path))  # type: ignore[attr-defined]
+    return path
+
+
+def test_explorer_filters_and_picks_in_jupyterlab(browser: object, lab: JupyterLab) -> None:
+    page = run_notebook(browser, lab, "01_explore.ipynb")
+    try:
+        assert_rendered_as_widget(page, ".wb-explorer", "<Explorer of")
+        explorer = page.locator(f"{PANEL} .wb-explorer")
+        explorer.scroll_into_view_if_needed()
+        box = explorer.locator(".wb-explorer-filter input")
+        box.fill("")
+        box.type("mlp")
+        box.press("Enter")
+        # The picker is updated last after a filter change; once it lists only mlp tensors, the table is there too.
+        page.wait_for_function(
+            "() => { const s = document.querySelector('.wb-explorer-pick select');"
+            " return s && s.options.length === 12 && [...s.options].every(o => o.text.includes('.mlp.')); }",
+            timeout=20_000,
+        )
+        assert "12 of 39 tensors match, folded into 3 patterns" in explorer.locator(".wb-explorer-count").inner_text()
+        assert "model.layers.{i}.mlp.up_proj.weight" in explorer.locator(".wb-explorer-table").inner_text()
+        explorer.locator(".wb-explorer-pick select").select_option(label="model.layers.1.mlp.up_proj.weight")
+        explorer.locator(".wb-explorer-stats").click()
+        explorer.locator(".wb-explorer-details").filter(has_text="[128, 64]").wait_for(timeout=20_000)
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('.wb-explorer table.wb-table')].some(t => t.innerText.includes('std'))",
+            timeout=30_000,
+        )
+        screenshot(explorer, "explorer.png")
+    finally:
+        page.close()  # type: ignore[attr-defined]
+
+
+def test_builder_adds_an_operation_and_exports_in_jupyterlab(browser: object, lab: JupyterLab) -> None:
+    page = run_notebook(browser, lab, "02_build_mapper.ipynb")
+    try:
+        assert_rendered_as_widget(page, ".wb-builder", "<MapperBuilder over")
+        builder = page.locator(f"{PANEL} .wb-builder")
+        builder.scroll_into_view_if_needed()
+        steps = builder.locator(".wb-builder-steps select option")
+        assert steps.count() == 2  # the two Concat steps the notebook added
+        builder.locator(".wb-builder-op select").select_option(label="Cast")
+        builder.locator(".wb-builder-suggest select").select_option(label="model.norm.weight")
+        builder.locator(".wb-builder-add-source").click()
+        page.wait_for_function(
+            "() => document.querySelector('.wb-builder-sources textarea').value.trim() === 'model.norm.weight'", timeout=20_000
+        )
+        builder.locator(".wb-builder-add").click()
+        # The form message is set last after a click; once it shows, the kernel's earlier updates have arrived too.
+        builder.locator(".wb-builder-form-message").filter(has_text="Added step 3").wait_for(timeout=20_000)
+        assert builder.locator(".wb-builder-steps option").filter(has_text="Cast('model.norm.weight', 'BF16')").count() == 1
+        preview = builder.locator(".wb-builder-preview")
+        page.wait_for_function(
+            "() => /model\\.norm\\.weight\\s+×?1?\\s*BF16/.test(document.querySelector('.wb-builder-preview').innerText)", timeout=20_000
+        )
+        assert "qkv_proj" in preview.inner_text()
+
+        builder.locator(".lm-TabBar-tab", has_text="Export").click()
+        assert builder.locator(".wb-clipboard-button").is_visible()  # the HTML snippet's button survived rendering
+        code = builder.locator(".wb-builder-code-area textarea")
+        assert "M.Cast('model.norm.weight', 'BF16')" in code.input_value()
+        builder.locator(".wb-builder-save-path input").fill("browser_mapper.py")
+        builder.locator(".wb-builder-save-path input").press("Enter")
+        builder.locator(".wb-builder-save").click()
+        builder.locator(".wb-builder-export-message").filter(has_text="Saved").wait_for(timeout=20_000)
+        saved = lab.root / "notebooks" / "browser_mapper.py"
+        namespace: dict = {}
+        exec(saved.read_text(), namespace)
+        assert "model.norm.weight" in repr(namespace["mapper"]) and "BF16" in repr(namespace["mapper"])
+
+        builder.locator(".lm-TabBar-tab", has_text="Graph").click()
+        builder.locator(".wb-builder-graph img").wait_for(timeout=30_000)
+        builder.locator(".lm-TabBar-tab", has_text="Preview").click()
+        screenshot(builder, "builder.png")
+    finally:
+        page.close()  # type: ignore[attr-defined]

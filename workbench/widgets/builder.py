@@ -1,0 +1,790 @@
+"""`MapperBuilder`: compose a mapper in a notebook, step by step, and see what it produces.
+
+Start empty or from a preset; add operations by picking source names (layer templates such as
+`model.layers.{i}.self_attn.q_proj.weight` are offered) and an operation with its parameters; edit,
+reorder or remove steps. Every change re-binds the mapper to the source (metadata only) and updates
+the preview of outputs, the problems, the target check and the exported code. `builder.mapper` is an
+ordinary `M.Sequential` / `M.Parallel` of the steps; "Save .py" writes exactly `mapper.to_code()`.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import ipywidgets as widgets
+import pandas as pd
+
+from .. import mapper as M
+from ..dtypes import DTYPE_BITS, from_torch
+from ..errors import MapperError, WorkbenchError
+from ..layers import fold_name, fold_names, natural_key
+from ..mapper.base import Mapper
+from ..mapper.export import code_expr
+from ..mapper.op import Op
+from .common import (
+    Panel,
+    format_bytes,
+    format_shape,
+    html_table,
+    labelled,
+    message_html,
+    replace_output,
+    set_options,
+)
+
+COMBINE = {"Sequential": "Sequential — each step sees the previous result", "Parallel": "Parallel — every step reads the source"}
+CODE = "Code"  # the form mode that takes any mapper expression (M.…) — also how composite steps are edited
+OPERATIONS = ("Rename", "Concat", "Split", "Stack", "Unstack", "Transpose", "Reshape", "Cast", "Identity", "Drop", CODE)
+# Which parameter controls each operation shows (sources and outputs are always shown).
+PARAMETERS: dict[str, tuple[str, ...]] = {
+    "Rename": (), "Identity": (), "Drop": (),
+    "Concat": ("dim",), "Stack": ("dim",), "Split": ("sizes", "dim"), "Unstack": ("dim",),
+    "Transpose": ("dim0", "dim1"), "Reshape": ("shape",), "Cast": ("dtype",), CODE: ("code",),
+}
+OUTPUT_HINTS = {
+    "Rename": "new name", "Concat": "output name", "Stack": "output name",
+    "Split": "names of the parts, comma-separated", "Unstack": "one name per index, comma-separated",
+    "Transpose": "optional: write to this name", "Reshape": "optional: write to this name",
+    "Cast": "optional: write to this name", "Identity": "(none)", "Drop": "(none)", CODE: "(in the code)",
+}
+SINGLE_SOURCE = ("Rename", "Split", "Unstack", "Transpose", "Reshape", "Cast", "Identity", "Drop")
+PER_SOURCE = ("Cast", "Identity", "Drop")  # several sources and no output name: one operation each
+NO_OUTPUTS = ("Identity", "Drop", CODE)
+DEFAULT_ROWS = 60
+
+
+# --- presets -------------------------------------------------------------------------------------------
+def _presets() -> dict[str, tuple[str, Callable[[Any, Any], Mapper]]]:
+    from ..mapper import presets as P
+
+    return {
+        "hf_to_fused": ("HF → fused qkv_proj + gate_up_proj", lambda config, source: P.hf_to_fused(config)),
+        "fused_to_hf": ("fused → HF q/k/v + gate/up", lambda config, source: P.fused_to_hf(config)),
+        "hf_to_meta": ("HF Llama → Meta original", lambda config, source: P.hf_to_meta(config)),
+        "meta_to_hf": ("Meta original → HF Llama", lambda config, source: P.meta_to_hf(config)),
+        "hf_to_megatron_qkv": ("HF → Megatron interleaved QKV", lambda config, source: P.hf_to_megatron_qkv(config)),
+        "megatron_qkv_to_hf": ("Megatron interleaved QKV → HF", lambda config, source: P.megatron_qkv_to_hf(config)),
+        "cast_bf16": ("cast to bf16 (norms and biases F32)", lambda config, source: P.cast_policy(source, "bf16")),
+        "strip_model_prefix": ("strip the 'model.' prefix", lambda config, source: P.strip_prefix("model.")),
+        "add_model_prefix": ("add a 'model.' prefix", lambda config, source: P.add_prefix("model.")),
+    }
+
+
+NEEDS_CONFIG = ("hf_to_fused", "fused_to_hf", "hf_to_meta", "meta_to_hf", "hf_to_megatron_qkv", "megatron_qkv_to_hf")
+
+
+def steps_of(mapper: Mapper) -> tuple[list[Mapper], str]:
+    """A mapper as builder steps: the children of a top-level Sequential/Parallel, else the mapper itself."""
+    if isinstance(mapper, (M.Sequential, M.Parallel)):
+        return list(mapper.mappers), type(mapper).__name__
+    return [mapper], "Sequential"
+
+
+# --- names -------------------------------------------------------------------------------------------------
+def suggest_output(sources: list[str]) -> str:
+    """A name for the fusion of `sources`: what they share, with the parts that differ joined.
+
+    q_proj, k_proj, v_proj -> qkv_proj; gate_proj, up_proj -> gate_up_proj. '' when there is no good guess.
+    """
+    if len(sources) < 2:
+        return sources[0] if sources else ""
+    prefix = os.path.commonprefix(sources)
+    suffix = os.path.commonprefix([s[::-1] for s in sources])[::-1]
+    shortest = min(len(s) for s in sources)
+    suffix = suffix[len(suffix) - max(0, min(len(suffix), shortest - len(prefix))):]
+    middles = [s[len(prefix): len(s) - len(suffix)] for s in sources]
+    if any(not m or "." in m for m in middles):
+        return ""
+    joiner = "" if all(len(m) == 1 for m in middles) else "_"
+    return prefix + joiner.join(middles) + suffix
+
+
+def _split_names(text: str) -> list[str]:
+    return [part.strip() for chunk in text.splitlines() for part in chunk.split(",") if part.strip()]
+
+
+def _parse_ints(text: str, what: str) -> tuple[int, ...]:
+    parts = [p.strip() for p in text.replace("[", "").replace("]", "").replace("(", "").replace(")", "").split(",") if p.strip()]
+    try:
+        return tuple(int(p) for p in parts)
+    except ValueError:
+        raise MapperError(f"Cannot read {what} {text!r}: write whole numbers separated by commas, e.g. 64, 32, 32.") from None
+
+
+# --- target check ----------------------------------------------------------------------------------------
+TARGET_COLUMNS = ["status", "dtype", "shape", "target_dtype", "target_shape"]
+TARGET_STATUSES = ("missing", "unexpected", "shape mismatch", "dtype differs")
+
+
+def expected_tensors(target: Any) -> dict[str, Any]:
+    """What a target expects, as name -> TensorInfo: from a torch module (e.g. built on the meta device;
+    its state_dict), a checkpoint path / Checkpoint / Catalog, a Binding (its outputs), or a mapping of
+    names to tensors or TensorInfos."""
+    from ..catalog import Catalog, TensorInfo
+    from ..mapper.bind import source_infos
+
+    if isinstance(target, M.Binding):
+        return dict(target.outputs)
+    state_dict = getattr(target, "state_dict", None)
+    if callable(state_dict):
+        return {name: TensorInfo(name, from_torch(t.dtype), tuple(int(s) for s in t.shape)) for name, t in state_dict().items()}
+    if isinstance(target, (str, os.PathLike)) or (hasattr(target, "catalog") and not isinstance(target, Mapping)):
+        from ..view import open_checkpoint
+
+        return dict(open_checkpoint(target).catalog.tensors)
+    if isinstance(target, (Catalog, Mapping)):
+        return {info.name: info for info in source_infos(target)}
+    raise MapperError(
+        f"Cannot check against a {type(target).__name__}: pass a model (e.g. built on the meta device), a checkpoint path, "
+        "a Checkpoint, or a mapping name -> tensor."
+    )
+
+
+def compare_to_target(produced: Any, target: Any) -> pd.DataFrame:
+    """Differences between what a mapper produces (a Binding or name -> TensorInfo) and what `target`
+    expects: one row per 'missing', 'unexpected', 'shape mismatch' or 'dtype differs' tensor."""
+    outputs = dict(produced.outputs) if isinstance(produced, M.Binding) else dict(produced)
+    expected = target if isinstance(target, dict) else expected_tensors(target)
+    rows = []
+    for name, want in expected.items():
+        have = outputs.get(name)
+        if have is None:
+            rows.append((name, "missing", None, None, want.dtype, want.shape))
+        elif tuple(have.shape) != tuple(want.shape):
+            rows.append((name, "shape mismatch", have.dtype, have.shape, want.dtype, want.shape))
+        elif have.dtype != want.dtype:
+            rows.append((name, "dtype differs", have.dtype, have.shape, want.dtype, want.shape))
+    for name, have in outputs.items():
+        if name not in expected:
+            rows.append((name, "unexpected", have.dtype, have.shape, None, None))
+    frame = pd.DataFrame.from_records(rows, columns=["name", *TARGET_COLUMNS]).set_index("name")
+    frame["status"] = pd.Categorical(frame["status"], categories=TARGET_STATUSES)
+    return frame.sort_values("status", kind="stable")
+
+
+def _describe_target(target: Any) -> str:
+    if isinstance(target, (str, os.PathLike)):
+        return str(target)
+    if hasattr(target, "state_dict"):
+        return f"{type(target).__name__} model"
+    if hasattr(target, "path"):
+        return str(target.path)
+    return f"{type(target).__name__} of {len(target)} tensors" if hasattr(target, "__len__") else type(target).__name__
+
+
+# --- the widget -------------------------------------------------------------------------------------------
+class MapperBuilder(Panel):
+    """Build a mapper interactively over `source` (a path, Checkpoint or Catalog).
+
+    `target` (optional): what the result should look like — a model built on the meta device, a target
+    checkpoint, or a mapping name -> tensor; see `compare_to_target`. `mapper` or `preset` (a key of
+    `MapperBuilder.presets()`) gives the starting steps; `config` (a config.json path, dict or
+    transformers config) feeds presets that need model facts and defaults to the source's config.json.
+    Controls are public attributes, so a notebook or a test can drive the widget like a user.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        target: Any = None,
+        *,
+        mapper: Mapper | None = None,
+        preset: str | None = None,
+        config: Any = None,
+        max_rows: int = DEFAULT_ROWS,
+    ) -> None:
+        from ..view import open_checkpoint
+
+        self.source = open_checkpoint(source)
+        self.config = config if config is not None else self._find_config()
+        self.steps: list[Mapper] = []
+        self.binding: M.Binding | None = None
+        self.target: Any = None
+        self._expected: dict[str, Any] | None = None
+        self.target_frame: pd.DataFrame | None = None
+        self._editing: int | None = None
+        self._auto_output = ""
+        self._graph_stale = True
+        self._quiet = False
+        self.max_rows = max_rows
+
+        self._build_controls()
+        super().__init__(self._layout())
+        self.add_class("wb-builder")
+        self._wire()
+        if mapper is not None:
+            self.steps, kind = steps_of(mapper)
+            self._quiet = True
+            self.combine_picker.value = kind
+            self._quiet = False
+        elif preset is not None:
+            self.preset_picker.value = preset
+            self.load_preset()
+        if target is not None:
+            self.set_target(target)
+        self.refresh()
+
+    @staticmethod
+    def presets() -> dict[str, str]:
+        """Preset keys and what they do."""
+        return {key: label for key, (label, _) in _presets().items()}
+
+    def _find_config(self) -> Path | None:
+        root = Path(self.source.path)
+        for folder in (root, root.parent):
+            if (folder / "config.json").is_file():
+                return folder / "config.json"
+        return None
+
+    # --- controls -----------------------------------------------------------------------------------
+    def _build_controls(self) -> None:
+        W = widgets
+        self.header = W.HTML()
+        self.preset_picker = labelled(
+            W.Dropdown(options=[("(empty)", "")] + [(label, key) for key, label in self.presets().items()], value="",
+                       description="Preset", layout=W.Layout(width="380px")),
+            "wb-builder-preset",
+        )
+        self.load_preset_button = labelled(W.Button(description="Load preset", icon="download", tooltip="replace the steps with the preset's"), "wb-builder-load")
+        self.combine_picker = labelled(
+            W.Dropdown(options=[(label, key) for key, label in COMBINE.items()], value="Sequential", description="Combine",
+                       layout=W.Layout(width="420px")),
+            "wb-builder-combine",
+        )
+
+        self.op_picker = labelled(W.Dropdown(options=OPERATIONS, value="Concat", description="Operation", layout=W.Layout(width="260px")), "wb-builder-op")
+        self.suggestions = labelled(W.Dropdown(options=[], description="Names", layout=W.Layout(width="560px")), "wb-builder-suggest")
+        self.add_source_button = labelled(W.Button(description="Add source", icon="plus", tooltip="append the chosen name to the sources"), "wb-builder-add-source")
+        self.clear_sources_button = labelled(W.Button(description="Clear", icon="eraser", layout=W.Layout(width="90px")), "wb-builder-clear")
+        self.sources_box = labelled(
+            W.Textarea(placeholder="source names or {i} templates, one per line, in order", description="Sources",
+                       layout=W.Layout(width="620px", height="76px")),
+            "wb-builder-sources",
+        )
+        self.outputs_box = labelled(W.Text(description="Output", layout=W.Layout(width="620px")), "wb-builder-outputs")
+        self.dim_box = W.IntText(value=0, description="dim", layout=W.Layout(width="150px"))
+        self.dim0_box = W.IntText(value=0, description="dim0", layout=W.Layout(width="150px"))
+        self.dim1_box = W.IntText(value=1, description="dim1", layout=W.Layout(width="150px"))
+        self.sizes_box = W.Text(placeholder="empty: equal parts; or 64, 32, 32", description="sizes", layout=W.Layout(width="330px"))
+        self.shape_box = W.Text(placeholder="e.g. 4, 2, 8, -1", description="shape", layout=W.Layout(width="330px"))
+        self.dtype_picker = W.Dropdown(options=sorted(DTYPE_BITS), value="BF16", description="dtype", layout=W.Layout(width="200px"))
+        self.code_box = labelled(
+            W.Textarea(placeholder="any mapper expression, e.g. M.Rename('a', 'b')", description="Code",
+                       layout=W.Layout(width="620px", height="76px")),
+            "wb-builder-code",
+        )
+        self.add_button = labelled(W.Button(description="Add step", button_style="primary", icon="plus"), "wb-builder-add")
+        self.cancel_button = W.Button(description="Cancel edit", layout=W.Layout(display="none"))
+        self.form_message = labelled(W.HTML(), "wb-builder-form-message")
+
+        self.steps_list = labelled(W.Select(options=[], rows=6, description="Steps", layout=W.Layout(width="760px")), "wb-builder-steps")
+        self.edit_button = W.Button(description="Edit", icon="pencil", layout=W.Layout(width="90px"))
+        self.remove_button = labelled(W.Button(description="Remove", icon="trash", layout=W.Layout(width="100px")), "wb-builder-remove")
+        self.up_button = W.Button(description="Up", icon="arrow-up", layout=W.Layout(width="80px"))
+        self.down_button = W.Button(description="Down", icon="arrow-down", layout=W.Layout(width="90px"))
+        self.problems_view = labelled(W.HTML(), "wb-builder-problems")
+
+        self.changed_only = W.Checkbox(value=False, description="changed only", indent=False, layout=W.Layout(width="130px"))
+        self.fold_preview = W.Checkbox(value=True, description="fold layers (×N)", indent=False, layout=W.Layout(width="150px"))
+        self.preview_table = labelled(W.HTML(layout=W.Layout(max_height="420px", overflow="auto")), "wb-builder-preview")
+
+        self.graph_button = W.Button(description="Redraw", icon="refresh")
+        self.graph_output = labelled(W.Output(), "wb-builder-graph")
+
+        self.target_box = labelled(W.Text(placeholder="path of a target checkpoint", description="Target", layout=W.Layout(width="520px")), "wb-builder-target")
+        self.target_button = W.Button(description="Check", icon="check")
+        self.target_view = labelled(W.HTML(), "wb-builder-target-view")
+
+        self.code_area = labelled(W.Textarea(layout=W.Layout(width="860px", height="220px")), "wb-builder-code-area")
+        self.copy_button = labelled(W.Button(description="Copy", icon="copy", tooltip="refresh the code in the box, ready to select and copy"), "wb-builder-copy")
+        self.clipboard = W.HTML()
+        self.save_path = labelled(W.Text(value="mapper.py", description="Save to", layout=W.Layout(width="420px")), "wb-builder-save-path")
+        self.save_button = labelled(W.Button(description="Save .py", icon="save"), "wb-builder-save")
+        self.export_message = labelled(W.HTML(), "wb-builder-export-message")
+
+    def _layout(self) -> list[widgets.Widget]:
+        W = widgets
+        self.params_box = W.HBox([self.dim_box, self.dim0_box, self.dim1_box, self.sizes_box, self.shape_box, self.dtype_picker])
+        form = W.VBox(
+            [
+                W.HTML("<b>Add an operation</b>"),
+                self.op_picker,
+                W.HBox([self.suggestions, self.add_source_button, self.clear_sources_button]),
+                self.sources_box,
+                self.outputs_box,
+                self.params_box,
+                self.code_box,
+                W.HBox([self.add_button, self.cancel_button]),
+                self.form_message,
+            ],
+            layout=W.Layout(border="1px solid #ddd", padding="4px", margin="4px 0"),
+        )
+        steps = W.VBox([W.HBox([self.steps_list, W.VBox([self.edit_button, self.remove_button, self.up_button, self.down_button])]), self.problems_view])
+        self.tabs = W.Tab(
+            children=[
+                W.VBox([W.HBox([self.changed_only, self.fold_preview]), self.preview_table]),
+                W.VBox([self.graph_button, self.graph_output]),
+                W.VBox([W.HBox([self.target_box, self.target_button]), self.target_view]),
+                W.VBox([W.HBox([self.copy_button, self.clipboard]), self.code_area, W.HBox([self.save_path, self.save_button]), self.export_message]),
+            ],
+            titles=["Preview", "Graph", "Target", "Export"],
+        )
+        return [self.header, W.HBox([self.preset_picker, self.load_preset_button]), self.combine_picker, form, steps, self.tabs]
+
+    def _wire(self) -> None:
+        self.load_preset_button.on_click(lambda _: self.load_preset())
+        self.combine_picker.observe(lambda _: None if self._quiet else self.refresh(), names="value")
+        self.op_picker.observe(lambda _: self._show_parameters(), names="value")
+        self.add_source_button.on_click(lambda _: self.add_source())
+        self.clear_sources_button.on_click(lambda _: setattr(self.sources_box, "value", ""))
+        self.sources_box.observe(lambda _: self._suggest_output(), names="value")
+        self.add_button.on_click(lambda _: self.submit())
+        self.cancel_button.on_click(lambda _: self._end_edit("Edit cancelled."))
+        self.edit_button.on_click(lambda _: self.edit(self.steps_list.value))
+        self.remove_button.on_click(lambda _: self.remove(self.steps_list.value))
+        self.up_button.on_click(lambda _: self.move(self.steps_list.value, -1))
+        self.down_button.on_click(lambda _: self.move(self.steps_list.value, +1))
+        for box in (self.changed_only, self.fold_preview):
+            box.observe(lambda _: self._show_preview(), names="value")
+        self.graph_button.on_click(lambda _: self.draw_graph())
+        self.tabs.observe(self._on_tab, names="selected_index")
+        self.target_button.on_click(lambda _: self.set_target(self.target_box.value.strip() or None))
+        self.copy_button.on_click(lambda _: self.copy_code())
+        self.save_button.on_click(lambda _: self.save())
+        self._show_parameters()
+
+    # --- the mapper ---------------------------------------------------------------------------------------
+    @property
+    def mapper(self) -> Mapper:
+        """The steps combined as chosen: `M.Sequential(*steps)` or `M.Parallel(*steps)`."""
+        kind = M.Parallel if self.combine_picker.value == "Parallel" else M.Sequential
+        return kind(*self.steps)
+
+    def add(self, step: Mapper) -> None:
+        """Append a step (any mapper) and refresh."""
+        if not isinstance(step, Mapper):
+            raise MapperError(f"Cannot add {step!r}: it is not a mapper. Pass an operation such as M.Rename(...).")
+        self.steps.append(step)
+        self.refresh(select=len(self.steps) - 1)
+
+    def remove(self, index: int | None) -> None:
+        """Remove step `index` (0-based)."""
+        if index is None or not 0 <= index < len(self.steps):
+            self.form_message.value = message_html("Choose a step in the list first.", "warning")
+            return
+        removed = self.steps.pop(index)
+        if self._editing is not None:
+            self._end_edit()
+        self.form_message.value = message_html(f"Removed step {index + 1}: {removed.short()}", "info")
+        self.refresh(select=min(index, len(self.steps) - 1) if self.steps else None)
+
+    def move(self, index: int | None, offset: int) -> None:
+        """Move step `index` up (-1) or down (+1)."""
+        if index is None:
+            return
+        other = index + offset
+        if 0 <= other < len(self.steps):
+            self.steps[index], self.steps[other] = self.steps[other], self.steps[index]
+            self.refresh(select=other)
+
+    def load_preset(self, key: str | None = None) -> None:
+        """Replace the steps with a preset's (the picker's choice unless `key` is given)."""
+        key = self.preset_picker.value if key is None else key
+        if not key:
+            self.steps = []
+            self.refresh()
+            return
+        label, factory = _presets()[key]
+        if key in NEEDS_CONFIG and self.config is None:
+            self.form_message.value = message_html(
+                f"Cannot load preset {label!r}: it needs the model's config (heads, head size) and no config.json sits beside "
+                "the source. Pass config=... to MapperBuilder.", "error")
+            return
+        try:
+            preset = factory(self.config, self.source)
+        except WorkbenchError as exc:
+            self.form_message.value = message_html(exc.message, "error")
+            return
+        self.steps, kind = steps_of(preset)
+        self._quiet = True
+        try:
+            self.combine_picker.value = kind
+        finally:
+            self._quiet = False
+        self.form_message.value = message_html(f"Loaded preset {label!r}: {len(self.steps)} step(s).", "ok")
+        self.refresh()
+
+    # --- the form --------------------------------------------------------------------------------------
+    def _show_parameters(self) -> None:
+        kind = self.op_picker.value
+        shown = set(PARAMETERS[kind])
+        for name, box in (("dim", self.dim_box), ("dim0", self.dim0_box), ("dim1", self.dim1_box), ("sizes", self.sizes_box),
+                          ("shape", self.shape_box), ("dtype", self.dtype_picker)):
+            box.layout.display = None if name in shown else "none"
+        self.code_box.layout.display = None if kind == CODE else "none"
+        for box in (self.sources_box, self.suggestions, self.add_source_button, self.clear_sources_button):
+            box.layout.display = "none" if kind == CODE else None
+        self.outputs_box.layout.display = "none" if kind in NO_OUTPUTS else None
+        self.outputs_box.placeholder = OUTPUT_HINTS[kind]
+        self._suggest_output()
+
+    def add_source(self, name: str | None = None) -> None:
+        """Append a name (the suggestion picker's choice by default) to the sources box."""
+        name = self.suggestions.value if name is None else name
+        if not name:
+            return
+        lines = _split_names(self.sources_box.value)
+        if self.op_picker.value in SINGLE_SOURCE and self.op_picker.value not in PER_SOURCE:
+            lines = []  # one source only: the new choice replaces the old one
+        self.sources_box.value = "\n".join([*lines, name])
+
+    def _suggest_output(self) -> None:
+        kind = self.op_picker.value
+        sources = _split_names(self.sources_box.value)
+        if kind in ("Concat", "Stack"):
+            guess = suggest_output(sources)
+        elif kind == "Rename":
+            guess = sources[0] if sources else ""
+        else:
+            guess = ""
+        if self.outputs_box.value.strip() in ("", self._auto_output):
+            self.outputs_box.value = guess
+        self._auto_output = guess
+
+    def build_operation(self) -> Mapper:
+        """The operation the form describes (raises MapperError with a message for the user)."""
+        kind = self.op_picker.value
+        if kind == CODE:
+            return self._from_code(self.code_box.value)
+        sources = _split_names(self.sources_box.value)
+        outputs = _split_names(self.outputs_box.value) if kind not in NO_OUTPUTS else []
+        if not sources:
+            raise MapperError(f"Cannot add {kind}: no source names. Pick a name and click 'Add source', or type names (one per line).")
+        if kind in SINGLE_SOURCE and len(sources) > 1:
+            if kind in PER_SOURCE and not outputs:
+                return M.Parallel(*[self._single(kind, name, None) for name in sources])
+            raise MapperError(f"Cannot add {kind}: it takes one source, and {len(sources)} are listed. Keep one (or use a {{i}} template).")
+        if kind in ("Concat", "Stack"):
+            if len(outputs) != 1:
+                raise MapperError(f"Cannot add {kind}: give exactly one output name (got {len(outputs)}).")
+            return getattr(M, kind)(sources, outputs[0], dim=self.dim_box.value)
+        if kind in ("Split", "Unstack"):
+            if not outputs:
+                raise MapperError(f"Cannot add {kind}: list the names of the parts in Output, comma-separated.")
+            if kind == "Split":
+                sizes = _parse_ints(self.sizes_box.value, "sizes") or None
+                return M.Split(sources[0], outputs, sizes=sizes, dim=self.dim_box.value)
+            return M.Unstack(sources[0], outputs, dim=self.dim_box.value)
+        if kind == "Rename" and len(outputs) != 1:
+            raise MapperError("Cannot add Rename: give exactly one new name in Output.")
+        if len(outputs) > 1:
+            raise MapperError(f"Cannot add {kind}: it writes one tensor; give at most one output name.")
+        return self._single(kind, sources[0], outputs[0] if outputs else None)
+
+    def _single(self, kind: str, name: str, dst: str | None) -> Mapper:
+        if kind == "Rename":
+            return M.Rename(name, dst)  # type: ignore[arg-type]
+        if kind in ("Identity", "Drop"):
+            return getattr(M, kind)(name)
+        if kind == "Transpose":
+            return M.Transpose(name, self.dim0_box.value, self.dim1_box.value, dst=dst)
+        if kind == "Reshape":
+            shape = _parse_ints(self.shape_box.value, "shape")
+            if not shape:
+                raise MapperError("Cannot add Reshape: give the new shape, e.g. 4, 2, 8, -1.")
+            return M.Reshape(name, shape, dst=dst)
+        return M.Cast(name, self.dtype_picker.value, dst=dst)
+
+    @staticmethod
+    def _from_code(text: str) -> Mapper:
+        if not text.strip():
+            raise MapperError("Cannot add code: the box is empty. Write a mapper expression such as M.Rename('a', 'b').")
+        try:
+            value = eval(text, {"M": M, "__builtins__": {}})  # the user's own expression, as if typed in a cell
+        except MapperError:
+            raise
+        except Exception as exc:
+            raise MapperError(f"Cannot add code: it does not evaluate ({type(exc).__name__}: {exc}). Write an expression using M.…") from None
+        if not isinstance(value, Mapper):
+            raise MapperError(f"Cannot add code: it gives a {type(value).__name__}, not a mapper. Write e.g. M.Rename('a', 'b').")
+        return value
+
+    def submit(self) -> bool:
+        """Add the form's operation as a new step (or replace the step being edited). False on a mistake."""
+        try:
+            step = self.build_operation()
+        except MapperError as exc:
+            self.form_message.value = message_html(exc.message, "error")
+            return False
+        before = len(self.binding.problems) if self.binding is not None else 0
+        if self._editing is not None:
+            index = self._editing
+            self.steps[index] = step
+            verb = "Updated"
+            self._end_edit()
+        else:
+            self.steps.append(step)
+            index = len(self.steps) - 1
+            verb = "Added"
+        self.refresh(select=index)
+        new_problems = len(self.binding.problems) - before if self.binding is not None else 0
+        text = f"{verb} step {index + 1}: {step.short()}"
+        self.sources_box.value = ""  # the step is kept either way: the form is ready for the next one
+        self.outputs_box.value = ""
+        self.code_box.value = ""
+        if new_problems > 0:
+            self.form_message.value = message_html(f"{text} — {new_problems} new problem(s), see below.", "warning")
+        else:
+            self.form_message.value = message_html(text, "ok")
+        return True
+
+    def edit(self, index: int | None) -> None:
+        """Load step `index` into the form; the add button then updates it in place."""
+        if index is None or not 0 <= index < len(self.steps):
+            self.form_message.value = message_html("Choose a step in the list first.", "warning")
+            return
+        step = self.steps[index]
+        kind = type(step).__name__
+        if isinstance(step, Op) and kind in PARAMETERS:
+            self.op_picker.value = kind
+            self.sources_box.value = "\n".join(step.inputs)
+            fields = {f: getattr(step, f) for f in step.__dataclass_fields__}  # type: ignore[attr-defined]
+            dst = fields.get("dst")
+            outputs = fields.get("dsts") or ([dst] if dst else [])
+            self.outputs_box.value = ", ".join(outputs)
+            self._auto_output = ""
+            if "dim" in fields:
+                self.dim_box.value = fields["dim"]
+            if kind == "Transpose":
+                self.dim0_box.value, self.dim1_box.value = fields["dim0"], fields["dim1"]
+            if kind == "Split":
+                self.sizes_box.value = ", ".join(map(str, fields["sizes"])) if fields["sizes"] else ""
+            if kind == "Reshape":
+                self.shape_box.value = ", ".join(map(str, fields["shape"]))
+            if kind == "Cast":
+                self.dtype_picker.value = fields["dtype"]
+        else:
+            self.op_picker.value = CODE
+            self.code_box.value = code_expr(step)
+        self._editing = index
+        self.add_button.description = f"Update step {index + 1}"
+        self.add_button.icon = "check"
+        self.cancel_button.layout.display = None
+        self.form_message.value = message_html(f"Editing step {index + 1}: change the fields, then click 'Update step {index + 1}'.")
+
+    def _end_edit(self, message: str | None = None) -> None:
+        self._editing = None
+        self.add_button.description = "Add step"
+        self.add_button.icon = "plus"
+        self.cancel_button.layout.display = "none"
+        if message:
+            self.form_message.value = message_html(message)
+
+    # --- refresh ----------------------------------------------------------------------------------------
+    def refresh(self, select: int | None = None) -> None:
+        """Re-bind the mapper to the source and update every view."""
+        self.binding = self.mapper.bind(self.source)
+        self.header.value = self._header_html()
+        options = [(f"{k + 1}. {step.short()}", k) for k, step in enumerate(self.steps)]
+        keep = select if select is not None else self.steps_list.value
+        set_options(self.steps_list, options, keep)
+        self._update_suggestions()
+        self._show_preview()
+        self._show_problems()
+        self._check_target()
+        self._show_code()
+        self._graph_stale = True
+        if self.tabs.selected_index == 1:
+            self.draw_graph()
+
+    def _header_html(self) -> str:
+        ck = self.source
+        binding = self.binding
+        n_out = len(binding.outputs) if binding is not None else 0
+        n_problems = len(binding.problems) if binding is not None else 0
+        state = "ok" if binding is not None and binding.ok else "error"
+        status = message_html(
+            f"{len(self.steps)} step(s) · {n_out:,} output tensors · {n_problems} problem(s)", "ok" if state == "ok" and not n_problems else "error"
+        )
+        return (
+            f"<b>MapperBuilder</b> over <code>{html.escape(str(ck.path))}</code> ({html.escape(ck.format)}, "
+            f"{len(ck):,} tensors){status}"
+        )
+
+    def _source_templates(self) -> dict[str, int]:
+        """The source's layer templates and how many tensors each stands for (folded once)."""
+        return {fold.template: fold.count for fold in self.source.folds}
+
+    def _update_suggestions(self) -> None:
+        names = dict(self._source_templates())
+        if self.binding is not None:
+            source = self.source.catalog.tensors
+            for fold in fold_names(name for name in self.binding.outputs if name not in source):
+                names.setdefault(fold.template, fold.count)
+        ordered = sorted(names, key=natural_key)
+        options = [(f"{t}  ×{names[t]}" if names[t] > 1 else t, t) for t in ordered]
+        if list(self.suggestions.options) != options:
+            keep = self.suggestions.value if self.suggestions.value in names else (ordered[0] if ordered else None)
+            set_options(self.suggestions, options, keep)
+
+    def preview_frame(self, folded: bool | None = None, changed_only: bool | None = None) -> pd.DataFrame:
+        """The outputs (name or layer pattern -> dtype, shape, bytes, the operation making it)."""
+        folded = self.fold_preview.value if folded is None else folded
+        changed_only = self.changed_only.value if changed_only is None else changed_only
+        frame = self.binding.outputs_frame() if self.binding is not None else pd.DataFrame()
+        if frame.empty:
+            return frame
+        frame = frame.rename(columns={"op": "made by"})
+        if changed_only:
+            frame = frame[frame["made by"] != "keep"]
+        if folded:
+            patterns = [fold_name(n)[0] for n in frame.index]
+            grouped = frame.assign(pattern=patterns).groupby("pattern", sort=False)
+            frame = grouped.agg(count=("dtype", "size"), dtype=("dtype", "first"), shape=("shape", "first"),
+                                nbytes=("nbytes", "sum"), **{"made by": ("made by", "first")})
+        order = sorted(range(len(frame)), key=lambda k: natural_key(frame.index[k]))
+        return frame.iloc[order]
+
+    def _show_preview(self) -> None:
+        frame = self.preview_frame()
+        if frame.empty:
+            self.preview_table.value = message_html("no outputs")
+            return
+        shown = frame.drop(columns=[c for c in ("numel", "n_inputs") if c in frame.columns])
+        formatters = {"nbytes": format_bytes, "shape": format_shape, "count": lambda n: f"×{n}"}
+        noun = "output patterns" if "count" in frame.columns else "output tensors"
+        self.preview_table.value = html_table(shown, max_rows=self.max_rows, formatters=formatters, noun=noun)
+
+    def _show_problems(self) -> None:
+        problems = self.binding.problems if self.binding is not None else []
+        if not problems:
+            self.problems_view.value = message_html("No problems: every operation binds to the source.", "ok")
+            return
+        items = "".join(
+            f'<li style="color:{"#c62828" if p.severity == "error" else "#b26a00"}">{html.escape(p.message)}</li>' for p in problems[:50]
+        )
+        more = f"<li>… {len(problems) - 50} more (see builder.binding.problems)</li>" if len(problems) > 50 else ""
+        self.problems_view.value = f"<b>Problems ({len(problems)})</b><ul class='wb-problems'>{items}{more}</ul>"
+
+    def _on_tab(self, change: Any) -> None:
+        if change["new"] == 1 and self._graph_stale:
+            self.draw_graph()
+
+    def graph_figure(self) -> Any:
+        """A matplotlib Figure of the mapper bound to the source (source -> operations -> outputs, folded ×N)."""
+        from .graph import mapper_graph_figure
+
+        return mapper_graph_figure(self.mapper, self.source, binding=self.binding, title=f"{self.combine_picker.value} of {len(self.steps)} step(s)")
+
+    def draw_graph(self) -> None:
+        """Draw the graph into the Graph tab."""
+        replace_output(self.graph_output, self.graph_figure())
+        self._graph_stale = False
+
+    # --- target ------------------------------------------------------------------------------------------
+    def set_target(self, target: Any) -> None:
+        """Check the outputs against `target` from now on (None stops checking)."""
+        if target is None:
+            self.target, self._expected, self.target_frame = None, None, None
+            self.target_view.value = message_html("No target: give a target checkpoint path, or pass target=model.")
+            return
+        try:
+            expected = expected_tensors(target)
+        except WorkbenchError as exc:
+            self.target_view.value = message_html(exc.message, "error")
+            return
+        self.target, self._expected = target, expected
+        if not isinstance(target, (str, os.PathLike)):
+            self.target_box.value = ""
+            self.target_box.placeholder = f"checking against {_describe_target(target)} (type a path to check another)"
+        self._check_target()
+
+    def target_report(self) -> pd.DataFrame | None:
+        """The last target check (see `compare_to_target`), None without a target."""
+        return self.target_frame
+
+    def _check_target(self) -> None:
+        if self._expected is None or self.binding is None:
+            if self.target is None:
+                self.target_view.value = message_html("No target: give a target checkpoint path, or pass target=model.")
+            return
+        frame = compare_to_target(self.binding, self._expected)
+        self.target_frame = frame
+        counts = frame["status"].value_counts()
+        blocking = sum(int(counts.get(s, 0)) for s in ("missing", "unexpected", "shape mismatch"))
+        where = html.escape(_describe_target(self.target))
+        if not len(frame):
+            summary = message_html(f"Matches the target ({len(self._expected):,} tensors): names, shapes and dtypes agree.", "ok")
+        elif not blocking:
+            summary = message_html(f"Names and shapes match the target ({len(self._expected):,} tensors); "
+                                   f"{int(counts['dtype differs'])} dtype(s) differ.", "warning")
+        else:
+            parts = ", ".join(f"{int(counts[s])} {s}" for s in TARGET_STATUSES if counts.get(s, 0))
+            summary = message_html(f"Does not match the target: {parts}.", "error")
+        table = html_table(frame.assign(status=frame["status"].astype(str)), max_rows=self.max_rows,
+                           formatters={"shape": format_shape, "target_shape": format_shape}, noun="differences") if len(frame) else ""
+        self.target_view.value = f"<div class='wb-note'>target: {where}</div>{summary}{table}"
+
+    # --- export ---------------------------------------------------------------------------------------------
+    def code(self) -> str:
+        """The mapper as a Python module (exactly `mapper.to_code()`)."""
+        return self.mapper.to_code()
+
+    def _show_code(self) -> None:
+        code = self.code()
+        self.code_area.value = code
+        escaped = html.escape(code)
+        self.clipboard.value = (
+            '<span class="wb-clipboard">'
+            f'<textarea class="wb-code-src" style="display:none">{escaped}</textarea>'
+            '<button class="jupyter-button wb-clipboard-button" title="copy the code to the clipboard" '
+            "onclick=\"navigator.clipboard.writeText(this.parentElement.querySelector('textarea.wb-code-src').value)"
+            ".then(() => { this.textContent = 'Copied'; setTimeout(() => { this.textContent = 'Copy to clipboard'; }, 1500); })\">"
+            "Copy to clipboard</button></span>"
+        )
+
+    def copy_code(self) -> str:
+        """Put the current code in the export box (ready to select) and return it."""
+        self._show_code()
+        self.tabs.selected_index = 3
+        self.export_message.value = message_html("The code is in the box below: select it and copy (Ctrl+A, Ctrl+C inside the box).")
+        return self.code_area.value
+
+    def save(self, path: str | os.PathLike | None = None) -> Path | None:
+        """Write the mapper module to `path` (the path box by default). None, with a message, on failure."""
+        target = Path(self.save_path.value if path is None else path).expanduser()
+        if target.suffix != ".py":
+            self.export_message.value = message_html(f"Cannot save to {str(target)!r}: use a .py file name (the CLI imports it).", "error")
+            return None
+        code = self.code()
+        try:
+            target.write_text(code)
+        except OSError as exc:
+            self.export_message.value = message_html(
+                f"Cannot save to {str(target)!r}: {exc.strerror or exc}. Check that the folder exists and is writable.", "error")
+            return None
+        self.export_message.value = message_html(f"Saved {len(code.encode()):,} bytes to {target} (it defines `mapper`).", "ok")
+        return target
+
+    # --- static copy ---------------------------------------------------------------------------------------
+    def _describe(self) -> str:
+        n_out = len(self.binding.outputs) if self.binding is not None else 0
+        n_problems = len(self.binding.problems) if self.binding is not None else 0
+        return f"MapperBuilder over {self.source.path.name}: {len(self.steps)} step(s), {n_out} outputs, {n_problems} problem(s)"
+
+    def _repr_html_(self) -> str:
+        steps = "".join(f"<li><code>{html.escape(step.short())}</code></li>" for step in self.steps) or "<li>(no steps)</li>"
+        return (
+            f'<div class="wb-builder-static">{self._header_html()}'
+            f"<b>{html.escape(self.combine_picker.value)} steps</b><ol>{steps}</ol>{self.problems_view.value}"
+            f"<b>Preview</b>{self.preview_table.value}"
+            + (f"<b>Target</b>{self.target_view.value}" if self.target is not None else "")
+            + f"<b>Code</b><pre>{html.escape(self.code_area.value)}</pre></div>"
+        )
+
+
+__all__ = ["MapperBuilder", "compare_to_target", "expected_tensors", "steps_of", "suggest_output"]

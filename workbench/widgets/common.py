@@ -1,0 +1,182 @@
+"""Helpers shared by the notebook widgets: bounded HTML tables, status messages, writing into Outputs,
+and a panel base class whose display carries a static HTML copy.
+
+Widgets write into `Output` widgets by replacing or appending to `outputs` (never `with out:`), so the
+same callbacks work under pytest, under nbclient and in a live JupyterLab.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import ipywidgets as widgets
+
+# Inline styles: an HTML widget is not inside JupyterLab's rendered-HTML container, so tables would be
+# unstyled; a scoped <style> keeps them readable in the widget and in a static copy of the notebook.
+TABLE_STYLE = (
+    "<style>"
+    ".wb-table{border-collapse:collapse;font-family:var(--jp-code-font-family,monospace);font-size:12px}"
+    ".wb-table th,.wb-table td{padding:2px 8px;border-bottom:1px solid #ddd;text-align:left;white-space:nowrap}"
+    ".wb-table th{background:#f3f3f3;position:sticky;top:0}"
+    ".wb-table td.num{text-align:right}"
+    ".wb-note{color:#666;font-size:12px;margin:2px 0}"
+    "</style>"
+)
+
+MESSAGE_COLORS = {"info": "#555", "ok": "#2e7d32", "warning": "#b26a00", "error": "#c62828"}
+
+
+def format_shape(shape: Any) -> str:
+    """A shape as people write it: (64, 128) -> '[64, 128]'; None -> ''."""
+    if shape is None:
+        return ""
+    return "[" + ", ".join(str(int(size)) for size in shape) + "]"
+
+
+def format_bytes(n: float) -> str:
+    """Binary-unit size: 723200 -> '706.2 KiB' (same wording as the checkpoint view)."""
+    from ..view import format_bytes as view_format_bytes
+
+    return view_format_bytes(n)
+
+
+def message_html(text: str, kind: str = "info") -> str:
+    """One line of status text, coloured by kind ('info', 'ok', 'warning', 'error')."""
+    color = MESSAGE_COLORS.get(kind, MESSAGE_COLORS["info"])
+    return f'<div class="wb-message wb-{kind}" style="color:{color};margin:2px 0">{html.escape(text)}</div>'
+
+
+def _cell(value: Any, formatter: Callable[[Any], str] | None) -> tuple[str, bool]:
+    if formatter is not None:
+        return formatter(value), False
+    if value is None or (isinstance(value, float) and value != value):
+        return "", False
+    if isinstance(value, tuple):
+        return format_shape(value), False
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(value, float):
+        return f"{value:.6g}", True
+    if numeric:
+        return f"{value:,}", True
+    return str(value), False
+
+
+def html_table(
+    frame: Any,
+    *,
+    max_rows: int = 50,
+    formatters: Mapping[str, Callable[[Any], str]] | None = None,
+    noun: str = "rows",
+    index: bool = True,
+    total: int | None = None,
+) -> str:
+    """A DataFrame as a styled HTML table of at most `max_rows` rows, with a 'showing N of M' note.
+
+    Only the shown rows are formatted, so a 100k-row frame costs the same as a 50-row one. `total`
+    overrides M when `frame` is already a slice of a longer table.
+    """
+    formatters = dict(formatters or {})
+    total = len(frame) if total is None else total
+    shown = frame.iloc[:max_rows]
+    columns = list(shown.columns)
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in ([shown.index.name or ""] if index else []) + columns)
+    body = []
+    for label, row in zip(shown.index, shown.itertuples(index=False, name=None), strict=True):
+        cells = [f"<td>{html.escape(str(label))}</td>"] if index else []
+        for column, value in zip(columns, row, strict=True):
+            text, numeric = _cell(value, formatters.get(column))
+            cls = ' class="num"' if numeric else ""
+            cells.append(f"<td{cls}>{html.escape(text)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    if total == 0:
+        note = f"no {noun}"
+    elif total > len(shown):
+        note = f"showing the first {len(shown):,} of {total:,} {noun}"
+    else:
+        note = f"{total:,} {noun}"
+    table = f'<table class="wb-table"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>' if total else ""
+    return f'{TABLE_STYLE}<div class="wb-note">{html.escape(note)}</div>{table}'
+
+
+def figure_png(fig: Any) -> bytes:
+    """A matplotlib figure rendered to PNG bytes at its own dpi (independent of the notebook's backend)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi="figure")
+    return buffer.getvalue()
+
+
+def replace_output(output: widgets.Output, *objects: Any) -> None:
+    """Make `output` show exactly `objects` (display objects, figures, or strings as stdout text)."""
+    output.outputs = ()
+    for obj in objects:
+        append_output(output, obj)
+
+
+def append_output(output: widgets.Output, obj: Any) -> None:
+    """Append one object to `output`: a str as stdout text, a matplotlib figure as a PNG, else its display."""
+    from IPython.display import HTML, Image
+
+    if isinstance(obj, str):
+        output.append_stdout(obj if obj.endswith("\n") else obj + "\n")
+    elif hasattr(obj, "savefig"):
+        output.append_display_data(Image(data=figure_png(obj), format="png"))
+    elif hasattr(obj, "_repr_html_") and not isinstance(obj, widgets.Widget):
+        output.append_display_data(HTML(obj._repr_html_()))
+    else:
+        output.append_display_data(obj)
+
+
+def output_text(output: widgets.Output) -> str:
+    """Everything an Output shows as text (stdout, text/html, text/plain), for tests and fallbacks."""
+    parts = []
+    for item in output.outputs:
+        if item.get("output_type") == "stream":
+            parts.append(item.get("text", ""))
+        else:
+            data = item.get("data", {})
+            parts.append(data.get("text/html") or data.get("text/plain") or "")
+    return "\n".join(parts)
+
+
+def set_options(picker: widgets.Widget, options: list[Any], value: Any = None) -> None:
+    """Give a selection widget new options and then select `value` (None clears the selection).
+
+    Changing options makes ipywidgets select the first one, so the value is set afterwards rather than
+    inside `hold_trait_notifications` (which would validate it against the old options).
+    """
+    picker.options = options
+    values = [o[1] if isinstance(o, tuple) else o for o in options]
+    picker.value = value if value in values else None
+
+
+def labelled(widget: widgets.Widget, css_class: str) -> widgets.Widget:
+    """Tag a control with a stable DOM class (browser tests and custom CSS find it by that name)."""
+    widget.add_class(css_class)
+    return widget
+
+
+class Panel(widgets.VBox):
+    """A VBox whose display also carries a static HTML copy of its current state.
+
+    JupyterLab renders the live widget; viewers without a widget manager (GitHub, nbviewer, a
+    notebook opened before its kernel runs) render the HTML instead of a 'Loading widget...' line.
+    Subclasses implement `_repr_html_` and `_describe` (the one-line text form).
+    """
+
+    def _describe(self) -> str:
+        return type(self).__name__
+
+    def _repr_html_(self) -> str:
+        return html.escape(self._describe())
+
+    def __repr__(self) -> str:
+        return f"<{self._describe()}>"
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        data = super()._repr_mimebundle_(**kwargs) or {}
+        data["text/plain"] = repr(self)
+        data["text/html"] = self._repr_html_()
+        return data

@@ -1,0 +1,474 @@
+"""`Explorer`: browse a checkpoint's tensors in a notebook — filter, fold layers, sort, pick a tensor for
+its details and (on request) value statistics and histogram, see where the bytes are, and diff against
+a second checkpoint.
+
+Everything shown comes from `workbench.view.Checkpoint`; the widget only chooses what to ask for and
+keeps tables bounded (the first `max_rows` rows and a count), so a 100k-tensor checkpoint stays usable.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import html
+import re
+from typing import Any
+
+import ipywidgets as widgets
+import numpy as np
+import pandas as pd
+
+from ..errors import WorkbenchError
+from ..layers import PLACEHOLDERS, Fold, fold_name, template_regex
+from .common import (
+    Panel,
+    format_bytes,
+    format_shape,
+    html_table,
+    labelled,
+    message_html,
+    replace_output,
+    set_options,
+)
+
+MATCH_MODES = ("glob", "regex")
+SORT_KEYS = {
+    "name": "name (natural order)",
+    "disk": "on-disk order",
+    "nbytes": "bytes",
+    "numel": "elements",
+    "dtype": "dtype",
+    "file": "file",
+}
+DEFAULT_ROWS = 50
+MAX_PICKS = 1000  # tensors offered in the picker (members of the shown rows)
+LIVE_FILTER_LIMIT = 20_000  # above this many tensors the filter applies on Enter, not on every keystroke
+TABLE_HEIGHT = "420px"
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def name_mask(names: pd.Index, text: str, mode: str = "glob") -> np.ndarray:
+    """Which names a filter keeps: in 'glob' mode a `{i}` template, a glob (`*`, `?`, `[...]`) matched
+    against the whole name, or else a case-insensitive substring; in 'regex' mode `re.search`.
+
+    Raises WorkbenchError for an invalid regular expression.
+    """
+    text = text.strip()
+    if not text:
+        return np.ones(len(names), dtype=bool)
+    series = pd.Series(names, dtype=object)
+    if mode == "regex":
+        try:
+            pattern = re.compile(text)
+        except re.error as exc:
+            raise WorkbenchError(f"Cannot filter by regex {text!r}: {exc}. Fix the expression or switch to glob.") from None
+        return np.fromiter((pattern.search(n) is not None for n in series), dtype=bool, count=len(series))
+    if "{" in text:
+        pattern = template_regex(text)
+    elif any(c in text for c in "*?["):
+        pattern = re.compile(fnmatch.translate(text))
+    else:
+        needle = text.lower()
+        return np.fromiter((needle in n.lower() for n in series), dtype=bool, count=len(series))
+    return np.fromiter((pattern.fullmatch(n) is not None for n in series), dtype=bool, count=len(series))
+
+
+class Explorer(Panel):
+    """An interactive view of one checkpoint (and optionally its differences from `compare`).
+
+    `checkpoint` and `compare` are paths, `Checkpoint`s or `Catalog`s. Controls are public attributes
+    (`filter_box`, `match_mode`, `fold_toggle`, `sort_by`, `descending`, `max_rows`, `tensor_picker`,
+    `stats_button`, `histogram_button`, `bytes_by`, `plot_button`, `diff_status`, `values_button`),
+    so a notebook or a test can drive it like a user. `rows` is the full filtered table.
+    """
+
+    def __init__(self, checkpoint: Any, compare: Any = None, *, max_rows: int = DEFAULT_ROWS) -> None:
+        from ..view import open_checkpoint
+
+        self.checkpoint = open_checkpoint(checkpoint)
+        self.other = open_checkpoint(compare) if compare is not None else None
+        self._templates: pd.Series | None = None
+        self._natural: pd.Series | None = None
+        self._numbers: list[tuple[int, ...]] = []
+        self._ranges: dict[str, str] = {}
+        self._stats_cache: dict[str, pd.DataFrame] = {}
+        self._diff_cache: dict[bool, pd.DataFrame] = {}
+        self._bytes_drawn: str | None = None
+        self.rows: pd.DataFrame = self.checkpoint.tensors.iloc[:0]
+        self.error: str | None = None
+        self._quiet = False
+
+        live = len(self.checkpoint) <= LIVE_FILTER_LIMIT
+        self.filter_box = labelled(
+            widgets.Text(
+                placeholder="filter: mlp, *.mlp.*, layers.{i}.self_attn.*, or a regex",
+                description="Filter",
+                continuous_update=live,
+                layout=widgets.Layout(width="420px"),
+            ),
+            "wb-explorer-filter",
+        )
+        self.match_mode = labelled(widgets.Dropdown(options=MATCH_MODES, value="glob", layout=widgets.Layout(width="90px")), "wb-explorer-mode")
+        self.fold_toggle = labelled(widgets.Checkbox(value=True, description="fold layers (×N)", indent=False), "wb-explorer-fold")
+        self.sort_by = labelled(
+            widgets.Dropdown(options=[(label, key) for key, label in SORT_KEYS.items()], value="name", description="Sort",
+                             layout=widgets.Layout(width="240px")),
+            "wb-explorer-sort",
+        )
+        self.descending = widgets.Checkbox(value=False, description="descending", indent=False, layout=widgets.Layout(width="110px"))
+        self.max_rows = widgets.BoundedIntText(value=max_rows, min=1, max=10_000, description="Rows", layout=widgets.Layout(width="150px"))
+        self.count_label = labelled(widgets.HTML(), "wb-explorer-count")
+        self.table = labelled(widgets.HTML(layout=widgets.Layout(max_height=TABLE_HEIGHT, overflow="auto")), "wb-explorer-table")
+
+        self.tensor_picker = labelled(
+            widgets.Dropdown(options=[], value=None, description="Tensor", layout=widgets.Layout(width="560px")), "wb-explorer-pick"
+        )
+        self.stats_button = labelled(widgets.Button(description="Value stats", icon="calculator", tooltip="read the tensor and compute min/max/mean/std"), "wb-explorer-stats")
+        self.histogram_button = labelled(widgets.Button(description="Histogram", icon="bar-chart", tooltip="read the tensor and plot its values"), "wb-explorer-hist")
+        self.details = labelled(widgets.HTML(), "wb-explorer-details")
+        self.stats_view = widgets.HTML()
+        self.histogram_output = widgets.Output()
+
+        self.bytes_by = labelled(widgets.ToggleButtons(options=["layer", "file", "dtype"], value="layer", description="Bytes by"), "wb-explorer-bytes-by")
+        self.plot_button = widgets.Button(description="Plot", icon="refresh")
+        self.bytes_table = widgets.HTML()
+        self.bytes_output = widgets.Output()
+
+        tensors_tab = widgets.VBox(
+            [
+                widgets.HBox([self.filter_box, self.match_mode, self.fold_toggle]),
+                widgets.HBox([self.sort_by, self.descending, self.max_rows]),
+                self.count_label,
+                self.table,
+                widgets.HBox([self.tensor_picker, self.stats_button, self.histogram_button]),
+                self.details,
+                self.stats_view,
+                self.histogram_output,
+            ]
+        )
+        bytes_tab = widgets.VBox([widgets.HBox([self.bytes_by, self.plot_button]), self.bytes_output, self.bytes_table])
+        children: list[widgets.Widget] = [tensors_tab, bytes_tab]
+        titles = ["Tensors", "Bytes"]
+        if self.other is not None:
+            self.diff_status = labelled(widgets.Dropdown(options=["all"], value="all", description="Show"), "wb-explorer-diff-status")
+            self.values_button = labelled(
+                widgets.Button(description="Compare values", icon="balance-scale", tooltip="read both sides and compare tensor values"),
+                "wb-explorer-values",
+            )
+            self.diff_summary = widgets.HTML()
+            self.diff_table = labelled(widgets.HTML(layout=widgets.Layout(max_height=TABLE_HEIGHT, overflow="auto")), "wb-explorer-diff")
+            children.append(widgets.VBox([widgets.HBox([self.diff_status, self.values_button]), self.diff_summary, self.diff_table]))
+            titles.append("Compare")
+        self.tabs = widgets.Tab(children=children, titles=titles)
+        header = widgets.HTML(self._header_html())
+        super().__init__([header, self.tabs])
+        self.add_class("wb-explorer")
+
+        for control in (self.filter_box, self.match_mode, self.fold_toggle, self.sort_by, self.descending, self.max_rows):
+            control.observe(self._on_query_change, names="value")
+        self.tensor_picker.observe(self._on_pick, names="value")
+        self.stats_button.on_click(lambda _: self.show_stats())
+        self.histogram_button.on_click(lambda _: self.show_histogram())
+        self.plot_button.on_click(lambda _: self.plot_bytes(force=True))
+        self.bytes_by.observe(lambda _: self.plot_bytes(), names="value")
+        self.tabs.observe(self._on_tab, names="selected_index")
+        if self.other is not None:
+            self.diff_status.observe(lambda _: None if self._quiet else self.refresh_diff(), names="value")
+            self.values_button.on_click(lambda _: self.refresh_diff(values=True))
+        self.refresh()
+
+    # --- identity ----------------------------------------------------------------------------------
+    def _describe(self) -> str:
+        ck = self.checkpoint
+        other = f", compared with {self.other.path.name}" if self.other is not None else ""
+        return f"Explorer of {ck.path.name}: {len(ck):,} tensors ({ck.format}){other}"
+
+    def _header_html(self) -> str:
+        ck = self.checkpoint
+        other = ""
+        if self.other is not None:
+            other = f" — compared with <code>{html.escape(str(self.other.path))}</code>"
+        return (
+            f"<b>Explorer</b> <code>{html.escape(str(ck.path))}</code> ({html.escape(ck.format)}){other}<br>"
+            f'<span class="wb-note">{html.escape(ck._headline())}</span>'
+        )
+
+    # --- the table ---------------------------------------------------------------------------------
+    def _template_of(self) -> pd.Series:
+        """Each tensor's layer template (computed once for all names)."""
+        if self._templates is None:
+            index = self.checkpoint.tensors.index
+            folded = [fold_name(n) for n in index]
+            self._templates = pd.Series([t for t, _ in folded], index=index, dtype=object)
+            self._numbers = [numbers for _, numbers in folded]
+        return self._templates
+
+    def _natural_rank(self) -> pd.Series:
+        """Each tensor's position in natural name order ('layers.10' after 'layers.9'), computed once."""
+        if self._natural is None:
+            index = self.checkpoint.tensors.index
+            padded = pd.Series(index, dtype=object).str.replace(_DIGITS, lambda m: m.group().zfill(20), regex=True)
+            order = np.argsort(padded.to_numpy(dtype=str), kind="stable")
+            rank = np.empty(len(index), dtype=np.int64)
+            rank[order] = np.arange(len(index))
+            self._natural = pd.Series(rank, index=index)
+        return self._natural
+
+    def _filtered(self) -> pd.DataFrame:
+        tensors = self.checkpoint.tensors
+        mask = name_mask(tensors.index, self.filter_box.value, self.match_mode.value)
+        return tensors[mask]
+
+    def _fold(self, tensors: pd.DataFrame) -> pd.DataFrame:
+        templates = self._template_of().reindex(tensors.index)
+        natural = self._natural_rank().reindex(tensors.index)
+        grouped = tensors.assign(pattern=templates.to_numpy(), _rank=natural.to_numpy(), _pos=np.arange(len(tensors))).groupby(
+            "pattern", sort=False
+        )
+        folded = grouped.agg(
+            count=("numel", "size"),
+            dtype=("dtype", "first"),
+            shape=("shape", "first"),
+            numel=("numel", "first"),
+            nbytes=("nbytes", "sum"),
+            file=("file", "first"),
+            _rank=("_rank", "min"),
+            _pos=("_pos", "min"),
+        )
+        folded.index.name = "pattern"
+        return folded
+
+    def _sorted(self, frame: pd.DataFrame, folded: bool) -> pd.DataFrame:
+        """Rows ordered by the chosen key; ties keep natural name order whatever the direction."""
+        key = self.sort_by.value
+        natural = (frame["_rank"] if folded else self._natural_rank().reindex(frame.index)).to_numpy()
+        if key == "name":
+            primary = natural
+        elif key == "disk":
+            primary = frame["_pos"].to_numpy() if folded else np.arange(len(frame))
+        else:
+            primary = pd.Series(frame[key].to_numpy()).rank(method="dense").to_numpy()
+        if self.descending.value:
+            primary = -primary
+        return frame.iloc[np.lexsort((natural, primary))]
+
+    def refresh(self) -> None:
+        """Recompute the table, counts and picker from the current control values."""
+        try:
+            matched = self._filtered()
+        except WorkbenchError as exc:
+            self.error = exc.message
+            self.rows = self.checkpoint.tensors.iloc[:0]
+            self.count_label.value = message_html(exc.message, "error")
+            self.table.value = ""
+            self._set_picks([])
+            return
+        self.error = None
+        folded = self.fold_toggle.value
+        if folded:
+            rows = self._sorted(self._fold(matched), folded=True)
+            self.rows = rows.drop(columns=["_rank", "_pos"])
+        else:
+            self.rows = self._sorted(matched, folded=False)[["dtype", "shape", "numel", "nbytes", "file"]]
+        limit = self.max_rows.value
+        total = len(self.checkpoint)
+        noun = "patterns" if folded else "tensors"
+        count = f"{len(matched):,} of {total:,} tensors match"
+        if folded:
+            count += f", folded into {len(self.rows):,} patterns"
+        count += f" — {format_bytes(int(matched['nbytes'].sum()))}"
+        self.count_label.value = message_html(count)
+        self.table.value = self._table_html(self.rows, limit, noun)
+        self._set_picks(self._pick_names(self.rows.iloc[:limit], matched, folded))
+        if self.other is not None:
+            self.refresh_diff()
+
+    def _table_html(self, rows: pd.DataFrame, limit: int, noun: str) -> str:
+        formatters = {"nbytes": format_bytes, "shape": format_shape}
+        shown = rows.iloc[:limit]
+        if "count" in shown.columns:
+            shown = shown.assign(count=shown["count"].map(lambda n: f"×{n}"))
+            shown.insert(1, "range", [self._range_of(p) for p in shown.index])
+            shown = shown.drop(columns=["file"])
+        return html_table(shown, max_rows=limit, formatters=formatters, noun=noun, total=len(rows))
+
+    def _positions(self, pattern: str) -> np.ndarray:
+        """Positions (in `.tensors`) of a template's members, in natural name order."""
+        templates = self._template_of()
+        positions = np.flatnonzero(templates.to_numpy() == pattern)
+        return positions[np.argsort(self._natural_rank().to_numpy()[positions], kind="stable")]
+
+    def _members(self, pattern: str, matched: pd.DataFrame | None = None) -> list[str]:
+        names = self.checkpoint.tensors.index[self._positions(pattern)]
+        if matched is not None and len(matched) != len(self.checkpoint):
+            names = names[names.isin(matched.index)]
+        return list(names)
+
+    def _range_of(self, pattern: str) -> str:
+        if "{" not in pattern:
+            return ""
+        if pattern not in self._ranges:
+            positions = self._positions(pattern)
+            indices = tuple(self._numbers[k] for k in positions)
+            names = tuple(self.checkpoint.tensors.index[positions])
+            fold = Fold(pattern, PLACEHOLDERS[: len(indices[0])], names, indices)
+            self._ranges[pattern] = fold.index_range()
+        return self._ranges[pattern]
+
+    def _pick_names(self, shown: pd.DataFrame, matched: pd.DataFrame, folded: bool) -> list[str]:
+        if not folded:
+            return list(shown.index[:MAX_PICKS])
+        names: list[str] = []
+        for pattern in shown.index:
+            names.extend(self._members(pattern, matched))
+            if len(names) >= MAX_PICKS:
+                break
+        return names[:MAX_PICKS]
+
+    def _set_picks(self, names: list[str]) -> None:
+        current = self.tensor_picker.value
+        keep = current if current in names else None
+        set_options(self.tensor_picker, names, keep)
+        if keep is None:
+            self._on_pick(None)
+
+    def _on_query_change(self, _change: Any) -> None:
+        self.refresh()
+
+    # --- one tensor ----------------------------------------------------------------------------------
+    def select(self, name: str) -> None:
+        """Show `name`'s details (it becomes the picked tensor even if the filter hides it)."""
+        if name not in self.checkpoint:
+            raise self.checkpoint._unknown(name)
+        if name not in self.tensor_picker.options:
+            self.tensor_picker.options = [name, *self.tensor_picker.options]
+        self.tensor_picker.value = name
+
+    def _on_pick(self, _change: Any) -> None:
+        name = self.tensor_picker.value
+        self.stats_view.value = ""
+        self.histogram_output.outputs = ()
+        disabled = name is None
+        self.stats_button.disabled = disabled
+        self.histogram_button.disabled = disabled
+        self.details.value = "" if name is None else self._details_html(name)
+        if name is not None and name in self._stats_cache:
+            self.stats_view.value = self._stats_html(self._stats_cache[name])
+
+    def _details_html(self, name: str) -> str:
+        row = self.checkpoint.tensors.loc[name]
+        template = self._template_of()[name]
+        fold = ""
+        if template != name:
+            fold = f"{template} (×{len(self._members(template))}, {self._range_of(template)})"
+        facts = [
+            ("name", name),
+            ("dtype", row["dtype"]),
+            ("shape", format_shape(row["shape"])),
+            ("elements", f"{int(row['numel']):,}"),
+            ("bytes", f"{int(row['nbytes']):,} ({format_bytes(int(row['nbytes']))})"),
+            ("file", str(row["file"])),
+            ("byte range", f"[{int(row['begin']):,}, {int(row['end']):,})"),
+        ]
+        if fold:
+            facts.append(("layer pattern", fold))
+        cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in facts)
+        return f'<table class="wb-table wb-details">{cells}</table>'
+
+    def _stats_html(self, stats: pd.DataFrame) -> str:
+        shown = stats[["min", "max", "mean", "std", "nan", "inf"]]
+        return html_table(shown, max_rows=5, noun="tensor")
+
+    def show_stats(self) -> pd.DataFrame | None:
+        """Compute (once, reading the tensor in chunks) and show the picked tensor's value statistics."""
+        name = self.tensor_picker.value
+        if name is None:
+            return None
+        try:
+            if name not in self._stats_cache:
+                self._stats_cache[name] = self.checkpoint.stats(name)
+        except WorkbenchError as exc:
+            self.stats_view.value = message_html(exc.message, "error")
+            return None
+        stats = self._stats_cache[name]
+        self.stats_view.value = self._stats_html(stats)
+        return stats
+
+    def show_histogram(self) -> Any:
+        """Read the picked tensor in chunks and show a histogram of its values."""
+        name = self.tensor_picker.value
+        if name is None:
+            return None
+        try:
+            fig = self.checkpoint.plot_histogram(name)
+        except WorkbenchError as exc:
+            replace_output(self.histogram_output, exc.message)
+            return None
+        replace_output(self.histogram_output, fig)
+        return fig
+
+    # --- bytes --------------------------------------------------------------------------------------
+    def _on_tab(self, change: Any) -> None:
+        if change["new"] == 1:
+            self.plot_bytes()
+
+    def plot_bytes(self, force: bool = False) -> None:
+        """Draw the bar chart of bytes by the chosen grouping (only when visible or asked for)."""
+        by = self.bytes_by.value
+        if not force and (self.tabs.selected_index != 1 or self._bytes_drawn == by):
+            return
+        series = self.checkpoint.bytes_by(by)
+        replace_output(self.bytes_output, self.checkpoint.plot_bytes(by))
+        frame = pd.DataFrame({"bytes": series, "size": series.map(format_bytes)})
+        frame.index.name = by
+        self.bytes_table.value = html_table(frame.sort_values("bytes", ascending=False), max_rows=20, noun=f"{by}s")
+        self._bytes_drawn = by
+
+    # --- diff ---------------------------------------------------------------------------------------
+    def diff(self, values: bool = False) -> pd.DataFrame:
+        """The full diff against `compare` (computed once; `values=True` reads and compares tensor data)."""
+        if self.other is None:
+            raise WorkbenchError("Cannot diff: this Explorer has no second checkpoint. Pass compare=path when creating it.")
+        if values not in self._diff_cache:
+            self._diff_cache[values] = self.checkpoint.diff(self.other, values=values)
+        return self._diff_cache[values]
+
+    def refresh_diff(self, values: bool | None = None) -> None:
+        """Show the differences (filtered by the name filter and the status choice)."""
+        if self.other is None:
+            return
+        if values is None:
+            values = True in self._diff_cache
+        try:
+            frame = self.diff(values=values)
+        except WorkbenchError as exc:
+            self.diff_summary.value = message_html(exc.message, "error")
+            return
+        counts = frame["status"].value_counts()
+        present = [s for s in frame["status"].cat.categories if counts.get(s, 0)]
+        options = ["all", *present]
+        if list(self.diff_status.options) != options:
+            keep = self.diff_status.value if self.diff_status.value in options else "all"
+            self._quiet = True
+            try:
+                set_options(self.diff_status, options, keep)
+            finally:
+                self._quiet = False
+        if self.error is None:
+            frame = frame[name_mask(frame.index, self.filter_box.value, self.match_mode.value)]
+        status = self.diff_status.value
+        if status != "all":
+            frame = frame[frame["status"] == status]
+        parts = [f"{counts[s]:,} {s}" for s in present]
+        summary = " · ".join(parts) if parts else "no differences in names, dtypes or shapes"
+        if values:
+            summary += " (values compared)"
+        self.diff_summary.value = message_html(summary, "ok" if not parts else "info")
+        shown = frame.assign(status=frame["status"].astype(str))
+        self.diff_table.value = html_table(shown, max_rows=self.max_rows.value, formatters={"shape": format_shape, "other_shape": format_shape}, noun="differences")
+
+    # --- static copy ----------------------------------------------------------------------------------
+    def _repr_html_(self) -> str:
+        parts = [f'<div class="wb-explorer-static">{self._header_html()}', self.count_label.value, self.table.value]
+        if self.other is not None:
+            parts += ["<b>Compared</b>", self.diff_summary.value]
+        return "".join(parts) + "</div>"
