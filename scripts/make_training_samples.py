@@ -159,7 +159,7 @@ def _lightning_classes():
     return pl, TinyLit, ShadowEMA
 
 
-def _train_lightning(callback):
+def _train_lightning(*callbacks):
     pl, TinyLit, _ = _lightning_classes()
     pl.seed_everything(0, verbose=False)
     model = TinyLit()
@@ -167,10 +167,22 @@ def _train_lightning(callback):
     data = torch.utils.data.TensorDataset(torch.randn(32, 4, generator=gen), torch.randn(32, 2, generator=gen))
     trainer = pl.Trainer(
         max_steps=4, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=[callback], deterministic=True,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=list(callbacks), deterministic=True,
     )
     trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=8))
     return trainer, model
+
+
+def _save_at_last_step(path: Path):
+    """A callback that saves the checkpoint after the last training step (the EMA callback has updated by then)."""
+    import pytorch_lightning as pl
+
+    class SaveAtLastStep(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            if trainer.global_step == trainer.max_steps:
+                trainer.save_checkpoint(path)
+
+    return SaveAtLastStep()
 
 
 def make_lightning(out: Path) -> None:
@@ -179,8 +191,9 @@ def make_lightning(out: Path) -> None:
     _, _, ShadowEMA = _lightning_classes()
     target = out / "lightning"
     target.mkdir(parents=True, exist_ok=True)
-    trainer, _ = _train_lightning(EMAWeightAveraging(decay=0.9))
-    trainer.save_checkpoint(_fresh(target / "ema.ckpt"))
+    # Saved at the last step, as a ModelCheckpoint would: after fit ends the callback copies the average into
+    # the live weights, so a save then would hold two equal copies.
+    _train_lightning(EMAWeightAveraging(decay=0.9), _save_at_last_step(_fresh(target / "ema.ckpt")))
     trainer, _ = _train_lightning(ShadowEMA(decay=0.9))
     trainer.save_checkpoint(_fresh(target / "torch_ema.ckpt"))
 

@@ -48,7 +48,9 @@ def test_weight_averaging_checkpoint_tables_match_lightning_load():
     ema = ema_weights(EMA_CKPT)
     assert set(ema) == set(ckpt["state_dict"])
     for name, src in ema.items():
-        assert torch.equal(load(info.catalog, src), ckpt["state_dict"][name]), name
+        value = load(info.catalog, src)
+        assert torch.equal(value, ckpt["state_dict"][name]), name
+        assert not torch.equal(value, ckpt["current_model_state"][name]), name  # saved mid-run: the average lags
     assert set(tables["ema"].matched_by) == {"name"}
     assert tables["progress"] == {"epoch": ckpt["epoch"], "global_step": ckpt["global_step"], "lightning_version": ckpt["pytorch-lightning_version"]}
     hp = dict(zip(tables["hyper_parameters"].key, tables["hyper_parameters"].value, strict=True))

@@ -230,7 +230,7 @@ def test_from_module_is_an_identity_mapper_over_the_state_keys(llama_sample: Pat
     binding = mapper.bind(wb.open_checkpoint(llama_sample), rest="error")
     assert binding.ok and list(binding.outputs) == list(wb.open_checkpoint(llama_sample).catalog)
     check = M.check_module(reference, llama_sample, mapper)
-    assert check.ok and len(check.fill) == 39 and check.frame.empty
+    assert check.ok and len(check.matched) == 39 and check.frame.empty
     renamed = M.Sequential(mapper, M.Rename("lm_head.weight", "output.weight"))
     check = M.check_module(reference, llama_sample, renamed)
     assert check.missing == ["lm_head.weight"] and check.unexpected == ["output.weight"]

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 import workbench as wb
-from workbench.catalog import TensorInfo
+from workbench.catalog import Catalog, TensorInfo
 from workbench.formats.safetensors_writer import layout_file
 from workbench.iostats import IO
 
@@ -196,3 +197,48 @@ def test_tensors_table_of_100k_tensors_is_fast(tmp_path):
     assert time.perf_counter() - start < 3.0
     assert list(layers["count"]) == [33_334] * 3
     assert layers["range"].iloc[0] == "i=0-666; j=0-49"
+
+
+TRAINING = Path(__file__).resolve().parent.parent / "sample_checkpoints" / "training"
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_pipeline_dcp_tensors_carry_the_stage_column():
+    ck = wb.open_checkpoint(TRAINING / "dcp_pp")
+    table = ck.tensors
+    assert list(table.columns) == ["dtype", "shape", "numel", "nbytes", "file", "begin", "end", "chunks", "stage"]
+    assert ck.format_columns == ["chunks", "stage"]
+    # Each stage's tensors live in that stage's folder: the column agrees with the file each row names.
+    assert table["stage"].to_dict() == {name: int(file.split("/")[0].removeprefix("pp")) for name, file in table["file"].items()}
+    assert set(table["stage"]) == {0, 1} and table["stage"].dtype == "int64"
+    assert table.loc["model.head.weight", "stage"] == 1 and table.loc["model.embed.weight", "stage"] == 0
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_format_columns_missing_values_are_na():
+    ck = wb.open_checkpoint(TRAINING / "lightning_fsdp.ckpt")  # meta.pt tensors are not DCP chunks
+    chunks = ck.tensors["chunks"]
+    meta = [n for n in chunks.index if n.startswith("meta.")]
+    assert meta and chunks[meta].isna().all() and (chunks.drop(meta) == 1).all()
+
+
+def test_torch_file_tensors_show_tied_weights():
+    path = TRAINING / "torch" / "pytorch_model.bin"
+    ck = wb.open_checkpoint(path)
+    table = ck.tensors
+    assert list(table.columns[-2:]) == ["storage", "shared_with"]
+    shared = table["shared_with"].to_dict()
+    assert shared["embed.weight"] == "lm_head.weight" and shared["lm_head.weight"] == "embed.weight"
+    assert shared["proj.weight"] == "proj_t.weight" and shared["norm.weight"] == ""
+    state = torch.load(path, weights_only=True)  # torch agrees: the tied names share one storage
+    assert state["embed.weight"].untyped_storage().data_ptr() == state["lm_head.weight"].untyped_storage().data_ptr()
+    assert table.loc["embed.weight", "storage"] == table.loc["lm_head.weight", "storage"] != table.loc["norm.weight", "storage"]
+
+
+def test_format_column_that_clashes_with_a_standard_one_is_prefixed():
+    catalog = Catalog.from_infos([TensorInfo("a", "F32", (2,)), TensorInfo("b", "F32", (3,))])
+    catalog.columns = {"file": {"a": "elsewhere"}, "rank": {"a": 0}}
+    table = wb.open_checkpoint(catalog).tensors
+    assert table.loc["a", "file"] == "" and table.loc["a", "format_file"] == "elsewhere"
+    assert table["format_file"].isna().tolist() == [False, True]
+    assert str(table["rank"].dtype) == "Int64" and table.loc["a", "rank"] == 0

@@ -258,8 +258,21 @@ def test_target_checkpoint_path_from_the_text_box(builder, tiny_checkpoint):
 
 def test_compare_to_target_with_a_mapping():
     produced = {"a": TensorInfo("a", "F32", (2,)), "b": TensorInfo("b", "F32", (3,))}
-    frame = compare_to_target(produced, {"a": TensorInfo("a", "F32", (2,)), "c": TensorInfo("c", "F32", (1,))})
+    target = {"a": TensorInfo("a", "F32", (2,)), "c": TensorInfo("c", "F32", (1,))}
+    frame = compare_to_target(produced, target)
     assert frame["status"].astype(str).to_dict() == {"c": "missing", "b": "unexpected"}
+    assert frame.equals(M.check_target(produced, None, target).frame.drop(columns="message"))  # a thin wrapper
+
+
+def test_the_widget_keeps_the_whole_target_report(builder):
+    builder.set_target({"model.norm.weight": (64,), "extra.weight": (3,)})
+    report = builder.target_check
+    assert isinstance(report, M.TargetReport) and report.missing == ["extra.weight"] and len(report.unexpected) == 38
+    assert builder.target_report().equals(report.frame.drop(columns="message"))
+    assert report.headline() in builder.target_view.value
+    assert "checking against dict of 2 tensors" in builder.target_box.placeholder
+    builder.set_target(42)
+    assert "Cannot check against a int" in builder.target_view.value and builder.target_check is report  # kept the last good one
 
 
 def test_graph_tab_draws_the_folded_graph(builder, llama_sample):

@@ -217,3 +217,35 @@ def test_natural_rank_matches_layers_natural_key(tiny_checkpoint):
     index = explorer.checkpoint.tensors.index
     rank = explorer._natural_rank().to_numpy()
     assert list(index[np.argsort(rank)]) == sorted(index, key=natural_key)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_format_columns_show_in_table_and_details(samples_dir):
+    explorer = Explorer(samples_dir / "training" / "dcp_pp")
+    assert list(explorer.rows.columns[-2:]) == ["chunks", "stage"]
+    assert explorer.rows.loc["model.norm.weight", "stage"] == 1  # folded rows keep a value all members share
+    assert "<th>stage</th>" in explorer.table.value
+    explorer.fold_toggle.value = False
+    assert explorer.rows["stage"].to_dict() == explorer.checkpoint.tensors["stage"].to_dict()
+    explorer.select("model.head.weight")
+    assert "<th>stage</th><td>1</td>" in explorer.details.value and "<th>chunks</th><td>1</td>" in explorer.details.value
+
+    tied = Explorer(samples_dir / "training" / "torch" / "pytorch_model.bin", max_rows=10)
+    assert "<th>shared_with</th>" in tied.table.value
+    tied.select("lm_head.weight")
+    assert "<th>shared_with</th><td>embed.weight</td>" in tied.details.value
+    tied.select("norm.weight")  # not shared: no empty row
+    assert "shared_with" not in tied.details.value
+
+
+def test_folded_format_column_counts_differing_values():
+    infos = [TensorInfo(f"layers.{i}.w", "F32", (2,)) for i in range(4)] + [TensorInfo("head.w", "F32", (2,))]
+    catalog = Catalog.from_infos(infos)
+    catalog.columns = {"stage": {f"layers.{i}.w": i // 2 for i in range(4)}, "unit": {f"layers.{i}.w": "block" for i in range(4)}}
+    explorer = Explorer(catalog)
+    assert explorer.rows.loc["layers.{i}.w", "stage"] == "2 values"
+    assert explorer.rows.loc["layers.{i}.w", "unit"] == "block"
+    assert explorer.rows.loc["head.w", "stage"] is None or pd.isna(explorer.rows.loc["head.w", "stage"])
+    assert "&lt;NA&gt;" not in explorer.table.value and "2 values" in explorer.table.value
+    explorer.fold_toggle.value = False
+    assert str(explorer.rows["stage"].dtype) == "Int64" and "&lt;NA&gt;" not in explorer.table.value

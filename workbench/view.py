@@ -51,6 +51,18 @@ def _layer_key(name: str) -> str:
     return ".".join(parts[:-1]) if len(parts) > 1 else name
 
 
+def _format_column(index: pd.Index, values: dict[str, object]) -> pd.Series:
+    """One per-tensor fact as a column over `index`: integers stay integers (nullable `Int64` when some
+    tensors have no value), other missing values are None or NaN."""
+    cells = [values.get(name) for name in index]
+    present = [v for v in cells if v is not None]
+    if present and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in present):
+        return pd.Series(cells, index=index, dtype="int64" if len(present) == len(cells) else "Int64")
+    if present and all(isinstance(v, (float, np.floating)) for v in present):
+        return pd.Series(cells, index=index, dtype="float64")
+    return pd.Series(cells, index=index, dtype=object)
+
+
 @dataclass
 class Summary:
     """Headline figures of a checkpoint: totals, parameters and bytes per dtype, shards, largest tensors."""
@@ -138,7 +150,9 @@ class Checkpoint:
     @cached_property
     def tensors(self) -> pd.DataFrame:
         """One row per tensor, indexed by name, in on-disk order: dtype (safetensors code), shape (tuple),
-        numel, nbytes, file, begin, end (absolute byte offsets, end exclusive)."""
+        numel, nbytes, file, begin, end (absolute byte offsets, end exclusive), then the per-tensor facts
+        the format knows (`format_columns`, e.g. a pipeline DCP's `stage`, a torch file's `shared_with`;
+        None/NaN/<NA> where a tensor has no value)."""
         infos = list(self.catalog.tensors.values())
         dtypes = [t.dtype for t in infos]
         shapes = [t.shape for t in infos]
@@ -156,7 +170,16 @@ class Checkpoint:
         )
         bits = frame["dtype"].map(DTYPE_BITS).astype("int64")
         frame["nbytes"] = (frame["numel"] * bits + 7) // 8
-        return frame[TENSOR_COLUMNS]
+        frame = frame[TENSOR_COLUMNS]
+        for column, values in zip(self.format_columns, self.catalog.columns.values(), strict=True):
+            frame[column] = _format_column(index, values)
+        return frame
+
+    @cached_property
+    def format_columns(self) -> list[str]:
+        """Names of the extra `.tensors` columns this checkpoint's format fills, in catalog order (a name
+        that clashes with a standard column gets a `format_` prefix)."""
+        return [f"format_{name}" if name in TENSOR_COLUMNS else name for name in self.catalog.columns]
 
     @cached_property
     def files(self) -> pd.DataFrame:

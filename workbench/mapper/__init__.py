@@ -20,9 +20,10 @@ from .function import Function
 from .groups import Binding, ByteSlice, Group, Problem
 from .op import Op
 from .ops import Cast, Concat, Drop, Identity, Rename, Reshape, Split, Stack, Transpose, Unstack
+from .target import TargetReport, check_target
 
 __all__ = [
     "Binding", "ByteSlice", "Cast", "Concat", "Drop", "Function", "Group", "Identity", "Mapper", "Op",
-    "Parallel", "PrefixScope", "Problem", "Rename", "Reshape", "Sequential", "Split", "Stack", "Transpose",
-    "Unstack", "check_module", "from_json", "from_module", "presets",
+    "Parallel", "PrefixScope", "Problem", "Rename", "Reshape", "Sequential", "Split", "Stack", "TargetReport",
+    "Transpose", "Unstack", "check_module", "check_target", "from_json", "from_module", "presets",
 ]

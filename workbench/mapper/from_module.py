@@ -2,7 +2,8 @@
 
 `from_module(model)` names exactly the tensors a save of `model` writes (tied duplicates once), so
 binding it to a checkpoint with rest='error' flags every missing or extra tensor; `check_module`
-goes further and compares shapes and dtypes of any mapper's outputs with the module's keys.
+goes further and compares shapes and dtypes of any mapper's outputs with the module's keys (it is
+`check_target` with the module as the target).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from .compose import Parallel
 from .ops import Identity
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..model_io.check import LoadCheck
+    from .target import TargetReport
 
 
 def from_module(model: Any) -> Mapper:
@@ -24,11 +25,12 @@ def from_module(model: Any) -> Mapper:
     return Parallel(*[Identity(entry.key) for entry in module_state(model).values() if not entry.tied])
 
 
-def check_module(model: Any, source: Any, mapper: Any = None, *, rest: str = "keep") -> LoadCheck:
+def check_module(model: Any, source: Any, mapper: Any = None, *, rest: str = "keep") -> TargetReport:
     """Check `mapper` (None: names as they are) on `source` against `model`'s state keys, from metadata only.
 
-    Returns a LoadCheck: `ok`, `missing`, `unexpected`, `mismatched` (shape), dtype casts, and `frame`.
+    Returns a TargetReport (see `check_target`): `ok`, `missing`, `unexpected`, `mismatched` (shape),
+    `dtype_differs`, `matched`, `tied` and `frame`.
     """
-    from ..model_io.load import check_module as check
+    from .target import check_target
 
-    return check(model, source, mapper, rest=rest)
+    return check_target(mapper, source, model, rest=rest)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import html
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +19,10 @@ import ipywidgets as widgets
 import pandas as pd
 
 from .. import mapper as M
-from ..dtypes import DTYPE_BITS, from_torch
+from ..dtypes import DTYPE_BITS
 from ..errors import MapperError, WorkbenchError
 from ..layers import fold_name, fold_names, natural_key
+from ..mapper import target as target_check
 from ..mapper.base import Mapper
 from ..mapper.export import code_expr
 from ..mapper.op import Op
@@ -115,65 +116,20 @@ def _parse_ints(text: str, what: str) -> tuple[int, ...]:
         raise MapperError(f"Cannot read {what} {text!r}: write whole numbers separated by commas, e.g. 64, 32, 32.") from None
 
 
-# --- target check ----------------------------------------------------------------------------------------
-TARGET_COLUMNS = ["status", "dtype", "shape", "target_dtype", "target_shape"]
-TARGET_STATUSES = ("missing", "unexpected", "shape mismatch", "dtype differs")
+# --- target check (the logic lives in workbench.mapper.target) ------------------------------------------
+TARGET_STATUSES = target_check.TARGET_STATUSES
 
 
 def expected_tensors(target: Any) -> dict[str, Any]:
-    """What a target expects, as name -> TensorInfo: from a torch module (e.g. built on the meta device;
-    its state_dict), a checkpoint path / Checkpoint / Catalog, a Binding (its outputs), or a mapping of
-    names to tensors or TensorInfos."""
-    from ..catalog import Catalog, TensorInfo
-    from ..mapper.bind import source_infos
-
-    if isinstance(target, M.Binding):
-        return dict(target.outputs)
-    state_dict = getattr(target, "state_dict", None)
-    if callable(state_dict):
-        return {name: TensorInfo(name, from_torch(t.dtype), tuple(int(s) for s in t.shape)) for name, t in state_dict().items()}
-    if isinstance(target, (str, os.PathLike)) or (hasattr(target, "catalog") and not isinstance(target, Mapping)):
-        from ..view import open_checkpoint
-
-        return dict(open_checkpoint(target).catalog.tensors)
-    if isinstance(target, (Catalog, Mapping)):
-        return {info.name: info for info in source_infos(target)}
-    raise MapperError(
-        f"Cannot check against a {type(target).__name__}: pass a model (e.g. built on the meta device), a checkpoint path, "
-        "a Checkpoint, or a mapping name -> tensor."
-    )
+    """What a target expects, as name -> Expected (name, dtype, shape): see `workbench.mapper.target.resolve_target`."""
+    return target_check.resolve_target(target).tensors
 
 
 def compare_to_target(produced: Any, target: Any) -> pd.DataFrame:
     """Differences between what a mapper produces (a Binding or name -> TensorInfo) and what `target`
-    expects: one row per 'missing', 'unexpected', 'shape mismatch' or 'dtype differs' tensor."""
-    outputs = dict(produced.outputs) if isinstance(produced, M.Binding) else dict(produced)
-    expected = target if isinstance(target, dict) else expected_tensors(target)
-    rows = []
-    for name, want in expected.items():
-        have = outputs.get(name)
-        if have is None:
-            rows.append((name, "missing", None, None, want.dtype, want.shape))
-        elif tuple(have.shape) != tuple(want.shape):
-            rows.append((name, "shape mismatch", have.dtype, have.shape, want.dtype, want.shape))
-        elif have.dtype != want.dtype:
-            rows.append((name, "dtype differs", have.dtype, have.shape, want.dtype, want.shape))
-    for name, have in outputs.items():
-        if name not in expected:
-            rows.append((name, "unexpected", have.dtype, have.shape, None, None))
-    frame = pd.DataFrame.from_records(rows, columns=["name", *TARGET_COLUMNS]).set_index("name")
-    frame["status"] = pd.Categorical(frame["status"], categories=TARGET_STATUSES)
-    return frame.sort_values("status", kind="stable")
-
-
-def _describe_target(target: Any) -> str:
-    if isinstance(target, (str, os.PathLike)):
-        return str(target)
-    if hasattr(target, "state_dict"):
-        return f"{type(target).__name__} model"
-    if hasattr(target, "path"):
-        return str(target.path)
-    return f"{type(target).__name__} of {len(target)} tensors" if hasattr(target, "__len__") else type(target).__name__
+    expects: one row per 'missing', 'unexpected', 'shape mismatch' or 'dtype differs' tensor.
+    A thin wrapper over `workbench.mapper.check_target` (its report's frame without messages)."""
+    return target_check.check_target(produced, None, target).frame.drop(columns="message")
 
 
 # --- the widget -------------------------------------------------------------------------------------------
@@ -181,7 +137,7 @@ class MapperBuilder(Panel):
     """Build a mapper interactively over `source` (a path, Checkpoint or Catalog).
 
     `target` (optional): what the result should look like — a model built on the meta device, a target
-    checkpoint, or a mapping name -> tensor; see `compare_to_target`. `mapper` or `preset` (a key of
+    checkpoint, or a mapping name -> tensor; see `workbench.mapper.check_target`. `mapper` or `preset` (a key of
     `MapperBuilder.presets()`) gives the starting steps; `config` (a config.json path, dict or
     transformers config) feeds presets that need model facts and defaults to the source's config.json.
     Controls are public attributes, so a notebook or a test can drive the widget like a user.
@@ -204,7 +160,8 @@ class MapperBuilder(Panel):
         self.steps: list[Mapper] = []
         self.binding: M.Binding | None = None
         self.target: Any = None
-        self._expected: dict[str, Any] | None = None
+        self._target: target_check.Target | None = None
+        self.target_check: target_check.TargetReport | None = None
         self.target_frame: pd.DataFrame | None = None
         self._editing: int | None = None
         self._auto_output = ""
@@ -687,47 +644,40 @@ class MapperBuilder(Panel):
 
     # --- target ------------------------------------------------------------------------------------------
     def set_target(self, target: Any) -> None:
-        """Check the outputs against `target` from now on (None stops checking)."""
+        """Check the outputs against `target` from now on (None stops checking); see `workbench.mapper.check_target`."""
         if target is None:
-            self.target, self._expected, self.target_frame = None, None, None
+            self.target, self._target, self.target_check, self.target_frame = None, None, None, None
             self.target_view.value = message_html("No target: give a target checkpoint path, or pass target=model.")
             return
         try:
-            expected = expected_tensors(target)
+            resolved = target_check.resolve_target(target)
         except WorkbenchError as exc:
             self.target_view.value = message_html(exc.message, "error")
             return
-        self.target, self._expected = target, expected
+        self.target, self._target = target, resolved
         if not isinstance(target, (str, os.PathLike)):
             self.target_box.value = ""
-            self.target_box.placeholder = f"checking against {_describe_target(target)} (type a path to check another)"
+            self.target_box.placeholder = f"checking against {resolved.description} (type a path to check another)"
         self._check_target()
 
     def target_report(self) -> pd.DataFrame | None:
-        """The last target check (see `compare_to_target`), None without a target."""
+        """The last target check's differences (see `compare_to_target`), None without a target;
+        `target_check` holds the whole TargetReport."""
         return self.target_frame
 
     def _check_target(self) -> None:
-        if self._expected is None or self.binding is None:
+        if self._target is None or self.binding is None:
             if self.target is None:
                 self.target_view.value = message_html("No target: give a target checkpoint path, or pass target=model.")
             return
-        frame = compare_to_target(self.binding, self._expected)
+        report = target_check.check_target(self.binding, None, self._target)
+        self.target_check = report
+        frame = report.frame.drop(columns="message")
         self.target_frame = frame
-        counts = frame["status"].value_counts()
-        blocking = sum(int(counts.get(s, 0)) for s in ("missing", "unexpected", "shape mismatch"))
-        where = html.escape(_describe_target(self.target))
-        if not len(frame):
-            summary = message_html(f"Matches the target ({len(self._expected):,} tensors): names, shapes and dtypes agree.", "ok")
-        elif not blocking:
-            summary = message_html(f"Names and shapes match the target ({len(self._expected):,} tensors); "
-                                   f"{int(counts['dtype differs'])} dtype(s) differ.", "warning")
-        else:
-            parts = ", ".join(f"{int(counts[s])} {s}" for s in TARGET_STATUSES if counts.get(s, 0))
-            summary = message_html(f"Does not match the target: {parts}.", "error")
+        summary = message_html(report.headline(), report.level)
         table = html_table(frame.assign(status=frame["status"].astype(str)), max_rows=self.max_rows,
                            formatters={"shape": format_shape, "target_shape": format_shape}, noun="differences") if len(frame) else ""
-        self.target_view.value = f"<div class='wb-note'>target: {where}</div>{summary}{table}"
+        self.target_view.value = f"<div class='wb-note'>target: {html.escape(report.target)}</div>{summary}{table}"
 
     # --- export ---------------------------------------------------------------------------------------------
     def code(self) -> str:

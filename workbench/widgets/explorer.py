@@ -43,6 +43,7 @@ DEFAULT_ROWS = 50
 MAX_PICKS = 1000  # tensors offered in the picker (members of the shown rows)
 LIVE_FILTER_LIMIT = 20_000  # above this many tensors the filter applies on Enter, not on every keystroke
 TABLE_HEIGHT = "420px"
+ROW_COLUMNS = ["dtype", "shape", "numel", "nbytes", "file"]  # then the format's own columns (stage, chunks ...)
 _DIGITS = re.compile(r"[0-9]+")
 
 
@@ -70,6 +71,20 @@ def name_mask(names: pd.Index, text: str, mode: str = "glob") -> np.ndarray:
         needle = text.lower()
         return np.fromiter((needle in n.lower() for n in series), dtype=bool, count=len(series))
     return np.fromiter((pattern.fullmatch(n) is not None for n in series), dtype=bool, count=len(series))
+
+
+def _is_blank(value: Any) -> bool:
+    """True for a missing or empty per-tensor fact (None, NaN, <NA>, '')."""
+    return value is None or value == "" or (not isinstance(value, (str, tuple, list)) and bool(pd.isna(value)))
+
+
+def _shared_values(column: pd.Series, patterns: pd.Series) -> pd.Series:
+    """A format column folded by layer pattern: the value all members share, else 'k values'."""
+    frame = pd.DataFrame({"value": column.astype(object).to_numpy(), "pattern": patterns.to_numpy()})
+    grouped = frame.groupby("pattern", sort=False)["value"]
+    distinct = grouped.nunique(dropna=False)
+    first = grouped.first()
+    return first.where(distinct <= 1, distinct.map(lambda k: f"{k} values")).astype(object)
 
 
 class Explorer(Panel):
@@ -235,6 +250,8 @@ class Explorer(Panel):
             _pos=("_pos", "min"),
         )
         folded.index.name = "pattern"
+        for column in self.checkpoint.format_columns:
+            folded[column] = _shared_values(tensors[column], templates)
         return folded
 
     def _sorted(self, frame: pd.DataFrame, folded: bool) -> pd.DataFrame:
@@ -268,7 +285,7 @@ class Explorer(Panel):
             rows = self._sorted(self._fold(matched), folded=True)
             self.rows = rows.drop(columns=["_rank", "_pos"])
         else:
-            self.rows = self._sorted(matched, folded=False)[["dtype", "shape", "numel", "nbytes", "file"]]
+            self.rows = self._sorted(matched, folded=False)[[*ROW_COLUMNS, *self.checkpoint.format_columns]]
         limit = self.max_rows.value
         total = len(self.checkpoint)
         noun = "patterns" if folded else "tensors"
@@ -285,6 +302,9 @@ class Explorer(Panel):
     def _table_html(self, rows: pd.DataFrame, limit: int, noun: str) -> str:
         formatters = {"nbytes": format_bytes, "shape": format_shape}
         shown = rows.iloc[:limit]
+        for column in self.checkpoint.format_columns:  # <NA> of nullable columns shows as an empty cell
+            values = shown[column].astype(object)
+            shown = shown.assign(**{column: values.where(values.notna(), None)})
         if "count" in shown.columns:
             shown = shown.assign(count=shown["count"].map(lambda n: f"×{n}"))
             shown.insert(1, "range", [self._range_of(p) for p in shown.index])
@@ -371,6 +391,10 @@ class Explorer(Panel):
         ]
         if fold:
             facts.append(("layer pattern", fold))
+        for column in self.checkpoint.format_columns:
+            value = row[column]
+            if not _is_blank(value):
+                facts.append((column, value))
         cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in facts)
         return f'<table class="wb-table wb-details">{cells}</table>'
 
