@@ -3,7 +3,9 @@
 The target is whatever says what the result should look like: a model (built on the meta device costs
 no memory), a checkpoint (path, Checkpoint or Catalog), a bound mapper, or a mapping name -> TensorInfo,
 tensor or shape. `check_target` answers with a `TargetReport`: one row per difference, `ok`, and a text
-and HTML rendering. The MapperBuilder widget and `check_module` both call it.
+and HTML rendering. The MapperBuilder widget and `check_module` both call it. The comparison itself
+(`compare_tensors`: which name is missing, unexpected, of another shape or dtype, or filled through a
+tie) is also what `load_into` checks a module's keys with, before it reads anything.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import html
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..catalog import Catalog, TensorInfo
 from ..dtypes import normalize_dtype
@@ -26,6 +28,9 @@ TARGET_STATUSES = ("missing", "unexpected", "shape mismatch", "dtype differs")
 BLOCKING_STATUSES = ("missing", "unexpected", "shape mismatch")
 TARGET_COLUMNS = ["status", "dtype", "shape", "target_dtype", "target_shape", "message"]
 MAX_LISTED = 20
+# every name compared gets one status: the four above, or 'matched' (same name and shape, dtype too
+# when the target gives one) or 'tied' (expected, not produced, but a key it is tied to is)
+Status = Literal["missing", "unexpected", "shape mismatch", "dtype differs", "matched", "tied"]
 
 
 @dataclass(frozen=True)
@@ -77,13 +82,9 @@ def _expected_entry(name: str, value: Any) -> Expected:
 
 
 def _module_target(model: Any) -> Target:
-    from ..model_io.module_keys import module_state
+    from ..model_io.module_keys import expected_keys, module_state
 
-    tensors = {
-        key: Expected(key, entry.info.dtype, entry.info.shape, entry.leader if entry.tied else None)
-        for key, entry in module_state(model).items()
-    }
-    return Target(f"{type(model).__name__} model", "the module", tensors)
+    return Target(f"{type(model).__name__} model", "the module", expected_keys(module_state(model)))
 
 
 def resolve_target(target: Any) -> Target:
@@ -137,43 +138,60 @@ def _produced(mapper_or_binding: Any, source: Any, rest: str) -> tuple[dict[str,
     return dict(binding.outputs), list(binding.problems)
 
 
-def _describe(dtype: str | None, shape: Any) -> str:
+def describe(dtype: str | None, shape: Any) -> str:
+    """'F32 [64, 64]': how metadata reads in messages ('any dtype' when the target gives a shape only)."""
     return f"{dtype or 'any dtype'} {list(shape)}"
+
+
+def compare_tensors(produced: Mapping[str, TensorInfo], expected: Mapping[str, Expected]) -> dict[str, Status]:
+    """The status of every name on either side, from metadata alone: the expected names in target order
+    ('matched', 'dtype differs', 'shape mismatch', 'missing' or 'tied'), then the other produced names in
+    produced order ('unexpected'). A tied key counts as filled when any key of its tie is produced."""
+    produced_ties = {want.tied_to or name for name, want in expected.items() if name in produced}
+    status: dict[str, Status] = {}
+    for name, want in expected.items():
+        have = produced.get(name)
+        if have is None:
+            status[name] = "tied" if (want.tied_to or name) in produced_ties else "missing"
+        elif tuple(have.shape) != tuple(want.shape):
+            status[name] = "shape mismatch"
+        elif want.dtype is not None and have.dtype != want.dtype:
+            status[name] = "dtype differs"
+        else:
+            status[name] = "matched"
+    for name in produced:
+        if name not in expected:
+            status[name] = "unexpected"
+    return status
+
+
+def _message(name: str, status: Status, have: TensorInfo | None, want: Expected | None, noun: str) -> str:
+    if status == "missing":
+        return (f"Missing {name!r}: {noun} expects {describe(want.dtype, want.shape)} but the source (after the mapper) "
+                "has no such tensor. Map it from a source tensor.")
+    if status == "shape mismatch":
+        return (f"Shape mismatch for {name!r}: {noun} expects {list(want.shape)} but the source (after the mapper) "
+                f"gives {list(have.shape)}. Fix the mapper (Reshape, Split, Concat) or build the target with the "
+                "checkpoint's config.")
+    if status == "dtype differs":
+        return (f"{name!r} is {have.dtype} after the mapper but {noun} holds {want.dtype}. Add a Cast if it must "
+                "match exactly (loading into a module casts it).")
+    return (f"Unexpected {name!r}: the source (after the mapper) has it ({describe(have.dtype, have.shape)}) but "
+            f"{noun} has no tensor of that name. Drop or rename it in the mapper.")
 
 
 def _rows(produced: dict[str, TensorInfo], target: Target) -> tuple[list[tuple], list[str], list[str]]:
     """Difference rows, the produced names the target accepts, and the tied keys filled through another."""
-    noun = target.noun
-    expected = target.tensors
-    rows: list[tuple] = []
-    matched: list[str] = []
-    filled_groups = {exp.tied_to or name for name, exp in expected.items() if name in produced}
-    tied: list[str] = []
-    for name, want in expected.items():
-        have = produced.get(name)
-        if have is None:
-            if (want.tied_to or name) in filled_groups:
-                tied.append(name)
-                continue
-            rows.append((name, "missing", None, None, want.dtype, want.shape,
-                         f"Missing {name!r}: {noun} expects {_describe(want.dtype, want.shape)} but the source (after the mapper) "
-                         "has no such tensor. Map it from a source tensor."))
-        elif tuple(have.shape) != tuple(want.shape):
-            rows.append((name, "shape mismatch", have.dtype, have.shape, want.dtype, want.shape,
-                         f"Shape mismatch for {name!r}: {noun} expects {list(want.shape)} but the source (after the mapper) "
-                         f"gives {list(have.shape)}. Fix the mapper (Reshape, Split, Concat) or build the target with the "
-                         "checkpoint's config."))
-        else:
-            matched.append(name)
-            if want.dtype is not None and have.dtype != want.dtype:
-                rows.append((name, "dtype differs", have.dtype, have.shape, want.dtype, want.shape,
-                             f"{name!r} is {have.dtype} after the mapper but {noun} holds {want.dtype}. Add a Cast if it must "
-                             "match exactly (loading into a module casts it)."))
-    for name, have in produced.items():
-        if name not in expected:
-            rows.append((name, "unexpected", have.dtype, have.shape, None, None,
-                         f"Unexpected {name!r}: the source (after the mapper) has it ({_describe(have.dtype, have.shape)}) but "
-                         f"{noun} has no tensor of that name. Drop or rename it in the mapper."))
+    status = compare_tensors(produced, target.tensors)
+    rows = []
+    for name, state in status.items():
+        if state in TARGET_STATUSES:
+            have, want = produced.get(name), target.tensors.get(name)
+            found = (have.dtype, have.shape) if have is not None else (None, None)
+            wanted = (want.dtype, want.shape) if want is not None else (None, None)
+            rows.append((name, state, *found, *wanted, _message(name, state, have, want, target.noun)))
+    matched = [name for name, state in status.items() if state in ("matched", "dtype differs")]
+    tied = [name for name, state in status.items() if state == "tied"]
     return rows, matched, tied
 
 

@@ -8,7 +8,7 @@ is read, and a save lays out its output exactly as a conversion of the same tens
 """
 
 from .check import KeyProblem, LoadCheck, ModuleMismatchError
-from .load import LoadReport, check_module, load_into
+from .load import LoadReport, dry_run_load, load_into
 from .save import SaveReport, save_from
 
-__all__ = ["KeyProblem", "LoadCheck", "LoadReport", "ModuleMismatchError", "SaveReport", "check_module", "load_into", "save_from"]
+__all__ = ["KeyProblem", "LoadCheck", "LoadReport", "ModuleMismatchError", "SaveReport", "dry_run_load", "load_into", "save_from"]

@@ -1,7 +1,10 @@
 """The dry-run of a load: do the mapper's outputs fit the module's state keys, by name, shape and dtype?
 
 Computed from metadata alone (the bound mapper's outputs and the module's state), before any tensor
-byte is read or any storage materialised, so a strict load can refuse without side effects.
+byte is read or any storage materialised, so a strict load can refuse without side effects. Names,
+shapes and dtypes are compared by `workbench.mapper.target.compare_tensors` (the comparison behind
+`check_target`); what only a load decides is added here: which output fills each tie (the others are
+not read), that a dtype difference is a cast (a warning), and keys other pipeline stages hold.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from typing import TYPE_CHECKING, Literal
 from ..catalog import TensorInfo
 from ..errors import MapperError
 from ..mapper.groups import Problem
-from .module_keys import StateEntry
+from ..mapper.target import compare_tensors, describe
+from .module_keys import StateEntry, expected_keys
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -33,11 +37,6 @@ class KeyProblem:
     expected: str | None
     found: str | None
     message: str
-
-
-def describe(info: TensorInfo) -> str:
-    """'F32 [64, 64]': how metadata reads in messages."""
-    return f"{info.dtype} {list(info.shape)}"
 
 
 class ModuleMismatchError(MapperError):
@@ -142,35 +141,38 @@ def check_load(
     add = check.problems.append
     for p in mapper_problems:
         add(KeyProblem("mapper", p.severity, p.tensor, None, None, p.message))
+    status = compare_tensors(outputs, expected_keys(state))
     others = set(elsewhere)
-    filled: dict[str, str] = {}  # tie leader -> output that fills it
+    filled: dict[str, str] = {}  # tie leader -> the output that fills it (the first of its tie that fits)
     for name, out in outputs.items():
-        entry = state.get(name)
-        if entry is None:
+        found = describe(out.dtype, out.shape)
+        if status[name] == "unexpected":
             if name not in others:
                 add(KeyProblem(
-                    "unexpected", "error", name, None, describe(out),
-                    f"Unexpected {name!r}: the source (after the mapper) has it ({describe(out)}) but the module has no "
+                    "unexpected", "error", name, None, found,
+                    f"Unexpected {name!r}: the source (after the mapper) has it ({found}) but the module has no "
                     "parameter or buffer of that name. Drop or rename it in the mapper, or pass strict=False to skip it.",
                 ))
             continue
+        entry = state[name]
         want = entry.info
-        if out.shape != want.shape:
+        wanted = describe(want.dtype, want.shape)
+        if status[name] == "shape mismatch":
             add(KeyProblem(
-                "shape", "error", name, describe(want), describe(out),
+                "shape", "error", name, wanted, found,
                 f"Shape mismatch for {name!r}: the module expects {list(want.shape)} but the source gives {list(out.shape)}. "
                 "Fix the mapper (Reshape, Split, Concat) or build the module with the checkpoint's config.",
             ))
             continue
         if entry.leader in filled:
             add(KeyProblem(
-                "tied", "info", name, describe(want), describe(out),
+                "tied", "info", name, wanted, found,
                 f"{name!r} is tied to {entry.leader!r}, already filled from {filled[entry.leader]!r}: this copy is not read.",
             ))
             continue
-        if out.dtype != want.dtype:
+        if status[name] == "dtype differs":
             add(KeyProblem(
-                "dtype", "warning", name, describe(want), describe(out),
+                "dtype", "warning", name, wanted, found,
                 f"{name!r} is stored as {out.dtype} and is cast to the module's {want.dtype} while loading.",
             ))
         filled[entry.leader] = name
@@ -178,15 +180,17 @@ def check_load(
     for key, entry in state.items():
         if key in outputs:
             continue
-        if entry.leader in filled:
+        wanted = describe(entry.info.dtype, entry.info.shape)
+        # 'tied' only says some key of the tie is produced; it fills this one only if its shape fits
+        if status[key] == "tied" and entry.leader in filled:
             add(KeyProblem(
-                "tied", "info", key, describe(entry.info), None,
+                "tied", "info", key, wanted, None,
                 f"{key!r} is tied to {entry.leader!r}: it is filled through that tensor (from {filled[entry.leader]!r}).",
             ))
             continue
         add(KeyProblem(
-            "missing", "error", key, describe(entry.info), None,
-            f"Missing {key!r}: the module expects {describe(entry.info)} but the source (after the mapper) has no such "
+            "missing", "error", key, wanted, None,
+            f"Missing {key!r}: the module expects {wanted} but the source (after the mapper) has no such "
             "tensor. Map it from a source tensor, or pass strict=False to leave it unloaded.",
         ))
     return check

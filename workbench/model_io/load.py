@@ -114,7 +114,7 @@ def plan_load(
     return catalog, binding, check
 
 
-def check_module(model: Any, source: Any, mapper: Any = None, *, rest: str = "keep") -> LoadCheck:
+def dry_run_load(model: Any, source: Any, mapper: Any = None, *, rest: str = "keep") -> LoadCheck:
     """Would `source` (through `mapper`) load into `model`? Missing, unexpected, shape and dtype findings."""
     return plan_load(model, source, mapper, rest=rest)[2]
 
@@ -263,7 +263,7 @@ def load_into(
         raise check.error()
     report = LoadReport(check, rank=comm.rank, stage=stage)
     if on_meta(model):  # what stays unfilled after to_empty holds garbage: say so
-        report.uninitialized = check.missing + materialize(model, "cpu" if device is None else device)
+        report.uninitialized = check.missing + check.mismatched + materialize(model, "cpu" if device is None else device)
     state = module_state(model)
     wanted = check.fill
     groups = [g for g in binding.groups if any(o.name in wanted for o in g.outputs)]

@@ -7,12 +7,14 @@ and distributed tensors (DTensor, FSDP2) described by their global shape. Nothin
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..catalog import TensorInfo
 from ..dtypes import from_torch
 from ..errors import MapperError
+from ..mapper.target import Expected
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,12 @@ def module_state(model: Any) -> dict[str, StateEntry]:
         leader = first_key.setdefault(id(tensor), key)
         entries[key] = StateEntry(key, tensor, _meta_of(key, tensor), leader)
     return entries
+
+
+def expected_keys(state: Mapping[str, StateEntry]) -> dict[str, Expected]:
+    """The state as a target to compare with (`workbench.mapper.target.compare_tensors`): each key's
+    dtype and global shape, and the earlier key it is tied to."""
+    return {key: Expected(key, e.info.dtype, e.info.shape, e.leader if e.tied else None) for key, e in state.items()}
 
 
 def state_infos(state: dict[str, StateEntry], *, untied: bool = True) -> list[TensorInfo]:
