@@ -30,7 +30,7 @@ from ..dtypes import _TORCH_NAMES, DTYPE_BITS, nbytes_of
 from ..errors import PlanError
 from ..iostats import IO, open_for_read, read_at
 from .dcp import METADATA_NAME
-from .safetensors_writer import PARTIAL_SUFFIX, FileLayout, SafetensorsWriter, _fsync_dir
+from .safetensors_writer import PARTIAL_SUFFIX, FileLayout, SafetensorsWriter, _fsync_dir, preallocate
 
 ALIGNMENT = 64  # torch.save aligns every record's data to 64 bytes (mmap loading relies on it)
 ZIP64_LIMIT = 0xFFFFFFFF  # sizes and offsets at or above this need zip64 fields
@@ -306,7 +306,7 @@ class DcpShardWriter(SafetensorsWriter):
         self._written = dict.fromkeys(self._by_name, 0)
         self._fd = os.open(self.partial_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
         try:
-            os.ftruncate(self._fd, layout.size)
+            preallocate(self._fd, layout.size)
             places = layout.streams
             for k, place in enumerate(places):
                 gap_end = places[k + 1].offset if k + 1 < len(places) else layout.size
