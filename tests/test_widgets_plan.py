@@ -1,0 +1,137 @@
+"""PlanPanel: the dry-run as a panel — problems on top, memory timeline with the predicted peak, files read
+(and not opened), output layout, per-rank load, and a static HTML copy. No kernel, no browser."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import workbench as wb
+from workbench import mapper as M
+from workbench.errors import PlanError
+from workbench.mapper import presets
+from workbench.widgets import PlanPanel
+from workbench.widgets.plan_panel import memory_timeline_figure, source_files_table
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def fused_cast_plan(llama_sample: Path):
+    """Fuse q/k/v and gate/up, cast to bf16 in 16 KiB chunks, two ranks: memory is held, work is split."""
+    fused = presets.hf_to_fused(llama_sample / "config.json")
+    return wb.plan(llama_sample, fused, shard_size="300KB", nproc=2, dtype="bf16", chunk_size="16KiB")
+
+
+@pytest.fixture(scope="module")
+def panel(fused_cast_plan) -> PlanPanel:
+    return PlanPanel(fused_cast_plan)
+
+
+def test_panel_shows_headline_all_clear_and_the_four_views(panel: PlanPanel, fused_cast_plan) -> None:
+    assert panel.children[1] is panel.problems_view  # problems come right after the headline, above the tabs
+    assert "No problems" in panel.problems_view.value
+    assert "706.2 KiB" in panel.headline.value and "ranks: 2" in panel.headline.value
+    assert [panel.tabs.get_title(i) for i in range(4)] == ["Memory", "Files read", "Output layout", "Ranks"]
+    assert set(panel.images) == {"memory", "files_read", "ranks"}
+    assert all(png.startswith(PNG) for png in panel.images.values())
+    assert panel.image_views["memory"].value == panel.images["memory"]
+    assert repr(panel) == "<PlanPanel: 27 groups -> 2 files on 2 rank(s), peak 96.0 KiB, ok>"
+
+
+def test_memory_view_names_the_predicted_peak_and_the_steps_behind_it(panel: PlanPanel, fused_cast_plan) -> None:
+    steps = panel.tables["memory"]
+    assert steps["held_bytes"].iloc[0] == fused_cast_plan.peak_bytes == 96 * 1024
+    assert steps["held_bytes"].is_monotonic_decreasing
+    memory_html = panel.tabs.children[0].children[1].value
+    assert "Predicted peak: 96.0 KiB" in memory_html
+
+
+def test_memory_timeline_draws_each_ranks_held_bytes_and_its_peak_line(fused_cast_plan) -> None:
+    fig = memory_timeline_figure(fused_cast_plan)
+    ax = fig.axes[0]
+    assert "KiB" in ax.get_ylabel()
+    lines = ax.get_lines()
+    steps = [line for line in lines if line.get_linestyle() == "-"]
+    peaks = [line for line in lines if line.get_linestyle() == "--"]
+    assert len(steps) == len(peaks) == 2  # one step curve and one peak line per rank
+    for rank, (curve, peak) in enumerate(zip(steps, peaks, strict=True)):
+        expected = fused_cast_plan.rank_peak_bytes(rank) / 1024
+        assert max(curve.get_ydata()) == pytest.approx(expected)
+        assert list(peak.get_ydata()) == pytest.approx([expected, expected])
+        assert len(curve.get_ydata()) == len(fused_cast_plan.rank_steps(rank)) + 1
+    assert "predicted peak 96.0 KiB" in " ".join(t.get_text() for t in ax.get_legend().get_texts())
+
+
+def test_byte_copy_plan_says_no_tensor_data_is_held(llama_sample: Path) -> None:
+    plan = wb.plan(llama_sample)
+    fig = memory_timeline_figure(plan)
+    assert "byte copies only" in " ".join(t.get_text() for t in fig.axes[0].texts)
+    memory_html = PlanPanel(plan).tabs.children[0].children[1].value
+    assert "Predicted peak: 0 B" in memory_html and "<table" not in memory_html
+
+
+def test_files_read_table_matches_the_plan(panel: PlanPanel, fused_cast_plan) -> None:
+    table = panel.tables["files_read"]
+    assert list(table.index) == sorted(fused_cast_plan.source.files)
+    assert table["bytes_read"].sum() == fused_cast_plan.bytes_read
+    assert (table["status"] == "read").all()
+    assert table.loc["model-00003-of-00003.safetensors", "ranks"] == "0, 1"  # both ranks open the last shard
+    html = panel.tabs.children[1].children[1].value
+    assert "opens 3 of 3 source files" in html and "model-00003-of-00003.safetensors" in html
+
+
+def test_files_never_opened_are_shown_as_such(llama_sample: Path) -> None:
+    plan = wb.plan(llama_sample, M.Rename("model.embed_tokens.weight", "embed.weight"), rest="drop")
+    table = source_files_table(plan)
+    assert table["status"].to_dict() == {
+        "model-00001-of-00003.safetensors": "read",
+        "model-00002-of-00003.safetensors": "not opened",
+        "model-00003-of-00003.safetensors": "not opened",
+    }
+    assert table.loc["model-00001-of-00003.safetensors", "bytes_read"] == 64 * 1024
+    panel = PlanPanel(plan)
+    assert "opens 1 of 3 source files" in panel.tabs.children[1].children[1].value
+    assert "not opened" in panel._repr_html_()
+
+
+def test_output_layout_and_rank_load(panel: PlanPanel, fused_cast_plan) -> None:
+    layout = panel.tabs.children[2].children[0].value
+    assert "2 shards and model.safetensors.index.json" in layout
+    assert "model.layers.0.self_attn.qkv_proj.weight" in layout and "[128, 64]" in layout
+    for name in fused_cast_plan.output_files["file"]:
+        assert name in layout
+    ranks = panel.tables["ranks"]
+    assert list(ranks.index) == [0, 1]
+    assert ranks["bytes_written"].sum() == fused_cast_plan.bytes_written
+    assert ranks["bytes_read"].sum() == fused_cast_plan.bytes_read
+    assert ranks["output_files"].to_list() == [1, 1]
+    assert list(ranks["peak_bytes"]) == [fused_cast_plan.rank_peak_bytes(r) for r in (0, 1)]
+
+
+def test_errors_and_warnings_sit_at_the_top(llama_sample: Path) -> None:
+    typo = wb.plan(llama_sample, M.Rename("model.layers.{i}.self_attn.o_prj.weight", "o.{i}"))
+    panel = PlanPanel(typo)
+    text = panel.problems_view.value
+    assert "1 error(s): this conversion cannot run" in text and "o_prj" in text and "wb-error" in text
+    assert "o_proj" in text  # the message's suggestion reaches the user
+
+    oversized = PlanPanel(wb.plan(llama_sample, shard_size="10KB"))
+    assert "wb-warning" in oversized.problems_view.value and "larger than the shard size" in oversized.problems_view.value
+    assert "wb-error" not in oversized.problems_view.value
+
+
+def test_static_html_carries_problems_tables_and_figures(panel: PlanPanel) -> None:
+    static = panel._repr_html_()
+    assert static.count("data:image/png;base64,") == 3
+    for title in ("Memory", "Files read", "Output layout", "Ranks"):
+        assert f"<summary><b>{title}</b></summary>" in static
+    assert "No problems" in static and "Predicted peak: 96.0 KiB" in static
+    bundle = panel._repr_mimebundle_()
+    assert bundle["text/html"] == static and "application/vnd.jupyter.widget-view+json" in bundle
+
+
+def test_panel_refuses_what_is_not_a_plan(llama_sample: Path) -> None:
+    with pytest.raises(PlanError, match="wb.plan"):
+        PlanPanel(llama_sample)

@@ -1,0 +1,209 @@
+"""RunPanel driven in plain pytest: start, wait, per-rank bars at 100 %, the report shown; cancel (here and
+under torchrun) leaves no index and no `.partial` file, and starting again resumes; `wb.convert` in a
+Jupyter kernel shows a RunPanel instead of the tqdm bar."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import workbench as wb
+from workbench.engine import Cancelled, progress, rank
+from workbench.errors import PlanError
+from workbench.mapper import presets
+from workbench.widgets import RunPanel
+from workbench.widgets import run_panel as run_panel_module
+
+INDEX = "model.safetensors.index.json"
+
+
+def partials(folder: Path) -> list[str]:
+    return sorted(n for n in os.listdir(folder) if n.endswith(".partial"))
+
+
+def assert_same_files(expected: Path, got: Path) -> None:
+    names = sorted(os.listdir(expected))
+    assert sorted(os.listdir(got)) == names
+    for name in names:
+        assert filecmp.cmp(expected / name, got / name, shallow=False), f"{name} differs"
+
+
+@pytest.fixture(scope="module")
+def fused(llama_sample: Path):
+    return presets.hf_to_fused(llama_sample / "config.json")
+
+
+@pytest.fixture(scope="module")
+def reference(llama_sample: Path, fused, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same conversion by wb.convert: what every panel run must produce, byte for byte."""
+    dest = tmp_path_factory.mktemp("reference") / "out"
+    wb.convert(llama_sample, dest, fused, shard_size="300KB", quiet=True)
+    return dest
+
+
+@pytest.fixture
+def held_steps(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Hold a local run after its first step until the returned event is set, so a test can act mid-run."""
+    run_step = rank.run_step
+    release = threading.Event()
+    calls = []
+
+    def held(ctx, step):
+        if calls:  # later steps: wait for the release, then stay slow enough for progress reports (every 0.1 s)
+            assert release.wait(30), "the test never released the run"
+            time.sleep(0.03)
+        calls.append(step)
+        return run_step(ctx, step)
+
+    monkeypatch.setattr(rank, "run_step", held)
+    return release
+
+
+def test_local_run_fills_the_bar_and_shows_the_report(llama_sample: Path, fused, reference: Path, tmp_path: Path) -> None:
+    events: list[tuple[int, int, int]] = []
+    panel = RunPanel(llama_sample, tmp_path / "out", fused, shard_size="300KB", on_progress=lambda *e: events.append(e))
+    assert panel.state == "ready" and len(panel.bars) == 1 and not panel.start_button.disabled
+    assert "3 of 3 source files" in panel.header.value
+    assert panel.start() is panel
+    report = panel.wait(timeout=60)
+    assert panel.state == "done" and report is panel.report and report.ok and report.files_match_plan
+    bar = panel.bars[0]
+    assert bar.value == bar.max == 723200 and bar.bar_style == "success"
+    assert "(100%)" in panel.bar_labels[0].value
+    assert "index written" in panel.status.value
+    assert "predicted" in panel.report_view.value and "measured" in panel.report_view.value
+    assert events and events[-1] == (0, 723200, 723200)
+    assert_same_files(reference, tmp_path / "out")
+    static = panel._repr_html_()
+    assert "width:100%" in static and "Done in" in static
+
+
+def test_the_start_button_runs_it_too(llama_sample: Path, tmp_path: Path) -> None:
+    panel = RunPanel(llama_sample, tmp_path / "out", shard_size="300KB")
+    panel.start_button.click()
+    panel.wait(timeout=60)
+    assert panel.state == "done" and (tmp_path / "out" / INDEX).exists()
+
+
+def test_cancel_button_stops_cleanly_and_start_resumes(llama_sample: Path, fused, reference: Path, tmp_path: Path,
+                                                       held_steps: threading.Event) -> None:
+    dest = tmp_path / "out"
+    moving = threading.Event()
+    panel = RunPanel(llama_sample, dest, fused, shard_size="300KB", on_progress=lambda *e: moving.set())
+    panel.start()
+    assert moving.wait(30) and panel.state == "running" and not panel.cancel_button.disabled
+    panel.cancel_button.click()
+    held_steps.set()
+    with pytest.raises(Cancelled, match="cancelled. No index was written"):
+        panel.wait(timeout=30)
+    assert panel.state == "cancelled" and isinstance(panel.error, Cancelled)
+    assert "Cancelled" in panel.status.value and panel.bars[0].bar_style == "warning"
+    assert 0 < panel.bars[0].value < panel.bars[0].max
+    assert not (dest / INDEX).exists() and partials(dest) == []
+    assert not panel.start_button.disabled
+
+    panel.start()  # re-plans: shards finished before the cancel are kept
+    panel.wait(timeout=60)
+    assert panel.state == "done" and panel.bars[0].value == panel.bars[0].max
+    assert_same_files(reference, dest)
+
+
+def test_wait_times_out_while_running_and_cancel_is_idle_when_not(llama_sample: Path, tmp_path: Path,
+                                                                    held_steps: threading.Event) -> None:
+    panel = RunPanel(llama_sample, tmp_path / "out", shard_size="300KB")
+    panel.cancel()  # not running: nothing happens
+    assert panel.state == "ready"
+    with pytest.raises(PlanError, match="not started"):
+        panel.wait()
+    panel.start()
+    with pytest.raises(PlanError, match="already running"):
+        panel.start()
+    with pytest.raises(TimeoutError, match="still running"):
+        panel.wait(timeout=0.2)
+    panel.cancel()
+    held_steps.set()
+    with pytest.raises(Cancelled):
+        panel.wait(timeout=30)
+
+
+def test_plan_errors_block_the_start(llama_sample: Path, tmp_path: Path) -> None:
+    from workbench import mapper as M
+
+    panel = RunPanel(llama_sample, tmp_path / "out", M.Rename("model.layers.{i}.self_attn.o_prj.weight", "o.{i}"))
+    assert panel.start_button.disabled and "o_prj" in panel.problems_view.value
+    with pytest.raises(PlanError, match="1 error"):
+        panel.start()
+    panel._start_clicked()
+    assert "wb-error" in panel.status.value and "o_prj" in panel.status.value
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_arguments_get_clear_errors(llama_sample: Path, tmp_path: Path) -> None:
+    with pytest.raises(PlanError, match="unknown option.*'shardsize'"):
+        RunPanel(llama_sample, tmp_path / "out", shardsize="1GB")
+    with pytest.raises(PlanError, match="without a source and a destination"):
+        RunPanel(llama_sample)
+    with pytest.raises(PlanError, match="dest="):
+        RunPanel(plan=wb.plan(llama_sample))
+
+
+@pytest.mark.distributed
+def test_two_torchrun_ranks_fill_one_bar_each(llama_sample: Path, fused, reference: Path, tmp_path: Path) -> None:
+    panel = RunPanel(llama_sample, tmp_path / "out", fused, nproc=2, shard_size="300KB").start()
+    assert [r.children[0].description for r in panel.rank_rows.children] == ["rank 0", "rank 1"]
+    report = panel.wait(timeout=120)
+    assert report.nproc == 2 and report.ok and report.files_match_plan
+    assert [(bar.value, bar.max, bar.bar_style) for bar in panel.bars] == [
+        (279296, 279296, "success"), (443904, 443904, "success")]
+    assert all("(100%)" in label.value for label in panel.bar_labels)
+    assert "files opened" in panel.report_view.value  # the per-rank table of the report
+    assert_same_files(reference, tmp_path / "out")
+
+
+@pytest.mark.distributed
+def test_cancel_under_torchrun_stops_every_rank(llama_sample: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "out"
+    moving = threading.Event()
+    # A bf16 cast in 16-byte chunks: slow enough to be caught running.
+    panel = RunPanel(llama_sample, dest, nproc=2, shard_size="100KB", dtype="bf16", chunk_size="16B",
+                     on_progress=lambda *e: moving.set()).start()
+    assert moving.wait(120)
+    panel.cancel()
+    with pytest.raises(Cancelled):
+        panel.wait(timeout=60)
+    assert panel.state == "cancelled"
+    launch = panel._launch
+    assert launch is not None and launch.worker_pids and not launch.jobdir.exists()
+    for pid in launch.worker_pids.values():
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert not (dest / INDEX).exists() and partials(dest) == []
+
+
+def test_convert_in_a_kernel_shows_a_run_panel(llama_sample: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shown: list[object] = []
+    monkeypatch.setattr(progress, "in_jupyter_kernel", lambda: True)
+    monkeypatch.setattr(run_panel_module, "display", shown.append)
+    events: list[tuple[int, int, int]] = []
+    report = wb.convert(llama_sample, tmp_path / "a", shard_size="300KB", on_progress=lambda *e: events.append(e))
+    assert len(shown) == 1 and isinstance(shown[0], RunPanel)
+    panel = shown[0]
+    assert panel.report is report and panel.state == "done" and panel.bars[0].value == panel.bars[0].max
+    assert panel.start_button.layout.display == "none"  # wb.convert drives it; the cell waits for the end
+    assert events and events[-1][1] == events[-1][2]
+
+    wb.convert(llama_sample, tmp_path / "b", shard_size="300KB", quiet=True)
+    monkeypatch.setattr(progress, "LIVE_DISPLAY", "")
+    wb.convert(llama_sample, tmp_path / "c", shard_size="300KB", on_progress=lambda *e: None)
+    assert len(shown) == 1  # quiet, or the display turned off: no panel
+    assert (tmp_path / "c" / INDEX).exists()
+
+
+def test_outside_a_kernel_convert_keeps_the_text_bar(llama_sample: Path) -> None:
+    assert not progress.in_jupyter_kernel()
+    assert progress.live_display(wb.plan(llama_sample)) is None

@@ -1,0 +1,326 @@
+"""`RunPanel`: run a conversion from a notebook — here or on torchrun workers — with one live progress
+bar per rank, a cancel button that stops every rank cleanly, and the run report (predicted next to
+measured) when it ends.
+
+`start()` runs the conversion in a background thread, so the cell returns at once and the bars move
+while other cells run; the thread only sets widget values (never `with out:`), which a kernel sends
+to the page from any thread. `wait()` blocks until the end (use it where later cells need the output).
+In a Jupyter kernel, `wb.convert(...)` also shows a RunPanel instead of a text bar (see `live_display`).
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+from typing import TYPE_CHECKING, Any
+
+import ipywidgets as widgets
+from IPython.display import display
+
+from ..errors import PlanError, WorkbenchError
+from .common import Panel, format_bytes, labelled, message_html
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..engine.progress import ProgressCallback
+    from ..engine.report import RunReport
+    from ..planning.model import Plan
+
+PLAN_OPTIONS = ("shard_size", "rest", "dtype", "extras", "overwrite", "chunk_size")
+READY, RUNNING, CANCELLING, DONE, CANCELLED, FAILED = "ready", "running", "cancelling", "done", "cancelled", "failed"
+# Scoped to the panel: its HTML widgets sit outside JupyterLab's rendered-HTML styles.
+RUN_STYLE = (
+    "<style>.wb-run-lines{font-size:12px;color:#555;line-height:1.45}"
+    ".wb-run-report table{border-collapse:collapse;font-size:12px;margin:4px 0 8px}"
+    ".wb-run-report th,.wb-run-report td{padding:1px 12px 1px 0;line-height:1.45;text-align:left;white-space:nowrap}"
+    ".wb-run-report th{border-bottom:1px solid #ccc}</style>"
+)
+BAR_STYLES = {RUNNING: "info", CANCELLING: "warning", DONE: "success", CANCELLED: "warning", FAILED: "danger"}
+
+
+class RunPanel(Panel):
+    """A conversion run as a notebook panel: `RunPanel(source, dest, mapper=None, nproc=1, **options)`.
+
+    `options` are `wb.convert`'s (`shard_size`, `rest`, `dtype`, `extras`, `overwrite`, `chunk_size`,
+    `on_progress`); or pass an existing `plan=` made with a destination. The plan is made at once, so
+    its problems show before anything runs. `start()` runs it in the background (nproc > 1: under
+    torchrun), `cancel()` stops every rank (no index written, temporary files removed; starting again
+    resumes), `wait(timeout)` blocks and returns the `RunReport` (or raises the run's error), `report`
+    and `error` hold the outcome. Controls: `start_button`, `cancel_button`, `bars` (one per rank).
+    """
+
+    def __init__(
+        self,
+        source: Any = None,
+        dest: Any = None,
+        mapper: Any = None,
+        nproc: int = 1,
+        *,
+        plan: Plan | None = None,
+        on_progress: ProgressCallback | None = None,
+        **options: Any,
+    ) -> None:
+        options.pop("quiet", None)  # the panel is the progress display
+        unknown = sorted(set(options) - set(PLAN_OPTIONS))
+        if unknown:
+            raise PlanError(
+                f"Cannot make a RunPanel: unknown option(s) {', '.join(map(repr, unknown))}. "
+                f"It takes wb.convert's options: {', '.join(PLAN_OPTIONS)}, on_progress."
+            )
+        if plan is None:
+            if source is None or dest is None:
+                raise PlanError("Cannot make a RunPanel without a source and a destination: RunPanel(source, dest, mapper, ...), "
+                                "or RunPanel(plan=wb.plan(source, mapper, dest=...)).")
+            from ..planning.build import plan as make_plan
+
+            plan = make_plan(source, mapper, nproc=nproc, dest=dest, **options)
+        elif plan.dest is None:
+            raise PlanError("Cannot run a plan without a destination in a RunPanel: make it with wb.plan(..., dest=...).")
+        self.plan = plan
+        self.report: RunReport | None = None
+        self.error: BaseException | None = None
+        self.state = READY
+        self._user_progress = on_progress
+        self._cancel_requested = threading.Event()
+        self._state_lock = threading.Lock()  # cancel() (any thread) must not overwrite the state of a run that ended
+        self._thread: threading.Thread | None = None
+        self._launch: Any = None
+        self._runs = 0
+
+        self.header = labelled(widgets.HTML(), "wb-run-header")
+        self.problems_view = labelled(widgets.HTML(), "wb-run-problems")
+        self.rank_rows = labelled(widgets.VBox(), "wb-run-ranks")
+        self.status = labelled(widgets.HTML(), "wb-run-status")
+        self.start_button = labelled(widgets.Button(description="Start", icon="play", button_style="primary"), "wb-run-start")
+        self.cancel_button = labelled(
+            widgets.Button(description="Cancel", icon="stop", button_style="warning", disabled=True,
+                           tooltip="stop every rank: no index is written, temporary files are removed"),
+            "wb-run-cancel",
+        )
+        self.report_view = labelled(widgets.HTML(), "wb-run-report")
+        self._show_plan()
+        self._set_status(READY, "Ready: press Start (or call start()).")
+        super().__init__([self.header, self.problems_view, self.rank_rows,
+                          widgets.HBox([self.start_button, self.cancel_button]), self.status, self.report_view])
+        self.add_class("wb-run")
+        self.start_button.on_click(lambda _: self._start_clicked())
+        self.cancel_button.on_click(lambda _: self.cancel())
+
+    # --- identity ----------------------------------------------------------------------------------
+    def _describe(self) -> str:
+        where = "here" if self.plan.nproc == 1 else f"on {self.plan.nproc} torchrun ranks"
+        return f"RunPanel: {self.plan.source.root.name} -> {self.plan.dest} ({where}), {self.state}"
+
+    @property
+    def running(self) -> bool:
+        """True from `start()` until the run has ended (successfully or not)."""
+        return self.state in (RUNNING, CANCELLING)
+
+    # --- what is shown -------------------------------------------------------------------------------
+    def _show_plan(self) -> None:
+        plan = self.plan
+        lines = plan._headline()
+        where = "in this process" if plan.nproc == 1 else f"on {plan.nproc} processes (torchrun)"
+        self.header.value = (f"{RUN_STYLE}<b>Conversion</b> {where}<div class='wb-run-lines'>"
+                             + "<br>".join(html.escape(line) for line in [lines[0], *lines[2:]]) + "</div>")
+        self.problems_view.value = "".join(message_html(f"{p.severity}: {p.message}", p.severity) for p in plan.problems)
+        self.totals = {r: sum(f.tensor_bytes for f in plan.rank_files(r)) for r in range(plan.nproc)}
+        self.done = dict.fromkeys(self.totals, 0)
+        self.bars: list[widgets.IntProgress] = []
+        self.bar_labels: list[widgets.HTML] = []
+        rows = []
+        for rank, total in self.totals.items():
+            bar = labelled(widgets.IntProgress(value=0, min=0, max=max(total, 1), description=f"rank {rank}",
+                                               layout=widgets.Layout(width="420px")), "wb-run-bar")
+            label = labelled(widgets.HTML(self._bar_text(rank)), "wb-run-bar-label")
+            self.bars.append(bar)
+            self.bar_labels.append(label)
+            rows.append(labelled(widgets.HBox([bar, label]), "wb-run-rank"))
+        self.rank_rows.children = rows
+        self.start_button.disabled = not plan.ok
+
+    def _bar_text(self, rank: int) -> str:
+        total = self.totals[rank]
+        if total == 0:
+            return "<span class='wb-note'>nothing to write</span>"
+        done = self.done[rank]
+        return f"<span class='wb-note'>{format_bytes(done)} of {format_bytes(total)} ({done / total:.0%})</span>"
+
+    def _set_status(self, state: str, text: str, kind: str = "info") -> None:
+        self.state = state
+        self.status.value = message_html(text, kind)
+        self.cancel_button.disabled = state != RUNNING
+        if state in BAR_STYLES:
+            for bar in self.bars:
+                bar.bar_style = BAR_STYLES[state]
+
+    def _repr_html_(self) -> str:
+        rows = []
+        for rank, total in self.totals.items():
+            share = 1.0 if total == 0 and self.state == DONE else (self.done[rank] / total if total else 0.0)
+            rows.append(
+                f"<div style='display:flex;align-items:center;gap:8px;margin:2px 0'><span style='width:56px'>rank {rank}</span>"
+                f"<div style='width:300px;height:10px;background:#eee'><div style='width:{share:.0%};height:10px;"
+                f"background:#4C72B0'></div></div>{self._bar_text(rank)}</div>"
+            )
+        return (f"<div class='wb-run-static'>{self.header.value}{self.problems_view.value}{''.join(rows)}"
+                f"{self.status.value}<div class='wb-run-report'>{self.report_view.value}</div></div>")
+
+    # --- running -----------------------------------------------------------------------------------
+    def _start_clicked(self) -> None:
+        try:
+            self.start()
+        except WorkbenchError as exc:
+            self.status.value = message_html(str(exc), "error")
+
+    def _begin(self) -> None:
+        """Check and reset for a run; a second run re-plans (finished shards of a cancelled run are kept)."""
+        from ..engine.finalize import require_runnable
+
+        if self.running:
+            raise PlanError(f"Cannot start the conversion into {self.plan.dest}: it is already running. Wait for it or cancel it.")
+        if self._runs:
+            from ..planning.build import build_plan
+
+            plan = self.plan
+            self.plan = build_plan(plan.source, plan.mapper, plan.options, plan.dest)
+            self._show_plan()
+        require_runnable(self.plan)
+        self._runs += 1
+        self.report = self.error = None
+        self._launch = None
+        self._cancel_requested.clear()
+        self.report_view.value = ""
+        where = "here" if self.plan.nproc == 1 else f"on {self.plan.nproc} torchrun ranks"
+        self._set_status(RUNNING, f"Running {where}…")
+        self.start_button.disabled = True
+
+    def start(self) -> RunPanel:
+        """Start the conversion in a background thread and return at once (the bars move as it runs)."""
+        self._begin()
+        self._thread = threading.Thread(target=self._run_in_background, name="workbench-run", daemon=True)
+        self._thread.start()
+        return self
+
+    def run(self) -> RunReport:
+        """Run the conversion in this thread and return its report (what `wb.convert` does in a notebook).
+
+        The kernel is busy meanwhile, so the cancel button cannot be clicked: interrupt the kernel instead.
+        """
+        self._begin()
+        self.cancel_button.tooltip = "the cell is busy running the conversion: interrupt the kernel to cancel"
+        self.cancel_button.disabled = True
+        try:
+            report = self._execute()
+        except BaseException as exc:
+            self._finish(error=exc)
+            raise
+        self._finish(report=report)
+        return report
+
+    def _run_in_background(self) -> None:
+        try:
+            report = self._execute()
+        except BaseException as exc:  # shown in the panel, re-raised by wait()
+            self._finish(error=exc)
+        else:
+            self._finish(report=report)
+
+    def _execute(self) -> RunReport:
+        from ..engine import Cancelled, Launch, run_local
+
+        if self.plan.nproc == 1:
+            try:
+                return run_local(self.plan, quiet=True, on_progress=self._on_progress)
+            except Cancelled as exc:
+                raise Cancelled(self._cancelled_message()) from exc
+        self._launch = Launch(self.plan, quiet=True, on_progress=self._on_progress)
+        if self._cancel_requested.is_set():
+            self._launch.cancel()
+        return self._launch.start().wait()
+
+    def _on_progress(self, rank: int, done: int, total: int) -> bool:
+        self.done[rank] = done
+        bar = self.bars[rank]
+        bar.value = min(done, bar.max)
+        self.bar_labels[rank].value = self._bar_text(rank)
+        if self._user_progress is not None and self._user_progress(rank, done, total) is False:
+            self._cancel_requested.set()
+        return not self._cancel_requested.is_set()
+
+    def _cancelled_message(self) -> str:
+        return (f"Cannot finish the conversion into {self.plan.dest}: it was cancelled. No index was written and "
+                "temporary files were removed; start it again to resume (finished shards are kept).")
+
+    def _finish(self, *, report: RunReport | None = None, error: BaseException | None = None) -> None:
+        with self._state_lock:
+            self._show_outcome(report, error)
+
+    def _show_outcome(self, report: RunReport | None, error: BaseException | None) -> None:
+        from ..engine import Cancelled
+
+        self.report, self.error = report, error
+        self.start_button.disabled = False
+        if report is not None:
+            for rank, bar in enumerate(self.bars):
+                self.done[rank] = self.totals[rank]
+                bar.value = bar.max
+                self.bar_labels[rank].value = self._bar_text(rank)
+            index = "index written" if report.index_written else "single file, no index"
+            self._set_status(DONE, f"Done in {report.seconds:.2f}s: {len(report.files)} files ({index}).", "ok")
+            self.report_view.value = RUN_STYLE + report._repr_html_()
+        elif isinstance(error, Cancelled):
+            self._set_status(CANCELLED, "Cancelled: every rank stopped, no index was written and temporary files were "
+                             "removed. Start again to resume (finished shards are kept).", "warning")
+        elif isinstance(error, KeyboardInterrupt):
+            self._set_status(CANCELLED, "Interrupted: every rank was stopped, no index was written.", "warning")
+        else:
+            text = str(error) if isinstance(error, WorkbenchError) else f"{type(error).__name__}: {error}"
+            self._set_status(FAILED, f"Failed. {text}", "error")
+
+    def cancel(self) -> None:
+        """Stop the run: every rank ends, no index is written, temporary files are removed (thread-safe).
+
+        Takes effect at the next progress report of a rank (after its current step). No-op when not running.
+        """
+        with self._state_lock:
+            if not self.running:
+                return
+            self._set_status(CANCELLING, "Cancelling: stopping every rank…", "warning")
+            self._cancel_requested.set()
+        launch = self._launch
+        if launch is not None:
+            launch.cancel()
+
+    def wait(self, timeout: float | None = None) -> RunReport:
+        """Block until the run ends and return its report; raise its error if it failed (`Cancelled` after
+        a cancel), or `TimeoutError` if it still runs after `timeout` seconds."""
+        thread = self._thread
+        if thread is None:
+            raise PlanError("Cannot wait for this RunPanel: it was not started. Call start() first.")
+        try:
+            thread.join(timeout)
+        except KeyboardInterrupt:  # an interrupted wait stops the run too
+            self.cancel()
+            thread.join()
+            raise
+        if thread.is_alive():
+            raise TimeoutError(f"The conversion into {self.plan.dest} is still running after {timeout}s: "
+                               "call wait() again, or cancel().")
+        if self.error is not None:
+            raise self.error
+        assert self.report is not None
+        return self.report
+
+
+def live_display(plan: Plan, on_progress: ProgressCallback | None = None) -> RunPanel:
+    """Show a RunPanel for `plan` in the current cell; `wb.convert` then runs it with `panel.run()`.
+
+    This is the notebook display the engine's progress module looks up instead of a tqdm bar.
+    """
+    panel = RunPanel(plan=plan, on_progress=on_progress)
+    panel.start_button.layout.display = "none"
+    display(panel)
+    return panel
+
+
+__all__ = ["RunPanel", "live_display"]
