@@ -310,14 +310,19 @@ def _cell(value: Any) -> str:
 
 def _verify_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", help="a checkpoint file or folder")
-    # Value checksums will be added here (`--checksums`, calling verify(..., checksums=True)).
+    parser.add_argument(
+        "--checksums", action="store_true",
+        help="also hash every tensor (SHA-256): record the sums in a sidecar the first time, check them after",
+    )
+    parser.add_argument("--sidecar", metavar="PATH", help="checksum file to record or check (default: checksums.sha256.json beside the checkpoint)")
+    parser.add_argument("--record", action="store_true", help="record the checksums again even if a sidecar exists")
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    """Check a checkpoint's structure: headers, index consistency, every shard complete."""
+    """Check a checkpoint's structure (headers, index, every shard complete) and optionally its tensors' checksums."""
     from .verify import verify
 
-    report = verify(args.path)
+    report = verify(args.path, checksums=args.checksums, sidecar=args.sidecar, record=args.record)
     _print(report.summary())
     for finding in report.findings:
         _print(f"  {finding}")

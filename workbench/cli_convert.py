@@ -2,7 +2,7 @@
 
     workbench plan SRC [--mapper mapper.py] [--shard-size 5GB] [--nproc N] [--dtype bf16] [--dest DST]
     workbench convert SRC DST [--mapper mapper.py] [--shard-size 5GB] [--dtype bf16] [--nproc N]
-                      [--dry-run] [--no-extras] [--overwrite] [--rest keep|drop|error] [--quiet]
+                      [--dry-run] [--no-extras] [--overwrite] [--rest keep|drop|error] [--quiet] [--verify]
     (both also take [--to safetensors|dcp] [--select model|all] [--lightning-weights ema|model])
 
 A mapper file is any Python file that defines `mapper` (what `mapper.to_code()` writes). Both
@@ -22,6 +22,7 @@ from typing import Any
 from .errors import MapperError, WorkbenchError
 
 EXIT_OK = 0
+EXIT_MISMATCH = 1
 EXIT_BAD_INPUT = 2
 
 
@@ -80,6 +81,10 @@ def convert_arguments(parser: argparse.ArgumentParser) -> None:
     _common_arguments(parser)
     parser.add_argument("--dry-run", action="store_true", help="print the plan and stop")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--verify", action="store_true",
+        help="re-read every output and compare it with the source (exit 1 on any mismatch)",
+    )
 
 
 def _mapper(args: argparse.Namespace) -> tuple[Any, str]:
@@ -126,10 +131,11 @@ def run_convert(args: argparse.Namespace) -> int:
 
         mapper, rest = _mapper(args)
         report = convert(args.source, args.dest, mapper, shard_size=args.shard_size, rest=rest, dtype=args.dtype,
-                         extras=not args.no_extras, overwrite=args.overwrite, quiet=args.quiet, to=args.to)
+                         extras=not args.no_extras, overwrite=args.overwrite, quiet=args.quiet, to=args.to,
+                         verify=args.verify)
         if int(os.environ.get("RANK", "0")) == 0:
             print(report.summary())
-        return EXIT_OK
+        return _verdict(report)
     the_plan = _plan(args, args.dest)
     print(the_plan.summary())
     if not the_plan.ok:
@@ -139,8 +145,22 @@ def run_convert(args: argparse.Namespace) -> int:
     from .engine import execute
 
     sys.stdout.flush()
-    report = execute(the_plan, quiet=args.quiet)
+    report = execute(the_plan, quiet=args.quiet, verify=args.verify)
     print(report.summary())
+    return _verdict(report)
+
+
+def _verdict(report) -> int:
+    """Exit status of a finished conversion: 1 when --verify found outputs that differ from the source."""
+    if report.verified is False:
+        rows = [r for r in report.output_check.rows if r[2] != "ok"]
+        for name, check, status, _, detail in rows[:20]:
+            print(f"  {status}: {name} ({check}): {detail}")
+        sys.stderr.write(
+            f"workbench convert: {len(rows)} output tensors do not match the source (e.g. {rows[0][0]!r}, listed above). "
+            f"Do not use {report.dest}: re-run the conversion with --overwrite and check the disk.\n"
+        )
+        return EXIT_MISMATCH
     return EXIT_OK
 
 

@@ -3,19 +3,19 @@
 Opening a checkpoint stops at the first fault; `verify` keeps going and lists them all, so a user
 repairing a download sees every missing or truncated shard in one pass. It reads headers only:
 a header that validates proves its file is exactly as long as the header says (no missing or
-trailing bytes). Value checks that read tensor data plug in through `VALUE_CHECKS`.
+trailing bytes). `checksums=True` adds per-tensor SHA-256 checks against a sidecar (`workbench.checksums`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from .catalog import Catalog
-from .errors import CheckpointError, WorkbenchError
+from .checksums import ChecksumResult, default_sidecar, record_or_check
+from .errors import CheckpointError
 from .formats import open_catalog, safetensors_folder
 from .formats.safetensors import SUFFIX, SafetensorsHeader, gc_paused, read_header
 from .formats.safetensors_writer import PARTIAL_SUFFIX
@@ -44,6 +44,7 @@ class VerifyReport:
     tensors: int = 0
     tensor_bytes: int = 0
     findings: list[Finding] = field(default_factory=list)
+    checksums: ChecksumResult | None = None  # set by verify(..., checksums=True)
 
     @property
     def errors(self) -> list[Finding]:
@@ -67,23 +68,26 @@ class VerifyReport:
         """One line: verdict, format, counts."""
         verdict = "OK" if self.ok else f"FAILED ({_count(len(self.errors), 'problem')})"
         warn = f", {_count(len(self.warnings), 'warning')}" if self.warnings else ""
-        return (
+        line = (
             f"{self.path}: {verdict}{warn} - {self.format}, {_count(self.files_checked, 'file')}, "
             f"{_count(self.tensors, 'tensor')}, {self.tensor_bytes:,} bytes of tensor data"
         )
+        return line if self.checksums is None else f"{line}\n{self.checksums.summary()}"
 
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-# Checks that read tensor data (checksums, NaN scans ...), run by `verify(..., checksums=True)`.
-# Each takes the opened catalog and yields findings.
-VALUE_CHECKS: list[Callable[[Catalog], Iterable[Finding]]] = []
+def verify(
+    path: str | os.PathLike, *, checksums: bool = False, sidecar: str | os.PathLike | None = None, record: bool = False
+) -> VerifyReport:
+    """Check a checkpoint's headers, its index against its shards, and that every file is complete.
 
-
-def verify(path: str | os.PathLike, *, checksums: bool = False) -> VerifyReport:
-    """Check a checkpoint's headers, its index against its shards, and that every file is complete."""
+    `checksums=True` also hashes every tensor (SHA-256): the first time it records the sums in a sidecar
+    (`checksums.sha256.json` beside the checkpoint, or `sidecar`), later it checks them and reports each
+    tensor that differs; `record=True` records again. `sidecar` or `record` imply `checksums`.
+    """
     report = VerifyReport(os.fspath(path))
     p = Path(path)
     if not p.exists():
@@ -94,12 +98,28 @@ def verify(path: str | os.PathLike, *, checksums: bool = False) -> VerifyReport:
             _verify_safetensors(p, report)
     if report.ok:
         catalog = _open(p, report)
-        if catalog is not None and checksums:
-            if not VALUE_CHECKS:
-                raise WorkbenchError("Cannot verify checksums: no value check is available in this version. Run without checksums.")
-            for check in VALUE_CHECKS:
-                report.findings.extend(check(catalog))
+        if catalog is not None and (checksums or sidecar is not None or record):
+            _checksums(catalog, Path(sidecar) if sidecar is not None else default_sidecar(p), record, report)
     return report
+
+
+def _checksums(catalog: Catalog, sidecar: Path, record: bool, report: VerifyReport) -> None:
+    try:
+        result = record_or_check(catalog, sidecar, record=record)
+    except CheckpointError as exc:
+        report.error(exc.message, exc.file, exc.tensor)
+        return
+    report.checksums = result
+    for name, status, expected, actual in result.rows:
+        if status == "mismatch":
+            report.error(f"Tensor {name!r} does not match its recorded checksum (sha256 {actual[:16]}..., recorded {expected[:16]}...): "
+                         "its bytes changed since they were recorded.", tensor=name)
+        elif status == "changed":
+            report.error(f"Tensor {name!r} is {actual} but was recorded as {expected}.", tensor=name)
+        elif status == "missing":
+            report.error(f"Tensor {name!r} is recorded in {sidecar.name} but the checkpoint does not hold it.", tensor=name)
+        elif status == "unrecorded":
+            report.warning(f"Tensor {name!r} is not recorded in {sidecar.name}; record again (--record) to include it.", tensor=name)
 
 
 def _open(p: Path, report: VerifyReport) -> Catalog | None:
@@ -127,7 +147,20 @@ def _header(path: Path, rel: str, report: VerifyReport) -> SafetensorsHeader | N
         return None
 
 
-def _leftovers(folder: Path, report: VerifyReport) -> None:
+def _leftovers(folder: Path, report: VerifyReport, *, indexed: bool) -> None:
+    if (folder / safetensors_folder.UNFINISHED_MARKER).is_file():
+        if indexed:
+            report.warning(
+                f"{safetensors_folder.UNFINISHED_MARKER} remains from a conversion that wrote its index (its commit "
+                "marker) and stopped before cleaning up; the shards are complete and the file can be deleted.",
+                file=safetensors_folder.UNFINISHED_MARKER,
+            )
+        else:
+            report.error(
+                f"Cannot verify {folder}: it is an unfinished conversion ({safetensors_folder.UNFINISHED_MARKER} is there "
+                "and no index was written). Run the same conversion again to finish it.",
+                file=safetensors_folder.UNFINISHED_MARKER,
+            )
     for entry in sorted(os.scandir(folder), key=lambda e: e.name):
         if entry.name.endswith(PARTIAL_SUFFIX):
             report.warning(
@@ -144,7 +177,7 @@ def _verify_safetensors(p: Path, report: VerifyReport) -> None:
         _header(p, p.name, report)
         return
     folder, index = (p.parent, p) if p.is_file() else (p, safetensors_folder.find_index(p))
-    _leftovers(folder, report)
+    _leftovers(folder, report, indexed=index is not None)
     if index is None:
         files = sorted(e.name for e in os.scandir(folder) if e.name.endswith(SUFFIX) and e.is_file())
         report.format = "safetensors-folder"

@@ -12,26 +12,33 @@ from ..planning.sources import resolve_catalog
 from .finalize import finalize_destination, prepare_destination, remove_partials, require_runnable
 from .inplace import convert_in_place, under_torchrun
 from .launcher import launch
+from .lock import DestinationLock
+from .output_check import check_outputs
 from .progress import Progress, ProgressCallback, live_display
-from .rank import run_rank
+from .rank import run_rank, write_failure
 from .report import RunReport
+from .source_guard import snapshot_for
 
 
 def run_local(plan: Plan, *, quiet: bool = False, on_progress: ProgressCallback | None = None) -> RunReport:
     """Execute a one-process plan in this process."""
     require_runnable(plan)
     started = time.perf_counter()
-    prepare_destination(plan)
-    total = sum(f.tensor_bytes for f in plan.rank_files(0))
-    progress = Progress(total, bar=not quiet, callback=on_progress)
-    try:
-        result = run_rank(plan, 0, progress)
-    except BaseException:
-        remove_partials(plan)
-        raise
-    finally:
-        progress.close()
-    index_written = finalize_destination(plan)
+    snapshot_for(plan)  # the source as it is before anything is written
+    with DestinationLock(plan.dest):
+        prepare_destination(plan)
+        total = sum(f.tensor_bytes for f in plan.rank_files(0))
+        progress = Progress(total, bar=not quiet, callback=on_progress)
+        try:
+            result = run_rank(plan, 0, progress)
+            index_written = finalize_destination(plan)
+        except BaseException as exc:
+            remove_partials(plan)
+            if isinstance(exc, OSError):
+                raise write_failure(plan.dest, exc) from exc
+            raise
+        finally:
+            progress.close()
     return RunReport(
         dest=plan.dest, ranks=[result], seconds=time.perf_counter() - started, predicted_peak_bytes=plan.peak_bytes,
         predicted_files=plan.source_paths(), predicted_bytes_read=plan.bytes_read,
@@ -41,15 +48,22 @@ def run_local(plan: Plan, *, quiet: bool = False, on_progress: ProgressCallback 
     )
 
 
-def execute(plan: Plan, *, quiet: bool = False, on_progress: ProgressCallback | None = None) -> RunReport:
-    """Run an existing plan (made with a destination): here when nproc is 1, else on torchrun workers."""
+def execute(plan: Plan, *, quiet: bool = False, on_progress: ProgressCallback | None = None, verify: bool = False) -> RunReport:
+    """Run an existing plan (made with a destination): here when nproc is 1, else on torchrun workers.
+
+    `verify=True` re-reads every output afterwards and compares it with the source (`report.verification`).
+    """
     require_runnable(plan)
     display = None if quiet else live_display(plan, on_progress)  # a notebook panel instead of the tqdm bar
     if display is not None:
-        return display.run()
-    if plan.nproc == 1:
-        return run_local(plan, quiet=quiet, on_progress=on_progress)
-    return launch(plan, quiet=quiet, on_progress=on_progress)
+        report = display.run()
+    elif plan.nproc == 1:
+        report = run_local(plan, quiet=quiet, on_progress=on_progress)
+    else:
+        report = launch(plan, quiet=quiet, on_progress=on_progress)
+    if verify:
+        report.output_check = check_outputs(plan)
+    return report
 
 
 def convert(
@@ -67,6 +81,7 @@ def convert(
     on_progress: ProgressCallback | None = None,
     chunk_size: int | str = DEFAULT_CHUNK,
     to: str = "safetensors",
+    verify: bool = False,
 ) -> RunReport:
     """Convert `source` into HF safetensors shards in `dest`, exactly as `wb.plan` describes.
 
@@ -74,11 +89,16 @@ def convert(
     An interrupted run resumes when repeated with the same arguments. `on_progress(rank, done_bytes,
     total_bytes)` is called as bytes are written (return False to cancel); `quiet=True` hides the bar.
     `to='dcp'` writes a torch.distributed.checkpoint folder instead of safetensors shards (see `wb.plan`).
+    `verify=True` re-reads every output and compares it with the source: bit-exact for byte-level
+    operations, equal to a fresh cast for casts; per tensor in `report.verification`, `report.verified`.
     Returns a `RunReport` (predicted next to measured); raises `PlanError` when the plan has errors
     or a rank fails (naming the rank and the cause; no index is written then).
     """
     options = make_options(shard_size, nproc, rest, dtype, extras, overwrite, chunk_size, to)
     if under_torchrun():
-        return convert_in_place(source, dest, mapper, options, quiet=quiet, on_progress=on_progress)
+        report = convert_in_place(source, dest, mapper, options, quiet=quiet, on_progress=on_progress)
+        if verify and int(os.environ.get("RANK", "0")) == 0:  # one rank re-reads the whole output
+            report.output_check = check_outputs(build_plan(resolve_catalog(source), mapper, options, dest, check_dest=False))
+        return report
     plan = build_plan(resolve_catalog(source), mapper, options, dest)
-    return execute(plan, quiet=quiet, on_progress=on_progress)
+    return execute(plan, quiet=quiet, on_progress=on_progress, verify=verify)

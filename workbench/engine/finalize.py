@@ -15,6 +15,7 @@ from ..errors import PlanError
 from ..formats.safetensors_writer import PARTIAL_SUFFIX, write_index
 from ..planning.destination import INDEX_NAME, MANIFEST_NAME, remove_manifest, write_manifest
 from ..planning.model import Plan
+from .source_guard import snapshot_for
 
 DCP_METADATA = ".metadata"  # a DCP folder's commit marker
 _SHARD_NAME = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors$|^__\d+_\d+\.distcp$")
@@ -89,6 +90,7 @@ def copy_extras(plan: Plan) -> list[str]:
 def finalize_destination(plan: Plan) -> bool:
     """Commit a completed run: extras, then the index (last), then drop the manifest; True if an index was written."""
     assert plan.dest is not None
+    snapshot_for(plan).check(plan.dest, "writing the index")
     copy_extras(plan)
     if plan.options.to == "dcp":
         from ..formats.dcp_writer import commit_dcp

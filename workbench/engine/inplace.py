@@ -19,9 +19,11 @@ from ..planning.build import build_plan
 from ..planning.model import PlanOptions
 from ..planning.sources import resolve_catalog
 from .finalize import finalize_destination, prepare_destination, remove_partials
+from .lock import DestinationLock, lock_destination
 from .progress import Progress, ProgressCallback
 from .rank import run_rank
 from .report import RankResult, RunReport
+from .source_guard import snapshot_for
 from .status import describe_failure, failure_message
 
 
@@ -55,6 +57,15 @@ def convert_in_place(source: Any, dest: Any, mapper: Any, options: PlanOptions, 
 
 
 def _run(dist, source, dest, mapper, options, quiet, on_progress) -> RunReport:
+    locks: list[DestinationLock] = []  # rank 0 holds the destination's lock for the whole job
+    try:
+        return _run_locked(dist, source, dest, mapper, options, quiet, on_progress, locks)
+    finally:
+        for lock in locks:
+            lock.release()
+
+
+def _run_locked(dist, source, dest, mapper, options, quiet, on_progress, locks: list[DestinationLock]) -> RunReport:
     rank, world = dist.get_rank(), dist.get_world_size()
     options = replace(options, nproc=world)
     started = time.perf_counter()
@@ -66,6 +77,8 @@ def _run(dist, source, dest, mapper, options, quiet, on_progress) -> RunReport:
             plan = build_plan(catalog, mapper, options, dest)
             verdict = {"errors": [p.message for p in plan.errors], "kept": sorted(plan.kept), "fingerprint": plan.fingerprint}
             if plan.ok:
+                snapshot_for(plan)
+                locks.append(lock_destination(plan.dest))
                 prepare_destination(plan)
         except Exception as exc:
             verdict = {"errors": [describe_failure(exc)], "kept": [], "fingerprint": ""}

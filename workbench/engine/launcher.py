@@ -26,8 +26,10 @@ from ..errors import PlanError
 from ..planning.model import Plan
 from .finalize import prepare_destination, remove_partials, require_runnable
 from .job import job_for
+from .lock import DestinationLock, lock_destination
 from .progress import PROGRESS_TAG, ProgressCallback, make_bar, parse_progress_line
 from .report import RankResult, RunReport
+from .source_guard import snapshot_for
 from .status import Cancelled, failure_message, read_json
 from .worker import FINAL_FILE, JOB_FILE, status_path
 
@@ -60,22 +62,30 @@ class Launch:
         self._threads: list[threading.Thread] = []
         self._cancelled = threading.Event()
         self._started_at = 0.0
+        self._lock: DestinationLock | None = None
 
     def start(self) -> Launch:
         """Prepare the destination, write the job, start torchrun."""
         require_runnable(self.plan)
         job = job_for(self.plan)
-        prepare_destination(self.plan)
-        self.jobdir = Path(tempfile.mkdtemp(prefix="workbench-job-"))
-        (self.jobdir / JOB_FILE).write_text(job.to_json(), encoding="utf-8")
-        env = dict(os.environ if self.env is None else self.env)
-        env["PYTHONUNBUFFERED"] = "1"
-        env.setdefault("OMP_NUM_THREADS", "1")
-        self._started_at = time.perf_counter()
-        self.process = subprocess.Popen(
-            torchrun_command(self.plan.nproc, self.jobdir), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, env=env, start_new_session=True, text=True, errors="replace",
-        )
+        snapshot_for(self.plan)
+        self._lock = lock_destination(self.plan.dest)  # held until wait() cleans up
+        try:
+            prepare_destination(self.plan)
+            self.jobdir = Path(tempfile.mkdtemp(prefix="workbench-job-"))
+            (self.jobdir / JOB_FILE).write_text(job.to_json(), encoding="utf-8")
+            env = dict(os.environ if self.env is None else self.env)
+            env["PYTHONUNBUFFERED"] = "1"
+            env.setdefault("OMP_NUM_THREADS", "1")
+            self._started_at = time.perf_counter()
+            self.process = subprocess.Popen(
+                torchrun_command(self.plan.nproc, self.jobdir), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, env=env, start_new_session=True, text=True, errors="replace",
+                pass_fds=(self._lock.fileno(),),  # torchrun keeps the destination locked while it runs
+            )
+        except BaseException:
+            self._cleanup()
+            raise
         self._threads = [
             threading.Thread(target=self._read_stdout, daemon=True),
             threading.Thread(target=self._read_stderr, daemon=True),
@@ -208,6 +218,8 @@ class Launch:
             remove_partials(self.plan)
         if self.jobdir is not None:
             shutil.rmtree(self.jobdir, ignore_errors=True)
+        if self._lock is not None:
+            self._lock.release()
 
 
 def _alive(pid: int) -> bool:

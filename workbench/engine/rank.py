@@ -7,6 +7,7 @@ it does: time, bytes, source files opened (through the counted I/O layer), tenso
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 
@@ -17,6 +18,7 @@ from ..planning.model import Plan
 from .memory import reset_rss_peak, rss_bytes, rss_peak_bytes
 from .progress import Progress
 from .report import RankResult
+from .source_guard import snapshot_for
 from .steps import RankContext, run_step
 
 FAIL_RANK_ENV = "WORKBENCH_FAIL_RANK"  # tests: make this rank fail just before committing its last file
@@ -37,6 +39,21 @@ def _step_error(step, exc: Exception) -> PlanError:
     )
 
 
+_FULL = {errno.ENOSPC: "the disk is full", errno.EFBIG: "a file size limit was reached", errno.EDQUOT: "the disk quota is exhausted"}
+
+
+def write_failure(dest: object, exc: OSError) -> PlanError:
+    """The error users see when the operating system refuses a write or a sync (disk full, I/O error ...)."""
+    cause = _FULL.get(exc.errno, exc.strerror or str(exc))
+    where = f" ({exc.filename})" if exc.filename else ""
+    fix = "Free some space or choose another destination" if exc.errno in _FULL else "Check the destination's disk"
+    return PlanError(
+        f"Cannot write the conversion into {dest}: {cause}{where} [errno {exc.errno}]. Temporary files were removed and "
+        f"no index was written. {fix}, then run the same conversion again to resume (finished shards are kept).",
+        file=exc.filename,
+    )
+
+
 def _release_source_files(plan: Plan) -> None:
     """Close the source reader's cached descriptors (readers reopen lazily), so the run's own opens are counted."""
     close = getattr(plan.source.reader, "close", None)
@@ -54,6 +71,7 @@ def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankRes
     last_file = max(files, key=lambda n: last_step.get(n, -1), default=None)
     if any(s.kind != "copy" for s in steps):
         import torch  # noqa: F401  (imported before the baseline: its RSS is not the run's)
+    source = snapshot_for(plan)
     reset_rss_peak()
     result.rss_baseline = rss_bytes()
     _release_source_files(plan)
@@ -69,7 +87,7 @@ def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankRes
                     ctx.writers[name] = open_writer(plan.dest, files[name].layout)
             try:
                 run_step(ctx, step)
-            except WorkbenchError:
+            except (WorkbenchError, OSError):
                 raise
             except Exception as exc:
                 raise _step_error(step, exc) from exc
@@ -77,20 +95,27 @@ def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankRes
                 ctx.queue.flush()
             for name in step.files:
                 if last_step.get(name) == step.index:
+                    ctx.cast.wait()  # the file's last cast piece may still be being written
                     ctx.queue.flush()
                     if name == last_file:
                         _injected_failure(rank, name)
+                    source.check(plan.dest, f"committing {name}")
                     ctx.writers.pop(name).commit(sync_dir=False)
                     result.files_written.append(name)
             if progress is not None:
                 progress.update(ctx.done_bytes)
+        ctx.cast.wait()
         ctx.queue.flush()
-    except BaseException:
+    except BaseException as exc:
+        ctx.cast.close()  # no write may still be running when the partial files are removed
         ctx.queue.clear()
         for writer in ctx.writers.values():
             writer.abort()
+        if isinstance(exc, OSError):
+            raise write_failure(plan.dest, exc) from exc
         raise
     finally:
+        ctx.cast.close()
         ctx.sources.close()
         _release_source_files(plan)
         if progress is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..planning.sizes import format_bytes
 from ..planning.text import html_table, text_table
@@ -62,6 +62,17 @@ class RunReport:
     kept: list[str] = field(default_factory=list)
     extras: list[str] = field(default_factory=list)
     index_written: bool = False
+    output_check: Any = None  # an OutputCheck when the run was verified (convert(..., verify=True))
+
+    @property
+    def verification(self) -> pd.DataFrame | None:
+        """Per output tensor: how it was checked against the source, status, max_abs_diff (None if not verified)."""
+        return None if self.output_check is None else self.output_check.frame()
+
+    @property
+    def verified(self) -> bool | None:
+        """True when every output matched its source on re-reading, False if any did not, None if not verified."""
+        return None if self.output_check is None else self.output_check.ok
 
     @property
     def ok(self) -> bool:
@@ -169,6 +180,8 @@ class RunReport:
         parts = [head, text_table(["", "predicted", "measured"], self._rows()), f"  files opened match the plan: {check}"]
         if self.nproc > 1:
             parts.append(text_table(list(self._RANK_HEADERS), self._rank_rows()))
+        if self.output_check is not None:
+            parts.append(self.output_check.summary())
         return "\n".join(parts)
 
     def __str__(self) -> str:

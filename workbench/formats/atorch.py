@@ -32,6 +32,7 @@ from ..errors import CheckpointError
 from ..iostats import open_for_read, read_at
 from .restricted_pickle import load_inert
 from .safetensors import SafetensorsHeader, read_header
+from .safetensors_folder import safe_member
 
 _SUFFIX = re.compile(r"^(flat_meta|flat_param|optim_param)\.(\d{5})-(\d{5})$")
 OPTIM_PREFIX = "optimizer.state."
@@ -40,6 +41,7 @@ KNOWN_STATES = (
     "exp_inf", "ax", "eta", "mu", "prev", "step_size", "mu_product",
 )
 ALIGNMENT_BYTES = 16
+_FIXED_FILES = frozenset({"buffers", "ckpt_meta", "optim_meta"})
 _PICKLE_ALLOWED = frozenset({"torch.Size", "builtins.set", "builtins.frozenset", "collections.OrderedDict", "_codecs.encode"})
 
 
@@ -295,10 +297,18 @@ class AtorchReader:
             pass
 
 
+def _refuse_links_out(folder: Path) -> None:
+    """Every file this reader opens must stay inside the folder, links included."""
+    for entry in os.scandir(folder):
+        if entry.is_symlink() and (_SUFFIX.match(entry.name) or entry.name in _FIXED_FILES):
+            safe_member(folder, entry.name, what=f"atorch file {entry.name}")
+
+
 def open_path(path: Path) -> Catalog:
     """Open an atorch flat checkpoint folder (format 'atorch-flat')."""
     folder = path
     source = str(folder)
+    _refuse_links_out(folder)
     meta_files = _rank_files(folder, "flat_meta")
     if not meta_files:
         raise _fail(source, "it holds no flat_meta.RRRRR-WWWWW file", fix="Point at the folder atorch saved.")

@@ -29,7 +29,7 @@ from ..errors import CheckpointError
 from ..iostats import open_for_read, read_at
 from . import torch_zip
 from .restricted_pickle import TORCH_DTYPE_NAMES, DtypeRef, Placeholder, TensorRef, load_inert
-from .safetensors_folder import safe_member
+from .safetensors_folder import is_extra, safe_member
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -166,6 +166,7 @@ def read_metadata(folder: Path, prefix: str, stage: int | None) -> tuple[list[Dc
     if not isinstance(entries, dict) or not isinstance(storage, dict):
         raise _fail(source, "the metadata lacks state_dict_metadata or storage_data")
     where: dict[tuple[str, tuple[int, ...] | None], tuple[str, int, int]] = {}
+    safe_paths: dict[str, str] = {}
     for index, info in storage.items():
         if not isinstance(index, Placeholder) or not isinstance(info, Placeholder):
             raise _fail(source, "storage_data has an entry that is not MetadataIndex -> _StorageInfo")
@@ -180,7 +181,11 @@ def read_metadata(folder: Path, prefix: str, stage: int | None) -> tuple[list[Dc
             )
         if not isinstance(fqn, str) or type(begin) is not int or type(length) is not int or begin < 0 or length < 0:
             raise _fail(source, f"a storage_data entry is malformed ({index!r} -> {info!r})")
-        rel = safe_member(folder, rel, what=f"DCP metadata entry {fqn!r}")
+        checked = safe_paths.get(rel) if isinstance(rel, str) else None
+        if checked is None:  # a few data files serve every entry: resolve each path once
+            checked = safe_member(folder, rel, what=f"DCP metadata entry {fqn!r}")
+            safe_paths[rel] = checked
+        rel = checked
         key = (fqn, None if offset is None else _as_tuple(offset, "a chunk offset", source, fqn))
         where[key] = (prefix + rel, begin, length)
 
@@ -210,6 +215,8 @@ def read_metadata(folder: Path, prefix: str, stage: int | None) -> tuple[list[Dc
             loc = where.get((name, offsets))
             if loc is None:
                 raise _fail(source, f"no storage holds the chunk at offsets {list(offsets)}", name)
+            if _prod(sizes) * (DTYPE_BITS[dtype] // 8) > loc[2]:  # bounds what reading it may allocate
+                raise _fail(source, f"the chunk at {list(offsets)} needs {_prod(sizes) * (DTYPE_BITS[dtype] // 8)} bytes but its stored stream has {loc[2]}", name)
             chunks.append(Chunk(offsets, sizes, loc[0], loc[1], loc[2]))
             covered += _prod(sizes)
         if covered != _prod(shape):
@@ -437,6 +444,7 @@ def open_path(path: Path) -> Catalog:
     meta_reader = None
     meta_pt = folder / LIGHTNING_META
     if meta_pt.is_file():
+        safe_member(folder, LIGHTNING_META, what=f"the Lightning {LIGHTNING_META}")
         meta_catalog = torch_zip.open_path(meta_pt)
         for name, info in meta_catalog.tensors.items():
             infos[f"meta.{name}"] = TensorInfo(f"meta.{name}", info.dtype, info.shape, LIGHTNING_META, info.begin, info.end)
@@ -487,7 +495,7 @@ def _file_infos(folder: Path, infos: dict[str, TensorInfo]) -> dict[str, FileInf
 
 def _extras(folder: Path) -> list[str]:
     skip = {METADATA_NAME, LIGHTNING_META}
-    return sorted(e.name for e in os.scandir(folder) if e.is_file() and e.name not in skip and not e.name.endswith(".distcp"))
+    return sorted(e.name for e in os.scandir(folder) if is_extra(folder, e) and e.name not in skip and not e.name.endswith(".distcp"))
 
 
 def _reader_of(catalog: Catalog) -> DcpReader:

@@ -138,15 +138,72 @@ class Placeholder:
         return self.wb_kwargs.get(name, default)
 
     def __repr__(self) -> str:
-        parts = [_short_repr(a) for a in self.wb_args[:4]]
-        if len(self.wb_args) > 4:
-            parts.append("...")
-        return f"<{self.wb_global}({', '.join(parts)})>"
+        return _short_repr(self, 200)
 
 
 def _short_repr(value: Any, limit: int = 60) -> str:
-    text = repr(value)
+    """repr(value) cut to `limit` characters, without rendering more than that.
+
+    An unpickled tree may be far larger than its file (one 1 MB string referenced a million times), so
+    the rendering visits only what fits in the budget and at most `_REPR_DEPTH` levels.
+    """
+    parts: list[str] = []
+    _render(value, parts, [limit + 1], 0)
+    text = "".join(parts)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_REPR_DEPTH = 4
+_BRACKETS = {list: "[]", tuple: "()", set: "{}", frozenset: "{}", dict: "{}"}
+
+
+def _render(value: Any, parts: list[str], budget: list[int], depth: int) -> None:
+    def emit(text: str) -> None:
+        parts.append(text[: budget[0]])
+        budget[0] -= len(text)
+
+    if budget[0] <= 0:
+        return
+    if isinstance(value, (str, bytes, bytearray)):
+        emit(repr(value[: budget[0]]))  # slice first: the repr of a huge string costs its size
+    elif isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+        emit(f"<int of {value.bit_length()} bits>")
+    elif value is None or isinstance(value, (bool, int, float, complex, DtypeRef)):
+        emit(repr(value))
+    elif isinstance(value, TensorRef):
+        emit(f"TensorRef({value.dtype}, shape=")
+        _render(list(value.shape), parts, budget, depth + 1)
+        emit(", storage=")
+        _render(value.storage.key, parts, budget, depth + 1)
+        emit(")")
+    elif isinstance(value, Placeholder):
+        emit(f"<{value.wb_global}(")
+        _render_items(value.wb_args, parts, budget, depth, emit)
+        emit(")>")
+    elif isinstance(value, (list, tuple, set, frozenset, dict)):
+        kind = next(k for k in _BRACKETS if isinstance(value, k))
+        emit(_BRACKETS[kind][0])
+        _render_items(value, parts, budget, depth, emit)
+        emit(_BRACKETS[kind][1])
+    else:
+        emit(f"<{type(value).__name__}>")
+
+
+def _render_items(items: Any, parts: list[str], budget: list[int], depth: int, emit: Callable[[str], None]) -> None:
+    if depth >= _REPR_DEPTH:
+        if len(items):
+            emit("...")
+        return
+    pairs = items.items() if isinstance(items, dict) else ((None, v) for v in items)
+    for i, (key, item) in enumerate(pairs):
+        if budget[0] <= 0:
+            return
+        if i:
+            emit(", ")
+        if key is not None or isinstance(items, dict):
+            _render(key, parts, budget, depth + 1)
+            emit(": ")
+        _render(item, parts, budget, depth + 1)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,11 @@ from .safetensors import SUFFIX, FileReader, SafetensorsHeader, file_info, gc_pa
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 MAX_INDEX_BYTES = 512 * 1024 * 1024
+# Left in a destination by a conversion until it commits (workbench.planning.destination.MANIFEST_NAME).
+UNFINISHED_MARKER = ".workbench-convert.json"
+# Files that describe one checkpoint and must not follow its tensors into a conversion's output.
+CHECKSUMS_NAME = "checksums.sha256.json"
+NOT_EXTRAS = frozenset({CHECKSUMS_NAME, UNFINISHED_MARKER})
 
 
 def find_index(folder: Path) -> Path | None:
@@ -50,6 +55,24 @@ def safe_member(folder: Path, rel: object, *, what: str) -> str:
     return str(pure)
 
 
+class _RepeatedKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """json object hook: the object as a dict, refusing a key that appears twice (json.loads keeps the last)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _RepeatedKey(key)
+            seen.add(key)
+    return out
+
+
 def _load_index(index_path: Path) -> dict[str, str]:
     return read_index(index_path)[0]
 
@@ -60,7 +83,14 @@ def read_index(index_path: Path) -> tuple[dict[str, str], dict]:
     if size > MAX_INDEX_BYTES:
         raise CheckpointError(f"Cannot read index {index_path}: it is {size} bytes, more than any real index. Check the file.", file=str(index_path))
     try:
-        index = json.loads(index_path.read_bytes())
+        index = json.loads(index_path.read_bytes(), object_pairs_hook=_unique_keys)
+    except _RepeatedKey as repeated:
+        raise CheckpointError(
+            f"Cannot read index {index_path}: it lists the key {repeated.key!r} twice, so which entry counts is "
+            "ambiguous. Regenerate the index (or remove the stale entry).",
+            file=str(index_path),
+            tensor=repeated.key,
+        ) from None
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise CheckpointError(f"Cannot read index {index_path}: it is not valid JSON ({exc}). Re-download or regenerate it.", file=str(index_path)) from None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
@@ -70,11 +100,22 @@ def read_index(index_path: Path) -> tuple[dict[str, str], dict]:
     return weight_map, metadata if isinstance(metadata, dict) else {}
 
 
+def is_extra(folder: Path, entry: os.DirEntry) -> bool:
+    """True for a file conversions may copy along: a regular file (or a link staying inside `folder`)
+    that is not a per-checkpoint record such as the checksum sidecar."""
+    if entry.name in NOT_EXTRAS or entry.name.endswith("." + CHECKSUMS_NAME) or not entry.is_file():
+        return False
+    if entry.is_symlink():  # config.json -> /etc/passwd must not be copied into an output
+        real_root = os.path.realpath(folder)
+        return os.path.commonpath([real_root, os.path.realpath(entry.path)]) == real_root
+    return True
+
+
 def _extras(folder: Path, weights: set[str]) -> list[str]:
     """Non-weight files at the top of the folder (config, tokenizer ...), which conversions copy along."""
     out = []
     for entry in sorted(os.scandir(folder), key=lambda e: e.name):
-        if entry.is_file() and entry.name not in weights and not entry.name.endswith(SUFFIX) and not entry.name.endswith(".index.json"):
+        if is_extra(folder, entry) and entry.name not in weights and not entry.name.endswith(SUFFIX) and not entry.name.endswith(".index.json"):
             out.append(entry.name)
     return out
 
@@ -170,6 +211,12 @@ def open_folder(folder: Path) -> Catalog:
     index = find_index(folder)
     if index is not None:
         return open_indexed(folder, index)
+    if (folder / UNFINISHED_MARKER).is_file():
+        raise CheckpointError(
+            f"Cannot open checkpoint {folder}: it is an unfinished conversion ({UNFINISHED_MARKER} is there and the "
+            "conversion never committed). Run the same conversion again to finish it, or open one shard file directly.",
+            file=str(folder),
+        )
     files = sorted(p.name for p in folder.glob("*" + SUFFIX) if p.is_file())
     if not files:
         raise CheckpointError(f"Cannot open checkpoint {folder}: it holds no .safetensors file and no index. Point at a checkpoint folder or file.", file=str(folder))

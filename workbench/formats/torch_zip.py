@@ -31,6 +31,7 @@ from .restricted_pickle import (
     Placeholder,
     TensorRef,
     UnsupportedTensor,
+    _short_repr,
     load_inert,
 )
 
@@ -39,6 +40,8 @@ LEGACY_MAGIC = b"\x80\x02\x8a\x0a"
 SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".tar", ".pkl")
 MAX_PICKLE_BYTES = 1 << 30
 MAX_TREE_NODES = 5_000_000
+MAX_INFLATE_RATIO = 64  # pickles deflate 3-10x; more is a bomb
+MAX_PATH_CHARS = 4096  # dotted names longer than this are not real checkpoint keys
 
 _CODE_OF_TORCH = {name: code for code, name in _TORCH_NAMES.items()}
 _CODE_OF_TORCH.update({"float": "F32", "double": "F64", "half": "F16", "long": "I64", "int": "I32", "short": "I16"})
@@ -61,6 +64,7 @@ class ZipMember:
     compressed_size: int
     size: int
     method: int
+    archive_end: int = -1  # absolute end of the archive holding it (-1: unknown); its data must end before
 
 
 def _zip_fail(source: str, cause: str) -> CheckpointError:
@@ -124,7 +128,7 @@ def read_members(fd: int, source: str, base: int = 0, length: int | None = None)
         offset = base + lho + delta
         if lho + delta < 0 or lho + delta + 30 + csize > length:
             raise _zip_fail(source, f"zip entry {name!r} lies outside the archive")
-        members[name] = ZipMember(name, offset, csize, usize, method)
+        members[name] = ZipMember(name, offset, csize, usize, method, base + length)
         at += 46 + nlen + xlen + clen
     return members
 
@@ -153,7 +157,10 @@ def member_data_offset(fd: int, source: str, member: ZipMember) -> int:
     if header[:4] != ZIP_MAGIC:
         raise _zip_fail(source, f"the local header of {member.name!r} is damaged")
     nlen, xlen = struct.unpack("<HH", header[26:30])
-    return member.header_offset + 30 + nlen + xlen
+    start = member.header_offset + 30 + nlen + xlen
+    if member.archive_end >= 0 and start + member.compressed_size > member.archive_end:
+        raise _zip_fail(source, f"the data of zip entry {member.name!r} runs past the end of the archive")
+    return start
 
 
 # ---------------------------------------------------------------------------------------------- archives
@@ -227,6 +234,11 @@ def _member_bytes(fd: int, source: str, member: ZipMember) -> bytes:
     if member.method == 0:
         return raw
     if member.method == 8:
+        if member.size > MAX_INFLATE_RATIO * member.compressed_size + (1 << 20):
+            raise _zip_fail(
+                source, f"entry {member.name!r} claims to inflate {member.compressed_size} bytes into {member.size} "
+                "(a decompression bomb, not a pickle)"
+            )
         try:
             return zlib.decompressobj(-15).decompress(raw, member.size)
         except zlib.error as exc:
@@ -274,8 +286,8 @@ def _key_text(key: Any) -> str:
     if isinstance(key, str):
         return key
     if isinstance(key, (int, float, bool)) or key is None:
-        return str(key)
-    return repr(key)
+        return str(key) if not isinstance(key, int) or key.bit_length() <= 256 else _short_repr(key)
+    return _short_repr(key, 200)
 
 
 def walk_tree(root: Any, prefix: str = "") -> TreeContents:
@@ -290,6 +302,9 @@ def walk_tree(root: Any, prefix: str = "") -> TreeContents:
         if nodes > MAX_TREE_NODES:
             out.truncated = True
             break
+        if len(path) > MAX_PATH_CHARS:  # a crafted chain of nesting would cost O(depth**2) in names
+            out.truncated = True
+            continue
         if isinstance(obj, TensorRef):
             out.tensors.append((path, obj))
         elif isinstance(obj, UnsupportedTensor):
@@ -392,7 +407,21 @@ def place_tensor(fd: int, archive: TorchArchive, name: str, ref: TensorRef, sour
             file=source,
             tensor=name,
         )
+    nbytes = _prod(ref.shape) * itemsize
+    file_end = archive.members[f"{archive.prefix}data/{ref.storage.key}"].archive_end
+    if nbytes > entry_size and nbytes > file_end:
+        raise RepeatedElements(
+            f"Cannot list tensor {name!r} of {source}: it is a view of {nbytes} bytes over a storage of {entry_size} "
+            "(its strides repeat elements, as expand() makes), so reading it would allocate more than the whole file "
+            "holds. Save it with .contiguous() or .clone() if it is needed.",
+            file=source,
+            tensor=name,
+        )
     return TensorPlace(ref, data_offset, itemsize)
+
+
+class RepeatedElements(CheckpointError):
+    """A view whose strides repeat storage elements is larger than its whole file: listing it is refused."""
 
 
 def _storage_itemsize(torch_name: str) -> int:
@@ -538,6 +567,9 @@ def inspect_file(path: str | os.PathLike) -> TorchFile:
                     continue
                 try:
                     places[name] = place_tensor(fd, archive, name or "tensor", ref, source)
+                except RepeatedElements:
+                    skipped.append(f"{name!r}: a view that repeats storage elements is larger than the file")
+                    continue
                 except CheckpointError as err:
                     if dtype_code(ref.dtype) is None:
                         skipped.append(f"{name!r}: torch.{ref.dtype} has no safetensors dtype")
@@ -594,7 +626,10 @@ def catalog_of(tf: TorchFile) -> Catalog:
     if tf.skipped:
         warnings.append(f"{len(tf.skipped)} tensors are not listed: {'; '.join(tf.skipped[:3])}{' ...' if len(tf.skipped) > 3 else ''}.")
     if tf.contents.truncated:
-        warnings.append(f"The object tree of {tf.path.name} has more than {MAX_TREE_NODES} nodes; only the first were listed.")
+        warnings.append(
+            f"The object tree of {tf.path.name} has more than {MAX_TREE_NODES} nodes or names longer than {MAX_PATH_CHARS} "
+            "characters; those parts were not listed."
+        )
     root = tf.root
     if isinstance(root, dict) and "pytorch-lightning_version" in root:
         metadata["lightning_version"] = str(root["pytorch-lightning_version"])

@@ -109,7 +109,17 @@ def check_destination(
     if dest.exists() and not dest.is_dir():
         state.problems.append(Problem("error", f"Cannot write to {dest}: it is a file, not a folder. Choose a folder path."))
         return state
-    entries = sorted(os.listdir(dest)) if dest.is_dir() else []
+    # The engine's run lock, imported here because the engine imports planning.
+    from ..engine.lock import LOCK_NAME, holder
+
+    running = holder(dest) if dest.is_dir() else None
+    if running is not None:
+        state.problems.append(
+            Problem("error", f"Cannot write to {dest}: another conversion is writing there ({running}). Wait for it to "
+                             "finish or stop it, or choose another destination.")
+        )
+        return state
+    entries = sorted(n for n in os.listdir(dest) if n != LOCK_NAME) if dest.is_dir() else []
     if entries and not overwrite:
         manifest = read_manifest(dest)
         if manifest is not None and manifest.get("fingerprint") == fingerprint:

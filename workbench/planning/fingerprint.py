@@ -1,13 +1,15 @@
 """Fingerprints that identify a plan, so workers and resumed runs can prove they execute the same one.
 
 The layout fingerprint covers everything that decides the output bytes (source tensors and their
-locations, the groups and their recipes, the mapper's export, every output header); the run
-fingerprint adds the rank assignment. Both are independent of PYTHONHASHSEED and of the machine.
+locations, the source files' sizes and modification times, the groups and their recipes, the mapper's
+export, every output header); the run fingerprint adds the rank assignment. Both are independent of
+PYTHONHASHSEED and of the machine.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 
 from ..catalog import Catalog
 from .schedule import Step
@@ -16,12 +18,22 @@ from .sharding import OutputFile
 _BATCH = 2048
 
 
+def _mtime_ns(catalog: Catalog, rel: str) -> int:
+    """A source file's modification time: a source edited after an interrupted run makes a different plan,
+    so the shards written from its old bytes are never kept by the resumed run."""
+    path = catalog.root / rel if catalog.root.is_dir() else catalog.root
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return -1
+
+
 def layout_fingerprint(catalog: Catalog, steps: list[Step], files: list[OutputFile], mapper_json: str | None) -> str:
     """A hex digest of what decides the output bytes of a plan."""
     digest = hashlib.sha256(b"workbench-layout-v1\n")
     digest.update((mapper_json or "").encode())
     for rel, info in sorted(catalog.files.items()):
-        digest.update(f"\nsrc {rel} {info.size}".encode())
+        digest.update(f"\nsrc {rel} {info.size} {_mtime_ns(catalog, rel)}".encode())
     lines: list[str] = []
     for step in steps:
         group = step.group

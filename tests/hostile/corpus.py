@@ -1,0 +1,439 @@
+"""Hand-made hostile checkpoints, one builder per case, each with the outcome the readers must produce.
+
+A builder writes its case into an empty folder and returns the path to open. Pickle cases embed a
+payload that would create `marker` if anything ran it; the test asserts it never appears. Cases that
+the format tests already cover (see `COVERED_ELSEWHERE`) are not repeated here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import struct
+import zipfile
+import zlib
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from .seeds import INDEX_NAME, TRAINING, _hf_index_seed, _safetensors_seed
+
+MAX_HEADER = 100_000_000  # workbench.formats.safetensors.MAX_HEADER_BYTES (the reference reader's limit)
+
+# Hostile inputs the per-format test modules already check (kept here so the corpus table is complete).
+COVERED_ELSEWHERE = {
+    "torch: __reduce__ calling os.system and open()": "test_formats_torch.py::test_malicious_pickle_is_listed_never_executed",
+    "DCP .metadata naming os.system": "test_formats_dcp.py::test_metadata_with_foreign_globals_is_refused_never_run",
+    "atorch flat_meta naming print": "test_formats_atorch.py::test_damaged_checkpoints_raise_checkpoint_error",
+    "HF index paths ../, absolute, C:\\, sub/../..": "test_index.py::test_index_paths_that_escape_the_folder_are_refused",
+    "HF index shard symlinked outside": "test_index.py::test_symlink_leading_out_of_the_folder_is_refused",
+    "safetensors header length 2**63 / 150 MB, duplicate keys, 2**64 dims, overflowing offsets":
+        "test_formats_safetensors.py::test_malformed_file_is_refused_with_a_clear_message",
+    "safetensors header length above 100 MB read no further than 8 bytes":
+        "test_formats_safetensors.py::test_absurd_header_length_is_refused_before_reading_the_header",
+    "legacy (pre-1.6) torch pickle": "test_formats_torch.py::test_legacy_format_is_refused_clearly",
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One hostile input: how to build it and what the readers must do with it.
+
+    `expect` is 'refused' (a CheckpointError whose message contains `says`, on open or on reading a
+    tensor) or 'listed' (opens; `check(catalog)` holds). `marker` is set for cases with a payload.
+    """
+
+    name: str
+    build: Callable[[Path, Path], Path]  # (folder, marker) -> path to open
+    expect: str
+    says: str = ""
+    check: Callable[[object], None] | None = field(default=None, repr=False)
+
+
+# ----------------------------------------------------------------------------------------- pickle payloads
+
+
+class RunsCommand:
+    """Pickles as `os.system('touch marker')`."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def exec_pickle(marker: Path) -> bytes:
+    """A hand-written pickle calling builtins.exec on code that creates `marker` (no class needed to make it)."""
+    code = f"open({str(marker)!r}, 'w').write('pwned')"
+    return b"\x80\x02cbuiltins\nexec\nX" + struct.pack("<I", len(code)) + code.encode() + b"\x85R."
+
+
+class _StorageProxy:
+    pass
+
+
+def torch_zip(path: Path, pickle_bytes: bytes, storages: dict[str, bytes] | None = None, *, deflate: bool = False) -> Path:
+    """A torch.save-shaped zip around arbitrary pickle bytes (archive/data.pkl + archive/data/<key>)."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED) as archive:
+        archive.writestr("archive/data.pkl", pickle_bytes)
+        archive.writestr("archive/byteorder", "little")
+        for key, blob in (storages or {}).items():
+            archive.writestr(zipfile.ZipInfo(f"archive/data/{key}"), blob, compress_type=zipfile.ZIP_STORED)
+        archive.writestr("archive/version", "3\n")
+    return path
+
+
+def tensor_pickle(tensors: dict[str, tuple[int, tuple, tuple]], storage_numel: int) -> bytes:
+    """A state-dict pickle of views (offset, size, stride) over one float32 storage '0', as torch writes it."""
+    import torch
+
+    class View:
+        def __init__(self, offset, size, stride):
+            self.args = (offset, size, stride)
+
+        def __reduce__(self):
+            offset, size, stride = self.args
+            return (torch._utils._rebuild_tensor_v2, (_StorageProxy(), offset, size, stride, False, OrderedDict()))
+
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, obj):
+            if isinstance(obj, _StorageProxy):
+                return ("storage", torch.FloatStorage, "0", "cpu", storage_numel)
+            return None
+
+    import io
+
+    buffer = io.BytesIO()
+    Pickler(buffer, protocol=2).dump(OrderedDict((k, View(*v)) for k, v in tensors.items()))
+    return buffer.getvalue()
+
+
+# ----------------------------------------------------------------------------------------- builders
+
+
+def _torch_evil(folder: Path, marker: Path) -> Path:
+    import torch
+
+    torch.save({"w": torch.ones(3), "config": {"hook": RunsCommand(marker)}}, folder / "evil.pt")
+    return folder / "evil.pt"
+
+
+def _torch_exec(folder: Path, marker: Path) -> Path:
+    return torch_zip(folder / "exec.pt", exec_pickle(marker))
+
+
+def _dcp(folder: Path, state: dict | None = None) -> Path:
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(state or {"w": torch.arange(4.0), "b": torch.ones(2)}, checkpoint_id=str(folder), no_dist=True)
+    return folder
+
+
+def _rewrite_dcp_metadata(folder: Path, edit: Callable[[object], None]) -> None:
+    with open(folder / ".metadata", "rb") as fh:
+        meta = pickle.load(fh)  # our own, just written by torch: trusted
+    edit(meta)
+    with open(folder / ".metadata", "wb") as fh:
+        pickle.dump(meta, fh)
+
+
+def _dcp_metadata_exec(folder: Path, marker: Path) -> Path:
+    _dcp(folder)
+    (folder / ".metadata").write_bytes(exec_pickle(marker))
+    return folder
+
+
+def _dcp_chunk_payload(folder: Path, marker: Path) -> Path:
+    """The chunk stream that should hold tensor 'w' is a torch.save of a payload instead."""
+    import io
+
+    import torch
+
+    _dcp(folder)
+    buffer = io.BytesIO()
+    torch.save(RunsCommand(marker), buffer)
+    payload = buffer.getvalue()
+    data = folder / "__0_0.distcp"
+    start = data.stat().st_size
+    with open(data, "ab") as fh:
+        fh.write(payload)
+
+    def point_w_at_payload(meta):
+        for index, info in meta.storage_data.items():
+            if index.fqn == "w":
+                info.offset, info.length = start, len(payload)
+
+    _rewrite_dcp_metadata(folder, point_w_at_payload)
+    return folder
+
+
+def _dcp_path(where: str) -> Callable[[Path, Path], Path]:
+    def build(folder: Path, marker: Path) -> Path:
+        _dcp(folder)
+        (folder.parent / "outside.distcp").write_bytes((folder / "__0_0.distcp").read_bytes())
+
+        def redirect(meta):
+            for info in meta.storage_data.values():
+                info.relative_path = where
+
+        _rewrite_dcp_metadata(folder, redirect)
+        return folder
+
+    return build
+
+
+def _dcp_symlinked_data(folder: Path, marker: Path) -> Path:
+    _dcp(folder)
+    os.replace(folder / "__0_0.distcp", folder.parent / "outside.distcp")
+    os.symlink(folder.parent / "outside.distcp", folder / "__0_0.distcp")
+    return folder
+
+
+def _dcp_huge_shape(folder: Path, marker: Path) -> Path:
+    """Metadata claims w is 2**40 elements in one chunk whose stored stream is a few hundred bytes."""
+    _dcp(folder)
+
+    def inflate(meta):
+        entry = meta.state_dict_metadata["w"]
+        entry.size = type(entry.size)([2**40])
+        entry.chunks[0].sizes = type(entry.chunks[0].sizes)([2**40])
+
+    _rewrite_dcp_metadata(folder, inflate)
+    return folder
+
+
+def _dcp_counted_bomb(folder: Path, marker: Path) -> Path:
+    _dcp(folder)
+    (folder / ".metadata").write_bytes(b"\x80\x04\x8d" + struct.pack("<Q", 2**40) + b"abc.")  # BINUNICODE8 of 1 TiB
+    return folder
+
+
+def _memo_bomb(folder: Path, marker: Path) -> Path:
+    # ']' (an empty list) then LONG_BINPUT 2**31: CPython's unpickler would zero-fill a 32 GiB memo table.
+    return torch_zip(folder / "memo.pt", b"\x80\x02]r" + struct.pack("<I", 2**31) + b".")
+
+
+def _deflate_bomb(folder: Path, marker: Path) -> Path:
+    body = pickle.dumps({"pad": b"\0" * 20_000_000}, protocol=2)
+    path = torch_zip(folder / "bomb.pt", body, deflate=True)
+    assert len(zlib.compress(body)) < 64 * 1024  # a few KB on disk, 20 MB once inflated
+    return path
+
+
+def _deep_nesting(folder: Path, marker: Path) -> Path:
+    depth = 50_000  # names grow with depth: unbounded, listing costs O(depth**2) (hours for a 50 MB file)
+    return torch_zip(folder / "deep.pt", b"\x80\x02" + b"]" * depth + b"a" * (depth - 1) + b".")
+
+
+def _key_repr_bomb(folder: Path, marker: Path) -> Path:
+    """5,000 tuple keys sharing one 100 KB string: a full repr() of each key would build 500 MB of names."""
+    shared = "k" * 100_000
+    body = pickle.dumps({"state": {(i, shared): i for i in range(5_000)}}, protocol=2)
+    assert len(body) < 200_000
+    return torch_zip(folder / "keys.pt", body)
+
+
+def _expand_bomb(folder: Path, marker: Path) -> Path:
+    import torch
+
+    torch.save({"ok": torch.ones(2, 3), "small_expand": torch.ones(3)[None].expand(2, 3), "bomb": torch.ones(1).expand(10**8)},
+               folder / "expand.pt")
+    return folder / "expand.pt"
+
+
+def _torch_overflowing_view(folder: Path, marker: Path) -> Path:
+    blob = np.arange(4, dtype=np.float32).tobytes()
+    return torch_zip(folder / "huge.pt", tensor_pickle({"w": (0, (2**40, 2**40), (1, 1))}, storage_numel=4), {"0": blob})
+
+
+def _torch_view_past_storage(folder: Path, marker: Path) -> Path:
+    blob = np.arange(4, dtype=np.float32).tobytes()
+    return torch_zip(folder / "past.pt", tensor_pickle({"w": (3, (4,), (1,))}, storage_numel=4), {"0": blob})
+
+
+def _atorch(folder: Path) -> Path:
+    import shutil
+
+    shutil.copytree(TRAINING / "atorch_flat", folder, dirs_exist_ok=True)
+    return folder
+
+
+def _atorch_meta_exec(folder: Path, marker: Path) -> Path:
+    _atorch(folder)
+    (folder / "flat_meta.00000-00002").write_bytes(exec_pickle(marker))
+    return folder
+
+
+def _atorch_huge_shape(folder: Path, marker: Path) -> Path:
+    _atorch(folder)
+    for path in sorted(folder.glob("flat_meta.*")):  # every rank agrees on the absurd shape
+        meta = pickle.loads(path.read_bytes())  # the committed sample: trusted
+        for info in meta["param_meta"].values():
+            info["param_shapes"] = type(info["param_shapes"])([2**40, 2**40])
+        path.write_bytes(pickle.dumps(meta))
+    return folder
+
+
+def _atorch_header_2_63(folder: Path, marker: Path) -> Path:
+    _atorch(folder)
+    path = folder / "flat_param.00001-00002"
+    raw = path.read_bytes()
+    path.write_bytes(struct.pack("<Q", 2**63) + raw[8:])
+    return folder
+
+
+def _atorch_symlinked_shard(folder: Path, marker: Path) -> Path:
+    _atorch(folder)
+    name = "flat_param.00001-00002"
+    os.replace(folder / name, folder.parent / name)
+    os.symlink(folder.parent / name, folder / name)
+    return folder
+
+
+def _lightning_meta_payload(folder: Path, marker: Path) -> Path:
+    import torch
+
+    _dcp(folder, {"model.w": torch.ones(2)})
+    torch.save({"epoch": 3, "callbacks": {"cb": RunsCommand(marker)}, "ema": {"w": torch.zeros(2)}}, folder / "meta.pt")
+    return folder
+
+
+def _lightning_meta_symlink(folder: Path, marker: Path) -> Path:
+    import torch
+
+    _dcp(folder, {"model.w": torch.ones(2)})
+    torch.save({"epoch": 3}, folder.parent / "meta.pt")
+    os.symlink(folder.parent / "meta.pt", folder / "meta.pt")
+    return folder
+
+
+def _hf_shard_header_2_63(folder: Path, marker: Path) -> Path:
+    _hf_index_seed(folder)
+    shard = folder / "model-00002-of-00002.safetensors"
+    shard.write_bytes(struct.pack("<Q", 2**63) + shard.read_bytes()[8:])
+    return folder
+
+
+def _hf_duplicate_index_key(folder: Path, marker: Path) -> Path:
+    _hf_index_seed(folder)
+    text = (folder / INDEX_NAME).read_text()
+    (folder / INDEX_NAME).write_text(text.replace('"a.bias": ', '"b.weight": "model-00001-of-00002.safetensors", "a.bias": '))
+    return folder
+
+
+def _header_at_the_limit(folder: Path, marker: Path) -> Path:
+    """A header of exactly 100 MB (a 100 MB metadata string): accepted like the reference, memory bounded."""
+    head = {"__metadata__": {"pad": ""}, "x": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]}}
+    head["__metadata__"]["pad"] = "a" * (MAX_HEADER - len(json.dumps(head)))
+    body = json.dumps(head).encode()
+    assert len(body) == MAX_HEADER
+    path = folder / "big-header.safetensors"
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<Q", len(body)))
+        fh.write(body)
+        fh.write(b"\1\2\3\4")
+    return path
+
+
+def _unfinished_conversion(folder: Path, marker: Path) -> Path:
+    """What a crash leaves: shards committed, the manifest, no index."""
+    save_file({"a": np.ones(2, np.float32)}, str(folder / "model-00001-of-00002.safetensors"))
+    (folder / ".workbench-convert.json").write_text('{"workbench_convert": 1}')
+    return folder
+
+
+def _zero_size_and_scalars(folder: Path, marker: Path) -> Path:
+    import torch
+
+    torch.save({"scalar": torch.tensor(2.5), "empty": torch.zeros(0, 3), "step": torch.tensor(7)}, folder / "small.pt")
+    return folder / "small.pt"
+
+
+def _dcp_zero_size_and_scalars(folder: Path, marker: Path) -> Path:
+    import torch
+
+    return _dcp(folder, {"scalar": torch.tensor(2.5), "empty": torch.zeros(0, 3), "w": torch.ones(2)})
+
+
+# ----------------------------------------------------------------------------------------- checks
+
+
+def _listed(*names: str) -> Callable[[object], None]:
+    def check(catalog) -> None:
+        assert set(catalog.tensors) == set(names), sorted(catalog.tensors)
+
+    return check
+
+
+def _flagged_unsafe(*names: str) -> Callable[[object], None]:
+    def check(catalog) -> None:
+        _listed(*names)(catalog)
+        assert "posix.system" in catalog.metadata.get("unsafe_globals", catalog.metadata.get("meta_unsafe_globals", ""))
+
+    return check
+
+
+def _warns(text: str, *names: str) -> Callable[[object], None]:
+    def check(catalog) -> None:
+        _listed(*names)(catalog)
+        assert any(text in w for w in catalog.warnings), catalog.warnings
+
+    return check
+
+
+def _shapes(**shapes: tuple) -> Callable[[object], None]:
+    def check(catalog) -> None:
+        assert {n: catalog[n].shape for n in catalog.tensors} == shapes
+        for name in shapes:
+            assert len(catalog.read_bytes(name)) == catalog[name].nbytes
+
+    return check
+
+
+CASES: list[Case] = [
+    # pickles that would run code: listed without running it, or refused where only metadata belongs
+    Case("torch: nested __reduce__ -> os.system", _torch_evil, "listed", check=_flagged_unsafe("w")),
+    Case("torch: hand-written GLOBAL builtins.exec + REDUCE", _torch_exec, "listed", check=_listed()),
+    Case("DCP .metadata: builtins.exec", _dcp_metadata_exec, "refused", "builtins.exec, which is not allowed"),
+    Case("DCP chunk stream: torch.save of a payload", _dcp_chunk_payload, "refused", "not a tensor"),
+    Case("atorch flat_meta: builtins.exec", _atorch_meta_exec, "refused", "builtins.exec, which is not allowed"),
+    Case("Lightning sharded meta.pt: callback payload", _lightning_meta_payload, "listed",
+         check=_flagged_unsafe("model.w", "meta.ema.w")),
+    # pickles that would exhaust memory or time
+    Case("pickle memo index 2**31 (32 GiB memo table)", _memo_bomb, "refused", "memo index 2147483648"),
+    Case("pickle BINUNICODE8 of 2**40 bytes", _dcp_counted_bomb, "refused", "declares 1099511627776 bytes"),
+    Case("deflated data.pkl, 1000:1", _deflate_bomb, "refused", "decompression bomb"),
+    Case("pickle nested 50,000 deep", _deep_nesting, "listed", check=_warns("names longer than", )),
+    Case("dict keys whose repr() totals 500 MB", _key_repr_bomb, "listed", check=_listed()),
+    Case("torch view expand()ed to 10**8 elements", _expand_bomb, "listed",
+         check=_warns("repeats storage elements", "ok", "small_expand")),
+    # sizes that overflow or point past the data
+    Case("torch view of 2**80 elements over 4", _torch_overflowing_view, "refused", "reaches byte"),
+    Case("torch view past the end of its storage", _torch_view_past_storage, "refused", "reaches byte 28"),
+    Case("DCP tensor of 2**40 elements in one small chunk", _dcp_huge_shape, "refused", "its stored stream has"),
+    Case("atorch param_shapes 2**80 elements", _atorch_huge_shape, "refused", "pieces hold"),
+    Case("atorch flat_param header length 2**63", _atorch_header_2_63, "refused", "above the 100000000 byte limit"),
+    Case("HF shard header length 2**63", _hf_shard_header_2_63, "refused", "model-00002-of-00002.safetensors"),
+    Case("safetensors header of exactly 100 MB", _header_at_the_limit, "listed", check=_listed("x")),
+    Case("HF index lists a tensor twice", _hf_duplicate_index_key, "refused", "lists the key 'b.weight' twice"),
+    # paths leading out of the folder
+    Case("DCP storage path ../outside.distcp", _dcp_path("../outside.distcp"), "refused", "outside the checkpoint folder"),
+    Case("DCP storage path /etc/passwd", _dcp_path("/etc/passwd"), "refused", "outside the checkpoint folder"),
+    Case("DCP data file symlinked outside", _dcp_symlinked_data, "refused", "link that leads outside"),
+    Case("atorch shard symlinked outside", _atorch_symlinked_shard, "refused", "link that leads outside"),
+    Case("Lightning meta.pt symlinked outside", _lightning_meta_symlink, "refused", "link that leads outside"),
+    # outputs that must not look complete
+    Case("unfinished conversion (shards, manifest, no index)", _unfinished_conversion, "refused", "unfinished conversion"),
+    # legal but unusual tensors
+    Case("safetensors 0-d and zero-size tensors", lambda f, m: _safetensors_seed(f), "listed",
+         check=_shapes(**{"layer.weight": (2, 3), "layer.bias": (4,), "step": (), "empty": (0, 3), "mask": (3,)})),
+    Case("torch 0-d and zero-size tensors", _zero_size_and_scalars, "listed", check=_shapes(scalar=(), empty=(0, 3), step=())),
+    Case("DCP 0-d and zero-size tensors", _dcp_zero_size_and_scalars, "listed", check=_shapes(scalar=(), empty=(0, 3), w=(2,))),
+]

@@ -1,0 +1,206 @@
+"""Crash safety of conversions: kill -9 anywhere, a full disk, a source that changes under the run.
+
+The invariant after any fault: the destination never holds an index naming incomplete data, nothing
+unfinished opens as a checkpoint, and running the same conversion again resumes to output
+byte-identical to an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import random
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import workbench as wb
+from workbench.errors import CheckpointError, PlanError
+from workbench.formats import open_catalog
+from workbench.formats.safetensors_writer import SafetensorsWriter
+from workbench.verify import verify
+
+INDEX = "model.safetensors.index.json"
+MANIFEST = ".workbench-convert.json"
+LOCK = ".workbench.lock"
+SHARD_SIZE = "120KB"  # tiny-llama (723 KB) -> 7 shards: many commit points
+KILL_POINTS = 12
+
+# The child converts with every file-system mutation counted; at event number `kill_at` it SIGKILLs
+# itself (no cleanup, no finally, exactly like a kill -9 from outside at that moment).
+CHILD = r"""
+import os, signal, sys
+import workbench as wb
+kill_at, events = int(sys.argv[3]), [0]
+
+def counted(fn):
+    def call(*args, **kwargs):
+        events[0] += 1
+        if events[0] == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return fn(*args, **kwargs)
+    return call
+
+for name in ("open", "pwrite", "copy_file_range", "ftruncate", "fsync", "replace", "unlink"):
+    setattr(os, name, counted(getattr(os, name)))
+wb.convert(sys.argv[1], sys.argv[2], shard_size=sys.argv[4], quiet=True)
+print("EVENTS", events[0])
+"""
+
+
+def run_child(source: Path, dest: Path, kill_at: int, shard_size: str = SHARD_SIZE) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", CHILD, str(source), str(dest), str(kill_at), shard_size],
+        capture_output=True, text=True, timeout=120,
+    )
+
+
+def assert_nothing_incomplete_is_presented(dest: Path, clean: Path) -> None:
+    """An index may only exist when every shard it names is complete; otherwise nothing opens as complete."""
+    if (dest / INDEX).exists():
+        for name in os.listdir(clean):
+            assert filecmp.cmp(clean / name, dest / name, shallow=False), f"{name} differs while the index exists"
+        return
+    with pytest.raises(CheckpointError):
+        open_catalog(dest)
+    assert not verify(dest).ok
+
+
+def assert_same_files(dest: Path, clean: Path) -> None:
+    assert sorted(os.listdir(dest)) == sorted(os.listdir(clean))
+    for name in os.listdir(clean):
+        assert filecmp.cmp(clean / name, dest / name, shallow=False), name
+
+
+@pytest.fixture(scope="module")
+def clean_run(llama_sample: Path, tmp_path_factory) -> tuple[Path, int]:
+    """An uninterrupted conversion, and how many file-system events it takes (counted in a child)."""
+    base = tmp_path_factory.mktemp("clean")
+    counted = run_child(llama_sample, base / "counted", kill_at=-1)
+    assert counted.returncode == 0, counted.stderr
+    events = int(counted.stdout.split("EVENTS")[1])
+    assert events > 3 * KILL_POINTS
+    clean = base / "clean"
+    wb.convert(llama_sample, clean, shard_size=SHARD_SIZE, quiet=True)
+    assert_same_files(base / "counted", clean)
+    return clean, events
+
+
+def test_kill_9_at_any_point_then_resume_gives_identical_output(llama_sample: Path, tmp_path: Path, clean_run) -> None:
+    clean, events = clean_run
+    rng = random.Random(8)
+    # Evenly spread points plus random ones, always including the first and the very last events.
+    points = sorted({1, events, *range(2, events, max(1, events // 8)), *rng.sample(range(2, events), 4)})
+    assert len(points) >= KILL_POINTS - 2
+    for k in points:
+        dest = tmp_path / f"kill-{k}"
+        child = run_child(llama_sample, dest, kill_at=k)
+        assert child.returncode == -signal.SIGKILL, (k, child.returncode, child.stderr[-400:])
+        if dest.exists():
+            assert_nothing_incomplete_is_presented(dest, clean)
+        if (dest / INDEX).exists() and not (dest / MANIFEST).exists():
+            # Killed after the commit (while releasing the lock): the output is complete; an unlocked lock
+            # file may remain, which nothing reads as data and the next run ignores.
+            (dest / LOCK).unlink(missing_ok=True)
+            assert_same_files(dest, clean)
+            continue
+        report = wb.convert(llama_sample, dest, shard_size=SHARD_SIZE, quiet=True)
+        assert report.index_written
+        assert_same_files(dest, clean)  # no .partial, no manifest, no lock file left
+
+
+def _limited_child(limit: int) -> None:  # runs in the child between fork and exec
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over-limit writes fail with EFBIG instead of killing
+
+
+def test_file_size_limit_fails_clearly_and_leaves_nothing_that_looks_complete(llama_sample: Path, tmp_path: Path, clean_run) -> None:
+    clean, _ = clean_run
+    dest = tmp_path / "out"
+    code = f"import workbench as wb; wb.convert({str(llama_sample)!r}, {str(dest)!r}, shard_size='400KB', quiet=True)"
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                           preexec_fn=lambda: _limited_child(300_000))
+    assert child.returncode == 1
+    last = child.stderr.strip().splitlines()[-1]
+    assert last.startswith("workbench.errors.PlanError: Cannot write the conversion into") and "file size limit" in last
+    assert "EFBIG" not in last and "no index was written" in last
+    assert not [n for n in os.listdir(dest) if n.endswith(".partial")]
+    assert not (dest / INDEX).exists() and not (dest / ".workbench.lock").exists()
+    assert_nothing_incomplete_is_presented(dest, clean)
+    wb.convert(llama_sample, dest, shard_size="400KB", quiet=True)  # with room again, the same run finishes
+    assert verify(dest).ok and open_catalog(dest).total_bytes == open_catalog(llama_sample).total_bytes
+
+
+def _mount_tmpfs(where: Path, size: str) -> bool:
+    where.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return False
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True).returncode == 0
+
+
+def test_disk_full_midway_on_a_small_filesystem(llama_sample: Path, tmp_path: Path, clean_run) -> None:
+    clean, _ = clean_run
+    mnt = tmp_path / "small"
+    if not _mount_tmpfs(mnt, "1m"):
+        pytest.skip("cannot mount a small tmpfs here (needs root); the RLIMIT_FSIZE test covers the error path")
+    try:
+        dest = mnt / "out"
+        plan = wb.plan(llama_sample, shard_size=SHARD_SIZE, dest=dest)
+        assert plan.ok  # there was room when it was planned ...
+        (mnt / "filler").write_bytes(b"\0" * 600_000)  # ... then something else took most of it
+        with pytest.raises(PlanError, match="the disk is full") as caught:
+            wb.engine.execute(plan, quiet=True)
+        assert "no index was written" in str(caught.value) and "resume" in str(caught.value)
+        written = os.listdir(dest)
+        assert not [n for n in written if n.endswith(".partial")] and INDEX not in written
+        assert any(n.startswith("model-") for n in written)  # the disk filled after some shards were committed
+        assert_nothing_incomplete_is_presented(dest, clean)
+        (mnt / "filler").unlink()
+        report = wb.convert(llama_sample, dest, shard_size=SHARD_SIZE, quiet=True)
+        assert report.kept  # finished shards were kept
+        assert_same_files(dest, clean)
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+def _change_source_at_commit(monkeypatch, source_file: Path, at_commit: int, how: str) -> None:
+    real_commit = SafetensorsWriter.commit
+    commits = [0]
+
+    def commit(self, *args, **kwargs):
+        commits[0] += 1
+        if commits[0] == at_commit:
+            if how == "touch":
+                st = source_file.stat()
+                os.utime(source_file, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+            else:
+                with open(source_file, "ab") as fh:
+                    fh.write(b"\0" * 8)
+        return real_commit(self, *args, **kwargs)
+
+    monkeypatch.setattr(SafetensorsWriter, "commit", commit)
+
+
+@pytest.mark.parametrize(("at_commit", "how", "when"), [(1, "touch", "committing"), (7, "grow", "writing the index")])
+def test_source_changing_during_the_run_is_detected(llama_sample: Path, tmp_path: Path, monkeypatch, at_commit, how, when) -> None:
+    source = tmp_path / "src"
+    shutil.copytree(llama_sample, source)
+    dest = tmp_path / "out"
+    _change_source_at_commit(monkeypatch, source / "model-00001-of-00003.safetensors", at_commit, how)
+    with pytest.raises(PlanError, match="the source changed during the conversion") as caught:
+        wb.convert(source, dest, shard_size=SHARD_SIZE, quiet=True)
+    assert "model-00001-of-00003.safetensors" in str(caught.value) and when in str(caught.value)
+    assert not (dest / INDEX).exists() and not [n for n in os.listdir(dest) if n.endswith(".partial")]
+    monkeypatch.undo()
+    if how == "grow":
+        return  # the source is now a damaged file: nothing more to convert
+    # Shards made from the old bytes are never resumed from: the source's mtime is part of the plan.
+    again = wb.plan(source, shard_size=SHARD_SIZE, dest=dest)
+    assert not again.ok and "different plan" in again.errors[0].message
+    wb.convert(source, dest, shard_size=SHARD_SIZE, quiet=True, overwrite=True)
+    assert verify(dest).ok

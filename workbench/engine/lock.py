@@ -1,0 +1,126 @@
+"""One conversion at a time per destination: an exclusive `flock` on `<dest>/.workbench.lock`.
+
+The lock is held for the whole run (prepare, every shard, commit) by the process that drives it: the
+local run, the torchrun launcher (whose torchrun child inherits the locked descriptor, so workers that
+outlive a killed launcher still hold it), or rank 0 of an in-place torchrun job. The file records who holds it
+(pid, host, start time) so a refused second run can say so. The kernel drops the lock when its holder
+dies, even by kill -9, so a stale file never blocks anyone; a clean run removes the file when it ends.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from ..errors import PlanError
+
+LOCK_NAME = ".workbench.lock"
+_RETRY_SECONDS = 0.25  # a probe (`holder`) holds the lock for microseconds; do not mistake it for a run
+
+
+def _holder_text(fd: int) -> str:
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode("utf-8") or "{}")
+    except (OSError, ValueError):
+        info = {}
+    if not isinstance(info, dict) or "pid" not in info:
+        return "a process that has not yet recorded itself"
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.get("started", 0)))
+    return f"pid {info.get('pid')} on host {info.get('host', '?')}, started {started}"
+
+
+def holder(dest: str | os.PathLike) -> str | None:
+    """Who holds the lock of `dest` ('pid 123 on host h, started ...'), or None when no run holds it."""
+    path = Path(dest) / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _holder_text(fd)
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+class DestinationLock:
+    """The exclusive lock of one destination; use as a context manager around a whole conversion."""
+
+    def __init__(self, dest: str | os.PathLike) -> None:
+        self.dest = Path(dest)
+        self.path = self.dest / LOCK_NAME
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def fileno(self) -> int:
+        """The locked descriptor: a child process that inherits it keeps the lock held while it lives."""
+        assert self._fd is not None, "acquire() first"
+        return self._fd
+
+    def acquire(self) -> DestinationLock:
+        """Take the lock or raise a PlanError naming the run that holds it."""
+        self.dest.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + _RETRY_SECONDS
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    os.close(fd)
+                    time.sleep(0.02)
+                    continue
+                who = _holder_text(fd)
+                os.close(fd)
+                raise PlanError(
+                    f"Cannot convert into {self.dest}: another conversion is writing there ({who}). Wait for it to "
+                    f"finish or stop it, or choose another destination. ({self.path} is its lock.)",
+                    file=str(self.path),
+                ) from None
+            # The previous holder may have removed the file between our open and our flock: lock the live file.
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), "argv": sys.argv[:4]})
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, record.encode("utf-8"), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        """Remove the lock file, then drop the lock (a run that opened the old file sees it gone and retries)."""
+        if self._fd is None:
+            return
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        os.close(self._fd)
+        self._fd = None
+
+    def __enter__(self) -> DestinationLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def lock_destination(dest: str | os.PathLike) -> DestinationLock:
+    """Acquire the lock of `dest` for a conversion (see `DestinationLock`)."""
+    return DestinationLock(dest).acquire()

@@ -1,0 +1,185 @@
+"""Re-reading a finished conversion and comparing every output tensor with what its sources make it.
+
+`check_outputs(plan)` opens the destination like any checkpoint (so its headers and index are
+validated too) and, group by group: byte-level outputs must equal the source byte ranges their recipe
+names (compared by SHA-256 in bounded chunks); cast outputs must equal a fresh cast of the source (bit
+for bit, i.e. within the dtype's rounding of the source values, whose largest absolute difference is
+reported); computed outputs must equal the group's op re-applied to the source tensors. The result is
+one row per output tensor: `OutputCheck.frame()` is the DataFrame `RunReport.verification` holds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..catalog import Catalog, TensorInfo
+from ..checksums import tensor_sha256
+from ..dtypes import DTYPE_BITS, is_float, to_torch
+from ..errors import WorkbenchError
+from ..planning.schedule import CAST, COPY
+from .sources import SourceFiles
+
+CHUNK_BYTES = 16 << 20
+COLUMNS = ("tensor", "check", "status", "max_abs_diff", "detail")
+
+
+@dataclass
+class OutputCheck:
+    """Per-output-tensor verdicts of a verification; `ok` when none is a mismatch or missing."""
+
+    dest: str
+    rows: list[tuple[str, str, str, float | None, str]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(status == "ok" for _, _, status, _, _ in self.rows)
+
+    @property
+    def mismatches(self) -> list[str]:
+        """Output tensors that are missing or differ from what their sources make them."""
+        return [name for name, _, status, _, _ in self.rows if status != "ok"]
+
+    def summary(self) -> str:
+        """One line: how many outputs were re-read, how, and the verdict."""
+        kinds: dict[str, int] = {}
+        for _, check, _, _, _ in self.rows:
+            kinds[check] = kinds.get(check, 0) + 1
+        how = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+        if self.ok:
+            return f"verify: {len(self.rows)} output tensors re-read and compared with the source ({how}): all match"
+        bad = self.mismatches
+        return (f"verify: {len(bad)} of {len(self.rows)} output tensors do NOT match the source "
+                f"(e.g. {bad[0]!r}); the output in {self.dest} is not a faithful conversion")
+
+    def frame(self) -> Any:
+        """The rows as a DataFrame indexed by tensor (imports pandas)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows, columns=list(COLUMNS)).set_index("tensor")
+
+
+class _Bytes:
+    """Row-major byte ranges of tensors of one catalog: preads when located, else one whole read (cached)."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self.files = SourceFiles()
+        self._whole: tuple[str, bytes] | None = None
+
+    def read(self, info: TensorInfo, begin: int, end: int) -> bytes:
+        where = self.catalog.locate(info.name)
+        if where is not None:
+            from ..iostats import read_at
+
+            path, start, _ = where
+            return read_at(self.files.fd(path), end - begin, start + begin)
+        if self._whole is None or self._whole[0] != info.name:
+            self._whole = (info.name, self.catalog.read_bytes(info.name))
+        return self._whole[1][begin:end]
+
+    def close(self) -> None:
+        self.files.close()
+        self._whole = None
+
+
+def _chunks(begin: int, end: int, size: int = CHUNK_BYTES):
+    for start in range(begin, end, size):
+        yield start, min(end, start + size)
+
+
+def _check_copy(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, rows: list) -> None:
+    inputs = {t.name: t for t in group.inputs}
+    single = group.inputs[0] if len(group.inputs) == 1 else None
+    for out_name, pieces in group.recipe.items():
+        digest = hashlib.sha256()
+        for piece in pieces:
+            info = single if single is not None else inputs[piece.source]
+            for a, b in _chunks(piece.begin, piece.end):
+                digest.update(source.read(info, a, b))
+        same = digest.hexdigest() == tensor_sha256(out_catalog, out_name, CHUNK_BYTES)
+        rows.append((out_name, "bytes", "ok" if same else "mismatch", 0.0 if same else None,
+                     "" if same else "bytes differ from the source ranges the plan names"))
+
+
+def _check_cast(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, rows: list) -> None:
+    import torch
+
+    src, out = group.inputs[0], out_catalog[group.outputs[0].name]
+    src_dtype, out_dtype = to_torch(src.dtype), to_torch(out.dtype)
+    per = max(1, CHUNK_BYTES // max(DTYPE_BITS[src.dtype] // 8, 1))
+    equal, worst = True, 0.0
+    for start in range(0, src.numel, per):
+        count = min(per, src.numel - start)
+        a = torch.frombuffer(bytearray(source.read(src, start * src_dtype.itemsize, (start + count) * src_dtype.itemsize)), dtype=src_dtype)
+        b = torch.frombuffer(bytearray(output.read(out, start * out_dtype.itemsize, (start + count) * out_dtype.itemsize)), dtype=out_dtype)
+        expected = a.to(out_dtype)
+        equal = equal and bool(torch.equal(expected.view(torch.uint8), b.view(torch.uint8)))
+        if is_float(src.dtype) or is_float(out.dtype):
+            diff = (b.double() - a.double()).abs()
+            diff = diff[~torch.isnan(diff)]
+            if diff.numel():
+                worst = max(worst, float(diff.max()))
+    rows.append((out.name, "cast", "ok" if equal else "mismatch", worst,
+                 "" if equal else f"differs from the source cast to {out.dtype}"))
+
+
+def _check_compute(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, rows: list) -> None:
+    import torch
+
+    tensors = {}
+    for info in group.inputs:
+        data = bytearray(source.read(info, 0, info.nbytes))
+        dtype = to_torch(info.dtype)
+        tensors[info.name] = torch.frombuffer(data, dtype=dtype).reshape(info.shape) if info.numel else torch.empty(info.shape, dtype=dtype)
+    results = group.apply(tensors)
+    for planned in group.outputs:
+        got = out_catalog[planned.name]
+        expected = results[planned.name].detach().contiguous()
+        same = bytes(expected.reshape(-1).view(torch.uint8).numpy()) == output.read(got, 0, got.nbytes) if expected.numel() else True
+        diff = None
+        if expected.is_floating_point() and expected.numel():
+            actual = torch.frombuffer(bytearray(output.read(got, 0, got.nbytes)), dtype=expected.dtype).reshape(expected.shape)
+            delta = (actual.double() - expected.double()).abs()
+            diff = float(delta[~torch.isnan(delta)].max()) if delta.numel() else 0.0
+        rows.append((planned.name, "compute", "ok" if same else "mismatch", 0.0 if same else diff,
+                     "" if same else "differs from the op re-applied to the source"))
+
+
+def check_outputs(plan) -> OutputCheck:
+    """Re-read every output of a finished conversion of `plan` and compare it with its sources."""
+    from ..formats import open_catalog
+
+    result = OutputCheck(str(plan.dest))
+    try:
+        out_catalog = open_catalog(plan.dest)
+    except WorkbenchError as exc:
+        result.rows = [(t.name, "open", "missing", None, exc.message) for s in plan.steps for t in s.group.outputs]
+        return result
+    source, output = _Bytes(plan.source), _Bytes(out_catalog)
+    try:
+        for step in plan.steps:
+            group = step.group
+            absent = [t for t in group.outputs if t.name not in out_catalog or _meta(out_catalog[t.name]) != _meta(t)]
+            for t in absent:
+                found = out_catalog.tensors.get(t.name)
+                detail = "not in the output" if found is None else f"is {found.dtype} {list(found.shape)}, planned {t.dtype} {list(t.shape)}"
+                result.rows.append((t.name, step.kind, "missing" if found is None else "mismatch", None, detail))
+            if absent:
+                continue
+            check = _check_copy if step.kind == COPY else _check_cast if step.kind == CAST else _check_compute
+            check(group, source, output, out_catalog, result.rows)
+    finally:
+        source.close()
+        output.close()
+        if out_catalog.reader is not None:
+            out_catalog.reader.close()
+    return result
+
+
+def _meta(info: TensorInfo) -> tuple[str, tuple[int, ...]]:
+    return info.dtype, tuple(info.shape)
+
+
+__all__ = ["OutputCheck", "check_outputs"]
