@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import re
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from ..catalog import Catalog, FileInfo, TensorInfo
 from ..dtypes import DTYPE_BITS
 from ..errors import CheckpointError
 from ..iostats import open_for_read, read_at
+from .file_pool import FilePool
 from .restricted_pickle import load_inert
 from .safetensors import SafetensorsHeader, read_header
 from .safetensors_folder import safe_member
@@ -235,20 +235,10 @@ class AtorchReader:
         self.root = root
         self.tensors = tensors
         self._key_offsets = {(rel, t.name): t.begin for rel, h in headers.items() for t in h.tensors}
-        self._fds: dict[str, int] = {}
-        self._lock = threading.Lock()
+        self.files = FilePool(root)
 
     def _fd(self, rel: str) -> int:
-        with self._lock:
-            fd = self._fds.get(rel)
-            if fd is None:
-                path = self.root / rel
-                try:
-                    fd = open_for_read(path)
-                except OSError as exc:
-                    raise CheckpointError(f"Cannot open {path}: {exc.strerror}. Was the checkpoint moved or deleted?", file=str(path)) from None
-                self._fds[rel] = fd
-            return fd
+        return self.files.fd(rel)
 
     def _range(self, piece: Piece, itemsize: int) -> tuple[int, int]:
         begin = self._key_offsets[(piece.file, piece.key)] + piece.start * itemsize
@@ -285,16 +275,7 @@ class AtorchReader:
         return ((self.root / entry.pieces[0].file).resolve(), begin, begin + length)
 
     def close(self) -> None:
-        with self._lock:
-            for fd in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
-
-    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
-        try:
-            self.close()
-        except Exception:
-            pass
+        self.files.close()
 
 
 def _refuse_links_out(folder: Path) -> None:

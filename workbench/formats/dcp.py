@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import re
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +27,7 @@ from ..dtypes import DTYPE_BITS
 from ..errors import CheckpointError
 from ..iostats import open_for_read, read_at
 from . import torch_zip
+from .file_pool import FilePool
 from .restricted_pickle import TORCH_DTYPE_NAMES, DtypeRef, Placeholder, TensorRef, load_inert
 from .safetensors_folder import is_extra, safe_member
 
@@ -251,21 +251,11 @@ class DcpReader:
         self.tensors = tensors
         self.objects = objects
         self.meta_reader = meta_reader  # TorchZipReader of a Lightning meta.pt, names without the 'meta.' prefix
-        self._fds: dict[str, int] = {}
+        self.files = FilePool(root)
         self._places: dict[tuple[str, int], torch_zip.TensorPlace] = {}
-        self._lock = threading.Lock()
 
     def _fd(self, rel: str) -> int:
-        with self._lock:
-            fd = self._fds.get(rel)
-            if fd is None:
-                path = self.root / rel
-                try:
-                    fd = open_for_read(path)
-                except OSError as exc:
-                    raise CheckpointError(f"Cannot open {path}: {exc.strerror}. Was the checkpoint moved or deleted?", file=str(path)) from None
-                self._fds[rel] = fd
-            return fd
+        return self.files.fd(rel)
 
     def _place(self, entry: DcpTensor, chunk: Chunk) -> torch_zip.TensorPlace:
         key = (chunk.file, chunk.offset)
@@ -381,18 +371,9 @@ class DcpReader:
         return torch_zip.open_archive(self._fd(obj.file), source, obj.offset, obj.length).root
 
     def close(self) -> None:
-        with self._lock:
-            for fd in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
+        self.files.close()
         if self.meta_reader is not None:
             self.meta_reader.close()
-
-    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 def open_path(path: Path) -> Catalog:

@@ -10,7 +10,6 @@ import gc
 import json
 import os
 import struct
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from ..catalog import FileInfo, TensorInfo
 from ..dtypes import DTYPE_BITS
 from ..errors import CheckpointError
 from ..iostats import open_for_read, read_at
+from .file_pool import FilePool
 
 # The reference implementation refuses headers above 100 MB; so do we, before allocating anything.
 MAX_HEADER_BYTES = 100_000_000
@@ -220,20 +220,8 @@ class FileReader:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._paths: dict[str, Path] = {}
-        self._fds: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def _fd(self, rel: str) -> int:
-        with self._lock:
-            fd = self._fds.get(rel)
-            if fd is None:
-                path = self.root / rel if self.root.is_dir() else self.root
-                try:
-                    fd = open_for_read(path)
-                except OSError as exc:
-                    raise CheckpointError(f"Cannot open {path}: {exc.strerror}. Was the checkpoint moved or deleted?", file=str(path)) from None
-                self._fds[rel] = fd
-            return fd
+        self.files = FilePool(root)
+        self._fd = self.files.fd
 
     def read_bytes(self, info: TensorInfo) -> bytes:
         """The bytes of one tensor; nothing else of its file is read."""
@@ -251,20 +239,11 @@ class FileReader:
         """Safetensors data is always raw and contiguous: the file and the absolute byte range."""
         path = self._paths.get(info.file)
         if path is None:  # cached: planners and the engine ask once per tensor, 100k times for big checkpoints
-            path = self._paths[info.file] = self.root / info.file if self.root.is_dir() else self.root
+            path = self._paths[info.file] = self.files.path(info.file)
         return (path, info.begin, info.end)
 
     def close(self) -> None:
-        with self._lock:
-            for fd in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
-
-    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
-        try:
-            self.close()
-        except Exception:
-            pass
+        self.files.close()
 
 
 def file_info(rel: str, header: SafetensorsHeader) -> FileInfo:
