@@ -46,7 +46,7 @@ def counted(fn):
         return fn(*args, **kwargs)
     return call
 
-for name in ("open", "pwrite", "copy_file_range", "ftruncate", "fsync", "replace", "unlink"):
+for name in ("open", "pwrite", "copy_file_range", "ftruncate", "posix_fallocate", "fsync", "replace", "unlink"):
     setattr(os, name, counted(getattr(os, name)))
 wb.convert(sys.argv[1], sys.argv[2], shard_size=sys.argv[4], quiet=True)
 print("EVENTS", events[0])
