@@ -17,48 +17,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from dataclasses import asdict, dataclass, replace
+import sys
+from dataclasses import asdict, replace
 from pathlib import Path
 
-from workbench.catalog import TensorInfo
-from workbench.formats.safetensors_writer import layout_file, shard_file_name, write_index
+# The Llama names and shapes come from the sibling make_llama_like.py, also when this file is loaded by path.
+sys.path.append(str(Path(__file__).resolve().parent))
+
+from make_llama_like import LlamaShape, tiny_llama_shape  # noqa: E402
+
+from workbench.catalog import TensorInfo  # noqa: E402
+from workbench.formats.safetensors_writer import layout_file, shard_file_name, write_index  # noqa: E402
 
 STAMP = "sparse_input.json"
 Spec = tuple[str, tuple[int, ...], str]  # name, shape, dtype code
 
 
-@dataclass(frozen=True)
-class LlamaDims:
-    """The dimensions that decide a Llama checkpoint's tensor names and shapes (untied embeddings)."""
-
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    layers: int
-    vocab: int
-
-    def tensors(self) -> list[tuple[str, tuple[int, ...]]]:
-        """(name, shape) of every tensor, in the order a LlamaForCausalLM state dict lists them."""
-        h, kv = self.hidden, self.kv_heads * (self.hidden // self.heads)
-        out: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (self.vocab, h))]
-        for i in range(self.layers):
-            p = f"model.layers.{i}."
-            out += [
-                (p + "self_attn.q_proj.weight", (h, h)),
-                (p + "self_attn.k_proj.weight", (kv, h)),
-                (p + "self_attn.v_proj.weight", (kv, h)),
-                (p + "self_attn.o_proj.weight", (h, h)),
-                (p + "mlp.gate_proj.weight", (self.intermediate, h)),
-                (p + "mlp.up_proj.weight", (self.intermediate, h)),
-                (p + "mlp.down_proj.weight", (h, self.intermediate)),
-                (p + "input_layernorm.weight", (h,)),
-                (p + "post_attention_layernorm.weight", (h,)),
-            ]
-        return [*out, ("model.norm.weight", (h,)), ("lm_head.weight", (self.vocab, h))]
-
-
-LLAMA_405B = LlamaDims(hidden=16384, intermediate=53248, heads=128, kv_heads=8, layers=126, vocab=128256)
+LLAMA_405B = LlamaShape(hidden=16384, intermediate=53248, heads=128, kv_heads=8, layers=126, vocab=128256)
 LLAMA_405B_SHARDS = 191
 
 
@@ -128,7 +103,7 @@ def _build(folder: Path, stamp: dict, specs: list[Spec], n_shards: int) -> dict:
     return stamp
 
 
-def make_sparse_llama(folder: Path, shape: LlamaDims = LLAMA_405B, n_shards: int = LLAMA_405B_SHARDS, dtype: str = "BF16") -> dict:
+def make_sparse_llama(folder: Path, shape: LlamaShape = LLAMA_405B, n_shards: int = LLAMA_405B_SHARDS, dtype: str = "BF16") -> dict:
     """Write (or reuse) a sparse HF checkpoint of a Llama `shape`; returns its stamp (with `bytes`, `tensors`)."""
     specs = [(name, s, dtype) for name, s in shape.tensors()]
     stamp = {"kind": "sparse-llama", "shape": asdict(shape), "shards": n_shards, "dtype": dtype}
@@ -137,7 +112,7 @@ def make_sparse_llama(folder: Path, shape: LlamaDims = LLAMA_405B, n_shards: int
 
 def make_sparse_tiny(folder: Path, n_tensors: int = 100_000, n_shards: int = 4) -> dict:
     """Write (or reuse) a sparse checkpoint of ~`n_tensors` tiny F32 tensors with Llama names."""
-    toy = LlamaDims(hidden=4, intermediate=8, heads=2, kv_heads=1, vocab=16, layers=max(1, -(-(n_tensors - 3) // 9)))
+    toy = tiny_llama_shape(n_tensors)
     specs = [(name, s, "F32") for name, s in toy.tensors()]
     stamp = {"kind": "sparse-tiny", "requested": n_tensors, "shards": n_shards}
     return _build(folder, stamp, specs, n_shards)

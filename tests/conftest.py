@@ -7,6 +7,7 @@ package's own), so tests compare the workbench against an independent implementa
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,36 @@ def llama_sample() -> Path:
 def bert_sample() -> Path:
     """Single-file tiny BERT (`model.safetensors` + config.json, F32)."""
     return SAMPLES / "tiny-bert"
+
+
+def load_checked(catalog: Any, name: str) -> Any:
+    """Tensor `name` read through `catalog` (as torch), checking its byte count and that the byte range
+    `catalog.locate` reports, when it reports one, holds exactly the bytes `read_bytes` returned."""
+    import torch
+
+    from workbench.dtypes import to_torch
+
+    info = catalog[name]
+    data = catalog.read_bytes(name)
+    assert len(data) == info.nbytes
+    located = catalog.locate(name)
+    if located is not None:
+        path, begin, end = located
+        with open(path, "rb") as fh:
+            fh.seek(begin)
+            assert fh.read(end - begin) == data
+    return torch.frombuffer(bytearray(data), dtype=to_torch(info.dtype)).reshape(info.shape) if data else torch.empty(info.shape, dtype=to_torch(info.dtype))
+
+
+def load_safetensors_folder(folder: Path) -> dict[str, Any]:
+    """Every tensor of every `.safetensors` file in `folder`, loaded by the reference safetensors reader."""
+    from safetensors.torch import load_file
+
+    tensors: dict[str, Any] = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".safetensors"):
+            tensors.update(load_file(folder / name))
+    return tensors
 
 
 def llama_like_tensors(layers: int = 2, hidden: int = 8, dtype: Any = None, seed: int = 0) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_safetensors_folder
 
 import workbench as wb
 from workbench import mapper as M
@@ -22,16 +23,6 @@ from workbench.mapper import presets
 from workbench.mapper.groups import Binding, Group
 
 INDEX = "model.safetensors.index.json"
-
-
-def load_folder(folder: Path) -> dict:
-    from safetensors.torch import load_file
-
-    tensors = {}
-    for name in sorted(os.listdir(folder)):
-        if name.endswith(".safetensors"):
-            tensors.update(load_file(folder / name))
-    return tensors
 
 
 def assert_equals_save_file(dest: Path, expected: dict, scratch: Path) -> list[str]:
@@ -60,7 +51,7 @@ def test_reshard_is_byte_identical_and_opens_exactly_the_planned_files(llama_sam
     dest = tmp_path / "out"
     plan = wb.plan(llama_sample, shard_size="300KB", dest=dest)
     report = wb.convert(llama_sample, dest, shard_size="300KB", quiet=True)
-    shards = assert_equals_save_file(dest, load_folder(llama_sample), tmp_path)
+    shards = assert_equals_save_file(dest, load_safetensors_folder(llama_sample), tmp_path)
     assert shards == [f.name for f in plan.output_file_list] and len(shards) == 3
     assert IO.snapshot()["files_opened"] == plan.source_paths() == report.files_opened
     assert report.files_match_plan and report.ok
@@ -85,7 +76,7 @@ def test_cast_to_bf16_in_small_chunks(llama_sample: Path, tmp_path: Path) -> Non
 
     dest = tmp_path / "out"
     report = wb.convert(llama_sample, dest, dtype="bf16", chunk_size="4KB", quiet=True)
-    expected = {n: t.to(torch.bfloat16) for n, t in load_folder(llama_sample).items()}
+    expected = {n: t.to(torch.bfloat16) for n, t in load_safetensors_folder(llama_sample).items()}
     assert_equals_save_file(dest, expected, tmp_path)
     assert report.predicted_peak_bytes == 1000 * 4 + 1000 * 2  # one chunk in, one chunk out
     assert abs(report.peak_tensor_bytes - report.predicted_peak_bytes) <= 0.1 * report.predicted_peak_bytes
@@ -100,7 +91,7 @@ def test_fused_qkv_and_gate_up_are_concatenations(llama_sample: Path, tmp_path: 
     plan = wb.plan(llama_sample, mapper, shard_size="300KB", dest=dest)
     assert all(s.kind == "copy" for s in plan.steps)
     wb.convert(llama_sample, dest, mapper, shard_size="300KB", quiet=True)
-    src = load_folder(llama_sample)
+    src = load_safetensors_folder(llama_sample)
     expected = {n: t for n, t in src.items() if not any(p in n for p in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"))}
     for i in range(4):
         p = f"model.layers.{i}."
@@ -133,7 +124,7 @@ def test_compute_groups_and_unlocated_sources_match_predicted_memory(llama_sampl
     kinds = {s.group.outputs[0].name: s.kind for s in plan.steps}
     assert kinds["embed_t"] == "compute" and kinds["lm_head.weight"] == "copy"
     report = wb.convert(catalog, tmp_path / "out", mapper, quiet=True)
-    src = load_folder(llama_sample)
+    src = load_safetensors_folder(llama_sample)
     expected = {n: t for n, t in src.items() if n != "model.embed_tokens.weight"}
     expected["embed_t"] = src["model.embed_tokens.weight"].t().contiguous()
     assert_equals_save_file(tmp_path / "out", expected, tmp_path)
@@ -218,4 +209,4 @@ def test_destination_rules_overwrite_and_extras(llama_sample: Path, tmp_path: Pa
         wb.convert(llama_sample, dest, quiet=True)
     wb.convert(llama_sample, dest, quiet=True, overwrite=True, extras=False)
     assert sorted(os.listdir(dest)) == ["config.json", "generation_config.json", "model.safetensors"]  # old shards gone
-    assert_equals_save_file(dest, load_folder(llama_sample), tmp_path)
+    assert_equals_save_file(dest, load_safetensors_folder(llama_sample), tmp_path)

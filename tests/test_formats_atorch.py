@@ -6,29 +6,15 @@ import pickle
 
 import pytest
 import torch
-from conftest import SAMPLES
+from conftest import SAMPLES, load_checked
 from safetensors.torch import load_file
 
-from workbench.dtypes import to_torch
 from workbench.errors import CheckpointError
 from workbench.formats import open_catalog
 from workbench.formats.atorch import _split_state_key, shard_pieces, unit_layout, write_flat_checkpoint
 from workbench.formats.restricted_pickle import load_inert
 
 SAMPLE = SAMPLES / "training" / "atorch_flat"
-
-
-def load(catalog, name: str) -> torch.Tensor:
-    info = catalog[name]
-    data = catalog.read_bytes(name)
-    assert len(data) == info.nbytes
-    located = catalog.locate(name)
-    if located is not None:
-        path, begin, end = located
-        with open(path, "rb") as fh:
-            fh.seek(begin)
-            assert fh.read(end - begin) == data
-    return torch.frombuffer(bytearray(data), dtype=to_torch(info.dtype)).reshape(info.shape)
 
 
 def _units(seed: int = 0) -> dict:
@@ -53,10 +39,10 @@ def test_reassembly_equals_the_full_tensors(tmp_path, world_size):
     catalog = open_catalog(tmp_path)
     assert catalog.format == "atorch-flat" and catalog.metadata["world_size"] == str(world_size)
     for name, tensor in full.items():
-        assert torch.equal(load(catalog, name), tensor), name
+        assert torch.equal(load_checked(catalog, name), tensor), name
         for state, value in optim[name].items():
-            assert torch.equal(load(catalog, f"optimizer.state.{name}.{state}"), value), (name, state)
-    assert torch.equal(load(catalog, "rope.inv_freq"), torch.arange(4.0))
+            assert torch.equal(load_checked(catalog, f"optimizer.state.{name}.{state}"), value), (name, state)
+    assert torch.equal(load_checked(catalog, "rope.inv_freq"), torch.arange(4.0))
     assert catalog.columns["unit"]["layers.0.attn-qkv.weight"] == "layers.0"
     if world_size > 1:
         assert max(catalog.columns["pieces"].values()) > 1
@@ -67,7 +53,7 @@ def test_sample_from_real_fsdp_matches_its_full_state():
     catalog = open_catalog(SAMPLE)
     assert set(catalog.tensors) == set(expected)
     for name, tensor in expected.items():
-        assert torch.equal(load(catalog, name), tensor), name
+        assert torch.equal(load_checked(catalog, name), tensor), name
     assert "proj-out.weight" in catalog and "optimizer.state.proj-out.weight.exp_avg" in catalog
     assert catalog.metadata["wrap_class"] == "torch.nn.modules.linear.Linear"
 

@@ -8,7 +8,7 @@ import pickle
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from conftest import SAMPLES
+from conftest import SAMPLES, load_checked
 
 from workbench.dtypes import to_torch
 from workbench.errors import CheckpointError
@@ -18,19 +18,6 @@ from workbench.iostats import IO
 
 TRAINING = SAMPLES / "training"
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
-
-
-def load(catalog, name: str) -> torch.Tensor:
-    info = catalog[name]
-    data = catalog.read_bytes(name)
-    assert len(data) == info.nbytes
-    located = catalog.locate(name)
-    if located is not None:
-        path, begin, end = located
-        with open(path, "rb") as fh:
-            fh.seek(begin)
-            assert fh.read(end - begin) == data
-    return torch.frombuffer(bytearray(data), dtype=to_torch(info.dtype)).reshape(info.shape) if data else torch.empty(info.shape, dtype=to_torch(info.dtype))
 
 
 def reference(folder, catalog, names) -> dict[str, torch.Tensor]:
@@ -46,7 +33,7 @@ def test_two_rank_dtensor_checkpoint_matches_dcp_load():
     assert catalog.format == "dcp" and catalog.metadata["writer_ranks"] == "2"
     expected = reference(folder, catalog, list(catalog.tensors))
     for name, ref in expected.items():
-        assert torch.equal(load(catalog, name), ref), name
+        assert torch.equal(load_checked(catalog, name), ref), name
     chunks = dcp_chunks(catalog)
     embed = chunks[chunks.tensor == "model.embed.weight"]
     assert list(embed.offsets) == [(0, 0), (5, 0)] and list(embed.sizes) == [(5, 6), (5, 6)]
@@ -90,7 +77,7 @@ def test_pipeline_stages_merge_into_one_catalog():
     for stage in (0, 1):
         names = [n for n, s in catalog.columns["stage"].items() if s == stage]
         for name, ref in reference(folder / f"pp{stage}", catalog, names).items():
-            assert torch.equal(load(catalog, name), ref), name
+            assert torch.equal(load_checked(catalog, name), ref), name
     objects = dcp_objects(catalog)
     assert set(objects.stage) == {0, 1}
 
@@ -100,7 +87,7 @@ def test_duplicate_tensor_across_stages_warns(tmp_path):
         dcp.save({"shared.weight": torch.full((2,), float(stage)), f"only{stage}": torch.ones(1)}, checkpoint_id=str(tmp_path / f"pp{stage}"), no_dist=True)
     catalog = open_catalog(tmp_path)
     assert catalog.columns["stage"]["shared.weight"] == 0
-    assert torch.equal(load(catalog, "shared.weight"), torch.zeros(2))
+    assert torch.equal(load_checked(catalog, "shared.weight"), torch.zeros(2))
     assert any("shared.weight" in w for w in catalog.warnings)
 
 
@@ -117,7 +104,7 @@ def test_single_process_checkpoint_with_many_dtypes(tmp_path):
     catalog = open_catalog(tmp_path)
     assert set(catalog.tensors) == {"bf16", "i64", "mask", "strided", "scalar", "nested.list.0", "nested.list.1"}
     for name, ref in reference(tmp_path, catalog, list(catalog.tensors)).items():
-        assert torch.equal(load(catalog, name), ref), name
+        assert torch.equal(load_checked(catalog, name), ref), name
 
 
 class _Marker:

@@ -9,28 +9,14 @@ import zipfile
 
 import pytest
 import torch
-from conftest import REPO, SAMPLES
+from conftest import REPO, SAMPLES, load_checked
 
-from workbench.dtypes import to_torch
 from workbench.errors import CheckpointError
 from workbench.formats import open_catalog
 from workbench.formats.restricted_pickle import weights_only_allows
 from workbench.iostats import IO
 
 TORCH_SAMPLES = SAMPLES / "training" / "torch"
-
-
-def load(catalog, name: str) -> torch.Tensor:
-    info = catalog[name]
-    data = catalog.read_bytes(name)
-    assert len(data) == info.nbytes
-    located = catalog.locate(name)
-    if located is not None:
-        path, begin, end = located
-        with open(path, "rb") as fh:
-            fh.seek(begin)
-            assert fh.read(end - begin) == data
-    return torch.frombuffer(bytearray(data), dtype=to_torch(info.dtype)).reshape(info.shape) if data else torch.empty(info.shape, dtype=to_torch(info.dtype))
 
 
 def flatten(obj, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -50,7 +36,7 @@ def assert_matches_torch_load(path) -> None:
     expected = flatten(torch.load(path, weights_only=True))
     assert set(catalog.tensors) == set(expected)
     for name, ref in expected.items():
-        got = load(catalog, name)
+        got = load_checked(catalog, name)
         assert got.dtype == ref.dtype and got.shape == ref.shape, name
         assert torch.equal(got.reshape(-1).view(torch.uint8), ref.contiguous().reshape(-1).view(torch.uint8)), name
 
@@ -141,7 +127,7 @@ def test_malicious_pickle_is_listed_never_executed(tmp_path):
     catalog = open_catalog(path)
     assert not marker_a.exists() and not marker_b.exists()
     assert list(catalog.tensors) == ["weight"]
-    assert torch.equal(load(catalog, "weight"), torch.ones(3))
+    assert torch.equal(load_checked(catalog, "weight"), torch.ones(3))
     assert catalog.metadata["weights_only"] == "no"
     unsafe = set(catalog.metadata["unsafe_globals"].split(", "))
     assert unsafe == set(torch.serialization.get_unsafe_globals_in_checkpoint(path))

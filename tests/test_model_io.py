@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import load_safetensors_folder
 
 import workbench as wb
 from workbench import mapper as M
@@ -42,16 +43,6 @@ def assert_same_state(model, reference) -> None:
     assert sorted(ours) == sorted(theirs)
     for key, value in theirs.items():
         assert torch.equal(ours[key], value), key
-
-
-def folder_tensors(folder: Path) -> dict:
-    from safetensors.torch import load_file
-
-    out = {}
-    for name in sorted(os.listdir(folder)):
-        if name.endswith(".safetensors"):
-            out.update(load_file(folder / name))
-    return out
 
 
 def test_load_into_meta_llama_equals_from_pretrained(llama_sample: Path, reference) -> None:
@@ -112,7 +103,7 @@ def test_only_the_files_a_module_needs_are_opened(llama_sample: Path, reference)
 
 
 def mismatched_checkpoint(llama_sample: Path, tiny_checkpoint) -> Path:
-    tensors = folder_tensors(llama_sample)
+    tensors = load_safetensors_folder(llama_sample)
     del tensors["model.norm.weight"]
     tensors["model.extra.bias"] = torch.ones(4)
     tensors["model.layers.0.mlp.up_proj.weight"] = torch.zeros(64, 64)

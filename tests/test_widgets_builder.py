@@ -25,6 +25,16 @@ def add_concat(builder: MapperBuilder, sources: list[str]) -> None:
     builder.add_button.click()
 
 
+def add_typed(builder: MapperBuilder, op: str, sources: str, outputs: str, extra: dict) -> None:
+    """What a user does: choose `op`, type the sources, the outputs and the `extra` controls, click Add step."""
+    builder.op_picker.value = op
+    builder.sources_box.value = sources
+    builder.outputs_box.value = outputs
+    for control, value in extra.items():
+        getattr(builder, control).value = value
+    builder.add_button.click()
+
+
 @pytest.fixture
 def builder(llama_sample):
     return MapperBuilder(llama_sample)
@@ -107,12 +117,7 @@ def test_suggest_output(names, expected):
     ],
 )
 def test_form_mistakes_are_messages_and_add_nothing(builder, op, sources, outputs, extra, message):
-    builder.op_picker.value = op
-    builder.sources_box.value = sources
-    builder.outputs_box.value = outputs
-    for control, value in extra.items():
-        getattr(builder, control).value = value
-    builder.add_button.click()
+    add_typed(builder, op, sources, outputs, extra)
     assert message in builder.form_message.value
     assert "wb-error" in builder.form_message.value
     assert builder.steps == []
@@ -133,12 +138,7 @@ def test_every_operation_kind_from_the_form(builder):
          M.Identity("model.layers.0.self_attn.o_proj.weight")),
     ]
     for op, sources, outputs, extra, expected in cases:
-        builder.op_picker.value = op
-        builder.sources_box.value = sources
-        builder.outputs_box.value = outputs
-        for control, value in extra.items():
-            getattr(builder, control).value = value
-        builder.add_button.click()
+        add_typed(builder, op, sources, outputs, extra)
         assert builder.steps[-1] == expected, builder.form_message.value
     assert builder.binding.ok
     outputs = builder.binding.outputs

@@ -38,6 +38,23 @@ def _check_chunkable(catalog: Catalog, name: str) -> None:
         )
 
 
+def read_located(fd: int, view: memoryview, offset: int, path: str | os.PathLike[str], name: str) -> None:
+    """Fill `view` with bytes of tensor `name` from its file `path` (open as `fd`) at `offset`.
+
+    A file shorter than its catalog says changed after it was opened: that is a CheckpointError naming the
+    tensor and the file, not a bare EOFError.
+    """
+    try:
+        read_into(fd, view, offset)
+    except EOFError:
+        raise CheckpointError(
+            f"Cannot read tensor {name!r} from {path}: the file ended early (it changed after it was opened). "
+            "Re-open the checkpoint.",
+            file=str(path),
+            tensor=name,
+        ) from None
+
+
 def iter_chunks(catalog: Catalog, name: str, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> Iterator[Any]:
     """Yield the tensor's values as consecutive 1-D torch tensors of at most `chunk_elements` each.
 
@@ -68,15 +85,7 @@ def iter_chunks(catalog: Catalog, name: str, chunk_elements: int = DEFAULT_CHUNK
         for start in range(0, total, chunk_elements):
             count = min(chunk_elements, total - start)
             view = memoryview(buffer)[: count * item]
-            try:
-                read_into(fd, view, begin + start * item)
-            except EOFError:
-                raise CheckpointError(
-                    f"Cannot read tensor {name!r} from {path}: the file ended early (it changed after it was opened). "
-                    "Re-open the checkpoint.",
-                    file=str(path),
-                    tensor=name,
-                ) from None
+            read_located(fd, view, begin + start * item, path, name)
             yield torch.frombuffer(buffer, dtype=dtype, count=count)
     finally:
         os.close(fd)

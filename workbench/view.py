@@ -25,7 +25,7 @@ from .catalog import Catalog, TensorInfo
 from .dtypes import DTYPE_BITS, to_torch
 from .errors import CheckpointError, WorkbenchError
 from .layers import Fold, fold_names, natural_key, select_names
-from .stats import DEFAULT_CHUNK_ELEMENTS
+from .stats import DEFAULT_CHUNK_ELEMENTS, read_located
 
 TENSOR_COLUMNS = ["dtype", "shape", "numel", "nbytes", "file", "begin", "end"]
 LAYER_COLUMNS = ["count", "range", "dtype", "shape", "numel", "nbytes", "odd_layers"]
@@ -253,7 +253,7 @@ class Checkpoint:
 
     def load(self, name: str) -> Any:
         """One tensor as a torch.Tensor, reading only that tensor's bytes."""
-        from .iostats import open_for_read, read_into
+        from .iostats import open_for_read
 
         info = self._info(name)
         if DTYPE_BITS[info.dtype] % 8:
@@ -275,14 +275,7 @@ class Checkpoint:
             buffer = bytearray(end - begin)
             fd = open_for_read(path)
             try:
-                read_into(fd, memoryview(buffer), begin)
-            except EOFError:
-                raise CheckpointError(
-                    f"Cannot read tensor {name!r} from {path}: the file ended early (it changed after it was opened). "
-                    "Re-open the checkpoint.",
-                    file=str(path),
-                    tensor=name,
-                ) from None
+                read_located(fd, memoryview(buffer), begin, path, name)
             finally:
                 os.close(fd)
         return torch.frombuffer(buffer, dtype=dtype).reshape(info.shape)

@@ -1,4 +1,5 @@
-"""Start a throw-away JupyterLab server for browser tests (token-less, loopback only, temp state)."""
+"""Start a throw-away JupyterLab server for browser tests (token-less, loopback only, temp state), launch
+headless chromium, and open a notebook in it the same way for every browser test."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 CHROMIUM = "/usr/bin/chromium"
@@ -25,6 +28,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+PANEL = ".jp-NotebookPanel:visible"  # the notebook in view (JupyterLab keeps hidden panels in the DOM)
 
 
 def free_port() -> int:
@@ -81,6 +85,28 @@ class JupyterLab:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
         self.log.close()
+
+
+@contextmanager
+def launched_chromium() -> Iterator[object]:
+    """Headless chromium driven by playwright, closed on exit."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+def open_notebook(page: object, lab: JupyterLab, notebook: str) -> None:
+    """Load `notebook` (a path under the server's root) in `page` and wait until JupyterLab shows it.
+
+    The left sidebar is closed to give the notebook more room; the kernel may still be starting.
+    """
+    page.goto(lab.url(notebook))  # type: ignore[attr-defined]
+    page.wait_for_selector(".jp-NotebookPanel", timeout=60_000)  # type: ignore[attr-defined]
+    page.wait_for_function("() => window.galata && window.galata.app", timeout=30_000)  # type: ignore[attr-defined]
+    page.evaluate("() => { window.galata.app.commands.execute('application:toggle-left-area'); }")  # type: ignore[attr-defined]
 
 
 def browser_available() -> str | None:

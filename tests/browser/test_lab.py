@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lab_harness import CHROMIUM, CHROMIUM_ARGS, JupyterLab, browser_available
+from lab_harness import PANEL, JupyterLab, browser_available, launched_chromium, open_notebook
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
@@ -18,7 +18,6 @@ UNAVAILABLE = browser_available()
 
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(UNAVAILABLE is not None, reason=f"browser tests need chromium: {UNAVAILABLE}")]
 
-PANEL = ".jp-NotebookPanel:visible"
 # Outputs (and prompt numbers) saved in the file are cleared first, so ALL_RAN sees only this run. Run-all is
 # started without awaiting it in page.evaluate (which has no timeout); completion is polled with ALL_RAN.
 RUN_ALL = """async () => {
@@ -66,21 +65,14 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterLab]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+    with launched_chromium() as chromium:
         yield chromium
-        chromium.close()
 
 
 def run_notebook(browser: object, lab: JupyterLab, notebook: str) -> object:
     """Open a notebook, wait for its kernel, run every cell and wait until all have run."""
     page = browser.new_page(viewport={"width": 1500, "height": 1500})  # type: ignore[attr-defined]
-    page.goto(lab.url(f"notebooks/{notebook}"))
-    page.wait_for_selector(".jp-NotebookPanel", timeout=60_000)
-    page.wait_for_function("() => window.galata && window.galata.app", timeout=30_000)
-    page.evaluate("() => { window.galata.app.commands.execute('application:toggle-left-area'); }")  # more room
+    open_notebook(page, lab, f"notebooks/{notebook}")
     page.wait_for_function(KERNEL_READY, timeout=60_000)
     page.evaluate(RUN_ALL)
     try:

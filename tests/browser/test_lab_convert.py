@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lab_harness import CHROMIUM, CHROMIUM_ARGS, JupyterLab, browser_available
+from lab_harness import PANEL, JupyterLab, browser_available, launched_chromium, open_notebook
 
 REPO = Path(__file__).resolve().parents[2]
 SCREENSHOT = REPO / "docs" / "run_panel.png"
@@ -17,7 +17,6 @@ UNAVAILABLE = browser_available()
 
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(UNAVAILABLE is not None, reason=f"browser tests need chromium: {UNAVAILABLE}")]
 
-PANEL = ".jp-NotebookPanel:visible"
 # Fired, not awaited: evaluate() has no timeout, and the command's promise does not always settle.
 RUN_ALL = "() => { window.galata.app.commands.execute('notebook:run-all-cells'); }"
 # The notebook's context and kernel are ready (the idle indicator alone can come before the kernel is connected).
@@ -80,21 +79,14 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterLab]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+    with launched_chromium() as chromium:
         yield chromium
-        chromium.close()
 
 
 def test_run_panel_bars_reach_done_in_jupyterlab(browser: object, lab: JupyterLab) -> None:
     page = browser.new_page(viewport={"width": 1400, "height": 1400})  # type: ignore[attr-defined]
     try:
-        page.goto(lab.url("notebooks/03_convert.ipynb"))
-        page.wait_for_selector(".jp-NotebookPanel", timeout=60_000)
-        page.wait_for_function("() => window.galata && window.galata.app", timeout=30_000)
-        page.evaluate("() => window.galata.app.commands.execute('application:toggle-left-area')")
+        open_notebook(page, lab, "notebooks/03_convert.ipynb")
         page.wait_for_selector(f"{PANEL} .jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
         run_all_cells(page)
         notebook_text = page.locator(PANEL).inner_text()

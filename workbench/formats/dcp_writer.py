@@ -147,28 +147,26 @@ def tensor_pickle(dtype: str, shape: Sequence[int]) -> bytes:
 # ---------------------------------------------------------------------------------------------- zip stream
 
 
+def _size_fields(size: int) -> tuple[int, bytes, int]:
+    """How a stored entry of `size` bytes records its size: the 32-bit size field, the zip64 extra field
+    (empty when 32 bits suffice) and the zip version needed to extract it."""
+    if size >= ZIP64_LIMIT:
+        return _ZIP64_MARK, struct.pack("<HHQQ", 1, 16, size, size), 45
+    return size, b"", 20
+
+
 def _local_header(name: bytes, crc: int, size: int, at: int) -> bytes:
     """A stored entry's local header, padded (torch's 'FB' extra field) so its data starts 64-aligned."""
-    extra = b""
-    field = size
-    if size >= ZIP64_LIMIT:
-        extra = struct.pack("<HHQQ", 1, 16, size, size)
-        field = _ZIP64_MARK
+    field, extra, version = _size_fields(size)
     pad = -(at + 30 + len(name) + len(extra)) % ALIGNMENT
     if pad:
         pad += ALIGNMENT if pad < 4 else 0
         extra += struct.pack("<HH", 0x4246, pad - 4) + b"Z" * (pad - 4)
-    version = 45 if size >= ZIP64_LIMIT else 20
     return struct.pack("<IHHHHHIIIHH", 0x04034B50, version, 0, 0, 0, 0, crc, field, field, len(name), len(extra)) + name + extra
 
 
 def _central_entry(name: bytes, crc: int, size: int, header_at: int) -> bytes:
-    extra = b""
-    field = size
-    if size >= ZIP64_LIMIT:
-        extra = struct.pack("<HHQQ", 1, 16, size, size)
-        field = _ZIP64_MARK
-    version = 45 if size >= ZIP64_LIMIT else 20
+    field, extra, version = _size_fields(size)
     return struct.pack(
         "<IHHHHHHIIIHHHHHII", 0x02014B50, 45, version, 0, 0, 0, 0, crc, field, field, len(name), len(extra), 0, 0, 0, 0,
         header_at,

@@ -41,8 +41,92 @@ def _lineage(sym: Sym) -> tuple[str | None, int]:
     return sym.elems_of, sym.casts
 
 
+# Bases holding what ops that work alike share (semantics, name fields, construction checks). They are not
+# dataclasses: each op still declares its own fields, so positional order and exported arguments stay its own.
+class _PassThrough(Op):
+    """Base of Rename and Identity: the one output is the one input, unchanged (metadata, values and bytes)."""
+
+    def _infer(self, metas: list[Meta]) -> list[Meta]:
+        return [metas[0]]
+
+    def _compute(self, tensors: list[Any]) -> list[Any]:
+        return [tensors[0]]
+
+    def _trace(self, syms: list[Sym]) -> list[Sym]:
+        return [syms[0]]
+
+
+class _Join(Op):
+    """Base of Concat and Stack: the tensors `srcs`, joined along `dim`, become the one tensor `dst`."""
+
+    srcs: tuple[str, ...]
+    dst: str
+    dim: int
+
+    NAME_FIELDS = ("dst",)
+    NAME_LIST_FIELDS = ("srcs",)
+    EMPTY_FIX = ""  # what to do when srcs is empty, in the op's words
+
+    def __post_init__(self) -> None:
+        self._normalize()
+        check_int(self.dim, "dim", type(self).__name__)
+        if not self.srcs:
+            raise MapperError(f"Cannot build {type(self).__name__}: srcs is empty. {self.EMPTY_FIX}")
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return self.srcs
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return (self.dst,)
+
+
+class _Cut(Op):
+    """Base of Split and Unstack: the one tensor `src`, cut along `dim`, becomes the tensors `dsts`."""
+
+    src: str
+    dsts: tuple[str, ...]
+    dim: int
+
+    NAME_FIELDS = ("src",)
+    NAME_LIST_FIELDS = ("dsts",)
+    EMPTY_FIX = ""  # what to do when dsts is empty, in the op's words
+
+    def __post_init__(self) -> None:
+        self._normalize()
+        check_int(self.dim, "dim", type(self).__name__)
+        if not self.dsts:
+            raise MapperError(f"Cannot build {type(self).__name__}: dsts is empty. {self.EMPTY_FIX}")
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return (self.src,)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return self.dsts
+
+
+class _Rewrite(Op):
+    """Base of Transpose, Reshape and Cast: one tensor `name` in, the result written to `dst` (over `name` if None)."""
+
+    name: str
+    dst: str | None
+
+    NAME_FIELDS = ("name", "dst")
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return (self.name,)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return (self.dst or self.name,)
+
+
 @dataclass(frozen=True, repr=False)
-class Rename(Op):
+class Rename(_PassThrough):
     """Give tensor `src` the name `dst` (bytes unchanged)."""
 
     src: str
@@ -61,21 +145,12 @@ class Rename(Op):
     def outputs(self) -> tuple[str, ...]:
         return (self.dst,)
 
-    def _infer(self, metas: list[Meta]) -> list[Meta]:
-        return [metas[0]]
-
-    def _compute(self, tensors: list[Any]) -> list[Any]:
-        return [tensors[0]]
-
-    def _trace(self, syms: list[Sym]) -> list[Sym]:
-        return [syms[0]]
-
     def _invert(self, metas: list[Meta]) -> Mapper:
         return Rename(self.dst, self.src)
 
 
 @dataclass(frozen=True, repr=False)
-class Identity(Op):
+class Identity(_PassThrough):
     """Keep tensor `name` as it is (mentioning it explicitly, e.g. so rest='error' accepts it)."""
 
     name: str
@@ -92,15 +167,6 @@ class Identity(Op):
     @property
     def outputs(self) -> tuple[str, ...]:
         return (self.name,)
-
-    def _infer(self, metas: list[Meta]) -> list[Meta]:
-        return [metas[0]]
-
-    def _compute(self, tensors: list[Any]) -> list[Any]:
-        return [tensors[0]]
-
-    def _trace(self, syms: list[Sym]) -> list[Sym]:
-        return [syms[0]]
 
     def _invert(self, metas: list[Meta]) -> Mapper:
         return self
@@ -142,29 +208,14 @@ class Drop(Op):
 
 
 @dataclass(frozen=True, repr=False)
-class Concat(Op):
+class Concat(_Join):
     """Join `srcs` along `dim` into `dst` (shapes must match outside `dim`)."""
 
     srcs: tuple[str, ...]
     dst: str
     dim: int = 0
 
-    NAME_FIELDS = ("dst",)
-    NAME_LIST_FIELDS = ("srcs",)
-
-    def __post_init__(self) -> None:
-        self._normalize()
-        check_int(self.dim, "dim", "Concat")
-        if not self.srcs:
-            raise MapperError("Cannot build Concat: srcs is empty. List the tensors to concatenate.")
-
-    @property
-    def inputs(self) -> tuple[str, ...]:
-        return self.srcs
-
-    @property
-    def outputs(self) -> tuple[str, ...]:
-        return (self.dst,)
+    EMPTY_FIX = "List the tensors to concatenate."
 
     def _infer(self, metas: list[Meta]) -> list[Meta]:
         dtype = _same_dtype(metas, self, self.srcs)
@@ -196,29 +247,14 @@ class Concat(Op):
 
 
 @dataclass(frozen=True, repr=False)
-class Stack(Op):
+class Stack(_Join):
     """Stack equally shaped `srcs` along a new `dim` into `dst`."""
 
     srcs: tuple[str, ...]
     dst: str
     dim: int = 0
 
-    NAME_FIELDS = ("dst",)
-    NAME_LIST_FIELDS = ("srcs",)
-
-    def __post_init__(self) -> None:
-        self._normalize()
-        check_int(self.dim, "dim", "Stack")
-        if not self.srcs:
-            raise MapperError("Cannot build Stack: srcs is empty. List the tensors to stack.")
-
-    @property
-    def inputs(self) -> tuple[str, ...]:
-        return self.srcs
-
-    @property
-    def outputs(self) -> tuple[str, ...]:
-        return (self.dst,)
+    EMPTY_FIX = "List the tensors to stack."
 
     def _infer(self, metas: list[Meta]) -> list[Meta]:
         dtype = _same_dtype(metas, self, self.srcs)
@@ -248,7 +284,7 @@ class Stack(Op):
 
 
 @dataclass(frozen=True, repr=False)
-class Split(Op):
+class Split(_Cut):
     """Cut `src` along `dim` into `dsts`: by `sizes`, or into equal parts when sizes is None."""
 
     src: str
@@ -256,14 +292,10 @@ class Split(Op):
     sizes: tuple[int, ...] | None = None
     dim: int = 0
 
-    NAME_FIELDS = ("src",)
-    NAME_LIST_FIELDS = ("dsts",)
+    EMPTY_FIX = "List the names of the parts."
 
     def __post_init__(self) -> None:
-        self._normalize()
-        check_int(self.dim, "dim", "Split")
-        if not self.dsts:
-            raise MapperError("Cannot build Split: dsts is empty. List the names of the parts.")
+        super().__post_init__()
         if self.sizes is not None:
             sizes = tuple(check_int(size, "sizes", "Split") for size in self.sizes)
             if len(sizes) != len(self.dsts) or any(size < 0 for size in sizes):
@@ -272,14 +304,6 @@ class Split(Op):
                     "Give one non-negative size per part, or sizes=None for equal parts."
                 )
             self._set("sizes", sizes)
-
-    @property
-    def inputs(self) -> tuple[str, ...]:
-        return (self.src,)
-
-    @property
-    def outputs(self) -> tuple[str, ...]:
-        return self.dsts
 
     def _part_sizes(self, shape: tuple[int, ...], dim: int) -> tuple[int, ...]:
         length = shape[dim]
@@ -320,29 +344,14 @@ class Split(Op):
 
 
 @dataclass(frozen=True, repr=False)
-class Unstack(Op):
+class Unstack(_Cut):
     """Take `src` apart along `dim` into `dsts`, one per index (the dim disappears)."""
 
     src: str
     dsts: tuple[str, ...]
     dim: int = 0
 
-    NAME_FIELDS = ("src",)
-    NAME_LIST_FIELDS = ("dsts",)
-
-    def __post_init__(self) -> None:
-        self._normalize()
-        check_int(self.dim, "dim", "Unstack")
-        if not self.dsts:
-            raise MapperError("Cannot build Unstack: dsts is empty. List one name per index.")
-
-    @property
-    def inputs(self) -> tuple[str, ...]:
-        return (self.src,)
-
-    @property
-    def outputs(self) -> tuple[str, ...]:
-        return self.dsts
+    EMPTY_FIX = "List one name per index."
 
     def _infer(self, metas: list[Meta]) -> list[Meta]:
         dtype, shape = metas[0]
@@ -369,7 +378,7 @@ class Unstack(Op):
 
 
 @dataclass(frozen=True, repr=False)
-class Transpose(Op):
+class Transpose(_Rewrite):
     """Swap dims `dim0` and `dim1` of `name` (written to `dst` when given)."""
 
     name: str
@@ -377,20 +386,10 @@ class Transpose(Op):
     dim1: int = 1
     dst: str | None = None
 
-    NAME_FIELDS = ("name", "dst")
-
     def __post_init__(self) -> None:
         self._normalize()
         check_int(self.dim0, "dim0", "Transpose")
         check_int(self.dim1, "dim1", "Transpose")
-
-    @property
-    def inputs(self) -> tuple[str, ...]:
-        return (self.name,)
-
-    @property
-    def outputs(self) -> tuple[str, ...]:
-        return (self.dst or self.name,)
 
     def _dims(self, ndim: int) -> tuple[int, int]:
         return axis(self.dim0, ndim, self, "dim0"), axis(self.dim1, ndim, self, "dim1")
@@ -416,14 +415,12 @@ class Transpose(Op):
 
 
 @dataclass(frozen=True, repr=False)
-class Reshape(Op):
+class Reshape(_Rewrite):
     """View `name` with another `shape` of the same size (one entry may be -1), written to `dst` if given."""
 
     name: str
     shape: tuple[int, ...]
     dst: str | None = None
-
-    NAME_FIELDS = ("name", "dst")
 
     def __post_init__(self) -> None:
         self._normalize()
@@ -435,14 +432,6 @@ class Reshape(Op):
                 f"Cannot build Reshape of {self.name!r}: shape {list(shape)} may hold at most one -1 and no other negative size."
             )
         self._set("shape", shape)
-
-    @property
-    def inputs(self) -> tuple[str, ...]:
-        return (self.name,)
-
-    @property
-    def outputs(self) -> tuple[str, ...]:
-        return (self.dst or self.name,)
 
     def _infer(self, metas: list[Meta]) -> list[Meta]:
         dtype, shape = metas[0]
@@ -499,14 +488,12 @@ def is_lossless_cast(source: str, target: str) -> bool:
 
 
 @dataclass(frozen=True, repr=False)
-class Cast(Op):
+class Cast(_Rewrite):
     """Convert `name` to `dtype` (a safetensors code or alias such as 'bf16'), written to `dst` if given."""
 
     name: str
     dtype: str
     dst: str | None = None
-
-    NAME_FIELDS = ("name", "dst")
 
     def __post_init__(self) -> None:
         self._normalize()
@@ -514,14 +501,6 @@ class Cast(Op):
             self._set("dtype", normalize_dtype(self.dtype))
         except WorkbenchError as exc:
             raise MapperError(f"Cannot build Cast of {self.name!r}: {exc.message}") from None
-
-    @property
-    def inputs(self) -> tuple[str, ...]:
-        return (self.name,)
-
-    @property
-    def outputs(self) -> tuple[str, ...]:
-        return (self.dst or self.name,)
 
     def _infer(self, metas: list[Meta]) -> list[Meta]:
         return [(self.dtype, metas[0][1])]
