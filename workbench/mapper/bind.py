@@ -133,19 +133,20 @@ class Binder:
         self.comp_of(node).poisoned = True
 
     def commit(self, state: State, effect: Effect, where: Mapper) -> None:
-        for name in effect.consumed:
-            state.remove(name)
-        for name, (node, op) in effect.produced.items():
-            if name in state.nodes:
+        consumed, produced = effect.consumed, effect.produced
+        state.remove_all(consumed)
+        nodes = state.nodes
+        for name, (node, op) in produced.items():
+            if name in nodes:  # not consumed (those are gone): a clash with a tensor left in place
                 self.problem(
                     f"Cannot write {name!r}: {op.short()} produces it, but a tensor of that name is already there and "
                     f"nothing consumes it. Drop or rename that tensor first (M.Drop({name!r})), or pick another output name.",
                     op, name,
                 )
                 self.poison(node)
-                self.poison(state.nodes[name])
+                self.poison(nodes[name])
                 state.remove(name)
-            state.insert(name, node)
+        state.insert_all([(name, node) for name, (node, _) in produced.items()], consumed)
 
     # -- the walk ----------------------------------------------------------------------------------
     def run(self, mapper: Mapper, state: State, path: Path) -> None:
@@ -214,9 +215,59 @@ class Binder:
         if not leaf.is_template:
             self.instance(leaf, state, path, effect, reported=False)
             return effect
+        templates = self._compiled(leaf, path)[1]
+        if len(templates) == 1 and templates[0].simple is not None and len(leaf.outputs) == 1:
+            self._expand_one_to_one(leaf, templates[0], state, path, effect)
+            return effect
         for instance, reported in self.expand(leaf, state, path):
             self.instance(instance, state, path, effect, reported=reported)
         return effect
+
+    def _expand_one_to_one(self, leaf: Op, template: Template, state: State, path: Path, effect: Effect) -> None:
+        """`expand` + `instance` fused for one input, one output (renames, reshapes, casts: most of a big walk).
+
+        Instances whose input is unknown, that clash, or whose metadata is not inferred yet take the general
+        `instance`; the rest are recorded inline with exactly its effects.
+        """
+        nodes = state.nodes
+        consumed, produced = effect.consumed, effect.produced
+        cache, records, comps = self._infer_cache, self.records, self.comps
+        simple = template.simple
+        inferred: dict[Meta, list[Meta]] = {}  # this leaf's slice of the infer cache, keyed by meta alone
+        found_any = False
+        for name in state.candidates(template):
+            node = nodes.get(name)
+            if node is None:
+                continue
+            segments = name.split(".")
+            op = leaf.fill_names({key: segments[pos] for pos, key in simple})  # type: ignore[union-attr]
+            found_any = True
+            meta = node.meta
+            out = op.outputs[0]
+            outputs = inferred.get(meta)  # type: ignore[arg-type]
+            if outputs is None and meta is not None:
+                outputs = cache.get((path, (meta,)))
+                if outputs is not None:
+                    inferred[meta] = outputs
+            if outputs is None or name in consumed or out in produced:
+                self.instance(op, state, path, effect, reported=False)
+                continue
+            comp = node.comp
+            if comp is None:
+                comp = node.comp = Comp()
+                comp.sources.append(node.source)
+                comps.append(comp)
+            elif comp.parent is not None:
+                comp = find(comp)
+            self.seq += 1
+            comp.steps.append((self.seq, path, op))
+            if records is not None:
+                records.setdefault(path, []).append((op, (meta,)))
+            consumed[name] = (node, op)
+            produced[out] = (Node(outputs[0], comp), op)
+        if not found_any:
+            self._report_unmatched(leaf, [template.text], state)
+            self._failed_templates.update(leaf.outputs)
 
     def _compiled(self, leaf: Op, path: Path) -> tuple[tuple[str, ...], list[Template]]:
         found = self._templates.get(path)
@@ -229,6 +280,18 @@ class Binder:
         """Concrete instances of a templated leaf; partial matches become problems (instances flagged)."""
         order, templates = self._compiled(leaf, path)
         nodes = state.nodes
+        if len(templates) == 1:  # one input template: every match is complete
+            template = templates[0]
+            instances: list[tuple[Op, bool]] = []
+            for name in state.candidates(template):
+                if name in nodes:
+                    values = template.capture_values(name.split("."))
+                    if values is not None:
+                        instances.append((leaf.fill_names(values), False))
+            if not instances:
+                self._report_unmatched(leaf, [template.text], state)
+                self._failed_templates.update(leaf.outputs)
+            return instances
         matches: list[dict[tuple[str, ...], str]] = []
         for template in templates:
             found: dict[tuple[str, ...], str] = {}
@@ -243,13 +306,7 @@ class Binder:
             self._report_unmatched(leaf, empty, state)
             self._failed_templates.update(leaf.outputs)
             return []
-        instances: list[tuple[Op, bool]] = []
-        if len(matches) == 1:  # one input template: every match is complete
-            template = templates[0]
-            for name in matches[0].values():
-                values = template.capture_values(name.split("."))
-                instances.append((leaf.rename_all(lambda text, v=values: fill(text, v)), False))  # type: ignore[misc]
-            return instances
+        instances = []
         keys = dict.fromkeys(key for found in matches for key in found)
         for key in keys:
             values = dict(zip(order, key, strict=True))
@@ -264,7 +321,7 @@ class Binder:
                     + ". Add the missing tensor, or limit the template to the matches that are complete (e.g. list them).",
                     leaf, missing[0],
                 )
-            instances.append((leaf.rename_all(lambda text, v=values: fill(text, v)), not complete))  # type: ignore[misc]
+            instances.append((leaf.fill_names(values), not complete))
         return instances
 
     def _report_unmatched(self, leaf: Op, empty: list[str], state: State) -> None:
@@ -285,10 +342,13 @@ class Binder:
     def instance(self, op: Op, state: State, path: Path, effect: Effect, *, reported: bool) -> None:
         """Record one concrete operation: consume its inputs, infer and produce its outputs."""
         nodes = state.nodes
-        present = [(name, nodes.get(name)) for name in op.inputs]
-        metas = tuple([node.meta if node is not None else None for _, node in present])
+        names = op.inputs
+        found = [nodes.get(name) for name in names]
+        metas = tuple([node.meta if node is not None else None for node in found])
         outputs: list[Meta] | None = None
+        present: list[tuple[str, Node | None]] | None = None  # None: every input is there
         if None in metas:
+            present = list(zip(names, found, strict=True))
             self._report_missing(op, state, present, reported)
             present = [(name, node) for name, node in present if node is not None]
         else:
@@ -302,10 +362,19 @@ class Binder:
                     self._failed_templates.update(op.outputs)
                 else:
                     self._infer_cache[key] = outputs  # type: ignore[index]
-        if len(present) == 1:
-            comp = self.comp_of(present[0][1])  # type: ignore[arg-type]
+        if present is None and len(found) == 1:
+            node = found[0]
+            comp = node.comp  # type: ignore[union-attr]
+            if comp is None:
+                comp = self.comp_of(node)  # type: ignore[arg-type]
+            elif comp.parent is not None:
+                comp = find(comp)
         else:
-            comp = union([self.comp_of(node) for _, node in present]) if present else self.new_comp()  # type: ignore[arg-type]
+            nodes_in = found if present is None else [node for _, node in present]
+            if len(nodes_in) == 1:
+                comp = self.comp_of(nodes_in[0])  # type: ignore[arg-type]
+            else:
+                comp = union([self.comp_of(node) for node in nodes_in]) if nodes_in else self.new_comp()  # type: ignore[arg-type]
         if outputs is None:
             comp.poisoned = True
         else:
@@ -314,7 +383,7 @@ class Binder:
             if self.records is not None:
                 self.records.setdefault(path, []).append((op, metas))  # type: ignore[arg-type]
         consumed, produced = effect.consumed, effect.produced
-        for name, node in present:
+        for name, node in zip(names, found, strict=True) if present is None else present:
             if name in consumed:
                 effect.consume(name, node, op)  # type: ignore[arg-type]  # reports the clash
             else:

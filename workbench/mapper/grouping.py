@@ -54,7 +54,7 @@ def build_binding(binder: Any, rest: Rest) -> Binding:
             dropped.extend(sources)
             continue
         op, shape, instances, signature = restrictor.op_for(root.steps)
-        inputs = tuple(infos[index] for index in sources)
+        inputs = (infos[sources[0]],) if len(sources) == 1 else tuple([infos[index] for index in sources])
         try:
             if shape.cacheable:
                 recipe, chunk_cast = tracer.shared_recipe(signature, instances, op, inputs, outs)

@@ -72,6 +72,19 @@ class Op(Mapper):
             fields[field] = tuple(rename(name) for name in fields[field])
         return clone
 
+    def fill_names(self, values: dict[str, str]) -> Op:
+        """`rename_all` with every template filled from `values` (the binder's hot path: no callback per name)."""
+        clone = object.__new__(type(self))
+        fields = clone.__dict__
+        fields.update(self.__dict__)
+        for field in self.NAME_FIELDS:
+            text = fields[field]
+            if text is not None and "{" in text:
+                fields[field] = text.format_map(values)
+        for field in self.NAME_LIST_FIELDS:
+            fields[field] = tuple([text.format_map(values) if "{" in text else text for text in fields[field]])
+        return clone
+
     # -- semantics (subclasses) --------------------------------------------------------------------
     def _infer(self, metas: list[Meta]) -> list[Meta]:
         """Output (dtype, shape) for input metadata; raise MapperError on a conflict."""

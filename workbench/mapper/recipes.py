@@ -87,10 +87,9 @@ class Tracer:
         if len(signature) == 1 and len(first) == 1:
             # The common case, one operation instance: tokens follow its inputs then outputs.
             names = first[0].inputs + first[0].outputs
-            tokens = dict.fromkeys(names, 0)
+            tokens = {name: index for index, name in enumerate(names)}
             if len(tokens) == len(names):
                 pattern: Any = len(names)
-                tokens = {name: index for index, name in enumerate(names)}
             else:  # an in-place operation: an output reuses an input's name
                 tokens = {}
                 pattern = tuple(tokens.setdefault(name, len(tokens)) for name in names)
@@ -99,15 +98,19 @@ class Tracer:
             pattern = []
             for path in signature:
                 for instance in instances[path]:
-                    pattern += [tokens.setdefault(name, len(tokens)) for name in instance.inputs]
+                    for name in instance.inputs:
+                        pattern.append(tokens.setdefault(name, len(tokens)))
                     pattern.append(-1)
-                    pattern += [tokens.setdefault(name, len(tokens)) for name in instance.outputs]
+                    for name in instance.outputs:
+                        pattern.append(tokens.setdefault(name, len(tokens)))
                     pattern.append(-2)
             pattern = tuple(pattern)
-        metas = [(tokens[i.name], i.dtype, i.shape) for i in inputs]
-        if len(metas) > 1:
-            metas.sort()
-        key = (signature, pattern, tuple(metas))
+        if len(inputs) == 1:
+            info = inputs[0]
+            key = (signature, pattern, ((tokens[info.name], info.dtype, info.shape),))
+        else:
+            metas = sorted([(tokens[i.name], i.dtype, i.shape) for i in inputs])
+            key = (signature, pattern, tuple(metas))
         cached = self._shared.get(key)
         if cached is None:
             syms = self.trace(op, inputs, outputs)
@@ -120,6 +123,9 @@ class Tracer:
             cached = self._shared[key] = (shared, _is_chunk_cast(syms, inputs, outputs))
         shared, chunk = cached
         if shared is not None:
+            if len(outputs) == 1:
+                name = outputs[0].name
+                return LazyRecipe({name: tokens[name]}, shared, list(tokens)), None
             return LazyRecipe({info.name: tokens[info.name] for info in outputs}, shared, list(tokens)), None
         return None, outputs[0].dtype if chunk else None
 

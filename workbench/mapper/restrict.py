@@ -39,8 +39,10 @@ def _build(skeleton: tuple[Any, ...], instances: dict[Path, list[Op]]) -> Mapper
     if kind == "leaf":
         found = instances[skeleton[1]]
         return found[0] if len(found) == 1 else Parallel(*found)
-    if kind == "many":
-        return skeleton[1](*[_build(child, instances) for child in skeleton[2]])
+    if kind == "many":  # children are mappers already: skip the constructor's checks (100k groups)
+        composite = object.__new__(skeleton[1])
+        object.__setattr__(composite, "mappers", tuple([_build(child, instances) for child in skeleton[2]]))
+        return composite
     inner = skeleton[3]
     return PrefixScope(_build(inner, instances) if inner is not None else Sequential(), skeleton[1], skeleton[2])
 
@@ -80,7 +82,13 @@ class Restrictor:
 
     def op_for(self, steps: list[tuple[int, Path, Any]]) -> tuple[Mapper, GroupShape, dict[Path, list[Op]], tuple[Path, ...]]:
         """The group's op, its shape, its instances by leaf path (execution order) and its path signature."""
-        instances: dict[Path, list[Op]] = {}
+        if len(steps) == 1:  # the common case: one operation instance (or one scope rename)
+            _, path, instance = steps[0]
+            instances = {path: [] if instance is None else [instance]}
+            signature: tuple[Path, ...] = (path,)
+            shape = self._shapes.get(signature) or self.shape(signature, instances)
+            return _build(shape.skeleton, instances), shape, instances, signature
+        instances = {}
         for _, path, instance in sorted(steps, key=lambda step: step[0]) if len(steps) > 1 else steps:
             found = instances.get(path)
             if found is None:

@@ -8,6 +8,7 @@ dependency group. The `State` maps current names to nodes and keeps a lazily bui
 
 from __future__ import annotations
 
+from collections.abc import Container, Iterable
 from typing import Any
 
 from .base import Meta
@@ -113,14 +114,28 @@ class State:
         # name inserted again lands on the same index key. This keeps a rename of 100k names cheap.
         del self.nodes[name]
 
+    def remove_all(self, names: Iterable[str]) -> None:
+        """`remove` for each of `names` (one call for a whole step's worth)."""
+        nodes = self.nodes
+        for name in names:
+            del nodes[name]
+
+    def insert_all(self, pairs: Iterable[tuple[str, Node]], indexed: Container[str]) -> None:
+        """`insert` for each pair, in order; names in `indexed` were just removed, so the index still holds them."""
+        nodes, indexes = self.nodes, self._indexes
+        for name, node in pairs:
+            nodes[name] = node
+            if name in indexed:
+                continue
+            per_count = indexes.get(name.count(".") + 1)
+            if per_count:
+                segs = name.split(".")
+                for positions, index in per_count.items():
+                    key = tuple([segs[p] for p in positions])
+                    names = index.get(key)
+                    if names is None:
+                        names = index[key] = {}
+                    names[name] = None
+
     def insert(self, name: str, node: Node) -> None:
-        self.nodes[name] = node
-        per_count = self._indexes.get(name.count(".") + 1)
-        if per_count:
-            segs = name.split(".")
-            for positions, index in per_count.items():
-                key = tuple([segs[p] for p in positions])
-                names = index.get(key)
-                if names is None:
-                    names = index[key] = {}
-                names[name] = None
+        self.insert_all(((name, node),), ())
