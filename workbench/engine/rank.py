@@ -14,12 +14,13 @@ import time
 from ..errors import PlanError, WorkbenchError
 from ..formats.dcp_writer import open_writer
 from ..iostats import IO
+from ..planning.gc_pause import gc_paused
 from ..planning.model import Plan
 from .memory import reset_rss_peak, rss_bytes, rss_peak_bytes
 from .progress import Progress
 from .report import RankResult
 from .source_guard import snapshot_for
-from .steps import RankContext, run_step
+from .steps import RankContext, preload_libraries, run_step
 
 FAIL_RANK_ENV = "WORKBENCH_FAIL_RANK"  # tests: make this rank fail just before committing its last file
 
@@ -61,6 +62,7 @@ def _release_source_files(plan: Plan) -> None:
         close()
 
 
+@gc_paused()  # a step's objects are freed by reference counting; collections only walked the plan's million objects
 def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankResult:
     """Execute `rank`'s steps of `plan` into `plan.dest`; raises on failure after removing partial files."""
     assert plan.dest is not None
@@ -69,8 +71,7 @@ def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankRes
     files = {f.name: f for f in plan.rank_files(rank)}
     last_step = {name: step.index for step in steps for name in step.files if name in files}
     last_file = max(files, key=lambda n: last_step.get(n, -1), default=None)
-    if any(s.kind != "copy" for s in steps):
-        import torch  # noqa: F401  (imported before the baseline: its RSS is not the run's)
+    preload_libraries(plan, steps)  # before the baseline: a library's RSS is not the run's
     source = snapshot_for(plan)
     reset_rss_peak()
     result.rss_baseline = rss_bytes()

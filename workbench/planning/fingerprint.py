@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 
 from ..catalog import Catalog
+from ..mapper.groups import ByteSlice
 from .schedule import Step
 from .sharding import OutputFile
 
@@ -37,10 +39,13 @@ def layout_fingerprint(catalog: Catalog, steps: list[Step], files: list[OutputFi
     lines: list[str] = []
     for step in steps:
         group = step.group
-        ins = ";".join(f"{t.name}|{t.dtype}|{t.shape}|{t.file}|{t.begin}|{t.end}" for t in group.inputs)
-        recipe = ""
-        if group.recipe is not None:
-            recipe = ";".join(f"{o}=" + ",".join(f"{p.source}[{p.begin}:{p.end}]" for p in ps) for o, ps in group.recipe.items())
+        inputs = group.inputs
+        if len(inputs) == 1:  # the common case, spelled out: this loop runs once per tensor
+            t = inputs[0]
+            ins = f"{t.name}|{t.dtype}|{t.shape}|{t.file}|{t.begin}|{t.end}"
+        else:
+            ins = ";".join(f"{t.name}|{t.dtype}|{t.shape}|{t.file}|{t.begin}|{t.end}" for t in inputs)
+        recipe = "" if group.recipe is None else _recipe_text(group.recipe)
         lines.append(f"\nstep {step.kind} {group.chunk_cast} {type(group.op).__name__} {group.label} <{ins}> <{recipe}>")
         if len(lines) >= _BATCH:
             digest.update("".join(lines).encode())
@@ -50,6 +55,15 @@ def layout_fingerprint(catalog: Catalog, steps: list[Step], files: list[OutputFi
         digest.update(f"\nout {f.name} ".encode())
         digest.update(hashlib.sha256(f.layout.header).digest())
     return digest.hexdigest()
+
+
+def _recipe_text(recipe: Mapping[str, tuple[ByteSlice, ...]]) -> str:
+    if len(recipe) == 1:
+        ((out, pieces),) = recipe.items()
+        if len(pieces) == 1:
+            p = pieces[0]
+            return f"{out}={p.source}[{p.begin}:{p.end}]"
+    return ";".join(f"{o}=" + ",".join(f"{p.source}[{p.begin}:{p.end}]" for p in ps) for o, ps in recipe.items())
 
 
 def run_fingerprint(layout: str, files: list[OutputFile], nproc: int) -> str:

@@ -9,11 +9,12 @@ memory is the measured one.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..catalog import TensorInfo
 from ..dtypes import dtype_bits, nbytes_of
-from ..mapper.groups import Group
+from ..mapper.groups import ByteSlice, Group
 
 COPY, CAST, COMPUTE = "copy", "cast", "compute"
 
@@ -85,6 +86,10 @@ def step_cost(group: Group, kind: str, bytes_out: int, access: SourceAccess, chu
     reads: dict[str, int] = {}
     if kind == COPY:
         inputs = group.inputs
+        if len(inputs) == 1 and access.located(inputs[0]):
+            simple = _located_copy_reads(inputs[0], group.recipe)
+            if simple is not None:
+                return 0, simple
         by_name = {inputs[0].name: inputs[0]} if len(inputs) == 1 else {t.name: t for t in inputs}
         held = 0
         whole: set[str] = set()
@@ -111,20 +116,40 @@ def step_cost(group: Group, kind: str, bytes_out: int, access: SourceAccess, chu
     return bytes_in + bytes_out, reads
 
 
+def _located_copy_reads(info: TensorInfo, recipe: Mapping[str, tuple[ByteSlice, ...]]) -> dict[str, int] | None:
+    """Bytes read by a copy whose only input lies raw on disk (the common case, 100k times on big checkpoints);
+    None when the recipe names another input (the general path reports that)."""
+    total = 0
+    pieces = 0
+    name = info.name
+    for slices in recipe.values():
+        for piece in slices:
+            if piece.source != name:
+                return None
+            total += piece.end - piece.begin
+            pieces += 1
+    return {info.file: total} if pieces else {}
+
+
 def build_steps(groups: list[Group], access: SourceAccess, chunk_bytes: int) -> list[Step]:
     """Steps for the groups that produce something, in schedule order (source file, then offset)."""
     files = sorted({t.file for g in groups for t in g.inputs})
     file_order = {f: i for i, f in enumerate(files)}
-    never = (len(files), 0)
-
-    def position(item: tuple[int, Group]) -> tuple[tuple[int, int], int]:
-        index, group = item
-        first = min(((file_order[t.file], t.begin) for t in group.inputs), default=never)
-        return first, index
-
-    ordered = sorted(((i, g) for i, g in enumerate(groups) if g.outputs), key=position)
+    never = len(files)
+    ordered = []  # (file rank, offset, group index, group): sorts by position, then by binding order
+    for index, group in enumerate(groups):
+        if not group.outputs:
+            continue
+        inputs = group.inputs
+        if len(inputs) == 1:
+            first = inputs[0]
+            ordered.append((file_order[first.file], first.begin, index, group))
+        else:
+            where, begin = min(((file_order[t.file], t.begin) for t in inputs), default=(never, 0))
+            ordered.append((where, begin, index, group))
+    ordered.sort()  # indexes are unique, so groups themselves are never compared
     steps = []
-    for index, (_, group) in enumerate(ordered):
+    for index, (_, _, _, group) in enumerate(ordered):
         kind = step_kind(group)
         outputs = group.outputs
         bytes_out = outputs[0].nbytes if len(outputs) == 1 else sum(t.nbytes for t in outputs)

@@ -12,6 +12,7 @@ from typing import Any
 from ..catalog import Catalog
 from ..errors import PlanError
 from ..mapper.groups import Binding, ByteSlice, Group
+from .gc_pause import gc_paused
 
 RESTS = ("keep", "drop", "error")
 
@@ -26,7 +27,8 @@ def resolve_catalog(source: Any) -> Catalog:
     if isinstance(source, (str, os.PathLike)):
         from ..formats import open_catalog
 
-        return open_catalog(source)
+        with gc_paused():  # headers of many tensors: many small objects, none of them garbage
+            return open_catalog(source)
     raise PlanError(
         f"Cannot plan from {type(source).__name__}: a source must be a checkpoint path, a Checkpoint "
         "(from wb.open_checkpoint) or a Catalog."
