@@ -12,8 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 BLOCK = 1 << 16  # elements converted per numpy call: the scratch stays in the CPU cache
-_SIGN_OFF = 0x7FFFFFFF
-_INF_BITS = 0x7F800000
 
 
 def numpy_castable(src_dtype: str, out_dtype: str) -> bool:
@@ -37,17 +35,16 @@ class Float32ToBFloat16:
         """
         np = self._np
         bits = np.frombuffer(src, dtype=np.uint32, count=count)
+        values = bits.view(np.float32)
         result = np.frombuffer(out, dtype=np.uint16, count=count)
         for start in range(0, count, BLOCK):
             block = bits[start : start + BLOCK]
-            work = self._scratch[: len(block)]
-            np.bitwise_and(block, _SIGN_OFF, out=work)
-            if work.max() > _INF_BITS:
+            if np.isnan(values[start : start + BLOCK].max()):  # max propagates NaN: one pass finds any
                 return False
+            work = self._scratch[: len(block)]
             np.right_shift(block, 16, out=work)
-            np.bitwise_and(work, 1, out=work)
+            work &= 1
             work += 0x7FFF
             work += block
-            work >>= 16
-            np.copyto(result[start : start + BLOCK], work, casting="unsafe")
+            np.right_shift(work, 16, out=result[start : start + BLOCK], casting="unsafe")
         return True

@@ -6,7 +6,7 @@ reuse memory that is already mapped instead of faulting in fresh zeroed pages fo
 
 Input bytes are read into the front of the arena; converted pieces go to one of two output slots
 and are written to disk by one background thread while the main thread reads and converts the next
-piece (pread, pwrite and torch's copy all release the GIL). A region still being written is never
+piece (pread, pwrite, numpy's and torch's conversions all release the GIL). A region still being written is never
 reused: whoever needs it waits for that write first. Pieces are sized so that the input and both
 slots fit in the arena, which keeps the held bytes equal to the plan's prediction.
 """
@@ -90,16 +90,21 @@ class CastBuffers:
         return self._view[:nbytes]
 
     def output(self, nbytes: int, after: int) -> tuple[int, memoryview]:
-        """A free output slot of `nbytes` that does not overlap the input's first `after` bytes: (offset, view)."""
-        high = self.size - nbytes
-        low = after
-        if self._pending is not None and self._overlaps(high, high + nbytes):
-            if low + nbytes <= high and not self._overlaps(low, low + nbytes):
-                high = low
-            else:
-                self.wait()
+        """A free output slot of `nbytes` beyond the input's first `after` bytes: (offset in the arena, view).
+
+        Two places can hold it: the arena's end, or right after the input when both fit. The one the
+        write in flight does not read from is taken; when neither is free, that write is waited for.
+        """
+        end_slot = self.size - nbytes
+        for begin in (end_slot, after):
+            fits = begin == end_slot or begin + nbytes <= end_slot
+            if fits and not self._in_flight(begin, begin + nbytes):
+                break
+        else:
+            self.wait()
+            begin = end_slot
         assert self._view is not None
-        return high, self._view[high : high + nbytes]
+        return begin, self._view[begin : begin + nbytes]
 
     def write(self, writer: SafetensorsWriter, name: str, offset: int, view: memoryview, at: int) -> None:
         """Write `view` (arena bytes from `offset`) as bytes [at, ...) of tensor `name`; large pieces in the background."""
@@ -155,9 +160,10 @@ class CastBuffers:
         converted.copy_(torch.frombuffer(data, dtype=to_torch(src_dtype), count=count))
 
     def _claim(self, begin: int, end: int) -> None:
-        if self._pending is not None and self._overlaps(begin, end):
+        if self._in_flight(begin, end):
             self.wait()
 
-    def _overlaps(self, begin: int, end: int) -> bool:
+    def _in_flight(self, begin: int, end: int) -> bool:
+        """True when the write in flight reads arena bytes in [begin, end)."""
         first, last = self._pending_span
-        return begin < last and first < end
+        return self._pending is not None and begin < last and first < end
