@@ -238,7 +238,10 @@ def test_predicted_memory_of_casts_and_compute(four_files: Path) -> None:
     step = cast.steps[0]
     assert step.kind == "cast" and step.group.chunk_cast == "BF16"
     assert step.held_bytes == 250 * 4 + 250 * 2  # 250 F32 elements in, 250 BF16 out per chunk
-    assert cast.peak_bytes == 1500 and cast.needs_torch
+    assert cast.peak_bytes == 1500 and not cast.needs_torch  # F32 -> BF16 is numpy's
+    assert "casts by numpy" in cast.summary()
+    to_f16 = wb.plan(four_files, dtype="f16", chunk_size=1000)
+    assert to_f16.needs_torch and "torch needed" in to_f16.summary()
     fused = wb.plan(four_files, M.Sequential(M.Concat(["t03", "t04"], "cat"), M.Cast("cat", "bf16")), rest="drop")
     (step,) = fused.steps
     assert step.kind == "compute" and step.held_bytes == 2 * 4096 + 2048 * 2  # inputs + BF16 output, held together

@@ -121,6 +121,14 @@ def from_torch(dtype) -> str:
     return normalize_dtype(dtype)
 
 
+def numpy_castable(src_dtype: str, out_dtype: str) -> bool:
+    """True when the engine converts `src_dtype` to `out_dtype` with numpy alone (no torch import).
+
+    Only float32 -> bfloat16, the commonest cast; a chunk holding a NaN still goes to torch.
+    """
+    return src_dtype == "F32" and out_dtype == "BF16"
+
+
 def is_float(code: str) -> bool:
     """True for floating-point codes (the ones a dtype policy may cast)."""
     return code in FLOAT_CODES

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..dtypes import numpy_castable
+
+__all__ = ["BLOCK", "Float32ToBFloat16", "numpy_castable"]
+
 BLOCK = 1 << 16  # elements converted per numpy call: the scratch stays in the CPU cache
-
-
-def numpy_castable(src_dtype: str, out_dtype: str) -> bool:
-    """True when this module converts `src_dtype` to `out_dtype` (safetensors codes)."""
-    return src_dtype == "F32" and out_dtype == "BF16"
 
 
 class Float32ToBFloat16:

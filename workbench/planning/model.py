@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..catalog import Catalog
+from ..dtypes import numpy_castable
 from ..mapper.groups import Binding, Problem
-from .schedule import COMPUTE, Step
+from .schedule import CAST, COMPUTE, COPY, Step
 from .sharding import OutputFile
 from .sizes import format_bytes, format_decimal
 from .text import html_table, text_table
@@ -186,8 +187,26 @@ class Plan:
 
     @property
     def needs_torch(self) -> bool:
-        """True when some step computes on tensors (cast or op); byte copies need no torch."""
-        return any(s.kind != "copy" for steps in self._steps_by_rank.values() for s in steps)
+        """True when some step needs torch: a tensor op or a cast numpy does not do (byte copies need neither)."""
+        return any(self._step_needs_torch(s) for steps in self._steps_by_rank.values() for s in steps)
+
+    def _step_needs_torch(self, step: Step) -> bool:
+        if step.kind == COPY:
+            return False
+        if step.kind == CAST:
+            src, out = step.group.inputs[0], step.group.outputs[0]
+            reader = self.source.reader
+            return not (numpy_castable(src.dtype, out.dtype) and reader is not None and reader.locate(src) is not None)
+        return True
+
+    @property
+    def library_note(self) -> str:
+        """Which libraries the run imports, for the summary: start-up of torch costs seconds per process."""
+        if self.needs_torch:
+            return "torch needed"
+        if any(s.kind != COPY for s in self.steps):
+            return "casts by numpy (torch only for chunks holding NaN)"
+        return "byte copies only (no torch)"
 
     @property
     def total_size(self) -> int:
@@ -344,7 +363,7 @@ class Plan:
             f"writes: {format_bytes(self.bytes_written)}"
             + (f" ({len(self.kept)} shard(s) kept from an interrupted run)" if self.kept else ""),
             f"peak tensor memory: {format_bytes(self.peak_bytes)} per process; ranks: {self.nproc}"
-            + ("; torch needed" if self.needs_torch else "; byte copies only (no torch)"),
+            + f"; {self.library_note}",
         ]
         if self.extras:
             lines.append(f"extras copied: {', '.join(self.extras)}")
