@@ -53,7 +53,7 @@ def main() -> None:
         measured_peak_bytes=report.peak_tensor_bytes,
         notes=f"plan {planned - start:.2f} s, run {end - planned:.2f} s; engine RSS above start {report.rss_above_baseline / 1e6:.0f} MB",
         report={
-            "seconds": report.seconds, "nproc": report.nproc, "bytes_read": report.bytes_read,
+            "seconds": report.seconds, "rank_seconds": [r.seconds for r in report.ranks], "nproc": report.nproc, "bytes_read": report.bytes_read,
             "bytes_written": report.bytes_written, "rss_peak": report.rss_peak,
             "rss_above_baseline": report.rss_above_baseline, "files_match_plan": report.files_match_plan,
             "files": report.files,
