@@ -300,3 +300,11 @@ def test_tensors_assembled_from_several_files_count_every_file(four_files: Path)
     plan = wb.plan(catalog, M.Rename("t00", "x"), rest="drop")
     assert plan.reads() == {"model-00001-of-00004.safetensors": 2048, "model-00004-of-00004.safetensors": 2048}
     assert plan.peak_bytes == 4096  # an unlocated input is read whole and held while its pieces are copied
+
+
+def test_headline_is_the_top_of_the_summary(four_files: Path) -> None:
+    plan = wb.plan(four_files, dtype="bf16")
+    head = plan.headline()
+    assert head[1] == "status: OK" and plan.summary().startswith("\n".join(head))
+    ck = wb.open_checkpoint(four_files)
+    assert ck.headline().startswith("16 tensors in 4 file(s)")

@@ -354,7 +354,8 @@ class Checkpoint:
         return histogram_figure(counts, edges, f"{name} ({info.dtype} {list(info.shape)})", log=log)
 
     # --- display ---------------------------------------------------------------------------------
-    def _headline(self) -> str:
+    def headline(self) -> str:
+        """One line: tensors, files, bytes and parameters, for listings and widget titles."""
         t = self.tensors
         return (
             f"{len(t):,} tensors in {len(self.catalog.files):,} file(s), {format_bytes(int(t['nbytes'].sum()))}, "
@@ -367,7 +368,7 @@ class Checkpoint:
         return [f"{dt}: {row.n:,} tensors, {row.p:,} parameters, {format_bytes(row.b)}" for dt, row in by.sort_values("b", ascending=False).iterrows()]
 
     def __repr__(self) -> str:
-        lines = [f"<Checkpoint {self.format} {self.path}>", "  " + self._headline()]
+        lines = [f"<Checkpoint {self.format} {self.path}>", "  " + self.headline()]
         lines += ["  " + s for s in self._dtype_lines()]
         layers = self.layers
         lines.append(f"  {len(layers)} patterns after folding layers:")
@@ -395,7 +396,7 @@ class Checkpoint:
         return (
             '<div class="workbench-checkpoint">'
             f"<b>Checkpoint</b> <code>{html.escape(str(self.path))}</code> — format <b>{html.escape(self.format)}</b><br>"
-            f"{html.escape(self._headline())}"
+            f"{html.escape(self.headline())}"
             f"<ul>{dtypes}{warnings}</ul>"
             f"<b>Layers</b> ({len(layers)} patterns after folding numbered segments)"
             f"{shown.to_html(index_names=False)}{more}</div>"

@@ -343,7 +343,8 @@ class Plan:
 
     # -- summaries ----------------------------------------------------------------------------------
 
-    def _headline(self) -> list[str]:
+    def headline(self) -> list[str]:
+        """The summary's first lines (source, status, groups, reads and writes, memory): what panels show on top."""
         src = self.source
         kinds: dict[str, int] = {}
         for s in self.steps:
@@ -383,7 +384,7 @@ class Plan:
 
     def summary(self) -> str:
         """A text summary: headline numbers, output files, source files read, problems."""
-        parts = ["\n".join(self._headline())]
+        parts = ["\n".join(self.headline())]
         if self.output_file_list:
             parts.append("output files:\n" + text_table(["file", "size", "tensors", "rank", ""], self._file_rows()))
         reads = self._read_rows()
@@ -400,7 +401,7 @@ class Plan:
         return f"<Plan {len(self.steps)} groups -> {len(self.output_file_list)} files, {'ok' if self.ok else 'not ok'}>"
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<div>{html.escape(line)}</div>" for line in self._headline())
+        head = "".join(f"<div>{html.escape(line)}</div>" for line in self.headline())
         parts = [f"<div><b>Conversion plan</b>{head}</div>"]
         if self.problems:
             items = "".join(

@@ -204,7 +204,7 @@ class Explorer(Panel):
             other = f" — compared with <code>{html.escape(str(self.other.path))}</code>"
         return (
             f"<b>Explorer</b> <code>{html.escape(str(ck.path))}</code> ({html.escape(ck.format)}){other}<br>"
-            f'<span class="wb-note">{html.escape(ck._headline())}</span>'
+            f'<span class="wb-note">{html.escape(ck.headline())}</span>'
         )
 
     # --- the table ---------------------------------------------------------------------------------

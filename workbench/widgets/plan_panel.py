@@ -242,7 +242,7 @@ class PlanPanel(Panel):
                 f"peak {format_bytes(plan.peak_bytes)}, {status}")
 
     def _headline_html(self) -> str:
-        lines = self.plan._headline()
+        lines = self.plan.headline()
         body = "<br>".join(html.escape(line) for line in lines)
         return f"<b>Conversion plan</b><div style='font-size:12px;color:#555;line-height:1.45'>{body}</div>"
 

@@ -118,7 +118,7 @@ class RunPanel(Panel):
     # --- what is shown -------------------------------------------------------------------------------
     def _show_plan(self) -> None:
         plan = self.plan
-        lines = plan._headline()
+        lines = plan.headline()
         where = "in this process" if plan.nproc == 1 else f"on {plan.nproc} processes (torchrun)"
         self.header.value = (f"{RUN_STYLE}<b>Conversion</b> {where}<div class='wb-run-lines'>"
                              + "<br>".join(html.escape(line) for line in [lines[0], *lines[2:]]) + "</div>")
