@@ -113,7 +113,8 @@ def test_failing_rank_leaves_no_index_and_a_resumed_run_completes(llama_sample: 
     assert_same_folder(reshard_reference, dest)
 
 
-def test_cancel_kills_every_worker_and_commits_nothing(llama_sample: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("launcher", ["torchrun", "local"])
+def test_cancel_kills_every_worker_and_commits_nothing(llama_sample: Path, tmp_path: Path, launcher: str) -> None:
     dest = tmp_path / "out"
     plan = wb.plan(llama_sample, dest=dest, dtype="bf16", chunk_size="16B", shard_size="100KB", nproc=2)
     seen: list[int] = []
@@ -122,7 +123,7 @@ def test_cancel_kills_every_worker_and_commits_nothing(llama_sample: Path, tmp_p
         seen.append(rank)
         return False
 
-    launch = Launch(plan, quiet=True, on_progress=stop).start()
+    launch = Launch(plan, quiet=True, on_progress=stop, launcher=launcher).start()
     with pytest.raises(Cancelled, match="cancelled"):
         launch.wait()
     assert seen and launch.worker_pids

@@ -150,11 +150,14 @@ def test_bad_arguments_get_clear_errors(llama_sample: Path, tmp_path: Path) -> N
         RunPanel(llama_sample)
     with pytest.raises(PlanError, match="dest="):
         RunPanel(plan=wb.plan(llama_sample))
+    with pytest.raises(PlanError, match="unknown launcher 'ssh'"):
+        RunPanel(llama_sample, tmp_path / "out", nproc=2, launcher="ssh")
 
 
 @pytest.mark.distributed
-def test_two_torchrun_ranks_fill_one_bar_each(llama_sample: Path, fused, reference: Path, tmp_path: Path) -> None:
-    panel = RunPanel(llama_sample, tmp_path / "out", fused, nproc=2, shard_size="300KB").start()
+@pytest.mark.parametrize("launcher", ["torchrun", "local"])
+def test_two_ranks_fill_one_bar_each(llama_sample: Path, fused, reference: Path, tmp_path: Path, launcher: str) -> None:
+    panel = RunPanel(llama_sample, tmp_path / "out", fused, nproc=2, shard_size="300KB", launcher=launcher).start()
     assert [r.children[0].description for r in panel.rank_rows.children] == ["rank 0", "rank 1"]
     report = panel.wait(timeout=120)
     assert report.nproc == 2 and report.ok and report.files_match_plan

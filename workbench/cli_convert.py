@@ -1,7 +1,7 @@
 """The `workbench plan` and `workbench convert` subcommands (registered in `workbench.cli`).
 
     workbench plan SRC [--mapper mapper.py] [--shard-size 5GB] [--nproc N] [--dtype bf16] [--dest DST]
-    workbench convert SRC DST [--mapper mapper.py] [--shard-size 5GB] [--dtype bf16] [--nproc N]
+    workbench convert SRC DST [--mapper mapper.py] [--shard-size 5GB] [--dtype bf16] [--nproc N] [--launcher local]
                       [--dry-run] [--no-extras] [--overwrite] [--rest keep|drop|error] [--quiet] [--verify]
     (both also take [--to safetensors|dcp] [--select model|all] [--lightning-weights ema|model])
 
@@ -79,6 +79,9 @@ def convert_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", metavar="SRC", help="checkpoint file or folder")
     parser.add_argument("dest", metavar="DST", help="output folder (HF safetensors shards, or DCP with --to dcp)")
     _common_arguments(parser)
+    parser.add_argument("--launcher", choices=("torchrun", "local"), default="torchrun",
+                        help="how --nproc > 1 starts its workers: torchrun (default), or local (same workers, "
+                             "one machine, no torchrun start-up)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and stop")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument(
@@ -145,7 +148,7 @@ def run_convert(args: argparse.Namespace) -> int:
     from .engine import execute
 
     sys.stdout.flush()
-    report = execute(the_plan, quiet=args.quiet, verify=args.verify)
+    report = execute(the_plan, quiet=args.quiet, verify=args.verify, launcher=args.launcher)
     print(report.summary())
     return _verdict(report)
 

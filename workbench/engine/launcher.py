@@ -1,10 +1,12 @@
-"""Running a plan on N local processes with torchrun, watching progress, and cancelling cleanly.
+"""Running a plan on N local processes (torchrun, or the torch-free local launcher), watching progress,
+and cancelling cleanly.
 
 `Launch(plan).start()` prepares the destination, writes the job, and starts
-`python -m torch.distributed.run --standalone --nproc-per-node N -m workbench.engine.worker JOBDIR`.
+`python -m torch.distributed.run --standalone --nproc-per-node N -m workbench.engine.worker JOBDIR`
+(or, with `launcher="local"`, `python -m workbench.engine.local_run N JOBDIR`: the same workers).
 `wait()` turns the workers' JSON lines into `on_progress(rank, done, total)` calls (in the caller's
 thread) and one tqdm bar, then collects each rank's status into a `RunReport`, or raises an error
-naming the failed rank. `cancel()` (or `on_progress` returning False, or Ctrl-C) kills torchrun and
+naming the failed rank. `cancel()` (or `on_progress` returning False, or Ctrl-C) kills the launcher and
 every worker, removes temporary files and writes no index.
 """
 
@@ -30,24 +32,43 @@ from .lock import DestinationLock, lock_destination
 from .progress import PROGRESS_TAG, ProgressCallback, make_bar, parse_progress_line
 from .report import RankResult, RunReport
 from .source_guard import snapshot_for
-from .status import Cancelled, failure_message, read_json
-from .worker import FINAL_FILE, JOB_FILE, status_path
+from .status import FINAL_FILE, JOB_FILE, Cancelled, failure_message, read_json, status_path
 
 KILL_GRACE_SECONDS = 5.0
 
 
+LAUNCHERS = ("torchrun", "local")
+
+
 def torchrun_command(nproc: int, jobdir: Path, python: str = sys.executable) -> list[str]:
-    """The command line that starts the workers."""
+    """The command line that starts the workers under torchrun."""
     return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
             "-m", "workbench.engine.worker", str(jobdir)]
+
+
+def worker_command(launcher: str, nproc: int, jobdir: Path, python: str = sys.executable) -> list[str]:
+    """The command line that starts the workers: torchrun's, or workbench's torch-free local one."""
+    check_launcher(launcher)
+    if launcher == "local":
+        return [python, "-m", "workbench.engine.local_run", str(nproc), str(jobdir)]
+    return torchrun_command(nproc, jobdir, python)
+
+
+def check_launcher(launcher: str) -> str:
+    """`launcher` when it names a known way to start workers; a PlanError otherwise."""
+    if launcher not in LAUNCHERS:
+        raise PlanError(f"Cannot start workers: unknown launcher {launcher!r}. Use 'torchrun' (the default) or "
+                        "'local' (same workers, one machine, without torchrun's start-up).")
+    return launcher
 
 
 class Launch:
     """A running multi-process conversion of one plan."""
 
     def __init__(self, plan: Plan, *, quiet: bool = False, on_progress: ProgressCallback | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, launcher: str = "torchrun") -> None:
         self.plan = plan
+        self.launcher = check_launcher(launcher)
         self.quiet = quiet
         self.on_progress = on_progress
         self.env = env
@@ -65,7 +86,7 @@ class Launch:
         self._lock: DestinationLock | None = None
 
     def start(self) -> Launch:
-        """Prepare the destination, write the job, start torchrun."""
+        """Prepare the destination, write the job, start the workers."""
         require_runnable(self.plan)
         job = job_for(self.plan)
         snapshot_for(self.plan)
@@ -79,9 +100,9 @@ class Launch:
             env.setdefault("OMP_NUM_THREADS", "1")
             self._started_at = time.perf_counter()
             self.process = subprocess.Popen(
-                torchrun_command(self.plan.nproc, self.jobdir), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                worker_command(self.launcher, self.plan.nproc, self.jobdir), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, env=env, start_new_session=True, text=True, errors="replace",
-                pass_fds=(self._lock.fileno(),),  # torchrun keeps the destination locked while it runs
+                pass_fds=(self._lock.fileno(),),  # the launcher keeps the destination locked while it runs
             )
         except BaseException:
             self._cleanup()
@@ -193,7 +214,7 @@ class Launch:
                 )
             if not finished:
                 missing = [r for r, s in enumerate(statuses) if s is None]
-                detail = f" (torchrun exit code {self.process.returncode}{self._tail()})"
+                detail = f" ({self.launcher} exit code {self.process.returncode}{self._tail()})"
                 if final is not None and final.get("error"):
                     detail = f"; finishing failed: {final['error']}"
                 raise PlanError(failure_message(self.plan.dest, results, missing=missing, detail=detail))
@@ -236,9 +257,10 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def launch(plan: Plan, *, quiet: bool = False, on_progress: ProgressCallback | None = None) -> RunReport:
+def launch(plan: Plan, *, quiet: bool = False, on_progress: ProgressCallback | None = None,
+           launcher: str = "torchrun") -> RunReport:
     """Run `plan` on `plan.nproc` processes and wait for it."""
-    return Launch(plan, quiet=quiet, on_progress=on_progress).start().wait()
+    return Launch(plan, quiet=quiet, on_progress=on_progress, launcher=launcher).start().wait()
 
 
-__all__ = ["Launch", "launch", "torchrun_command"]
+__all__ = ["LAUNCHERS", "Launch", "launch", "torchrun_command", "worker_command"]

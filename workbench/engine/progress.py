@@ -43,7 +43,7 @@ def in_jupyter_kernel() -> bool:
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
-def live_display(plan: Any, on_progress: ProgressCallback | None = None) -> Any:
+def live_display(plan: Any, on_progress: ProgressCallback | None = None, launcher: str = "torchrun") -> Any:
     """The notebook display that runs `plan` with live per-rank progress (see LIVE_DISPLAY), or None
     outside a Jupyter kernel, when LIVE_DISPLAY is empty or when ipywidgets is missing."""
     if not LIVE_DISPLAY or not in_jupyter_kernel():
@@ -53,7 +53,7 @@ def live_display(plan: Any, on_progress: ProgressCallback | None = None) -> Any:
         factory = getattr(import_module(module_name), attr)
     except ImportError:
         return None
-    return factory(plan, on_progress)
+    return factory(plan, on_progress, launcher=launcher)
 
 
 def progress_line(rank: int, done: int, total: int, event: str = "progress") -> str:

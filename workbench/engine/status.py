@@ -24,6 +24,15 @@ def describe_failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
+JOB_FILE = "job.json"  # in the job folder: the plan's inputs, written by the launcher
+FINAL_FILE = "final.json"  # rank 0's verdict after every rank finished
+
+
+def status_path(jobdir: Path, rank: int) -> Path:
+    """Where rank `rank` leaves its RankResult in the job folder."""
+    return jobdir / f"rank-{rank}.json"
+
+
 def failure_message(dest: object, results: list[RankResult], *, missing: list[int] = (), detail: str = "") -> str:
     """The error users see when ranks failed: which rank, what cause, and that nothing was committed."""
     causes = [f"rank {r.rank} failed: {(r.error or 'unknown error').rstrip('. ')}" for r in results if not r.ok]

@@ -1,4 +1,5 @@
-"""The torchrun worker: `python -m workbench.engine.worker JOBDIR` (started by the launcher).
+"""The conversion worker: `python -m workbench.engine.worker JOBDIR`, started by torchrun or by the
+local launcher (`local_run`), which set RANK and WORLD_SIZE alike.
 
 Each rank re-plans from the job, checks the fingerprint, runs its share, prints JSON progress lines,
 and leaves a status file (`rank-R.json`: success, or the error text). Rank 0 then waits for every
@@ -19,16 +20,9 @@ from .job import Job, replan
 from .progress import PROGRESS_TAG, Progress
 from .rank import run_rank
 from .report import RankResult
-from .status import describe_failure, read_json, write_json_atomic
+from .status import FINAL_FILE, JOB_FILE, describe_failure, read_json, status_path, write_json_atomic
 
-JOB_FILE = "job.json"
-FINAL_FILE = "final.json"
 POLL_SECONDS = 0.02
-
-
-def status_path(jobdir: Path, rank: int) -> Path:
-    """Where rank `rank` leaves its RankResult."""
-    return jobdir / f"rank-{rank}.json"
 
 
 def wait_for_statuses(jobdir: Path, world: int) -> list[RankResult]:
@@ -50,7 +44,7 @@ def run_worker(jobdir: Path, rank: int, world: int) -> int:
         job = Job.from_json((jobdir / JOB_FILE).read_text(encoding="utf-8"))
         plan = replan(job)
         if plan.nproc != world:
-            raise PlanError(f"Cannot run rank {rank}: the plan is for {plan.nproc} processes but torchrun started {world}.")
+            raise PlanError(f"Cannot run rank {rank}: the plan is for {plan.nproc} processes but {world} were started.")
         progress = Progress(sum(f.tensor_bytes for f in plan.rank_files(rank)), rank=rank, json_lines=True)
         result = run_rank(plan, rank, progress)
         progress.close()
@@ -73,7 +67,7 @@ def run_worker(jobdir: Path, rank: int, world: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point under torchrun: rank and world size come from its environment."""
+    """Entry point: rank and world size come from the launcher's environment (RANK, WORLD_SIZE)."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: python -m workbench.engine.worker JOBDIR (started by workbench's launcher)", file=sys.stderr)

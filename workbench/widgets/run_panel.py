@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as widgets
 from IPython.display import display
 
+from ..engine.launcher import check_launcher
 from ..errors import PlanError, WorkbenchError
 from .common import Panel, format_bytes, labelled, message_html
 
@@ -41,9 +42,9 @@ class RunPanel(Panel):
     """A conversion run as a notebook panel: `RunPanel(source, dest, mapper=None, nproc=1, **options)`.
 
     `options` are `wb.convert`'s (`shard_size`, `rest`, `dtype`, `extras`, `overwrite`, `chunk_size`,
-    `on_progress`); or pass an existing `plan=` made with a destination. The plan is made at once, so
-    its problems show before anything runs. `start()` runs it in the background (nproc > 1: under
-    torchrun), `cancel()` stops every rank (no index written, temporary files removed; starting again
+    `on_progress`, `launcher`); or pass an existing `plan=` made with a destination. The plan is made at
+    once, so its problems show before anything runs. `start()` runs it in the background (nproc > 1:
+    under torchrun, or `launcher="local"`), `cancel()` stops every rank (no index written, temporary files removed; starting again
     resumes), `wait(timeout)` blocks and returns the `RunReport` (or raises the run's error), `report`
     and `error` hold the outcome. Controls: `start_button`, `cancel_button`, `bars` (one per rank).
     """
@@ -57,6 +58,7 @@ class RunPanel(Panel):
         *,
         plan: Plan | None = None,
         on_progress: ProgressCallback | None = None,
+        launcher: str = "torchrun",
         **options: Any,
     ) -> None:
         options.pop("quiet", None)  # the panel is the progress display
@@ -64,7 +66,7 @@ class RunPanel(Panel):
         if unknown:
             raise PlanError(
                 f"Cannot make a RunPanel: unknown option(s) {', '.join(map(repr, unknown))}. "
-                f"It takes wb.convert's options: {', '.join(PLAN_OPTIONS)}, on_progress."
+                f"It takes wb.convert's options: {', '.join(PLAN_OPTIONS)}, on_progress, launcher."
             )
         if plan is None:
             if source is None or dest is None:
@@ -76,6 +78,7 @@ class RunPanel(Panel):
         elif plan.dest is None:
             raise PlanError("Cannot run a plan without a destination in a RunPanel: make it with wb.plan(..., dest=...).")
         self.plan = plan
+        self.launcher = check_launcher(launcher)
         self.report: RunReport | None = None
         self.error: BaseException | None = None
         self.state = READY
@@ -233,7 +236,7 @@ class RunPanel(Panel):
                 return run_local(self.plan, quiet=True, on_progress=self._on_progress)
             except Cancelled as exc:
                 raise Cancelled(self._cancelled_message()) from exc
-        self._launch = Launch(self.plan, quiet=True, on_progress=self._on_progress)
+        self._launch = Launch(self.plan, quiet=True, on_progress=self._on_progress, launcher=self.launcher)
         if self._cancel_requested.is_set():
             self._launch.cancel()
         return self._launch.start().wait()
@@ -312,12 +315,12 @@ class RunPanel(Panel):
         return self.report
 
 
-def live_display(plan: Plan, on_progress: ProgressCallback | None = None) -> RunPanel:
+def live_display(plan: Plan, on_progress: ProgressCallback | None = None, launcher: str = "torchrun") -> RunPanel:
     """Show a RunPanel for `plan` in the current cell; `wb.convert` then runs it with `panel.run()`.
 
     This is the notebook display the engine's progress module looks up instead of a tqdm bar.
     """
-    panel = RunPanel(plan=plan, on_progress=on_progress)
+    panel = RunPanel(plan=plan, on_progress=on_progress, launcher=launcher)
     panel.start_button.layout.display = "none"
     display(panel)
     return panel
