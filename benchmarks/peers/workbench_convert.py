@@ -19,6 +19,12 @@ import time
 from _common import imported_heavy_modules, parser, write_result
 
 
+def cpu_seconds() -> float:
+    """User + system time of this process and its finished children (the workers)."""
+    return sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+               for f in ("ru_utime", "ru_stime"))
+
+
 def main() -> None:
     """Plan and run one conversion; record the engine's report (predicted next to measured)."""
     p = parser(__doc__)
@@ -32,6 +38,7 @@ def main() -> None:
     from workbench.engine import execute
 
     start = time.perf_counter()
+    cpu_at_start = cpu_seconds()
     mapper = None
     if args.mode == "fuse":
         from workbench.mapper.presets import hf_to_fused
@@ -42,8 +49,7 @@ def main() -> None:
     planned = time.perf_counter()
     report = execute(plan, quiet=True, launcher=args.launcher)
     end = time.perf_counter()
-    cpu_s = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
-                for f in ("ru_utime", "ru_stime"))
+    cpu_s = cpu_seconds() - cpu_at_start
     # Under torchrun the peak-RSS process is torchrun's agent, which has imported torch.
     under_torchrun = args.nproc > 1 and args.launcher == "torchrun"
     modules = imported_heavy_modules() + (["torch"] if under_torchrun and "torch" not in sys.modules else [])
@@ -58,7 +64,7 @@ def main() -> None:
         predicted_peak_bytes=report.predicted_peak_bytes,
         measured_peak_bytes=report.peak_tensor_bytes,
         cpu_s=cpu_s,
-        notes=f"plan {planned - start:.2f} s, run {end - planned:.2f} s, CPU {cpu_s:.2f} s (all processes); "
+        notes=f"plan {planned - start:.2f} s, run {end - planned:.2f} s, CPU {cpu_s:.2f} s (all processes, after imports); "
               f"engine RSS above start {report.rss_above_baseline / 1e6:.0f} MB",
         report={
             "seconds": report.seconds, "rank_seconds": [r.seconds for r in report.ranks], "nproc": report.nproc, "bytes_read": report.bytes_read,
