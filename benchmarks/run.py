@@ -6,7 +6,7 @@ for everyone) and pending writes are flushed; after it the output is deleted. Co
 fsync their outputs get them fsynced by this harness, and that time is counted: the physical baseline is
 `cp -r` followed by `sync` of the copies, the durability the engine owes.
 
-    python benchmarks/run.py [--size-gib 2] [--workdir DIR] [--only NAME,...] [--repeat N] [--settle SECONDS]
+    python benchmarks/run.py [--size-gib 2] [--workdir DIR] [--only NAME,...] [--repeat N] [--settle SECONDS] [--prime GIB]
 
 Prints one markdown report (also saved as WORKDIR/results.md, raw numbers in WORKDIR/results.json).
 """
@@ -293,13 +293,17 @@ class Row:
         return self.skipped or next((r.error for r in self.runs if r.returncode != 0), "")
 
 
-def run_once(c: Contender, src: Path, out_root: Path, log_dir: Path, k: int, timeout: float, settle: float = 0.0) -> Measured:
-    """Warm the cache, flush pending writes, let memory settle, run the contender, fsync its output if it does not, clean up.
+def run_once(c: Contender, src: Path, out_root: Path, log_dir: Path, k: int, timeout: float, settle: float = 0.0,
+             prime_gib: float = 0.0) -> Measured:
+    """Warm the cache, flush pending writes, settle and prime memory, run the contender, fsync its output if it does not, clean up.
 
     `settle` seconds of idling before the start give every contender the same memory state. On a VM that
     returns free memory to its host (virtio-balloon free page reporting), page-cache pages freed moments
     ago are cheap to reuse while pages already returned cost a host fault: here about 2.2 s of system time
-    per GiB written, so the run after a deletion was up to 3x faster than one after a pause.
+    per GiB written, so the run after a deletion was up to 3x faster than one after a pause. Even after a
+    pause, how much the previous run had freed still showed. `prime_gib` then touches and frees that much
+    memory just before the start, so every contender finds the same amount of recently freed (cheap)
+    memory, as on a machine that does not return its memory: the state a bare-metal host is always in.
     """
     dst = out_root / c.name
     result = out_root / f"{c.name}.json"
@@ -311,6 +315,7 @@ def run_once(c: Contender, src: Path, out_root: Path, log_dir: Path, k: int, tim
     warm_cache(src)
     os.sync()
     time.sleep(settle)
+    prime_memory(prime_gib)
     log = log_dir / f"{c.name}-{k}.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "PYTHONHASHSEED": "0"}
     measured = run_child(c.command(src, dst, result), log, env, timeout)
@@ -330,8 +335,15 @@ def run_once(c: Contender, src: Path, out_root: Path, log_dir: Path, k: int, tim
     return measured
 
 
+def prime_memory(gib: float) -> None:
+    """Touch `gib` GiB in a child process and free it (nothing when 0): see `run_once`."""
+    if gib > 0:
+        subprocess.run([sys.executable, "-c", f"b = bytearray({int(gib * 2**30)}); b[::4096] = b'\\1' * len(b[::4096])"],
+                       check=True)
+
+
 def run_all(chosen: list[Contender], inputs: dict[str, Path], workdir: Path, repeat: int, timeout: float = 900.0,
-            settle: float = 0.0) -> list[Row]:
+            settle: float = 0.0, prime_gib: float = 0.0) -> list[Row]:
     """Run every contender `repeat` times, round-robin so slow drifts of the machine hit everyone alike.
 
     Each round starts one contender later than the previous one: what a run leaves behind (pages freed
@@ -354,7 +366,7 @@ def run_all(chosen: list[Contender], inputs: dict[str, Path], workdir: Path, rep
             if row.skipped:
                 continue
             c = row.contender
-            measured = run_once(c, inputs[c.dataset], out_root, log_dir, k, timeout, settle)
+            measured = run_once(c, inputs[c.dataset], out_root, log_dir, k, timeout, settle, prime_gib)
             row.runs.append(measured)
             state = f"{measured.wall_s + measured.sync_s:.2f} s" if measured.returncode == 0 else f"FAILED: {measured.error}"
             print(f"[{k + 1}/{repeat}] {c.name}: {state}", file=sys.stderr)
@@ -544,7 +556,8 @@ def report(rows: list[Row], inputs: dict[str, Path], baselines: Baselines, args:
         f"Machine: {machine}.  ",
         f"Each contender ran {args.repeat} time(s) in a fresh process (median wall shown, max peak RSS). "
         "Before every run the source files were read once (page cache warm for everyone), pending writes flushed, "
-        f"and the machine left idle {args.settle:g} s so every run starts from the same memory state. "
+        f"the machine left idle {args.settle:g} s and {args.prime:g} GiB of memory touched and freed just before the start, "
+        "so every run starts from the same memory state. "
         "Wall time includes interpreter start-up and, for tools that do not fsync, the harness's fsync of their outputs "
         "(the durability cp+sync and the workbench provide). GB/s = source tensor-file bytes / wall (1 GB = 1e9 B). "
         f"Bare interpreter peak RSS: {baselines.rss_kb() / 1024:.0f} MB; 'above same imports' subtracts an interpreter "
@@ -601,6 +614,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds before one run is killed (default 900)")
     parser.add_argument("--settle", type=float, default=5.0,
                         help="seconds idle before each run, so every contender starts from the same memory state (default 5)")
+    parser.add_argument("--prime", type=float, default=6.0, metavar="GIB",
+                        help="GiB of memory touched and freed just before each run: every contender finds the same "
+                             "recently freed memory (default 6; 0 turns it off)")
     parser.add_argument("--list", action="store_true", help="list the contenders and exit")
     args = parser.parse_args(argv)
     rows_all = contenders()
@@ -620,7 +636,7 @@ def main(argv: list[str] | None = None) -> None:
     if load > 0.5:
         print(f"warning: load average is {load:.2f}; other work on this machine will skew the numbers", file=sys.stderr)
     inputs = make_inputs({c.dataset for c in chosen}, workdir, args.size_gib, args.tiny_tensors)
-    rows = run_all(chosen, inputs, workdir, args.repeat, args.timeout, args.settle)
+    rows = run_all(chosen, inputs, workdir, args.repeat, args.timeout, args.settle, args.prime)
     baselines = Baselines(workdir / "logs")
     text, raw = report(rows, inputs, baselines, args, command, load)
     (workdir / "results.md").write_text(text)

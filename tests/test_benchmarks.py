@@ -74,9 +74,11 @@ def test_only_selects_by_prefix_and_keeps_the_baseline():
 
 
 def test_end_to_end_report_on_tiny_input(tmp_path, capsys):
-    run.main(["--workdir", str(tmp_path), "--only", "tiny-cp", "--repeat", "2", "--tiny-tensors", "300"])
+    run.main(["--workdir", str(tmp_path), "--only", "tiny-cp", "--repeat", "2", "--tiny-tensors", "300",
+              "--settle", "0", "--prime", "0.01"])
     text = capsys.readouterr().out
     assert "| tiny-cp-sync |" in text and "### Targets" in text
+    assert "0.01 GiB of memory touched and freed" in text
     raw = json.loads((tmp_path / "results.json").read_text())
     row = raw["contenders"]["tiny-cp-sync"]
     assert len(row["runs"]) == 2 and all(r["returncode"] == 0 for r in row["runs"])
