@@ -6,6 +6,7 @@ package's own), so tests compare the workbench against an independent implementa
 
 from __future__ import annotations
 
+import filecmp
 import json
 import os
 from collections.abc import Callable
@@ -55,6 +56,12 @@ def load_checked(catalog: Any, name: str) -> Any:
             assert fh.read(end - begin) == data
     return torch.frombuffer(bytearray(data), dtype=to_torch(info.dtype)).reshape(info.shape) if data else torch.empty(info.shape, dtype=to_torch(info.dtype))
 
+
+def assert_same_folder(expected: Path, got: Path) -> None:
+    """Both folders hold the same file names with byte-identical contents."""
+    assert sorted(os.listdir(got)) == sorted(os.listdir(expected))
+    for name in os.listdir(expected):
+        assert filecmp.cmp(expected / name, got / name, shallow=False), f"{name} differs"
 
 def load_safetensors_folder(folder: Path) -> dict[str, Any]:
     """Every tensor of every `.safetensors` file in `folder`, loaded by the reference safetensors reader."""

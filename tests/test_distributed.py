@@ -5,13 +5,13 @@ Each torchrun start costs seconds, so these tests are few and each checks severa
 
 from __future__ import annotations
 
-import filecmp
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import assert_same_folder
 
 import workbench as wb
 from workbench.engine import Cancelled, Launch
@@ -23,11 +23,6 @@ pytestmark = pytest.mark.distributed
 INDEX = "model.safetensors.index.json"
 CAST_OPTIONS = {"shard_size": "100KB", "dtype": "bf16"}
 
-
-def assert_same_folder(expected: Path, got: Path) -> None:
-    assert sorted(os.listdir(got)) == sorted(os.listdir(expected))
-    for name in os.listdir(expected):
-        assert filecmp.cmp(expected / name, got / name, shallow=False), f"{name} differs"
 
 
 def no_partials(folder: Path) -> bool:

@@ -7,7 +7,6 @@ float32 -> bfloat16 cast (numpy's work).
 
 from __future__ import annotations
 
-import filecmp
 import os
 import re
 import signal
@@ -16,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import assert_same_folder
 
 import workbench as wb
 from workbench.engine import Launch
@@ -27,11 +27,6 @@ pytestmark = pytest.mark.distributed
 INDEX = "model.safetensors.index.json"
 OPTIONS = {"shard_size": "100KB", "dtype": "bf16"}
 
-
-def assert_same_folder(expected: Path, got: Path) -> None:
-    assert sorted(os.listdir(got)) == sorted(os.listdir(expected))
-    for name in os.listdir(expected):
-        assert filecmp.cmp(expected / name, got / name, shallow=False), f"{name} differs"
 
 
 def leftovers(folder: Path) -> list[str]:

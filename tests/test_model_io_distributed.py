@@ -7,7 +7,6 @@ the job is started once per session and the example script once.
 
 from __future__ import annotations
 
-import filecmp
 import json
 import os
 import subprocess
@@ -15,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import assert_same_folder
 
 REPO = Path(__file__).resolve().parent.parent
 SHARD = "200KB"
@@ -226,11 +226,6 @@ def job_out(llama_sample: Path, tmp_path_factory) -> Path:
 def rank_results(out: Path) -> list[dict]:
     return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(2)]
 
-
-def assert_same_folder(expected: Path, got: Path) -> None:
-    assert sorted(os.listdir(got)) == sorted(os.listdir(expected))
-    for name in os.listdir(expected):
-        assert filecmp.cmp(expected / name, got / name, shallow=False), f"{name} differs"
 
 
 def test_fsdp2_load_reads_each_rank_rows_and_equals_loading_then_sharding(job_out: Path, llama_sample: Path) -> None:

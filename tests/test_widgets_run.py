@@ -4,13 +4,13 @@ Jupyter kernel shows a RunPanel instead of the tqdm bar."""
 
 from __future__ import annotations
 
-import filecmp
 import os
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from conftest import assert_same_folder
 
 import workbench as wb
 from workbench.engine import Cancelled, progress, rank
@@ -25,12 +25,6 @@ INDEX = "model.safetensors.index.json"
 def partials(folder: Path) -> list[str]:
     return sorted(n for n in os.listdir(folder) if n.endswith(".partial"))
 
-
-def assert_same_files(expected: Path, got: Path) -> None:
-    names = sorted(os.listdir(expected))
-    assert sorted(os.listdir(got)) == names
-    for name in names:
-        assert filecmp.cmp(expected / name, got / name, shallow=False), f"{name} differs"
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +72,7 @@ def test_local_run_fills_the_bar_and_shows_the_report(llama_sample: Path, fused,
     assert "index written" in panel.status.value
     assert "predicted" in panel.report_view.value and "measured" in panel.report_view.value
     assert events and events[-1] == (0, 723200, 723200)
-    assert_same_files(reference, tmp_path / "out")
+    assert_same_folder(reference, tmp_path / "out")
     static = panel._repr_html_()
     assert "width:100%" in static and "Done in" in static
 
@@ -110,7 +104,7 @@ def test_cancel_button_stops_cleanly_and_start_resumes(llama_sample: Path, fused
     panel.start()  # re-plans: shards finished before the cancel are kept
     panel.wait(timeout=60)
     assert panel.state == "done" and panel.bars[0].value == panel.bars[0].max
-    assert_same_files(reference, dest)
+    assert_same_folder(reference, dest)
 
 
 def test_wait_times_out_while_running_and_cancel_is_idle_when_not(llama_sample: Path, tmp_path: Path,
@@ -165,7 +159,7 @@ def test_two_ranks_fill_one_bar_each(llama_sample: Path, fused, reference: Path,
         (279296, 279296, "success"), (443904, 443904, "success")]
     assert all("(100%)" in label.value for label in panel.bar_labels)
     assert "files opened" in panel.report_view.value  # the per-rank table of the report
-    assert_same_files(reference, tmp_path / "out")
+    assert_same_folder(reference, tmp_path / "out")
 
 
 @pytest.mark.distributed
