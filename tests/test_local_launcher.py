@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -88,18 +87,14 @@ def test_a_failing_local_rank_leaves_no_index_and_a_resumed_run_completes(
     assert_same_folder(one_process, dest)
 
 
-def test_a_killed_local_worker_stops_the_others_and_names_the_rank(llama_sample: Path, tmp_path: Path) -> None:
+def test_a_killed_local_worker_stops_the_others_and_names_the_rank(llama_sample: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     dest = tmp_path / "out"
-    plan = wb.plan(llama_sample, dest=dest, dtype="bf16", chunk_size="16B", shard_size="100KB", nproc=2)
-    launch = Launch(plan, quiet=True, launcher="local")
-
-    def kill_rank_1(rank: int, done: int, total: int) -> None:
-        if rank == 1 and 1 in launch.worker_pids:
-            os.kill(launch.worker_pids[1], signal.SIGKILL)
-
-    launch.on_progress = kill_rank_1
+    monkeypatch.setenv("WORKBENCH_KILL_RANK", "1")  # SIGKILL before its last commit: no status, no cleanup
+    launch = Launch(wb.plan(llama_sample, dest=dest, **OPTIONS, nproc=2), quiet=True, launcher="local")
     with pytest.raises(PlanError, match=r"rank\(s\) (0, )?1 stopped without reporting \(local exit code 1"):
         launch.start().wait()
+    assert sorted(launch.worker_pids) == [0, 1]
     for pid in launch.worker_pids.values():
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)

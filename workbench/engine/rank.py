@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import time
 
 from ..errors import PlanError, WorkbenchError
@@ -23,9 +24,12 @@ from .source_guard import snapshot_for
 from .steps import RankContext, preload_libraries, run_step
 
 FAIL_RANK_ENV = "WORKBENCH_FAIL_RANK"  # tests: make this rank fail just before committing its last file
+KILL_RANK_ENV = "WORKBENCH_KILL_RANK"  # tests: SIGKILL this rank there instead (it dies without a status)
 
 
 def _injected_failure(rank: int, name: str) -> None:
+    if os.environ.get(KILL_RANK_ENV, "") == str(rank):
+        os.kill(os.getpid(), signal.SIGKILL)
     if os.environ.get(FAIL_RANK_ENV, "") == str(rank):
         raise PlanError(f"Cannot finish {name}: failure injected for testing ({FAIL_RANK_ENV}={rank}).", file=name)
 
