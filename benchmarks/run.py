@@ -511,8 +511,9 @@ def target_checks(rows: dict[str, Row], numbers: dict[str, dict]) -> list[str]:
         checks.append(f"| predicted peak tensor bytes within 10 % of measured | worst {worst * 100:.1f} % ({worst_name}) | {verdict(worst <= 0.10)} |")
     else:
         checks.append("| predicted peak tensor bytes within 10 % of measured | - | n/a |")
+    one = numbers.get("wb-cast-1r", {}).get("wall_s")
     for two_name, how in (("wb-cast-2r", "torchrun"), ("wb-cast-2l", "local launcher")):
-        one, two = numbers.get("wb-cast-1r", {}).get("wall_s"), numbers.get(two_name, {}).get("wall_s")
+        two = numbers.get(two_name, {}).get("wall_s")
         speedup = one / two if one and two else None
         engine = _engine_speedup(rows.get("wb-cast-1r"), rows.get(two_name))
         inside = "" if engine is None else f" (inside the engine, start-up excluded: {engine:.2f}x)"

@@ -63,6 +63,7 @@ def assert_same_folder(expected: Path, got: Path) -> None:
     for name in os.listdir(expected):
         assert filecmp.cmp(expected / name, got / name, shallow=False), f"{name} differs"
 
+
 def load_safetensors_folder(folder: Path) -> dict[str, Any]:
     """Every tensor of every `.safetensors` file in `folder`, loaded by the reference safetensors reader."""
     from safetensors.torch import load_file

@@ -24,7 +24,6 @@ INDEX = "model.safetensors.index.json"
 CAST_OPTIONS = {"shard_size": "100KB", "dtype": "bf16"}
 
 
-
 def no_partials(folder: Path) -> bool:
     return not [n for n in os.listdir(folder) if n.endswith(".partial")]
 

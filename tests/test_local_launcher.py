@@ -27,7 +27,6 @@ INDEX = "model.safetensors.index.json"
 OPTIONS = {"shard_size": "100KB", "dtype": "bf16"}
 
 
-
 def leftovers(folder: Path) -> list[str]:
     return [n for n in os.listdir(folder) if n.endswith(".partial") or n == INDEX]
 

@@ -227,7 +227,6 @@ def rank_results(out: Path) -> list[dict]:
     return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(2)]
 
 
-
 def test_fsdp2_load_reads_each_rank_rows_and_equals_loading_then_sharding(job_out: Path, llama_sample: Path) -> None:
     import workbench as wb
 

@@ -26,7 +26,6 @@ def partials(folder: Path) -> list[str]:
     return sorted(n for n in os.listdir(folder) if n.endswith(".partial"))
 
 
-
 @pytest.fixture(scope="module")
 def fused(llama_sample: Path):
     return presets.hf_to_fused(llama_sample / "config.json")

@@ -28,6 +28,7 @@ from ..errors import PlanError
 from ..planning.model import Plan
 from .finalize import prepare_destination, remove_partials, require_runnable
 from .job import job_for
+from .local_run import WORKER_MODULE
 from .lock import DestinationLock, lock_destination
 from .progress import PROGRESS_TAG, ProgressCallback, make_bar, parse_progress_line
 from .report import RankResult, RunReport
@@ -43,7 +44,7 @@ LAUNCHERS = ("torchrun", "local")
 def torchrun_command(nproc: int, jobdir: Path, python: str = sys.executable) -> list[str]:
     """The command line that starts the workers under torchrun."""
     return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", "workbench.engine.worker", str(jobdir)]
+            "-m", WORKER_MODULE, str(jobdir)]
 
 
 def worker_command(launcher: str, nproc: int, jobdir: Path, python: str = sys.executable) -> list[str]:

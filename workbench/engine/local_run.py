@@ -17,9 +17,9 @@ import sys
 WORKER_MODULE = "workbench.engine.worker"
 
 
-def worker_env(rank: int, world: int, base: dict[str, str] | None = None) -> dict[str, str]:
+def worker_env(rank: int, world: int) -> dict[str, str]:
     """The environment torchrun would give rank `rank` of a one-node job of `world` processes."""
-    env = dict(os.environ if base is None else base)
+    env = dict(os.environ)
     env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
                GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(world))
     return env

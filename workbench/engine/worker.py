@@ -26,7 +26,7 @@ POLL_SECONDS = 0.02
 
 
 def wait_for_statuses(jobdir: Path, world: int) -> list[RankResult]:
-    """Block until every rank left its status (torchrun stops us if a rank dies without one)."""
+    """Block until every rank left its status (the launcher stops us if a rank dies without one)."""
     while True:
         found = [read_json(status_path(jobdir, r)) for r in range(world)]
         if all(s is not None for s in found):

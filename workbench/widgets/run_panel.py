@@ -44,9 +44,10 @@ class RunPanel(Panel):
     `options` are `wb.convert`'s (`shard_size`, `rest`, `dtype`, `extras`, `overwrite`, `chunk_size`,
     `on_progress`, `launcher`); or pass an existing `plan=` made with a destination. The plan is made at
     once, so its problems show before anything runs. `start()` runs it in the background (nproc > 1:
-    under torchrun, or `launcher="local"`), `cancel()` stops every rank (no index written, temporary files removed; starting again
-    resumes), `wait(timeout)` blocks and returns the `RunReport` (or raises the run's error), `report`
-    and `error` hold the outcome. Controls: `start_button`, `cancel_button`, `bars` (one per rank).
+    under torchrun, or `launcher="local"`), `cancel()` stops every rank (no index written, temporary
+    files removed; starting again resumes), `wait(timeout)` blocks and returns the `RunReport` (or
+    raises the run's error), `report` and `error` hold the outcome. Controls: `start_button`,
+    `cancel_button`, `bars` (one per rank).
     """
 
     def __init__(
