@@ -28,10 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from make_sparse import make_sparse_llama, make_sparse_tiny  # noqa: E402
 
+from workbench.explore.checkpoint import open_checkpoint  # noqa: E402
+from workbench.explore.verify import verify  # noqa: E402
 from workbench.formats import open_catalog  # noqa: E402
 from workbench.iostats import IO  # noqa: E402
-from workbench.verify import verify  # noqa: E402
-from workbench.view import open_checkpoint  # noqa: E402
 
 
 def timed(fn: Callable[[], object], repeat: int) -> tuple[float, float]:

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.catalog import TensorInfo
-from workbench.formats.safetensors_writer import SafetensorsWriter, layout_file, write_index
+from workbench.output.safetensors import SafetensorsWriter, layout_file, write_index
 
 STAMP = "bench_input.json"
 GIB = 1 << 30

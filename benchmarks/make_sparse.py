@@ -27,7 +27,7 @@ sys.path.append(str(Path(__file__).resolve().parent))
 from make_llama_like import LlamaShape, tiny_llama_shape  # noqa: E402
 
 from workbench.catalog import TensorInfo  # noqa: E402
-from workbench.formats.safetensors_writer import layout_file, shard_file_name, write_index  # noqa: E402
+from workbench.output.safetensors import layout_file, shard_file_name, write_index  # noqa: E402
 
 STAMP = "sparse_input.json"
 Spec = tuple[str, tuple[int, ...], str]  # name, shape, dtype code

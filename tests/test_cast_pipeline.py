@@ -21,8 +21,8 @@ from conftest import load_safetensors_folder
 import workbench as wb
 from workbench.engine import bf16, cast_buffers
 from workbench.errors import PlanError
-from workbench.formats.safetensors_writer import SafetensorsWriter
 from workbench.mapper import presets
+from workbench.output.safetensors import SafetensorsWriter
 
 
 def torch_bits(values: np.ndarray) -> np.ndarray:

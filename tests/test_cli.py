@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from workbench import cli
+from workbench.cli import commands as cli
 from workbench.formats import open_catalog
 
 REPO = Path(__file__).resolve().parents[1]

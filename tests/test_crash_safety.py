@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 
 import workbench as wb
+from workbench.conversion import execute
 from workbench.errors import CheckpointError, PlanError
+from workbench.explore.verify import verify
 from workbench.formats import open_catalog
-from workbench.formats.safetensors_writer import SafetensorsWriter
-from workbench.verify import verify
+from workbench.output.safetensors import SafetensorsWriter
 
 INDEX = "model.safetensors.index.json"
 MANIFEST = ".workbench-convert.json"
@@ -154,7 +155,7 @@ def test_disk_full_midway_on_a_small_filesystem(llama_sample: Path, tmp_path: Pa
         assert plan.ok  # there was room when it was planned ...
         (mnt / "filler").write_bytes(b"\0" * 600_000)  # ... then something else took most of it
         with pytest.raises(PlanError, match="the disk is full") as caught:
-            wb.engine.execute(plan, quiet=True)
+            execute(plan, quiet=True)
         assert "no index was written" in str(caught.value) and "resume" in str(caught.value)
         written = os.listdir(dest)
         assert not [n for n in written if n.endswith(".partial")] and INDEX not in written

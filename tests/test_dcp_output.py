@@ -17,9 +17,10 @@ import torch
 import workbench as wb
 from workbench.dtypes import to_torch
 from workbench.errors import PlanError
-from workbench.formats import dcp_writer, open_catalog
-from workbench.formats.dcp_writer import layout_dcp_file, tensor_pickle, tensor_stream
+from workbench.formats import open_catalog
 from workbench.mapper import presets
+from workbench.output import dcp as dcp_writer
+from workbench.output.dcp import layout_dcp_file, tensor_pickle, tensor_stream
 
 TRAINING = Path(__file__).resolve().parent.parent / "sample_checkpoints" / "training"
 DTYPES = ["BOOL", "U8", "I8", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "F64", "I64", "U64", "C64", "F8_E4M3", "F8_E5M2"]
@@ -161,7 +162,7 @@ def test_pipeline_stages_merge_into_one_dcp_equal_to_the_unsplit_model(tmp_path:
 
 
 def presets_select(source: Path):
-    from workbench.lightning_extract import select_mapper
+    from workbench.training.extract import select_mapper
 
     mapper, rest = select_mapper(source, "model")
     assert rest == "drop"

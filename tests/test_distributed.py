@@ -14,8 +14,9 @@ import pytest
 from conftest import assert_same_folder
 
 import workbench as wb
-from workbench.engine import Cancelled, Launch
+from workbench.engine import Cancelled
 from workbench.errors import PlanError
+from workbench.launch import Launch
 from workbench.mapper import presets
 
 pytestmark = pytest.mark.distributed

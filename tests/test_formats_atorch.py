@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from workbench.errors import CheckpointError
 from workbench.formats import open_catalog
 from workbench.formats.atorch import _split_state_key, shard_pieces, unit_layout, write_flat_checkpoint
-from workbench.formats.restricted_pickle import load_inert
+from workbench.formats.pickle.unpickler import load_inert
 
 SAMPLE = SAMPLES / "training" / "atorch_flat"
 

@@ -9,7 +9,7 @@ from conftest import SAMPLES
 from workbench.dtypes import to_torch
 from workbench.errors import CheckpointError, MapperError
 from workbench.formats import open_catalog
-from workbench.formats.lightning import (
+from workbench.training.lightning import (
     align_by_order,
     ema_weights,
     lightning_tables,

@@ -24,8 +24,8 @@ from workbench.dtypes import DTYPE_BITS
 from workbench.errors import CheckpointError
 from workbench.formats import open_catalog
 from workbench.formats.safetensors import MAX_HEADER_BYTES, FileReader, read_header
-from workbench.formats.safetensors_writer import _DTYPE_RANK, layout_file
 from workbench.iostats import IO
+from workbench.output.safetensors import _DTYPE_RANK, layout_file
 
 
 def raw_file(header: dict | bytes, data: bytes = b"", *, length: int | None = None) -> bytes:

@@ -13,7 +13,7 @@ from conftest import REPO, SAMPLES, load_checked
 
 from workbench.errors import CheckpointError
 from workbench.formats import open_catalog
-from workbench.formats.restricted_pickle import weights_only_allows
+from workbench.formats.pickle.unpickler import weights_only_allows
 from workbench.iostats import IO
 
 TORCH_SAMPLES = SAMPLES / "training" / "torch"

@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 
 import workbench as wb
 from workbench.formats import open_catalog
-from workbench.formats.safetensors_writer import save_tensors
+from workbench.output.safetensors import save_tensors
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 

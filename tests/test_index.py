@@ -18,9 +18,9 @@ import pytest
 from safetensors.numpy import save_file
 
 from workbench.errors import CheckpointError
+from workbench.explore.verify import verify
 from workbench.formats import open_catalog
 from workbench.iostats import IO
-from workbench.verify import verify
 
 INDEX = "model.safetensors.index.json"
 SHARD1 = "model-00001-of-00002.safetensors"

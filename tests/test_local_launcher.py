@@ -17,8 +17,8 @@ import pytest
 from conftest import assert_same_folder
 
 import workbench as wb
-from workbench.engine import Launch
 from workbench.errors import PlanError
+from workbench.launch import Launch
 from workbench.mapper import presets
 
 pytestmark = pytest.mark.distributed

@@ -15,10 +15,11 @@ import pytest
 
 import workbench as wb
 from workbench.cli import main as cli_main
-from workbench.engine import Launch
-from workbench.engine.lock import LOCK_NAME, DestinationLock, holder
+from workbench.conversion import execute
 from workbench.errors import PlanError
-from workbench.verify import verify
+from workbench.explore.verify import verify
+from workbench.launch import Launch
+from workbench.output.lock import LOCK_NAME, DestinationLock, holder
 
 # A conversion that pauses at its first progress report until the test creates `go`.
 PAUSED_CONVERSION = r"""
@@ -57,7 +58,7 @@ def test_second_conversion_is_refused_while_one_runs(llama_sample: Path, tmp_pat
         before = sorted(os.listdir(dest))
         stale_plan = _plan_ignoring_the_lock(llama_sample, dest)
         with pytest.raises(PlanError, match=f"another conversion is writing there \\({who}"):
-            wb.engine.execute(stale_plan, quiet=True)
+            execute(stale_plan, quiet=True)
         launch = Launch(_plan_ignoring_the_lock(llama_sample, dest, nproc=2), quiet=True)
         with pytest.raises(PlanError, match="another conversion is writing there"):
             launch.start()
@@ -74,21 +75,21 @@ def test_second_conversion_is_refused_while_one_runs(llama_sample: Path, tmp_pat
 
 def _plan_ignoring_the_lock(source: Path, dest: Path, nproc: int = 1):
     """A plan made as if the lock were free (what a run planned a moment before the other started sees)."""
-    import workbench.engine.lock as lock_module
+    import workbench.planning.destination as destination
 
-    real = lock_module.holder
-    lock_module.holder = lambda dest: None
+    real = destination.holder
+    destination.holder = lambda dest: None
     try:
         plan = wb.plan(source, shard_size="300KB", dest=dest, nproc=nproc)
     finally:
-        lock_module.holder = real
+        destination.holder = real
     assert plan.ok, plan.problems
     return plan
 
 
 def test_lock_of_a_killed_run_does_not_block_the_next(llama_sample: Path, tmp_path: Path) -> None:
     dest = tmp_path / "out"
-    code = f"from workbench.engine.lock import lock_destination; lock_destination({str(dest)!r}); print('LOCKED', flush=True); input()"
+    code = f"from workbench.output.lock import lock_destination; lock_destination({str(dest)!r}); print('LOCKED', flush=True); input()"
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     _wait_for(child, "LOCKED")
     assert holder(dest) is not None

@@ -15,9 +15,9 @@ from workbench import mapper as M
 from workbench.catalog import TensorInfo
 from workbench.errors import PlanError
 from workbench.formats import open_catalog
-from workbench.formats.safetensors_writer import layout_file
 from workbench.iostats import IO
 from workbench.mapper.groups import Binding, ByteSlice, Group
+from workbench.output.safetensors import layout_file
 from workbench.planning import parse_size
 from workbench.planning.destination import MANIFEST_NAME
 from workbench.planning.ranks import balanced_runs
@@ -96,11 +96,14 @@ def test_plan_without_torch_or_pandas(llama_sample: Path) -> None:
     assert out.split() == ["False", "False"]
 
 
-def test_plan_module_stays_callable(llama_sample: Path) -> None:
-    import workbench.plan as plan_module
+def test_wb_plan_stays_the_function_after_planning_modules_are_imported(llama_sample: Path) -> None:
+    from importlib import import_module
 
-    assert callable(wb.plan) and callable(plan_module)
-    assert plan_module(llama_sample).ok
+    planning = import_module("workbench.planning")
+    import_module("workbench.planning.build")
+    import_module("workbench.planning.model")
+    assert callable(wb.plan) and wb.plan is planning.plan
+    assert wb.plan(llama_sample).ok
 
 
 def test_shards_filled_greedily_in_source_order(four_files: Path) -> None:

@@ -13,11 +13,11 @@ import torch
 from safetensors.torch import load_file
 
 import workbench as wb
-from workbench import cli
 from workbench import mapper as M
+from workbench.cli import commands as cli
 from workbench.errors import CheckpointError
 from workbench.formats import open_catalog
-from workbench.lightning_extract import lightning_mapper, lightning_matching, model_tensors, select_mapper
+from workbench.training.extract import lightning_mapper, lightning_matching, model_tensors, select_mapper
 
 TRAINING = Path(__file__).resolve().parent.parent / "sample_checkpoints" / "training"
 SAMPLES = ["dcp_2ranks", "dcp_pp", "lightning/ema.ckpt", "lightning/torch_ema.ckpt", "lightning_fsdp.ckpt", "atorch_flat",

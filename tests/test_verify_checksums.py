@@ -16,13 +16,14 @@ from safetensors.torch import load_file
 
 import workbench as wb
 from workbench import mapper as M
-from workbench.checksums import SIDECAR_NAME, default_sidecar, tensor_sha256
 from workbench.cli import main as cli_main
+from workbench.conversion import execute
 from workbench.engine.output_check import check_outputs
+from workbench.explore.checksums import SIDECAR_NAME, default_sidecar, tensor_sha256
+from workbench.explore.verify import verify
 from workbench.formats import open_catalog
-from workbench.formats.safetensors_writer import SafetensorsWriter
 from workbench.iostats import IO
-from workbench.verify import verify
+from workbench.output.safetensors import SafetensorsWriter
 
 TRAINING = SAMPLES / "training"
 
@@ -138,7 +139,7 @@ def test_verified_cast_is_within_bf16_rounding(llama_sample: Path, tmp_path: Pat
 def test_verified_compute_group_and_detection_of_corrupt_output(llama_sample: Path, tmp_path: Path) -> None:
     mapper = M.Transpose("lm_head.weight")
     plan = wb.plan(llama_sample, mapper, shard_size="300KB", dest=tmp_path / "out")
-    report = wb.engine.execute(plan, quiet=True, verify=True)
+    report = execute(plan, quiet=True, verify=True)
     frame = report.verification
     assert report.verified and frame.loc["lm_head.weight", "check"] == "compute"
     index = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())["weight_map"]

@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 
 import workbench as wb
 from workbench.catalog import Catalog, TensorInfo
-from workbench.formats.safetensors_writer import layout_file
 from workbench.iostats import IO
+from workbench.output.safetensors import layout_file
 
 ST_DTYPE = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.int64: "I64", torch.int8: "I8"}
 
@@ -169,7 +169,7 @@ def test_html_escapes_names(tiny_checkpoint):
 
 def test_import_view_does_not_import_torch():
     code = (
-        "import sys, workbench.view as v, workbench as wb; "
+        "import sys, workbench.explore.checkpoint as v, workbench as wb; "
         "ck = wb.open_checkpoint(sys.argv[1]); ck.tensors; ck.layers; repr(ck); ck.summary(); "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )

@@ -6,7 +6,14 @@ import pytest
 import torch
 
 import workbench as wb
-from workbench.layers import compact_runs, fold_name, fold_names, natural_key, select_names, template_regex
+from workbench.explore.layers import (
+    compact_runs,
+    fold_name,
+    fold_names,
+    natural_key,
+    select_names,
+    template_regex,
+)
 
 
 def test_fold_name_replaces_numeric_segments_only():

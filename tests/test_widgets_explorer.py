@@ -211,7 +211,7 @@ def test_widgets_import_and_explorer_do_not_import_torch(llama_sample):
 
 
 def test_natural_rank_matches_layers_natural_key(tiny_checkpoint):
-    from workbench.layers import natural_key
+    from workbench.explore.layers import natural_key
 
     explorer = Explorer(tiny_checkpoint(layers=12))
     index = explorer.checkpoint.tensors.index

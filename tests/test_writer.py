@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from workbench.catalog import TensorInfo
 from workbench.errors import PlanError
 from workbench.formats.safetensors import read_header
-from workbench.formats.safetensors_writer import (
+from workbench.output.safetensors import (
     PARTIAL_SUFFIX,
     SafetensorsWriter,
     layout_file,

@@ -12,18 +12,21 @@ from typing import Any
 
 __version__ = "0.1.0"
 
+from . import _moved  # noqa: E402
 from .errors import CheckpointError, MapperError, PlanError, WorkbenchError  # noqa: E402
 
+_moved.install()
+
 _LAZY = {
-    "open_checkpoint": ("workbench.view", "open_checkpoint"),
-    "Checkpoint": ("workbench.view", "Checkpoint"),
+    "open_checkpoint": ("workbench.explore.checkpoint", "open_checkpoint"),
+    "Checkpoint": ("workbench.explore.checkpoint", "Checkpoint"),
     "Catalog": ("workbench.catalog", "Catalog"),
     "TensorInfo": ("workbench.catalog", "TensorInfo"),
-    "plan": ("workbench.plan", "plan"),
-    "Plan": ("workbench.plan", "Plan"),
-    "convert": ("workbench.engine", "convert"),
-    "lightning_to_hf": ("workbench.lightning_extract", "lightning_to_hf"),
-    "lightning_matching": ("workbench.lightning_extract", "lightning_matching"),
+    "plan": ("workbench.planning", "plan"),
+    "Plan": ("workbench.planning", "Plan"),
+    "convert": ("workbench.conversion", "convert"),
+    "lightning_to_hf": ("workbench.training.extract", "lightning_to_hf"),
+    "lightning_matching": ("workbench.training.extract", "lightning_matching"),
     "mapper": ("workbench.mapper", None),
     "load_into": ("workbench.model_io", "load_into"),
     "save_from": ("workbench.model_io", "save_from"),

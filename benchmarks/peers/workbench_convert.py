@@ -35,7 +35,7 @@ def main() -> None:
     args = p.parse_args()
 
     import workbench as wb
-    from workbench.engine import execute
+    from workbench.conversion import execute
 
     start = time.perf_counter()
     cpu_at_start = cpu_seconds()

@@ -17,9 +17,9 @@ from pathlib import Path
 from hypothesis import strategies as st
 
 from workbench.errors import WorkbenchError
+from workbench.explore.verify import verify
 from workbench.formats import open_catalog
 from workbench.iostats import IO
-from workbench.verify import verify
 
 # Allocation budget: a reader may hold a few copies of the checkpoint (raw bytes, an assembled tensor and
 # its copy) plus a fixed interpreter overhead, never what a length field claims. Unpickled objects cost

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from ..dtypes import dtype_bits, to_torch
-from ..formats.safetensors_writer import SafetensorsWriter
+from ..output.safetensors import SafetensorsWriter
 from .bf16 import Float32ToBFloat16, numpy_castable
 from .memory import HeldBytes
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..formats.safetensors_writer import SafetensorsWriter
+from ..output.safetensors import SafetensorsWriter
 
 FLUSH_PIECES = 65536
 FLUSH_BYTES = 256 << 20

@@ -12,7 +12,7 @@ import re
 import shutil
 
 from ..errors import PlanError
-from ..formats.safetensors_writer import PARTIAL_SUFFIX, write_index
+from ..output.safetensors import PARTIAL_SUFFIX, write_index
 from ..planning.destination import INDEX_NAME, MANIFEST_NAME, remove_manifest, write_manifest
 from ..planning.model import Plan
 from .source_guard import snapshot_for
@@ -93,7 +93,7 @@ def finalize_destination(plan: Plan) -> bool:
     snapshot_for(plan).check(plan.dest, "writing the index")
     copy_extras(plan)
     if plan.options.to == "dcp":
-        from ..formats.dcp_writer import commit_dcp
+        from ..output.dcp import commit_dcp
 
         commit_dcp(plan.dest, [f.layout for f in plan.output_file_list], plan.source.reader, objects=bool(plan.copied_objects))
         remove_manifest(plan.dest)

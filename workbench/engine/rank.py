@@ -13,8 +13,8 @@ import signal
 import time
 
 from ..errors import PlanError, WorkbenchError
-from ..formats.dcp_writer import open_writer
 from ..iostats import IO
+from ..output.dcp import open_writer
 from ..planning.gc_pause import gc_paused
 from ..planning.model import Plan
 from .memory import reset_rss_peak, rss_bytes, rss_peak_bytes

@@ -7,8 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..planning.sizes import format_bytes
-from ..planning.text import html_table, text_table
+from ..display import format_bytes, html_table, text_table
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd

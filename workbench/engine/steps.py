@@ -13,8 +13,8 @@ from typing import Any
 from ..catalog import Catalog, TensorInfo
 from ..dtypes import nbytes_of, to_torch
 from ..errors import PlanError
-from ..formats.safetensors_writer import SafetensorsWriter
 from ..iostats import read_into
+from ..output.safetensors import SafetensorsWriter
 from ..planning.model import Plan
 from ..planning.schedule import CAST, COPY, Step, cast_chunk
 from .bf16 import numpy_castable

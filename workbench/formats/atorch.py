@@ -30,7 +30,7 @@ from ..dtypes import DTYPE_BITS
 from ..errors import CheckpointError
 from ..iostats import open_for_read, read_at
 from .file_pool import FilePool
-from .restricted_pickle import load_inert
+from .pickle.unpickler import load_inert
 from .safetensors import SafetensorsHeader, read_header
 from .safetensors_folder import safe_member
 

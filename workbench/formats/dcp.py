@@ -28,7 +28,7 @@ from ..errors import CheckpointError
 from ..iostats import open_for_read, read_at
 from . import torch_zip
 from .file_pool import FilePool
-from .restricted_pickle import TORCH_DTYPE_NAMES, DtypeRef, Placeholder, TensorRef, load_inert
+from .pickle.unpickler import TORCH_DTYPE_NAMES, DtypeRef, Placeholder, TensorRef, load_inert
 from .safetensors_folder import is_extra, safe_member
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -26,7 +26,7 @@ from ..catalog import Catalog, FileInfo, TensorInfo
 from ..dtypes import _TORCH_NAMES, DTYPE_BITS
 from ..errors import CheckpointError
 from ..iostats import open_for_read, read_at
-from .restricted_pickle import (
+from .pickle.unpickler import (
     PickleResult,
     Placeholder,
     TensorRef,

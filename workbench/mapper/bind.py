@@ -16,12 +16,12 @@ from typing import Any
 from ..catalog import TensorInfo
 from ..dtypes import normalize_dtype
 from ..errors import MapperError, WorkbenchError
+from ..names import Template, fill, placeholders_of
 from .base import Mapper, Meta, Rest
 from .compose import Parallel, PrefixScope, Sequential
 from .groups import Binding, Problem
 from .op import Op
 from .state import Comp, Node, State, find, union
-from .templates import Template, fill, placeholders_of
 
 Path = tuple[int, ...]
 

@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
 from ..errors import MapperError
+from ..names import check_name, check_placeholder_sets, is_template
 from .base import Mapper, Meta
 from .layout import Sym
-from .templates import check_name, check_placeholder_sets, is_template
 
 
 class Op(Mapper):

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..dtypes import is_float, normalize_dtype
+from ..names import Template, placeholders_of
 from .base import Mapper
 from .bind import source_infos
 from .compose import Parallel, PrefixScope, Sequential
@@ -18,7 +19,6 @@ from .function import Function
 from .model_shape import AttentionShape, attention_shape
 from .ops import Cast, Concat, Rename, Reshape, Split, Transpose
 from .state import Node, State
-from .templates import Template, placeholders_of
 
 LAYERS = "model.layers.{i}"
 LLAMA_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

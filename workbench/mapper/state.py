@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Container, Iterable
 from typing import Any
 
+from ..names import Template
 from .base import Meta
-from .templates import Template
 
 
 class Comp:

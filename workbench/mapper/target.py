@@ -99,7 +99,7 @@ def resolve_target(target: Any) -> Target:
     if callable(getattr(target, "state_dict", None)):
         return _module_target(target)
     if isinstance(target, (str, os.PathLike, Catalog)) or isinstance(getattr(target, "catalog", None), Catalog):
-        from ..view import open_checkpoint
+        from ..explore.checkpoint import open_checkpoint
 
         checkpoint = open_checkpoint(target)
         infos = checkpoint.catalog.tensors
@@ -129,7 +129,7 @@ def _produced(mapper_or_binding: Any, source: Any, rest: str) -> tuple[dict[str,
     if source is None:
         raise MapperError("Cannot check a mapper against a target without its source: pass the checkpoint the mapper reads.")
     if isinstance(source, (str, os.PathLike)):
-        from ..view import open_checkpoint
+        from ..explore.checkpoint import open_checkpoint
 
         source = open_checkpoint(source).catalog
     if mapper_or_binding is None:

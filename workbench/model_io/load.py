@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..catalog import Catalog, TensorInfo
+from ..display import format_bytes
 from ..dtypes import to_torch
 from ..engine.memory import HeldBytes, reset_rss_peak, rss_peak_bytes
 from ..engine.progress import ProgressCallback
@@ -24,7 +25,6 @@ from ..errors import PlanError
 from ..iostats import IO
 from ..mapper.groups import Binding, Group
 from ..planning.schedule import SourceAccess
-from ..planning.sizes import format_bytes
 from ..planning.sources import bind, resolve_catalog
 from .check import LoadCheck, check_load
 from .comm import Comm, stage_of

@@ -21,9 +21,9 @@ from ..engine.progress import ProgressCallback
 from ..engine.report import RankResult, RunReport
 from ..engine.status import describe_failure
 from ..errors import PlanError
-from ..formats.safetensors_writer import SafetensorsWriter
 from ..iostats import IO
 from ..mapper.groups import Group
+from ..output.safetensors import SafetensorsWriter
 from ..planning.build import DEFAULT_CHUNK, build_plan, make_options
 from ..planning.model import Plan
 from .comm import Comm, stage_of

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..catalog import Catalog
+from ..display import parse_size
 from ..errors import PlanError
 from ..mapper.groups import Binding, Problem
 from .destination import check_destination
@@ -18,7 +19,6 @@ from .model import Plan, PlanOptions
 from .ranks import assign_ranks
 from .schedule import SourceAccess, build_steps
 from .sharding import layout_outputs
-from .sizes import parse_size
 from .sources import bind, mapper_json, resolve_catalog
 
 DEFAULT_CHUNK = "32MiB"
@@ -115,7 +115,7 @@ def _build_plan(
     extras = list(catalog.extras) if options.extras and catalog.root.is_dir() else []
     committed: list[str] = []  # files written at commit beside the shards (DCP: objects file, .metadata)
     if options.to == "dcp":
-        from ..formats.dcp_writer import commit_files, source_objects
+        from ..output.dcp import commit_files, source_objects
 
         objects, object_warnings = source_objects(catalog.reader) if options.rest == "keep" else ([], [])
         problems += [Problem("warning", w) for w in object_warnings]

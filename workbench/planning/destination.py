@@ -15,10 +15,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..formats.safetensors_writer import PARTIAL_SUFFIX
+from ..display import format_bytes
 from ..mapper.groups import Problem
+from ..output.lock import LOCK_NAME, holder
+from ..output.safetensors import PARTIAL_SUFFIX
 from .sharding import OutputFile
-from .sizes import format_bytes
 
 MANIFEST_NAME = ".workbench-convert.json"
 INDEX_NAME = "model.safetensors.index.json"
@@ -109,9 +110,6 @@ def check_destination(
     if dest.exists() and not dest.is_dir():
         state.problems.append(Problem("error", f"Cannot write to {dest}: it is a file, not a folder. Choose a folder path."))
         return state
-    # The engine's run lock, imported here because the engine imports planning.
-    from ..engine.lock import LOCK_NAME, holder
-
     running = holder(dest) if dest.is_dir() else None
     if running is not None:
         state.problems.append(

@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..catalog import Catalog
+from ..display import format_bytes, format_decimal, html_table, text_table
 from ..dtypes import numpy_castable
 from ..mapper.groups import Binding, Problem
 from .schedule import CAST, COMPUTE, COPY, Step
 from .sharding import OutputFile
-from .sizes import format_bytes, format_decimal
-from .text import html_table, text_table
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -231,7 +230,7 @@ class Plan:
         """Non-tensor entries (step counters, param_groups ...) a DCP output copies from a DCP source."""
         if self.options.to != "dcp" or self.options.rest != "keep":
             return []
-        from ..formats.dcp_writer import source_objects
+        from ..output.dcp import source_objects
 
         return [o.name for o in source_objects(self.source.reader)[0]]
 
@@ -239,7 +238,7 @@ class Plan:
     def commit_files(self) -> list[str]:
         """Files written last, once every shard is complete: the HF index, or DCP's objects file and `.metadata`."""
         if self.options.to == "dcp":
-            from ..formats.dcp_writer import commit_files
+            from ..output.dcp import commit_files
 
             return commit_files(len(self.output_file_list), bool(self.copied_objects))
         return [] if self.index is None else ["model.safetensors.index.json"]

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..catalog import TensorInfo
-from ..formats.safetensors_writer import FileLayout, layout_file, shard_file_name
+from ..display import format_bytes
 from ..mapper.groups import Problem
+from ..output.safetensors import FileLayout, layout_file, shard_file_name
 from .schedule import Step
-from .sizes import format_bytes
 
 
 @dataclass
@@ -119,7 +119,7 @@ def layout_outputs(steps: list[Step], limit: int, to: str = "safetensors") -> tu
     """
     shards, step_shards, warnings = assign_shards(steps, limit)
     if to == "dcp":
-        from ..formats.dcp_writer import dcp_file_name, layout_dcp_file
+        from ..output.dcp import dcp_file_name, layout_dcp_file
 
         names = [dcp_file_name(k) for k in range(len(shards))]
         files = [OutputFile(name, layout_dcp_file(name, tensors)) for name, tensors in zip(names, shards, strict=True)]

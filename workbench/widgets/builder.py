@@ -21,7 +21,7 @@ import pandas as pd
 from .. import mapper as M
 from ..dtypes import DTYPE_BITS
 from ..errors import MapperError, WorkbenchError
-from ..layers import fold_name, fold_names, natural_key
+from ..explore.layers import fold_name, fold_names, natural_key
 from ..mapper import target as target_check
 from ..mapper.base import Mapper
 from ..mapper.export import code_expr
@@ -153,7 +153,7 @@ class MapperBuilder(Panel):
         config: Any = None,
         max_rows: int = DEFAULT_ROWS,
     ) -> None:
-        from ..view import open_checkpoint
+        from ..explore.checkpoint import open_checkpoint
 
         self.source = open_checkpoint(source)
         self.config = config if config is not None else self._find_config()

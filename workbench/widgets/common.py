@@ -38,7 +38,7 @@ def format_shape(shape: Any) -> str:
 
 def format_bytes(n: float) -> str:
     """Binary-unit size: 723200 -> '706.2 KiB' (same wording as the checkpoint view)."""
-    from ..view import format_bytes as view_format_bytes
+    from ..explore.checkpoint import format_bytes as view_format_bytes
 
     return view_format_bytes(n)
 

@@ -2,7 +2,7 @@
 its details and (on request) value statistics and histogram, see where the bytes are, and diff against
 a second checkpoint.
 
-Everything shown comes from `workbench.view.Checkpoint`; the widget only chooses what to ask for and
+Everything shown comes from `workbench.explore.checkpoint.Checkpoint`; the widget only chooses what to ask for and
 keeps tables bounded (the first `max_rows` rows and a count), so a 100k-tensor checkpoint stays usable.
 """
 
@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import WorkbenchError
-from ..layers import PLACEHOLDERS, Fold, fold_name, template_regex
+from ..explore.layers import PLACEHOLDERS, Fold, fold_name, template_regex
 from .common import (
     Panel,
     format_bytes,
@@ -97,7 +97,7 @@ class Explorer(Panel):
     """
 
     def __init__(self, checkpoint: Any, compare: Any = None, *, max_rows: int = DEFAULT_ROWS) -> None:
-        from ..view import open_checkpoint
+        from ..explore.checkpoint import open_checkpoint
 
         self.checkpoint = open_checkpoint(checkpoint)
         self.other = open_checkpoint(compare) if compare is not None else None

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..layers import fold_name
+from ..explore.layers import fold_name
 from ..mapper.compose import Parallel, PrefixScope, Sequential
 from ..mapper.op import Op
 

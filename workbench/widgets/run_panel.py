@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as widgets
 from IPython.display import display
 
-from ..engine.launcher import check_launcher
 from ..errors import PlanError, WorkbenchError
+from ..launch.launcher import check_launcher
 from .common import Panel, format_bytes, labelled, message_html
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -230,7 +230,9 @@ class RunPanel(Panel):
             self._finish(report=report)
 
     def _execute(self) -> RunReport:
-        from ..engine import Cancelled, Launch, run_local
+        from ..conversion import run_local
+        from ..engine import Cancelled
+        from ..launch import Launch
 
         if self.plan.nproc == 1:
             try:

@@ -3,7 +3,7 @@
 Opening a checkpoint stops at the first fault; `verify` keeps going and lists them all, so a user
 repairing a download sees every missing or truncated shard in one pass. It reads headers only:
 a header that validates proves its file is exactly as long as the header says (no missing or
-trailing bytes). `checksums=True` adds per-tensor SHA-256 checks against a sidecar (`workbench.checksums`).
+trailing bytes). `checksums=True` adds per-tensor SHA-256 checks against a sidecar (`workbench.explore.checksums`).
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from .catalog import Catalog
+from ..catalog import Catalog
+from ..errors import CheckpointError
+from ..formats import open_catalog, safetensors_folder
+from ..formats.safetensors import SUFFIX, SafetensorsHeader, gc_paused, read_header
+from ..output.safetensors import PARTIAL_SUFFIX
 from .checksums import ChecksumResult, default_sidecar, record_or_check
-from .errors import CheckpointError
-from .formats import open_catalog, safetensors_folder
-from .formats.safetensors import SUFFIX, SafetensorsHeader, gc_paused, read_header
-from .formats.safetensors_writer import PARTIAL_SUFFIX
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .catalog import Catalog
-from .errors import CheckpointError
-from .formats.safetensors_folder import CHECKSUMS_NAME
-from .iostats import open_for_read, read_at
+from ..catalog import Catalog
+from ..errors import CheckpointError
+from ..formats.safetensors_folder import CHECKSUMS_NAME
+from ..iostats import open_for_read, read_at
 
 SIDECAR_NAME = CHECKSUMS_NAME
 CHUNK_BYTES = 16 << 20

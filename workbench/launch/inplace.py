@@ -14,17 +14,17 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from ..engine.finalize import finalize_destination, prepare_destination, remove_partials
+from ..engine.progress import Progress, ProgressCallback
+from ..engine.rank import run_rank
+from ..engine.report import RankResult, RunReport
+from ..engine.source_guard import snapshot_for
+from ..engine.status import describe_failure, failure_message
 from ..errors import PlanError
+from ..output.lock import DestinationLock, lock_destination
 from ..planning.build import build_plan
 from ..planning.model import PlanOptions
 from ..planning.sources import resolve_catalog
-from .finalize import finalize_destination, prepare_destination, remove_partials
-from .lock import DestinationLock, lock_destination
-from .progress import Progress, ProgressCallback
-from .rank import run_rank
-from .report import RankResult, RunReport
-from .source_guard import snapshot_for
-from .status import describe_failure, failure_message
 
 
 def under_torchrun() -> bool:

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..catalog import Catalog
 from ..errors import CheckpointError, MapperError
-from .restricted_pickle import describe
-from .torch_zip import walk_tree
+from ..formats.pickle.unpickler import describe
+from ..formats.torch_zip import walk_tree
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -304,7 +304,7 @@ class LightningInfo:
 
 def open_lightning(path: str | os.PathLike) -> LightningInfo:
     """Open a Lightning `.ckpt` file or FSDP sharded `*.ckpt/` folder as a LightningInfo (no data read)."""
-    from . import open_catalog
+    from ..formats import open_catalog
 
     return lightning_info(open_catalog(Path(path)))
 

@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import CheckpointError
-from .pickle_bounds import pickle_problem
+from ...errors import CheckpointError
+from .bounds import pickle_problem
 
 # torch storage classes of the legacy typed API -> torch dtype name of their elements.
 STORAGE_DTYPES: dict[str, str] = {

@@ -2,8 +2,8 @@
 and cancelling cleanly.
 
 `Launch(plan).start()` prepares the destination, writes the job, and starts
-`python -m torch.distributed.run --standalone --nproc-per-node N -m workbench.engine.worker JOBDIR`
-(or, with `launcher="local"`, `python -m workbench.engine.local_run N JOBDIR`: the same workers).
+`python -m torch.distributed.run --standalone --nproc-per-node N -m workbench.launch.worker JOBDIR`
+(or, with `launcher="local"`, `python -m workbench.launch.local_run N JOBDIR`: the same workers).
 `wait()` turns the workers' JSON lines into `on_progress(rank, done, total)` calls (in the caller's
 thread) and one tqdm bar, then collects each rank's status into a `RunReport`, or raises an error
 naming the failed rank. `cancel()` (or `on_progress` returning False, or Ctrl-C) kills the launcher and
@@ -24,16 +24,16 @@ import time
 from collections import deque
 from pathlib import Path
 
+from ..engine.finalize import prepare_destination, remove_partials, require_runnable
+from ..engine.progress import PROGRESS_TAG, ProgressCallback, make_bar, parse_progress_line
+from ..engine.report import RankResult, RunReport
+from ..engine.source_guard import snapshot_for
+from ..engine.status import FINAL_FILE, JOB_FILE, Cancelled, failure_message, read_json, status_path
 from ..errors import PlanError
+from ..output.lock import DestinationLock, lock_destination
 from ..planning.model import Plan
-from .finalize import prepare_destination, remove_partials, require_runnable
 from .job import job_for
 from .local_run import WORKER_MODULE
-from .lock import DestinationLock, lock_destination
-from .progress import PROGRESS_TAG, ProgressCallback, make_bar, parse_progress_line
-from .report import RankResult, RunReport
-from .source_guard import snapshot_for
-from .status import FINAL_FILE, JOB_FILE, Cancelled, failure_message, read_json, status_path
 
 KILL_GRACE_SECONDS = 5.0
 
@@ -51,7 +51,7 @@ def worker_command(launcher: str, nproc: int, jobdir: Path, python: str = sys.ex
     """The command line that starts the workers: torchrun's, or workbench's torch-free local one."""
     check_launcher(launcher)
     if launcher == "local":
-        return [python, "-m", "workbench.engine.local_run", str(nproc), str(jobdir)]
+        return [python, "-m", "workbench.launch.local_run", str(nproc), str(jobdir)]
     return torchrun_command(nproc, jobdir, python)
 
 

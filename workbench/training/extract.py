@@ -20,15 +20,15 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .catalog import Catalog
-from .errors import CheckpointError, MapperError
+from ..catalog import Catalog
+from ..errors import CheckpointError, MapperError
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from .engine.report import RunReport
-    from .formats.lightning import LightningInfo
-    from .mapper import Mapper
+    from ..engine.report import RunReport
+    from ..mapper import Mapper
+    from .lightning import LightningInfo
 
 SELECTIONS = ("model", "all")
 LIGHTNING_WEIGHTS = ("ema", "model")
@@ -42,14 +42,14 @@ DROP_SEGMENTS = ("_orig_mod",)
 
 
 def _catalog_of(source: Any) -> Catalog:
-    from .planning.sources import resolve_catalog
+    from ..planning.sources import resolve_catalog
 
     return resolve_catalog(source)
 
 
 def renames_mapper(pairs: dict[str, str]) -> Mapper:
     """A mapper taking each source name to its target name (Identity when unchanged); use it with rest='drop'."""
-    from . import mapper as M
+    from .. import mapper as M
 
     ops: list[Mapper] = []
     for src, dst in pairs.items():
@@ -66,8 +66,8 @@ def renames_mapper(pairs: dict[str, str]) -> Mapper:
 
 
 def _is_lightning(catalog: Catalog) -> bool:
-    from .formats.dcp import DcpReader
-    from .formats.torch_zip import TorchZipReader
+    from ..formats.dcp import DcpReader
+    from ..formats.torch_zip import TorchZipReader
 
     reader = catalog.reader
     if isinstance(reader, TorchZipReader):
@@ -84,7 +84,7 @@ def model_tensors(catalog: Catalog, *, drop_segments: Sequence[str] = DROP_SEGME
     stripped; or, when there is none, every tensor not under a training-state key (optimizer, scheduler,
     trainer/callback state ...). `_orig_mod` segments (torch.compile) are removed from names.
     """
-    from .formats.lightning import strip_prefixes
+    from .lightning import strip_prefixes
 
     if _is_lightning(catalog):
         return extraction_pairs(_lightning_info(catalog), ema=False)
@@ -110,7 +110,7 @@ def select_mapper(source: Any, select: str = "model") -> tuple[Mapper | None, st
 
 
 def _lightning_info(source: Any) -> LightningInfo:
-    from .formats.lightning import LightningInfo, lightning_info
+    from .lightning import LightningInfo, lightning_info
 
     if isinstance(source, LightningInfo):
         return source
@@ -157,7 +157,7 @@ def extraction_pairs(
     prefixes: Sequence[str] = ("model.",), drop_segments: Sequence[str] = DROP_SEGMENTS,
 ) -> dict[str, str]:
     """Source tensor -> model name for a Lightning checkpoint's weights (EMA ones when `ema`)."""
-    from .formats.lightning import strip_prefixes
+    from .lightning import strip_prefixes
 
     info = _lightning_info(source)
     rows = _matching(info, ema, ema_source, param_names, prefixes)
@@ -176,7 +176,7 @@ def lightning_matching(
     """
     import pandas as pd
 
-    from .formats.lightning import strip_prefixes
+    from .lightning import strip_prefixes
 
     info = _lightning_info(source)
     rows = _matching(info, ema, ema_source, param_names, prefixes)
@@ -219,7 +219,7 @@ def lightning_to_hf(
     (shard_size, dtype, nproc, overwrite, quiet ...). Dry-run first with `wb.plan(src, lightning_mapper(src),
     rest='drop')`.
     """
-    from .engine import convert
+    from ..conversion import convert
 
     info = _lightning_info(src)
     mapper = lightning_mapper(info, ema=ema, ema_source=ema_source, param_names=param_names, prefixes=prefixes,
@@ -231,7 +231,7 @@ def lightning_to_hf(
 def training_mapper(source: Any, *, select: str | None = None, lightning_weights: str | None = None,
                     mapper: Any = None, rest: str = "keep") -> tuple[Any, str]:
     """(mapper, rest) for the CLI's --select / --lightning-weights options, composed before a user mapper."""
-    from . import mapper as M
+    from .. import mapper as M
 
     if select is not None and lightning_weights is not None:
         raise MapperError("Cannot use --select and --lightning-weights together: --lightning-weights already selects the model.")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .catalog import Catalog
+from ..catalog import Catalog
 from .stats import DEFAULT_CHUNK_ELEMENTS, iter_chunks
 
 STATUSES = ("added", "removed", "dtype changed", "shape changed", "values changed", "same")

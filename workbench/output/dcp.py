@@ -28,9 +28,9 @@ from typing import Any
 from ..catalog import TensorInfo
 from ..dtypes import _TORCH_NAMES, DTYPE_BITS, nbytes_of
 from ..errors import PlanError
+from ..formats.dcp import METADATA_NAME
 from ..iostats import IO, open_for_read, read_at
-from .dcp import METADATA_NAME
-from .safetensors_writer import PARTIAL_SUFFIX, FileLayout, SafetensorsWriter, _fsync_dir, preallocate
+from .safetensors import PARTIAL_SUFFIX, FileLayout, SafetensorsWriter, _fsync_dir, preallocate
 
 ALIGNMENT = 64  # torch.save aligns every record's data to 64 bytes (mmap loading relies on it)
 ZIP64_LIMIT = 0xFFFFFFFF  # sizes and offsets at or above this need zip64 fields

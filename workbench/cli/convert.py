@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import MapperError, WorkbenchError
+from ..errors import MapperError, WorkbenchError
 
 EXIT_OK = 0
 EXIT_MISMATCH = 1
@@ -95,13 +95,13 @@ def _mapper(args: argparse.Namespace) -> tuple[Any, str]:
     mapper = load_mapper_file(args.mapper) if args.mapper else None
     if args.select is None and args.lightning_weights is None:
         return mapper, args.rest
-    from .lightning_extract import training_mapper
+    from ..training.extract import training_mapper
 
     return training_mapper(args.source, select=args.select, lightning_weights=args.lightning_weights, mapper=mapper, rest=args.rest)
 
 
 def _plan(args: argparse.Namespace, dest: str | None):
-    from .planning import plan
+    from ..planning import plan
 
     mapper, rest = _mapper(args)
     return plan(
@@ -127,10 +127,10 @@ def run_plan(args: argparse.Namespace) -> int:
 
 def run_convert(args: argparse.Namespace) -> int:
     """`workbench convert`: print the dry-run, run it, print the report."""
-    from .engine.inplace import under_torchrun
+    from ..launch.inplace import under_torchrun
 
     if under_torchrun() and not args.dry_run:  # started by the user's torchrun: each rank does its share
-        from .engine import convert
+        from ..conversion import convert
 
         mapper, rest = _mapper(args)
         report = convert(args.source, args.dest, mapper, shard_size=args.shard_size, rest=rest, dtype=args.dtype,
@@ -145,7 +145,7 @@ def run_convert(args: argparse.Namespace) -> int:
         return _refuse("convert", the_plan)
     if args.dry_run:
         return EXIT_OK
-    from .engine import execute
+    from ..conversion import execute
 
     sys.stdout.flush()
     report = execute(the_plan, quiet=args.quiet, verify=args.verify, launcher=args.launcher)

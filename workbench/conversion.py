@@ -6,18 +6,18 @@ import os
 import time
 from typing import Any
 
-from ..planning.build import DEFAULT_CHUNK, build_plan, make_options
-from ..planning.model import Plan
-from ..planning.sources import resolve_catalog
-from .finalize import finalize_destination, prepare_destination, remove_partials, require_runnable
-from .inplace import convert_in_place, under_torchrun
-from .launcher import check_launcher, launch
-from .lock import DestinationLock
-from .output_check import check_outputs
-from .progress import Progress, ProgressCallback, live_display
-from .rank import run_rank, write_failure
-from .report import RunReport
-from .source_guard import snapshot_for
+from .engine.finalize import finalize_destination, prepare_destination, remove_partials, require_runnable
+from .engine.output_check import check_outputs
+from .engine.progress import Progress, ProgressCallback, live_display
+from .engine.rank import run_rank, write_failure
+from .engine.report import RunReport
+from .engine.source_guard import snapshot_for
+from .launch.inplace import convert_in_place, under_torchrun
+from .launch.launcher import check_launcher, launch
+from .output.lock import DestinationLock
+from .planning.build import DEFAULT_CHUNK, build_plan, make_options
+from .planning.model import Plan
+from .planning.sources import resolve_catalog
 
 
 def run_local(plan: Plan, *, quiet: bool = False, on_progress: ProgressCallback | None = None) -> RunReport:

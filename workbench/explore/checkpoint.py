@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .catalog import Catalog, TensorInfo
-from .dtypes import DTYPE_BITS, to_torch
-from .errors import CheckpointError, WorkbenchError
+from ..catalog import Catalog, TensorInfo
+from ..dtypes import DTYPE_BITS, to_torch
+from ..errors import CheckpointError, WorkbenchError
 from .layers import Fold, fold_names, natural_key, select_names
 from .stats import DEFAULT_CHUNK_ELEMENTS, read_located
 
@@ -192,7 +192,7 @@ class Checkpoint:
 
     @cached_property
     def folds(self) -> list[Fold]:
-        """Tensor names folded over their numeric segments, in natural name order (see workbench.layers)."""
+        """Tensor names folded over their numeric segments, in natural name order (see workbench.explore.layers)."""
         folds = fold_names(self.catalog.tensors)
         return sorted(folds, key=lambda f: natural_key(f.names[0]))
 
@@ -253,7 +253,7 @@ class Checkpoint:
 
     def load(self, name: str) -> Any:
         """One tensor as a torch.Tensor, reading only that tensor's bytes."""
-        from .iostats import open_for_read
+        from ..iostats import open_for_read
 
         info = self._info(name)
         if DTYPE_BITS[info.dtype] % 8:
@@ -317,7 +317,7 @@ class Checkpoint:
         """What changed from this checkpoint to `other`: one row per differing tensor, indexed by name, with
         status ('added', 'removed', 'dtype changed', 'shape changed', 'values changed', 'same'), both
         dtypes and shapes, and with `values=True` the max absolute difference (data compared chunk-wise)."""
-        from .diffing import diff_catalogs
+        from .diff import diff_catalogs
 
         theirs = open_checkpoint(other).catalog
         return diff_catalogs(self.catalog, theirs, values=values, include_same=include_same, chunk_elements=chunk_elements)
@@ -412,6 +412,6 @@ def open_checkpoint(path: str | os.PathLike | Checkpoint | Catalog) -> Checkpoin
         return path
     if isinstance(path, Catalog):
         return Checkpoint(path)
-    from .formats import open_catalog
+    from ..formats import open_catalog
 
     return Checkpoint(open_catalog(path))

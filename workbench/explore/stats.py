@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .catalog import Catalog
-from .dtypes import DTYPE_BITS, to_torch
-from .errors import CheckpointError
-from .iostats import open_for_read, read_into
+from ..catalog import Catalog
+from ..dtypes import DTYPE_BITS, to_torch
+from ..errors import CheckpointError
+from ..iostats import open_for_read, read_into
 
 # 4M elements: 16 MiB of F32 read at a time, 32 MiB once widened to float64.
 DEFAULT_CHUNK_ELEMENTS = 1 << 22

@@ -1,4 +1,4 @@
-"""The conversion worker: `python -m workbench.engine.worker JOBDIR`, started by torchrun or by the
+"""The conversion worker: `python -m workbench.launch.worker JOBDIR`, started by torchrun or by the
 local launcher (`local_run`), which set RANK and WORLD_SIZE alike.
 
 Each rank re-plans from the job, checks the fingerprint, runs its share, prints JSON progress lines,
@@ -14,13 +14,13 @@ import sys
 import time
 from pathlib import Path
 
+from ..engine.finalize import finalize_destination
+from ..engine.progress import PROGRESS_TAG, Progress
+from ..engine.rank import run_rank
+from ..engine.report import RankResult
+from ..engine.status import FINAL_FILE, JOB_FILE, describe_failure, read_json, status_path, write_json_atomic
 from ..errors import PlanError
-from .finalize import finalize_destination
 from .job import Job, replan
-from .progress import PROGRESS_TAG, Progress
-from .rank import run_rank
-from .report import RankResult
-from .status import FINAL_FILE, JOB_FILE, describe_failure, read_json, status_path, write_json_atomic
 
 POLL_SECONDS = 0.02
 
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: rank and world size come from the launcher's environment (RANK, WORLD_SIZE)."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m workbench.engine.worker JOBDIR (started by workbench's launcher)", file=sys.stderr)
+        print("usage: python -m workbench.launch.worker JOBDIR (started by workbench's launcher)", file=sys.stderr)
         return 2
     return run_worker(Path(args[0]), int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")))
 

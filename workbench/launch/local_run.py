@@ -1,4 +1,4 @@
-"""A torch-free stand-in for torchrun on one machine: `python -m workbench.engine.local_run N JOBDIR`.
+"""A torch-free stand-in for torchrun on one machine: `python -m workbench.launch.local_run N JOBDIR`.
 
 Conversion workers need no process group: ranks own whole output files and meet through status files
 in the job folder. What torchrun adds on one machine is start-up (its agent imports torch and
@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 
-WORKER_MODULE = "workbench.engine.worker"
+WORKER_MODULE = "workbench.launch.worker"
 
 
 def worker_env(rank: int, world: int) -> dict[str, str]:
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: `N JOBDIR`."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2 or not args[0].isdigit() or int(args[0]) < 1:
-        print("usage: python -m workbench.engine.local_run NPROC JOBDIR (started by workbench's launcher)",
+        print("usage: python -m workbench.launch.local_run NPROC JOBDIR (started by workbench's launcher)",
               file=sys.stderr)
         return 2
     return run_workers(int(args[0]), args[1])

@@ -8,7 +8,7 @@ message on stderr instead of a traceback.
 
 Header-only work (inspect, verify) imports neither torch nor pandas, so it answers in a fraction of a
 second even for checkpoints with hundreds of shards; `inspect --layers` and `diff` use the pandas
-tables of `workbench.view`, and only `diff --values` reads tensor data (and imports torch).
+tables of `workbench.explore.checkpoint`, and only `diff --values` reads tensor data (and imports torch).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from .cli_convert import convert_arguments, plan_arguments, run_convert, run_plan
-from .errors import WorkbenchError
+from ..errors import WorkbenchError
+from .convert import convert_arguments, plan_arguments, run_convert, run_plan
 
 EXIT_OK = 0
 EXIT_DIFFERENT = 1
@@ -114,7 +114,7 @@ def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
 def _selected(names: list[str], patterns: Sequence[str] | None) -> list[str]:
     if not patterns:
         return names
-    from .layers import select_names
+    from ..explore.layers import select_names
 
     keep: set[str] = set()
     for pattern in patterns:
@@ -172,8 +172,8 @@ def tensor_records(catalog: Any, names: Iterable[str]) -> list[dict[str, Any]]:
 def layer_records(catalog: Any, names: Iterable[str]) -> list[dict[str, Any]]:
     """One record per folded pattern (`model.layers.{i}.x` xN), as `Checkpoint.layers` computes it: count,
     index range, typical dtype and shape, bytes of all members, members that differ (`odd_layers`)."""
-    from .catalog import Catalog
-    from .view import Checkpoint
+    from ..catalog import Catalog
+    from ..explore.checkpoint import Checkpoint
 
     chosen = Catalog(root=catalog.root, format=catalog.format, tensors={n: catalog.tensors[n] for n in names})
     frame = Checkpoint(chosen).layers
@@ -204,8 +204,8 @@ def _csv_cell(value: Any) -> Any:
 
 def run_inspect(args: argparse.Namespace) -> int:
     """List a checkpoint's tensors (or folded layers) from its headers alone."""
-    from .formats import open_catalog
-    from .layers import natural_key
+    from ..explore.layers import natural_key
+    from ..formats import open_catalog
 
     catalog = open_catalog(args.path)
     names = _selected(sorted(catalog.tensors, key=natural_key), args.filter)
@@ -260,7 +260,7 @@ def _diff_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_diff(args: argparse.Namespace) -> int:
     """Show tensors added, removed or changed between two checkpoints; exit 1 when any differ."""
-    from .view import open_checkpoint
+    from ..explore.checkpoint import open_checkpoint
 
     a = open_checkpoint(args.a)
     frame = a.diff(open_checkpoint(args.b), values=args.values)
@@ -320,7 +320,7 @@ def _verify_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_verify(args: argparse.Namespace) -> int:
     """Check a checkpoint's structure (headers, index, every shard complete) and optionally its tensors' checksums."""
-    from .verify import verify
+    from ..explore.verify import verify
 
     report = verify(args.path, checksums=args.checksums, sidecar=args.sidecar, record=args.record)
     _print(report.summary())
@@ -348,7 +348,7 @@ SUBCOMMANDS: list[Subcommand] = [
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one subparser per entry of `SUBCOMMANDS`."""
-    from . import __version__
+    from .. import __version__
 
     parser = argparse.ArgumentParser(
         prog="workbench",

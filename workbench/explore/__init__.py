@@ -1,0 +1,1 @@
+"""Looking inside checkpoints: the `Checkpoint` view, stats, diffs, plots, verify, checksums."""

@@ -1,0 +1,1 @@
+"""Pickles read without executing them: the inert unpickler and its bounds."""

@@ -1,0 +1,1 @@
+"""What conversions write: the output formats (safetensors, DCP), the destination lock."""
