@@ -69,4 +69,4 @@ class _MovedFinder(importlib.abc.MetaPathFinder):
 def install() -> None:
     """Make the old paths importable (idempotent)."""
     if not any(isinstance(f, _MovedFinder) for f in sys.meta_path):
-        sys.meta_path.append(_MovedFinder())
+        sys.meta_path.insert(0, _MovedFinder())

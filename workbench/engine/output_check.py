@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..catalog import Catalog, TensorInfo
+from ..digest import tensor_sha256
 from ..dtypes import DTYPE_BITS, is_float, to_torch
 from ..errors import WorkbenchError
-from ..explore.checksums import tensor_sha256
 from ..planning.schedule import CAST, COPY
 from .sources import SourceFiles
 

@@ -10,7 +10,6 @@ contiguous in a file; other tensors (multi-chunk DCP, strided torch views) are a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -18,12 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..catalog import Catalog
+from ..digest import CHUNK_BYTES, tensor_sha256
 from ..errors import CheckpointError
 from ..formats.safetensors_folder import CHECKSUMS_NAME
-from ..iostats import open_for_read, read_at
 
 SIDECAR_NAME = CHECKSUMS_NAME
-CHUNK_BYTES = 16 << 20
 _KIND = "workbench-checksums"
 STATUSES = ("ok", "mismatch", "changed", "missing", "unrecorded")
 
@@ -36,31 +34,6 @@ def default_sidecar(path: str | os.PathLike) -> Path:
     if p.name.endswith(".index.json") or p.name == ".metadata":
         return p.parent / SIDECAR_NAME
     return p.parent / f"{p.name}.{SIDECAR_NAME}"
-
-
-def tensor_sha256(catalog: Catalog, name: str, chunk_bytes: int = CHUNK_BYTES) -> str:
-    """The hex SHA-256 of one tensor's row-major bytes, read at most `chunk_bytes` at a time when possible."""
-    digest = hashlib.sha256()
-    where = catalog.locate(name)
-    if where is None:
-        digest.update(catalog.read_bytes(name))
-        return digest.hexdigest()
-    path, begin, end = where
-    try:
-        fd = open_for_read(path)
-    except OSError as exc:
-        raise CheckpointError(f"Cannot hash tensor {name!r}: {path} cannot be opened ({exc.strerror}).", file=str(path), tensor=name) from None
-    try:
-        for offset in range(begin, end, chunk_bytes):
-            try:
-                digest.update(read_at(fd, min(chunk_bytes, end - offset), offset))
-            except EOFError:
-                raise CheckpointError(
-                    f"Cannot hash tensor {name!r}: {path} ended early (it was truncated while being read).", file=str(path), tensor=name
-                ) from None
-    finally:
-        os.close(fd)
-    return digest.hexdigest()
 
 
 def compute(catalog: Catalog, chunk_bytes: int = CHUNK_BYTES) -> dict[str, dict]:

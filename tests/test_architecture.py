@@ -1,0 +1,105 @@
+"""The package's shape: imports run with the flow (formats -> catalog -> mapper -> planning -> engine ->
+launch -> front ends), and the paths of the 0.1 layout still import, with a warning, for one release."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "workbench"
+
+# part -> parts it must never import (directly, at any depth of the module, lazily or not).
+NEVER = {
+    "formats": {"mapper", "planning", "engine", "launch", "output", "explore", "training", "model_io", "widgets", "cli", "conversion"},
+    "output": {"mapper", "planning", "engine", "launch", "explore", "training", "model_io", "widgets", "cli", "conversion"},
+    "planning": {"engine", "launch", "explore", "training", "model_io", "widgets", "cli", "conversion"},
+    "engine": {"launch", "explore", "training", "model_io", "widgets", "cli", "conversion"},
+    "launch": {"widgets", "cli", "training", "model_io", "explore"},
+    "explore": {"engine", "launch", "widgets", "cli", "conversion", "model_io"},
+    "model_io": {"widgets", "cli", "launch"},
+    "catalog": {"formats", "mapper", "planning", "engine", "launch", "output", "explore", "widgets", "cli"},
+    "dtypes": {"formats", "mapper", "planning", "engine", "launch", "output", "explore", "widgets", "cli"},
+    "errors": {"formats", "mapper", "planning", "engine", "launch", "output", "explore", "widgets", "cli"},
+    "names": {"formats", "mapper", "planning", "engine", "launch", "output", "explore", "widgets", "cli"},
+    "display": {"formats", "mapper", "planning", "engine", "launch", "output", "explore", "widgets", "cli"},
+}
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _imports(path: Path) -> set[str]:
+    """Absolute names of the workbench modules a file imports, relative imports resolved."""
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    package = list(rel.parts[:-1]) if rel.name != "__init__" else list(rel.parts[:-1])
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            if module == "workbench":
+                found.update(f"workbench.{alias.name}" for alias in node.names)
+            elif module.startswith("workbench."):
+                found.add(module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("workbench."))
+    return found
+
+
+def _violations() -> list[str]:
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "_moved.py":
+            continue
+        here = _part("workbench." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts))
+        for module in _imports(path):
+            if _part(module) in NEVER.get(here, ()):
+                bad.append(f"{path.relative_to(PACKAGE.parent)} imports {module}")
+    return bad
+
+
+def test_imports_run_with_the_flow() -> None:
+    assert _violations() == []
+
+
+def test_the_check_sees_a_wrong_way_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "workbench"
+    (fake / "formats").mkdir(parents=True)
+    (fake / "formats" / "bad.py").write_text("from ..planning.model import Plan\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    assert _violations() == ["workbench/formats/bad.py imports workbench.planning.model"]
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    ("workbench.view", "workbench.explore.checkpoint"),
+    ("workbench.formats.safetensors_writer", "workbench.output.safetensors"),
+    ("workbench.lightning_extract", "workbench.training.extract"),
+    ("workbench.engine.lock", "workbench.output.lock"),
+])
+def test_old_paths_import_the_new_module_with_a_deprecation_warning(old: str, new: str) -> None:
+    import workbench  # noqa: F401  (installs the finder)
+
+    sys.modules.pop(old, None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = importlib.import_module(old)
+    assert module is importlib.import_module(new)
+    assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught)
+
+
+def test_engine_names_that_moved_still_resolve_with_a_warning() -> None:
+    import workbench.conversion
+    import workbench.engine
+
+    with pytest.warns(DeprecationWarning, match="workbench.conversion"):
+        assert workbench.engine.convert is workbench.conversion.convert
