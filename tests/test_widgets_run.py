@@ -13,6 +13,7 @@ import pytest
 from conftest import assert_same_folder
 
 import workbench as wb
+from workbench import conversion
 from workbench.engine import Cancelled, progress, rank
 from workbench.errors import PlanError
 from workbench.mapper import presets
@@ -183,7 +184,7 @@ def test_cancel_under_torchrun_stops_every_rank(llama_sample: Path, tmp_path: Pa
 
 def test_convert_in_a_kernel_shows_a_run_panel(llama_sample: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     shown: list[object] = []
-    monkeypatch.setattr(progress, "in_jupyter_kernel", lambda: True)
+    monkeypatch.setattr(conversion, "in_jupyter_kernel", lambda: True)
     monkeypatch.setattr(run_panel_module, "display", shown.append)
     events: list[tuple[int, int, int]] = []
     report = wb.convert(llama_sample, tmp_path / "a", shard_size="300KB", on_progress=lambda *e: events.append(e))
@@ -194,7 +195,7 @@ def test_convert_in_a_kernel_shows_a_run_panel(llama_sample: Path, tmp_path: Pat
     assert events and events[-1][1] == events[-1][2]
 
     wb.convert(llama_sample, tmp_path / "b", shard_size="300KB", quiet=True)
-    monkeypatch.setattr(progress, "LIVE_DISPLAY", "")
+    monkeypatch.setattr(conversion, "NOTEBOOK_DISPLAY", False)
     wb.convert(llama_sample, tmp_path / "c", shard_size="300KB", on_progress=lambda *e: None)
     assert len(shown) == 1  # quiet, or the display turned off: no panel
     assert (tmp_path / "c" / INDEX).exists()
@@ -202,4 +203,4 @@ def test_convert_in_a_kernel_shows_a_run_panel(llama_sample: Path, tmp_path: Pat
 
 def test_outside_a_kernel_convert_keeps_the_text_bar(llama_sample: Path) -> None:
     assert not progress.in_jupyter_kernel()
-    assert progress.live_display(wb.plan(llama_sample)) is None
+    assert conversion.notebook_display(wb.plan(llama_sample)) is None

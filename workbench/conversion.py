@@ -8,7 +8,7 @@ from typing import Any
 
 from .engine.finalize import finalize_destination, prepare_destination, remove_partials, require_runnable
 from .engine.output_check import check_outputs
-from .engine.progress import Progress, ProgressCallback, live_display
+from .engine.progress import Progress, ProgressCallback, in_jupyter_kernel
 from .engine.rank import run_rank, write_failure
 from .engine.report import RunReport
 from .engine.source_guard import snapshot_for
@@ -48,6 +48,23 @@ def run_local(plan: Plan, *, quiet: bool = False, on_progress: ProgressCallback 
     )
 
 
+# Inside a Jupyter kernel `wb.convert` shows a RunPanel (per-rank bars, cancel) instead of a text bar.
+# Set to False to keep the text bar. The panel is the one front end the orchestrator knows by name.
+NOTEBOOK_DISPLAY = True
+
+
+def notebook_display(plan: Plan, on_progress: ProgressCallback | None = None, launcher: str = "torchrun") -> Any:
+    """The RunPanel that runs `plan` with live per-rank progress in a notebook; None outside a Jupyter
+    kernel, when NOTEBOOK_DISPLAY is off, or when ipywidgets is missing."""
+    if not NOTEBOOK_DISPLAY or not in_jupyter_kernel():
+        return None
+    try:
+        from .widgets.run_panel import live_display
+    except ImportError:
+        return None
+    return live_display(plan, on_progress, launcher=launcher)
+
+
 def execute(plan: Plan, *, quiet: bool = False, on_progress: ProgressCallback | None = None, verify: bool = False,
             launcher: str = "torchrun") -> RunReport:
     """Run an existing plan (made with a destination): here when nproc is 1, else on worker processes.
@@ -57,7 +74,7 @@ def execute(plan: Plan, *, quiet: bool = False, on_progress: ProgressCallback | 
     """
     require_runnable(plan)
     check_launcher(launcher)
-    display = None if quiet else live_display(plan, on_progress, launcher)  # a notebook panel, not the tqdm bar
+    display = None if quiet else notebook_display(plan, on_progress, launcher)  # a notebook panel, not the tqdm bar
     if display is not None:
         report = display.run()
     elif plan.nproc == 1:

@@ -12,18 +12,12 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from importlib import import_module
-from typing import Any
 
 from .status import Cancelled
 
 ProgressCallback = Callable[[int, int, int], object]
 PROGRESS_TAG = "workbench"
 MIN_INTERVAL = 0.1
-# The notebook display `wb.convert` shows instead of a tqdm bar inside a Jupyter kernel: "module:function"
-# taking (plan, on_progress) and returning an object whose `run()` executes the plan and returns the report.
-# Set to "" to keep the tqdm bar.
-LIVE_DISPLAY = "workbench.widgets.run_panel:live_display"
 
 
 def make_bar(total: int, *, desc: str = "convert"):
@@ -41,19 +35,6 @@ def in_jupyter_kernel() -> bool:
 
     shell = get_ipython()
     return shell is not None and getattr(shell, "kernel", None) is not None
-
-
-def live_display(plan: Any, on_progress: ProgressCallback | None = None, launcher: str = "torchrun") -> Any:
-    """The notebook display that runs `plan` with live per-rank progress (see LIVE_DISPLAY), or None
-    outside a Jupyter kernel, when LIVE_DISPLAY is empty or when ipywidgets is missing."""
-    if not LIVE_DISPLAY or not in_jupyter_kernel():
-        return None
-    module_name, _, attr = LIVE_DISPLAY.partition(":")
-    try:
-        factory = getattr(import_module(module_name), attr)
-    except ImportError:
-        return None
-    return factory(plan, on_progress, launcher=launcher)
 
 
 def progress_line(rank: int, done: int, total: int, event: str = "progress") -> str:

@@ -74,7 +74,7 @@ class Mapper:
 
         Each operation's results are checked against its inferred dtype and shape.
         """
-        from .evaluate import apply_mapper
+        from .apply import apply_mapper
 
         return apply_mapper(self, tensors)
 

@@ -125,16 +125,3 @@ def checked_compute(op: Op, tensors: list[Any]) -> list[Any]:
                 f"declared {dtype} {list(shape)}. Make the function and its infer agree."
             )
     return results
-
-
-def apply_mapper(mapper: Mapper, tensors: Mapping[str, Any]) -> dict[str, Any]:
-    """`Mapper.apply`: run directly when concrete; otherwise bind to the tensors' metadata first."""
-    if not mapper.is_template:
-        return apply_concrete(mapper, tensors, checked_compute)
-    from .bind import bind
-
-    binding = bind(mapper, tensors, rest="keep").raise_for_problems()
-    out: dict[str, Any] = {}
-    for group in binding.groups:
-        out.update(group.apply({info.name: tensors[info.name] for info in group.inputs}))
-    return out
