@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: lab test setup browser lint bench samples clean
+.PHONY: lab test setup browser lint bench samples screenshots clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ test: setup browser
 	$(BIN)/ruff check workbench tests benchmarks scripts
 	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=300 tests
 	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=300 --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks
+
+# Refresh the README's widget pictures (docs/*.png) from the browser tests; `make test` writes them to a temp folder.
+screenshots: setup browser
+	WORKBENCH_SCREENSHOTS=$(CURDIR)/docs $(BIN)/python -m pytest -q -p no:cacheprovider --timeout=300 tests/browser
 
 lint: setup
 	$(BIN)/ruff check workbench tests benchmarks scripts

@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -129,7 +128,7 @@ def test_inspect_filter_by_glob_and_template(capsys: pytest.CaptureFixture[str])
     assert status == 0 and "no tensor" in err and "showing 0 of 39" in out
 
 
-def test_inspect_does_not_import_torch_or_pandas_and_is_fast() -> None:
+def test_inspect_does_not_import_torch_or_pandas() -> None:
     code = (
         "import sys, io, contextlib\n"
         "from workbench.cli import main\n"
@@ -138,12 +137,9 @@ def test_inspect_does_not_import_torch_or_pandas_and_is_fast() -> None:
         "heavy = sorted(m for m in ('torch', 'pandas') if m in sys.modules)\n"
         "print(status, heavy)\n"
     )
-    start = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
-    elapsed = time.perf_counter() - start
     assert done.stdout.strip() == "0 []", done.stderr
-    # ~0.06 s measured on 2 cores; a generous bound keeps a loaded CI machine green.
-    assert elapsed < 5.0
+    # How fast it is, is measured by benchmarks/bench_open.py (`workbench inspect` row), not here.
 
 
 def test_header_only_subcommands_do_not_import_torch() -> None:

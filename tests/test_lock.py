@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -106,10 +105,9 @@ def test_lock_records_its_holder_and_is_exclusive(tmp_path: Path) -> None:
     with DestinationLock(dest) as lock:
         assert lock.held and (dest / LOCK_NAME).exists()
         assert holder(dest).startswith(f"pid {os.getpid()} on host ")
-        started = time.monotonic()
+        # Another open file description of the same file is refused at once (a blocking wait would hang here).
         with pytest.raises(PlanError, match=f"pid {os.getpid()}"):
-            DestinationLock(dest).acquire()  # another open file description of the same file: refused
-        assert time.monotonic() - started < 2
+            DestinationLock(dest).acquire()
     assert not (dest / LOCK_NAME).exists() and holder(dest) is None
 
 

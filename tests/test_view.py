@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -178,23 +177,19 @@ def test_import_view_does_not_import_torch():
     subprocess.run([sys.executable, "-c", code, str(SAMPLES / "tiny-llama")], check=True)
 
 
-def test_tensors_table_of_100k_tensors_is_fast(tmp_path):
+def test_tensors_table_and_folding_of_100k_tensors(tmp_path):
+    # Their speed is measured by benchmarks/bench_open.py (100k-tensor rows).
     infos = [TensorInfo(f"model.layers.{i // 50}.experts.{i % 50}.w{j}", "BF16", (2, 3)) for i in range(33_334) for j in range(3)]
     layout = layout_file("big.safetensors", infos)
     path = tmp_path / "big.safetensors"
     with open(path, "wb") as fh:
         fh.write(layout.header)
         fh.truncate(layout.size)
-    start = time.perf_counter()
     ck = wb.open_checkpoint(path)
     table = ck.tensors
-    elapsed = time.perf_counter() - start
     assert len(table) == 100_002
     assert table["nbytes"].sum() == 100_002 * 12
-    assert elapsed < 3.0, f"open + .tensors took {elapsed:.2f} s"
-    start = time.perf_counter()
     layers = ck.layers
-    assert time.perf_counter() - start < 3.0
     assert list(layers["count"]) == [33_334] * 3
     assert layers["range"].iloc[0] == "i=0-666; j=0-49"
 

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -18,7 +19,6 @@ from pathlib import Path
 
 CHROMIUM = "/usr/bin/chromium"
 # JupyterLab's wheel ships its in-page test helpers (window.galata); loading them needs only this path.
-GALATA = Path(__import__("jupyterlab").__file__).parent / "galata"
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -29,6 +29,21 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 PANEL = ".jp-NotebookPanel:visible"  # the notebook in view (JupyterLab keeps hidden panels in the DOM)
+
+
+def galata_path() -> Path:
+    """JupyterLab's wheel ships its in-page test helpers (window.galata); loading them needs only this path."""
+    import jupyterlab
+
+    return Path(jupyterlab.__file__).parent / "galata"
+
+
+def screenshot_dir() -> Path:
+    """Where browser tests save screenshots: $WORKBENCH_SCREENSHOTS (`make screenshots` points it at docs/),
+    else a temporary folder, so that `make test` never rewrites tracked files."""
+    folder = Path(os.environ.get("WORKBENCH_SCREENSHOTS") or Path(tempfile.gettempdir()) / "workbench-screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def free_port() -> int:
@@ -55,7 +70,7 @@ class JupyterLab:
                 "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.ip=127.0.0.1", "--ServerApp.port_retries=0",
                 f"--ServerApp.root_dir={root}", f"--LabApp.user_settings_dir={state / 'settings'}",
                 f"--LabApp.workspaces_dir={state / 'workspaces'}", "--ServerApp.disable_check_xsrf=True",
-                f"--LabApp.extra_labextensions_path={GALATA}", "--LabApp.expose_app_in_browser=True",
+                f"--LabApp.extra_labextensions_path={galata_path()}", "--LabApp.expose_app_in_browser=True",
             ],
             stdout=self.log,
             stderr=subprocess.STDOUT,
@@ -117,6 +132,10 @@ def browser_available() -> str | None:
         import playwright.sync_api  # noqa: F401
     except ImportError:
         return "python playwright is not installed"
+    try:
+        import jupyterlab  # noqa: F401
+    except ImportError:
+        return "jupyterlab is not installed (pip install -e '.[notebook]')"
     if shutil.which("jupyter-lab") is None and not (Path(sys.executable).parent / "jupyter-lab").exists():
         return "jupyterlab is not installed"
     return None

@@ -1,6 +1,6 @@
 """The notebooks in a real JupyterLab, driven by headless chromium: run all cells, use the widgets like a
 user (type a filter, choose in dropdowns, click), check they rendered as widgets, and save screenshots
-to docs/ (look at them: a widget shown as text would still be in the DOM)."""
+(to a temporary folder; `make screenshots` refreshes docs/; look at them: a widget shown as text would still be in the DOM)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lab_harness import PANEL, JupyterLab, browser_available, launched_chromium, open_notebook
+from lab_harness import PANEL, JupyterLab, browser_available, launched_chromium, open_notebook, screenshot_dir
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = REPO / "docs"
 UNAVAILABLE = browser_available()
 
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(UNAVAILABLE is not None, reason=f"browser tests need chromium: {UNAVAILABLE}")]
@@ -99,8 +98,7 @@ def assert_rendered_as_widget(page: object, selector: str, raw_text: str) -> Non
 
 
 def screenshot(widget: object, name: str) -> Path:
-    DOCS.mkdir(exist_ok=True)
-    path = DOCS / name
+    path = screenshot_dir() / name
     widget.scroll_into_view_if_needed()  # type: ignore[attr-defined]
     widget.screenshot(path=str(path))  # type: ignore[attr-defined]
     return path

@@ -1,6 +1,6 @@
 """Notebook 03 in a real JupyterLab, driven by headless chromium: run every cell, then check that the
 2-rank RunPanel rendered as a widget with one bar per rank, both bars full and green, the status "Done"
-and the report shown; save a screenshot to docs/run_panel.png (look at it)."""
+and the report shown; save a screenshot run_panel.png (to a temporary folder; `make screenshots` refreshes docs/)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lab_harness import PANEL, JupyterLab, browser_available, launched_chromium, open_notebook
+from lab_harness import PANEL, JupyterLab, browser_available, launched_chromium, open_notebook, screenshot_dir
 
 REPO = Path(__file__).resolve().parents[2]
-SCREENSHOT = REPO / "docs" / "run_panel.png"
 UNAVAILABLE = browser_available()
 
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(UNAVAILABLE is not None, reason=f"browser tests need chromium: {UNAVAILABLE}")]
@@ -108,9 +107,9 @@ def test_run_panel_bars_reach_done_in_jupyterlab(browser: object, lab: JupyterLa
 
         widget = page.locator(f"{PANEL} .wb-run").filter(has=page.locator(".wb-run-bar >> nth=1"))
         assert widget.count() == 1
-        SCREENSHOT.parent.mkdir(exist_ok=True)
+        screenshot = screenshot_dir() / "run_panel.png"
         widget.scroll_into_view_if_needed()
-        widget.screenshot(path=str(SCREENSHOT))
-        assert SCREENSHOT.stat().st_size > 10_000
+        widget.screenshot(path=str(screenshot))
+        assert screenshot.stat().st_size > 10_000
     finally:
         page.close()  # type: ignore[attr-defined]
