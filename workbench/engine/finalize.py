@@ -71,7 +71,8 @@ def prepare_destination(plan: Plan) -> None:
 def remove_partials(plan: Plan) -> None:
     """Delete temporary files this plan's writers may have left (after a failure or a cancel)."""
     assert plan.dest is not None
-    for name in [*(f.name for f in plan.output_file_list), INDEX_NAME, MANIFEST_NAME, *plan.commit_files, *plan.extras]:
+    extras = [e for e in plan.extras if not e.endswith("/")]
+    for name in [*(f.name for f in plan.output_file_list), INDEX_NAME, MANIFEST_NAME, *plan.commit_files, *extras]:
         _unlink(plan.dest / (name + PARTIAL_SUFFIX))
 
 
@@ -108,8 +109,11 @@ def copy_extras(plan: Plan) -> list[str]:
     for extra in plan.extra_files:
         if not extra.written:
             continue
-        source = _extra_source(plan, extra.path)
         folder = _extra_folder(plan.dest, extra.path)
+        if extra.path.endswith("/"):  # an empty folder
+            copied.append(extra.path)
+            continue
+        source = _extra_source(plan, extra.path)
         name = extra.path.rsplit("/", 1)[-1]
         partial = folder / (name + PARTIAL_SUFFIX)
         new = updated_bytes(plan.source.root, extra, plan.options.dtype)

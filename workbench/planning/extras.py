@@ -34,7 +34,8 @@ MAX_DEPTH = 16
 @dataclass(frozen=True)
 class Extra:
     """One non-tensor file or folder beside the weights: its path ('/'-separated, relative to the source
-    root), what the conversion does with it, its size in bytes, and why (for skips and updates)."""
+    root; an empty folder ends with '/'), what the conversion does with it, its size in bytes, and why
+    (for skips and updates)."""
 
     path: str
     action: str
@@ -85,6 +86,7 @@ def _walk(real_root: str, folder: str, rel: str, ancestors: frozenset[str], dept
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except OSError as exc:
         return f"cannot be listed ({exc.strerror or exc})"
+    before = len(found)
     for entry in entries:
         path = f"{rel}/{entry.name}"
         if _holds_tensors(entry.name) and not entry.is_dir():
@@ -111,6 +113,8 @@ def _walk(real_root: str, folder: str, rel: str, ancestors: frozenset[str], dept
         if budget.files > MAX_FILES:
             raise _TooBig
         found.append(Extra(path, COPIED, _size(entry.path)))
+    if len(found) == before:  # an empty folder (sentence-transformers' Normalize module) is made empty
+        found.append(Extra(rel + "/", COPIED))
     return None
 
 
