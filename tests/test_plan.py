@@ -322,7 +322,7 @@ def test_config_dtype_follows_a_cast_and_a_layout_change_is_said(tiny_checkpoint
     updated = cast.extras_table.set_index("path").loc["config.json"]
     assert updated["action"] == "update" and "text_config.dtype: float32 -> bfloat16" in updated["reason"]
     assert "extra updated: config.json (the weights are cast: " in cast.summary()
-    assert not [p for p in cast.warnings if "config.json" in p.message]  # no mapper: the layout is unchanged
+    assert "copied unchanged" not in cast.summary()  # no mapper: the layout is unchanged
     wb.convert(folder, tmp_path / "out", dtype="bf16", quiet=True)
     written = json.loads((tmp_path / "out" / "config.json").read_text())
     assert written == {**config, "torch_dtype": "bfloat16", "text_config": {"dtype": "bfloat16", "rope_theta": 10000.0},
@@ -333,12 +333,14 @@ def test_config_dtype_follows_a_cast_and_a_layout_change_is_said(tiny_checkpoint
     assert same.extras_table.set_index("path").loc["config.json", "action"] == "copy"
     # A mapper that renames tensors: the config is copied unchanged, and the plan says so.
     renamed = wb.plan(folder, M.Rename("lm_head.weight", "output.weight"), dest=tmp_path / "renamed")
-    notes = [p.message for p in renamed.warnings if "config.json" in p.message]
-    assert notes and "copied unchanged" in notes[0] and "renames 'lm_head.weight' to 'output.weight'" in notes[0]
+    assert "extra copied unchanged: config.json (the mapper renames 'lm_head.weight' to 'output.weight', so the config may not " \
+           "describe the output's layout" in renamed.summary()
+    assert renamed.extras_table.set_index("path").loc["config.json", "action"] == "copy"
+    assert "copied unchanged" not in wb.plan(folder, M.Rename("lm_head.weight", "lm_head.weight")).summary()
     # fp8 weights: transformers does not compute in fp8, so the config is left alone, with a note.
     fp8 = wb.plan(folder, dtype="F8_E4M3", dest=tmp_path / "fp8")
     assert fp8.extras_table.set_index("path").loc["config.json", "action"] == "copy"
-    assert any("copied unchanged" in p.message and "F8_E4M3" in p.message for p in fp8.warnings)
+    assert "extra copied unchanged: config.json (it says dtype float32 but the weights are stored as F8_E4M3" in fp8.summary()
 
 
 def test_source_metadata_beyond_format_is_reported(tiny_checkpoint, tmp_path: Path) -> None:

@@ -10,10 +10,9 @@ from typing import Any
 from ..catalog import Catalog
 from ..errors import PlanError
 from ..mapper.groups import Binding, Problem
-from .config_dtype import CONFIG_NAME
 from .destination import check_destination
 from .dtype_policy import apply_dtype
-from .extras import Extra, layout_change, scan_extras, with_config_dtype
+from .extras import layout_change, scan_extras, with_config_dtype, with_layout_note
 from .fingerprint import layout_fingerprint, run_fingerprint
 from .gc_pause import gc_paused
 from .header_metadata import HeaderMetadata
@@ -39,17 +38,6 @@ def _duplicate_outputs(binding: Binding) -> list[Problem]:
                 )
             seen.add(out.name)
     return problems
-
-
-def _config_layout_problems(extra_files: list[Extra], binding: Binding, mapper: Any) -> list[Problem]:
-    """A warning when config.json is copied unchanged although the mapper changes the layout it describes."""
-    if mapper is None or not any(e.path == CONFIG_NAME and e.written for e in extra_files):
-        return []
-    change = layout_change(binding.groups)
-    if change is None:
-        return []
-    return [Problem("warning", f"{CONFIG_NAME} is copied unchanged, but the mapper {change}: the config may not describe "
-                               "the output's layout. Edit it for the target model, or pass extras=False (--no-extras).")]
 
 
 def _metadata_problems(header_metadata: HeaderMetadata, options: PlanOptions) -> list[Problem]:
@@ -133,8 +121,9 @@ def _build_plan(
     layout_fp = layout_fingerprint(catalog, steps, files, exported)
     dest_path = Path(os.path.abspath(dest)) if dest is not None else None
     extra_files = scan_extras(catalog.root, catalog.extras, dest_path) if options.extras and catalog.root.is_dir() else []
-    extra_files, notes = with_config_dtype(catalog.root, extra_files, options.dtype)
-    problems += [Problem("warning", note) for note in notes] + _config_layout_problems(extra_files, binding, mapper)
+    extra_files = with_config_dtype(catalog.root, extra_files, options.dtype)
+    if mapper is not None and extra_files:
+        extra_files = with_layout_note(extra_files, layout_change(binding.groups))
     extras = [e.path for e in extra_files if e.written]
     committed: list[str] = []  # files written at commit beside the shards (DCP: objects file, .metadata)
     if options.to == "dcp":

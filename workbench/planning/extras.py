@@ -170,33 +170,39 @@ def _lmode(entry: os.DirEntry) -> int:
         return 0
 
 
-def with_config_dtype(root: Path, extras: list[Extra], dtype: str | None) -> tuple[list[Extra], list[str]]:
-    """Mark the top-level config.json for update when a dtype policy casts the weights; plan notes for
-    configs that keep a dtype the weights no longer have."""
+def with_config_dtype(root: Path, extras: list[Extra], dtype: str | None) -> list[Extra]:
+    """Mark the top-level config.json for update when a dtype policy casts the weights; when its dtype
+    cannot follow (fp8 weights), keep copying it and say why."""
     if dtype is None:
-        return extras, []
-    out, notes = [], []
+        return extras
+    out = []
     for extra in extras:
-        if extra.path != CONFIG_NAME or extra.action != COPIED:
-            out.append(extra)
-            continue
-        raw = read_config(root / CONFIG_NAME)
-        name = CONFIG_NAMES.get(dtype)
+        raw = read_config(root / CONFIG_NAME) if extra.path == CONFIG_NAME and extra.action == COPIED else None
         if raw is None:
             out.append(extra)
-        elif name is None:
+            continue
+        name = CONFIG_NAMES.get(dtype)
+        if name is None:
             stated = sorted(set(config_dtypes(raw)))
-            if stated:
-                notes.append(f"{CONFIG_NAME} is copied unchanged: it says dtype {', '.join(stated)} but the weights are stored as "
-                             f"{dtype}, which transformers does not compute in. Set its dtype (or quantization_config) yourself.")
-            out.append(extra)
-        else:
-            new, changes = config_dtype_update(raw, name)
-            if new is None:
-                out.append(extra)
-            else:
-                out.append(Extra(extra.path, UPDATED, len(new), "the weights are cast: " + "; ".join(changes)))
-    return out, notes
+            why = (f"it says dtype {', '.join(stated)} but the weights are stored as {dtype}, which transformers does not "
+                   "compute in: set its dtype (or quantization_config) yourself") if stated else ""
+            out.append(Extra(extra.path, COPIED, extra.size, _join(extra.reason, why)))
+            continue
+        new, changes = config_dtype_update(raw, name)
+        out.append(extra if new is None else Extra(extra.path, UPDATED, len(new), "the weights are cast: " + "; ".join(changes)))
+    return out
+
+
+def with_layout_note(extras: list[Extra], change: str | None) -> list[Extra]:
+    """Say on config.json that it is copied unchanged although the mapper changes the layout it describes."""
+    if change is None:
+        return extras
+    why = f"the mapper {change}, so the config may not describe the output's layout; edit it for the target model"
+    return [Extra(e.path, e.action, e.size, _join(e.reason, why)) if e.path == CONFIG_NAME and e.written else e for e in extras]
+
+
+def _join(first: str, second: str) -> str:
+    return "; ".join(p for p in (first, second) if p)
 
 
 def layout_change(groups: Iterable) -> str | None:

@@ -400,10 +400,11 @@ class Plan:
 
     def _extras_lines(self) -> list[str]:
         lines = []
-        copied = [e.path for e in self.extra_files if e.action == COPIED]
+        copied = [e.path for e in self.extra_files if e.action == COPIED and not e.reason]
         if copied:
             shown = ", ".join(copied[:20]) + (f" ... ({len(copied)} files)" if len(copied) > 20 else "")
             lines.append(f"extras copied: {shown}")
+        lines += [f"extra copied unchanged: {e.path} ({e.reason})" for e in self.extra_files if e.action == COPIED and e.reason]
         lines += [f"extra updated: {e.path} ({e.reason})" for e in self.extra_files if e.action == UPDATED]
         skipped = [e for e in self.extra_files if e.action == SKIPPED]
         if skipped:
