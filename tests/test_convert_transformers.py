@@ -60,7 +60,7 @@ def test_cast_updates_the_config_so_auto_dtype_loads_the_cast_weights(tmp_path: 
     transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "src")
     assert transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "src", dtype="auto").dtype == torch.float32
     assert main(["convert", str(tmp_path / "src"), str(tmp_path / "bf16"), "--dtype", "bf16"]) == 0
-    assert "extra updated: config.json (the weights are cast: dtype: float32 -> bfloat16)" in capsys.readouterr().out
+    assert "extra updated: config.json (the weights are stored as bfloat16: dtype: float32 -> bfloat16)" in capsys.readouterr().out
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "bf16", dtype="auto")
     assert model.dtype == torch.bfloat16
     before = json.loads((tmp_path / "src" / "config.json").read_text())

@@ -12,7 +12,7 @@ import pytest
 
 import workbench as wb
 from workbench import mapper as M
-from workbench.catalog import TensorInfo
+from workbench.catalog import Catalog, TensorInfo
 from workbench.errors import PlanError
 from workbench.formats import open_catalog
 from workbench.formats.safetensors_writer import layout_file
@@ -321,7 +321,7 @@ def test_config_dtype_follows_a_cast_and_a_layout_change_is_said(tiny_checkpoint
     cast = wb.plan(folder, dtype="bf16", dest=tmp_path / "out")
     updated = cast.extras_table.set_index("path").loc["config.json"]
     assert updated["action"] == "update" and "text_config.dtype: float32 -> bfloat16" in updated["reason"]
-    assert "extra updated: config.json (the weights are cast: " in cast.summary()
+    assert "extra updated: config.json (the weights are stored as bfloat16: " in cast.summary()
     assert "copied unchanged" not in cast.summary()  # no mapper: the layout is unchanged
     wb.convert(folder, tmp_path / "out", dtype="bf16", quiet=True)
     written = json.loads((tmp_path / "out" / "config.json").read_text())
@@ -352,3 +352,11 @@ def test_source_metadata_beyond_format_is_reported(tiny_checkpoint, tmp_path: Pa
     assert any("ss_network_dim" in p.message and "DCP" in p.message for p in dcp.warnings)
     plain = wb.plan(tiny_checkpoint(name="plain"), dest=tmp_path / "plain")
     assert "header metadata" not in plain.summary()
+
+
+def test_a_catalog_built_in_memory_never_picks_up_the_working_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("x")
+    monkeypatch.chdir(tmp_path)
+    plan = wb.plan(Catalog.from_infos([TensorInfo("w", "F32", (4,))]))
+    assert plan.extras == [] and plan.extra_files == []

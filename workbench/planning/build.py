@@ -120,7 +120,9 @@ def _build_plan(
     exported = mapper_json(mapper)
     layout_fp = layout_fingerprint(catalog, steps, files, exported)
     dest_path = Path(os.path.abspath(dest)) if dest is not None else None
-    extra_files = scan_extras(catalog.root, catalog.extras, dest_path) if options.extras and catalog.root.is_dir() else []
+    # Only a checkpoint read from a folder has extras (a catalog built in memory has a root but no files).
+    on_disk = options.extras and catalog.root.is_dir() and bool(catalog.files)
+    extra_files = scan_extras(catalog.root, catalog.extras, dest_path) if on_disk else []
     extra_files = with_config_dtype(catalog.root, extra_files, options.dtype)
     if mapper is not None and extra_files:
         extra_files = with_layout_note(extra_files, layout_change(binding.groups))

@@ -189,7 +189,7 @@ def with_config_dtype(root: Path, extras: list[Extra], dtype: str | None) -> lis
             out.append(Extra(extra.path, COPIED, extra.size, _join(extra.reason, why)))
             continue
         new, changes = config_dtype_update(raw, name)
-        out.append(extra if new is None else Extra(extra.path, UPDATED, len(new), "the weights are cast: " + "; ".join(changes)))
+        out.append(extra if new is None else Extra(extra.path, UPDATED, len(new), f"the weights are stored as {name}: " + "; ".join(changes)))
     return out
 
 

@@ -48,8 +48,9 @@ class Plan:
     """A conversion's dry-run: schedule, layout, ranks, files and bytes read, memory, problems.
 
     Contract names: `ok`, `problems`, `outputs`, `files_read`, `peak_bytes`; more tables:
-    `output_files`, `groups`, `memory`, `ranks`, `extras_table` (every extra, copied or skipped, and why); `index` is the HF index the run writes (None for a
-    single-file output). `str(plan)` / `summary()` give a text summary, notebooks show HTML.
+    `output_files`, `groups`, `memory`, `ranks`, `extras_table` (every extra, copied, updated or skipped,
+    and why); `output_metadata` is each shard's header metadata; `index` is the HF index the run writes
+    (None for a single-file output). `str(plan)` / `summary()` give a text summary, notebooks show HTML.
     """
 
     def __init__(
@@ -64,10 +65,10 @@ class Plan:
         problems: list[Problem],
         extras: list[str],
         layout_fingerprint: str,
-        extra_files: list[Extra] | None = None,
         fingerprint: str,
         mapper: Any = None,
         mapper_json: str | None = None,
+        extra_files: list[Extra] | None = None,
         header_metadata: HeaderMetadata | None = None,
     ) -> None:
         self.source = source
