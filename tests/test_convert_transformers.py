@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,19 @@ def test_cast_to_bf16_reloads_like_the_cast_model(llama_sample: Path, tmp_path: 
     assert {t.dtype for t in wb.open_checkpoint(tmp_path / "bf16").catalog.values()} == {"BF16"}
     expected = logits_of(llama_sample, torch.bfloat16)  # the same weights, rounded by torch on load
     assert torch.equal(logits_of(tmp_path / "bf16", torch.bfloat16), expected)
+
+
+def test_cast_updates_the_config_so_auto_dtype_loads_the_cast_weights(tmp_path: Path, capsys) -> None:
+    from workbench.cli import main
+
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "src")
+    assert transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "src", dtype="auto").dtype == torch.float32
+    assert main(["convert", str(tmp_path / "src"), str(tmp_path / "bf16"), "--dtype", "bf16"]) == 0
+    assert "extra updated: config.json (the weights are stored as bfloat16: dtype: float32 -> bfloat16)" in capsys.readouterr().out
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "bf16", dtype="auto")
+    assert model.dtype == torch.bfloat16
+    before = json.loads((tmp_path / "src" / "config.json").read_text())
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text()) == {**before, "dtype": "bfloat16"}

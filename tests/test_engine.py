@@ -210,3 +210,90 @@ def test_destination_rules_overwrite_and_extras(llama_sample: Path, tmp_path: Pa
     wb.convert(llama_sample, dest, quiet=True, overwrite=True, extras=False)
     assert sorted(os.listdir(dest)) == ["config.json", "generation_config.json", "model.safetensors"]  # old shards gone
     assert_equals_save_file(dest, load_safetensors_folder(llama_sample), tmp_path)
+
+
+def _sentence_transformers_folder(root: Path) -> Path:
+    """A sentence-transformers layout: the transformer at the top, modules in numbered subfolders."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    folder = root / "st"
+    for sub in ("1_Pooling", "2_Dense", "3_Normalize", ".cache/huggingface", "tokenizer/extra"):
+        (folder / sub).mkdir(parents=True)
+    save_file({"embeddings.weight": np.ones((4, 2), np.float32)}, str(folder / "model.safetensors"))
+    save_file({"linear.weight": np.ones((2, 2), np.float32)}, str(folder / "2_Dense" / "model.safetensors"))
+    (folder / "2_Dense" / "config.json").write_text('{"in_features": 2}')
+    (folder / "config.json").write_text('{"architectures": ["BertModel"]}')
+    (folder / "modules.json").write_text(json.dumps([{"idx": 0, "path": ""}, {"idx": 1, "path": "1_Pooling"}]))
+    (folder / "1_Pooling" / "config.json").write_text('{"pooling_mode_mean_tokens": true}')
+    (folder / "tokenizer" / "extra" / "vocab.txt").write_text("[PAD]\n[UNK]\n")
+    (folder / ".cache" / "huggingface" / "model.safetensors.metadata").write_text("etag")
+    return folder
+
+
+def test_subfolders_without_tensors_travel_with_the_weights(tmp_path: Path) -> None:
+    source = _sentence_transformers_folder(tmp_path)
+    dest = tmp_path / "out"
+    plan = wb.plan(source, dest=dest)
+    actions = dict(zip(plan.extras_table["path"], plan.extras_table["action"], strict=True))
+    assert actions == {
+        ".cache": "skip", "1_Pooling/config.json": "copy", "2_Dense": "skip", "3_Normalize/": "copy",
+        "config.json": "copy", "modules.json": "copy", "tokenizer/extra/vocab.txt": "copy",
+    }
+    summary = plan.summary()
+    assert "1_Pooling/config.json" in summary and "2_Dense (holds tensors (2_Dense/model.safetensors)" in summary
+    assert ".cache (a hidden folder" in summary
+    report = wb.convert(source, dest, quiet=True)
+    assert "1_Pooling/config.json" in report.extras and "tokenizer/extra/vocab.txt" in report.extras
+    for rel in ("1_Pooling/config.json", "tokenizer/extra/vocab.txt", "modules.json", "config.json"):
+        assert filecmp.cmp(source / rel, dest / rel, shallow=False), rel
+    assert not (dest / "2_Dense").exists() and not (dest / ".cache").exists()
+    assert sorted(os.listdir(dest)) == ["1_Pooling", "3_Normalize", "config.json", "model.safetensors", "modules.json", "tokenizer"]
+    assert os.listdir(dest / "3_Normalize") == []  # sentence-transformers' Normalize module: an empty folder
+    # The free-space check counts the subfolders' bytes too.
+    assert plan.extras_table.set_index("path").loc["tokenizer/extra/vocab.txt", "bytes"] == len("[PAD]\n[UNK]\n")
+
+
+def test_source_header_metadata_is_kept_sorted_and_rank_independent(tmp_path: Path) -> None:
+    import numpy as np
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    folder = tmp_path / "lora"
+    folder.mkdir()
+    meta = {"ss_network_dim": "8", "format": "pt", "modelspec.architecture": "sdxl/lora", "ss_base_model": "x"}
+    save_file({f"t{i}": np.full(64, i, np.float32) for i in range(6)}, str(folder / "model.safetensors"), metadata=meta)
+    one, two = tmp_path / "one", tmp_path / "two"
+    wb.convert(folder, one, dtype="bf16", quiet=True)
+    wb.convert(folder, two, dtype="bf16", nproc=2, quiet=True)
+    assert filecmp.cmp(one / "model.safetensors", two / "model.safetensors", shallow=False)
+    with safe_open(one / "model.safetensors", framework="np") as fh:
+        assert fh.metadata() == meta
+    raw = (one / "model.safetensors").read_bytes()
+    header = raw[8 : 8 + int.from_bytes(raw[:8], "little")].decode()
+    assert '"__metadata__":{"format":"pt","modelspec.architecture":"sdxl/lora","ss_base_model":"x","ss_network_dim":"8"}' in header
+
+
+def test_source_header_metadata_kept_where_the_files_agree(tmp_path: Path) -> None:
+    import numpy as np
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    folder = tmp_path / "two_files"
+    folder.mkdir()
+    save_file({"a": np.ones(256, np.float32)}, str(folder / "a.safetensors"), metadata={"format": "pt", "run": "r1", "step": "10"})
+    save_file({"b": np.ones(256, np.float32)}, str(folder / "b.safetensors"), metadata={"format": "pt", "run": "r1", "step": "20"})
+    merged = wb.plan(folder, dest=tmp_path / "merged")
+    assert merged.output_metadata == {"model.safetensors": {"format": "pt", "run": "r1"}}
+    dropped = [p.message for p in merged.warnings if "'step'" in p.message]
+    assert dropped and "disagree" in dropped[0] and "a.safetensors: '10'" in dropped[0]
+    assert "source header metadata dropped: step" in merged.summary()
+    wb.convert(folder, tmp_path / "merged", quiet=True)
+    with safe_open(tmp_path / "merged" / "model.safetensors", framework="np") as fh:
+        assert fh.metadata() == {"format": "pt", "run": "r1"}
+    # One source file per output shard: each shard keeps its own file's values.
+    split = wb.plan(folder, shard_size=1024, dest=tmp_path / "split")
+    assert list(split.output_metadata.values()) == [
+        {"format": "pt", "run": "r1", "step": "10"}, {"format": "pt", "run": "r1", "step": "20"},
+    ]
+    assert not [p for p in split.warnings if "metadata" in p.message]

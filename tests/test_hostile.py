@@ -110,3 +110,45 @@ def test_convert_of_a_torch_file_with_tied_strided_and_tiny_tensors(tmp_path: Pa
     assert set(loaded) == set(expected)
     for name, tensor in expected.items():
         assert loaded[name].shape == tensor.shape and torch.equal(loaded[name], tensor.contiguous()), name
+
+
+def test_subfolder_extras_never_escape_the_source_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "ck"
+    (folder / "tok" / "sub").mkdir(parents=True)
+    save_numpy({"w": np.ones(2, np.float32)}, str(folder / "model.safetensors"))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "id_rsa").write_text("private key")
+    os.symlink(outside, folder / "linked_out")  # a folder link leading outside
+    os.symlink(outside / "id_rsa", folder / "tok" / "vocab.txt")  # a file link leading outside
+    os.symlink(folder, folder / "tok" / "sub" / "loop")  # a link back up: no endless walk
+    os.mkfifo(folder / "tok" / "pipe")
+    (folder / "tok" / "merges.txt").write_text("a b\n")
+    os.symlink("merges.txt", folder / "tok" / "inside.txt")  # a link that stays inside is copied
+    plan = wb.plan(folder, dest=tmp_path / "out")
+    table = plan.extras_table.set_index("path")
+    assert table.loc["linked_out", "reason"] == table.loc["tok/vocab.txt", "reason"] == "a link leading outside the source folder"
+    assert table.loc["tok/pipe", "reason"] == "not a regular file"
+    assert table.loc["tok/sub/loop", "action"] == "skip"
+    assert plan.extras == ["tok/inside.txt", "tok/merges.txt"]
+    wb.convert(folder, tmp_path / "out", quiet=True)
+    out = tmp_path / "out"
+    assert sorted(os.listdir(out)) == ["model.safetensors", "tok"]
+    assert sorted(os.listdir(out / "tok")) == ["inside.txt", "merges.txt"]
+    assert (out / "tok" / "inside.txt").read_text() == "a b\n" and not (out / "tok" / "inside.txt").is_symlink()
+
+
+def test_a_planted_destination_subfolder_link_is_not_followed(tmp_path: Path) -> None:
+    folder = tmp_path / "ck"
+    (folder / "1_Pooling").mkdir(parents=True)
+    save_numpy({"w": np.ones(2, np.float32)}, str(folder / "model.safetensors"))
+    (folder / "1_Pooling" / "config.json").write_text("{}")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    dest = tmp_path / "out"
+    dest.mkdir()
+    os.symlink(elsewhere, dest / "1_Pooling")
+    with pytest.raises(wb.WorkbenchError, match="1_Pooling exists and is not a folder"):
+        wb.convert(folder, dest, overwrite=True, quiet=True)
+    assert os.listdir(elsewhere) == []
+    assert ".workbench-convert.json" in os.listdir(dest)  # still marked unfinished, never presented as complete

@@ -12,7 +12,7 @@ import pytest
 
 import workbench as wb
 from workbench import mapper as M
-from workbench.catalog import TensorInfo
+from workbench.catalog import Catalog, TensorInfo
 from workbench.errors import PlanError
 from workbench.formats import open_catalog
 from workbench.iostats import IO
@@ -311,3 +311,55 @@ def test_headline_is_the_top_of_the_summary(four_files: Path) -> None:
     assert head[1] == "status: OK" and plan.summary().startswith("\n".join(head))
     ck = wb.open_checkpoint(four_files)
     assert ck.headline().startswith("16 tensors in 4 file(s)")
+
+
+def test_config_dtype_follows_a_cast_and_a_layout_change_is_said(tiny_checkpoint, tmp_path: Path) -> None:
+    folder = tiny_checkpoint()
+    config = {
+        "architectures": ["LlavaForConditionalGeneration"], "torch_dtype": "float32", "image_token_index": 3,
+        "text_config": {"dtype": "float32", "rope_theta": 10000.0}, "vision_config": {"torch_dtype": "float32"},
+        "audio_config": {"dtype": "auto"},
+    }
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    cast = wb.plan(folder, dtype="bf16", dest=tmp_path / "out")
+    updated = cast.extras_table.set_index("path").loc["config.json"]
+    assert updated["action"] == "update" and "text_config.dtype: float32 -> bfloat16" in updated["reason"]
+    assert "extra updated: config.json (the weights are stored as bfloat16: " in cast.summary()
+    assert "copied unchanged" not in cast.summary()  # no mapper: the layout is unchanged
+    wb.convert(folder, tmp_path / "out", dtype="bf16", quiet=True)
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert written == {**config, "torch_dtype": "bfloat16", "text_config": {"dtype": "bfloat16", "rope_theta": 10000.0},
+                       "vision_config": {"torch_dtype": "bfloat16"}}
+    assert list(written) == sorted(config)  # the source's key order is kept
+    # Without a cast the config is copied byte for byte.
+    same = wb.plan(folder, dest=tmp_path / "same")
+    assert same.extras_table.set_index("path").loc["config.json", "action"] == "copy"
+    # A mapper that renames tensors: the config is copied unchanged, and the plan says so.
+    renamed = wb.plan(folder, M.Rename("lm_head.weight", "output.weight"), dest=tmp_path / "renamed")
+    assert "extra copied unchanged: config.json (the mapper renames 'lm_head.weight' to 'output.weight', so the config may not " \
+           "describe the output's layout" in renamed.summary()
+    assert renamed.extras_table.set_index("path").loc["config.json", "action"] == "copy"
+    assert "copied unchanged" not in wb.plan(folder, M.Rename("lm_head.weight", "lm_head.weight")).summary()
+    # fp8 weights: transformers does not compute in fp8, so the config is left alone, with a note.
+    fp8 = wb.plan(folder, dtype="F8_E4M3", dest=tmp_path / "fp8")
+    assert fp8.extras_table.set_index("path").loc["config.json", "action"] == "copy"
+    assert "extra copied unchanged: config.json (it says dtype float32 but the weights are stored as F8_E4M3" in fp8.summary()
+
+
+def test_source_metadata_beyond_format_is_reported(tiny_checkpoint, tmp_path: Path) -> None:
+    folder = tiny_checkpoint(metadata={"format": "pt", "ss_network_dim": "4"})
+    plan = wb.plan(folder, dest=tmp_path / "out")
+    assert "source header metadata kept: ss_network_dim" in plan.summary()
+    assert plan.output_metadata == {"model.safetensors": {"format": "pt", "ss_network_dim": "4"}}
+    dcp = wb.plan(folder, dest=tmp_path / "dcp", to="dcp")
+    assert any("ss_network_dim" in p.message and "DCP" in p.message for p in dcp.warnings)
+    plain = wb.plan(tiny_checkpoint(name="plain"), dest=tmp_path / "plain")
+    assert "header metadata" not in plain.summary()
+
+
+def test_a_catalog_built_in_memory_never_picks_up_the_working_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("x")
+    monkeypatch.chdir(tmp_path)
+    plan = wb.plan(Catalog.from_infos([TensorInfo("w", "F32", (4,))]))
+    assert plan.extras == [] and plan.extra_files == []

@@ -10,10 +10,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
+from pathlib import Path
 
 from ..errors import PlanError
 from ..output.safetensors import PARTIAL_SUFFIX, write_index
 from ..planning.destination import INDEX_NAME, MANIFEST_NAME, remove_manifest, write_manifest
+from ..planning.extras import updated_bytes
 from ..planning.model import Plan
 from .source_guard import snapshot_for
 
@@ -24,7 +27,7 @@ _SHARD_NAME = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors$|^__\d+_\d+\.di
 def _unlink(path: os.PathLike | str) -> None:
     try:
         os.unlink(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # an extra's subfolder that was never made
         pass
 
 
@@ -68,22 +71,63 @@ def prepare_destination(plan: Plan) -> None:
 def remove_partials(plan: Plan) -> None:
     """Delete temporary files this plan's writers may have left (after a failure or a cancel)."""
     assert plan.dest is not None
-    for name in [*(f.name for f in plan.output_file_list), INDEX_NAME, MANIFEST_NAME, *plan.commit_files, *plan.extras]:
+    extras = [e for e in plan.extras if not e.endswith("/")]
+    for name in [*(f.name for f in plan.output_file_list), INDEX_NAME, MANIFEST_NAME, *plan.commit_files, *extras]:
         _unlink(plan.dest / (name + PARTIAL_SUFFIX))
 
 
+def _extra_source(plan: Plan, rel: str) -> str:
+    """The source path of an extra, checked again now: a regular file whose real path is inside the source folder."""
+    root = os.path.realpath(plan.source.root)
+    path = os.path.join(plan.source.root, *rel.split("/"))
+    real = os.path.realpath(path)
+    if os.path.commonpath([root, real]) != root or not os.path.isfile(real):
+        raise PlanError(f"Cannot copy extra {rel} from {plan.source.root}: it is no longer a regular file inside the source "
+                        f"folder (it leads to {real}). Check the source folder and convert again.", file=path)
+    return real
+
+
+def _extra_folder(dest: Path, rel: str) -> Path:
+    """The destination folder of an extra, made one level at a time; an existing level must be a real folder."""
+    folder = dest
+    for part in rel.split("/")[:-1]:
+        folder = folder / part
+        try:
+            os.mkdir(folder)
+        except FileExistsError:
+            if not stat.S_ISDIR(os.lstat(folder).st_mode):
+                raise PlanError(f"Cannot copy extra {rel} into {dest}: {folder} exists and is not a folder (a file or a "
+                                "link). Remove it and convert again.", file=str(folder)) from None
+    return folder
+
+
 def copy_extras(plan: Plan) -> list[str]:
-    """Copy the non-tensor files beside the source (config.json, tokenizer ...) into the destination."""
+    """Copy the non-tensor files beside the source (config.json, tokenizer, subfolders without tensors) into the
+    destination; a config.json the plan updates (dtype after a cast) is written with its new bytes."""
     assert plan.dest is not None
     copied = []
-    for name in plan.extras:
-        source = plan.source.root / name
-        partial = plan.dest / (name + PARTIAL_SUFFIX)
-        shutil.copyfile(source, partial)
+    for extra in plan.extra_files:
+        if not extra.written:
+            continue
+        folder = _extra_folder(plan.dest, extra.path)
+        if extra.path.endswith("/"):  # an empty folder
+            copied.append(extra.path)
+            continue
+        source = _extra_source(plan, extra.path)
+        name = extra.path.rsplit("/", 1)[-1]
+        partial = folder / (name + PARTIAL_SUFFIX)
+        new = updated_bytes(plan.source.root, extra, plan.options.dtype)
+        if new is None:
+            shutil.copyfile(source, partial)
+        else:
+            with open(partial, "wb") as fh:
+                fh.write(new)
         with open(partial, "rb+") as fh:
             os.fsync(fh.fileno())
-        os.replace(partial, plan.dest / name)
-        copied.append(name)
+        os.replace(partial, folder / name)
+        if folder != plan.dest:
+            _fsync_dir(folder)
+        copied.append(extra.path)
     return copied
 
 

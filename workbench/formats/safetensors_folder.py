@@ -130,6 +130,7 @@ def _catalog(root: Path, fmt: str, headers: dict[str, SafetensorsHeader], tensor
         tensors=tensors,
         files={rel: file_info(rel, h) for rel, h in headers.items()},
         metadata=metadata,
+        file_metadata={rel: dict(h.metadata) for rel, h in headers.items()},
         reader=FileReader(root),
         **kw,
     )

@@ -13,8 +13,10 @@ from ..errors import PlanError
 from ..mapper.groups import Binding, Problem
 from .destination import check_destination
 from .dtype_policy import apply_dtype
+from .extras import layout_change, scan_extras, with_config_dtype, with_layout_note
 from .fingerprint import layout_fingerprint, run_fingerprint
 from .gc_pause import gc_paused
+from .header_metadata import HeaderMetadata
 from .model import Plan, PlanOptions
 from .ranks import assign_ranks
 from .schedule import SourceAccess, build_steps
@@ -38,14 +40,18 @@ def _duplicate_outputs(binding: Binding) -> list[Problem]:
     return problems
 
 
-def _extras_bytes(catalog: Catalog, names: list[str]) -> int:
-    total = 0
-    for name in names:
-        try:
-            total += os.path.getsize(catalog.root / name)
-        except OSError:
-            pass
-    return total
+def _metadata_problems(header_metadata: HeaderMetadata, options: PlanOptions) -> list[Problem]:
+    """Warnings for source header metadata the output does not carry."""
+    if not header_metadata.interesting:
+        return []
+    if options.to == "dcp":
+        keys = sorted({k for m in header_metadata.per_file.values() for k in m if k != "format"})
+        return [Problem("warning", f"The source's safetensors header metadata ({', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}) "
+                                   "is not kept: a DCP output has no header metadata. Convert to safetensors to keep it.")]
+    return [
+        Problem("warning", f"Source header metadata {key!r} is not kept: {reason}. Convert those files separately to keep it.")
+        for key, reason in sorted(header_metadata.dropped.items())
+    ]
 
 
 OUTPUT_FORMATS = {"safetensors": "safetensors", "hf": "safetensors", "dcp": "dcp"}
@@ -102,17 +108,25 @@ def _build_plan(
     if not steps:
         problems.append(Problem("error", "Cannot convert: the mapper produces no tensors (everything is dropped). "
                                           "Check the mapper and the rest= policy."))
+    header_metadata = HeaderMetadata(catalog.file_metadata)
     try:
-        files, warnings = layout_outputs(steps, options.shard_size, options.to)
+        files, warnings = layout_outputs(steps, options.shard_size, options.to, header_metadata.choose)
     except PlanError as exc:
         problems.append(Problem("error", exc.message, tensor=exc.tensor))
         files, warnings = [], []
-    problems += warnings
+    problems += warnings + _metadata_problems(header_metadata, options)
     if files:
         problems += assign_ranks(files, steps, options.nproc)
     exported = mapper_json(mapper)
     layout_fp = layout_fingerprint(catalog, steps, files, exported)
-    extras = list(catalog.extras) if options.extras and catalog.root.is_dir() else []
+    dest_path = Path(os.path.abspath(dest)) if dest is not None else None
+    # Only a checkpoint read from a folder has extras (a catalog built in memory has a root but no files).
+    on_disk = options.extras and catalog.root.is_dir() and bool(catalog.files)
+    extra_files = scan_extras(catalog.root, catalog.extras, dest_path) if on_disk else []
+    extra_files = with_config_dtype(catalog.root, extra_files, options.dtype)
+    if mapper is not None and extra_files:
+        extra_files = with_layout_note(extra_files, layout_change(binding.groups))
+    extras = [e.path for e in extra_files if e.written]
     committed: list[str] = []  # files written at commit beside the shards (DCP: objects file, .metadata)
     if options.to == "dcp":
         from ..output.dcp import commit_files, source_objects
@@ -125,13 +139,12 @@ def _build_plan(
                                              "entry of the source. Rename the tensor, or drop the entries with rest='drop'.",
                                     tensor=name))
         committed = commit_files(len(files), bool(objects))
-    dest_path = Path(os.path.abspath(dest)) if dest is not None else None
     kept_names = set(kept)
     if dest_path is not None and check_dest and files:
         sources = [catalog.root / rel if catalog.root.is_dir() else catalog.root for rel in catalog.files]
         state = check_destination(
             dest_path, files, extras + committed, layout_fp, overwrite=options.overwrite, source_root=catalog.root,
-            source_files=sources, extra_bytes=_extras_bytes(catalog, extras),
+            source_files=sources, extra_bytes=sum(e.size for e in extra_files if e.written),
         )
         problems += state.problems
         kept_names |= state.kept
@@ -139,8 +152,8 @@ def _build_plan(
         f.kept = f.name in kept_names
     return Plan(
         source=catalog, dest=dest_path, options=options, binding=binding, steps=steps, files=files, problems=problems,
-        extras=extras, layout_fingerprint=layout_fp, fingerprint=run_fingerprint(layout_fp, files, options.nproc),
-        mapper=mapper, mapper_json=exported,
+        extras=extras, extra_files=extra_files, layout_fingerprint=layout_fp, fingerprint=run_fingerprint(layout_fp, files, options.nproc),
+        mapper=mapper, mapper_json=exported, header_metadata=header_metadata,
     )
 
 

@@ -76,7 +76,7 @@ def shard_is_complete(path: Path, planned: OutputFile) -> bool:
 
 def own_names(files: Iterable[OutputFile], extras: Iterable[str]) -> set[str]:
     """Every name a conversion may create in its destination, temporary names included."""
-    names = {MANIFEST_NAME, INDEX_NAME, *(f.name for f in files), *extras}
+    names = {MANIFEST_NAME, INDEX_NAME, *(f.name for f in files), *(e.split("/", 1)[0] for e in extras)}
     return names | {n + PARTIAL_SUFFIX for n in names}
 
 

@@ -9,6 +9,7 @@ access, so the engine, which only needs the plain data, never imports pandas.
 from __future__ import annotations
 
 import html
+import json
 import os
 from dataclasses import dataclass
 from functools import cached_property
@@ -19,6 +20,8 @@ from ..catalog import Catalog
 from ..display import format_bytes, format_decimal, html_table, text_table
 from ..dtypes import numpy_castable
 from ..mapper.groups import Binding, Problem
+from .extras import COPIED, SKIPPED, UPDATED, Extra
+from .header_metadata import HeaderMetadata
 from .schedule import CAST, COMPUTE, COPY, Step
 from .sharding import OutputFile
 
@@ -44,8 +47,9 @@ class Plan:
     """A conversion's dry-run: schedule, layout, ranks, files and bytes read, memory, problems.
 
     Contract names: `ok`, `problems`, `outputs`, `files_read`, `peak_bytes`; more tables:
-    `output_files`, `groups`, `memory`, `ranks`; `index` is the HF index the run writes (None for a
-    single-file output). `str(plan)` / `summary()` give a text summary, notebooks show HTML.
+    `output_files`, `groups`, `memory`, `ranks`, `extras_table` (every extra, copied, updated or skipped,
+    and why); `output_metadata` is each shard's header metadata; `index` is the HF index the run writes
+    (None for a single-file output). `str(plan)` / `summary()` give a text summary, notebooks show HTML.
     """
 
     def __init__(
@@ -63,6 +67,8 @@ class Plan:
         fingerprint: str,
         mapper: Any = None,
         mapper_json: str | None = None,
+        extra_files: list[Extra] | None = None,
+        header_metadata: HeaderMetadata | None = None,
     ) -> None:
         self.source = source
         self.dest = dest
@@ -71,11 +77,13 @@ class Plan:
         self.steps = steps
         self.output_file_list = files
         self.problems = problems
-        self.extras = extras
+        self.extras = extras  # paths (relative, '/'-separated) of the extras the run writes
+        self.extra_files = list(extra_files) if extra_files is not None else [Extra(p, COPIED) for p in extras]
         self.layout_fingerprint = layout_fingerprint
         self.fingerprint = fingerprint
         self.mapper = mapper
         self.mapper_json = mapper_json
+        self.header_metadata = header_metadata
 
     # -- plain data (no pandas) -------------------------------------------------------------------
 
@@ -225,6 +233,17 @@ class Plan:
         weight_map = {t.name: f.name for f in self.output_file_list for t in f.layout.tensors}
         return {"metadata": {"total_size": self.total_size}, "weight_map": dict(sorted(weight_map.items()))}
 
+    @property
+    def output_metadata(self) -> dict[str, dict[str, str]]:
+        """Each output shard's header `__metadata__` as the run writes it (empty for DCP outputs)."""
+        if self.options.to == "dcp":
+            return {}
+        out = {}
+        for f in self.output_file_list:
+            header = json.loads(f.layout.header[8:])
+            out[f.name] = dict(header.get("__metadata__", {}))
+        return out
+
     @cached_property
     def copied_objects(self) -> list[str]:
         """Non-tensor entries (step counters, param_groups ...) a DCP output copies from a DCP source."""
@@ -279,6 +298,14 @@ class Plan:
             for (rel, rank), (n, k) in sorted(rows.items())
         ]
         return pd.DataFrame(data, columns=["file", "rank", "bytes_read", "tensors", "file_size", "path"])
+
+    @cached_property
+    def extras_table(self) -> pd.DataFrame:
+        """One row per non-tensor file or folder beside the weights: path, action (copy, update, skip), bytes, reason."""
+        import pandas as pd
+
+        data = [(e.path, e.action, e.size, e.reason) for e in self.extra_files]
+        return pd.DataFrame(data, columns=["path", "action", "bytes", "reason"])
 
     @cached_property
     def output_files(self) -> pd.DataFrame:
@@ -365,10 +392,36 @@ class Plan:
             f"peak tensor memory: {format_bytes(self.peak_bytes)} per process; ranks: {self.nproc}"
             + f"; {self.library_note}",
         ]
-        if self.extras:
-            lines.append(f"extras copied: {', '.join(self.extras)}")
+        lines += self._extras_lines()
+        lines += self._metadata_lines()
         if self.copied_objects:
             lines.append(f"non-tensor entries copied verbatim: {len(self.copied_objects)}")
+        return lines
+
+    def _extras_lines(self) -> list[str]:
+        lines = []
+        copied = [e.path for e in self.extra_files if e.action == COPIED and not e.reason]
+        if copied:
+            shown = ", ".join(copied[:20]) + (f" ... ({len(copied)} files)" if len(copied) > 20 else "")
+            lines.append(f"extras copied: {shown}")
+        lines += [f"extra copied unchanged: {e.path} ({e.reason})" for e in self.extra_files if e.action == COPIED and e.reason]
+        lines += [f"extra updated: {e.path} ({e.reason})" for e in self.extra_files if e.action == UPDATED]
+        skipped = [e for e in self.extra_files if e.action == SKIPPED]
+        if skipped:
+            lines.append("extras skipped: " + "; ".join(f"{e.path} ({e.reason})" for e in skipped[:10])
+                         + (f" ... ({len(skipped)} in all)" if len(skipped) > 10 else ""))
+        return lines
+
+    def _metadata_lines(self) -> list[str]:
+        meta = self.header_metadata
+        if meta is None or not meta.interesting:
+            return []
+        if self.options.to == "dcp":
+            return ["source header metadata: dropped (a DCP output has no header metadata)"]
+        kept = sorted(k for k in meta.kept if k != "format")
+        lines = [f"source header metadata kept: {', '.join(kept) if kept else 'none'}"]
+        if meta.dropped:
+            lines.append("source header metadata dropped: " + "; ".join(f"{k} ({why})" for k, why in sorted(meta.dropped.items())))
         return lines
 
     def _file_rows(self) -> list[tuple]:

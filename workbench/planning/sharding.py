@@ -8,6 +8,7 @@ the same however many processes write them.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ..catalog import TensorInfo
@@ -111,11 +112,14 @@ def assign_shards(steps: list[Step], limit: int) -> tuple[list[list[TensorInfo]]
     return shards, step_shards, _oversized(oversized, limit)
 
 
-def layout_outputs(steps: list[Step], limit: int, to: str = "safetensors") -> tuple[list[OutputFile], list[Problem]]:
+def layout_outputs(
+    steps: list[Step], limit: int, to: str = "safetensors", metadata: Callable[[Iterable[str]], dict[str, str]] | None = None,
+) -> tuple[list[OutputFile], list[Problem]]:
     """Name and lay out the shards; sets `step.files` to file names.
 
-    `to='safetensors'`: HF naming, reference tensor order. `to='dcp'`: `__0_<k>.distcp` files, one torch.save
-    stream per tensor in schedule order (see `formats.dcp_writer`).
+    `to='safetensors'`: HF naming, reference tensor order; `metadata` maps the source files feeding a shard
+    to its header `__metadata__` (default `{"format": "pt"}`). `to='dcp'`: `__0_<k>.distcp` files, one
+    torch.save stream per tensor in schedule order (see `formats.dcp_writer`).
     """
     shards, step_shards, warnings = assign_shards(steps, limit)
     if to == "dcp":
@@ -125,7 +129,13 @@ def layout_outputs(steps: list[Step], limit: int, to: str = "safetensors") -> tu
         files = [OutputFile(name, layout_dcp_file(name, tensors)) for name, tensors in zip(names, shards, strict=True)]
     else:
         names = [shard_file_name(k + 1, len(shards)) for k in range(len(shards))]
-        files = [OutputFile(name, layout_file(name, tensors)) for name, tensors in zip(names, shards, strict=True)]
+        metas: list[dict[str, str] | None] = [None] * len(shards)
+        if metadata is not None:
+            from .header_metadata import shard_sources
+
+            feeds = shard_sources((((t.file for t in s.group.inputs), n) for s, n in zip(steps, step_shards, strict=True)), len(shards))
+            metas = [metadata(f) for f in feeds]
+        files = [OutputFile(name, layout_file(name, tensors, meta)) for name, tensors, meta in zip(names, shards, metas, strict=True)]
     for step, numbers in zip(steps, step_shards, strict=True):
         step.files = tuple(names[k] for k in numbers)
         for k in numbers:

@@ -1,0 +1,230 @@
+"""Which non-tensor files travel with a conversion, and what happens to each.
+
+Top-level extras (config.json, tokenizer files ...) are chosen by the source's format. Subfolders
+that hold no tensors (a sentence-transformers `1_Pooling/`, a tokenizer folder) are copied whole,
+with the same rules as top-level extras: a file or folder linked outside the source folder is never
+read, only regular files are copied, per-checkpoint records (checksums) stay behind, and their bytes
+count towards the free-space check. A subfolder holding tensors belongs to another model (diffusers'
+`unet/`, a sentence-transformers `2_Dense/`) and is skipped; so are hidden folders (`.git`, the hub's
+`.cache`), whose contents describe the source files. Every extra, copied or skipped, is listed with
+the reason, so an output never looks complete while something was left behind silently.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..formats.safetensors_folder import CHECKSUMS_NAME, NOT_EXTRAS
+from .config_dtype import CONFIG_NAME, CONFIG_NAMES, config_dtype_update, config_dtypes, read_config
+
+COPIED = "copy"
+UPDATED = "update"  # copied with changes (config.json dtype after a cast)
+SKIPPED = "skip"
+TENSOR_SUFFIXES = (
+    ".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".distcp", ".h5", ".msgpack", ".gguf", ".onnx", ".npz", ".npy",
+)
+MAX_FILES = 10_000  # over all subfolders: a plan reads metadata only, never a whole tree
+MAX_DEPTH = 16
+
+
+@dataclass(frozen=True)
+class Extra:
+    """One non-tensor file or folder beside the weights: its path ('/'-separated, relative to the source
+    root; an empty folder ends with '/'), what the conversion does with it, its size in bytes, and why
+    (for skips and updates)."""
+
+    path: str
+    action: str
+    size: int = 0
+    reason: str = ""
+
+    @property
+    def written(self) -> bool:
+        """True when the conversion writes this file into the destination."""
+        return self.action in (COPIED, UPDATED)
+
+
+def _inside(real_root: str, path: str) -> bool:
+    return os.path.commonpath([real_root, os.path.realpath(path)]) == real_root
+
+
+def _holds_tensors(name: str) -> bool:
+    lower = name.lower()
+    return lower.endswith(TENSOR_SUFFIXES) or lower.endswith(".index.json")
+
+
+def _source_record(name: str) -> bool:
+    return name in NOT_EXTRAS or name.endswith("." + CHECKSUMS_NAME)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+class _Budget:
+    def __init__(self) -> None:
+        self.files = 0
+
+
+class _TooBig(Exception):
+    pass
+
+
+def _walk(real_root: str, folder: str, rel: str, ancestors: frozenset[str], depth: int, budget: _Budget,
+          found: list[Extra]) -> str | None:
+    """Collect `folder`'s files into `found`; return why the whole folder is skipped, or None."""
+    if depth > MAX_DEPTH:
+        return f"nested deeper than {MAX_DEPTH} folders"
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError as exc:
+        return f"cannot be listed ({exc.strerror or exc})"
+    before = len(found)
+    for entry in entries:
+        path = f"{rel}/{entry.name}"
+        if _holds_tensors(entry.name) and not entry.is_dir():
+            return f"holds tensors ({path}); it belongs to another model"
+        if entry.is_symlink() and not _inside(real_root, entry.path):
+            found.append(Extra(path, SKIPPED, 0, "a link leading outside the source folder"))
+            continue
+        if entry.is_dir():
+            real = os.path.realpath(entry.path)
+            if real in ancestors:
+                found.append(Extra(path, SKIPPED, 0, "a link back to a folder that contains it"))
+                continue
+            why = _walk(real_root, entry.path, path, ancestors | {real}, depth + 1, budget, found)
+            if why is not None:
+                return why
+            continue
+        if not entry.is_file():
+            found.append(Extra(path, SKIPPED, 0, "not a regular file"))
+            continue
+        if _source_record(entry.name):
+            found.append(Extra(path, SKIPPED, _size(entry.path), "describes the source checkpoint only"))
+            continue
+        budget.files += 1
+        if budget.files > MAX_FILES:
+            raise _TooBig
+        found.append(Extra(path, COPIED, _size(entry.path)))
+    if len(found) == before:  # an empty folder (sentence-transformers' Normalize module) is made empty
+        found.append(Extra(rel + "/", COPIED))
+    return None
+
+
+def _subfolder(real_root: str, entry: os.DirEntry, real_dest: str | None, budget: _Budget) -> list[Extra]:
+    name = entry.name
+    if name.startswith("."):
+        return [Extra(name, SKIPPED, 0, "a hidden folder (tool state such as .git or .cache describes the source files)")]
+    if entry.is_symlink() and not _inside(real_root, entry.path):
+        return [Extra(name, SKIPPED, 0, "a link leading outside the source folder")]
+    real = os.path.realpath(entry.path)
+    if real == real_root:
+        return [Extra(name, SKIPPED, 0, "a link back to the source folder")]
+    if real_dest is not None and os.path.commonpath([real, real_dest]) == real:
+        return [Extra(name, SKIPPED, 0, "holds the destination of this conversion")]
+    found: list[Extra] = []
+    start = budget.files
+    try:
+        why = _walk(real_root, entry.path, name, frozenset({real_root, real}), 1, budget, found)
+    except _TooBig:
+        why = f"more than {MAX_FILES} files in subfolders"
+    if why is not None:
+        budget.files = start
+        return [Extra(name, SKIPPED, 0, why)]
+    return found
+
+
+def scan_extras(root: Path, top_level: Iterable[str], dest: Path | None = None) -> list[Extra]:
+    """Every extra of the source folder `root`: the format's top-level extras (copied), top-level entries
+    left out for a reason worth telling, and the files of each subfolder (or the subfolder, skipped)."""
+    real_root = os.path.realpath(root)
+    real_dest = os.path.realpath(dest) if dest is not None else None
+    chosen = set(top_level)
+    out: list[Extra] = []
+    budget = _Budget()
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        if entry.name in chosen:
+            out.append(Extra(entry.name, COPIED, _size(entry.path)))
+        elif entry.is_dir():
+            out.extend(_subfolder(real_root, entry, real_dest, budget))
+        elif _source_record(entry.name):
+            out.append(Extra(entry.name, SKIPPED, _size(entry.path), "describes the source checkpoint only"))
+        elif entry.is_symlink() and not _inside(real_root, entry.path):
+            out.append(Extra(entry.name, SKIPPED, 0, "a link leading outside the source folder"))
+        elif not entry.is_file() and not stat.S_ISDIR(_lmode(entry)):
+            out.append(Extra(entry.name, SKIPPED, 0, "not a regular file"))
+    return out
+
+
+def _lmode(entry: os.DirEntry) -> int:
+    try:
+        return entry.stat(follow_symlinks=False).st_mode
+    except OSError:
+        return 0
+
+
+def with_config_dtype(root: Path, extras: list[Extra], dtype: str | None) -> list[Extra]:
+    """Mark the top-level config.json for update when a dtype policy casts the weights; when its dtype
+    cannot follow (fp8 weights), keep copying it and say why."""
+    if dtype is None:
+        return extras
+    out = []
+    for extra in extras:
+        raw = read_config(root / CONFIG_NAME) if extra.path == CONFIG_NAME and extra.action == COPIED else None
+        if raw is None:
+            out.append(extra)
+            continue
+        name = CONFIG_NAMES.get(dtype)
+        if name is None:
+            stated = sorted(set(config_dtypes(raw)))
+            why = (f"it says dtype {', '.join(stated)} but the weights are stored as {dtype}, which transformers does not "
+                   "compute in: set its dtype (or quantization_config) yourself") if stated else ""
+            out.append(Extra(extra.path, COPIED, extra.size, _join(extra.reason, why)))
+            continue
+        new, changes = config_dtype_update(raw, name)
+        out.append(extra if new is None else Extra(extra.path, UPDATED, len(new), f"the weights are stored as {name}: " + "; ".join(changes)))
+    return out
+
+
+def with_layout_note(extras: list[Extra], change: str | None) -> list[Extra]:
+    """Say on config.json that it is copied unchanged although the mapper changes the layout it describes."""
+    if change is None:
+        return extras
+    why = f"the mapper {change}, so the config may not describe the output's layout; edit it for the target model"
+    return [Extra(e.path, e.action, e.size, _join(e.reason, why)) if e.path == CONFIG_NAME and e.written else e for e in extras]
+
+
+def _join(first: str, second: str) -> str:
+    return "; ".join(p for p in (first, second) if p)
+
+
+def layout_change(groups: Iterable) -> str | None:
+    """An example of how the binding's groups change the tensor layout a config describes (a rename,
+    reshape, fusion or split), or None when every output is an input under the same name and shape."""
+    for group in groups:
+        ins, outs = group.inputs, group.outputs
+        if len(ins) == 1 and len(outs) == 1 and ins[0].name == outs[0].name and tuple(ins[0].shape) == tuple(outs[0].shape):
+            continue
+        if len(ins) == 1 and len(outs) == 1:
+            if ins[0].name != outs[0].name:
+                return f"renames {ins[0].name!r} to {outs[0].name!r}"
+            return f"reshapes {ins[0].name!r} from {list(ins[0].shape)} to {list(outs[0].shape)}"
+        names_in = ", ".join(repr(t.name) for t in ins[:3]) + (" ..." if len(ins) > 3 else "")
+        names_out = ", ".join(repr(t.name) for t in outs[:3]) + (" ..." if len(outs) > 3 else "")
+        return f"makes {names_out} from {names_in}"
+    return None
+
+
+def updated_bytes(root: Path, extra: Extra, dtype: str | None) -> bytes | None:
+    """The bytes an UPDATED extra is written with (None when it is copied as it is)."""
+    if extra.action != UPDATED or extra.path != CONFIG_NAME or dtype not in CONFIG_NAMES:
+        return None
+    raw = read_config(root / extra.path)
+    return None if raw is None else config_dtype_update(raw, CONFIG_NAMES[dtype])[0]
