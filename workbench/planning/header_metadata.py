@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from ..formats.safetensors_writer import DEFAULT_METADATA
+from ..output.safetensors import DEFAULT_METADATA
 
 
 @dataclass
