@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 
 from ..errors import PlanError
+from ..files import copy_atomic, fsync_dir, remove_entry
 from ..formats.safetensors_writer import PARTIAL_SUFFIX, write_index
 from ..planning.destination import INDEX_NAME, MANIFEST_NAME, remove_manifest, write_manifest
 from ..planning.model import Plan
@@ -19,21 +19,6 @@ from .source_guard import snapshot_for
 
 DCP_METADATA = ".metadata"  # a DCP folder's commit marker
 _SHARD_NAME = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors$|^__\d+_\d+\.distcp$")
-
-
-def _unlink(path: os.PathLike | str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _fsync_dir(folder: os.PathLike | str) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def require_runnable(plan: Plan) -> None:
@@ -55,21 +40,21 @@ def prepare_destination(plan: Plan) -> None:
     if plan.options.overwrite:  # an older conversion's shards and index would contradict the new ones
         for name in os.listdir(dest):
             if (_SHARD_NAME.match(name) and name not in plan.kept) or name in (INDEX_NAME, MANIFEST_NAME, DCP_METADATA):
-                _unlink(dest / name)
+                remove_entry(dest / name)
     for name in {INDEX_NAME, *plan.commit_files}:  # the index / .metadata marks a complete output: it reappears last
-        _unlink(dest / name)
+        remove_entry(dest / name)
     for name in planned - plan.kept:
-        _unlink(dest / name)
+        remove_entry(dest / name)
     remove_partials(plan)
     write_manifest(dest, plan.layout_fingerprint, plan.output_file_list)
-    _fsync_dir(dest)
+    fsync_dir(dest)
 
 
 def remove_partials(plan: Plan) -> None:
     """Delete temporary files this plan's writers may have left (after a failure or a cancel)."""
     assert plan.dest is not None
     for name in [*(f.name for f in plan.output_file_list), INDEX_NAME, MANIFEST_NAME, *plan.commit_files, *plan.extras]:
-        _unlink(plan.dest / (name + PARTIAL_SUFFIX))
+        remove_entry(plan.dest / (name + PARTIAL_SUFFIX))
 
 
 def copy_extras(plan: Plan) -> list[str]:
@@ -77,12 +62,7 @@ def copy_extras(plan: Plan) -> list[str]:
     assert plan.dest is not None
     copied = []
     for name in plan.extras:
-        source = plan.source.root / name
-        partial = plan.dest / (name + PARTIAL_SUFFIX)
-        shutil.copyfile(source, partial)
-        with open(partial, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(partial, plan.dest / name)
+        copy_atomic(plan.source.root / name, plan.dest / name, sync_dir=False)  # the index's commit syncs the folder
         copied.append(name)
     return copied
 
@@ -97,11 +77,11 @@ def finalize_destination(plan: Plan) -> bool:
 
         commit_dcp(plan.dest, [f.layout for f in plan.output_file_list], plan.source.reader, objects=bool(plan.copied_objects))
         remove_manifest(plan.dest)
-        _fsync_dir(plan.dest)
+        fsync_dir(plan.dest)
         return True
     index = plan.index
     if index is not None:
         write_index(plan.dest, index["weight_map"], index["metadata"]["total_size"])
     remove_manifest(plan.dest)
-    _fsync_dir(plan.dest)
+    fsync_dir(plan.dest)
     return index is not None

@@ -25,6 +25,7 @@ from collections import deque
 from pathlib import Path
 
 from ..errors import PlanError
+from ..files import atomic_write
 from ..planning.model import Plan
 from .finalize import prepare_destination, remove_partials, require_runnable
 from .job import job_for
@@ -95,7 +96,7 @@ class Launch:
         try:
             prepare_destination(self.plan)
             self.jobdir = Path(tempfile.mkdtemp(prefix="workbench-job-"))
-            (self.jobdir / JOB_FILE).write_text(job.to_json(), encoding="utf-8")
+            atomic_write(self.jobdir / JOB_FILE, job.to_json())
             env = dict(os.environ if self.env is None else self.env)
             env["PYTHONUNBUFFERED"] = "1"
             env.setdefault("OMP_NUM_THREADS", "1")
