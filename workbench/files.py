@@ -45,7 +45,7 @@ def describe(mode: int) -> str:
         return "a socket"
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
         return "a device"
-    return "not a regular file"
+    return "a file" if stat.S_ISREG(mode) else "not a regular file"
 
 
 def refusal(path: str | os.PathLike, what: str, verb: str = "write") -> UnsafeFileError:
@@ -92,6 +92,8 @@ def remove_entry(path: str | os.PathLike) -> bool:
         found = _lstat_mode(path)
         if found is not None and stat.S_ISDIR(found):
             raise refusal(path, "a directory") from None
+        if found is not None:  # e.g. another user's entry in a sticky folder such as /tmp
+            raise refusal(path, f"{describe(found)} this user may not remove") from None
         raise exc
     return True
 
