@@ -186,6 +186,18 @@ def test_a_fifo_under_a_shard_name_does_not_hang_planning(tmp_path: Path, source
     assert verify(dest).ok
 
 
+@pytest.mark.timeout(60)
+def test_a_folder_planted_after_planning_is_refused_by_name(tmp_path: Path, source: Path) -> None:
+    """A plan made before the folder appeared: the writer itself refuses the name, cleanup does not mask it."""
+    dest = tmp_path / "out"
+    plan = wb.plan(source, dest=dest, shard_size="16KB")
+    dest.mkdir()
+    (dest / (SHARD + ".partial")).mkdir()
+    with pytest.raises(UnsafeFileError, match=f"it is a directory \\({dest / SHARD}.partial\\)"):
+        wb.engine.execute(plan, quiet=True)
+    assert (dest / (SHARD + ".partial")).is_dir() and not (dest / INDEX).exists()
+
+
 # ------------------------------------------------------------------------------ the policy module itself
 
 

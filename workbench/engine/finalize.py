@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 
-from ..errors import PlanError
+from ..errors import PlanError, UnsafeFileError
 from ..files import copy_atomic, fsync_dir, remove_entry
 from ..formats.safetensors_writer import PARTIAL_SUFFIX, write_index
 from ..planning.destination import INDEX_NAME, MANIFEST_NAME, remove_manifest, write_manifest
@@ -54,7 +54,10 @@ def remove_partials(plan: Plan) -> None:
     """Delete temporary files this plan's writers may have left (after a failure or a cancel)."""
     assert plan.dest is not None
     for name in [*(f.name for f in plan.output_file_list), INDEX_NAME, MANIFEST_NAME, *plan.commit_files, *plan.extras]:
-        remove_entry(plan.dest / (name + PARTIAL_SUFFIX))
+        try:
+            remove_entry(plan.dest / (name + PARTIAL_SUFFIX))
+        except UnsafeFileError:  # a folder planted there: left alone (a writer refuses that name by itself)
+            pass
 
 
 def copy_extras(plan: Plan) -> list[str]:
