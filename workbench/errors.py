@@ -30,3 +30,14 @@ class MapperError(WorkbenchError):
 
 class PlanError(WorkbenchError):
     """A conversion cannot be planned or executed as asked."""
+
+
+class UnsafeFileError(WorkbenchError):
+    """A name the workbench writes (or reads back) holds a symlink, FIFO, directory or hard link: refused.
+
+    `what` says what was found there ("a symlink", "a FIFO" ...).
+    """
+
+    def __init__(self, message: str, *, file: str | None = None, what: str = "") -> None:
+        super().__init__(message, file=file)
+        self.what = what

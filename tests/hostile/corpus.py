@@ -37,6 +37,10 @@ COVERED_ELSEWHERE = {
     "safetensors header length above 100 MB read no further than 8 bytes":
         "test_formats_safetensors.py::test_absurd_header_length_is_refused_before_reading_the_header",
     "legacy (pre-1.6) torch pickle": "test_formats_torch.py::test_legacy_format_is_refused_clearly",
+    "symlinked writes: lock, partials, sidecar, manifest, index, DCP files, extras planted as symlink / FIFO / folder":
+        "test_file_safety.py::test_a_planted_entry_is_never_written_through",
+    "checksums.sha256.json.partial -> a file outside, then verify --checksums":
+        "test_file_safety.py::test_verify_checksums_with_a_symlinked_partial_records_a_real_sidecar",
 }
 
 

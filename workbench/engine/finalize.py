@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import stat
 from pathlib import Path
 
-from ..errors import PlanError
-from ..output.safetensors import PARTIAL_SUFFIX, write_index
+from ..errors import PlanError, UnsafeFileError
+from ..files import PARTIAL_SUFFIX, atomic_write, copy_atomic, fsync_dir, remove_entry
+from ..output.safetensors import write_index
 from ..planning.destination import INDEX_NAME, MANIFEST_NAME, remove_manifest, write_manifest
 from ..planning.extras import updated_bytes
 from ..planning.model import Plan
@@ -22,21 +22,6 @@ from .source_guard import snapshot_for
 
 DCP_METADATA = ".metadata"  # a DCP folder's commit marker
 _SHARD_NAME = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors$|^__\d+_\d+\.distcp$")
-
-
-def _unlink(path: os.PathLike | str) -> None:
-    try:
-        os.unlink(path)
-    except (FileNotFoundError, NotADirectoryError):  # an extra's subfolder that was never made
-        pass
-
-
-def _fsync_dir(folder: os.PathLike | str) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def require_runnable(plan: Plan) -> None:
@@ -58,14 +43,14 @@ def prepare_destination(plan: Plan) -> None:
     if plan.options.overwrite:  # an older conversion's shards and index would contradict the new ones
         for name in os.listdir(dest):
             if (_SHARD_NAME.match(name) and name not in plan.kept) or name in (INDEX_NAME, MANIFEST_NAME, DCP_METADATA):
-                _unlink(dest / name)
+                remove_entry(dest / name)
     for name in {INDEX_NAME, *plan.commit_files}:  # the index / .metadata marks a complete output: it reappears last
-        _unlink(dest / name)
+        remove_entry(dest / name)
     for name in planned - plan.kept:
-        _unlink(dest / name)
+        remove_entry(dest / name)
     remove_partials(plan)
     write_manifest(dest, plan.layout_fingerprint, plan.output_file_list)
-    _fsync_dir(dest)
+    fsync_dir(dest)
 
 
 def remove_partials(plan: Plan) -> None:
@@ -73,7 +58,12 @@ def remove_partials(plan: Plan) -> None:
     assert plan.dest is not None
     extras = [e for e in plan.extras if not e.endswith("/")]
     for name in [*(f.name for f in plan.output_file_list), INDEX_NAME, MANIFEST_NAME, *plan.commit_files, *extras]:
-        _unlink(plan.dest / (name + PARTIAL_SUFFIX))
+        try:
+            remove_entry(plan.dest / (name + PARTIAL_SUFFIX))
+        except UnsafeFileError:  # a folder planted there: left alone (a writer refuses that name by itself)
+            pass
+        except NotADirectoryError:  # an extra's subfolder that was never made
+            pass
 
 
 def _extra_source(plan: Plan, rel: str) -> str:
@@ -114,19 +104,14 @@ def copy_extras(plan: Plan) -> list[str]:
             copied.append(extra.path)
             continue
         source = _extra_source(plan, extra.path)
-        name = extra.path.rsplit("/", 1)[-1]
-        partial = folder / (name + PARTIAL_SUFFIX)
+        target = folder / extra.path.rsplit("/", 1)[-1]
         new = updated_bytes(plan.source.root, extra, plan.options.dtype)
         if new is None:
-            shutil.copyfile(source, partial)
+            copy_atomic(source, target, sync_dir=False)
         else:
-            with open(partial, "wb") as fh:
-                fh.write(new)
-        with open(partial, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(partial, folder / name)
-        if folder != plan.dest:
-            _fsync_dir(folder)
+            atomic_write(target, new, sync_dir=False)
+        if folder != plan.dest:  # the index's commit syncs the top folder
+            fsync_dir(folder)
         copied.append(extra.path)
     return copied
 
@@ -141,11 +126,11 @@ def finalize_destination(plan: Plan) -> bool:
 
         commit_dcp(plan.dest, [f.layout for f in plan.output_file_list], plan.source.reader, objects=bool(plan.copied_objects))
         remove_manifest(plan.dest)
-        _fsync_dir(plan.dest)
+        fsync_dir(plan.dest)
         return True
     index = plan.index
     if index is not None:
         write_index(plan.dest, index["weight_map"], index["metadata"]["total_size"])
     remove_manifest(plan.dest)
-    _fsync_dir(plan.dest)
+    fsync_dir(plan.dest)
     return index is not None

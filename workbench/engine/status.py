@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import traceback
 from pathlib import Path
 
 from ..errors import PlanError, WorkbenchError
+from ..files import atomic_write, read_regular
 from .report import RankResult
 
 
@@ -47,14 +47,12 @@ def failure_message(dest: object, results: list[RankResult], *, missing: list[in
 
 def write_json_atomic(path: Path, data: dict) -> None:
     """Write JSON so that readers see either nothing or the whole file."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(data), encoding="utf-8")
-    os.replace(partial, path)
+    atomic_write(path, json.dumps(data))
 
 
 def read_json(path: Path) -> dict | None:
     """A JSON file's content, or None when absent or unreadable."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return json.loads(read_regular(path))
+    except (OSError, ValueError, WorkbenchError):
         return None

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from ..catalog import Catalog
 from ..digest import CHUNK_BYTES, tensor_sha256
-from ..errors import CheckpointError
+from ..errors import CheckpointError, UnsafeFileError
+from ..files import atomic_write, read_regular
 from ..formats.safetensors_folder import CHECKSUMS_NAME
 
 SIDECAR_NAME = CHECKSUMS_NAME
@@ -48,15 +49,17 @@ def write_sidecar(path: Path, sums: dict[str, dict], checkpoint_format: str) -> 
     """Write a sidecar atomically (a crash leaves the old one or none, never half of one)."""
     body = {"kind": _KIND, "version": 1, "algorithm": "sha256", "checkpoint_format": checkpoint_format,
             "recorded": time.strftime("%Y-%m-%dT%H:%M:%S"), "tensors": sums}
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(body, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(partial, path)
+    atomic_write(path, json.dumps(body, indent=1, sort_keys=True) + "\n")
 
 
 def read_sidecar(path: Path) -> dict[str, dict]:
     """The recorded tensors of a sidecar; a file that is not one raises CheckpointError."""
     try:
-        body = json.loads(path.read_text(encoding="utf-8"))
+        body = json.loads(read_regular(path))  # a FIFO, symlink or folder under the sidecar's name is refused
+    except UnsafeFileError as exc:
+        raise CheckpointError(
+            f"Cannot read checksum sidecar {path}: it is {exc.what}, not a file the workbench wrote. Remove it, or pass "
+            "--record (record=True) to write a new one.", file=str(path)) from None
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"Cannot read checksum sidecar {path}: {exc}. Record it again (--record).", file=str(path)) from None
     tensors = body.get("tensors") if isinstance(body, dict) and body.get("kind") == _KIND else None
@@ -118,7 +121,7 @@ def compare(recorded: dict[str, dict], catalog: Catalog, chunk_bytes: int = CHUN
 
 def record_or_check(catalog: Catalog, sidecar: Path, *, record: bool = False, chunk_bytes: int = CHUNK_BYTES) -> ChecksumResult:
     """Record `sidecar` when it does not exist (or `record=True`), else check every tensor against it."""
-    if record or not sidecar.exists():
+    if record or not os.path.lexists(sidecar):
         sums = compute(catalog, chunk_bytes)
         write_sidecar(sidecar, sums, catalog.format)
         return ChecksumResult("recorded", sidecar, [(n, "ok", "", s["sha256"]) for n, s in sums.items()])

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..catalog import Catalog
-from ..errors import CheckpointError
+from ..errors import CheckpointError, WorkbenchError
 from ..formats import open_catalog, safetensors_folder
 from ..formats.safetensors import SUFFIX, SafetensorsHeader, gc_paused, read_header
 from ..output.safetensors import PARTIAL_SUFFIX
@@ -106,7 +106,7 @@ def verify(
 def _checksums(catalog: Catalog, sidecar: Path, record: bool, report: VerifyReport) -> None:
     try:
         result = record_or_check(catalog, sidecar, record=record)
-    except CheckpointError as exc:
+    except WorkbenchError as exc:  # an unreadable sidecar, or a name the sidecar cannot be written under
         report.error(exc.message, exc.file, exc.tensor)
         return
     report.checksums = result

@@ -30,6 +30,7 @@ from ..engine.report import RankResult, RunReport
 from ..engine.source_guard import snapshot_for
 from ..engine.status import FINAL_FILE, JOB_FILE, Cancelled, failure_message, read_json, status_path
 from ..errors import PlanError
+from ..files import atomic_write
 from ..output.lock import DestinationLock, lock_destination
 from ..planning.model import Plan
 from .job import job_for
@@ -95,7 +96,7 @@ class Launch:
         try:
             prepare_destination(self.plan)
             self.jobdir = Path(tempfile.mkdtemp(prefix="workbench-job-"))
-            (self.jobdir / JOB_FILE).write_text(job.to_json(), encoding="utf-8")
+            atomic_write(self.jobdir / JOB_FILE, job.to_json())
             env = dict(os.environ if self.env is None else self.env)
             env["PYTHONUNBUFFERED"] = "1"
             env.setdefault("OMP_NUM_THREADS", "1")

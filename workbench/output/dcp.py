@@ -28,9 +28,10 @@ from typing import Any
 from ..catalog import TensorInfo
 from ..dtypes import _TORCH_NAMES, DTYPE_BITS, nbytes_of
 from ..errors import PlanError
+from ..files import PARTIAL_SUFFIX, atomic_write, claim_temp, fsync_dir
 from ..formats.dcp import METADATA_NAME
 from ..iostats import IO, open_for_read, read_at
-from .safetensors import PARTIAL_SUFFIX, FileLayout, SafetensorsWriter, _fsync_dir, preallocate
+from .safetensors import FileLayout, SafetensorsWriter, preallocate
 
 ALIGNMENT = 64  # torch.save aligns every record's data to 64 bytes (mmap loading relies on it)
 ZIP64_LIMIT = 0xFFFFFFFF  # sizes and offsets at or above this need zip64 fields
@@ -302,7 +303,7 @@ class DcpShardWriter(SafetensorsWriter):
         self.partial_path = self.folder / (layout.file + PARTIAL_SUFFIX)
         self._by_name = layout.by_name()
         self._written = dict.fromkeys(self._by_name, 0)
-        self._fd = os.open(self.partial_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+        self._fd = claim_temp(self.partial_path, flags=os.O_RDWR)  # read back for the CRCs at commit
         try:
             preallocate(self._fd, layout.size)
             places = layout.streams
@@ -332,18 +333,15 @@ class DcpShardWriter(SafetensorsWriter):
         missing = self.missing()
         if missing or self._fd is None:
             return super().commit(sync_dir=sync_dir)  # raises, naming what is missing
-        fd = os.open(self.partial_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        try:
+        try:  # read back through the descriptor created exclusively, not the name (another process could swap it)
             buffer = bytearray(min(CRC_BUFFER_BYTES, max((p.stream.data_len for p in self.layout.streams), default=1) or 1))
             for place in self.layout.streams:
-                crc = struct.pack("<I", self._crc_of(fd, place.data_begin, place.stream.data_len, buffer))
+                crc = struct.pack("<I", self._crc_of(self._fd, place.data_begin, place.stream.data_len, buffer))
                 os.pwrite(self._fd, crc, place.offset + place.stream.crc_in_head)
                 os.pwrite(self._fd, crc, place.data_begin + place.stream.data_len + place.stream.crc_in_tail)
         except BaseException:
             self.abort()
             raise
-        finally:
-            os.close(fd)
         return super().commit(sync_dir=sync_dir)
 
 
@@ -368,21 +366,12 @@ class ObjectSource:
 
 
 def _write_atomic(path: Path, chunks: Iterable[bytes]) -> None:
-    partial = path.with_name(path.name + PARTIAL_SUFFIX)
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
-    try:
+    def counted() -> Iterable[bytes]:
         for chunk in chunks:
-            view = memoryview(chunk)
-            while view:
-                view = view[os.write(fd, view):]
+            yield chunk
             IO.add_written(len(chunk))
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        os.unlink(partial)
-        raise
-    os.close(fd)
-    os.replace(partial, path)
+
+    atomic_write(path, counted(), sync_dir=False)  # write_metadata syncs the folder after `.metadata`
 
 
 def write_objects(dest: Path, file: str, objects: Sequence[ObjectSource]) -> dict[str, tuple[str, int, int]]:
@@ -452,7 +441,7 @@ def write_metadata(
     metadata = Metadata(state_dict_metadata=entries, planner_data=planner_data, storage_data=storage, version="1.0.0")
     target = dest / METADATA_NAME
     _write_atomic(target, [pickle.dumps(metadata)])
-    _fsync_dir(dest)
+    fsync_dir(dest)
     return target
 
 

@@ -17,7 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import PlanError
+from ..errors import PlanError, UnsafeFileError
+from ..files import open_or_create, open_regular
 
 LOCK_NAME = ".workbench.lock"
 _RETRY_SECONDS = 0.25  # a probe (`holder`) holds the lock for microseconds; do not mistake it for a run
@@ -38,8 +39,8 @@ def holder(dest: str | os.PathLike) -> str | None:
     """Who holds the lock of `dest` ('pid 123 on host h, started ...'), or None when no run holds it."""
     path = Path(dest) / LOCK_NAME
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+        fd = open_regular(path)
+    except (OSError, UnsafeFileError):  # not a lock a run holds; acquire() refuses a planted entry by name
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -74,7 +75,7 @@ class DestinationLock:
         self.dest.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + _RETRY_SECONDS
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = open_or_create(self.path, os.O_RDWR, verb="lock")  # never a planted symlink, FIFO or hard link
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

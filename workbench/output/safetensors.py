@@ -20,6 +20,7 @@ from typing import Any
 from ..catalog import TensorInfo
 from ..dtypes import DTYPE_BITS
 from ..errors import PlanError
+from ..files import PARTIAL_SUFFIX, atomic_write, claim_temp, fsync_dir, replace_into
 from ..iostats import IO
 
 # Reference writer order: larger element types first (keeps every tensor aligned), then by name.
@@ -29,7 +30,6 @@ _DTYPE_RANK = [
 ]
 _RANK = {code: i for i, code in enumerate(_DTYPE_RANK)}
 DEFAULT_METADATA = {"format": "pt"}
-PARTIAL_SUFFIX = ".partial"
 
 
 def tensor_meta(tensor: Any) -> tuple[str, tuple[int, ...]]:
@@ -163,14 +163,6 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
         function(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
 
 
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class SafetensorsWriter:
     """Writes one safetensors file laid out in advance; data may arrive in any order and in pieces.
 
@@ -185,7 +177,7 @@ class SafetensorsWriter:
         self.partial_path = self.folder / (layout.file + PARTIAL_SUFFIX)
         self._by_name = layout.by_name()
         self._written: dict[str, int] = dict.fromkeys(self._by_name, 0)
-        self._fd: int | None = os.open(self.partial_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+        self._fd: int | None = claim_temp(self.partial_path)  # exclusive, no-follow: nothing planted there is written through
         try:
             preallocate(self._fd, layout.size)
             self._pwrite(layout.header, 0)
@@ -330,9 +322,9 @@ class SafetensorsWriter:
         os.fsync(self._fd)
         os.close(self._fd)
         self._fd = None
-        os.replace(self.partial_path, self.final_path)
+        replace_into(self.partial_path, self.final_path)
         if sync_dir:
-            _fsync_dir(self.folder)
+            fsync_dir(self.folder)
         return self.final_path
 
     def abort(self) -> None:
@@ -367,15 +359,7 @@ def write_index(
     if metadata:
         meta.update(metadata)
     body = json.dumps({"metadata": meta, "weight_map": dict(sorted(weight_map.items()))}, indent=2, sort_keys=False) + "\n"
-    final = folder / name
-    partial = folder / (name + PARTIAL_SUFFIX)
-    with open(partial, "w", encoding="utf-8") as fh:
-        fh.write(body)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(partial, final)
-    _fsync_dir(folder)
-    return final
+    return atomic_write(folder / name, body)
 
 
 def shard_file_name(k: int, n: int) -> str:

@@ -11,14 +11,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..display import format_bytes
+from ..errors import WorkbenchError
+from ..files import PARTIAL_SUFFIX, atomic_write, describe, open_regular, read_regular, remove_entry
 from ..mapper.groups import Problem
 from ..output.lock import LOCK_NAME, holder
-from ..output.safetensors import PARTIAL_SUFFIX
 from .sharding import OutputFile
 
 MANIFEST_NAME = ".workbench-convert.json"
@@ -37,8 +39,8 @@ class DestinationState:
 def read_manifest(dest: Path) -> dict | None:
     """The manifest of an interrupted conversion in `dest`, or None."""
     try:
-        data = json.loads((dest / MANIFEST_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = json.loads(read_regular(dest / MANIFEST_NAME))
+    except (OSError, ValueError, WorkbenchError):
         return None
     return data if isinstance(data, dict) else None
 
@@ -50,34 +52,46 @@ def write_manifest(dest: Path, fingerprint: str, files: Iterable[OutputFile]) ->
         "fingerprint": fingerprint,
         "files": {f.name: {"size": f.size, "header_bytes": len(f.layout.header)} for f in files},
     }
-    partial = dest / (MANIFEST_NAME + PARTIAL_SUFFIX)
-    partial.write_text(json.dumps(body, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(partial, dest / MANIFEST_NAME)
+    atomic_write(dest / MANIFEST_NAME, json.dumps(body, indent=1, sort_keys=True) + "\n", sync_dir=False)  # the caller syncs the folder
 
 
 def remove_manifest(dest: Path) -> None:
     """Drop the manifest once the conversion is complete."""
-    try:
-        os.unlink(dest / MANIFEST_NAME)
-    except FileNotFoundError:
-        pass
+    remove_entry(dest / MANIFEST_NAME)
 
 
 def shard_is_complete(path: Path, planned: OutputFile) -> bool:
     """True when the file at `path` has the planned size and exactly the planned header bytes."""
     try:
-        if path.stat().st_size != planned.size:
-            return False
-        with open(path, "rb") as fh:
-            return fh.read(len(planned.layout.header)) == planned.layout.header
+        fd = open_regular(path)  # a symlink or FIFO under a shard's name is never a kept shard
+    except (OSError, WorkbenchError):
+        return False
+    try:
+        return os.fstat(fd).st_size == planned.size and os.pread(fd, len(planned.layout.header), 0) == planned.layout.header
     except OSError:
         return False
+    finally:
+        os.close(fd)
 
 
 def own_names(files: Iterable[OutputFile], extras: Iterable[str]) -> set[str]:
     """Every name a conversion may create in its destination, temporary names included."""
     names = {MANIFEST_NAME, INDEX_NAME, *(f.name for f in files), *(e.split("/", 1)[0] for e in extras)}
     return names | {n + PARTIAL_SUFFIX for n in names}
+
+
+def blocked_names(dest: Path, names: Iterable[str], lock_name: str) -> list[str]:
+    """Entries in `dest` a conversion cannot write through: a folder under a name it writes, anything
+    but a regular file under the lock's name (a run opens the lock as it exists; see `workbench.files`)."""
+    blocked = []
+    for name in sorted({*names, lock_name}):
+        try:
+            mode = os.lstat(dest / name).st_mode
+        except OSError:
+            continue
+        if stat.S_ISDIR(mode) or (name == lock_name and not stat.S_ISREG(mode)):
+            blocked.append(f"{name} is {describe(mode)} ({dest / name})")
+    return blocked
 
 
 def _existing_ancestor(path: Path) -> Path:
@@ -118,6 +132,12 @@ def check_destination(
         )
         return state
     entries = sorted(n for n in os.listdir(dest) if n != LOCK_NAME) if dest.is_dir() else []
+    blocked = blocked_names(dest, own_names(files, extras), LOCK_NAME) if dest.is_dir() else []
+    if blocked:
+        state.problems.append(
+            Problem("error", f"Cannot write to {dest}: {'; '.join(blocked)}. Remove them or choose another destination.")
+        )
+        return state
     if entries and not overwrite:
         manifest = read_manifest(dest)
         if manifest is not None and manifest.get("fingerprint") == fingerprint:
