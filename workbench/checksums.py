@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .catalog import Catalog
 from .errors import CheckpointError
+from .formats.json_errors import json_problem
 from .formats.safetensors_folder import CHECKSUMS_NAME
 from .iostats import open_for_read, read_at
 
@@ -84,8 +85,12 @@ def read_sidecar(path: Path) -> dict[str, dict]:
     """The recorded tensors of a sidecar; a file that is not one raises CheckpointError."""
     try:
         body = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         raise CheckpointError(f"Cannot read checksum sidecar {path}: {exc}. Record it again (--record).", file=str(path)) from None
+    except (ValueError, RecursionError) as exc:
+        raise CheckpointError(
+            f"Cannot read checksum sidecar {path}: it is not valid JSON ({json_problem(exc)}). Record it again (--record).", file=str(path)
+        ) from None
     tensors = body.get("tensors") if isinstance(body, dict) and body.get("kind") == _KIND else None
     if not isinstance(tensors, dict) or not all(isinstance(v, dict) and isinstance(v.get("sha256"), str) for v in tensors.values()):
         raise CheckpointError(f"Cannot read checksum sidecar {path}: it is not a workbench checksum file. Record it again (--record).", file=str(path))
