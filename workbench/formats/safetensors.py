@@ -183,7 +183,7 @@ def _parse_header_bytes(
                     break
             else:
                 zero = True
-        if count * bits >= LIMIT:
+        if count >= LIMIT or (not zero and count * bits >= LIMIT):
             raise _fail(path, shape_problem(shape, bits) or f"shape {shape_text(shape)} overflows 64 bits", name)
         numel = 0 if zero else count
         offsets = entry.get("data_offsets")

@@ -2,7 +2,9 @@
 
 The reference safetensors reader counts a tensor's elements and their bits in 64-bit integers and
 refuses a shape whose count overflows, even when a later dimension is 0 (`[2**62, 2**62, 0]`): a file
-holding such a shape is one no other reader accepts. Every workbench reader (safetensors headers, torch
+holding such a shape is one other readers refuse. The workbench counts the non-zero dimensions, so
+the order of the dimensions does not matter (the reference, multiplying left to right, lets a leading
+0 hide the overflow of `[0, 2**62, 2**62]`; no real tensor has either shape). Every workbench reader (safetensors headers, torch
 sizes and strides, DCP sizes, atorch shapes) applies the same rule, and does it before a size is
 multiplied, compared or printed: a dimension of thousands of digits makes products Python cannot even
 turn into text.
@@ -37,17 +39,23 @@ def shape_text(shape: Iterable[object]) -> str:
 def shape_problem(shape: Iterable[object], bits: int = 8) -> str | None:
     """Why `shape` (of elements of `bits` bits) cannot be a tensor's, or None.
 
-    Every dimension must be a non-negative integer, and the product of the non-zero dimensions, in bits,
-    must fit 64 bits (so a zero elsewhere in the shape does not excuse an overflow).
+    Every dimension must be a non-negative integer, the product of the non-zero dimensions must fit 64
+    bits (so a zero elsewhere in the shape does not excuse an overflow), and so must the tensor's size
+    in bits.
     """
     count = 1
+    zero = False
     for d in shape:
         if type(d) is not int or d < 0:
             return f"shape {shape_text(shape)} is not a list of non-negative integers"
-        if d:
-            count *= d
-            if count * bits >= LIMIT:
-                return f"shape {shape_text(shape)} overflows 64 bits (its non-zero dimensions count more elements than a 64-bit size holds)"
+        if not d:
+            zero = True
+            continue
+        count *= d
+        if count >= LIMIT:
+            return f"shape {shape_text(shape)} overflows 64 bits (its non-zero dimensions count more elements than a 64-bit size holds)"
+    if not zero and count * bits >= LIMIT:
+        return f"shape {shape_text(shape)} overflows 64 bits (its size in bits does not fit a 64-bit size)"
     return None
 
 
