@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from hostile.fuzzing import apply_mutations, check_reader, mutations
 from hostile.seeds import INDEX_NAME, TARGETS, build_seed
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
@@ -113,6 +113,8 @@ def reference_accepts(path: Path) -> bool:
 @pytest.mark.slow
 @settings(FUZZ_SETTINGS, max_examples=250)
 @given(header=st.dictionaries(st.text(max_size=8), entries, max_size=5), data_len=st.integers(0, 96))
+@example(header={"w": {"dtype": "U8", "shape": [2**62, 2**62, 0], "data_offsets": [0, 0]}}, data_len=0)
+@example(header={"w": {"dtype": "F32", "shape": [2**64, 0], "data_offsets": [0, 0]}}, data_len=0)
 def test_generated_headers_are_refused_or_tile_the_data_buffer(tmp_path_factory, header: dict, data_len: int) -> None:
     """Shapes whose numel * itemsize overflow 64 bits (a 0 elsewhere or not), offsets past the buffer, unknown
     dtypes: refused, or read exactly; and never accepted when the reference reader refuses the file."""
