@@ -278,3 +278,23 @@ def test_sparse_llama_405b_shapes_open_from_headers(tmp_path: Path) -> None:
     assert sum(f.size for f in catalog.files.values()) > 2 * params
     assert sum(os.stat(folder / f).st_blocks * 512 for f in catalog.files) < 10 << 20
     assert verify(folder).ok
+
+
+def test_fifo_named_like_an_index_is_never_read(tmp_path: Path) -> None:
+    import signal
+
+    def blocked(*_: object) -> None:
+        raise TimeoutError("opening the checkpoint blocked on a FIFO")
+
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    save_file({"w": np.ones(2, np.float32)}, str(folder / "model.safetensors"))
+    os.mkfifo(folder / "other.safetensors.index.json")  # opening it for reading would wait for a writer
+    previous = signal.signal(signal.SIGALRM, blocked)
+    signal.alarm(20)
+    try:
+        catalog = open_catalog(folder)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert list(catalog.tensors) == ["w"]

@@ -31,7 +31,7 @@ def find_index(folder: Path) -> Path | None:
     preferred = folder / INDEX_NAME
     if preferred.is_file():
         return preferred
-    found = sorted(folder.glob("*" + SUFFIX + ".index.json"))
+    found = sorted(p for p in folder.glob("*" + SUFFIX + ".index.json") if p.is_file())  # never a FIFO: reading it blocks
     return found[0] if len(found) == 1 else None
 
 
