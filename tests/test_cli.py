@@ -186,6 +186,41 @@ def test_corrupt_file_message_names_file_and_tensor_without_traceback(tmp_path: 
     assert len(done.stderr.strip().splitlines()) == 1
 
 
+def _huge_integer_inputs(tmp_path: Path) -> dict[str, Path]:
+    """Checkpoints holding integers of thousands of digits where a size, an offset or a version belongs."""
+    import pickle
+    import zipfile
+
+    out = {}
+    body = b'{"w": {"dtype": "U8", "shape": [' + b"9" * 5000 + b'], "data_offsets": [0, 0]}}'
+    out["safetensors dimension"] = tmp_path / "dim.safetensors"
+    out["safetensors dimension"].write_bytes(len(body).to_bytes(8, "little") + body)
+    body = b'{"w": {"dtype": "U8", "shape": [0], "data_offsets": [' + b"9" * 4000 + b", " + b"9" * 4000 + b"]}}"
+    out["safetensors offsets"] = tmp_path / "offsets.safetensors"
+    out["safetensors offsets"].write_bytes(len(body).to_bytes(8, "little") + body)
+    out["HF index"] = tmp_path / "hf"
+    out["HF index"].mkdir()
+    save_file({"w": np.ones(2, np.float32)}, str(out["HF index"] / "model.safetensors"))
+    (out["HF index"] / "model.safetensors.index.json").write_text(
+        '{"metadata": {"total_size": ' + "9" * 5000 + '}, "weight_map": {"w": "model.safetensors"}}'
+    )
+    out["Lightning version"] = tmp_path / "epoch=1.ckpt"
+    with zipfile.ZipFile(out["Lightning version"], "w") as archive:
+        archive.writestr("archive/data.pkl", pickle.dumps({"pytorch-lightning_version": 1 << 24_000, "state_dict": {}}, protocol=2))
+    return out
+
+
+def test_integers_of_thousands_of_digits_are_clear_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    inputs = _huge_integer_inputs(tmp_path)
+    for what, path in inputs.items():
+        for command in ("inspect", "verify"):
+            status, _, err = run(command, path, capsys=capsys)
+            assert status != 0, (what, command)
+            assert "Cannot" in err and "internal error" not in err and "set_int_max_str_digits" not in err, (what, command, err)
+    done = run_process("inspect", inputs["Lightning version"])  # as a user runs it: no traceback
+    assert done.returncode == 2 and "Traceback" not in done.stderr and "an integer of 3001 bytes" in done.stderr
+
+
 def test_unknown_format_and_empty_folder_are_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     status, _, err = run("inspect", LLAMA / "config.json", capsys=capsys)
     assert status == 2 and "not in a format the workbench knows" in err

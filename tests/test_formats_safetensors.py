@@ -88,6 +88,19 @@ CORPUS: dict[str, tuple[bytes, str, str | None, bool]] = {
         "x",
         False,
     ),
+    # Keys spelled with JSON escapes decode to the same key: repeated all the same.
+    "dtype repeated through an escape": (
+        raw_file(b'{"x": {"dtype": "U8", "dt\\u0079pe": "I8", "shape": [4], "data_offsets": [0, 4]}}', b"\0" * 4),
+        "repeats the key 'dtype' inside an entry", None, True,
+    ),
+    "shape repeated through an escape": (
+        raw_file(b'{"x": {"dtype": "U8", "shape": [4], "sh\\u0061pe": [2, 2], "data_offsets": [0, 4]}}', b"\0" * 4),
+        "repeats the key 'shape' inside an entry", None, True,
+    ),
+    "__metadata__ repeated through an escape": (
+        raw_file(b'{"__metadata__": {"a": "b"}, "\\u005f_metadata__": {"a": "c"}, "x": ' + json.dumps(GOOD_X).encode() + b"}", b"\0" * 4),
+        "repeats the key '__metadata__'", None, True,
+    ),
     "gap between tensors": (raw_file({"a": entry("U8", [2], 0, 2), "b": entry("U8", [2], 4, 6)}, b"\0" * 6), "gap of 2 bytes", "b", True),
     "overlapping tensors": (raw_file({"a": entry("U8", [4], 0, 4), "b": entry("U8", [4], 2, 6)}, b"\0" * 6), "overlaps the previous tensor", "b", True),
     "first tensor not at offset 0": (raw_file({"a": entry("U8", [2], 2, 4)}, b"\0" * 4), "gap of 2 bytes", "a", True),
@@ -101,7 +114,28 @@ CORPUS: dict[str, tuple[bytes, str, str | None, bool]] = {
     "boolean dimension": (raw_file({"w": entry("U8", [True], 0, 1)}, b"\0"), "non-negative integers", "w", True),
     "shape is not a list": (raw_file({"w": entry("U8", 4, 0, 4)}, b"\0" * 4), "non-negative integers", "w", True),
     "shape missing": (raw_file({"w": {"dtype": "U8", "data_offsets": [0, 4]}}, b"\0" * 4), "non-negative integers", "w", True),
-    "dimension beyond 2**64": (raw_file({"w": entry("U8", [2**64], 0, 4)}, b"\0" * 4), "needs", "w", True),
+    "dimension beyond 2**64": (raw_file({"w": entry("U8", [2**64], 0, 4)}, b"\0" * 4), "overflows 64 bits", "w", True),
+    # A zero dimension does not excuse an element count that overflows 64 bits (the reference refuses it too).
+    "overflowing shape with a zero dimension": (raw_file({"w": entry("U8", [2**62, 2**62, 0], 0, 0)}), "overflows 64 bits", "w", True),
+    "overflowing bit count": (raw_file({"w": entry("F64", [2**61], 0, 0)}), "overflows 64 bits", "w", True),
+    # The reference multiplies in order, so a leading 0 hides the overflow from it; no real tensor has this shape.
+    "zero dimension before an overflowing count": (raw_file({"w": entry("U8", [0, 2**62, 2**62], 0, 0)}), "overflows 64 bits", "w", False),
+    "dimension of 5000 digits": (
+        raw_file(b'{"w": {"dtype": "U8", "shape": [' + b"9" * 5000 + b'], "data_offsets": [0, 0]}}'),
+        "integer of more than 4300 digits", None, True,
+    ),
+    "dimension of 4000 digits and a zero": (
+        raw_file(b'{"w": {"dtype": "U8", "shape": [' + b"9" * 4000 + b', 0], "data_offsets": [0, 0]}}'),
+        "overflows 64 bits", "w", True,
+    ),
+    "offset of 5000 digits": (
+        raw_file(b'{"w": {"dtype": "U8", "shape": [0], "data_offsets": [0, ' + b"9" * 5000 + b"]}}"),
+        "integer of more than 4300 digits", None, True,
+    ),
+    "offsets of 4000 digits": (
+        raw_file(b'{"w": {"dtype": "U8", "shape": [0], "data_offsets": [' + b"9" * 4000 + b", " + b"9" * 4000 + b"]}}"),
+        "data_offsets must be", "w", True,
+    ),
     "offsets reversed": (raw_file({"w": entry("U8", [0], 4, 0)}, b"\0" * 4), "data_offsets must be", "w", True),
     "three offsets": (raw_file({"w": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4, 8]}}, b"\0" * 4), "data_offsets must be", "w", True),
     "negative offset": (raw_file({"w": entry("U8", [4], -4, 0)}, b"\0" * 4), "data_offsets must be", "w", True),

@@ -198,3 +198,86 @@ def test_listing_does_not_import_torch():
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+# ----------------------------------------------------------------------------------------- hostile pickles
+
+REBUILD_V2 = b"ctorch._utils\n_rebuild_tensor_v2\n"
+
+
+def _four_argument_rebuild() -> bytes:
+    """{'w': _rebuild_tensor_v2(<float32 storage '0' of 4>, 0, (4,), (1,))}: requires_grad left to its default."""
+    storage = b"((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x000X\x03\x00\x00\x00cpuK\x04tQ"
+    return b"\x80\x02}X\x01\x00\x00\x00w" + REBUILD_V2 + storage + b"K\x00K\x04\x85K\x01\x85tRs."
+
+
+@pytest.mark.parametrize(
+    ("target", "state"),
+    [
+        (REBUILD_V2, b"N}X\x0c\x00\x00\x00__defaults__\x88\x85s\x86"),  # slot state: setattr(f, '__defaults__', (True,))
+        (REBUILD_V2, b"}X\x0c\x00\x00\x00__defaults__\x88\x85s"),  # dict state: f.__dict__['__defaults__']
+        (REBUILD_V2, b"N}X\x0c\x00\x00\x00__qualname__X\x04\x00\x00\x00evils\x86"),
+        (b"ctorch\nSize\n", b"N}X\x0e\x00\x00\x00__kwdefaults__}s\x86"),
+    ],
+    ids=["slot __defaults__", "dict __defaults__", "slot __qualname__", "torch.Size __kwdefaults__"],
+)
+def test_state_a_pickle_sets_on_a_builder_never_reaches_the_next_file(tmp_path, target: bytes, state: bytes):
+    from hostile.corpus import torch_zip
+
+    from workbench.formats.torch_zip import inspect_file
+
+    name = target.split(b"\n")[1].decode()
+    attack = torch_zip(tmp_path / "attack.pt", b"\x80\x02" + target + state + b"b.")
+    with pytest.raises(CheckpointError, match=f"tries to set attributes on [a-z._]*{name}"):
+        open_catalog(attack)
+    clean = torch_zip(tmp_path / "clean.pt", _four_argument_rebuild(), {"0": torch.arange(4.0).numpy().tobytes()})
+    (path, ref), = inspect_file(clean).contents.tensors
+    assert path == "w" and ref.shape == (4,) and ref.requires_grad is False
+    assert load_checked(open_catalog(clean), "w").tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_trailing_memo_bomb_is_refused_with_bounded_memory(tmp_path):
+    """The reported bomb, scaled down: a deflated data.pkl asks for a memo slot near its inflated size."""
+    import struct
+    import tracemalloc
+
+    import numpy as np
+    from hostile.corpus import torch_zip
+
+    inflated = 8_000_000
+    padding = (np.random.default_rng(3).random(inflated) < 0.008).astype(np.uint8).tobytes()
+    path = torch_zip(tmp_path / "bomb.pt", b"\x80\x02]r" + struct.pack("<I", inflated - 100) + b"." + padding, deflate=True)
+    tracemalloc.start()
+    try:
+        with pytest.raises(CheckpointError, match="memo index 7999900 at byte 3 is beyond the 0 memo entries"):
+            open_catalog(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * inflated, f"{peak} bytes allocated to refuse a {path.stat().st_size}-byte file"
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (b"\x80\x02}." + b"\0" * 100, "100 bytes follow the STOP opcode at byte 3"),
+        (b"\x80\x02]q\x00]r\x01\x00\x00\x00]p2\n.", None),  # sequential memo slots: sound
+        (b"\x80\x02]r\x00\x10\x00\x00.", "memo index 4096 at byte 3"),
+        (b"(p500\nl.", "memo index 500 at byte 1"),
+        (b"(L" + b"1" * 5000 + b"L\nl.", "an integer of 5001 digits"),
+        (b"(I" + b"1" * 5000 + b"\nl.", "an integer of 5000 digits"),
+        (b"\x80\x02\x8b\x00\x08\x00\x00" + b"\1" * 2048 + b".", "an integer of 2048 bytes"),
+    ],
+    ids=["padded after STOP", "sequential memo", "LONG_BINPUT ahead", "PUT ahead", "LONG digits", "INT digits", "LONG4 bytes"],
+)
+def test_pickle_bounds_follow_the_real_pickle(tmp_path, body: bytes, says: str | None):
+    from hostile.corpus import torch_zip
+
+    path = torch_zip(tmp_path / "p.pt", body)
+    if says is None:
+        open_catalog(path)
+        return
+    with pytest.raises(CheckpointError) as caught:
+        open_catalog(path)
+    assert says in str(caught.value) and str(caught.value).startswith(f"Cannot read {path}: its pickle is corrupt or crafted")
+

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from hostile.fuzzing import apply_mutations, check_reader, mutations
 from hostile.seeds import INDEX_NAME, TARGETS, build_seed
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
@@ -34,6 +34,7 @@ EXAMPLES = {
     "hf-index": 250,
     "torch-zip": 250,
     "torch-pickle": 200,
+    "torch-pickle-deflated": 120,
     "dcp-metadata": 120,
     "dcp-data": 80,
     "atorch-meta": 150,
@@ -60,6 +61,7 @@ def test_every_target_is_covered_and_its_seed_is_accepted(tmp_path: Path) -> Non
         assert outcome.accepted and outcome.tensors > 0, (name, outcome.error)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_mutated_checkpoints_keep_the_reader_contract(tmp_path: Path, name: str) -> None:
     target = TARGETS[name]
@@ -97,10 +99,25 @@ entries = st.fixed_dictionaries(
 )
 
 
+def reference_accepts(path: Path) -> bool:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            list(f.keys())
+    except Exception:
+        return False
+    return True
+
+
+@pytest.mark.slow
 @settings(FUZZ_SETTINGS, max_examples=250)
 @given(header=st.dictionaries(st.text(max_size=8), entries, max_size=5), data_len=st.integers(0, 96))
+@example(header={"w": {"dtype": "U8", "shape": [2**62, 2**62, 0], "data_offsets": [0, 0]}}, data_len=0)
+@example(header={"w": {"dtype": "F32", "shape": [2**64, 0], "data_offsets": [0, 0]}}, data_len=0)
 def test_generated_headers_are_refused_or_tile_the_data_buffer(tmp_path_factory, header: dict, data_len: int) -> None:
-    """Shapes whose numel * itemsize overflow 64 bits, offsets past the buffer, unknown dtypes: refused or exact."""
+    """Shapes whose numel * itemsize overflow 64 bits (a 0 elsewhere or not), offsets past the buffer, unknown
+    dtypes: refused, or read exactly; and never accepted when the reference reader refuses the file."""
     path = tmp_path_factory.getbasetemp() / "generated.safetensors"
     body = json.dumps(header).encode()
     path.write_bytes(len(body).to_bytes(8, "little") + body + bytes(data_len))
@@ -109,12 +126,35 @@ def test_generated_headers_are_refused_or_tile_the_data_buffer(tmp_path_factory,
     except CheckpointError as exc:
         assert str(path) in str(exc)
         return
+    assert reference_accepts(path), f"accepted a header the reference reader refuses: {body[:300]!r}"
     start = parsed.header_bytes
     position = start
     for info in parsed.tensors:  # in data order, contiguous, each exactly numel * itemsize long
         assert info.begin == position and info.end - info.begin == info.nbytes
         position = info.end
     assert position == parsed.file_size == start + data_len
+
+
+KEYS = ("dtype", "shape", "data_offsets", "__metadata__")
+
+
+@pytest.mark.slow
+@settings(FUZZ_SETTINGS, max_examples=120)
+@given(key=st.sampled_from(KEYS), escaped=st.data())
+def test_keys_repeated_through_escapes_are_refused(tmp_path_factory, key: str, escaped: st.DataObject) -> None:
+    """Any spelling of a repeated key (some of its characters as \\uXXXX escapes) is a repeated key."""
+    mask = escaped.draw(st.lists(st.booleans(), min_size=len(key), max_size=len(key)).filter(any), label="escaped chars")
+    spelled = "".join(f"\\u{ord(c):04x}" if m else c for c, m in zip(key, mask, strict=True))
+    entry = '"dtype": "U8", "shape": [4], "data_offsets": [0, 4]'
+    if key == "__metadata__":
+        text = '{"__metadata__": {"a": "b"}, "' + spelled + '": {"a": "c"}, "x": {' + entry + "}}"
+    else:
+        value = {"dtype": '"I8"', "shape": "[2, 2]", "data_offsets": "[0, 4]"}[key]
+        text = '{"x": {' + entry + ', "' + spelled + '": ' + value + "}}"
+    path = tmp_path_factory.getbasetemp() / "escaped.safetensors"
+    path.write_bytes(len(text).to_bytes(8, "little") + text.encode() + bytes(4))
+    with pytest.raises(CheckpointError, match=f"repeats the key '{key}'"):
+        read_header(path)
 
 
 shard_names = st.one_of(
@@ -128,6 +168,7 @@ shard_names = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(FUZZ_SETTINGS, max_examples=150)
 @given(weight_map=st.dictionaries(st.sampled_from(["a.weight", "a.bias", "b.weight", "x", ""]), shard_names, max_size=5))
 def test_generated_index_never_opens_a_file_outside_the_folder(tmp_path_factory, weight_map: dict) -> None:

@@ -89,6 +89,27 @@ def test_missing_shard(tmp_path: Path) -> None:
     assert error.tensor in {"b.weight", "b.bias"} and repr(error.tensor) in str(error)
 
 
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_shard_that_is_not_a_regular_file_is_named_so_without_blocking(tmp_path: Path, kind: str) -> None:
+    folder = write_sharded(tmp_path / "ck", two_shards())
+    (folder / SHARD2).unlink()
+    os.mkfifo(folder / SHARD2) if kind == "fifo" else (folder / SHARD2).mkdir()
+    error = refused(folder)  # a FIFO opened for reading would block here
+    expected = "a FIFO" if kind == "fifo" else "a directory"
+    assert f"{SHARD2} named by {INDEX} is not a regular file ({expected})" in str(error), str(error)
+    assert "missing" not in str(error)
+    messages = " ".join(e.message for e in verify(folder).errors)
+    assert f"is not a regular file ({expected})" in messages and "missing" not in messages
+
+
+def test_index_with_an_integer_of_thousands_of_digits_is_refused_clearly(tmp_path: Path) -> None:
+    folder = write_sharded(tmp_path / "ck", two_shards())
+    (folder / INDEX).write_text('{"metadata": {"total_size": ' + "9" * 5000 + '}, "weight_map": {}}')
+    error = refused(folder)
+    assert "integer of more than 4300 digits" in str(error) and INDEX in str(error)
+    assert "set_int_max_str_digits" not in str(error)
+
+
 def test_tensor_absent_from_the_shard_the_index_names(tmp_path: Path) -> None:
     weight_map = {"a.weight": SHARD1, "a.bias": SHARD1, "b.weight": SHARD2, "b.bias": SHARD2, "ghost": SHARD1}
     folder = write_sharded(tmp_path / "ck", two_shards(), weight_map)
@@ -257,3 +278,23 @@ def test_sparse_llama_405b_shapes_open_from_headers(tmp_path: Path) -> None:
     assert sum(f.size for f in catalog.files.values()) > 2 * params
     assert sum(os.stat(folder / f).st_blocks * 512 for f in catalog.files) < 10 << 20
     assert verify(folder).ok
+
+
+def test_fifo_named_like_an_index_is_never_read(tmp_path: Path) -> None:
+    import signal
+
+    def blocked(*_: object) -> None:
+        raise TimeoutError("opening the checkpoint blocked on a FIFO")
+
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    save_file({"w": np.ones(2, np.float32)}, str(folder / "model.safetensors"))
+    os.mkfifo(folder / "other.safetensors.index.json")  # opening it for reading would wait for a writer
+    previous = signal.signal(signal.SIGALRM, blocked)
+    signal.alarm(20)
+    try:
+        catalog = open_catalog(folder)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert list(catalog.tensors) == ["w"]

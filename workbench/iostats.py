@@ -6,7 +6,9 @@ counters are per process and cheap. `IO.snapshot()` / `IO.reset()` bracket a mea
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import threading
 from dataclasses import dataclass, field
 
@@ -54,9 +56,41 @@ class IOCounters:
 IO = IOCounters()
 
 
+def file_kind(path: str | os.PathLike) -> str | None:
+    """None for a regular file (links followed), else what is there: 'missing', 'a directory', 'a FIFO' ..."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "missing"
+    except OSError as exc:
+        return f"unreadable ({exc.strerror})"
+    return _kind_of_mode(mode)
+
+
+def _kind_of_mode(mode: int) -> str | None:
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
+
+
 def open_for_read(path: str | os.PathLike) -> int:
-    """Open a file read-only and count it; returns a raw file descriptor."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    """Open a regular file read-only and count it; returns a raw file descriptor.
+
+    Checkpoint paths come from untrusted folders and indexes: a FIFO would block the open (and a read)
+    forever and a directory fails only at the first read, so the open does not wait (O_NONBLOCK, which
+    regular files ignore) and anything but a regular file raises OSError "not a regular file (a FIFO)".
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
+    kind = _kind_of_mode(os.fstat(fd).st_mode)
+    if kind is not None:
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"not a regular file ({kind})", os.fspath(path))
     IO.add_open(os.fspath(path))
     return fd
 

@@ -41,6 +41,9 @@ COVERED_ELSEWHERE = {
         "test_file_safety.py::test_a_planted_entry_is_never_written_through",
     "checksums.sha256.json.partial -> a file outside, then verify --checksums":
         "test_file_safety.py::test_verify_checksums_with_a_symlinked_partial_records_a_real_sidecar",
+    "safetensors shape [2**62, 2**62, 0], 5000-digit dims and offsets, dtype/shape/__metadata__ repeated through escapes":
+        "test_formats_safetensors.py::test_malformed_file_is_refused_with_a_clear_message",
+    "state set on an allowed builder does not reach the next file": "test_formats_torch.py::test_state_a_pickle_sets_on_a_builder_never_reaches_the_next_file",
 }
 
 
@@ -178,6 +181,29 @@ def _dcp_chunk_payload(folder: Path, marker: Path) -> Path:
     return folder
 
 
+def _dcp_chunk_big_pickle(folder: Path, marker: Path) -> Path:
+    """The chunk stream of tensor 'w' is a torch.save whose data.pkl is 2 MB (a tensor's is a few hundred bytes)."""
+    import io
+
+    import torch
+
+    _dcp(folder)
+    buffer = io.BytesIO()
+    torch.save({"pad": b"\0" * (2 << 20)}, buffer)
+    data = folder / "__0_0.distcp"
+    start = data.stat().st_size
+    with open(data, "ab") as fh:
+        fh.write(buffer.getvalue())
+
+    def point_w_at_it(meta):
+        for index, info in meta.storage_data.items():
+            if index.fqn == "w":
+                info.offset, info.length = start, len(buffer.getvalue())
+
+    _rewrite_dcp_metadata(folder, point_w_at_it)
+    return folder
+
+
 def _dcp_path(where: str) -> Callable[[Path, Path], Path]:
     def build(folder: Path, marker: Path) -> Path:
         _dcp(folder)
@@ -213,6 +239,27 @@ def _dcp_huge_shape(folder: Path, marker: Path) -> Path:
     return folder
 
 
+def _dcp_size(shape: list) -> Callable[[Path, Path], Path]:
+    """Metadata gives w (and its one chunk) a shape with a 0 whose other dimensions overflow 64 bits."""
+
+    def build(folder: Path, marker: Path) -> Path:
+        _dcp(folder)
+
+        def resize(meta):
+            entry = meta.state_dict_metadata["w"]
+            zeros = (0,) * len(shape)  # plain tuples: torch.Size refuses integers beyond 64 bits
+            entry.size = tuple(shape)
+            entry.chunks[0] = type(entry.chunks[0])(offsets=zeros, sizes=tuple(shape))
+            for index in list(meta.storage_data):
+                if index.fqn == "w":
+                    meta.storage_data[type(index)("w", zeros, index.index)] = meta.storage_data.pop(index)
+
+        _rewrite_dcp_metadata(folder, resize)
+        return folder
+
+    return build
+
+
 def _dcp_counted_bomb(folder: Path, marker: Path) -> Path:
     _dcp(folder)
     (folder / ".metadata").write_bytes(b"\x80\x04\x8d" + struct.pack("<Q", 2**40) + b"abc.")  # BINUNICODE8 of 1 TiB
@@ -222,6 +269,118 @@ def _dcp_counted_bomb(folder: Path, marker: Path) -> Path:
 def _memo_bomb(folder: Path, marker: Path) -> Path:
     # ']' (an empty list) then LONG_BINPUT 2**31: CPython's unpickler would zero-fill a 32 GiB memo table.
     return torch_zip(folder / "memo.pt", b"\x80\x02]r" + struct.pack("<I", 2**31) + b".")
+
+
+def _padded_after_stop(folder: Path, marker: Path) -> Path:
+    return torch_zip(folder / "padded.pt", pickle.dumps({"epoch": 1}, protocol=2) + b"\0" * 4096)
+
+
+def _memo_beyond_entries(folder: Path, marker: Path) -> Path:
+    """A 1 MB bytes object, then memo slot 900,000: inside the pickle's bytes, far beyond its one memo entry."""
+    return torch_zip(folder / "memo.pt", b"\x80\x02B" + struct.pack("<I", 1 << 20) + b"\0" * (1 << 20) + b"r" + struct.pack("<I", 900_000) + b".")
+
+
+def _deflated_memo_bomb(folder: Path, marker: Path) -> Path:
+    """The reported bomb, small: memo slot near the 20 MB an entry inflates to, paid for by bytes after STOP.
+
+    The padding deflates about 57:1 (under the 64:1 bomb limit), so a ~350 KB file holds a 20 MB data.pkl
+    whose memo table would take 16 bytes per byte of it.
+    """
+    size = 20_000_000
+    rng = np.random.default_rng(12)
+    padding = (rng.random(size) < 0.008).astype(np.uint8).tobytes()
+    body = b"\x80\x02]r" + struct.pack("<I", size - 100) + b"." + padding
+    path = torch_zip(folder / "bomb.pt", body, deflate=True)
+    assert 40 * path.stat().st_size < len(body) < 64 * path.stat().st_size
+    return path
+
+
+def _set_attributes_on(qualified: str, state: bytes) -> Callable[[Path, Path], Path]:
+    """BUILD on a global the reader provides: `state` is the pickled state (a dict, or (None, slots))."""
+    module, _, name = qualified.rpartition(".")
+
+    def build(folder: Path, marker: Path) -> Path:
+        return torch_zip(folder / "attrs.pt", b"\x80\x02c" + f"{module}\n{name}\n".encode() + state + b"b.")
+
+    return build
+
+
+SLOT_DEFAULTS = b"N}X\x0c\x00\x00\x00__defaults__\x88\x85s\x86"  # (None, {'__defaults__': (True,)})
+DICT_QUALNAME = b"}X\x0c\x00\x00\x00__qualname__X\x04\x00\x00\x00evils"  # {'__qualname__': 'evil'}
+
+
+def _huge_version(folder: Path, marker: Path) -> Path:
+    """A Lightning checkpoint whose version is an integer of 3000 bytes (7000+ digits: str() refuses it)."""
+    return torch_zip(folder / "epoch.ckpt", pickle.dumps({"pytorch-lightning_version": 1 << 24_000, "state_dict": {}}, protocol=2))
+
+
+def _long_text_integer(folder: Path, marker: Path) -> Path:
+    return torch_zip(folder / "digits.pt", b"(L" + b"7" * 5000 + b"L\nl.")
+
+
+def _hf_index_huge_integer(folder: Path, marker: Path) -> Path:
+    _hf_index_seed(folder)
+    text = (folder / INDEX_NAME).read_text()
+    (folder / INDEX_NAME).write_text(text.replace('"total_size": 30', '"total_size": ' + "9" * 5000))
+    return folder
+
+
+def _hf_escaped_duplicate(folder: Path, marker: Path) -> Path:
+    _hf_index_seed(folder)
+    text = (folder / INDEX_NAME).read_text()
+    (folder / INDEX_NAME).write_text(text.replace('"a.bias": ', '"b.weigh\\u0074": "model-00001-of-00002.safetensors", "a.bias": '))
+    return folder
+
+
+def _hf_shard_not_regular(kind: str) -> Callable[[Path, Path], Path]:
+    def build(folder: Path, marker: Path) -> Path:
+        _hf_index_seed(folder)
+        shard = folder / "model-00002-of-00002.safetensors"
+        shard.unlink()
+        os.mkfifo(shard) if kind == "fifo" else shard.mkdir()
+        return folder
+
+    return build
+
+
+def _dcp_data_fifo(folder: Path, marker: Path) -> Path:
+    _dcp(folder)
+    (folder / "__0_0.distcp").unlink()
+    os.mkfifo(folder / "__0_0.distcp")
+    return folder
+
+
+def _atorch_rank_file_fifo(folder: Path, marker: Path) -> Path:
+    _atorch(folder)
+    (folder / "flat_param.00001-00002").unlink()
+    os.mkfifo(folder / "flat_param.00001-00002")
+    return folder
+
+
+def _sparse(path: Path, size: int) -> None:
+    with open(path, "r+b") as fh:
+        fh.truncate(size)  # a sparse file: its size is what the reader sees first
+
+
+def _dcp_metadata_257mb(folder: Path, marker: Path) -> Path:
+    _dcp(folder)
+    _sparse(folder / ".metadata", 257 << 20)
+    return folder
+
+
+def _atorch_meta_65mb(folder: Path, marker: Path) -> Path:
+    _atorch(folder)
+    _sparse(folder / "ckpt_meta", 65 << 20)
+    return folder
+
+
+def _lightning_meta_65mb(folder: Path, marker: Path) -> Path:
+    import torch
+
+    _dcp(folder, {"model.w": torch.ones(2)})
+    body = pickle.dumps({"epoch": 3, "pad": b"\0" * (65 << 20)}, protocol=2)
+    torch_zip(folder / "meta.pt", body, deflate=True)
+    return folder
 
 
 def _deflate_bomb(folder: Path, marker: Path) -> Path:
@@ -252,9 +411,17 @@ def _expand_bomb(folder: Path, marker: Path) -> Path:
     return folder / "expand.pt"
 
 
-def _torch_overflowing_view(folder: Path, marker: Path) -> Path:
+def _torch_huge_view(folder: Path, marker: Path) -> Path:
     blob = np.arange(4, dtype=np.float32).tobytes()
-    return torch_zip(folder / "huge.pt", tensor_pickle({"w": (0, (2**40, 2**40), (1, 1))}, storage_numel=4), {"0": blob})
+    return torch_zip(folder / "huge.pt", tensor_pickle({"w": (0, (2**20, 2**20), (1, 1))}, storage_numel=4), {"0": blob})
+
+
+def _torch_shape(shape: tuple, stride: tuple) -> Callable[[Path, Path], Path]:
+    def build(folder: Path, marker: Path) -> Path:
+        blob = np.arange(4, dtype=np.float32).tobytes()
+        return torch_zip(folder / "shape.pt", tensor_pickle({"w": (0, shape, stride), "ok": (0, (4,), (1,))}, storage_numel=4), {"0": blob})
+
+    return build
 
 
 def _torch_view_past_storage(folder: Path, marker: Path) -> Path:
@@ -280,9 +447,22 @@ def _atorch_huge_shape(folder: Path, marker: Path) -> Path:
     for path in sorted(folder.glob("flat_meta.*")):  # every rank agrees on the absurd shape
         meta = pickle.loads(path.read_bytes())  # the committed sample: trusted
         for info in meta["param_meta"].values():
-            info["param_shapes"] = type(info["param_shapes"])([2**40, 2**40])
+            info["param_shapes"] = type(info["param_shapes"])([2**20, 2**20])
         path.write_bytes(pickle.dumps(meta))
     return folder
+
+
+def _atorch_shape(shape: list) -> Callable[[Path, Path], Path]:
+    def build(folder: Path, marker: Path) -> Path:
+        _atorch(folder)
+        for path in sorted(folder.glob("flat_meta.*")):  # every rank agrees on the shape
+            meta = pickle.loads(path.read_bytes())  # the committed sample: trusted
+            for info in meta["param_meta"].values():
+                info["param_shapes"] = type(info["param_shapes"])(shape)
+            path.write_bytes(pickle.dumps(meta))
+        return folder
+
+    return build
 
 
 def _atorch_header_2_63(folder: Path, marker: Path) -> Path:
@@ -419,14 +599,45 @@ CASES: list[Case] = [
     Case("torch view expand()ed to 10**8 elements", _expand_bomb, "listed",
          check=_warns("repeats storage elements", "ok", "small_expand")),
     # sizes that overflow or point past the data
-    Case("torch view of 2**80 elements over 4", _torch_overflowing_view, "refused", "reaches byte"),
+    Case("torch view of 2**40 elements over 4", _torch_huge_view, "refused", "reaches byte"),
     Case("torch view past the end of its storage", _torch_view_past_storage, "refused", "reaches byte 28"),
     Case("DCP tensor of 2**40 elements in one small chunk", _dcp_huge_shape, "refused", "its stored stream has"),
-    Case("atorch param_shapes 2**80 elements", _atorch_huge_shape, "refused", "pieces hold"),
+    Case("atorch param_shapes 2**40 elements", _atorch_huge_shape, "refused", "pieces hold"),
     Case("atorch flat_param header length 2**63", _atorch_header_2_63, "refused", "above the 100000000 byte limit"),
     Case("HF shard header length 2**63", _hf_shard_header_2_63, "refused", "model-00002-of-00002.safetensors"),
     Case("safetensors header of exactly 100 MB", _header_at_the_limit, "listed", check=_listed("x")),
     Case("HF index lists a tensor twice", _hf_duplicate_index_key, "refused", "lists the key 'b.weight' twice"),
+    # the pickle's real extent bounds what it may ask for (issue 12 B2)
+    Case("pickle with bytes after STOP", _padded_after_stop, "refused", "4096 bytes follow the STOP opcode"),
+    Case("pickle memo index 900,000 after one entry (1 MB pickle)", _memo_beyond_entries, "refused", "memo index 900000"),
+    Case("deflated 20 MB data.pkl: memo index paid for by bytes after STOP", _deflated_memo_bomb, "refused", "memo index 19999900"),
+    Case("DCP chunk stream whose data.pkl is 2 MB", _dcp_chunk_big_pickle, "refused", "above the 1048576-byte limit"),
+    Case("DCP .metadata of 257 MB", _dcp_metadata_257mb, "refused", "above the 268435456-byte limit for a DCP index"),
+    Case("atorch ckpt_meta of 65 MB", _atorch_meta_65mb, "refused", "above the 67108864-byte limit for an atorch metadata pickle"),
+    Case("Lightning meta.pt whose data.pkl is 65 MB", _lightning_meta_65mb, "refused", "above the 67108864-byte limit for this kind"),
+    # shapes that overflow 64 bits, a 0 elsewhere or not (B3)
+    Case("torch size [2**62, 2**62, 0]", _torch_shape((2**62, 2**62, 0), (1, 1, 1)), "refused", "overflows 64 bits"),
+    Case("torch size [2**40, 2**40] (2**80 elements)", _torch_shape((2**40, 2**40), (1, 1)), "refused", "overflows 64 bits"),
+    Case("torch stride 2**64 on a zero-size view", _torch_shape((0, 4), (2**64, 1)), "refused", "is not a 64-bit index"),
+    Case("DCP size [2**62, 2**62, 0]", _dcp_size([2**62, 2**62, 0]), "refused", "overflows 64 bits"),
+    Case("DCP size of 4000-digit dimensions and a 0", _dcp_size([10**3999, 10**3999, 0]), "refused", "not a list of sizes"),
+    Case("atorch param_shapes [2**62, 2**62, 0]", _atorch_shape([2**62, 2**62, 0]), "refused", "overflows 64 bits"),
+    # integers of thousands of digits (B5)
+    Case("Lightning version of 7000+ digits (LONG4)", _huge_version, "refused", "an integer of 3001 bytes"),
+    Case("pickle LONG of 5000 digits", _long_text_integer, "refused", "an integer of 5001 digits"),
+    Case("HF index integer of 5000 digits", _hf_index_huge_integer, "refused", "integer of more than 4300 digits"),
+    # keys repeated through JSON escapes (B4)
+    Case("HF index lists a tensor twice, once through an escape", _hf_escaped_duplicate, "refused", "lists the key 'b.weight' twice"),
+    # state set on the reader's own builders (B6)
+    Case("pickle sets __defaults__ on torch._utils._rebuild_tensor_v2", _set_attributes_on("torch._utils._rebuild_tensor_v2", SLOT_DEFAULTS),
+         "refused", "tries to set attributes on torch._utils._rebuild_tensor_v2"),
+    Case("pickle sets __qualname__ on torch.Size", _set_attributes_on("torch.Size", DICT_QUALNAME),
+         "refused", "tries to set attributes on torch.Size"),
+    # index entries that are not regular files (B7)
+    Case("HF index shard is a FIFO", _hf_shard_not_regular("fifo"), "refused", "is not a regular file (a FIFO)"),
+    Case("HF index shard is a directory", _hf_shard_not_regular("dir"), "refused", "is not a regular file (a directory)"),
+    Case("DCP data file is a FIFO", _dcp_data_fifo, "refused", "is not a regular file (a FIFO)"),
+    Case("atorch rank file is a FIFO", _atorch_rank_file_fifo, "refused", "is not a regular file (a FIFO)"),
     # paths leading out of the folder
     Case("DCP storage path ../outside.distcp", _dcp_path("../outside.distcp"), "refused", "outside the checkpoint folder"),
     Case("DCP storage path /etc/passwd", _dcp_path("/etc/passwd"), "refused", "outside the checkpoint folder"),

@@ -8,6 +8,7 @@ a small multiple of the checkpoint's size, and so does the memory allocated (tra
 
 from __future__ import annotations
 
+import functools
 import os
 import tracemalloc
 from contextlib import contextmanager
@@ -34,7 +35,26 @@ INTERESTING_INTS = (0, 1, 2, 7, 8, 0x7F, 0x80, 0xFF, 0x7FFF, 0xFFFF, 0x7FFFFFFF,
 INTERESTING_TEXT = (
     b"../", b"/etc/passwd", b"..\\", b"\x00", b"-1", b"1e999", b"18446744073709551616", b"null", b"[]", b"{}",
     b'"', b"\\u0000", b"NaN", b"true", b"99999999999", b"F64", b"BOOL", b"__metadata__",
+    b"[4611686018427387904, 4611686018427387904, 0]", b"\\u005f_metadata__", b"dt\\u0079pe", b"sh\\u0061pe",
 )
+# Families of issue 12: a memo slot paid for by bytes after STOP, integers of thousands of digits, keys
+# repeated through JSON escapes. Their edits are whole constructs, which byte-level edits rarely build.
+PADDING = 2 << 20  # bytes appended after the end: deflate ~57:1, as the reported bomb did
+HUGE_DIGITS = b"9" * 5000
+HUGE_LONG4 = b"\x8b" + (3000).to_bytes(4, "little") + b"\x01" * 3000 + b"0"  # LONG4 of 3000 bytes, then POP
+JSON_KEYS = (b'"dtype": ', b'"shape": ', b'"data_offsets": ', b'"__metadata__": ', b'"weight_map": ')
+
+
+@functools.cache
+def _padding(size: int) -> bytes:
+    import numpy as np
+
+    return (np.random.default_rng(0).random(size) < 0.008).astype(np.uint8).tobytes()
+
+
+def _escaped(key: bytes) -> bytes:
+    """`"dtype": ` -> `"\\u0064type": `: the same key once decoded."""
+    return b'"\\u%04x' % key[1] + key[2:]
 # Pickle opcodes that build, call or look things up: inserting them steers mutations into the unpickler's paths.
 PICKLE_OPS = (b"c", b"\x93", b"R", b"b", b"s", b"u", b"a", b"e", b"t", b"\x85", b"\x86", b"\x87", b"h", b"j", b"g", b"p",
               b"\x94", b"(", b"0", b"2", b"Q", b"\x81", b"\x82", b"\x92", b"}", b"]", b")", b"N", b".")
@@ -45,7 +65,9 @@ def mutations(draw: st.DrawFn, size: int) -> list[tuple]:
     """A short list of edits to a payload of `size` bytes (hypothesis shrinks it to the fewest that matter)."""
     n = draw(st.integers(1, 6))
     pos = st.integers(0, max(size, 1))
-    kinds = st.sampled_from(("flip", "byte", "int", "text", "op", "insert", "delete", "splice", "truncate"))
+    kinds = st.sampled_from(
+        ("flip", "byte", "int", "text", "op", "insert", "delete", "splice", "truncate", "memo-bomb", "pad", "bigint", "dupkey")
+    )
     edits = []
     for _ in range(n):
         kind = draw(kinds)
@@ -63,6 +85,10 @@ def mutations(draw: st.DrawFn, size: int) -> list[tuple]:
             edits.append((kind, draw(pos), draw(st.binary(min_size=1, max_size=16))))
         elif kind in ("delete", "splice"):
             edits.append((kind, draw(pos), draw(st.integers(1, 64)), draw(pos)))
+        elif kind == "bigint":
+            edits.append((kind, draw(pos), draw(st.booleans())))
+        elif kind == "dupkey":
+            edits.append((kind, draw(pos), draw(st.sampled_from(JSON_KEYS))))
         else:
             edits.append((kind, draw(pos)))
     return edits
@@ -92,6 +118,22 @@ def apply_mutations(data: bytes, edits: list[tuple]) -> bytes:
             out[at:at] = out[src : src + args[0]]
         elif kind == "truncate":
             del out[at:]
+        elif kind == "memo-bomb":  # after PROTO: push, memo slot near the final size, pop; then padding after STOP
+            index = len(out) + 6 + PADDING - 100
+            out[2:2] = b"]r" + index.to_bytes(4, "little") + b"0"
+            out += _padding(PADDING)
+        elif kind == "pad":
+            out += _padding(4096)
+        elif kind == "bigint":  # digits where a number may stand, or a LONG4 right after PROTO
+            if args[0]:
+                out[at:at] = HUGE_DIGITS
+            else:
+                out[2:2] = HUGE_LONG4
+        elif kind == "dupkey":  # repeat a JSON key through an escape, before its first plain spelling
+            found = bytes(out).find(args[0], at % (len(out) + 1))
+            found = found if found >= 0 else bytes(out).find(args[0])
+            if found >= 0:
+                out[found:found] = _escaped(args[0]) + b"null, "
     return bytes(out)
 
 

@@ -90,14 +90,22 @@ def _read_pickle(folder: Path, key: str) -> bytes:
     return next(data for info, data in entries if info.filename == pkl)
 
 
-def _rezip_pickle(folder: Path, key: str, data: bytes) -> None:
-    """Put mutated pickle bytes back into a well-formed, uncompressed zip (so the pickle is what is fuzzed)."""
+def _rezip_pickle(folder: Path, key: str, data: bytes, *, deflate: bool = False) -> None:
+    """Put mutated pickle bytes back into a well-formed zip (so the pickle is what is fuzzed); stored
+    uncompressed as torch writes it, or deflated (`data.pkl` only) as a re-zipped file may be."""
     pkl, entries = _pickle_entry(folder)
     out = folder / (TORCH_FILE + ".tmp")
     with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as archive:
         for info, blob in entries:
-            archive.writestr(info.filename, data if info.filename == pkl else blob)
+            if info.filename == pkl:
+                archive.writestr(info.filename, data, compress_type=zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED)
+            else:
+                archive.writestr(info, blob)
     out.replace(folder / TORCH_FILE)
+
+
+def _rezip_pickle_deflated(folder: Path, key: str, data: bytes) -> None:
+    _rezip_pickle(folder, key, data, deflate=True)
 
 
 TARGETS: dict[str, Target] = {
@@ -107,6 +115,10 @@ TARGETS: dict[str, Target] = {
         Target("hf-index", _hf_index_seed, (INDEX_NAME,)),
         Target("torch-zip", _copy_sample(TRAINING / "torch" / TORCH_FILE), (TORCH_FILE,)),
         Target("torch-pickle", _copy_sample(TRAINING / "torch" / TORCH_FILE), ("data.pkl",), _rezip_pickle, _read_pickle),
+        # A deflated data.pkl multiplies what a few bytes on disk can ask of the unpickler (the memo bomb family).
+        Target(
+            "torch-pickle-deflated", _copy_sample(TRAINING / "torch" / TORCH_FILE), ("data.pkl",), _rezip_pickle_deflated, _read_pickle
+        ),
         Target("dcp-metadata", _copy_sample(TRAINING / "dcp_2ranks"), (".metadata",)),
         Target("dcp-data", _copy_sample(TRAINING / "dcp_2ranks"), ("__0_0.distcp",)),
         Target(

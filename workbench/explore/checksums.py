@@ -20,6 +20,7 @@ from ..catalog import Catalog
 from ..digest import CHUNK_BYTES, tensor_sha256
 from ..errors import CheckpointError, UnsafeFileError
 from ..files import atomic_write, read_regular
+from ..formats.json_errors import json_problem
 from ..formats.safetensors_folder import CHECKSUMS_NAME
 
 SIDECAR_NAME = CHECKSUMS_NAME
@@ -60,8 +61,12 @@ def read_sidecar(path: Path) -> dict[str, dict]:
         raise CheckpointError(
             f"Cannot read checksum sidecar {path}: it is {exc.what}, not a file the workbench wrote. Remove it, or pass "
             "--record (record=True) to write a new one.", file=str(path)) from None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         raise CheckpointError(f"Cannot read checksum sidecar {path}: {exc}. Record it again (--record).", file=str(path)) from None
+    except (ValueError, RecursionError) as exc:
+        raise CheckpointError(
+            f"Cannot read checksum sidecar {path}: it is not valid JSON ({json_problem(exc)}). Record it again (--record).", file=str(path)
+        ) from None
     tensors = body.get("tensors") if isinstance(body, dict) and body.get("kind") == _KIND else None
     if not isinstance(tensors, dict) or not all(isinstance(v, dict) and isinstance(v.get("sha256"), str) for v in tensors.values()):
         raise CheckpointError(f"Cannot read checksum sidecar {path}: it is not a workbench checksum file. Record it again (--record).", file=str(path))

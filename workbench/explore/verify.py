@@ -17,6 +17,7 @@ from ..catalog import Catalog
 from ..errors import CheckpointError, WorkbenchError
 from ..formats import open_catalog, safetensors_folder
 from ..formats.safetensors import SUFFIX, SafetensorsHeader, gc_paused, read_header
+from ..iostats import file_kind
 from ..output.safetensors import PARTIAL_SUFFIX
 from .checksums import ChecksumResult, default_sidecar, record_or_check
 
@@ -212,11 +213,13 @@ def _verify_index(folder: Path, index: Path, report: VerifyReport) -> None:
     report.files_checked = len(shards)
     headers: dict[str, SafetensorsHeader] = {}
     for rel in shards:
-        if not (folder / rel).is_file():
+        kind = file_kind(folder / rel)
+        if kind is not None:
             users = [n for n, r in shard_of.items() if r == rel]
             report.error(
-                f"Cannot verify {folder}: shard {rel} named by {index.name} is missing (it should hold {len(users)} tensors, e.g. {users[0]!r}). "
-                "Download the missing shard.",
+                f"Cannot verify {folder}: shard {rel} named by {index.name} is {safetensors_folder.shard_state(kind)} "
+                f"(it should hold {len(users)} tensors, e.g. {users[0]!r}). "
+                f"{'Download the missing shard.' if kind == 'missing' else 'Replace it with the shard file.'}",
                 rel,
                 users[0],
             )

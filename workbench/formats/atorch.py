@@ -28,11 +28,12 @@ from typing import Any
 from ..catalog import Catalog, FileInfo, TensorInfo
 from ..dtypes import DTYPE_BITS
 from ..errors import CheckpointError
-from ..iostats import open_for_read, read_at
+from ..iostats import file_kind, open_for_read, read_at
 from .file_pool import FilePool
 from .pickle.unpickler import load_inert
 from .safetensors import SafetensorsHeader, read_header
-from .safetensors_folder import safe_member
+from .safetensors_folder import safe_member, shard_state
+from .shape_bounds import shape_problem, shape_text
 
 _SUFFIX = re.compile(r"^(flat_meta|flat_param|optim_param)\.(\d{5})-(\d{5})$")
 OPTIM_PREFIX = "optimizer.state."
@@ -42,6 +43,8 @@ KNOWN_STATES = (
 )
 ALIGNMENT_BYTES = 16
 _FIXED_FILES = frozenset({"buffers", "ckpt_meta", "optim_meta"})
+# flat_meta / ckpt_meta / optim_meta hold names, shapes and offsets: a few KB per parameter at most.
+MAX_META_BYTES = 64 << 20
 _PICKLE_ALLOWED = frozenset({"torch.Size", "builtins.set", "builtins.frozenset", "collections.OrderedDict", "_codecs.encode"})
 
 
@@ -77,7 +80,10 @@ def _rank_files(folder: Path, kind: str) -> dict[int, tuple[str, int]]:
     out: dict[int, tuple[str, int]] = {}
     for entry in os.scandir(folder):
         match = _SUFFIX.match(entry.name)
-        if match and match.group(1) == kind and entry.is_file():
+        if match and match.group(1) == kind:
+            what = file_kind(entry.path)
+            if what is not None:
+                raise _fail(str(folder), f"{entry.name} is {shard_state(what)}", fix="Replace it with the rank's file.")
             out[int(match.group(2))] = (entry.name, int(match.group(3)))
     return dict(sorted(out.items()))
 
@@ -99,7 +105,10 @@ def _load_pickle(path: Path) -> Any:
     except OSError as exc:
         raise CheckpointError(f"Cannot open {source}: {exc.strerror}. Copy every file of the checkpoint.", file=source) from None
     try:
-        raw = read_at(fd, os.fstat(fd).st_size, 0)
+        size = os.fstat(fd).st_size
+        if size > MAX_META_BYTES:
+            raise _fail(source, f"it is {size} bytes, above the {MAX_META_BYTES}-byte limit for an atorch metadata pickle")
+        raw = read_at(fd, size, 0)
     finally:
         os.close(fd)
     return load_inert(raw, source=source, strict=lambda g: g in _PICKLE_ALLOWED).root
@@ -170,10 +179,13 @@ def _params(folder: Path, world: int, headers: dict[str, SafetensorsHeader]) -> 
                 not isinstance(shape, tuple) or not isinstance(span, (tuple, list)) or len(span) != 2
                 or not all(type(v) is int and v >= 0 for v in span) or span[0] > span[1] or not isinstance(unit, str)
             ):
-                raise _fail(str(folder / meta_name), f"param_meta has malformed shapes/offsets ({shape!r}, {span!r})", fqn)
+                raise _fail(str(folder / meta_name), f"param_meta has malformed shapes/offsets ({shape_text(shape)}, {shape_text(span)})", fqn)
             if unit not in flat:
                 raise _fail(str(folder / rel), f"it has no flat parameter for FSDP unit {unit!r}", fqn)
             tensor = flat[unit]
+            problem = shape_problem(shape, DTYPE_BITS[tensor.dtype])
+            if problem:
+                raise _fail(str(folder / meta_name), f"param_meta gives {problem}", fqn)
             if len(tensor.shape) != 1 or span[1] > tensor.shape[0]:
                 raise _fail(str(folder / rel), f"piece [{span[0]}, {span[1]}) lies outside unit {unit!r} of shape {list(tensor.shape)}", fqn)
             if shapes.setdefault(fqn, shape) != shape or dtypes.setdefault(fqn, tensor.dtype) != tensor.dtype:

@@ -25,18 +25,21 @@ from typing import TYPE_CHECKING, Any
 from ..catalog import Catalog, FileInfo, TensorInfo
 from ..dtypes import DTYPE_BITS
 from ..errors import CheckpointError
-from ..iostats import open_for_read, read_at
+from ..iostats import file_kind, open_for_read, read_at
 from . import torch_zip
 from .file_pool import FilePool
 from .pickle.unpickler import TORCH_DTYPE_NAMES, DtypeRef, Placeholder, TensorRef, load_inert
-from .safetensors_folder import is_extra, safe_member
+from .safetensors_folder import is_extra, safe_member, shard_state
+from .shape_bounds import INDEX_LIMIT, index_problem, shape_problem, shape_text
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
 METADATA_NAME = ".metadata"
 LIGHTNING_META = "meta.pt"
-MAX_METADATA_BYTES = 1 << 30
+# .metadata holds ~150-250 bytes per stored chunk: 256 MiB is over a million chunks (a 400B model's
+# weights and optimizer state on hundreds of ranks); anything larger is not a DCP index.
+MAX_METADATA_BYTES = 256 << 20
 _STAGE_DIR = re.compile(r"^pp(\d+)$")
 _RANK_FILE = re.compile(r"__(\d+)_\d+\.distcp$")
 
@@ -122,9 +125,9 @@ def detect(path: Path) -> bool:
 
 
 def _as_tuple(value: Any, what: str, source: str, name: str) -> tuple[int, ...]:
-    if isinstance(value, (tuple, list)) and all(type(v) is int and v >= 0 for v in value):
+    if isinstance(value, (tuple, list)) and all(type(v) is int and 0 <= v < INDEX_LIMIT for v in value):
         return tuple(value)
-    raise _fail(source, f"{what} is {value!r}, not a list of sizes", name)
+    raise _fail(source, f"{what} is {shape_text(value)}, not a list of sizes", name)
 
 
 def _dtype_of(props: Any, source: str, name: str) -> str:
@@ -148,7 +151,7 @@ def read_metadata(folder: Path, prefix: str, stage: int | None) -> tuple[list[Dc
     try:
         size = path.stat().st_size
         if size > MAX_METADATA_BYTES:
-            raise _fail(source, f".metadata is {size} bytes, more than any real checkpoint's")
+            raise _fail(source, f".metadata is {size} bytes, above the {MAX_METADATA_BYTES}-byte limit for a DCP index")
         fd = open_for_read(path)
     except OSError as exc:
         raise CheckpointError(f"Cannot open {source}: {exc.strerror}. Check the path and permissions.", file=source) from None
@@ -179,7 +182,7 @@ def read_metadata(folder: Path, prefix: str, stage: int | None) -> tuple[list[Dc
                 source, f"entry {fqn!r} is stored with transforms {info.field('transform_descriptors')!r}", fqn,
                 "Compressed or transformed DCP storage is not supported yet; re-save without storage transforms.",
             )
-        if not isinstance(fqn, str) or type(begin) is not int or type(length) is not int or begin < 0 or length < 0:
+        if not isinstance(fqn, str) or index_problem((begin, length), "a byte offset or length"):
             raise _fail(source, f"a storage_data entry is malformed ({index!r} -> {info!r})")
         checked = safe_paths.get(rel) if isinstance(rel, str) else None
         if checked is None:  # a few data files serve every entry: resolve each path once
@@ -205,6 +208,9 @@ def read_metadata(folder: Path, prefix: str, stage: int | None) -> tuple[list[Dc
             raise _fail(source, f"entry kind {kind} is not supported", name)
         dtype = _dtype_of(meta.field("properties"), source, name)
         shape = _as_tuple(meta.field("size"), "the size", source, name)
+        problem = shape_problem(shape, DTYPE_BITS[dtype])
+        if problem:
+            raise _fail(source, problem, name)
         chunks = []
         covered = 0
         for chunk in meta.field("chunks") or []:
@@ -265,7 +271,9 @@ class DcpReader:
         fd = self._fd(chunk.file)
         source = f"{self.root / chunk.file} [bytes {chunk.offset}..{chunk.offset + chunk.length}]"
         try:
-            archive = torch_zip.open_archive(fd, source, chunk.offset, chunk.length)
+            archive = torch_zip.open_archive(
+                fd, source, chunk.offset, chunk.length, max_pickle_bytes=torch_zip.MAX_CHUNK_PICKLE_BYTES
+            )
         except EOFError:
             raise _fail(str(self.root / chunk.file), "the file ends before the chunk's stream", entry.name) from None
         ref = archive.root
@@ -426,7 +434,7 @@ def open_path(path: Path) -> Catalog:
     meta_pt = folder / LIGHTNING_META
     if meta_pt.is_file():
         safe_member(folder, LIGHTNING_META, what=f"the Lightning {LIGHTNING_META}")
-        meta_catalog = torch_zip.open_path(meta_pt)
+        meta_catalog = torch_zip.open_path(meta_pt, max_pickle_bytes=torch_zip.MAX_META_PICKLE_BYTES)
         for name, info in meta_catalog.tensors.items():
             infos[f"meta.{name}"] = TensorInfo(f"meta.{name}", info.dtype, info.shape, LIGHTNING_META, info.begin, info.end)
         meta_reader = meta_catalog.reader
@@ -456,8 +464,9 @@ def _check_files(folder: Path, tensors: dict[str, DcpTensor], objects: dict[str,
     for name, rel, offset, length in spans:
         if rel not in sizes:
             path = folder / rel
-            if not path.is_file():
-                raise _fail(str(folder), f"data file {rel} named by .metadata is missing", name, "Copy every *.distcp file of the checkpoint.")
+            kind = file_kind(path)
+            if kind is not None:
+                raise _fail(str(folder), f"data file {rel} named by .metadata is {shard_state(kind)}", name, "Copy every *.distcp file of the checkpoint.")
             sizes[rel] = path.stat().st_size
         if offset + length > sizes[rel]:
             raise _fail(str(folder / rel), f"bytes {offset}..{offset + length} lie past the end of the {sizes[rel]}-byte file (truncated?)", name)

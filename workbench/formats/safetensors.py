@@ -21,6 +21,8 @@ from ..dtypes import DTYPE_BITS
 from ..errors import CheckpointError
 from ..iostats import open_for_read, read_at
 from .file_pool import FilePool
+from .json_errors import json_problem
+from .shape_bounds import LIMIT, shape_problem, shape_text
 
 # The reference implementation refuses headers above 100 MB; so do we, before allocating anything.
 MAX_HEADER_BYTES = 100_000_000
@@ -59,7 +61,13 @@ class _DuplicateKey(ValueError):
 
 
 def _may_repeat_keys(raw: bytes, header: dict) -> bool:
-    """False when the raw text cannot hold a repeated key (every entry key appears once per tensor)."""
+    """False when the raw text cannot hold a repeated key (every entry key appears once per tensor).
+
+    The counts are of raw text, so they stand for decoded keys only when the header has no escape at
+    all: `"dt\\u0079pe"` decodes to `dtype` without containing it.
+    """
+    if b"\\" in raw:
+        return True
     n_tensors = len(header) - ("__metadata__" in header)
     if raw.count(b'"__metadata__"') != ("__metadata__" in header):
         return True
@@ -130,8 +138,8 @@ def _parse_header_bytes(
         raise _fail(path, "the header is not valid UTF-8") from None
     try:
         header = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise _fail(path, f"the header is not valid JSON ({exc.msg if hasattr(exc, 'msg') else exc})") from None
+    except (ValueError, RecursionError) as exc:
+        raise _fail(path, f"the header is not valid JSON ({json_problem(exc)})") from None
     if not isinstance(header, dict):
         raise _fail(path, "the header is not a JSON object")
     # A duplicate key silently overwrites in json.loads; cheap counts spot it, a slow parse names it.
@@ -162,18 +170,28 @@ def _parse_header_bytes(
             raise _fail(path, f"unknown dtype {dtype!r}", name, f"Known dtypes: {', '.join(DTYPE_BITS)}.")
         shape = entry.get("shape")
         if type(shape) is not list:
-            raise _fail(path, f"shape must be a list of non-negative integers, got {shape!r}", name)
-        numel = 1
+            raise _fail(path, f"shape must be a list of non-negative integers, got {shape_text(shape)}", name)
+        # Count the non-zero dimensions apart: a 0 must not hide a count that overflows (see shape_bounds).
+        count = 1
+        zero = False
         for d in shape:
             if type(d) is not int or d < 0:
-                raise _fail(path, f"shape must be a list of non-negative integers, got {shape!r}", name)
-            numel *= d
+                raise _fail(path, f"shape must be a list of non-negative integers, got {shape_text(shape)}", name)
+            if d:
+                count *= d
+                if count >= LIMIT:
+                    break
+            else:
+                zero = True
+        if count >= LIMIT or (not zero and count * bits >= LIMIT):
+            raise _fail(path, shape_problem(shape, bits) or f"shape {shape_text(shape)} overflows 64 bits", name)
+        numel = 0 if zero else count
         offsets = entry.get("data_offsets")
         if type(offsets) is not list or len(offsets) != 2:
-            raise _fail(path, f"data_offsets must be [begin, end] with 0 <= begin <= end, got {offsets!r}", name)
+            raise _fail(path, f"data_offsets must be [begin, end] with 0 <= begin <= end, got {shape_text(offsets)}", name)
         begin, end = offsets
-        if type(begin) is not int or type(end) is not int or begin < 0 or begin > end:
-            raise _fail(path, f"data_offsets must be [begin, end] with 0 <= begin <= end, got {offsets!r}", name)
+        if type(begin) is not int or type(end) is not int or begin < 0 or begin > end or end >= LIMIT:
+            raise _fail(path, f"data_offsets must be [begin, end] with 0 <= begin <= end < 2**64, got {shape_text(offsets)}", name)
         entries.append((begin, end, name, dtype, tuple(shape), numel * bits))
 
     entries.sort(key=itemgetter(0, 1))  # stable: empty tensors sharing an offset keep header order

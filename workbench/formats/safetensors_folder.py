@@ -12,6 +12,8 @@ from pathlib import Path, PurePosixPath
 
 from ..catalog import Catalog, TensorInfo
 from ..errors import CheckpointError
+from ..iostats import file_kind
+from .json_errors import json_problem
 from .safetensors import SUFFIX, FileReader, SafetensorsHeader, file_info, gc_paused, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -29,7 +31,7 @@ def find_index(folder: Path) -> Path | None:
     preferred = folder / INDEX_NAME
     if preferred.is_file():
         return preferred
-    found = sorted(folder.glob("*" + SUFFIX + ".index.json"))
+    found = sorted(p for p in folder.glob("*" + SUFFIX + ".index.json") if p.is_file())  # never a FIFO: reading it blocks
     return found[0] if len(found) == 1 else None
 
 
@@ -53,6 +55,11 @@ def safe_member(folder: Path, rel: object, *, what: str) -> str:
             file=str(folder),
         )
     return str(pure)
+
+
+def shard_state(kind: str) -> str:
+    """How a message names what `file_kind` found: 'missing', or 'not a regular file (a FIFO)'."""
+    return kind if kind == "missing" or kind.startswith("unreadable") else f"not a regular file ({kind})"
 
 
 class _RepeatedKey(ValueError):
@@ -91,8 +98,12 @@ def read_index(index_path: Path) -> tuple[dict[str, str], dict]:
             file=str(index_path),
             tensor=repeated.key,
         ) from None
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+    except UnicodeDecodeError as exc:
         raise CheckpointError(f"Cannot read index {index_path}: it is not valid JSON ({exc}). Re-download or regenerate it.", file=str(index_path)) from None
+    except (ValueError, RecursionError) as exc:
+        raise CheckpointError(
+            f"Cannot read index {index_path}: it is not valid JSON ({json_problem(exc)}). Re-download or regenerate it.", file=str(index_path)
+        ) from None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict):
         raise CheckpointError(f"Cannot read index {index_path}: it has no \"weight_map\" object. Re-download or regenerate it.", file=str(index_path))
@@ -160,11 +171,13 @@ def open_indexed(folder: Path, index_path: Path) -> Catalog:
     headers: dict[str, SafetensorsHeader] = {}
     for rel in shards:
         path = folder / rel
-        if not path.is_file():
+        kind = file_kind(path)
+        if kind is not None:
             users = [n for n, r in shard_of.items() if r == rel]
             raise CheckpointError(
-                f"Cannot open checkpoint {folder}: shard {rel} named by {index_path.name} is missing "
-                f"(it should hold {len(users)} tensors, e.g. {users[0]!r}). Download the missing shard.",
+                f"Cannot open checkpoint {folder}: shard {rel} named by {index_path.name} is {shard_state(kind)} "
+                f"(it should hold {len(users)} tensors, e.g. {users[0]!r}). "
+                f"{'Download the missing shard.' if kind == 'missing' else 'Replace it with the shard file.'}",
                 file=str(path),
                 tensor=users[0],
             )

@@ -34,11 +34,16 @@ from .pickle.unpickler import (
     _short_repr,
     load_inert,
 )
+from .shape_bounds import index_problem, shape_problem
 
 ZIP_MAGIC = b"PK\x03\x04"
 LEGACY_MAGIC = b"\x80\x02\x8a\x0a"
 SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".tar", ".pkl")
 MAX_PICKLE_BYTES = 1 << 30
+# Pickles that hold only metadata are capped far lower: Lightning's sharded meta.pt (loops, callbacks,
+# no weights) and the one-tensor stream of each DCP chunk (a few hundred bytes when torch writes it).
+MAX_META_PICKLE_BYTES = 64 << 20
+MAX_CHUNK_PICKLE_BYTES = 1 << 20
 MAX_TREE_NODES = 5_000_000
 MAX_INFLATE_RATIO = 64  # pickles deflate 3-10x; more is a bomb
 MAX_PATH_CHARS = 4096  # dotted names longer than this are not real checkpoint keys
@@ -202,8 +207,13 @@ class TorchArchive:
         return got, member.size
 
 
-def open_archive(fd: int, source: str, base: int = 0, length: int | None = None) -> TorchArchive:
-    """Parse the torch.save archive at [base, base+length) of an open file, without executing its pickle."""
+def open_archive(
+    fd: int, source: str, base: int = 0, length: int | None = None, *, max_pickle_bytes: int = MAX_PICKLE_BYTES
+) -> TorchArchive:
+    """Parse the torch.save archive at [base, base+length) of an open file, without executing its pickle.
+
+    `max_pickle_bytes` caps data.pkl (inflated): archives that should hold only metadata pass a lower cap.
+    """
     members = read_members(fd, source, base, length)
     pkl_names = [n for n in members if n == "data.pkl" or n.endswith("/data.pkl")]
     if not pkl_names:
@@ -222,8 +232,8 @@ def open_archive(fd: int, source: str, base: int = 0, length: int | None = None)
                 file=source,
             )
     member = members[pkl_name]
-    if member.size > MAX_PICKLE_BYTES:
-        raise _zip_fail(source, f"data.pkl claims {member.size} bytes, more than any checkpoint pickle")
+    if member.size > max_pickle_bytes:
+        raise _zip_fail(source, f"data.pkl claims {member.size} bytes, above the {max_pickle_bytes}-byte limit for this kind of pickle")
     result = load_inert(_member_bytes(fd, source, member), source=source)
     return TorchArchive(source, prefix, members, result)
 
@@ -390,6 +400,16 @@ def place_tensor(fd: int, archive: TorchArchive, name: str, ref: TensorRef, sour
             tensor=name,
         )
     itemsize = DTYPE_BITS[code] // 8
+    problem = (
+        shape_problem(ref.shape, DTYPE_BITS[code]) or index_problem(ref.stride, "stride")
+        or index_problem((ref.storage_offset, ref.storage.numel), "storage offset or size")
+    )
+    if problem:
+        raise CheckpointError(
+            f"Cannot list tensor {name!r} of {source}: {problem}. The file is damaged or crafted: re-save it from a trusted copy.",
+            file=source,
+            tensor=name,
+        )
     data_offset, entry_size = archive.storage_range(fd, ref.storage.key)
     storage_bytes = ref.storage.numel * (1 if ref.storage.untyped else _storage_itemsize(ref.storage.dtype))
     if len(ref.shape) != len(ref.stride):
@@ -546,7 +566,7 @@ class TorchFile:
         return self.archive.pickle.unsafe_globals
 
 
-def inspect_file(path: str | os.PathLike) -> TorchFile:
+def inspect_file(path: str | os.PathLike, *, max_pickle_bytes: int = MAX_PICKLE_BYTES) -> TorchFile:
     """Parse a torch.save file's directory and pickle (inertly) and place every tensor; reads no tensor data."""
     p = Path(path)
     source = str(p)
@@ -557,7 +577,7 @@ def inspect_file(path: str | os.PathLike) -> TorchFile:
         raise CheckpointError(f"Cannot open {source}: {exc.strerror}. Check the path and permissions.", file=source) from None
     try:
         try:
-            archive = open_archive(fd, source)
+            archive = open_archive(fd, source, max_pickle_bytes=max_pickle_bytes)
             contents = walk_tree(archive.root)
             places: dict[str, TensorPlace] = {}
             skipped: list[str] = []
@@ -655,6 +675,6 @@ def _prod(shape: tuple[int, ...]) -> int:
     return n
 
 
-def open_path(path: Path) -> Catalog:
+def open_path(path: Path, *, max_pickle_bytes: int = MAX_PICKLE_BYTES) -> Catalog:
     """Open a torch.save file as a Catalog without executing its pickle."""
-    return catalog_of(inspect_file(path))
+    return catalog_of(inspect_file(path, max_pickle_bytes=max_pickle_bytes))

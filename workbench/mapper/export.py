@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from ..errors import MapperError
+from ..formats.json_errors import json_problem
 from .base import Mapper
 from .compose import Parallel, PrefixScope, Sequential
 from .function import Function
@@ -172,8 +173,8 @@ def from_json(text: str) -> Mapper:
     """Rebuild a mapper from `to_json` output."""
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise MapperError(f"Cannot read mapper JSON: it does not parse ({exc}).") from None
+    except (ValueError, RecursionError) as exc:
+        raise MapperError(f"Cannot read mapper JSON: it does not parse ({json_problem(exc)}).") from None
     if isinstance(data, dict) and data.get("format") == FORMAT:
         if data.get("version") != VERSION:
             raise MapperError(f"Cannot read mapper JSON: version {data.get('version')!r} is not supported (this workbench reads {VERSION}).")

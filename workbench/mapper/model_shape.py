@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MapperError
+from ..formats.json_errors import json_problem
 
 # Model families whose attention projections carry a bias although their config does not say so.
 _QKV_BIAS_FAMILIES = frozenset({"qwen2", "qwen2_moe", "qwen2_vl"})
@@ -52,8 +53,10 @@ def _as_mapping(config: Any) -> Mapping[str, Any]:
             return json.loads(path.read_text())
         except FileNotFoundError:
             raise MapperError(f"Cannot read model config {str(path)!r}: the file does not exist. Pass the path of config.json.") from None
-        except (OSError, json.JSONDecodeError) as exc:
+        except OSError as exc:
             raise MapperError(f"Cannot read model config {str(path)!r}: {exc}. Pass a valid config.json.") from None
+        except (ValueError, RecursionError) as exc:
+            raise MapperError(f"Cannot read model config {str(path)!r}: it is not valid JSON ({json_problem(exc)}). Pass a valid config.json.") from None
     if hasattr(config, "to_dict"):
         return config.to_dict()
     return vars(config)

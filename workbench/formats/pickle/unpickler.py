@@ -176,6 +176,8 @@ def _render(value: Any, parts: list[str], budget: list[int], depth: int) -> None
         emit(", storage=")
         _render(value.storage.key, parts, budget, depth + 1)
         emit(")")
+    elif isinstance(value, Builder):
+        emit(repr(value))
     elif isinstance(value, Placeholder):
         emit(f"<{value.wb_global}(")
         _render_items(value.wb_args, parts, budget, depth, emit)
@@ -313,7 +315,7 @@ def _rebuild_parameter(data: Any, requires_grad: Any = True, *rest: Any) -> Any:
 
 def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> Any:
     # Only our own builders are ever called; a subclass keeps its base tensor's data.
-    if func in _SAFE_CALLS and isinstance(args, tuple):
+    if isinstance(func, Builder) and func.wb_global in _SAFE_CALLS and isinstance(args, tuple):
         return func(*args)
     return UnsupportedTensor(f"tensor subclass {getattr(new_type, 'wb_global', new_type)!r}", (func, args))
 
@@ -376,20 +378,56 @@ def _numpy_scalar(dtype: Any, data: Any = None) -> Any:
     return _placeholder_class("numpy", "scalar")(dtype, data)
 
 
-_SAFE_CALLS: set[Callable[..., Any]] = {_rebuild_tensor_v2, _rebuild_tensor_v3, _rebuild_parameter}
+_SAFE_CALLS = frozenset({"torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor_v3", "torch._utils._rebuild_parameter"})
 
-_REPLACEMENTS: dict[str, Any] = {
+
+class Builder:
+    """An allowed global as the unpickler hands it out: callable, and closed to any state a pickle sets.
+
+    The BUILD opcode sets attributes on whatever is on the stack, a global included: on a plain
+    function it would change `__defaults__`, `__kwdefaults__`, `__qualname__` ... of this module's own
+    builders, and the change would outlive the file and apply to every file read after it. A Builder
+    has no `__dict__`, refuses `setattr`, and its `__setstate__` refuses BUILD.
+    """
+
+    __slots__ = ("_fn", "wb_global")
+
+    def __init__(self, qualified: str, fn: Callable[..., Any]) -> None:
+        object.__setattr__(self, "wb_global", qualified)
+        object.__setattr__(self, "_fn", fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._fn(*args, **kwargs)
+
+    def __setstate__(self, state: Any) -> None:
+        raise _StateOnGlobal(self.wb_global)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise _StateOnGlobal(self.wb_global)
+
+    def __delattr__(self, name: str) -> None:
+        raise _StateOnGlobal(self.wb_global)
+
+    def __repr__(self) -> str:
+        return f"<{self.wb_global}>"
+
+
+_TYPE_REPLACEMENTS: dict[str, Any] = {
     "builtins.set": set,
     "builtins.frozenset": frozenset,
     "builtins.list": list,
     "builtins.dict": dict,
     "builtins.tuple": tuple,
     "builtins.slice": slice,
+    "collections.OrderedDict": OrderedDict,
+}
+
+# Builtin types above are immutable (setting an attribute on them raises); every function is wrapped.
+_FUNCTION_REPLACEMENTS: dict[str, Callable[..., Any]] = {
     "builtins.complex": _complex,
     "builtins.bytearray": _bytes_like(bytearray),
     "builtins.bytes": _bytes_like(bytes),
     "_codecs.encode": _encode,
-    "collections.OrderedDict": OrderedDict,
     "collections.defaultdict": _plain_dict,
     "collections.Counter": _plain_dict,
     "copyreg._reconstructor": _reconstructor,
@@ -411,6 +449,11 @@ _REPLACEMENTS: dict[str, Any] = {
     "torch._utils._rebuild_device_tensor_from_cpu_tensor": _unsupported("device tensor"),
     "numpy.core.multiarray.scalar": _numpy_scalar,
     "numpy._core.multiarray.scalar": _numpy_scalar,
+}
+
+_REPLACEMENTS: dict[str, Any] = {
+    **_TYPE_REPLACEMENTS,
+    **{name: Builder(name, fn) for name, fn in _FUNCTION_REPLACEMENTS.items()},
 }
 
 _PLACEHOLDER_CLASSES: dict[str, type[Placeholder]] = {}
@@ -461,6 +504,12 @@ class _Refused(Exception):
         self.qualified = qualified
 
 
+class _StateOnGlobal(Exception):
+    def __init__(self, qualified: str) -> None:
+        super().__init__(qualified)
+        self.qualified = qualified
+
+
 def load_inert(data: bytes, *, source: str, strict: Callable[[str], bool] | None = None) -> PickleResult:
     """Unpickle `data` without executing anything it names; `source` names the file in errors.
 
@@ -478,6 +527,12 @@ def load_inert(data: bytes, *, source: str, strict: Callable[[str], bool] | None
         raise CheckpointError(
             f"Cannot read {source}: its pickle names {refused.qualified}, which is not allowed in this kind of file. "
             "The file may have been tampered with; regenerate it from a trusted source.",
+            file=source,
+        ) from None
+    except _StateOnGlobal as refused:
+        raise CheckpointError(
+            f"Cannot read {source}: its pickle tries to set attributes on {refused.qualified}, a function the reader "
+            "provides (no checkpoint does this). The file is crafted; regenerate it from a trusted source.",
             file=source,
         ) from None
     except RecursionError:
