@@ -59,8 +59,9 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what happens to tensors the mapper does not mention (default keep)")
     parser.add_argument("--no-extras", action="store_true", help="do not copy config.json, tokenizer files ...")
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier conversion in the destination")
-    parser.add_argument("--to", choices=("safetensors", "dcp"), default="safetensors",
-                        help="output format: HF safetensors shards (default) or a torch.distributed.checkpoint folder")
+    parser.add_argument("--to", default="safetensors", metavar="FORMAT",
+                        help="output format, one of workbench.output.OUTPUT_FORMATS: safetensors (HF shards, default) "
+                             "or dcp (a torch.distributed.checkpoint folder)")
     parser.add_argument("--select", choices=("model", "all"),
                         help="training checkpoints: keep the model weights only (prefixes stripped), or everything")
     parser.add_argument("--lightning-weights", choices=("ema", "model"),

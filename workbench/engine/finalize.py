@@ -14,7 +14,6 @@ from pathlib import Path
 
 from ..errors import PlanError, UnsafeFileError
 from ..files import PARTIAL_SUFFIX, atomic_write, copy_atomic, fsync_dir, remove_entry
-from ..output.safetensors import write_index
 from ..planning.destination import INDEX_NAME, MANIFEST_NAME, remove_manifest, write_manifest
 from ..planning.extras import updated_bytes
 from ..planning.model import Plan
@@ -121,16 +120,8 @@ def finalize_destination(plan: Plan) -> bool:
     assert plan.dest is not None
     snapshot_for(plan).check(plan.dest, "writing the index")
     copy_extras(plan)
-    if plan.options.to == "dcp":
-        from ..output.dcp import commit_dcp
-
-        commit_dcp(plan.dest, [f.layout for f in plan.output_file_list], plan.source.reader, objects=bool(plan.copied_objects))
-        remove_manifest(plan.dest)
-        fsync_dir(plan.dest)
-        return True
-    index = plan.index
-    if index is not None:
-        write_index(plan.dest, index["weight_map"], index["metadata"]["total_size"])
+    committed = plan.output_format.commit(plan.dest, [f.layout for f in plan.output_file_list], plan.source.reader,
+                                          objects=bool(plan.copied_objects))
     remove_manifest(plan.dest)
     fsync_dir(plan.dest)
-    return index is not None
+    return committed

@@ -14,7 +14,6 @@ import time
 
 from ..errors import PlanError, WorkbenchError
 from ..iostats import IO
-from ..output.dcp import open_writer
 from ..planning.gc_pause import gc_paused
 from ..planning.model import Plan
 from .memory import reset_rss_peak, rss_bytes, rss_peak_bytes
@@ -89,7 +88,7 @@ def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankRes
         for step in steps:
             for name in step.files:
                 if name in files and name not in ctx.writers:
-                    ctx.writers[name] = open_writer(plan.dest, files[name].layout)
+                    ctx.writers[name] = plan.output_format.open_writer(plan.dest, files[name].layout)
             try:
                 run_step(ctx, step)
             except (WorkbenchError, OSError):

@@ -19,7 +19,7 @@ import os
 import pickle
 import struct
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -31,6 +31,7 @@ from ..errors import PlanError
 from ..files import PARTIAL_SUFFIX, atomic_write, claim_temp, fsync_dir
 from ..formats.dcp import METADATA_NAME
 from ..iostats import IO, open_for_read, read_at
+from .base import OutputFormat
 from .safetensors import FileLayout, SafetensorsWriter, preallocate
 
 ALIGNMENT = 64  # torch.save aligns every record's data to 64 bytes (mmap loading relies on it)
@@ -345,13 +346,6 @@ class DcpShardWriter(SafetensorsWriter):
         return super().commit(sync_dir=sync_dir)
 
 
-def open_writer(folder: str | os.PathLike, layout: FileLayout) -> SafetensorsWriter:
-    """The writer for a planned output file: DCP for a `DcpFileLayout`, safetensors otherwise."""
-    if isinstance(layout, DcpFileLayout):
-        return DcpShardWriter(folder, layout)
-    return SafetensorsWriter(folder, layout)
-
-
 # ---------------------------------------------------------------------------------------------- commit
 
 
@@ -482,5 +476,34 @@ def commit_dcp(dest: Path, layouts: Sequence[DcpFileLayout], reader: Any = None,
 __all__ = [
     "commit_dcp", "commit_files", "source_objects",
     "DcpFileLayout", "DcpShardWriter", "ObjectSource", "StreamPlace", "TensorStream", "dcp_file_name", "layout_dcp_file",
-    "open_writer", "tensor_pickle", "tensor_stream", "writable", "write_metadata", "write_objects",
+    "tensor_pickle", "tensor_stream", "writable", "write_metadata", "write_objects",
 ]
+
+
+class DcpOutput(OutputFormat):
+    """torch.distributed.checkpoint: `__0_<k>.distcp` data files, the source's non-tensor entries (with
+    rest='keep') in one more file, and `.metadata` written last as the commit marker."""
+
+    name = "dcp"
+    title = "DCP"
+    label = " (DCP)"
+    keeps_header_metadata = False
+
+    def file_name(self, k: int, n: int) -> str:
+        return dcp_file_name(k)
+
+    def layout_file(self, name: str, tensors: Sequence[TensorInfo], metadata: Mapping[str, str] | None = None) -> FileLayout:
+        return layout_dcp_file(name, tensors)
+
+    def open_writer(self, folder: str | os.PathLike, layout: FileLayout) -> SafetensorsWriter:
+        return DcpShardWriter(folder, layout)
+
+    def carried_objects(self, reader: Any, rest: str) -> tuple[list[Any], list[str]]:
+        return source_objects(reader) if rest == "keep" else ([], [])
+
+    def commit_files(self, layouts: Sequence[FileLayout], objects: bool) -> list[str]:
+        return commit_files(len(layouts), objects)
+
+    def commit(self, dest: Path, layouts: Sequence[FileLayout], reader: Any, *, objects: bool) -> bool:
+        commit_dcp(dest, layouts, reader, objects=objects)
+        return True

@@ -22,6 +22,7 @@ from ..dtypes import DTYPE_BITS
 from ..errors import PlanError
 from ..files import PARTIAL_SUFFIX, atomic_write, claim_temp, fsync_dir, replace_into
 from ..iostats import IO
+from .base import OutputFormat
 
 # Reference writer order: larger element types first (keeps every tensor aligned), then by name.
 _DTYPE_RANK = [
@@ -30,6 +31,7 @@ _DTYPE_RANK = [
 ]
 _RANK = {code: i for i, code in enumerate(_DTYPE_RANK)}
 DEFAULT_METADATA = {"format": "pt"}
+INDEX_NAME = "model.safetensors.index.json"  # the commit marker of a sharded output
 
 
 def tensor_meta(tensor: Any) -> tuple[str, tuple[int, ...]]:
@@ -350,7 +352,7 @@ def write_index(
     weight_map: Mapping[str, str],
     total_size: int,
     *,
-    name: str = "model.safetensors.index.json",
+    name: str = INDEX_NAME,
     metadata: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write the HF index (sorted keys, `metadata.total_size`) atomically; it is the commit marker."""
@@ -376,3 +378,39 @@ def save_tensors(path: str | os.PathLike, tensors: Mapping[str, Any], metadata: 
         for name, tensor in tensors.items():
             writer.write_tensor(name, tensor)
         return writer.commit()
+
+
+class SafetensorsOutput(OutputFormat):
+    """HF safetensors: `model.safetensors`, or `model-0000k-of-0000N.safetensors` shards committed by
+    `model.safetensors.index.json`; headers carry the source's `__metadata__` where it is unambiguous."""
+
+    name = "safetensors"
+    title = "safetensors"
+    label = ""
+    keeps_header_metadata = True
+
+    def file_name(self, k: int, n: int) -> str:
+        return shard_file_name(k + 1, n)
+
+    def layout_file(self, name: str, tensors: Sequence[TensorInfo], metadata: Mapping[str, str] | None = None) -> FileLayout:
+        return layout_file(name, tensors, metadata)
+
+    def open_writer(self, folder: str | os.PathLike, layout: FileLayout) -> SafetensorsWriter:
+        return SafetensorsWriter(folder, layout)
+
+    def index(self, layouts: Sequence[FileLayout]) -> dict | None:
+        if len(layouts) < 2:
+            return None
+        weight_map = {t.name: layout.file for layout in layouts for t in layout.tensors}
+        total = sum(layout.size - len(layout.header) for layout in layouts)
+        return {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+
+    def commit_files(self, layouts: Sequence[FileLayout], objects: bool) -> list[str]:
+        return [] if len(layouts) < 2 else [INDEX_NAME]
+
+    def commit(self, dest: Path, layouts: Sequence[FileLayout], reader: Any, *, objects: bool) -> bool:
+        index = self.index(layouts)
+        if index is None:
+            return False
+        write_index(dest, index["weight_map"], index["metadata"]["total_size"])
+        return True

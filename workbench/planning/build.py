@@ -11,6 +11,7 @@ from ..catalog import Catalog
 from ..display import parse_size
 from ..errors import PlanError
 from ..mapper.groups import Binding, Problem
+from ..output import output_format
 from .destination import check_destination
 from .dtype_policy import apply_dtype
 from .extras import layout_change, scan_extras, with_config_dtype, with_layout_note
@@ -44,17 +45,15 @@ def _metadata_problems(header_metadata: HeaderMetadata, options: PlanOptions) ->
     """Warnings for source header metadata the output does not carry."""
     if not header_metadata.interesting:
         return []
-    if options.to == "dcp":
+    output = output_format(options.to)
+    if not output.keeps_header_metadata:
         keys = sorted({k for m in header_metadata.per_file.values() for k in m if k != "format"})
         return [Problem("warning", f"The source's safetensors header metadata ({', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}) "
-                                   "is not kept: a DCP output has no header metadata. Convert to safetensors to keep it.")]
+                                   f"is not kept: a {output.title} output has no header metadata. Convert to safetensors to keep it.")]
     return [
         Problem("warning", f"Source header metadata {key!r} is not kept: {reason}. Convert those files separately to keep it.")
         for key, reason in sorted(header_metadata.dropped.items())
     ]
-
-
-OUTPUT_FORMATS = {"safetensors": "safetensors", "hf": "safetensors", "dcp": "dcp"}
 
 
 def make_options(shard_size: int | str, nproc: int, rest: str, dtype: Any, extras: bool, overwrite: bool,
@@ -62,9 +61,7 @@ def make_options(shard_size: int | str, nproc: int, rest: str, dtype: Any, extra
     """Validate and normalise the user's options."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise PlanError(f"Cannot plan with nproc={nproc!r}: it must be a whole number of processes, at least 1.")
-    if not isinstance(to, str) or to.lower() not in OUTPUT_FORMATS:
-        raise PlanError(f"Cannot plan an output in format {to!r}: choose to='safetensors' (HF shards) or to='dcp' "
-                        "(torch.distributed.checkpoint).")
+    output = output_format(to)
     code = None
     if dtype is not None:
         from ..dtypes import normalize_dtype
@@ -78,7 +75,7 @@ def make_options(shard_size: int | str, nproc: int, rest: str, dtype: Any, extra
         extras=bool(extras),
         overwrite=bool(overwrite),
         chunk_bytes=parse_size(chunk_size, what="chunk size"),
-        to=OUTPUT_FORMATS[to.lower()],
+        to=output.name,
     )
 
 
@@ -110,7 +107,7 @@ def _build_plan(
                                           "Check the mapper and the rest= policy."))
     header_metadata = HeaderMetadata(catalog.file_metadata)
     try:
-        files, warnings = layout_outputs(steps, options.shard_size, options.to, header_metadata.choose)
+        files, warnings = layout_outputs(steps, options.shard_size, output_format(options.to), header_metadata.choose)
     except PlanError as exc:
         problems.append(Problem("error", exc.message, tensor=exc.tensor))
         files, warnings = [], []
@@ -128,17 +125,15 @@ def _build_plan(
         extra_files = with_layout_note(extra_files, layout_change(binding.groups))
     extras = [e.path for e in extra_files if e.written]
     committed: list[str] = []  # files written at commit beside the shards (DCP: objects file, .metadata)
-    if options.to == "dcp":
-        from ..output.dcp import commit_files, source_objects
-
-        objects, object_warnings = source_objects(catalog.reader) if options.rest == "keep" else ([], [])
-        problems += [Problem("warning", w) for w in object_warnings]
-        outputs = {t.name for step in steps for t in step.group.outputs}
-        for name in sorted({o.name for o in objects} & outputs):
-            problems.append(Problem("error", f"Cannot write DCP entry {name!r}: it is both an output tensor and a non-tensor "
-                                             "entry of the source. Rename the tensor, or drop the entries with rest='drop'.",
-                                    tensor=name))
-        committed = commit_files(len(files), bool(objects))
+    output = output_format(options.to)
+    objects, object_warnings = output.carried_objects(catalog.reader, options.rest)
+    problems += [Problem("warning", w) for w in object_warnings]
+    outputs = {t.name for step in steps for t in step.group.outputs}
+    for name in sorted({o.name for o in objects} & outputs):
+        problems.append(Problem("error", f"Cannot write {output.title} entry {name!r}: it is both an output tensor and a "
+                                         "non-tensor entry of the source. Rename the tensor, or drop the entries with rest='drop'.",
+                                tensor=name))
+    committed = output.commit_files([f.layout for f in files], bool(objects))
     kept_names = set(kept)
     if dest_path is not None and check_dest and files:
         sources = [catalog.root / rel if catalog.root.is_dir() else catalog.root for rel in catalog.files]

@@ -20,6 +20,7 @@ from ..catalog import Catalog
 from ..display import format_bytes, format_decimal, html_table, text_table
 from ..dtypes import numpy_castable
 from ..mapper.groups import Binding, Problem
+from ..output import OutputFormat, output_format
 from .extras import COPIED, SKIPPED, UPDATED, Extra
 from .header_metadata import HeaderMetadata
 from .schedule import CAST, COMPUTE, COPY, Step
@@ -226,17 +227,19 @@ class Plan:
         return {t.name: (f.name, t.begin) for f in self.output_file_list for t in f.layout.tensors}
 
     @property
+    def output_format(self) -> OutputFormat:
+        """The format the run writes (`options.to`): it names and lays out files and commits them."""
+        return output_format(self.options.to)
+
+    @property
     def index(self) -> dict | None:
         """The HF index the run writes last (None when the output is a single `model.safetensors`, or DCP)."""
-        if len(self.output_file_list) < 2 or self.options.to == "dcp":
-            return None
-        weight_map = {t.name: f.name for f in self.output_file_list for t in f.layout.tensors}
-        return {"metadata": {"total_size": self.total_size}, "weight_map": dict(sorted(weight_map.items()))}
+        return self.output_format.index([f.layout for f in self.output_file_list])
 
     @property
     def output_metadata(self) -> dict[str, dict[str, str]]:
         """Each output shard's header `__metadata__` as the run writes it (empty for DCP outputs)."""
-        if self.options.to == "dcp":
+        if not self.output_format.keeps_header_metadata:
             return {}
         out = {}
         for f in self.output_file_list:
@@ -247,20 +250,12 @@ class Plan:
     @cached_property
     def copied_objects(self) -> list[str]:
         """Non-tensor entries (step counters, param_groups ...) a DCP output copies from a DCP source."""
-        if self.options.to != "dcp" or self.options.rest != "keep":
-            return []
-        from ..output.dcp import source_objects
-
-        return [o.name for o in source_objects(self.source.reader)[0]]
+        return [o.name for o in self.output_format.carried_objects(self.source.reader, self.options.rest)[0]]
 
     @property
     def commit_files(self) -> list[str]:
         """Files written last, once every shard is complete: the HF index, or DCP's objects file and `.metadata`."""
-        if self.options.to == "dcp":
-            from ..output.dcp import commit_files
-
-            return commit_files(len(self.output_file_list), bool(self.copied_objects))
-        return [] if self.index is None else ["model.safetensors.index.json"]
+        return self.output_format.commit_files([f.layout for f in self.output_file_list], bool(self.copied_objects))
 
     # -- DataFrames (pandas imported on first access) ----------------------------------------------
 
@@ -381,7 +376,7 @@ class Plan:
         status = "OK" if self.ok else f"{len(self.errors)} error(s): cannot run"
         lines = [
             f"Plan: {src.root} ({src.format}, {len(src.files)} files, {len(src)} tensors, {format_bytes(src.total_bytes)})"
-            f" -> {self.dest if self.dest is not None else '(no destination)'}" + (" (DCP)" if self.options.to == "dcp" else ""),
+            f" -> {self.dest if self.dest is not None else '(no destination)'}" + self.output_format.label,
             f"status: {status}",
             f"groups: {len(self.steps)} ({kind_text or 'none'}); outputs: {sum(f.n_tensors for f in self.output_file_list)} "
             f"tensors, {format_bytes(self.total_size)} in {n_files} file{'s' if n_files != 1 else ''} "
@@ -416,8 +411,8 @@ class Plan:
         meta = self.header_metadata
         if meta is None or not meta.interesting:
             return []
-        if self.options.to == "dcp":
-            return ["source header metadata: dropped (a DCP output has no header metadata)"]
+        if not self.output_format.keeps_header_metadata:
+            return [f"source header metadata: dropped (a {self.output_format.title} output has no header metadata)"]
         kept = sorted(k for k in meta.kept if k != "format")
         lines = [f"source header metadata kept: {', '.join(kept) if kept else 'none'}"]
         if meta.dropped:

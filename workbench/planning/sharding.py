@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from ..catalog import TensorInfo
 from ..display import format_bytes
 from ..mapper.groups import Problem
-from ..output.safetensors import FileLayout, layout_file, shard_file_name
+from ..output.base import OutputFormat
+from ..output.safetensors import FileLayout
 from .schedule import Step
 
 
@@ -113,29 +114,22 @@ def assign_shards(steps: list[Step], limit: int) -> tuple[list[list[TensorInfo]]
 
 
 def layout_outputs(
-    steps: list[Step], limit: int, to: str = "safetensors", metadata: Callable[[Iterable[str]], dict[str, str]] | None = None,
+    steps: list[Step], limit: int, output: OutputFormat, metadata: Callable[[Iterable[str]], dict[str, str]] | None = None,
 ) -> tuple[list[OutputFile], list[Problem]]:
     """Name and lay out the shards; sets `step.files` to file names.
 
-    `to='safetensors'`: HF naming, reference tensor order; `metadata` maps the source files feeding a shard
-    to its header `__metadata__` (default `{"format": "pt"}`). `to='dcp'`: `__0_<k>.distcp` files, one
-    torch.save stream per tensor in schedule order (see `formats.dcp_writer`).
+    `output` names and lays out each file (see `workbench.output`); `metadata` maps the source files feeding
+    a shard to its header `__metadata__` where the format keeps one (default `{"format": "pt"}`).
     """
     shards, step_shards, warnings = assign_shards(steps, limit)
-    if to == "dcp":
-        from ..output.dcp import dcp_file_name, layout_dcp_file
+    names = [output.file_name(k, len(shards)) for k in range(len(shards))]
+    metas: list[dict[str, str] | None] = [None] * len(shards)
+    if metadata is not None and output.keeps_header_metadata:
+        from .header_metadata import shard_sources
 
-        names = [dcp_file_name(k) for k in range(len(shards))]
-        files = [OutputFile(name, layout_dcp_file(name, tensors)) for name, tensors in zip(names, shards, strict=True)]
-    else:
-        names = [shard_file_name(k + 1, len(shards)) for k in range(len(shards))]
-        metas: list[dict[str, str] | None] = [None] * len(shards)
-        if metadata is not None:
-            from .header_metadata import shard_sources
-
-            feeds = shard_sources((((t.file for t in s.group.inputs), n) for s, n in zip(steps, step_shards, strict=True)), len(shards))
-            metas = [metadata(f) for f in feeds]
-        files = [OutputFile(name, layout_file(name, tensors, meta)) for name, tensors, meta in zip(names, shards, metas, strict=True)]
+        feeds = shard_sources((((t.file for t in s.group.inputs), n) for s, n in zip(steps, step_shards, strict=True)), len(shards))
+        metas = [metadata(f) for f in feeds]
+    files = [OutputFile(name, output.layout_file(name, tensors, meta)) for name, tensors, meta in zip(names, shards, metas, strict=True)]
     for step, numbers in zip(steps, step_shards, strict=True):
         step.files = tuple(names[k] for k in numbers)
         for k in numbers:
