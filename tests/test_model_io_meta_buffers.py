@@ -234,7 +234,8 @@ def test_a_buffer_nothing_can_set_is_refused_before_reading(tmp_path: Path) -> N
         wb.load_into(model, source)
     message = str(raised.value)
     assert message.startswith(f"Cannot load {folder} into Net: 1 non-persistent buffer(s) are on the meta device")
-    assert "'inner.table'" in message and "on_uninitialized='meta'" in message and "Nothing was read" in message
+    assert "'inner.table': no initialisation hook found" in message
+    assert "on_uninitialized='meta'" in message and "Nothing was read or allocated." in message
     assert raised.value.keys == ["inner.table"]
     assert IO.snapshot()["bytes_read"] == 0 and all(t.is_meta for t in model.parameters())
 
@@ -269,5 +270,53 @@ def test_a_hook_that_does_not_set_the_buffer_is_not_trusted(tmp_path: Path) -> N
         wb.load_into(model, folder)
     message = str(raised.value)
     assert "'inner.table': ResetsWeightsOnly.reset_parameters() of inner does not set it" in message
-    assert "The parameters were loaded; these buffers are left on the meta device." in message
-    assert model.inner.table.is_meta and torch.equal(model.inner.weight, reference.inner.weight)
+    assert "Nothing was read or allocated." in message
+    assert all(t.is_meta for t in model.state_dict().values())
+    report = wb.load_into(model, folder, on_uninitialized="meta")
+    assert report.kept_on_meta == ["inner.table"] and model.inner.table.is_meta
+    assert torch.equal(model.inner.weight, reference.inner.weight)  # loaded, not reset to zeros by the hook
+
+
+def test_a_mismatched_stored_buffer_is_recomputed_when_not_strict(bert_sample: Path, tmp_path: Path) -> None:
+    import shutil
+
+    folder = with_position_ids(shutil.copytree(bert_sample, tmp_path / "bert"), torch.arange(7)[None])
+    config = transformers.BertConfig.from_pretrained(folder)
+    model = on_meta(transformers.BertModel, config)
+    report = wb.load_into(model, folder, strict=False)
+    assert report.check.mismatched == ["embeddings.position_ids"] and report.uninitialized == []
+    assert sorted(report.recomputed) == ["embeddings.position_ids", "embeddings.token_type_ids"]
+    assert torch.equal(model.embeddings.position_ids, torch.arange(config.max_position_embeddings)[None])
+
+
+class TitanStyle(torch.nn.Module):
+    """A buffer on the root, recomputed (re-assigned) by an init_weights() that also re-initialises every weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(2)])
+        self.register_buffer("freqs", self._freqs(), persistent=False)
+
+    @staticmethod
+    def _freqs():
+        return torch.polar(torch.ones(3, 2), torch.outer(torch.arange(3.0), torch.tensor([1.0, 0.5])))
+
+    def init_weights(self, buffer_device=None) -> None:
+        with torch.device(buffer_device or self.freqs.device):
+            self.freqs = self._freqs()
+        for layer in self.layers:
+            torch.nn.init.zeros_(layer.weight)
+            layer.reset_parameters()
+
+
+def test_a_root_init_weights_that_resets_everything_touches_no_loaded_weight(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    reference = TitanStyle()
+    folder = saved_plain(reference, tmp_path / "ckpt")
+    with torch.device("meta"):
+        model = TitanStyle()
+    report = wb.load_into(model, folder)
+    assert report.recomputed == {"freqs": "TitanStyle.init_weights() of the model"}
+    assert model.freqs.dtype == torch.complex64 and torch.equal(model.freqs, reference.freqs)
+    for ours, theirs in zip(model.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(ours, theirs)

@@ -14,6 +14,8 @@ A hook runs on a twin of the owning module whose parameters and other buffers ar
 so it may re-initialise weights freely: nothing loaded is touched and nothing is allocated but the
 lost buffers. It runs twice, with those buffers first zeroed and then filled with one-bits; a value is
 accepted only when both runs give the same bits, i.e. it does not depend on the garbage it replaced.
+Since the twin needs no loaded value, a load computes these values before reading anything, and can
+refuse a buffer nothing sets without side effects.
 """
 
 from __future__ import annotations
@@ -30,11 +32,12 @@ from .local_part import local_part, local_tensor
 OnUninitialized = Literal["error", "meta", "empty"]
 ON_UNINITIALIZED = ("error", "meta", "empty")
 FALLBACK_METHODS = ("reset_parameters", "init_weights")
+NO_HOOK = "no initialisation hook found (no transformers _init_weights, reset_parameters() or init_weights())"
 
 
 class UninitializedBufferError(PlanError):
     """A meta module has non-persistent buffers that neither the source nor the module's own
-    initialisation gives values (`keys` names them); they are left on the meta device."""
+    initialisation gives values (`keys` names them); raised before the load reads or allocates anything."""
 
     def __init__(self, message: str, keys: list[str]) -> None:
         super().__init__(message, tensor=keys[0] if keys else None)
@@ -135,11 +138,11 @@ def _twin(module: Any, real: Mapping[str, Any], memo: dict[int, Any] | None = No
     return twin
 
 
-def _sentinel(buffer: Any, ones: bool) -> Any:
-    """A buffer-shaped tensor on the buffer's device, all bits zero or all bits one."""
+def _sentinel(buffer: Any, device: Any, ones: bool) -> Any:
+    """A tensor of the buffer's global shape and dtype on `device`, all bits zero or all bits one."""
     import torch
 
-    value = torch.empty(tuple(buffer.shape), dtype=buffer.dtype, device=local_tensor(buffer).device)
+    value = torch.empty(tuple(buffer.shape), dtype=buffer.dtype, device=device)
     if not ones:
         return value.zero_()
     if value.dtype == torch.bool:
@@ -151,14 +154,20 @@ def _sentinel(buffer: Any, ones: bool) -> Any:
 def _bits(tensor: Any) -> Any:
     import torch
 
-    return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+    return tensor.detach().contiguous().reshape(-1).view(torch.uint8).cpu()
 
 
-def _run(hook: Hook, owner: Any, attrs: tuple[str, ...], ones: bool) -> dict[str, Any]:
+def _same_bits(a: Any, b: Any) -> bool:
+    import torch
+
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
+
+
+def _run(hook: Hook, owner: Any, attrs: tuple[str, ...], device: Any, ones: bool) -> dict[str, Any]:
     """Run `hook` on a twin of `owner`; per buffer the value it left, or why there is none (a str)."""
     import torch
 
-    twin = _twin(owner, {attr: _sentinel(owner._buffers[attr], ones) for attr in attrs})
+    twin = _twin(owner, {attr: _sentinel(owner._buffers[attr], device, ones) for attr in attrs})
     try:
         with torch.no_grad():
             hook.run(twin)
@@ -173,19 +182,19 @@ def _run(hook: Hook, owner: Any, attrs: tuple[str, ...], ones: bool) -> dict[str
             results[attr] = (f"{hook.description} makes it {value.dtype} {list(value.shape)} but the module holds "
                              f"{held.dtype} {list(held.shape)}")
         else:
-            results[attr] = value
+            results[attr] = value.detach()
     return results
 
 
-def _recompute_one(model: Any, init: BufferInit) -> tuple[dict[str, str], dict[str, str]]:
+def _compute_one(model: Any, init: BufferInit, device: Any) -> tuple[dict[str, Recomputed], dict[str, str]]:
     owner = model.get_submodule(init.owner) if init.owner else model
-    done: dict[str, str] = {}
+    done: dict[str, Recomputed] = {}
     why: dict[str, list[str]] = {attr: [] for attr in init.attrs}
     for hook in init.hooks:
         todo = tuple(attr for attr in init.attrs if attr not in done)
         if not todo:
             break
-        zeros, ones = _run(hook, owner, todo, ones=False), _run(hook, owner, todo, ones=True)
+        zeros, ones = _run(hook, owner, todo, device, ones=False), _run(hook, owner, todo, device, ones=True)
         for attr in todo:
             first, second = zeros[attr], ones[attr]
             if isinstance(first, str) or isinstance(second, str):
@@ -193,33 +202,41 @@ def _recompute_one(model: Any, init: BufferInit) -> tuple[dict[str, str], dict[s
             elif not _same_bits(first, second):
                 why[attr].append(f"{hook.description} does not set it (its value depends on the uninitialised memory)")
             else:
-                held = owner._buffers[attr]
-                key = f"{init.owner}.{attr}" if init.owner else attr
-                local_tensor(held).copy_(local_part(held, key).take(first))
-                done[attr] = hook.description
+                done[attr] = Recomputed(first, hook.description)
     prefix = f"{init.owner}." if init.owner else ""
-    failed = {prefix + attr: "; ".join(reasons) or "no initialisation hook found" for attr, reasons in why.items() if attr not in done}
-    return {prefix + attr: how for attr, how in done.items()}, failed
+    failed = {prefix + attr: "; ".join(reasons) or NO_HOOK for attr, reasons in why.items() if attr not in done}
+    return {prefix + attr: value for attr, value in done.items()}, failed
 
 
-def _same_bits(a: Any, b: Any) -> bool:
-    import torch
+@dataclass(frozen=True)
+class Recomputed:
+    """A buffer's value as its module's initialisation computes it, and which hook did."""
 
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a).cpu(), _bits(b).cpu())
+    value: Any
+    how: str
 
 
-def recompute_buffers(model: Any, inits: list[BufferInit]) -> tuple[dict[str, str], dict[str, str]]:
-    """Recompute the lost buffers in place: (key -> the hook that set it, key -> why it could not be set)."""
-    import torch
-
-    recomputed: dict[str, str] = {}
+def compute_buffers(model: Any, inits: list[BufferInit], device: Any) -> tuple[dict[str, Recomputed], dict[str, str]]:
+    """The values of the lost buffers, computed on `device` without touching `model` (which may still be on
+    meta): (key -> value and the hook that computed it, key -> why no hook gives it a value)."""
+    values: dict[str, Recomputed] = {}
     failed: dict[str, str] = {}
+    for init in inits:
+        done, missed = _compute_one(model, init, device)
+        values.update(done)
+        failed.update(missed)
+    return values, failed
+
+
+def write_buffers(model: Any, values: Mapping[str, Recomputed]) -> dict[str, str]:
+    """Copy computed values into the (materialised) buffers; returns key -> how each was computed."""
+    import torch
+
     with torch.no_grad():
-        for init in inits:
-            done, missed = _recompute_one(model, init)
-            recomputed.update(done)
-            failed.update(missed)
-    return recomputed, failed
+        for key, computed in values.items():
+            held = model.get_buffer(key)
+            local_tensor(held).copy_(local_part(held, key).take(computed.value))
+    return {key: computed.how for key, computed in values.items()}
 
 
 def keep_on_meta(model: Any, keys: list[str]) -> None:
@@ -242,15 +259,14 @@ def check_on_uninitialized(value: str) -> None:
         )
 
 
-def uninitialized_error(module_name: str, source_name: str, failed: Mapping[str, str], *, loaded: bool) -> UninitializedBufferError:
-    """The error for buffers that nothing sets, before (`loaded` False) or after the parameters were loaded."""
+def uninitialized_error(module_name: str, source_name: str, failed: Mapping[str, str]) -> UninitializedBufferError:
+    """The error for buffers that nothing sets (raised before anything is read or allocated)."""
     listed = "; ".join(f"{key!r}: {why}" for key, why in list(failed.items())[:10])
     more = f"; ... and {len(failed) - 10} more" if len(failed) > 10 else ""
-    state = ("The parameters were loaded; these buffers are left on the meta device." if loaded
-             else "Nothing was read or allocated.")
     return UninitializedBufferError(
         f"Cannot load {source_name} into {module_name}: {len(failed)} non-persistent buffer(s) are on the meta device, "
-        f"not in the source, and not recomputed by the module's own initialisation ({listed}{more}). {state} "
+        f"not in the source, and not recomputed by the module's own initialisation ({listed}{more}). Nothing was "
+        "read or allocated. "
         "Give the owning module a reset_parameters() that sets them, build the model with these buffers on a real "
         "device (only the parameters on meta), or pass on_uninitialized='meta' (keep them on meta) or 'empty' "
         "(leave them uninitialised) and set them yourself.",

@@ -185,11 +185,11 @@ def check_load(
         filled[entry.leader] = name
         check.fill[name] = entry.leader
     for key, entry in state.items():
-        if key in outputs:
-            continue
-        if not entry.persistent:  # optional: kept as it is, or recomputed if it has no storage yet
+        if not entry.persistent:  # optional: kept as it is, or recomputed if it has no storage yet (even if mismatched)
             if entry.leader not in filled and getattr(entry.tensor, "is_meta", False):
                 check.recompute.append(key)
+            continue
+        if key in outputs:
             continue
         wanted = describe(entry.info.dtype, entry.info.shape)
         # 'tied' only says some key of the tie is produced; it fills this one only if its shape fits

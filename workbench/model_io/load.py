@@ -31,10 +31,11 @@ from ..planning.sources import bind, resolve_catalog
 from .buffers import (
     OnUninitialized,
     check_on_uninitialized,
+    compute_buffers,
     keep_on_meta,
     plan_buffer_inits,
-    recompute_buffers,
     uninitialized_error,
+    write_buffers,
 )
 from .check import LoadCheck, check_load
 from .comm import Comm, stage_of
@@ -272,8 +273,8 @@ def load_into(
     `position_ids`) are filled when the source holds them; those of a meta module it does not hold
     are recomputed by the module's own initialisation (transformers' `_init_weights`, else
     `reset_parameters()` / `init_weights()`) and listed with how in `report.recomputed`. Buffers that
-    nothing sets raise UninitializedBufferError (before reading when no initialisation exists at
-    all) unless `on_uninitialized` is 'meta' (left on the meta device, so a forward pass fails;
+    nothing sets raise UninitializedBufferError before anything is read or allocated, unless
+    `on_uninitialized` is 'meta' (left on the meta device, so a forward pass fails;
     `report.kept_on_meta`) or 'empty' (left uninitialised; `report.uninitialized`).
     DTensor parameters (FSDP2, tensor parallel) receive only this rank's part; for row-sharded ones
     only those rows' bytes are read. With a `mesh` and its pipeline dimension `pp_dim` (all ranks
@@ -291,14 +292,14 @@ def load_into(
     if strict and not check.ok:
         raise check.error()
     report = LoadReport(check, rank=comm.rank, stage=stage)
-    inits = plan_buffer_inits(model, check.recompute)
-    hopeless = {key: "no initialisation hook found (no transformers _init_weights, reset_parameters() or init_weights())"
-                for init in inits if not init.hooks for key in init.keys}
-    if hopeless and on_uninitialized == "error":  # refuse before reading or allocating anything
-        raise uninitialized_error(check.module_name, check.source_name, hopeless, loaded=False)
+    target = "cpu" if device is None else device
+    # computed on copies whose weights stay on meta, so what nothing sets is refused before reading anything
+    buffers, failed = compute_buffers(model, plan_buffer_inits(model, check.recompute), target)
+    if failed and on_uninitialized == "error":
+        raise uninitialized_error(check.module_name, check.source_name, failed)
     if on_meta(model):  # what stays unfilled after to_empty holds garbage: say so
-        materialize(model, "cpu" if device is None else device)
-        report.uninitialized = check.missing + check.mismatched
+        materialize(model, target)
+        report.uninitialized = [key for key in check.missing + check.mismatched if key not in check.recompute]
     state = load_state(model)
     wanted = check.fill
     groups = [g for g in binding.groups if any(o.name in wanted for o in g.outputs)]
@@ -323,15 +324,12 @@ def load_into(
     finally:
         filler.reader.close()
         progress.close()
-    report.recomputed, failed = recompute_buffers(model, [init for init in inits if init.hooks])
-    failed = {**hopeless, **failed}
+    report.recomputed = write_buffers(model, buffers)
     if on_uninitialized == "empty":
         report.uninitialized += list(failed)
     else:
         keep_on_meta(model, list(failed))
         report.kept_on_meta = list(failed)
-        if failed and on_uninitialized == "error":
-            raise uninitialized_error(check.module_name, check.source_name, failed, loaded=True)
     io = IO.snapshot()
     report.loaded = [wanted[o.name] for g in groups for o in g.outputs if o.name in wanted]
     report.files_opened = io["files_opened"]
