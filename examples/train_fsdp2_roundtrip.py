@@ -3,7 +3,8 @@
     torchrun --nproc-per-node 2 examples/train_fsdp2_roundtrip.py sample_checkpoints/tiny-llama /tmp/trained
 
 The model is built on the meta device (no memory for weights), sharded with `fully_shard`, then
-`wb.load_into` materialises it and each rank reads only the rows of the weights it owns.
+`wb.load_into` materialises it, each rank reads only the rows of the weights it owns, and the buffers no
+checkpoint holds (rotary frequencies) are recomputed as `from_pretrained` does.
 `wb.save_from` gathers one tensor at a time and splits the output files across ranks; the result
 opens with `from_pretrained` like any HF checkpoint. Runs on CPU with gloo.
 """
@@ -51,9 +52,8 @@ def main(checkpoint: Path, out: Path) -> None:
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     model = build_sharded_model(checkpoint, mesh)
 
-    loaded = wb.load_into(model, checkpoint)  # a progress bar on rank 0
-    # Non-persistent buffers (rotary frequencies) are not in checkpoints: recompute them the HF way.
-    model._init_weights(model.model.rotary_emb)
+    # a progress bar on rank 0; non-persistent buffers (rotary frequencies) are recomputed, see loaded.recomputed
+    loaded = wb.load_into(model, checkpoint)
     if rank == 0:
         print(loaded, flush=True)
 

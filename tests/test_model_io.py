@@ -51,8 +51,8 @@ def test_load_into_meta_llama_equals_from_pretrained(llama_sample: Path, referen
     report = wb.load_into(model, llama_sample, on_progress=lambda *e: events.append(e))
     assert not any(t.is_meta for t in model.state_dict().values())
     assert_same_state(model, reference)
-    assert report.uninitialized == ROTARY  # not in any checkpoint: the caller recomputes them
-    model._init_weights(model.model.rotary_emb)
+    assert report.uninitialized == []  # not in any checkpoint: recomputed as from_pretrained does
+    assert report.recomputed == dict.fromkeys(ROTARY, "LlamaModel._init_weights(model.rotary_emb)")
     tokens = torch.arange(12)[None]
     with torch.no_grad():
         assert torch.equal(model(tokens).logits, reference(tokens).logits)
@@ -70,7 +70,7 @@ def test_tensors_that_already_have_values_survive_materialising(llama_sample: Pa
     for name in ("inv_freq", "original_inv_freq"):
         rotary.register_buffer(name, getattr(reference.model.rotary_emb, name).clone(), persistent=False)
     report = wb.load_into(model, llama_sample)
-    assert report.uninitialized == []
+    assert report.uninitialized == [] and report.recomputed == {}
     tokens = torch.arange(12)[None]
     with torch.no_grad():
         assert torch.equal(model(tokens).logits, reference(tokens).logits)
@@ -150,7 +150,8 @@ def test_strict_report_names_every_mismatch_before_reading_anything(llama_sample
     report = wb.load_into(model, source, strict=False)  # loads what fits, reports the rest
     assert not report.ok and report.check.missing == ["model.norm.weight"]
     assert report.check.unexpected == ["model.extra.bias"] and report.check.mismatched == ["model.layers.0.mlp.up_proj.weight"]
-    assert report.uninitialized == ["model.norm.weight", "model.layers.0.mlp.up_proj.weight", *ROTARY]
+    assert report.uninitialized == ["model.norm.weight", "model.layers.0.mlp.up_proj.weight"]
+    assert list(report.recomputed) == ROTARY
     assert len(report.loaded) == 37 and "model.layers.0.mlp.up_proj.weight" not in report.loaded
     expected_head = reference.lm_head.weight.to(torch.bfloat16).to(torch.float32)
     assert torch.equal(model.lm_head.weight, expected_head)

@@ -85,8 +85,15 @@ def _fsdp_part(sample: Path, out: Path, rank: int, results: dict) -> None:
     report = wb.load_into(model, sample, on_progress=lambda *e: events.append(e))
     reference = shard(LlamaForCausalLM.from_pretrained(sample))  # the full model loaded, then sharded
     ours, theirs = model.state_dict(), reference.state_dict()
+    their_buffers = dict(reference.named_buffers())
+    tokens = torch.arange(12)[None]
+    with torch.no_grad():  # a collective forward on both ranks: the recomputed rotary buffers are in use
+        logits_equal = torch.equal(model(tokens).logits, reference(tokens).logits)
     results["load"] = {
         "equal": sorted(ours) == sorted(theirs) and all(torch.equal(ours[k].to_local(), theirs[k].to_local()) for k in theirs),
+        "recomputed": sorted(report.recomputed), "logits_equal": logits_equal,
+        "buffers_equal": sorted(their_buffers) == sorted(k for k, _ in model.named_buffers())
+        and all(torch.equal(b, their_buffers[k]) for k, b in model.named_buffers()),
         "bytes_read": report.bytes_read, "predicted_bytes_read": report.predicted_bytes_read,
         "files_match_plan": report.files_match_plan, "loaded": len(report.loaded), "bytes_loaded": report.bytes_loaded,
         "peak": report.peak_tensor_bytes, "last_event": list(events[-1]),
@@ -237,6 +244,8 @@ def test_fsdp2_load_reads_each_rank_rows_and_equals_loading_then_sharding(job_ou
         assert load["bytes_read"] == load["predicted_bytes_read"] == load["bytes_loaded"]
         assert load["last_event"][1] == load["last_event"][2] == load["bytes_loaded"]
         assert load["peak"] == 0  # rows read straight into each rank's shard
+        assert load["recomputed"] == ["model.rotary_emb.inv_freq", "model.rotary_emb.original_inv_freq"]
+        assert load["buffers_equal"] and load["logits_equal"]
     assert loads[0]["last_event"][0] == 0 and loads[1]["last_event"][0] == 1
     assert sum(load["bytes_read"] for load in loads) == total  # every byte read once, by the rank that owns it
 

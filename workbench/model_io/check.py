@@ -4,7 +4,8 @@ Computed from metadata alone (the bound mapper's outputs and the module's state)
 byte is read or any storage materialised, so a strict load can refuse without side effects. Names,
 shapes and dtypes are compared by `workbench.mapper.target.compare_tensors` (the comparison behind
 `check_target`); what only a load decides is added here: which output fills each tie (the others are
-not read), that a dtype difference is a cast (a warning), and keys other pipeline stages hold.
+not read), that a dtype difference is a cast (a warning), keys other pipeline stages hold, and that a
+non-persistent buffer is filled when the source holds it and otherwise kept (recomputed when on meta).
 """
 
 from __future__ import annotations
@@ -52,13 +53,16 @@ class LoadCheck:
     """What a load would do: which output fills which state key, and every problem found.
 
     `fill` maps source output names (after the mapper) to the state key they are copied into, in
-    source order; tied keys are filled once, through their first key.
+    source order; tied keys are filled once, through their first key. `recompute` lists the
+    non-persistent buffers on the meta device that the source does not hold: a load recomputes them
+    with the module's own initialisation (see `workbench.model_io.buffers`).
     """
 
     module_name: str
     source_name: str
     problems: list[KeyProblem] = field(default_factory=list)
     fill: dict[str, str] = field(default_factory=dict)
+    recompute: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -111,7 +115,10 @@ class LoadCheck:
     def summary(self) -> str:
         """One line per finding."""
         head = f"Load {self.source_name} -> {self.module_name}: {len(self.fill)} keys to fill, {len(self.errors)} error(s)"
-        return "\n".join([head, *(f"  {p.severity}: {p.message}" for p in self.problems)])
+        lines = [head, *(f"  {p.severity}: {p.message}" for p in self.problems)]
+        if self.recompute:
+            lines.append(f"  to recompute (non-persistent buffers the source does not hold): {', '.join(self.recompute)}")
+        return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.summary()
@@ -178,6 +185,10 @@ def check_load(
         filled[entry.leader] = name
         check.fill[name] = entry.leader
     for key, entry in state.items():
+        if not entry.persistent:  # optional: kept as it is, or recomputed if it has no storage yet (even if mismatched)
+            if entry.leader not in filled and getattr(entry.tensor, "is_meta", False):
+                check.recompute.append(key)
+            continue
         if key in outputs:
             continue
         wanted = describe(entry.info.dtype, entry.info.shape)

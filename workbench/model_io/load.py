@@ -6,6 +6,8 @@ The mapper is bound to the source and its outputs checked against the module's s
 the bytes of the part this rank holds (whole tensor, or the rows of a `Shard(0)` DTensor), straight
 into the parameter's memory when dtype and device allow; other groups are computed on their inputs
 and the rank's part of each output is copied in. Only source files holding needed bytes are opened.
+Non-persistent buffers are filled when the source holds them; those of a meta module it does not hold
+are then recomputed by the module's own initialisation (`buffers.py`), as `from_pretrained` does.
 """
 
 from __future__ import annotations
@@ -26,10 +28,19 @@ from ..iostats import IO
 from ..mapper.groups import Binding, Group
 from ..planning.schedule import SourceAccess
 from ..planning.sources import bind, resolve_catalog
+from .buffers import (
+    OnUninitialized,
+    check_on_uninitialized,
+    compute_buffers,
+    keep_on_meta,
+    plan_buffer_inits,
+    uninitialized_error,
+    write_buffers,
+)
 from .check import LoadCheck, check_load
 from .comm import Comm, stage_of
 from .local_part import LocalPart, local_part, local_tensor
-from .module_keys import StateEntry, materialize, module_state, on_meta
+from .module_keys import StateEntry, load_state, materialize, on_meta
 from .progress import rank_progress
 from .reading import GroupReader, pieces_in_range
 
@@ -46,6 +57,8 @@ class LoadReport:
     stage: int | None = None
     loaded: list[str] = field(default_factory=list)  # state keys filled
     uninitialized: list[str] = field(default_factory=list)  # materialised but not filled (garbage until set)
+    recomputed: dict[str, str] = field(default_factory=dict)  # buffer -> the initialisation that recomputed it
+    kept_on_meta: list[str] = field(default_factory=list)  # buffers nothing could set, left on meta (on_uninitialized='meta')
     predicted_files: list[str] = field(default_factory=list)
     files_opened: list[str] = field(default_factory=list)
     predicted_bytes_read: int = 0
@@ -81,8 +94,13 @@ class LoadReport:
             f"  peak tensor bytes {format_bytes(self.peak_tensor_bytes)} (largest group {format_bytes(self.largest_group_bytes)}), "
             f"RSS peak {format_bytes(self.rss_peak)}",
         ]
+        if self.recomputed:
+            lines.append(f"  recomputed {len(self.recomputed)} non-persistent buffer(s) the source does not hold, by the "
+                         "module's own initialisation: " + _listed(f"{key} ({how})" for key, how in self.recomputed.items()))
         if self.uninitialized:
-            lines.append(f"  left uninitialised: {', '.join(self.uninitialized[:5])}" + (" ..." if len(self.uninitialized) > 5 else ""))
+            lines.append(f"  left uninitialised (garbage until set): {_listed(self.uninitialized)}")
+        if self.kept_on_meta:
+            lines.append(f"  left on the meta device (set them before use): {_listed(self.kept_on_meta)}")
         lines += [f"  {p.severity}: {p.message}" for p in self.check.problems if p.severity != "info"]
         return "\n".join(lines)
 
@@ -96,6 +114,11 @@ class LoadReport:
         return f"<pre>{html.escape(self.summary())}</pre>"
 
 
+def _listed(items: Any, limit: int = 5) -> str:
+    items = list(items)
+    return ", ".join(items[:limit]) + (f" ... and {len(items) - limit} more" if len(items) > limit else "")
+
+
 def _source_name(catalog: Catalog) -> str:
     return str(catalog.root)
 
@@ -106,7 +129,7 @@ def plan_load(
     """The dry-run of a load: bind the mapper to the source and check its outputs against the module."""
     catalog = resolve_catalog(source)
     binding = bind(catalog, mapper, rest)
-    state = module_state(model)
+    state = load_state(model)
     check = check_load(
         state, binding.outputs, mapper_problems=binding.problems, elsewhere=elsewhere,
         module_name=type(model).__name__, source_name=_source_name(catalog),
@@ -238,6 +261,7 @@ def load_into(
     pp_dim: int | str | None = None,
     quiet: bool = False,
     on_progress: ProgressCallback | None = None,
+    on_uninitialized: OnUninitialized = "error",
 ) -> LoadReport:
     """Load `source` (a checkpoint path, Checkpoint or Catalog) through `mapper` into `model`, in place.
 
@@ -245,26 +269,38 @@ def load_into(
     key raises a MapperError listing them all before anything is read or allocated; with
     `strict=False` only the keys that fit are loaded and the report lists the rest. A module on the
     meta device is materialised on `device` (default 'cpu') and then filled; modules elsewhere are
-    filled where they are (`device` is ignored). Buffers outside the state (non-persistent, e.g.
-    rotary frequencies) of a meta module are listed in `report.uninitialized`: recompute them.
+    filled where they are (`device` is ignored). Non-persistent buffers (rotary frequencies,
+    `position_ids`) are filled when the source holds them; those of a meta module it does not hold
+    are recomputed by the module's own initialisation (transformers' `_init_weights`, else
+    `reset_parameters()` / `init_weights()`) and listed with how in `report.recomputed`. Buffers that
+    nothing sets raise UninitializedBufferError before anything is read or allocated, unless
+    `on_uninitialized` is 'meta' (left on the meta device, so a forward pass fails;
+    `report.kept_on_meta`) or 'empty' (left uninitialised; `report.uninitialized`).
     DTensor parameters (FSDP2, tensor parallel) receive only this rank's part; for row-sharded ones
     only those rows' bytes are read. With a `mesh` and its pipeline dimension `pp_dim` (all ranks
     call load_into together), keys held by other stages are not unexpected.
     `on_progress(rank, done_bytes, total_bytes)` follows the bytes loaded; the bar shows on rank 0.
     """
+    check_on_uninitialized(on_uninitialized)
     comm = Comm()
     stage, elsewhere = (None, set())
     if pp_dim is not None:
         if mesh is None:
             raise PlanError("Cannot load with pp_dim but no mesh: pass the DeviceMesh the pipeline dimension belongs to.")
-        stage, elsewhere = _other_ranks_keys(module_state(model), mesh, pp_dim, comm)
+        stage, elsewhere = _other_ranks_keys(load_state(model), mesh, pp_dim, comm)
     catalog, binding, check = plan_load(model, source, mapper, rest=rest, elsewhere=elsewhere)
     if strict and not check.ok:
         raise check.error()
     report = LoadReport(check, rank=comm.rank, stage=stage)
+    target = "cpu" if device is None else device
+    # computed on copies whose weights stay on meta, so what nothing sets is refused before reading anything
+    buffers, failed = compute_buffers(model, plan_buffer_inits(model, check.recompute), target)
+    if failed and on_uninitialized == "error":
+        raise uninitialized_error(check.module_name, check.source_name, failed)
     if on_meta(model):  # what stays unfilled after to_empty holds garbage: say so
-        report.uninitialized = check.missing + check.mismatched + materialize(model, "cpu" if device is None else device)
-    state = module_state(model)
+        materialize(model, target)
+        report.uninitialized = [key for key in check.missing + check.mismatched if key not in check.recompute]
+    state = load_state(model)
     wanted = check.fill
     groups = [g for g in binding.groups if any(o.name in wanted for o in g.outputs)]
     reads = predicted_reads(catalog, groups, wanted, state)
@@ -288,6 +324,12 @@ def load_into(
     finally:
         filler.reader.close()
         progress.close()
+    report.recomputed = write_buffers(model, buffers)
+    if on_uninitialized == "empty":
+        report.uninitialized += list(failed)
+    else:
+        keep_on_meta(model, list(failed))
+        report.kept_on_meta = list(failed)
     io = IO.snapshot()
     report.loaded = [wanted[o.name] for g in groups for o in g.outputs if o.name in wanted]
     report.files_opened = io["files_opened"]

@@ -2,7 +2,9 @@
 
 A module's state is what `state_dict()` lists (parameters and persistent buffers), with tied tensors
 (one Parameter under several names, e.g. an LM head sharing the embedding) recognised by identity,
-and distributed tensors (DTensor, FSDP2) described by their global shape. Nothing here copies data.
+and distributed tensors (DTensor, FSDP2) described by their global shape. A load also accepts the
+non-persistent buffers (`load_state`): a checkpoint may hold them (BERT's `position_ids` once was
+persistent), and when it does not, a meta module must have them recomputed. Nothing here copies data.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class StateEntry:
     tensor: Any  # the Parameter / buffer / DTensor itself (state_dict(keep_vars=True))
     info: TensorInfo  # global dtype and shape, no location
     leader: str  # the first key holding the same tensor (== key when untied)
+    persistent: bool = True  # False: a buffer `state_dict()` leaves out (a load fills it only if the source has it)
 
     @property
     def tied(self) -> bool:
@@ -66,6 +69,28 @@ def module_state(model: Any) -> dict[str, StateEntry]:
             )
         leader = first_key.setdefault(id(tensor), key)
         entries[key] = StateEntry(key, tensor, _meta_of(key, tensor), leader)
+    return entries
+
+
+def non_persistent_buffers(model: Any) -> dict[str, Any]:
+    """Every buffer `state_dict()` leaves out (registered with persistent=False), by its dotted name, in
+    `named_buffers()` order."""
+    found: dict[str, Any] = {}
+    for module_name, module in model.named_modules():
+        for attr, buffer in module._buffers.items():  # in registration order (the set has none)
+            if buffer is not None and attr in module._non_persistent_buffers_set:
+                found[f"{module_name}.{attr}" if module_name else attr] = buffer
+    return found
+
+
+def load_state(model: Any) -> dict[str, StateEntry]:
+    """The keys a load may fill: the state keys, then the non-persistent buffers (`persistent=False`)."""
+    entries = module_state(model)
+    first_key = {id(e.tensor): e.leader for e in entries.values()}
+    for key, buffer in non_persistent_buffers(model).items():
+        if key not in entries:
+            leader = first_key.setdefault(id(buffer), key)
+            entries[key] = StateEntry(key, buffer, _meta_of(key, buffer), leader, persistent=False)
     return entries
 
 
@@ -119,13 +144,11 @@ def _moved(tensor: Any, device: Any, memo: dict[int, Any]) -> Any:
     return memo[id(tensor)]
 
 
-def materialize(model: Any, device: Any) -> list[str]:
+def materialize(model: Any, device: Any) -> None:
     """Give the meta tensors of a module real (uninitialised) storage on `device`, keeping ties and the
-    tensors that already had values; returns the buffers outside the state (non-persistent) left
-    uninitialised, since no checkpoint holds them."""
+    tensors that already had values. What no checkpoint fills afterwards holds garbage."""
     before = module_state(model)
     ties = [(e.key, e.leader) for e in before.values() if e.tied]
-    lost = [name for name, buffer in model.named_buffers() if buffer.is_meta and name not in before]
     real = _real_tensors(model)
     model.to_empty(device=device)  # the one call FSDP2 modules follow; it also empties what had values ...
     memo: dict[int, Any] = {}
@@ -138,4 +161,3 @@ def materialize(model: Any, device: Any) -> list[str]:
         value = getattr(source, source_attr)
         if tensors.get(attr) is not value:
             tensors[attr] = value
-    return lost
