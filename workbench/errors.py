@@ -30,3 +30,12 @@ class MapperError(WorkbenchError):
 
 class PlanError(WorkbenchError):
     """A conversion cannot be planned or executed as asked."""
+
+
+class CastOverflowError(PlanError):
+    """A cast met values its target dtype cannot hold (they would become ±inf, saturate or wrap) and the
+    run was asked to fail on that (`on_overflow="error"`, `--on-overflow error`)."""
+
+
+class CastOverflowWarning(UserWarning):
+    """A finished conversion cast values its target dtype cannot hold (`report.overflow` lists them)."""
