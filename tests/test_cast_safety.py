@@ -230,3 +230,13 @@ def test_two_local_ranks_report_their_overflow(tiny_checkpoint, tmp_path: Path) 
         wb.convert(source, tmp_path / "strict", dtype="fp16", nproc=2, shard_size="8KB", launcher="local", quiet=True,
                    on_overflow="error")
     assert not (tmp_path / "strict" / INDEX).exists()
+
+
+def test_float64_and_explicit_integer_casts_count_their_overflow(tiny_checkpoint, tmp_path: Path) -> None:
+    source = tiny_checkpoint({"d": torch.tensor([1e300, 1.0, -1e39], dtype=torch.float64),
+                              "n": torch.tensor([300, -1, 5], dtype=torch.int16)})
+    with pytest.warns(wb.CastOverflowWarning, match="U8"):
+        report = wb.convert(source, tmp_path / "out", M.Cast("n", "U8"), dtype="fp32", quiet=True, verify=True)
+    assert report.overflow == {"d": (2, 1e300), "n": (2, 300.0)}
+    assert report.verification["overflow"].to_dict() == {"d": 2, "n": 2}
+    assert load_safetensors_folder(tmp_path / "out")["n"].tolist() == [44, 255, 5]  # what the user asked for: wrapped

@@ -6,8 +6,8 @@ Such a value is a replacement, not a rounding, whatever the target does with it.
 it starts at the overflow threshold: the largest finite value plus half a step, from where rounding
 to nearest leaves the range (fp16: 65520). For an integer target it is one past either end.
 
-Counting costs one min/max reduction per chunk; only a chunk that reaches a threshold (or holds a NaN)
-is counted element by element. Casts inside computed groups report to the `collect()` ledger that
+Counting costs one min/max reduction per chunk (of the output when it is a 16/32-bit float with ±inf,
+else of the input); only a chunk that reaches a threshold (or holds a NaN) is counted element by element. Casts inside computed groups report to the `collect()` ledger that
 is active around them, so the engine and verification count the same way on every path.
 """
 
@@ -84,12 +84,25 @@ def _counts_infinities(out: str) -> bool:
     return out not in _HAS_INF
 
 
-def count_torch(tensor: Any, src: str, out: str) -> tuple[int, float]:
-    """(values of `tensor`, a `src` tensor, that do not fit `out`; the largest magnitude among them, 0.0 if none)."""
+def _clean_output(converted: Any) -> bool:
+    """True when a cast's 16- or 32-bit float output holds no ±inf and no NaN: nothing overflowed into it. Reading
+    the output is cheaper than reading the input (fp32 -> fp16: half the bytes)."""
+    smallest, largest = (float(v) for v in converted.reshape(-1).aminmax())
+    return -math.inf < smallest and largest < math.inf  # NaN fails both
+
+
+def count_torch(tensor: Any, src: str, out: str, converted: Any = None) -> tuple[int, float]:
+    """(values of `tensor`, a `src` tensor, that do not fit `out`; the largest magnitude among them, 0.0 if none).
+
+    `converted`, the cast's result when there is one, lets a 16/32-bit float target with ±inf be screened on
+    the output; the input is counted element by element only when the output holds an infinity or a NaN.
+    """
     import torch
 
     bounds = limits(out)
     if bounds is None or tensor.numel() == 0:
+        return 0, 0.0
+    if converted is not None and out in ("F16", "BF16", "F32") and _clean_output(converted):
         return 0, 0.0
     low, high = bounds
     flat = tensor.reshape(-1)
@@ -189,7 +202,9 @@ def cast(tensor: Any, code: str, name: str = UNNAMED) -> Any:
     if ledger is not None:
         src = from_torch(tensor.dtype)
         if may_overflow(src, code):
-            ledger.add(name, *count_torch(tensor, src, code), code)
+            converted = tensor.to(to_torch(code))
+            ledger.add(name, *count_torch(tensor, src, code, converted), code)
+            return converted
     return tensor.to(to_torch(code))
 
 

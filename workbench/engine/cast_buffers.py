@@ -163,7 +163,7 @@ class CastBuffers:
         converted = torch.frombuffer(slot, dtype=to_torch(out_dtype), count=count)
         source = torch.frombuffer(data, dtype=to_torch(src_dtype), count=count)
         converted.copy_(source)
-        return count_torch(source, src_dtype, out_dtype) if counted else (0, 0.0)
+        return count_torch(source, src_dtype, out_dtype, converted) if counted else (0, 0.0)
 
     def _claim(self, begin: int, end: int) -> None:
         if self._in_flight(begin, end):

@@ -143,7 +143,7 @@ def _check_cast(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, row
         expected = a.to(out_dtype)
         equal = equal and bool(torch.equal(expected.view(torch.uint8), b.view(torch.uint8)))
         if counted:
-            overflowed += count_torch(a, src.dtype, out.dtype)[0]
+            overflowed += count_torch(a, src.dtype, out.dtype, expected)[0]
         if is_float(src.dtype) or is_float(out.dtype):
             worst = max(worst, _max_abs_diff(b, a))
     rows.append((out.name, "cast", "ok" if equal else "mismatch", worst, overflowed,

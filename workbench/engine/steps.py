@@ -173,7 +173,7 @@ def _cast_whole(ctx: RankContext, src: TensorInfo, out: TensorInfo, writer: Safe
             piece = converted[:count]
             piece.copy_(chunk)
             if counted:
-                ctx.overflowed(out.name, out.dtype, *count_torch(chunk, src.dtype, out.dtype))
+                ctx.overflowed(out.name, out.dtype, *count_torch(chunk, src.dtype, out.dtype, piece))
             writer.write(out.name, piece.view(torch.uint8).numpy(), nbytes_of(out.dtype, start))
             ctx.done_bytes += nbytes_of(out.dtype, count)
     finally:
