@@ -240,3 +240,14 @@ def test_float64_and_explicit_integer_casts_count_their_overflow(tiny_checkpoint
     assert report.overflow == {"d": (2, 1e300), "n": (2, 300.0)}
     assert report.verification["overflow"].to_dict() == {"d": 2, "n": 2}
     assert load_safetensors_folder(tmp_path / "out")["n"].tolist() == [44, 255, 5]  # what the user asked for: wrapped
+
+
+def test_save_from_counts_overflow_and_refuses_integer_dtypes(tmp_path: Path) -> None:
+    model = torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        model.weight[0, 0] = 70000.0
+    report = wb.save_from(model, tmp_path / "out", dtype="fp16", quiet=True)
+    assert report.overflow == {"weight": (1, 70000.0)} and "warning: overflow" in report.summary()
+    with pytest.raises(PlanError, match="Cannot store the weights as int8"):
+        wb.save_from(model, tmp_path / "ints", dtype="int8", quiet=True)
+    assert not (tmp_path / "ints" / "model.safetensors").exists()

@@ -194,6 +194,20 @@ def collect() -> Iterator[OverflowCounts]:
         _ACTIVE.reset(token)
 
 
+def attributed(found: OverflowCounts, outputs: list[str], label: str | None = None) -> dict[str, list]:
+    """`found`'s counts by output name: a cast that did not know its output's name (an op inside a group)
+    is the group's only output's, or else the group's (its label)."""
+    named: dict[str, list] = {}
+    for name, entry in found.counts.items():
+        if name == UNNAMED:
+            name = outputs[0] if len(outputs) == 1 else (label or outputs[0])
+        if name in named:
+            named[name] = [named[name][0] + entry[0], max(named[name][1], entry[1]), named[name][2] or entry[2]]
+        else:
+            named[name] = list(entry)
+    return named
+
+
 def cast(tensor: Any, code: str, name: str = UNNAMED) -> Any:
     """`tensor` converted to dtype `code`; values that do not fit are counted in the active ledger, if any."""
     from .dtypes import from_torch, to_torch
@@ -208,4 +222,4 @@ def cast(tensor: Any, code: str, name: str = UNNAMED) -> Any:
     return tensor.to(to_torch(code))
 
 
-__all__ = ["OverflowCounts", "cast", "collect", "count_torch", "describe", "largest_finite", "limits", "may_overflow", "replacement"]
+__all__ = ["OverflowCounts", "attributed", "cast", "collect", "count_torch", "describe", "largest_finite", "limits", "may_overflow", "replacement"]

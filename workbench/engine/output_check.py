@@ -20,7 +20,7 @@ from ..catalog import Catalog, TensorInfo
 from ..checksums import tensor_sha256
 from ..dtypes import DTYPE_BITS, is_float, to_torch
 from ..errors import WorkbenchError
-from ..overflow import UNNAMED, collect, count_torch, may_overflow
+from ..overflow import attributed, collect, count_torch, may_overflow
 from ..planning.schedule import CAST, COPY
 from .sources import SourceFiles
 
@@ -177,10 +177,7 @@ def _check_compute(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, 
         tensors[info.name] = torch.frombuffer(data, dtype=dtype).reshape(info.shape) if info.numel else torch.empty(info.shape, dtype=dtype)
     with collect() as found:
         results = group.apply(tensors)
-    overflowed = {name: entry[0] for name, entry in found.counts.items()}
-    if UNNAMED in overflowed:  # a cast inside the op: the engine attributes it the same way (engine.steps)
-        only = group.outputs[0].name if len(group.outputs) == 1 else (group.label or group.outputs[0].name)
-        overflowed[only] = overflowed.get(only, 0) + overflowed.pop(UNNAMED)
+    overflowed = {name: entry[0] for name, entry in attributed(found, [t.name for t in group.outputs], group.label).items()}
     for planned in group.outputs:
         got = out_catalog[planned.name]
         expected = results[planned.name].detach().contiguous()

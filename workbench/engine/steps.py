@@ -15,7 +15,7 @@ from ..dtypes import nbytes_of, to_torch
 from ..errors import CastOverflowError, PlanError
 from ..formats.safetensors_writer import SafetensorsWriter
 from ..iostats import read_into
-from ..overflow import UNNAMED, OverflowCounts, collect, count_torch, describe, may_overflow
+from ..overflow import OverflowCounts, attributed, collect, count_torch, describe, may_overflow
 from ..planning.model import Plan
 from ..planning.schedule import CAST, COPY, Step, cast_chunk
 from .bf16 import numpy_castable
@@ -223,9 +223,7 @@ def run_compute(ctx: RankContext, step: Step) -> None:
 
 def _record_overflow(ctx: RankContext, group: Any, found: OverflowCounts) -> None:
     """Attribute the overflow counted by a group's casts to its outputs (an unnamed cast: the only output, or the group)."""
-    for name, (count, largest, dtype) in found.counts.items():
-        if name == UNNAMED:
-            name = group.outputs[0].name if len(group.outputs) == 1 else (group.label or group.outputs[0].name)
+    for name, (count, largest, dtype) in attributed(found, [t.name for t in group.outputs], group.label).items():
         ctx.overflowed(name, dtype, count, largest)
 
 
