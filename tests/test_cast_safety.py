@@ -92,6 +92,8 @@ def test_a_dtype_policy_keeps_f4_sources_it_cannot_read_and_says_so(tmp_path: Pa
     out = open_catalog(tmp_path / "out")
     assert out["packed"].dtype == "F4" and out["w"].dtype == "BF16"
     assert out.read_bytes("packed") == bytes(range(4))
+    refused = wb.plan(source, M.Cast("packed", "bf16"))  # an explicit cast from F4 is refused at plan time too
+    assert not refused.ok and any("cannot read" in p.message and "F4" in p.message for p in refused.errors)
 
 
 def test_explicit_casts_may_target_ints_but_not_dtypes_the_engine_cannot_produce(tiny_checkpoint, tmp_path: Path) -> None:

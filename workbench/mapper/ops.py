@@ -512,6 +512,12 @@ class Cast(_Rewrite):
             )
 
     def _infer(self, metas: list[Meta]) -> list[Meta]:
+        source = metas[0][0]
+        if source in UNPRODUCIBLE and source != self.dtype:
+            raise MapperError(
+                f"Cannot apply {self.short()}: {self.name!r} is {source}, whose values the engine cannot read (it has no "
+                f"converter from {source}). Copy the tensor as it is (drop the Cast)."
+            )
         return [(self.dtype, metas[0][1])]
 
     def _compute(self, tensors: list[Any]) -> list[Any]:
