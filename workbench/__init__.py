@@ -13,7 +13,14 @@ from typing import Any
 __version__ = "0.1.0"
 
 from . import _moved  # noqa: E402
-from .errors import CheckpointError, MapperError, PlanError, WorkbenchError  # noqa: E402
+from .errors import (  # noqa: E402
+    CastOverflowError,
+    CastOverflowWarning,
+    CheckpointError,
+    MapperError,
+    PlanError,
+    WorkbenchError,
+)
 
 _moved.install()
 
@@ -32,7 +39,7 @@ _LAZY = {
     "save_from": ("workbench.model_io", "save_from"),
 }
 
-__all__ = ["CheckpointError", "MapperError", "PlanError", "WorkbenchError", "__version__", *_LAZY]
+__all__ = ["CastOverflowError", "CastOverflowWarning", "CheckpointError", "MapperError", "PlanError", "WorkbenchError", "__version__", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from typing import Any
 
 from .engine.finalize import finalize_destination, prepare_destination, remove_partials, require_runnable
@@ -12,6 +13,7 @@ from .engine.progress import Progress, ProgressCallback, in_jupyter_kernel
 from .engine.rank import run_rank, write_failure
 from .engine.report import RunReport
 from .engine.source_guard import snapshot_for
+from .errors import CastOverflowWarning
 from .launch.inplace import convert_in_place, under_torchrun
 from .launch.launcher import check_launcher, launch
 from .output.lock import DestinationLock
@@ -83,7 +85,14 @@ def execute(plan: Plan, *, quiet: bool = False, on_progress: ProgressCallback | 
         report = launch(plan, quiet=quiet, on_progress=on_progress, launcher=launcher)
     if verify:
         report.output_check = check_outputs(plan)
+    warn_overflow(report)
     return report
+
+
+def warn_overflow(report: RunReport) -> None:
+    """Issue a CastOverflowWarning naming the worst tensors when a cast met values its dtype cannot hold."""
+    if report.overflow_warning is not None:
+        warnings.warn(report.overflow_warning.removeprefix("warning: "), CastOverflowWarning, stacklevel=3)
 
 
 def convert(
@@ -103,6 +112,7 @@ def convert(
     to: str = "safetensors",
     verify: bool = False,
     launcher: str = "torchrun",
+    on_overflow: str = "warn",
 ) -> RunReport:
     """Convert `source` into HF safetensors shards in `dest`, exactly as `wb.plan` describes.
 
@@ -114,15 +124,19 @@ def convert(
     `to='dcp'` writes a torch.distributed.checkpoint folder instead of safetensors shards (see `wb.plan`).
     `verify=True` re-reads every output and compares it with the source: bit-exact for byte-level
     operations, equal to a fresh cast for casts; per tensor in `report.verification`, `report.verified`.
+    Values a cast cannot represent (fp16 overflows to inf, float8 e4m3 saturates ...) are counted per tensor
+    (`report.overflow`, a `CastOverflowWarning`); `on_overflow="error"` fails the run on the first such value
+    instead (a `CastOverflowError`, before the index is written).
     Returns a `RunReport` (predicted next to measured); raises `PlanError` when the plan has errors
     or a rank fails (naming the rank and the cause; no index is written then).
     """
-    options = make_options(shard_size, nproc, rest, dtype, extras, overwrite, chunk_size, to)
+    options = make_options(shard_size, nproc, rest, dtype, extras, overwrite, chunk_size, to, on_overflow)
     check_launcher(launcher)
     if under_torchrun():
         report = convert_in_place(source, dest, mapper, options, quiet=quiet, on_progress=on_progress)
         if verify and int(os.environ.get("RANK", "0")) == 0:  # one rank re-reads the whole output
             report.output_check = check_outputs(build_plan(resolve_catalog(source), mapper, options, dest, check_dest=False))
+        warn_overflow(report)
         return report
     plan = build_plan(resolve_catalog(source), mapper, options, dest)
     return execute(plan, quiet=quiet, on_progress=on_progress, verify=verify, launcher=launcher)

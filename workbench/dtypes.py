@@ -39,6 +39,16 @@ DTYPE_BITS: dict[str, int] = {
 
 FLOAT_CODES = frozenset({"F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F4", "F6_E2M3", "F6_E3M2", "F16", "BF16", "F32", "F64"})
 
+# Floating-point codes the engine writes as cast targets (torch converts into each). F4 and F6 have no
+# converter; F8_E8M0 is an unsigned power-of-two scale format (no sign, no mantissa): not a weights dtype.
+CAST_TARGETS: tuple[str, ...] = ("BF16", "F16", "F32", "F64", "F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ")
+
+# Floating-point codes whose values the engine can read (and so cast); F4 and F6 it can only copy as bytes.
+CAST_SOURCES = frozenset({*CAST_TARGETS, "F8_E8M0"})
+
+# Codes no cast can produce (no torch converter writes them): a mapper may only copy such tensors as bytes.
+UNPRODUCIBLE = frozenset({"F4", "F6_E2M3", "F6_E3M2"})
+
 # torch attribute names; resolved lazily so that header-only work never imports torch.
 _TORCH_NAMES: dict[str, str] = {
     "BOOL": "bool",
@@ -132,3 +142,37 @@ def numpy_castable(src_dtype: str, out_dtype: str) -> bool:
 def is_float(code: str) -> bool:
     """True for floating-point codes (the ones a dtype policy may cast)."""
     return code in FLOAT_CODES
+
+
+_SHORT = {"BF16": "bf16", "F16": "fp16", "F32": "fp32", "F64": "fp64", "F8_E4M3": "fp8"}
+
+
+def _spellings(code: str) -> str:
+    return f"{_SHORT[code]}/{code}" if code in _SHORT else code
+
+
+def policy_dtype(dtype: Any) -> str:
+    """The code of a dtype policy's target (`dtype=` / `--dtype`): a floating-point dtype the engine produces.
+
+    A policy casts every floating-point weight; an integer, bool or complex target would silently turn the
+    weights into 0/1/truncated values, and F4/F6 have no converter: those are refused before anything runs.
+    """
+    code = normalize_dtype(dtype)
+    if code in CAST_TARGETS:
+        return code
+    from .errors import PlanError
+
+    if code in FLOAT_CODES:
+        why = (f"the engine cannot produce {code}" if code != "F8_E8M0"
+               else "F8_E8M0 is an unsigned power-of-two scale format: weights would lose their sign and mantissa")
+        fix = "Choose one of those"
+    else:
+        why = f"{code} is not a floating-point dtype: every weight would become an integer, 0/1 or garbage"
+        fix = f"To cast one tensor (a mask, indices) to {code}, use M.Cast(name, {code!r}) in a mapper"
+    spelled = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+    named = spelled if spelled == code else f"{spelled} ({code})"
+    accepted = ", ".join(_spellings(c) for c in CAST_TARGETS)
+    raise PlanError(
+        f"Cannot store the weights as {named}: {why}. A dtype policy casts floating-point weights to one of {accepted} "
+        f"(integer and bool tensors are never cast by it). {fix}."
+    )

@@ -41,3 +41,12 @@ class UnsafeFileError(WorkbenchError):
     def __init__(self, message: str, *, file: str | None = None, what: str = "") -> None:
         super().__init__(message, file=file)
         self.what = what
+
+
+class CastOverflowError(PlanError):
+    """A cast met values its target dtype cannot hold (they would become ±inf, saturate or wrap) and the
+    run was asked to fail on that (`on_overflow="error"`, `--on-overflow error`)."""
+
+
+class CastOverflowWarning(UserWarning):
+    """A finished conversion cast values its target dtype cannot hold (`report.overflow` lists them)."""

@@ -3,6 +3,7 @@
     workbench plan SRC [--mapper mapper.py] [--shard-size 5GB] [--nproc N] [--dtype bf16] [--dest DST]
     workbench convert SRC DST [--mapper mapper.py] [--shard-size 5GB] [--dtype bf16] [--nproc N] [--launcher local]
                       [--dry-run] [--no-extras] [--overwrite] [--rest keep|drop|error] [--quiet] [--verify]
+                      [--on-overflow warn|error]
     (both also take [--to safetensors|dcp] [--select model|all] [--lightning-weights ema|model])
 
 A mapper file is any Python file that defines `mapper` (what `mapper.to_code()` writes). Both
@@ -13,10 +14,12 @@ with status 2 and a one-paragraph message. Neither command imports torch unless 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import runpy
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..errors import MapperError, WorkbenchError
@@ -53,7 +56,8 @@ def load_mapper_file(path: str | os.PathLike) -> Any:
 def _common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mapper", metavar="FILE", help="Python file defining `mapper` (default: copy every tensor)")
     parser.add_argument("--shard-size", default="5GB", help="largest shard, e.g. 5GB (decimal) or 500MiB (default 5GB)")
-    parser.add_argument("--dtype", help="store every floating-point tensor in this dtype (bf16, fp16, fp32 ...)")
+    parser.add_argument("--dtype", help="store every floating-point tensor in this floating-point dtype (bf16, fp16, fp32, "
+                                        "fp64, fp8, F8_E5M2 ...); integer and bool tensors are never cast")
     parser.add_argument("--nproc", type=int, default=1, help="processes to run on (torchrun workers when > 1)")
     parser.add_argument("--rest", choices=("keep", "drop", "error"), default="keep",
                         help="what happens to tensors the mapper does not mention (default keep)")
@@ -89,6 +93,9 @@ def convert_arguments(parser: argparse.ArgumentParser) -> None:
         "--verify", action="store_true",
         help="re-read every output and compare it with the source (exit 1 on any mismatch)",
     )
+    parser.add_argument("--on-overflow", choices=("warn", "error"), default="warn",
+                        help="values a cast cannot hold (fp16 -> inf, fp8 saturation): warn and count them (default), "
+                             "or fail the run before its index is written")
 
 
 def _mapper(args: argparse.Namespace) -> tuple[Any, str]:
@@ -108,6 +115,7 @@ def _plan(args: argparse.Namespace, dest: str | None):
     return plan(
         args.source, mapper, shard_size=args.shard_size, nproc=args.nproc, rest=rest, dest=dest,
         dtype=args.dtype, extras=not args.no_extras, overwrite=args.overwrite, to=args.to,
+        on_overflow=getattr(args, "on_overflow", "warn"),
     )
 
 
@@ -134,9 +142,10 @@ def run_convert(args: argparse.Namespace) -> int:
         from ..conversion import convert
 
         mapper, rest = _mapper(args)
-        report = convert(args.source, args.dest, mapper, shard_size=args.shard_size, rest=rest, dtype=args.dtype,
-                         extras=not args.no_extras, overwrite=args.overwrite, quiet=args.quiet, to=args.to,
-                         verify=args.verify)
+        with _overflow_in_the_report():
+            report = convert(args.source, args.dest, mapper, shard_size=args.shard_size, rest=rest, dtype=args.dtype,
+                             extras=not args.no_extras, overwrite=args.overwrite, quiet=args.quiet, to=args.to,
+                             verify=args.verify, on_overflow=args.on_overflow)
         if int(os.environ.get("RANK", "0")) == 0:
             print(report.summary())
         return _verdict(report)
@@ -149,16 +158,27 @@ def run_convert(args: argparse.Namespace) -> int:
     from ..conversion import execute
 
     sys.stdout.flush()
-    report = execute(the_plan, quiet=args.quiet, verify=args.verify, launcher=args.launcher)
+    with _overflow_in_the_report():
+        report = execute(the_plan, quiet=args.quiet, verify=args.verify, launcher=args.launcher)
     print(report.summary())
     return _verdict(report)
+
+
+@contextlib.contextmanager
+def _overflow_in_the_report() -> Iterator[None]:
+    """Silence the Python CastOverflowWarning: the printed report carries the same warning line."""
+    from .errors import CastOverflowWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CastOverflowWarning)
+        yield
 
 
 def _verdict(report) -> int:
     """Exit status of a finished conversion: 1 when --verify found outputs that differ from the source."""
     if report.verified is False:
         rows = [r for r in report.output_check.rows if r[2] != "ok"]
-        for name, check, status, _, detail in rows[:20]:
+        for name, check, status, *_, detail in rows[:20]:
             print(f"  {status}: {name} ({check}): {detail}")
         sys.stderr.write(
             f"workbench convert: {len(rows)} output tensors do not match the source (e.g. {rows[0][0]!r}, listed above). "

@@ -4,8 +4,10 @@
 validated too) and, group by group: byte-level outputs must equal the source byte ranges their recipe
 names (compared by SHA-256 in bounded chunks); cast outputs must equal a fresh cast of the source (bit
 for bit, i.e. within the dtype's rounding of the source values, whose largest absolute difference is
-reported); computed outputs must equal the group's op re-applied to the source tensors. The result is
-one row per output tensor: `OutputCheck.frame()` is the DataFrame `RunReport.verification` holds.
+reported); computed outputs must equal the group's op re-applied to the source tensors. Source values
+the output's dtype cannot hold are counted again, independently of the run (the `overflow` column): such
+an output matches its planned cast yet is not the source's values. The result is one row per output
+tensor: `OutputCheck.frame()` is the DataFrame `RunReport.verification` holds.
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ from ..catalog import Catalog, TensorInfo
 from ..digest import tensor_sha256
 from ..dtypes import DTYPE_BITS, is_float, to_torch
 from ..errors import WorkbenchError
+from ..overflow import attributed, collect, count_torch, may_overflow
 from ..planning.schedule import CAST, COPY
 from .sources import SourceFiles
 
 CHUNK_BYTES = 16 << 20
-COLUMNS = ("tensor", "check", "status", "max_abs_diff", "detail")
+COLUMNS = ("tensor", "check", "status", "max_abs_diff", "overflow", "detail")
 
 
 @dataclass
@@ -30,25 +33,47 @@ class OutputCheck:
     """Per-output-tensor verdicts of a verification; `ok` when none is a mismatch or missing."""
 
     dest: str
-    rows: list[tuple[str, str, str, float | None, str]] = field(default_factory=list)
+    # (tensor, check, status, max_abs_diff, overflow: source values the output's dtype cannot hold, detail)
+    rows: list[tuple[str, str, str, float | None, int, str]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return all(status == "ok" for _, _, status, _, _ in self.rows)
+        return all(row[2] == "ok" for row in self.rows)
 
     @property
     def mismatches(self) -> list[str]:
         """Output tensors that are missing or differ from what their sources make them."""
-        return [name for name, _, status, _, _ in self.rows if status != "ok"]
+        return [row[0] for row in self.rows if row[2] != "ok"]
+
+    @property
+    def overflowed(self) -> dict[str, int]:
+        """Output tensors whose source holds values their dtype cannot (they became ±inf, saturated, NaN or wrapped)."""
+        return {row[0]: row[4] for row in self.rows if row[4]}
+
+    def largest_difference(self) -> tuple[str, float] | None:
+        """(tensor, its max_abs_diff) for the output farthest from its source values; None when none was measured."""
+        measured = [(row[3], row[0]) for row in self.rows if row[3] is not None]
+        if not measured:
+            return None
+        diff, name = max(measured, key=lambda item: (item[0], item[1]))
+        return name, diff
 
     def summary(self) -> str:
-        """One line: how many outputs were re-read, how, and the verdict."""
+        """Two lines: how many outputs were re-read, how, and the verdict; the largest difference and any overflow."""
         kinds: dict[str, int] = {}
-        for _, check, _, _, _ in self.rows:
-            kinds[check] = kinds.get(check, 0) + 1
+        for row in self.rows:
+            kinds[row[1]] = kinds.get(row[1], 0) + 1
         how = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
         if self.ok:
-            return f"verify: {len(self.rows)} output tensors re-read and compared with the source ({how}): all match"
+            line = f"verify: {len(self.rows)} output tensors re-read and compared with the source ({how}): all match"
+            largest = self.largest_difference()
+            if largest is not None:
+                line += f"\n  largest absolute difference from the source values: {largest[1]:g} ({largest[0]})"
+            overflowed = self.overflowed
+            if overflowed:
+                line += (f"; {sum(overflowed.values())} source values in {_count(len(overflowed), 'tensor')} overflowed their dtype "
+                         "(the `overflow` column): the output equals the planned cast, not the source values")
+            return line
         bad = self.mismatches
         return (f"verify: {len(bad)} of {len(self.rows)} output tensors do NOT match the source "
                 f"(e.g. {bad[0]!r}); the output in {self.dest} is not a faithful conversion")
@@ -99,7 +124,7 @@ def _check_copy(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, row
             for a, b in _chunks(piece.begin, piece.end):
                 digest.update(source.read(info, a, b))
         same = digest.hexdigest() == tensor_sha256(out_catalog, out_name, CHUNK_BYTES)
-        rows.append((out_name, "bytes", "ok" if same else "mismatch", 0.0 if same else None,
+        rows.append((out_name, "bytes", "ok" if same else "mismatch", 0.0 if same else None, 0,
                      "" if same else "bytes differ from the source ranges the plan names"))
 
 
@@ -109,20 +134,37 @@ def _check_cast(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, row
     src, out = group.inputs[0], out_catalog[group.outputs[0].name]
     src_dtype, out_dtype = to_torch(src.dtype), to_torch(out.dtype)
     per = max(1, CHUNK_BYTES // max(DTYPE_BITS[src.dtype] // 8, 1))
-    equal, worst = True, 0.0
+    counted = may_overflow(src.dtype, out.dtype)
+    equal, worst, overflowed = True, 0.0, 0
     for start in range(0, src.numel, per):
         count = min(per, src.numel - start)
         a = torch.frombuffer(bytearray(source.read(src, start * src_dtype.itemsize, (start + count) * src_dtype.itemsize)), dtype=src_dtype)
         b = torch.frombuffer(bytearray(output.read(out, start * out_dtype.itemsize, (start + count) * out_dtype.itemsize)), dtype=out_dtype)
         expected = a.to(out_dtype)
         equal = equal and bool(torch.equal(expected.view(torch.uint8), b.view(torch.uint8)))
+        if counted:
+            overflowed += count_torch(a, src.dtype, out.dtype, expected)[0]
         if is_float(src.dtype) or is_float(out.dtype):
-            diff = (b.double() - a.double()).abs()
-            diff = diff[~torch.isnan(diff)]
-            if diff.numel():
-                worst = max(worst, float(diff.max()))
-    rows.append((out.name, "cast", "ok" if equal else "mismatch", worst,
+            worst = max(worst, _max_abs_diff(b, a))
+    rows.append((out.name, "cast", "ok" if equal else "mismatch", worst, overflowed,
                  "" if equal else f"differs from the source cast to {out.dtype}"))
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _max_abs_diff(got: Any, source: Any) -> float:
+    """Largest |got - source| over the elements; a NaN made from a number counts as an infinite difference."""
+    import torch
+
+    got, source = got.double(), source.double()
+    diff = (got - source).abs()
+    made_nan = torch.isnan(got) & ~torch.isnan(source)
+    if bool(made_nan.any()):
+        return float("inf")
+    diff = diff[~torch.isnan(diff)]
+    return float(diff.max()) if diff.numel() else 0.0
 
 
 def _check_compute(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, rows: list) -> None:
@@ -133,7 +175,9 @@ def _check_compute(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, 
         data = bytearray(source.read(info, 0, info.nbytes))
         dtype = to_torch(info.dtype)
         tensors[info.name] = torch.frombuffer(data, dtype=dtype).reshape(info.shape) if info.numel else torch.empty(info.shape, dtype=dtype)
-    results = group.apply(tensors)
+    with collect() as found:
+        results = group.apply(tensors)
+    overflowed = {name: entry[0] for name, entry in attributed(found, [t.name for t in group.outputs], group.label).items()}
     for planned in group.outputs:
         got = out_catalog[planned.name]
         expected = results[planned.name].detach().contiguous()
@@ -144,7 +188,7 @@ def _check_compute(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, 
             delta = (actual.double() - expected.double()).abs()
             diff = float(delta[~torch.isnan(delta)].max()) if delta.numel() else 0.0
         rows.append((planned.name, "compute", "ok" if same else "mismatch", 0.0 if same else diff,
-                     "" if same else "differs from the op re-applied to the source"))
+                     overflowed.get(planned.name, 0), "" if same else "differs from the op re-applied to the source"))
 
 
 def check_outputs(plan) -> OutputCheck:
@@ -155,7 +199,7 @@ def check_outputs(plan) -> OutputCheck:
     try:
         out_catalog = open_catalog(plan.dest)
     except WorkbenchError as exc:
-        result.rows = [(t.name, "open", "missing", None, exc.message) for s in plan.steps for t in s.group.outputs]
+        result.rows = [(t.name, "open", "missing", None, 0, exc.message) for s in plan.steps for t in s.group.outputs]
         return result
     source, output = _Bytes(plan.source), _Bytes(out_catalog)
     try:
@@ -165,7 +209,7 @@ def check_outputs(plan) -> OutputCheck:
             for t in absent:
                 found = out_catalog.tensors.get(t.name)
                 detail = "not in the output" if found is None else f"is {found.dtype} {list(found.shape)}, planned {t.dtype} {list(t.shape)}"
-                result.rows.append((t.name, step.kind, "missing" if found is None else "mismatch", None, detail))
+                result.rows.append((t.name, step.kind, "missing" if found is None else "mismatch", None, 0, detail))
             if absent:
                 continue
             check = _check_copy if step.kind == COPY else _check_cast if step.kind == CAST else _check_compute

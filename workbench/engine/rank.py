@@ -138,5 +138,6 @@ def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankRes
     result.copy_calls = ctx.queue.copy_calls
     result.files_opened = io["files_opened"]
     result.peak_tensor_bytes = ctx.held.peak
+    result.overflow = ctx.overflow.counts
     result.rss_peak = rss_peak_bytes()
     return result

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..display import format_bytes, html_table, text_table
+from ..overflow import OverflowCounts
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -32,6 +33,7 @@ class RankResult:
     peak_tensor_bytes: int = 0
     rss_baseline: int = 0
     rss_peak: int = 0
+    overflow: dict[str, list] = field(default_factory=dict)  # output tensor -> [values a cast could not hold, largest magnitude, dtype]
 
     def to_dict(self) -> dict:
         """Plain data for JSON."""
@@ -72,6 +74,36 @@ class RunReport:
     def verified(self) -> bool | None:
         """True when every output matched its source on re-reading, False if any did not, None if not verified."""
         return None if self.output_check is None else self.output_check.ok
+
+    @property
+    def overflow(self) -> dict[str, tuple[int, float]]:
+        """Per output tensor whose cast met values its dtype cannot hold (they became ±inf, saturated, NaN or
+        wrapped): (how many, the largest magnitude among them). Empty when every cast stayed in range."""
+        counts = OverflowCounts()
+        for r in self.ranks:
+            counts.merge(r.overflow)
+        return {name: (int(entry[0]), float(entry[1])) for name, entry in sorted(counts.counts.items())}
+
+    @property
+    def overflow_values(self) -> int:
+        """Values, over all tensors, that a cast could not represent."""
+        return sum(count for count, _ in self.overflow.values())
+
+    @property
+    def overflow_warning(self) -> str | None:
+        """One line naming the tensors with the most overflowing values, or None when there are none."""
+        found = self.overflow
+        if not found:
+            return None
+        dtypes = {r_name: entry[2] for r in self.ranks for r_name, entry in r.overflow.items()}
+        worst = sorted(found.items(), key=lambda item: (-item[1][0], item[0]))[:5]
+        named = ", ".join(f"{name} ({count} -> {dtypes.get(name, '?')}, largest |x| {largest:g})"
+                          for name, (count, largest) in worst)
+        more = f" and {len(found) - len(worst)} more" if len(found) > len(worst) else ""
+        tensors = f"{len(found)} tensor{'s' if len(found) != 1 else ''}"
+        return (f"warning: overflow: {self.overflow_values} values in {tensors} did not fit their dtype and "
+                f"became ±inf, saturated or NaN: {named}{more}. See report.overflow; on_overflow='error' "
+                "(--on-overflow error) fails such a run.")
 
     @property
     def ok(self) -> bool:
@@ -129,6 +161,7 @@ class RunReport:
             ("source files opened", len(self.predicted_files), len(self.files_opened)),
             ("bytes read", self.predicted_bytes_read, self.bytes_read),
             ("bytes written", self.predicted_bytes_written, self.bytes_written),
+            ("overflowed values", 0, self.overflow_values),
             ("RSS peak", None, self.rss_peak),
             ("RSS above start", None, self.rss_above_baseline),
             ("seconds", None, round(self.seconds, 3)),
@@ -154,6 +187,7 @@ class RunReport:
             ("source files opened", str(len(self.predicted_files)), str(len(self.files_opened))),
             ("bytes read", size(self.predicted_bytes_read), size(self.bytes_read)),
             ("bytes written", size(self.predicted_bytes_written), size(self.bytes_written)),
+            ("overflowed values", "0", str(self.overflow_values)),
             ("RSS peak", "-", size(self.rss_peak)),
             ("RSS above start", "-", size(self.rss_above_baseline)),
             ("time", "-", f"{self.seconds:.2f}s"),
@@ -181,6 +215,8 @@ class RunReport:
             parts.append(text_table(list(self._RANK_HEADERS), self._rank_rows()))
         if self.output_check is not None:
             parts.append(self.output_check.summary())
+        if self.overflow_warning is not None:
+            parts.append(self.overflow_warning)
         return "\n".join(parts)
 
     def __str__(self) -> str:

@@ -12,9 +12,10 @@ from typing import Any
 
 from ..catalog import Catalog, TensorInfo
 from ..dtypes import nbytes_of, to_torch
-from ..errors import PlanError
+from ..errors import CastOverflowError, PlanError
 from ..iostats import read_into
 from ..output.safetensors import SafetensorsWriter
+from ..overflow import OverflowCounts, attributed, collect, count_torch, describe, may_overflow
 from ..planning.model import Plan
 from ..planning.schedule import CAST, COPY, Step, cast_chunk
 from .bf16 import numpy_castable
@@ -35,6 +36,7 @@ class RankContext:
     held: HeldBytes = field(default_factory=HeldBytes)
     cast: CastBuffers = field(init=False)  # the cast steps' reusable memory (counted in `held`)
     done_bytes: int = 0  # output tensor bytes produced so far
+    overflow: OverflowCounts = field(default_factory=OverflowCounts)  # values casts could not represent, per output
 
     def __post_init__(self) -> None:
         self.cast = CastBuffers(self.held)
@@ -55,6 +57,19 @@ class RankContext:
         file, begin = self.plan.placement[name]
         writer = self.writers.get(file)
         return None if writer is None else (writer, begin)
+
+    def overflowed(self, name: str, dtype: str, count: int, largest: float) -> None:
+        """Record values of output `name` that did not fit `dtype`; fail the step at once when the plan says so."""
+        if not count:
+            return
+        self.overflow.add(name, count, largest, dtype)
+        if self.plan.options.on_overflow == "error":
+            raise CastOverflowError(
+                f"Cannot cast {name!r} to {dtype}: {describe(dtype, count, largest)}. The run stopped before writing "
+                "its index. Keep a wider dtype (e.g. bf16), rescale the tensor in a mapper, or accept the overflow with "
+                "on_overflow='warn' (--on-overflow warn).",
+                tensor=name,
+            )
 
     def locate(self, info: TensorInfo) -> tuple[int, int] | None:
         """(descriptor, absolute offset) of a source tensor's raw bytes, or None when not raw on disk."""
@@ -125,6 +140,7 @@ def run_cast(ctx: RankContext, step: Step) -> None:
     buffers.reserve(need)
     piece = buffers.piece_elements(per, src.dtype, out.dtype)
     convert = buffers.converter(src.dtype, out.dtype)
+    counted = may_overflow(src.dtype, out.dtype)
     fd, begin = where
     for start in range(0, src.numel, piece):
         count = min(piece, src.numel - start)
@@ -132,8 +148,10 @@ def run_cast(ctx: RankContext, step: Step) -> None:
         data = buffers.input(n_in)
         read_into(fd, data, begin + nbytes_of(src.dtype, start))
         offset, slot = buffers.output(nbytes_of(out.dtype, count), n_in)
-        if convert is None or not convert(data, slot, count):
-            buffers.torch_cast(data, src.dtype, slot, out.dtype, count)
+        found = None if convert is None else convert(data, slot, count)
+        if found is None:
+            found = buffers.torch_cast(data, src.dtype, slot, out.dtype, count, counted=counted)
+        ctx.overflowed(out.name, out.dtype, *found)
         buffers.write(writer, out.name, offset, slot, nbytes_of(out.dtype, start))
         ctx.done_bytes += len(slot)
 
@@ -143,6 +161,7 @@ def _cast_whole(ctx: RankContext, src: TensorInfo, out: TensorInfo, writer: Safe
     import torch
 
     src_dtype, out_dtype = to_torch(src.dtype), to_torch(out.dtype)
+    counted = may_overflow(src.dtype, out.dtype)
     data = read_buffer(ctx, src)
     converted = torch.empty(per, dtype=out_dtype)
     held = len(data) + nbytes_of(out.dtype, per)
@@ -153,6 +172,8 @@ def _cast_whole(ctx: RankContext, src: TensorInfo, out: TensorInfo, writer: Safe
             chunk = torch.frombuffer(data, dtype=src_dtype, count=count, offset=nbytes_of(src.dtype, start))
             piece = converted[:count]
             piece.copy_(chunk)
+            if counted:
+                ctx.overflowed(out.name, out.dtype, *count_torch(chunk, src.dtype, out.dtype, piece))
             writer.write(out.name, piece.view(torch.uint8).numpy(), nbytes_of(out.dtype, start))
             ctx.done_bytes += nbytes_of(out.dtype, count)
     finally:
@@ -179,7 +200,9 @@ def run_compute(ctx: RankContext, step: Step) -> None:
             held += len(buffer)
             ctx.held.hold(len(buffer))
             tensors[info.name] = _as_tensor(buffer, info)
-        results = group.apply(tensors)
+        with collect() as found:
+            results = group.apply(tensors)
+        _record_overflow(ctx, group, found)
         ctx.held.hold(group.bytes_out)
         held += group.bytes_out
         missing = [t.name for t in group.outputs if t.name not in results]
@@ -196,6 +219,12 @@ def run_compute(ctx: RankContext, step: Step) -> None:
                 ctx.done_bytes += info.nbytes
     finally:
         ctx.held.release(held)
+
+
+def _record_overflow(ctx: RankContext, group: Any, found: OverflowCounts) -> None:
+    """Attribute the overflow counted by a group's casts to its outputs (an unnamed cast: the only output, or the group)."""
+    for name, (count, largest, dtype) in attributed(found, [t.name for t in group.outputs], group.label).items():
+        ctx.overflowed(name, dtype, count, largest)
 
 
 def preload_libraries(plan: Plan, steps: list[Step]) -> None:

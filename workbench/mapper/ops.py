@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..dtypes import dtype_bits, normalize_dtype, to_torch
+from ..dtypes import UNPRODUCIBLE, dtype_bits, normalize_dtype, to_torch
 from ..errors import MapperError, WorkbenchError
 from .base import Mapper, Meta
 from .layout import Sym, concat_slices, split_slices, transpose_slices
@@ -489,7 +489,11 @@ def is_lossless_cast(source: str, target: str) -> bool:
 
 @dataclass(frozen=True, repr=False)
 class Cast(_Rewrite):
-    """Convert `name` to `dtype` (a safetensors code or alias such as 'bf16'), written to `dst` if given."""
+    """Convert `name` to `dtype` (a safetensors code or alias such as 'bf16'), written to `dst` if given.
+
+    Unlike a dtype policy, an explicit cast may target integers or bool (masks, indices): the user named the
+    tensor. Values the target cannot hold are counted as overflow (`workbench.overflow`); F4/F6 are refused.
+    """
 
     name: str
     dtype: str
@@ -501,16 +505,29 @@ class Cast(_Rewrite):
             self._set("dtype", normalize_dtype(self.dtype))
         except WorkbenchError as exc:
             raise MapperError(f"Cannot build Cast of {self.name!r}: {exc.message}") from None
+        if self.dtype in UNPRODUCIBLE:
+            raise MapperError(
+                f"Cannot build Cast of {self.name!r}: the engine cannot produce {self.dtype} (it has no converter into it). "
+                "Cast to another dtype; F4/F6 tensors can only be copied as they are."
+            )
 
     def _infer(self, metas: list[Meta]) -> list[Meta]:
+        source = metas[0][0]
+        if source in UNPRODUCIBLE and source != self.dtype:
+            raise MapperError(
+                f"Cannot apply {self.short()}: {self.name!r} is {source}, whose values the engine cannot read (it has no "
+                f"converter from {source}). Copy the tensor as it is (drop the Cast)."
+            )
         return [(self.dtype, metas[0][1])]
 
     def _compute(self, tensors: list[Any]) -> list[Any]:
+        from ..overflow import cast
+
         try:
-            target = to_torch(self.dtype)
+            to_torch(self.dtype)
         except WorkbenchError as exc:
             raise MapperError(f"Cannot apply {self.short()}: {exc.message}") from None
-        return [tensors[0].to(target)]
+        return [cast(tensors[0], self.dtype)]
 
     def _trace(self, syms: list[Sym]) -> list[Sym]:
         source = syms[0]

@@ -24,6 +24,7 @@ from ..errors import PlanError
 from ..iostats import IO
 from ..mapper.groups import Group
 from ..output.safetensors import SafetensorsWriter
+from ..overflow import OverflowCounts, attributed, collect
 from ..planning.build import DEFAULT_CHUNK, build_plan, make_options
 from ..planning.model import Plan
 from .comm import Comm, stage_of
@@ -59,6 +60,7 @@ class StepRunner:
         self.written: list[str] = []
         self.done = 0
         self.failure: str | None = None
+        self.overflow = OverflowCounts()  # values a cast (dtype=...) could not hold, per output tensor
 
     def obtain(self, info: Any, writer: int) -> tuple[Any, int]:
         """(the input whole on the writer, else None; bytes this rank holds for it)."""
@@ -112,7 +114,9 @@ class StepRunner:
                     at += piece.length
                 self.done += at
             return
-        results = group.apply(inputs)
+        with collect() as found:
+            results = group.apply(inputs)
+        self.overflow.merge(attributed(found, [t.name for t in group.outputs], group.label))
         self.held.hold(group.bytes_out)
         try:
             for out in group.outputs:
@@ -280,6 +284,7 @@ def save_from(
     result.bytes_written = IO.snapshot()["bytes_written"]
     result.files_written = runner.written
     result.peak_tensor_bytes = runner.held.peak
+    result.overflow = runner.overflow.counts
     result.rss_peak = rss_peak_bytes()
     results = [RankResult.from_dict(r) for r in comm.all_gather(result.to_dict())]
     outcome = None

@@ -56,17 +56,23 @@ def _metadata_problems(header_metadata: HeaderMetadata, options: PlanOptions) ->
     ]
 
 
+ON_OVERFLOW = ("warn", "error")
+
+
 def make_options(shard_size: int | str, nproc: int, rest: str, dtype: Any, extras: bool, overwrite: bool,
-                 chunk_size: int | str, to: str = "safetensors") -> PlanOptions:
-    """Validate and normalise the user's options."""
+                 chunk_size: int | str, to: str = "safetensors", on_overflow: str = "warn") -> PlanOptions:
+    """Validate and normalise the user's options (a dtype policy must name a float dtype the engine produces)."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise PlanError(f"Cannot plan with nproc={nproc!r}: it must be a whole number of processes, at least 1.")
     output = output_format(to)
+    if on_overflow not in ON_OVERFLOW:
+        raise PlanError(f"Cannot plan with on_overflow={on_overflow!r}: choose 'warn' (count overflowing values and "
+                        "report them) or 'error' (fail the run before its index is written).")
     code = None
     if dtype is not None:
-        from ..dtypes import normalize_dtype
+        from ..dtypes import policy_dtype
 
-        code = normalize_dtype(dtype)
+        code = policy_dtype(dtype)
     return PlanOptions(
         shard_size=parse_size(shard_size),
         nproc=nproc,
@@ -76,6 +82,7 @@ def make_options(shard_size: int | str, nproc: int, rest: str, dtype: Any, extra
         overwrite=bool(overwrite),
         chunk_bytes=parse_size(chunk_size, what="chunk size"),
         to=output.name,
+        on_overflow=on_overflow,
     )
 
 
@@ -165,6 +172,7 @@ def plan(
     overwrite: bool = False,
     chunk_size: int | str = DEFAULT_CHUNK,
     to: str = "safetensors",
+    on_overflow: str = "warn",
 ) -> Plan:
     """Dry-run a conversion from metadata only; no tensor data is read.
 
@@ -173,9 +181,10 @@ def plan(
     source tensors the mapper does not mention ('keep', 'drop', 'error'). `dtype`: store every
     floating-point output in this dtype. `dest`: checked for leftovers, resumability and free space.
     `chunk_size`: input bytes a chunked cast converts at a time. `to`: 'safetensors' (HF shards + index)
-    or 'dcp' (a torch.distributed.checkpoint folder that loads at any world size).
+    or 'dcp' (a torch.distributed.checkpoint folder that loads at any world size). `on_overflow`: what a run
+    of this plan does when a cast meets values its dtype cannot hold ('warn': count and report, 'error': fail).
     """
-    options = make_options(shard_size, nproc, rest, dtype, extras, overwrite, chunk_size, to)
+    options = make_options(shard_size, nproc, rest, dtype, extras, overwrite, chunk_size, to, on_overflow)
     with gc_paused():
         return build_plan(resolve_catalog(source), mapper, options, dest)
 

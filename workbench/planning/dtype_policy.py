@@ -1,4 +1,7 @@
-"""The `dtype=` option of plan/convert: every floating-point output is stored in one dtype.
+"""The `dtype=` option of plan/convert: every floating-point output is stored in one floating-point dtype.
+
+Only floats are cast (integer and bool buffers keep their dtype), only into a float dtype the engine produces
+(`dtypes.CAST_TARGETS`), and only from floats it can read (F4/F6 are kept, with a warning in the plan).
 
 Applied to a binding after the mapper, so it composes with any mapper. A whole-tensor copy becomes
 a chunked cast (bounded memory); any other group keeps its op and casts its outputs after it.
@@ -10,8 +13,9 @@ from dataclasses import replace
 from typing import Any
 
 from ..catalog import TensorInfo
-from ..dtypes import is_float, normalize_dtype, to_torch
-from ..mapper.groups import Binding, ByteSlice, Group
+from ..dtypes import CAST_SOURCES, is_float, policy_dtype
+from ..mapper.groups import Binding, ByteSlice, Group, Problem
+from ..overflow import cast
 
 
 class CastOutputs:
@@ -24,8 +28,7 @@ class CastOutputs:
 
     def apply(self, tensors: dict[str, Any]) -> dict[str, Any]:
         """The inner op's outputs, with the named ones cast."""
-        target = to_torch(self.dtype)
-        return {n: (t.to(target) if n in self.names else t) for n, t in self.op.apply(tensors).items()}
+        return {n: (cast(t, self.dtype, n) if n in self.names else t) for n, t in self.op.apply(tensors).items()}
 
     def __repr__(self) -> str:
         return f"CastOutputs({self.op!r}, {self.dtype!r})"
@@ -41,9 +44,17 @@ def _whole_copy(group: Group) -> bool:
     return len(slices) == 1 and slices[0] == ByteSlice(src.name, 0, src.nbytes)
 
 
+def _cast_here(dtype: str, target: str) -> bool:
+    """True when the policy casts an output of `dtype`: a float other than `target` the engine can read as values."""
+    return dtype != target and dtype in CAST_SOURCES
+
+
 def cast_group(group: Group, dtype: str) -> Group:
-    """`group` with its floating-point outputs stored as `dtype` (unchanged when none needs it)."""
-    names = frozenset(o.name for o in group.outputs if o.dtype != dtype and is_float(o.dtype))
+    """`group` with its floating-point outputs stored as `dtype` (unchanged when none needs it).
+
+    Integer, bool and complex outputs are never cast; F4/F6 outputs (which no converter reads) are kept as they are.
+    """
+    names = frozenset(o.name for o in group.outputs if _cast_here(o.dtype, dtype))
     if not names:
         return group
     outputs = tuple(TensorInfo(o.name, dtype, o.shape) if o.name in names else o for o in group.outputs)
@@ -56,7 +67,24 @@ def cast_group(group: Group, dtype: str) -> Group:
     return Group(group.inputs, outputs, op, None, chunk_cast, label)
 
 
+def _kept_as_they_are(groups: list[Group], code: str) -> list[Problem]:
+    """A warning per float dtype the policy cannot cast (F4, F6): those outputs keep their dtype."""
+    kept: dict[str, list[str]] = {}
+    for group in groups:
+        for out in group.outputs:
+            if is_float(out.dtype) and out.dtype != code and out.dtype not in CAST_SOURCES:
+                kept.setdefault(out.dtype, []).append(out.name)
+    return [
+        Problem("warning", f"Cannot cast {len(names)} {kind} tensor{'s' if len(names) != 1 else ''} to {code} (e.g. "
+                           f"{names[0]!r}): the engine cannot read {kind} values. They are copied as {kind}, unchanged.",
+                tensor=names[0])
+        for kind, names in sorted(kept.items())
+    ]
+
+
 def apply_dtype(binding: Binding, dtype: Any) -> Binding:
-    """A binding whose floating-point outputs are all `dtype` (a code, alias or torch dtype)."""
-    code = normalize_dtype(dtype)
-    return Binding([cast_group(g, code) for g in binding.groups], list(binding.problems), list(binding.dropped))
+    """A binding whose floating-point outputs are all `dtype` (a code, alias or torch dtype of a float the engine
+    produces; anything else is a PlanError listing the accepted names)."""
+    code = policy_dtype(dtype)
+    problems = list(binding.problems) + _kept_as_they_are(binding.groups, code)
+    return Binding([cast_group(g, code) for g in binding.groups], problems, list(binding.dropped))

@@ -42,6 +42,7 @@ class PlanOptions:
     overwrite: bool = False
     chunk_bytes: int = 32 << 20
     to: str = "safetensors"  # output format: 'safetensors' (HF shards + index) or 'dcp' (torch.distributed.checkpoint)
+    on_overflow: str = "warn"  # a cast meeting values its dtype cannot hold: 'warn' (count and report) or 'error' (fail the run)
 
 
 class Plan:
