@@ -103,3 +103,28 @@ def test_engine_names_that_moved_still_resolve_with_a_warning() -> None:
 
     with pytest.warns(DeprecationWarning, match="workbench.conversion"):
         assert workbench.engine.convert is workbench.conversion.convert
+
+
+def test_every_module_imports_without_deprecated_paths() -> None:
+    names = sorted(
+        "workbench." + ".".join(p.relative_to(PACKAGE).with_suffix("").parts).removesuffix(".__init__")
+        for p in PACKAGE.rglob("*.py") if p.name != "__main__.py"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        for name in names:
+            importlib.import_module(name.removesuffix(".__init__"))
+
+
+def test_every_relative_import_names_a_module_that_exists() -> None:
+    """Imports inside functions run late: one left pointing at a module's old place would fail only there."""
+    broken = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        package = list(path.relative_to(PACKAGE.parent).parts[:-1])
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = package[: len(package) - (node.level - 1)]
+                target = PACKAGE.parent.joinpath(*base, *(node.module.split(".") if node.module else []))
+                if not (target.with_suffix(".py").exists() or (target / "__init__.py").exists()):
+                    broken.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    assert broken == []

@@ -167,7 +167,7 @@ def run_convert(args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def _overflow_in_the_report() -> Iterator[None]:
     """Silence the Python CastOverflowWarning: the printed report carries the same warning line."""
-    from .errors import CastOverflowWarning
+    from ..errors import CastOverflowWarning
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CastOverflowWarning)
