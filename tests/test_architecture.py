@@ -17,10 +17,12 @@ PACKAGE = Path(__file__).resolve().parent.parent / "workbench"
 NEVER = {
     "formats": {"mapper", "planning", "engine", "launch", "output", "explore", "training", "model_io", "widgets", "cli", "conversion"},
     "output": {"mapper", "planning", "engine", "launch", "explore", "training", "model_io", "widgets", "cli", "conversion"},
+    "mapper": {"planning", "engine", "launch", "output", "explore", "training", "model_io", "widgets", "cli", "conversion"},
     "planning": {"engine", "launch", "explore", "training", "model_io", "widgets", "cli", "conversion"},
     "engine": {"launch", "explore", "training", "model_io", "widgets", "cli", "conversion"},
     "launch": {"widgets", "cli", "training", "model_io", "explore"},
-    "explore": {"engine", "launch", "widgets", "cli", "conversion", "model_io"},
+    "explore": {"engine", "launch", "widgets", "cli", "conversion", "model_io", "training"},
+    "training": {"launch", "widgets", "cli", "explore", "model_io"},
     "model_io": {"widgets", "cli", "launch"},
     "catalog": {"formats", "mapper", "planning", "engine", "launch", "output", "explore", "widgets", "cli"},
     "dtypes": {"formats", "mapper", "planning", "engine", "launch", "output", "explore", "widgets", "cli"},

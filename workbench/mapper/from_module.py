@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .base import Mapper
 from .compose import Parallel
+from .module_state import module_state
 from .ops import Identity
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -20,8 +21,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def from_module(model: Any) -> Mapper:
     """An identity mapper over `model`'s state keys, in state_dict order (tied duplicates left out)."""
-    from ..model_io.module_keys import module_state
-
     return Parallel(*[Identity(entry.key) for entry in module_state(model).values() if not entry.tied])
 
 

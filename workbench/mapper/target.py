@@ -20,6 +20,7 @@ from ..catalog import Catalog, TensorInfo
 from ..dtypes import normalize_dtype
 from ..errors import MapperError, WorkbenchError
 from .groups import Binding, Problem
+from .module_state import StateEntry, module_state
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -81,10 +82,25 @@ def _expected_entry(name: str, value: Any) -> Expected:
     )
 
 
-def _module_target(model: Any) -> Target:
-    from ..model_io.module_keys import expected_keys, module_state
+def expected_keys(state: Mapping[str, StateEntry]) -> dict[str, Expected]:
+    """A module's state as a target to compare with (`compare_tensors`): each key's dtype and global
+    shape, and the earlier key it is tied to."""
+    return {key: Expected(key, e.info.dtype, e.info.shape, e.leader if e.tied else None) for key, e in state.items()}
 
+
+def _module_target(model: Any) -> Target:
     return Target(f"{type(model).__name__} model", "the module", expected_keys(module_state(model)))
+
+
+def _catalog_of(checkpoint: Any) -> Catalog:
+    """The catalog of a path, a Checkpoint (anything with `.catalog`) or a Catalog, from headers only."""
+    if isinstance(checkpoint, Catalog):
+        return checkpoint
+    if isinstance(getattr(checkpoint, "catalog", None), Catalog):
+        return checkpoint.catalog
+    from ..formats import open_catalog
+
+    return open_catalog(checkpoint)
 
 
 def resolve_target(target: Any) -> Target:
@@ -99,11 +115,9 @@ def resolve_target(target: Any) -> Target:
     if callable(getattr(target, "state_dict", None)):
         return _module_target(target)
     if isinstance(target, (str, os.PathLike, Catalog)) or isinstance(getattr(target, "catalog", None), Catalog):
-        from ..explore.checkpoint import open_checkpoint
-
-        checkpoint = open_checkpoint(target)
-        infos = checkpoint.catalog.tensors
-        return Target(str(checkpoint.path), "the target checkpoint", {n: _expected_entry(n, t) for n, t in infos.items()})
+        catalog = _catalog_of(target)
+        infos = catalog.tensors
+        return Target(str(catalog.root), "the target checkpoint", {n: _expected_entry(n, t) for n, t in infos.items()})
     if isinstance(target, Mapping):
         tensors = {str(n): _expected_entry(str(n), v) for n, v in target.items()}
         return Target(f"{type(target).__name__} of {len(tensors)} tensors", "the target", tensors)
@@ -129,9 +143,7 @@ def _produced(mapper_or_binding: Any, source: Any, rest: str) -> tuple[dict[str,
     if source is None:
         raise MapperError("Cannot check a mapper against a target without its source: pass the checkpoint the mapper reads.")
     if isinstance(source, (str, os.PathLike)):
-        from ..explore.checkpoint import open_checkpoint
-
-        source = open_checkpoint(source).catalog
+        source = _catalog_of(source)
     if mapper_or_binding is None:
         return {info.name: info for info in source_infos(source)}, []
     binding = mapper_or_binding.bind(source, rest=rest)

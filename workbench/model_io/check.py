@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Literal
 from ..catalog import TensorInfo
 from ..errors import MapperError
 from ..mapper.groups import Problem
-from ..mapper.target import compare_tensors, describe
-from .module_keys import StateEntry, expected_keys
+from ..mapper.module_state import StateEntry
+from ..mapper.target import compare_tensors, describe, expected_keys
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd

@@ -26,6 +26,7 @@ from ..engine.progress import ProgressCallback
 from ..errors import PlanError
 from ..iostats import IO
 from ..mapper.groups import Binding, Group
+from ..mapper.module_state import StateEntry
 from ..planning.schedule import SourceAccess
 from ..planning.sources import bind, resolve_catalog
 from .buffers import (
@@ -40,7 +41,7 @@ from .buffers import (
 from .check import LoadCheck, check_load
 from .comm import Comm, stage_of
 from .local_part import LocalPart, local_part, local_tensor
-from .module_keys import StateEntry, load_state, materialize, on_meta
+from .module_keys import load_state, materialize, on_meta
 from .progress import rank_progress
 from .reading import GroupReader, pieces_in_range
 

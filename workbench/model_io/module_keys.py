@@ -1,75 +1,16 @@
-"""What a module holds, as the rest of the package sees checkpoints: state keys with dtype and global shape.
+"""What a load may fill in a module, and giving meta modules real storage.
 
-A module's state is what `state_dict()` lists (parameters and persistent buffers), with tied tensors
-(one Parameter under several names, e.g. an LM head sharing the embedding) recognised by identity,
-and distributed tensors (DTensor, FSDP2) described by their global shape. A load also accepts the
+The state keys themselves (`module_state`, `StateEntry`) are described in `workbench.mapper.module_state`
+and re-exported here. A load also accepts the
 non-persistent buffers (`load_state`): a checkpoint may hold them (BERT's `position_ids` once was
 persistent), and when it does not, a meta module must have them recomputed. Nothing here copies data.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from ..catalog import TensorInfo
-from ..dtypes import from_torch
-from ..errors import MapperError
-from ..mapper.target import Expected
-
-
-@dataclass(frozen=True)
-class StateEntry:
-    """One state key of a module: the live tensor, its global metadata, and the key it is tied to."""
-
-    key: str
-    tensor: Any  # the Parameter / buffer / DTensor itself (state_dict(keep_vars=True))
-    info: TensorInfo  # global dtype and shape, no location
-    leader: str  # the first key holding the same tensor (== key when untied)
-    persistent: bool = True  # False: a buffer `state_dict()` leaves out (a load fills it only if the source has it)
-
-    @property
-    def tied(self) -> bool:
-        """True when an earlier key holds the same tensor."""
-        return self.leader != self.key
-
-    @property
-    def distributed(self) -> bool:
-        """True for a DTensor (FSDP2 / tensor-parallel parameter): each rank holds a part."""
-        return is_dtensor(self.tensor)
-
-
-def is_dtensor(tensor: Any) -> bool:
-    """True for a torch.distributed DTensor, without importing torch.distributed when it is not loaded."""
-    return any(cls.__name__ == "DTensor" for cls in type(tensor).__mro__)
-
-
-def _meta_of(key: str, tensor: Any) -> TensorInfo:
-    try:
-        dtype = from_torch(tensor.dtype)
-    except Exception:
-        raise MapperError(
-            f"Cannot describe state key {key!r}: its dtype {tensor.dtype} has no safetensors code. Cast it first.", tensor=key
-        ) from None
-    return TensorInfo(key, dtype, tuple(int(size) for size in tensor.shape))
-
-
-def module_state(model: Any) -> dict[str, StateEntry]:
-    """Every state key of `model` in `state_dict()` order, with global metadata and ties."""
-    state = model.state_dict(keep_vars=True)
-    first_key: dict[int, str] = {}
-    entries: dict[str, StateEntry] = {}
-    for key, tensor in state.items():
-        if not hasattr(tensor, "dtype") or not hasattr(tensor, "shape"):
-            raise MapperError(
-                f"Cannot describe state key {key!r} of {type(model).__name__}: it is a {type(tensor).__name__}, not a tensor "
-                "(extra state is not supported). Remove it from the module's state or load it separately.",
-                tensor=key,
-            )
-        leader = first_key.setdefault(id(tensor), key)
-        entries[key] = StateEntry(key, tensor, _meta_of(key, tensor), leader)
-    return entries
+from ..mapper.module_state import StateEntry, _meta_of, is_dtensor, module_state
 
 
 def non_persistent_buffers(model: Any) -> dict[str, Any]:
@@ -92,17 +33,6 @@ def load_state(model: Any) -> dict[str, StateEntry]:
             leader = first_key.setdefault(id(buffer), key)
             entries[key] = StateEntry(key, buffer, _meta_of(key, buffer), leader, persistent=False)
     return entries
-
-
-def expected_keys(state: Mapping[str, StateEntry]) -> dict[str, Expected]:
-    """The state as a target to compare with (`workbench.mapper.target.compare_tensors`): each key's
-    dtype and global shape, and the earlier key it is tied to."""
-    return {key: Expected(key, e.info.dtype, e.info.shape, e.leader if e.tied else None) for key, e in state.items()}
-
-
-def state_infos(state: dict[str, StateEntry], *, untied: bool = True) -> list[TensorInfo]:
-    """The metadata of every key (only tie leaders when `untied`), in state order."""
-    return [e.info for e in state.values() if not (untied and e.tied)]
 
 
 def _split_key(key: str) -> tuple[str, str]:

@@ -23,6 +23,7 @@ from ..engine.status import describe_failure
 from ..errors import PlanError
 from ..iostats import IO
 from ..mapper.groups import Group
+from ..mapper.module_state import StateEntry, module_state
 from ..output.safetensors import SafetensorsWriter
 from ..overflow import OverflowCounts, attributed, collect
 from ..planning.build import DEFAULT_CHUNK, build_plan, make_options
@@ -30,7 +31,6 @@ from ..planning.model import Plan
 from .comm import Comm, stage_of
 from .holdings import Holdings, merge, publish
 from .local_part import local_tensor
-from .module_keys import StateEntry, module_state
 from .progress import rank_progress
 from .save_plan import assign_writers, input_route, predicted_peak
 

@@ -9,13 +9,27 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..catalog import TensorInfo
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .safetensors import FileLayout, SafetensorsWriter
+# The streaming writer of one data file: SafetensorsWriter or a subclass (write, commit, abort ...).
+Writer = Any
+
+
+@dataclass(frozen=True)
+class FileLayout:
+    """Everything needed to write one safetensors file: the header bytes and each tensor's placement."""
+
+    file: str
+    header: bytes  # the 8-byte length prefix plus the padded JSON
+    tensors: tuple[TensorInfo, ...]  # with file and absolute begin/end set, in data order
+    size: int
+
+    def by_name(self) -> dict[str, TensorInfo]:
+        return {t.name: t for t in self.tensors}
 
 
 class OutputFormat:
@@ -34,7 +48,7 @@ class OutputFormat:
         """Place `tensors` (in schedule order) in the data file `name`: its header bytes and every offset."""
         raise NotImplementedError
 
-    def open_writer(self, folder: str | os.PathLike, layout: FileLayout) -> SafetensorsWriter:
+    def open_writer(self, folder: str | os.PathLike, layout: FileLayout) -> Writer:
         """The streaming writer that fills one planned data file (temporary name until its commit)."""
         raise NotImplementedError
 

@@ -13,7 +13,6 @@ import functools
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from ..dtypes import DTYPE_BITS
 from ..errors import PlanError
 from ..files import PARTIAL_SUFFIX, atomic_write, claim_temp, fsync_dir, replace_into
 from ..iostats import IO
-from .base import OutputFormat
+from .base import FileLayout, OutputFormat
 
 # Reference writer order: larger element types first (keeps every tensor aligned), then by name.
 _DTYPE_RANK = [
@@ -51,19 +50,6 @@ def tensor_meta(tensor: Any) -> tuple[str, tuple[int, ...]]:
 def reference_order(tensors: Iterable[TensorInfo]) -> list[TensorInfo]:
     """The order the reference writer stores tensors in: dtype rank descending, then name."""
     return sorted(tensors, key=lambda t: (-_RANK.get(t.dtype, 0), t.name))
-
-
-@dataclass(frozen=True)
-class FileLayout:
-    """Everything needed to write one safetensors file: the header bytes and each tensor's placement."""
-
-    file: str
-    header: bytes  # the 8-byte length prefix plus the padded JSON
-    tensors: tuple[TensorInfo, ...]  # with file and absolute begin/end set, in data order
-    size: int
-
-    def by_name(self) -> dict[str, TensorInfo]:
-        return {t.name: t for t in self.tensors}
 
 
 def layout_file(

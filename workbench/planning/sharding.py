@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from ..catalog import TensorInfo
 from ..display import format_bytes
 from ..mapper.groups import Problem
-from ..output.base import OutputFormat
-from ..output.safetensors import FileLayout
+from ..output.base import FileLayout, OutputFormat
 from .schedule import Step
 
 
