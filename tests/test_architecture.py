@@ -130,3 +130,21 @@ def test_every_relative_import_names_a_module_that_exists() -> None:
                 if not (target.with_suffix(".py").exists() or (target / "__init__.py").exists()):
                     broken.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
     assert broken == []
+
+
+def test_public_entry_points_type_their_closed_choices_and_show_an_example() -> None:
+    import typing
+
+    import workbench as wb
+    from workbench.conversion import execute
+    from workbench.mapper import check_target
+
+    entry_points = [wb.convert, wb.plan, execute, wb.open_checkpoint, wb.load_into, wb.save_from, check_target]
+    for function in entry_points:
+        hints = typing.get_type_hints(function)
+        for name, choices in (("rest", {"keep", "drop", "error"}), ("launcher", {"torchrun", "local"}),
+                              ("on_overflow", {"warn", "error"})):
+            if name in hints:
+                assert set(typing.get_args(hints[name])) == choices, (function.__name__, name)
+    for function in entry_points[:5]:
+        assert f"{function.__name__}(" in (function.__doc__ or ""), f"{function.__name__} has no example"

@@ -7,6 +7,7 @@ import time
 import warnings
 from typing import Any
 
+from .api_types import CheckpointLike, Launcher, OnOverflow, OutputName, Rest
 from .engine.finalize import finalize_destination, prepare_destination, remove_partials, require_runnable
 from .engine.output_check import check_outputs
 from .engine.progress import Progress, ProgressCallback, in_jupyter_kernel
@@ -16,6 +17,8 @@ from .engine.source_guard import snapshot_for
 from .errors import CastOverflowWarning
 from .launch.inplace import convert_in_place, under_torchrun
 from .launch.launcher import check_launcher, launch
+from .mapper.base import Mapper
+from .mapper.groups import Binding
 from .output.lock import DestinationLock
 from .planning.build import DEFAULT_CHUNK, build_plan, make_options
 from .planning.model import Plan
@@ -68,8 +71,11 @@ def notebook_display(plan: Plan, on_progress: ProgressCallback | None = None, la
 
 
 def execute(plan: Plan, *, quiet: bool = False, on_progress: ProgressCallback | None = None, verify: bool = False,
-            launcher: str = "torchrun") -> RunReport:
+            launcher: Launcher = "torchrun") -> RunReport:
     """Run an existing plan (made with a destination): here when nproc is 1, else on worker processes.
+
+        plan = wb.plan("llama/", mapper, dest="out/")
+        report = execute(plan) if plan.ok else None
 
     `launcher` starts the workers: "torchrun" or "local" (see `wb.convert`). `verify=True` re-reads
     every output afterwards and compares it with the source (`report.verification`).
@@ -96,25 +102,27 @@ def warn_overflow(report: RunReport) -> None:
 
 
 def convert(
-    source: Any,
+    source: CheckpointLike,
     dest: str | os.PathLike,
-    mapper: Any = None,
+    mapper: Mapper | Binding | None = None,
     *,
     shard_size: int | str = "5GB",
     nproc: int = 1,
-    rest: str = "keep",
+    rest: Rest = "keep",
     dtype: Any = None,
     extras: bool = True,
     overwrite: bool = False,
     quiet: bool = False,
     on_progress: ProgressCallback | None = None,
     chunk_size: int | str = DEFAULT_CHUNK,
-    to: str = "safetensors",
+    to: OutputName = "safetensors",
     verify: bool = False,
-    launcher: str = "torchrun",
-    on_overflow: str = "warn",
+    launcher: Launcher = "torchrun",
+    on_overflow: OnOverflow = "warn",
 ) -> RunReport:
     """Convert `source` into HF safetensors shards in `dest`, exactly as `wb.plan` describes.
+
+        report = wb.convert("llama/", "out/", M.presets.hf_to_fused("llama/"), shard_size="2GB", dtype="bf16", verify=True)
 
     `nproc > 1` starts torchrun workers; `launcher="local"` starts the same workers without torchrun
     (one machine; they need no process group, so this saves torchrun's start-up of about 1.6 s).

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..api_types import CheckpointLike
 from ..catalog import Catalog, TensorInfo
 from ..dtypes import DTYPE_BITS, to_torch
 from ..errors import CheckpointError, WorkbenchError
@@ -403,8 +404,11 @@ class Checkpoint:
         )
 
 
-def open_checkpoint(path: str | os.PathLike | Checkpoint | Catalog) -> Checkpoint:
+def open_checkpoint(path: CheckpointLike) -> Checkpoint:
     """Open a checkpoint file or folder from its headers alone; the format is detected.
+
+        ck = wb.open_checkpoint("llama/")
+        ck.tensors.head(); ck.load("model.norm.weight")
 
     Passing a `Checkpoint` returns it; passing a `Catalog` wraps it.
     """

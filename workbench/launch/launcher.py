@@ -24,6 +24,7 @@ import time
 from collections import deque
 from pathlib import Path
 
+from ..api_types import Launcher
 from ..engine.finalize import prepare_destination, remove_partials, require_runnable
 from ..engine.progress import PROGRESS_TAG, ProgressCallback, make_bar, parse_progress_line
 from ..engine.report import RankResult, RunReport
@@ -68,7 +69,7 @@ class Launch:
     """A running multi-process conversion of one plan."""
 
     def __init__(self, plan: Plan, *, quiet: bool = False, on_progress: ProgressCallback | None = None,
-                 env: dict[str, str] | None = None, launcher: str = "torchrun") -> None:
+                 env: dict[str, str] | None = None, launcher: Launcher = "torchrun") -> None:
         self.plan = plan
         self.launcher = check_launcher(launcher)
         self.quiet = quiet
@@ -260,7 +261,7 @@ def _alive(pid: int) -> bool:
 
 
 def launch(plan: Plan, *, quiet: bool = False, on_progress: ProgressCallback | None = None,
-           launcher: str = "torchrun") -> RunReport:
+           launcher: Launcher = "torchrun") -> RunReport:
     """Run `plan` on `plan.nproc` processes and wait for it."""
     return Launch(plan, quiet=quiet, on_progress=on_progress, launcher=launcher).start().wait()
 

@@ -8,14 +8,15 @@ so that `import workbench.mapper` stays cheap and torch-free.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
+
+from ..api_types import Rest
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
     from .groups import Binding
 
-Rest = Literal["keep", "drop", "error"]
 
 # (dtype code, shape): the metadata inference works on, without names or locations.
 Meta = tuple[str, tuple[int, ...]]

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..api_types import Rest
 from ..catalog import Catalog, TensorInfo
 from ..dtypes import normalize_dtype
 from ..errors import MapperError, WorkbenchError
@@ -333,7 +334,7 @@ class TargetReport:
         )
 
 
-def check_target(mapper_or_binding: Any, source: Any = None, target: Any = None, *, rest: str = "keep") -> TargetReport:
+def check_target(mapper_or_binding: Any, source: Any = None, target: Any = None, *, rest: Rest = "keep") -> TargetReport:
     """Compare what `mapper_or_binding` produces from `source` with what `target` expects, from metadata only.
 
     `mapper_or_binding`: a mapper (bound to `source` with `rest`), a Binding (`source` unused), None

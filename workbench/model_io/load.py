@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..api_types import CheckpointLike, Rest
 from ..catalog import Catalog, TensorInfo
 from ..display import format_bytes
 from ..dtypes import to_torch
@@ -25,6 +26,7 @@ from ..engine.memory import HeldBytes, reset_rss_peak, rss_peak_bytes
 from ..engine.progress import ProgressCallback
 from ..errors import PlanError
 from ..iostats import IO
+from ..mapper.base import Mapper
 from ..mapper.groups import Binding, Group
 from ..mapper.module_state import StateEntry
 from ..planning.schedule import SourceAccess
@@ -252,12 +254,12 @@ def _part_bytes(entry: StateEntry) -> int:
 
 def load_into(
     model: Any,
-    source: Any,
-    mapper: Any = None,
+    source: CheckpointLike,
+    mapper: Mapper | Binding | None = None,
     *,
     device: Any = None,
     strict: bool = True,
-    rest: str = "keep",
+    rest: Rest = "keep",
     mesh: Any = None,
     pp_dim: int | str | None = None,
     quiet: bool = False,
@@ -265,6 +267,10 @@ def load_into(
     on_uninitialized: OnUninitialized = "error",
 ) -> LoadReport:
     """Load `source` (a checkpoint path, Checkpoint or Catalog) through `mapper` into `model`, in place.
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        report = wb.load_into(model, "llama/")
 
     Keys are checked first from metadata: with `strict=True` any missing, unexpected or wrongly shaped
     key raises a MapperError listing them all before anything is read or allocated; with

@@ -15,6 +15,7 @@ import os
 import time
 from typing import Any
 
+from ..api_types import Rest
 from ..engine.finalize import finalize_destination, prepare_destination, remove_partials
 from ..engine.memory import HeldBytes, reset_rss_peak, rss_bytes, rss_peak_bytes
 from ..engine.progress import ProgressCallback
@@ -22,6 +23,7 @@ from ..engine.report import RankResult, RunReport
 from ..engine.status import describe_failure
 from ..errors import PlanError
 from ..iostats import IO
+from ..mapper.base import Mapper
 from ..mapper.groups import Group
 from ..mapper.module_state import StateEntry, module_state
 from ..output.safetensors import SafetensorsWriter
@@ -218,11 +220,11 @@ def _agree_on_plan(comm: Comm, catalog: Any, mapper: Any, options: Any, dest: An
 def save_from(
     model: Any,
     dest: str | os.PathLike,
-    mapper: Any = None,
+    mapper: Mapper | None = None,
     *,
     shard_size: int | str = "5GB",
     dtype: Any = None,
-    rest: str = "keep",
+    rest: Rest = "keep",
     mesh: Any = None,
     pp_dim: int | str | None = None,
     drop_tied: bool = True,
@@ -231,6 +233,8 @@ def save_from(
     on_progress: ProgressCallback | None = None,
 ) -> SaveReport:
     """Save `model`'s state (through `mapper`) into `dest` as HF safetensors shards plus an index.
+
+        report = wb.save_from(model, "out/", shard_size="2GB", dtype="bf16")   # on every rank under torchrun
 
     Works on a plain module and, under torch.distributed (every rank calls it), on DTensor / FSDP2
     parameters: tensors are gathered one at a time (never the whole model on a rank), each written

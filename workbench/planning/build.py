@@ -7,9 +7,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..api_types import CheckpointLike, OnOverflow, OutputName, Rest
 from ..catalog import Catalog
 from ..display import parse_size
 from ..errors import PlanError
+from ..mapper.base import Mapper
 from ..mapper.groups import Binding, Problem
 from ..output import output_format
 from .destination import check_destination
@@ -160,21 +162,24 @@ def _build_plan(
 
 
 def plan(
-    source: Any,
-    mapper: Any = None,
+    source: CheckpointLike,
+    mapper: Mapper | Binding | None = None,
     *,
     shard_size: int | str = "5GB",
     nproc: int = 1,
-    rest: str = "keep",
+    rest: Rest = "keep",
     dest: str | os.PathLike | None = None,
     dtype: Any = None,
     extras: bool = True,
     overwrite: bool = False,
     chunk_size: int | str = DEFAULT_CHUNK,
-    to: str = "safetensors",
-    on_overflow: str = "warn",
+    to: OutputName = "safetensors",
+    on_overflow: OnOverflow = "warn",
 ) -> Plan:
     """Dry-run a conversion from metadata only; no tensor data is read.
+
+        plan = wb.plan("llama/", M.presets.hf_to_fused("llama/"), shard_size="2GB", dest="out/")
+        print(plan.summary()); plan.outputs; plan.peak_bytes
 
     `source`: a checkpoint path, a Checkpoint or a Catalog. `mapper`: a workbench mapper, a Binding,
     or None to copy every tensor. `shard_size`: bytes or '5GB' / '500MiB'. `rest`: what happens to

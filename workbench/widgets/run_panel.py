@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as widgets
 from IPython.display import display
 
+from ..api_types import Launcher
 from ..errors import PlanError, WorkbenchError
 from ..launch.launcher import check_launcher
 from .common import Panel, format_bytes, labelled, message_html
@@ -59,7 +60,7 @@ class RunPanel(Panel):
         *,
         plan: Plan | None = None,
         on_progress: ProgressCallback | None = None,
-        launcher: str = "torchrun",
+        launcher: Launcher = "torchrun",
         **options: Any,
     ) -> None:
         options.pop("quiet", None)  # the panel is the progress display
@@ -318,7 +319,7 @@ class RunPanel(Panel):
         return self.report
 
 
-def live_display(plan: Plan, on_progress: ProgressCallback | None = None, launcher: str = "torchrun") -> RunPanel:
+def live_display(plan: Plan, on_progress: ProgressCallback | None = None, launcher: Launcher = "torchrun") -> RunPanel:
     """Show a RunPanel for `plan` in the current cell; `wb.convert` then runs it with `panel.run()`.
 
     This is the notebook display the engine's progress module looks up instead of a tqdm bar.

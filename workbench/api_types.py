@@ -1,0 +1,35 @@
+"""The types public entry points take, named once so signatures say what they accept.
+
+    wb.convert("ckpt/", "out/", mapper, rest="drop", to="dcp", launcher="local", on_overflow="error")
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal, Protocol
+
+from .catalog import Catalog
+
+
+class HasCatalog(Protocol):
+    """Anything that carries a catalog, such as an opened `Checkpoint`."""
+
+    catalog: Catalog
+
+
+CheckpointLike = str | os.PathLike | Catalog | HasCatalog
+"""A checkpoint file or folder path, an opened `Checkpoint`, or a `Catalog`."""
+
+Rest = Literal["keep", "drop", "error"]
+"""What happens to source tensors no operation mentions: passed through, left out, or refused."""
+
+Launcher = Literal["torchrun", "local"]
+"""How `nproc > 1` workers start: torchrun's agent, or the workbench's own launcher (one machine, no torch import)."""
+
+OnOverflow = Literal["warn", "error"]
+"""What a cast does with values its dtype cannot hold: count and report them, or fail before the index."""
+
+OutputName = str
+"""A format registered in `workbench.output.OUTPUT_FORMATS`: "safetensors" (alias "hf") or "dcp"."""
+
+__all__ = ["CheckpointLike", "HasCatalog", "Launcher", "OnOverflow", "OutputName", "Rest"]
