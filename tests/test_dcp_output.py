@@ -247,3 +247,10 @@ def test_one_process_dcp_loads_into_dtensor_shards_and_two_ranks_write_the_same_
     names = sorted(os.listdir(single))
     assert sorted(os.listdir(tmp_path / "multi")) == names
     assert all(filecmp.cmp(single / n, tmp_path / "multi" / n, shallow=False) for n in names)
+
+
+def test_pipeline_stage_folders_are_the_source_not_extras(tmp_path: Path) -> None:
+    plan = wb.plan(TRAINING / "dcp_pp", to="dcp", dest=tmp_path / "merged")
+    assert plan.ok
+    assert not [e for e in plan.extra_files if e.path.split("/")[0] in ("pp0", "pp1")]
+    assert "pp0" not in plan.summary()

@@ -128,7 +128,7 @@ def _build_plan(
     dest_path = Path(os.path.abspath(dest)) if dest is not None else None
     # Only a checkpoint read from a folder has extras (a catalog built in memory has a root but no files).
     on_disk = options.extras and catalog.root.is_dir() and bool(catalog.files)
-    extra_files = scan_extras(catalog.root, catalog.extras, dest_path) if on_disk else []
+    extra_files = scan_extras(catalog.root, catalog.extras, dest_path, own=catalog.files) if on_disk else []
     extra_files = with_config_dtype(catalog.root, extra_files, options.dtype)
     if mapper is not None and extra_files:
         extra_files = with_layout_note(extra_files, layout_change(binding.groups))

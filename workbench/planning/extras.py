@@ -141,18 +141,21 @@ def _subfolder(real_root: str, entry: os.DirEntry, real_dest: str | None, budget
     return found
 
 
-def scan_extras(root: Path, top_level: Iterable[str], dest: Path | None = None) -> list[Extra]:
+def scan_extras(root: Path, top_level: Iterable[str], dest: Path | None = None, own: Iterable[str] = ()) -> list[Extra]:
     """Every extra of the source folder `root`: the format's top-level extras (copied), top-level entries
-    left out for a reason worth telling, and the files of each subfolder (or the subfolder, skipped)."""
+    left out for a reason worth telling, and the files of each subfolder (or the subfolder, skipped).
+    Subfolders holding the checkpoint's own files (`own`, relative paths; e.g. DCP pipeline stages) are
+    the source itself, not extras."""
     real_root = os.path.realpath(root)
     real_dest = os.path.realpath(dest) if dest is not None else None
     chosen = set(top_level)
+    source_folders = {Path(rel).parts[0] for rel in own if len(Path(rel).parts) > 1}
     out: list[Extra] = []
     budget = _Budget()
     for entry in sorted(os.scandir(root), key=lambda e: e.name):
         if entry.name in chosen:
             out.append(Extra(entry.name, COPIED, _size(entry.path)))
-        elif entry.is_dir():
+        elif entry.is_dir() and entry.name not in source_folders:
             out.extend(_subfolder(real_root, entry, real_dest, budget))
         elif _source_record(entry.name):
             out.append(Extra(entry.name, SKIPPED, _size(entry.path), "describes the source checkpoint only"))
