@@ -49,10 +49,18 @@ def test_the_explorer_example_combines_a_placeholder_with_a_glob() -> None:
         ("*.input_layernorm.*", ["model.layers.0.input_layernorm.weight"]),
         ("Model.norm.weight", []),  # case-sensitive
         ("*", NAMES),
+        ("", NAMES),
     ],
 )
 def test_filter_rule(pattern: str, expected: list[str]) -> None:
     assert filter_names(NAMES, pattern) == expected
+
+
+@pytest.mark.parametrize("word", ["weight", "model", "layers.1", "norm.weight", "proj", "odel", "model.norm.weight", "q_proj.weight"])
+def test_plain_words_take_the_same_rule_as_patterns(word: str) -> None:
+    """Plain text is tested with string operations (faster); it must select what the regex would."""
+    as_pattern = f"[{word[0]}]{word[1:]}"  # the same text, forced through the regular expression
+    assert filter_names(NAMES, word) == filter_names(NAMES, as_pattern)
 
 
 def test_a_repeated_placeholder_is_the_same_text() -> None:
