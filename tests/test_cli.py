@@ -128,6 +128,17 @@ def test_inspect_filter_by_glob_and_template(capsys: pytest.CaptureFixture[str])
     assert status == 0 and "no tensor" in err and "showing 0 of 39" in out
 
 
+def test_inspect_filter_uses_the_one_filter_rule(capsys: pytest.CaptureFixture[str]) -> None:
+    _, out, _ = run("inspect", LLAMA, "--format", "json", "--filter", "layers.{i}.self_attn.q_proj.*", capsys=capsys)
+    assert [t["name"] for t in json.loads(out)["tensors"]] == [f"model.layers.{i}.self_attn.q_proj.weight" for i in range(4)]
+    _, out, _ = run("inspect", LLAMA, "--format", "json", "--filter", "norm.weight", capsys=capsys)
+    assert [t["name"] for t in json.loads(out)["tensors"]] == ["model.norm.weight"]
+    status, _, err = run("inspect", LLAMA, "--filter", "attn", capsys=capsys)
+    assert status == 0 and "write '*attn*'" in err
+    status, _, err = run("inspect", LLAMA, "--filter", "layers.{i", capsys=capsys)
+    assert status == 2 and "malformed placeholder" in err
+
+
 def test_inspect_does_not_import_torch_or_pandas() -> None:
     code = (
         "import sys, io, contextlib\n"
@@ -264,12 +275,6 @@ def test_every_subcommand_is_registered_with_help() -> None:
     for sub in cli.SUBCOMMANDS:
         assert sub.name in help_text
     assert {"inspect", "diff", "verify"} <= {s.name for s in cli.SUBCOMMANDS}
-
-
-def test_human_bytes() -> None:
-    assert [cli.human_bytes(n) for n in (0, 1023, 1024, 1536, 5 << 20, 811_706_777_600)] == [
-        "0 B", "1023 B", "1.0 KiB", "1.5 KiB", "5.0 MiB", "756.0 GiB",
-    ]
 
 
 # ------------------------------------------------------------------------------------------- diff

@@ -11,9 +11,8 @@ from workbench.explore.layers import (
     fold_name,
     fold_names,
     natural_key,
-    select_names,
-    template_regex,
 )
+from workbench.names import filter_names
 
 
 def test_fold_name_replaces_numeric_segments_only():
@@ -55,11 +54,10 @@ def test_natural_key_orders_numbers_numerically():
 
 def test_templates_and_globs_select_names():
     names = ["m.layers.0.q", "m.layers.1.q", "m.layers.1.k", "m.layers.x.q", "m.layers.1.2.q"]
-    assert select_names(names, "m.layers.{i}.q") == ["m.layers.0.q", "m.layers.1.q", "m.layers.x.q"]
-    assert select_names(names, "m.layers.*.q") == ["m.layers.0.q", "m.layers.1.q", "m.layers.x.q", "m.layers.1.2.q"]
-    assert select_names(names, "m.layers.1.k") == ["m.layers.1.k"]
-    assert template_regex("a.{i}.b.{i}").fullmatch("a.3.b.3")
-    assert not template_regex("a.{i}.b.{i}").fullmatch("a.3.b.4")
+    assert filter_names(names, "m.layers.{i}.q") == ["m.layers.0.q", "m.layers.1.q", "m.layers.x.q"]
+    assert filter_names(names, "m.layers.*.q") == ["m.layers.0.q", "m.layers.1.q", "m.layers.x.q", "m.layers.1.2.q"]
+    assert filter_names(names, "m.layers.1.k") == ["m.layers.1.k"]
+    assert filter_names(["a.3.b.3", "a.3.b.4"], "a.{i}.b.{i}") == ["a.3.b.3"]
 
 
 def test_layers_table_of_llama_sample(llama_sample):
@@ -105,7 +103,17 @@ def test_missing_layer_shows_in_range(tiny_checkpoint, tiny_tensors):
     assert layers.loc["model.layers.{i}.mlp.up_proj.weight", "count"] == 3
 
 
-@pytest.mark.parametrize("pattern,count", [("model.layers.{i}.mlp.up_proj.weight", 4), ("*norm*", 9), ("lm_head.weight", 1)])
+@pytest.mark.parametrize(
+    "pattern,count",
+    [
+        ("model.layers.{i}.mlp.up_proj.weight", 4),
+        ("*norm*", 9),
+        ("lm_head.weight", 1),
+        ("layers.{i}.self_attn.*", 16),  # a template with a glob, matching the end of the names
+        ("self_attn.q_proj", 4),  # a run of whole segments inside the names
+        ("norm.weight", 1),  # model.norm.weight, not input_layernorm.weight
+    ],
+)
 def test_select_on_checkpoint(llama_sample, pattern, count):
     assert len(wb.open_checkpoint(llama_sample).select(pattern)) == count
 
@@ -113,3 +121,5 @@ def test_select_on_checkpoint(llama_sample, pattern, count):
 def test_select_unknown_pattern_raises(llama_sample):
     with pytest.raises(wb.CheckpointError, match="no such tensor"):
         wb.open_checkpoint(llama_sample).select("model.blocks.{i}.attn")
+    with pytest.raises(wb.CheckpointError, match=r"whole dotted segments; to match inside names write '\*attn\*'"):
+        wb.open_checkpoint(llama_sample).select("attn")

@@ -41,8 +41,11 @@ def test_opens_folded_with_counts_and_ranges(explorer):
 @pytest.mark.parametrize(
     ("text", "mode", "matched"),
     [
-        ("mlp", "glob", 12),  # substring
-        ("MLP", "glob", 12),  # substring is case-insensitive
+        ("mlp", "glob", 12),  # a whole segment anywhere in the name
+        ("MLP", "glob", 0),  # names are case-sensitive
+        ("proj", "glob", 0),  # not a whole segment
+        ("*proj*", "glob", 28),
+        ("layers.{i}.self_attn.*", "glob", 16),  # the filter box's own example: a template with a glob
         ("*.k_proj.*", "glob", 4),
         ("model.layers.{i}.self_attn.q_proj.weight", "glob", 4),
         (r"layers\.[13]\.", "regex", 18),
@@ -72,6 +75,14 @@ def test_name_mask_rejects_bad_regex():
     with pytest.raises(WorkbenchError, match="regex"):
         name_mask(pd.Index(["a"]), "(", "regex")
     assert name_mask(pd.Index(["a.1.b", "a.2.b", "c"]), "a.{i}.b").tolist() == [True, True, False]
+
+
+def test_filter_with_no_match_explains_the_rule(explorer):
+    explorer.filter_box.value = "attn"
+    assert "0 of 39 tensors match" in explorer.count_label.value
+    assert "write &#x27;*attn*&#x27;" in explorer.count_label.value
+    explorer.filter_box.value = "layers.{i"
+    assert "malformed placeholder" in explorer.count_label.value and explorer.error is not None
 
 
 def test_unfolded_sort_orders(tiny_checkpoint):

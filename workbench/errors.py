@@ -24,6 +24,27 @@ class CheckpointError(WorkbenchError):
     """A checkpoint on disk is malformed, incomplete, unsafe or unsupported."""
 
 
+class CannotRead:
+    """The error every reader raises when a checkpoint cannot be read, worded one way for all formats:
+    "Cannot read <kind> <source> (<entry> '<name>'): <cause>. <fix>".
+
+    A reader makes one at import, with its kind of file and the fix that fits most of its failures,
+    and raises what calling it returns: `raise _fail(path, "the header is not valid UTF-8")`.
+    """
+
+    __slots__ = ("kind", "fix", "entry")
+
+    def __init__(self, kind: str, fix: str, *, entry: str = "tensor") -> None:
+        self.kind = kind
+        self.fix = fix
+        self.entry = entry
+
+    def __call__(self, source: str, cause: str, tensor: str | None = None, fix: str = "") -> CheckpointError:
+        """The error for `source` (and `tensor`, when one entry is at fault); `fix` replaces the default."""
+        where = f" ({self.entry} {tensor!r})" if tensor else ""
+        return CheckpointError(f"Cannot read {self.kind} {source}{where}: {cause}. {fix or self.fix}", file=source, tensor=tensor)
+
+
 class MapperError(WorkbenchError):
     """A mapper cannot be built, bound to a source or applied."""
 

@@ -23,7 +23,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from ..display import format_bytes, format_count, format_shape, text_table
 from ..errors import WorkbenchError
+from ..names import name_filter, no_match_hint
 from .convert import convert_arguments, plan_arguments, run_convert, run_plan
 
 EXIT_OK = 0
@@ -44,41 +46,6 @@ class Subcommand:
 
 
 # ----------------------------------------------------------------------------------------- output
-
-
-def human_bytes(n: int) -> str:
-    """A byte count in binary units: '512 B', '1.5 KiB', '3.0 GiB'."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024:
-            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} PiB"
-
-
-def shape_text(shape: Sequence[int] | None) -> str:
-    """A shape as '[64, 128]' ('[]' for a scalar, '' when absent)."""
-    return "" if shape is None else "[" + ", ".join(str(d) for d in shape) + "]"
-
-
-def render_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], right: Iterable[str] = ()) -> str:
-    """Rows as aligned text columns under a header; columns named in `right` are right-aligned."""
-    text_rows = [[("" if cell is None else str(cell)) for cell in row] for row in rows]
-    widths = [len(c) for c in columns]
-    for row in text_rows:
-        for i, cell in enumerate(row):
-            widths[i] = max(widths[i], len(cell))
-    right_set = set(right)
-
-    def line(cells: Sequence[str]) -> str:
-        parts = [
-            cell.rjust(widths[i]) if columns[i] in right_set else cell.ljust(widths[i]) for i, cell in enumerate(cells)
-        ]
-        return "  ".join(parts).rstrip()
-
-    out = [line(columns), line(["-" * w for w in widths])]
-    out.extend(line(row) for row in text_rows)
-    return "\n".join(out)
 
 
 def write_csv(stream: TextIO, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
@@ -106,20 +73,17 @@ def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--filter",
         action="append",
-        metavar="GLOB",
-        help="only tensors matching this glob or {i} template (repeatable: any match)",
+        metavar="PATTERN",
+        help="only tensors this pattern selects: the whole name or a run of its dotted segments, with * ? [..] "
+        "globs and {i} placeholders, e.g. 'layers.{i}.self_attn.*' (repeatable: any match)",
     )
 
 
 def _selected(names: list[str], patterns: Sequence[str] | None) -> list[str]:
     if not patterns:
         return names
-    from ..explore.layers import select_names
-
-    keep: set[str] = set()
-    for pattern in patterns:
-        keep.update(select_names(names, pattern))
-    return [n for n in names if n in keep]
+    tests = [name_filter(pattern) for pattern in patterns]
+    return [n for n in names if any(keep(n) for keep in tests)]
 
 
 def checkpoint_summary(catalog: Any, path: str) -> dict[str, Any]:
@@ -145,11 +109,10 @@ def checkpoint_summary(catalog: Any, path: str) -> dict[str, Any]:
 
 
 def _summary_line(summary: dict[str, Any]) -> str:
-    dtypes = ", ".join(f"{code} x{d['tensors']} ({human_bytes(d['bytes'])})" for code, d in summary["dtypes"].items())
-    files = f"{summary['files']} file{'s' if summary['files'] != 1 else ''}"
+    dtypes = ", ".join(f"{code} x{d['tensors']} ({format_bytes(d['bytes'])})" for code, d in summary["dtypes"].items())
     return (
-        f"{summary['path']}: {summary['format']}, {files}, {summary['tensors']} tensors, "
-        f"{summary['parameters']:,} parameters, {human_bytes(summary['total_bytes'])}\n"
+        f"{summary['path']}: {summary['format']}, {format_count(summary['files'], 'file')}, {summary['tensors']} tensors, "
+        f"{summary['parameters']:,} parameters, {format_bytes(summary['total_bytes'])}\n"
         f"dtypes: {dtypes or 'none'}"
     )
 
@@ -198,7 +161,7 @@ def write_json(stream: TextIO, head: dict[str, Any], list_key: str, records: lis
 
 def _csv_cell(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
-        return shape_text(value) if all(isinstance(v, int) for v in value) else " ".join(map(str, value))
+        return format_shape(value) if all(isinstance(v, int) for v in value) else " ".join(map(str, value))
     return value
 
 
@@ -210,7 +173,8 @@ def run_inspect(args: argparse.Namespace) -> int:
     catalog = open_catalog(args.path)
     names = _selected(sorted(catalog.tensors, key=natural_key), args.filter)
     if args.filter and not names:
-        _warn(f"no tensor of {args.path} matches {' or '.join(map(repr, args.filter))}.")
+        hints = " ".join(filter(None, map(no_match_hint, args.filter)))
+        _warn(f"no tensor of {args.path} matches {' or '.join(map(repr, args.filter))}." + (f" {hints}" if hints else ""))
     summary = checkpoint_summary(catalog, args.path)
     summary["shown"] = len(names)
     list_key = "layers" if args.layers else "tensors"
@@ -232,19 +196,19 @@ def run_inspect(args: argparse.Namespace) -> int:
     _print()
     if args.layers:
         rows = [
-            (r["pattern"], r["count"], r["range"], r["dtype"], shape_text(r["shape"]), human_bytes(r["nbytes"]), r["odd_layers"])
+            (r["pattern"], r["count"], r["range"], r["dtype"], format_shape(r["shape"]), format_bytes(r["nbytes"]), r["odd_layers"])
             for r in records
         ]
         columns = ("pattern", "count", "range", "dtype", "shape", "size", "odd layers")
-        _print(render_table(columns, rows, right=("count", "size")))
+        _print(text_table(columns, rows, indent="", limit=None, rule=True, right=("count", "size")))
         return EXIT_OK
     many_files = len(catalog.files) > 1
     columns = ["name", "dtype", "shape", "numel", "size"] + (["file"] if many_files else [])
     rows = []
     for r in records:
-        row = [r["name"], r["dtype"], shape_text(r["shape"]), f"{r['numel']:,}", human_bytes(r["nbytes"])]
+        row = [r["name"], r["dtype"], format_shape(r["shape"]), f"{r['numel']:,}", format_bytes(r["nbytes"])]
         rows.append([*row, r["file"]] if many_files else row)
-    _print(render_table(columns, rows, right=("numel", "size")))
+    _print(text_table(columns, rows, indent="", limit=None, rule=True, right=("numel", "size")))
     return EXIT_OK
 
 
@@ -281,8 +245,8 @@ def run_diff(args: argparse.Namespace) -> int:
             counts[row[1]] = counts.get(row[1], 0) + 1
         _print(f"{args.a} -> {args.b}: " + ", ".join(f"{n} {status}" for status, n in counts.items()))
         _print()
-        table_rows = [tuple(shape_text(v) if isinstance(v, tuple) else _cell(v) for v in row) for row in rows]
-        _print(render_table(columns, table_rows, right=("max_abs_diff",)))
+        table_rows = [tuple(format_shape(v) if isinstance(v, tuple) else _cell(v) for v in row) for row in rows]
+        _print(text_table(columns, table_rows, indent="", limit=None, rule=True, right=("max_abs_diff",)))
     return EXIT_DIFFERENT if rows else EXIT_OK
 
 

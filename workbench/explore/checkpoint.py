@@ -23,9 +23,11 @@ import pandas as pd
 
 from ..api_types import CheckpointLike
 from ..catalog import Catalog, TensorInfo
+from ..display import format_bytes, format_shape
 from ..dtypes import DTYPE_BITS, to_torch
 from ..errors import CheckpointError, WorkbenchError
-from .layers import Fold, fold_names, natural_key, select_names
+from ..names import filter_names, no_match_hint
+from .layers import Fold, fold_names, natural_key
 from .stats import DEFAULT_CHUNK_ELEMENTS, read_located
 
 TENSOR_COLUMNS = ["dtype", "shape", "numel", "nbytes", "file", "begin", "end"]
@@ -33,14 +35,6 @@ LAYER_COLUMNS = ["count", "range", "dtype", "shape", "numel", "nbytes", "odd_lay
 STATS_COLUMNS = ["dtype", "shape", "numel", "min", "max", "mean", "std", "nan", "inf"]
 BYTES_BY = ("layer", "file", "dtype")
 HTML_LAYER_ROWS = 15
-
-
-def format_bytes(n: float) -> str:
-    """Binary-unit size for people: 723200 -> '706.2 KiB'."""
-    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"
 
 
 def _layer_key(name: str) -> str:
@@ -247,9 +241,10 @@ class Checkpoint:
             raise self._unknown(name)
         return info
 
-    def _unknown(self, name: str) -> CheckpointError:
+    def _unknown(self, name: str, extra: str = "") -> CheckpointError:
         close = difflib.get_close_matches(str(name), list(self.catalog.tensors), n=3, cutoff=0.6)
         hint = f"Did you mean {', '.join(repr(c) for c in close)}?" if close else "See .tensors for the names it holds."
+        hint += f" {extra}" if extra else ""
         return CheckpointError(f"Cannot find tensor {name!r} in {self.path}: the checkpoint has no such tensor. {hint}", tensor=str(name))
 
     def load(self, name: str) -> Any:
@@ -282,16 +277,20 @@ class Checkpoint:
         return torch.frombuffer(buffer, dtype=dtype).reshape(info.shape)
 
     def select(self, names_or_pattern: str | Iterable[str]) -> list[str]:
-        """Tensor names from a name, a glob ('*.mlp.*'), a `{i}` template, or a list of those."""
+        """Tensor names from a name, a filter pattern, or a list of those.
+
+        A pattern selects the names it matches whole or in a run of dotted segments, with `*` globs and
+        `{i}` placeholders (the rule of `workbench.names.name_filter`): `ck.select("layers.{i}.self_attn.*")`.
+        """
         patterns = [names_or_pattern] if isinstance(names_or_pattern, str) else list(names_or_pattern)
         chosen: dict[str, None] = {}
         for pattern in patterns:
             if pattern in self.catalog:
                 chosen[pattern] = None
                 continue
-            found = select_names(self.catalog.tensors, pattern)
+            found = filter_names(self.catalog.tensors, pattern)
             if not found:
-                raise self._unknown(pattern)
+                raise self._unknown(pattern, no_match_hint(pattern))
             chosen.update(dict.fromkeys(found))
         return list(chosen)
 
@@ -386,7 +385,7 @@ class Checkpoint:
         layers = self.layers
         shown = layers.head(HTML_LAYER_ROWS).copy()
         shown["count"] = shown["count"].map(lambda n: f"×{n}")
-        shown["shape"] = shown["shape"].map(lambda s: "[" + ", ".join(map(str, s)) + "]")
+        shown["shape"] = shown["shape"].map(format_shape)
         shown["nbytes"] = shown["nbytes"].map(format_bytes)
         shown = shown.drop(columns="numel")
         if not (shown["odd_layers"] != "").any():

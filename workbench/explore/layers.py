@@ -2,13 +2,13 @@
 one template `model.layers.{i}.mlp.up_proj.weight` ×32.
 
 A checkpoint of a deep model is mostly the same few tensors repeated per layer; folding shows its
-structure in a screenful, and the templates it finds use the same `{placeholder}` syntax as mapper
-names, so a mapper builder can offer them as suggestions.
+structure in a screenful, and the templates it finds use the `{placeholder}` syntax of `workbench.names`
+(mapper names and name filters), so a mapper builder can offer them as suggestions and a filter can
+select them.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -18,7 +18,6 @@ PLACEHOLDERS = ("i", "j", "k", "l", "m", "n", "p", "q", "r", "s")
 
 # A dotted segment made only of ASCII digits; re.split keeps the digits as captured pieces.
 _NUMERIC_SEGMENT = re.compile(r"(?:(?<=\.)|^)([0-9]+)(?=\.|$)")
-_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _NATURAL = re.compile(r"([0-9]+)")
 
 
@@ -112,31 +111,3 @@ def fold_names(names: Iterable[str]) -> list[Fold]:
 def natural_key(name: str) -> tuple:
     """Sort key that orders 'layers.10' after 'layers.9'."""
     return tuple(int(p) if p.isdigit() else p for p in _NATURAL.split(name))
-
-
-def template_regex(template: str) -> re.Pattern[str]:
-    """A regex for a `{placeholder}` template: each placeholder matches one dotted segment."""
-    out = []
-    pos = 0
-    seen: dict[str, str] = {}
-    for match in _PLACEHOLDER.finditer(template):
-        out.append(re.escape(template[pos : match.start()]))
-        ph = match.group(1)
-        if ph in seen:
-            out.append(f"(?P={seen[ph]})")  # the same placeholder twice must match the same text
-        else:
-            seen[ph] = f"ph_{ph}"
-            out.append(f"(?P<ph_{ph}>[^.]+)")
-        pos = match.end()
-    out.append(re.escape(template[pos:]))
-    return re.compile("".join(out))
-
-
-def select_names(names: Iterable[str], pattern: str) -> list[str]:
-    """Names matching a pattern: a `{i}` template, else a glob (`*`, `?`, `[...]`), else the exact name."""
-    if _PLACEHOLDER.search(pattern):
-        regex = template_regex(pattern)
-        return [n for n in names if regex.fullmatch(n)]
-    if any(c in pattern for c in "*?["):
-        return [n for n in names if fnmatch.fnmatchcase(n, pattern)]
-    return [n for n in names if n == pattern]

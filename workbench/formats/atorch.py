@@ -27,7 +27,7 @@ from typing import Any
 
 from ..catalog import Catalog, FileInfo, TensorInfo
 from ..dtypes import DTYPE_BITS
-from ..errors import CheckpointError
+from ..errors import CannotRead, CheckpointError
 from ..iostats import file_kind, open_for_read, read_at
 from .file_pool import FilePool
 from .pickle.unpickler import load_inert
@@ -69,10 +69,7 @@ class FlatTensor:
     unit: str | None
 
 
-def _fail(source: str, cause: str, tensor: str | None = None, fix: str = "") -> CheckpointError:
-    where = f" (tensor {tensor!r})" if tensor else ""
-    fix = fix or "The checkpoint is incomplete or damaged: re-copy every rank's files."
-    return CheckpointError(f"Cannot read atorch checkpoint {source}{where}: {cause}. {fix}", file=source, tensor=tensor)
+_fail = CannotRead("atorch checkpoint", "The checkpoint is incomplete or damaged: re-copy every rank's files.")
 
 
 def _rank_files(folder: Path, kind: str) -> dict[int, tuple[str, int]]:

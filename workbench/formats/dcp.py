@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..catalog import Catalog, FileInfo, TensorInfo
 from ..dtypes import DTYPE_BITS
-from ..errors import CheckpointError
+from ..errors import CannotRead, CheckpointError
 from ..iostats import file_kind, open_for_read, read_at
 from . import torch_zip
 from .file_pool import FilePool
@@ -97,10 +97,7 @@ class DcpObject:
     path: tuple | None = None
 
 
-def _fail(source: str, cause: str, tensor: str | None = None, fix: str = "") -> CheckpointError:
-    where = f" (entry {tensor!r})" if tensor else ""
-    fix = fix or "The checkpoint is incomplete or damaged: re-copy it from where it was written."
-    return CheckpointError(f"Cannot read DCP checkpoint {source}{where}: {cause}. {fix}", file=source, tensor=tensor)
+_fail = CannotRead("DCP checkpoint", "The checkpoint is incomplete or damaged: re-copy it from where it was written.", entry="entry")
 
 
 def stage_dirs(folder: Path) -> list[tuple[int, Path]]:

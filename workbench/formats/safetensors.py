@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..catalog import FileInfo, TensorInfo
 from ..dtypes import DTYPE_BITS
-from ..errors import CheckpointError
+from ..errors import CannotRead, CheckpointError
 from ..iostats import open_for_read, read_at
 from .file_pool import FilePool
 from .json_errors import json_problem
@@ -39,10 +39,7 @@ class SafetensorsHeader:
     file_size: int
 
 
-def _fail(path: str, cause: str, tensor: str | None = None, fix: str = "") -> CheckpointError:
-    where = f" (tensor {tensor!r})" if tensor else ""
-    fix = fix or "The file is corrupt or not a safetensors file: re-download or re-export it."
-    return CheckpointError(f"Cannot read safetensors file {path}{where}: {cause}. {fix}", file=path, tensor=tensor)
+_fail = CannotRead("safetensors file", "The file is corrupt or not a safetensors file: re-download or re-export it.")
 
 
 def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..catalog import Catalog, FileInfo, TensorInfo
 from ..dtypes import _TORCH_NAMES, DTYPE_BITS
-from ..errors import CheckpointError
+from ..errors import CannotRead, CheckpointError
 from ..iostats import open_for_read, read_at
 from .pickle.unpickler import (
     PickleResult,
@@ -72,11 +72,7 @@ class ZipMember:
     archive_end: int = -1  # absolute end of the archive holding it (-1: unknown); its data must end before
 
 
-def _zip_fail(source: str, cause: str) -> CheckpointError:
-    return CheckpointError(
-        f"Cannot read torch.save file {source}: {cause}. The file is truncated or not a torch checkpoint: re-download or re-save it.",
-        file=source,
-    )
+_zip_fail = CannotRead("torch.save file", "The file is truncated or not a torch checkpoint: re-download or re-save it.")
 
 
 def read_members(fd: int, source: str, base: int = 0, length: int | None = None) -> dict[str, ZipMember]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..catalog import Catalog
-from ..display import format_bytes, format_decimal, html_table, text_table
+from ..display import format_bytes, format_count, format_decimal, html_table, text_table
 from ..dtypes import numpy_castable
 from ..mapper.groups import Binding, Problem
 from ..output import OutputFormat, output_format
@@ -380,7 +380,7 @@ class Plan:
             f" -> {self.dest if self.dest is not None else '(no destination)'}" + self.output_format.label,
             f"status: {status}",
             f"groups: {len(self.steps)} ({kind_text or 'none'}); outputs: {sum(f.n_tensors for f in self.output_file_list)} "
-            f"tensors, {format_bytes(self.total_size)} in {n_files} file{'s' if n_files != 1 else ''} "
+            f"tensors, {format_bytes(self.total_size)} in {format_count(n_files, 'file')} "
             f"(shard size {format_decimal(self.options.shard_size)})",
             f"reads: {len(reads)} of {len(src.files)} source files, {format_bytes(sum(reads.values()))}; "
             f"writes: {format_bytes(self.bytes_written)}"

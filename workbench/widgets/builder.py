@@ -19,6 +19,7 @@ import ipywidgets as widgets
 import pandas as pd
 
 from .. import mapper as M
+from ..display import format_bytes, format_shape
 from ..dtypes import DTYPE_BITS
 from ..errors import MapperError, WorkbenchError
 from ..explore.layers import fold_name, fold_names, natural_key
@@ -28,9 +29,7 @@ from ..mapper.export import code_expr
 from ..mapper.op import Op
 from .common import (
     Panel,
-    format_bytes,
-    format_shape,
-    html_table,
+    frame_table,
     labelled,
     message_html,
     replace_output,
@@ -614,7 +613,7 @@ class MapperBuilder(Panel):
         shown = frame.drop(columns=[c for c in ("numel", "n_inputs") if c in frame.columns])
         formatters = {"nbytes": format_bytes, "shape": format_shape, "count": lambda n: f"×{n}"}
         noun = "output patterns" if "count" in frame.columns else "output tensors"
-        self.preview_table.value = html_table(shown, max_rows=self.max_rows, formatters=formatters, noun=noun)
+        self.preview_table.value = frame_table(shown, max_rows=self.max_rows, formatters=formatters, noun=noun)
 
     def _show_problems(self) -> None:
         problems = self.binding.problems if self.binding is not None else []
@@ -675,8 +674,8 @@ class MapperBuilder(Panel):
         frame = report.frame.drop(columns="message")
         self.target_frame = frame
         summary = message_html(report.headline(), report.level)
-        table = html_table(frame.assign(status=frame["status"].astype(str)), max_rows=self.max_rows,
-                           formatters={"shape": format_shape, "target_shape": format_shape}, noun="differences") if len(frame) else ""
+        table = frame_table(frame.assign(status=frame["status"].astype(str)), max_rows=self.max_rows,
+                            formatters={"shape": format_shape, "target_shape": format_shape}, noun="differences") if len(frame) else ""
         self.target_view.value = f"<div class='wb-note'>target: {html.escape(report.target)}</div>{summary}{table}"
 
     # --- export ---------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""Helpers shared by the notebook widgets: bounded HTML tables, status messages, writing into Outputs,
-and a panel base class whose display carries a static HTML copy.
+"""Helpers shared by the notebook widgets: DataFrames as bounded, styled HTML tables (drawn by
+`workbench.display.html_table`), status messages, writing into Outputs, and a panel base class whose
+display carries a static HTML copy.
 
 Widgets write into `Output` widgets by replacing or appending to `outputs` (never `with out:`), so the
 same callbacks work under pytest, under nbclient and in a live JupyterLab.
@@ -13,6 +14,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import ipywidgets as widgets
+
+from ..display import html_table
 
 # Inline styles: an HTML widget is not inside JupyterLab's rendered-HTML container, so tables would be
 # unstyled; a scoped <style> keeps them readable in the widget and in a static copy of the notebook.
@@ -29,42 +32,13 @@ TABLE_STYLE = (
 MESSAGE_COLORS = {"info": "#555", "ok": "#2e7d32", "warning": "#b26a00", "error": "#c62828"}
 
 
-def format_shape(shape: Any) -> str:
-    """A shape as people write it: (64, 128) -> '[64, 128]'; None -> ''."""
-    if shape is None:
-        return ""
-    return "[" + ", ".join(str(int(size)) for size in shape) + "]"
-
-
-def format_bytes(n: float) -> str:
-    """Binary-unit size: 723200 -> '706.2 KiB' (same wording as the checkpoint view)."""
-    from ..explore.checkpoint import format_bytes as view_format_bytes
-
-    return view_format_bytes(n)
-
-
 def message_html(text: str, kind: str = "info") -> str:
     """One line of status text, coloured by kind ('info', 'ok', 'warning', 'error')."""
     color = MESSAGE_COLORS.get(kind, MESSAGE_COLORS["info"])
     return f'<div class="wb-message wb-{kind}" style="color:{color};margin:2px 0">{html.escape(text)}</div>'
 
 
-def _cell(value: Any, formatter: Callable[[Any], str] | None) -> tuple[str, bool]:
-    if formatter is not None:
-        return formatter(value), False
-    if value is None or (isinstance(value, float) and value != value):
-        return "", False
-    if isinstance(value, tuple):
-        return format_shape(value), False
-    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if isinstance(value, float):
-        return f"{value:.6g}", True
-    if numeric:
-        return f"{value:,}", True
-    return str(value), False
-
-
-def html_table(
+def frame_table(
     frame: Any,
     *,
     max_rows: int = 50,
@@ -73,32 +47,25 @@ def html_table(
     index: bool = True,
     total: int | None = None,
 ) -> str:
-    """A DataFrame as a styled HTML table of at most `max_rows` rows, with a 'showing N of M' note.
+    """A DataFrame as a styled `display.html_table` of at most `max_rows` rows, with a 'showing N of M' note.
 
-    Only the shown rows are formatted, so a 100k-row frame costs the same as a 50-row one. `total`
-    overrides M when `frame` is already a slice of a longer table.
+    Only the shown rows are formatted, so a 100k-row frame costs the same as a 50-row one. `formatters`
+    write chosen columns (column -> function of the cell); the index is the first column when `index`.
+    `total` overrides M when `frame` is already a slice of a longer table.
     """
     formatters = dict(formatters or {})
-    total = len(frame) if total is None else total
     shown = frame.iloc[:max_rows]
     columns = list(shown.columns)
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in ([shown.index.name or ""] if index else []) + columns)
-    body = []
-    for label, row in zip(shown.index, shown.itertuples(index=False, name=None), strict=True):
-        cells = [f"<td>{html.escape(str(label))}</td>"] if index else []
-        for column, value in zip(columns, row, strict=True):
-            text, numeric = _cell(value, formatters.get(column))
-            cls = ' class="num"' if numeric else ""
-            cells.append(f"<td{cls}>{html.escape(text)}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    if total == 0:
-        note = f"no {noun}"
-    elif total > len(shown):
-        note = f"showing the first {len(shown):,} of {total:,} {noun}"
-    else:
-        note = f"{total:,} {noun}"
-    table = f'<table class="wb-table"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>' if total else ""
-    return f'{TABLE_STYLE}<div class="wb-note">{html.escape(note)}</div>{table}'
+    headers = ([shown.index.name or ""] if index else []) + [str(c) for c in columns]
+    rows = []
+    for label, values in zip(shown.index, shown.itertuples(index=False, name=None), strict=True):
+        row: list[object] = [str(label)] if index else []
+        for column, value in zip(columns, values, strict=True):
+            formatter = formatters.get(column)
+            row.append(value if formatter is None else formatter(value))
+        rows.append(row)
+    total = len(frame) if total is None else total
+    return TABLE_STYLE + html_table(headers, rows, limit=max_rows, total=total, noun=noun, css_class="wb-table")
 
 
 def figure_png(fig: Any) -> bytes:

@@ -8,7 +8,6 @@ keeps tables bounded (the first `max_rows` rows and a count), so a 100k-tensor c
 
 from __future__ import annotations
 
-import fnmatch
 import html
 import re
 from typing import Any
@@ -17,13 +16,13 @@ import ipywidgets as widgets
 import numpy as np
 import pandas as pd
 
+from ..display import format_bytes, format_shape
 from ..errors import WorkbenchError
-from ..explore.layers import PLACEHOLDERS, Fold, fold_name, template_regex
+from ..explore.layers import PLACEHOLDERS, Fold, fold_name
+from ..names import name_filter, no_match_hint
 from .common import (
     Panel,
-    format_bytes,
-    format_shape,
-    html_table,
+    frame_table,
     labelled,
     message_html,
     replace_output,
@@ -48,29 +47,23 @@ _DIGITS = re.compile(r"[0-9]+")
 
 
 def name_mask(names: pd.Index, text: str, mode: str = "glob") -> np.ndarray:
-    """Which names a filter keeps: in 'glob' mode a `{i}` template, a glob (`*`, `?`, `[...]`) matched
-    against the whole name, or else a case-insensitive substring; in 'regex' mode `re.search`.
+    """Which names a filter keeps: in 'glob' mode the package's one filter rule (`workbench.names.name_filter`:
+    the whole name or a run of its dotted segments, with `*` globs and `{i}` placeholders, so
+    `layers.{i}.self_attn.*` keeps `model.layers.0.self_attn.q_proj.weight`); in 'regex' mode `re.search`.
 
-    Raises WorkbenchError for an invalid regular expression.
+    Raises WorkbenchError for an invalid regular expression or a malformed placeholder.
     """
     text = text.strip()
     if not text:
         return np.ones(len(names), dtype=bool)
-    series = pd.Series(names, dtype=object)
     if mode == "regex":
         try:
             pattern = re.compile(text)
         except re.error as exc:
             raise WorkbenchError(f"Cannot filter by regex {text!r}: {exc}. Fix the expression or switch to glob.") from None
-        return np.fromiter((pattern.search(n) is not None for n in series), dtype=bool, count=len(series))
-    if "{" in text:
-        pattern = template_regex(text)
-    elif any(c in text for c in "*?["):
-        pattern = re.compile(fnmatch.translate(text))
-    else:
-        needle = text.lower()
-        return np.fromiter((needle in n.lower() for n in series), dtype=bool, count=len(series))
-    return np.fromiter((pattern.fullmatch(n) is not None for n in series), dtype=bool, count=len(series))
+        return np.fromiter((pattern.search(n) is not None for n in names), dtype=bool, count=len(names))
+    keep = name_filter(text)
+    return np.fromiter((keep(n) for n in names), dtype=bool, count=len(names))
 
 
 def _is_blank(value: Any) -> bool:
@@ -293,6 +286,9 @@ class Explorer(Panel):
         if folded:
             count += f", folded into {len(self.rows):,} patterns"
         count += f" — {format_bytes(int(matched['nbytes'].sum()))}"
+        hint = no_match_hint(self.filter_box.value) if not len(matched) and self.match_mode.value == "glob" else ""
+        if hint:
+            count += f". {hint}"
         self.count_label.value = message_html(count)
         self.table.value = self._table_html(self.rows, limit, noun)
         self._set_picks(self._pick_names(self.rows.iloc[:limit], matched, folded))
@@ -309,7 +305,7 @@ class Explorer(Panel):
             shown = shown.assign(count=shown["count"].map(lambda n: f"×{n}"))
             shown.insert(1, "range", [self._range_of(p) for p in shown.index])
             shown = shown.drop(columns=["file"])
-        return html_table(shown, max_rows=limit, formatters=formatters, noun=noun, total=len(rows))
+        return frame_table(shown, max_rows=limit, formatters=formatters, noun=noun, total=len(rows))
 
     def _positions(self, pattern: str) -> np.ndarray:
         """Positions (in `.tensors`) of a template's members, in natural name order."""
@@ -400,7 +396,7 @@ class Explorer(Panel):
 
     def _stats_html(self, stats: pd.DataFrame) -> str:
         shown = stats[["min", "max", "mean", "std", "nan", "inf"]]
-        return html_table(shown, max_rows=5, noun="tensor")
+        return frame_table(shown, max_rows=5, noun="tensor")
 
     def show_stats(self) -> pd.DataFrame | None:
         """Compute (once, reading the tensor in chunks) and show the picked tensor's value statistics."""
@@ -444,7 +440,7 @@ class Explorer(Panel):
         replace_output(self.bytes_output, self.checkpoint.plot_bytes(by))
         frame = pd.DataFrame({"bytes": series, "size": series.map(format_bytes)})
         frame.index.name = by
-        self.bytes_table.value = html_table(frame.sort_values("bytes", ascending=False), max_rows=20, noun=f"{by}s")
+        self.bytes_table.value = frame_table(frame.sort_values("bytes", ascending=False), max_rows=20, noun=f"{by}s")
         self._bytes_drawn = by
 
     # --- diff ---------------------------------------------------------------------------------------
@@ -488,7 +484,7 @@ class Explorer(Panel):
             summary += " (values compared)"
         self.diff_summary.value = message_html(summary, "ok" if not parts else "info")
         shown = frame.assign(status=frame["status"].astype(str))
-        self.diff_table.value = html_table(shown, max_rows=self.max_rows.value, formatters={"shape": format_shape, "other_shape": format_shape}, noun="differences")
+        self.diff_table.value = frame_table(shown, max_rows=self.max_rows.value, formatters={"shape": format_shape, "other_shape": format_shape}, noun="differences")
 
     # --- static copy ----------------------------------------------------------------------------------
     def _repr_html_(self) -> str:

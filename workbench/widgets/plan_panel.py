@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
-from .common import Panel, figure_png, format_bytes, html_table, labelled, message_html
+from ..display import format_bytes
+from .common import Panel, figure_png, frame_table, labelled, message_html
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -248,7 +249,7 @@ class PlanPanel(Panel):
 
     # --- contents ----------------------------------------------------------------------------------
     def _table(self, key: str, noun: str, formatters: dict[str, Any] | None = None) -> str:
-        return html_table(self.tables[key], max_rows=self.max_rows, noun=noun, formatters=formatters)
+        return frame_table(self.tables[key], max_rows=self.max_rows, noun=noun, formatters=formatters)
 
     def _section_html(self) -> dict[str, list[str]]:
         """Each tab's content as HTML fragments; the live tabs and the static copy are built from them."""

@@ -18,9 +18,10 @@ import ipywidgets as widgets
 from IPython.display import display
 
 from ..api_types import Launcher
+from ..display import format_bytes
 from ..errors import PlanError, WorkbenchError
 from ..launch.launcher import check_launcher
-from .common import Panel, format_bytes, labelled, message_html
+from .common import Panel, labelled, message_html
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine.progress import ProgressCallback
