@@ -93,7 +93,8 @@ def test_a_killed_local_worker_stops_the_others_and_names_the_rank(llama_sample:
     launch = Launch(wb.plan(llama_sample, dest=dest, **OPTIONS, nproc=2), quiet=True, launcher="local")
     with pytest.raises(PlanError, match=r"rank\(s\) (0, )?1 stopped without reporting \(local exit code 1"):
         launch.start().wait()
-    assert sorted(launch.worker_pids) == [0, 1]
+    # Rank 0 may be stopped before it reports its pid when the machine is loaded; rank 1 always reported.
+    assert 1 in launch.worker_pids and set(launch.worker_pids) <= {0, 1}
     for pid in launch.worker_pids.values():
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)

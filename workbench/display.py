@@ -23,6 +23,9 @@ _UNITS = {
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
+_SHOWN_CHARS = 96  # longest value a message shows whole
+
+
 def parse_size(value: int | str, *, what: str = "shard size") -> int:
     """Bytes from an int or a string like '5GB' (decimal, as HF) or '500MiB' (binary); must be positive."""
     if isinstance(value, bool):
@@ -56,11 +59,32 @@ def format_bytes(n: int | float) -> str:
     return f"{value:.1f} PiB"
 
 
-def format_shape(shape: Iterable[int] | None) -> str:
-    """A shape as people write it: (64, 128) -> '[64, 128]', () -> '[]' (a scalar), None -> '' (unknown)."""
+def format_value(value: object) -> str:
+    """`repr(value)` for messages, safe on untrusted input: an integer too long to read is shown by its
+    length (Python refuses to print one of thousands of digits), other objects by their type, long text cut."""
+    if type(value) is int and value.bit_length() > 64:
+        return f"<{'-' if value < 0 else ''}integer of {value.bit_length()} bits>"
+    text = repr(value) if isinstance(value, (int, float, str, bool)) or value is None else f"<{type(value).__name__}>"
+    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "..."
+
+
+def format_shape(shape: Iterable[object] | None) -> str:
+    """A shape as people write it: (64, 128) -> '[64, 128]', () -> '[]' (a scalar), None -> '' (unknown).
+
+    Safe on shapes read from untrusted files: huge dimensions show by their length, more than 16 are cut,
+    and a value that is not a list of sizes is shown as it is."""
     if shape is None:
         return ""
-    return "[" + ", ".join(str(int(size)) for size in shape) + "]"
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, Iterable):
+        return format_value(shape)
+    dims = list(shape)
+    shown = ", ".join(str(int(d)) if type(d) is not int and _is_int_like(d) else format_value(d) for d in dims[:16])
+    return f"[{shown}{', ...' if len(dims) > 16 else ''}]"
+
+
+def _is_int_like(value: object) -> bool:
+    """numpy / torch integer scalars: shown as plain ints."""
+    return hasattr(value, "__index__") and not isinstance(value, bool)
 
 
 def format_count(n: int, noun: str, plural: str | None = None) -> str:

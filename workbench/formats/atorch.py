@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..catalog import Catalog, FileInfo, TensorInfo
+from ..display import format_shape
 from ..dtypes import DTYPE_BITS
 from ..errors import CannotRead, CheckpointError
 from ..iostats import file_kind, open_for_read, read_at
@@ -33,7 +34,7 @@ from .file_pool import FilePool
 from .pickle.unpickler import load_inert
 from .safetensors import SafetensorsHeader, read_header
 from .safetensors_folder import safe_member, shard_state
-from .shape_bounds import shape_problem, shape_text
+from .shape_bounds import shape_problem
 
 _SUFFIX = re.compile(r"^(flat_meta|flat_param|optim_param)\.(\d{5})-(\d{5})$")
 OPTIM_PREFIX = "optimizer.state."
@@ -176,7 +177,7 @@ def _params(folder: Path, world: int, headers: dict[str, SafetensorsHeader]) -> 
                 not isinstance(shape, tuple) or not isinstance(span, (tuple, list)) or len(span) != 2
                 or not all(type(v) is int and v >= 0 for v in span) or span[0] > span[1] or not isinstance(unit, str)
             ):
-                raise _fail(str(folder / meta_name), f"param_meta has malformed shapes/offsets ({shape_text(shape)}, {shape_text(span)})", fqn)
+                raise _fail(str(folder / meta_name), f"param_meta has malformed shapes/offsets ({format_shape(shape)}, {format_shape(span)})", fqn)
             if unit not in flat:
                 raise _fail(str(folder / rel), f"it has no flat parameter for FSDP unit {unit!r}", fqn)
             tensor = flat[unit]

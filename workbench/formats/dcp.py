@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..catalog import Catalog, FileInfo, TensorInfo
+from ..display import format_shape
 from ..dtypes import DTYPE_BITS
 from ..errors import CannotRead, CheckpointError
 from ..iostats import file_kind, open_for_read, read_at
@@ -30,7 +31,7 @@ from . import torch_zip
 from .file_pool import FilePool
 from .pickle.unpickler import TORCH_DTYPE_NAMES, DtypeRef, Placeholder, TensorRef, load_inert
 from .safetensors_folder import is_extra, safe_member, shard_state
-from .shape_bounds import INDEX_LIMIT, index_problem, shape_problem, shape_text
+from .shape_bounds import INDEX_LIMIT, index_problem, shape_problem
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -124,7 +125,7 @@ def detect(path: Path) -> bool:
 def _as_tuple(value: Any, what: str, source: str, name: str) -> tuple[int, ...]:
     if isinstance(value, (tuple, list)) and all(type(v) is int and 0 <= v < INDEX_LIMIT for v in value):
         return tuple(value)
-    raise _fail(source, f"{what} is {shape_text(value)}, not a list of sizes", name)
+    raise _fail(source, f"{what} is {format_shape(value)}, not a list of sizes", name)
 
 
 def _dtype_of(props: Any, source: str, name: str) -> str:

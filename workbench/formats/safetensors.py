@@ -17,12 +17,13 @@ from operator import itemgetter
 from pathlib import Path
 
 from ..catalog import FileInfo, TensorInfo
+from ..display import format_shape
 from ..dtypes import DTYPE_BITS
 from ..errors import CannotRead, CheckpointError
 from ..iostats import open_for_read, read_at
 from .file_pool import FilePool
 from .json_errors import json_problem
-from .shape_bounds import LIMIT, shape_problem, shape_text
+from .shape_bounds import LIMIT, shape_problem
 
 # The reference implementation refuses headers above 100 MB; so do we, before allocating anything.
 MAX_HEADER_BYTES = 100_000_000
@@ -167,13 +168,13 @@ def _parse_header_bytes(
             raise _fail(path, f"unknown dtype {dtype!r}", name, f"Known dtypes: {', '.join(DTYPE_BITS)}.")
         shape = entry.get("shape")
         if type(shape) is not list:
-            raise _fail(path, f"shape must be a list of non-negative integers, got {shape_text(shape)}", name)
+            raise _fail(path, f"shape must be a list of non-negative integers, got {format_shape(shape)}", name)
         # Count the non-zero dimensions apart: a 0 must not hide a count that overflows (see shape_bounds).
         count = 1
         zero = False
         for d in shape:
             if type(d) is not int or d < 0:
-                raise _fail(path, f"shape must be a list of non-negative integers, got {shape_text(shape)}", name)
+                raise _fail(path, f"shape must be a list of non-negative integers, got {format_shape(shape)}", name)
             if d:
                 count *= d
                 if count >= LIMIT:
@@ -181,14 +182,14 @@ def _parse_header_bytes(
             else:
                 zero = True
         if count >= LIMIT or (not zero and count * bits >= LIMIT):
-            raise _fail(path, shape_problem(shape, bits) or f"shape {shape_text(shape)} overflows 64 bits", name)
+            raise _fail(path, shape_problem(shape, bits) or f"shape {format_shape(shape)} overflows 64 bits", name)
         numel = 0 if zero else count
         offsets = entry.get("data_offsets")
         if type(offsets) is not list or len(offsets) != 2:
-            raise _fail(path, f"data_offsets must be [begin, end] with 0 <= begin <= end, got {shape_text(offsets)}", name)
+            raise _fail(path, f"data_offsets must be [begin, end] with 0 <= begin <= end, got {format_shape(offsets)}", name)
         begin, end = offsets
         if type(begin) is not int or type(end) is not int or begin < 0 or begin > end or end >= LIMIT:
-            raise _fail(path, f"data_offsets must be [begin, end] with 0 <= begin <= end < 2**64, got {shape_text(offsets)}", name)
+            raise _fail(path, f"data_offsets must be [begin, end] with 0 <= begin <= end < 2**64, got {format_shape(offsets)}", name)
         entries.append((begin, end, name, dtype, tuple(shape), numel * bits))
 
     entries.sort(key=itemgetter(0, 1))  # stable: empty tensors sharing an offset keep header order

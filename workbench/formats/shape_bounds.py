@@ -14,26 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ..display import format_shape, format_value
+
 LIMIT = 1 << 64  # element counts and bit counts are unsigned 64-bit in the reference reader
 INDEX_LIMIT = 1 << 63  # torch sizes, strides and offsets are signed 64-bit
-_SHOWN_DIGITS = 24
-
-
-def number_text(value: object) -> str:
-    """`repr(value)`, except that an integer too long to read is shown by its length (and never fails)."""
-    if type(value) is int and value.bit_length() > 64:
-        return f"<{'-' if value < 0 else ''}integer of {value.bit_length()} bits>"
-    text = repr(value) if isinstance(value, (int, float, str, bool)) or value is None else f"<{type(value).__name__}>"
-    return text if len(text) <= _SHOWN_DIGITS * 4 else text[: _SHOWN_DIGITS * 4] + "..."
-
-
-def shape_text(shape: Iterable[object]) -> str:
-    """A shape for messages: `[2, <integer of 300 bits>, 0]`."""
-    dims = list(shape) if isinstance(shape, (list, tuple)) else None
-    if dims is None:
-        return number_text(shape)
-    shown = ", ".join(number_text(d) for d in dims[:16])
-    return f"[{shown}{', ...' if len(dims) > 16 else ''}]"
 
 
 def shape_problem(shape: Iterable[object], bits: int = 8) -> str | None:
@@ -47,15 +31,15 @@ def shape_problem(shape: Iterable[object], bits: int = 8) -> str | None:
     zero = False
     for d in shape:
         if type(d) is not int or d < 0:
-            return f"shape {shape_text(shape)} is not a list of non-negative integers"
+            return f"shape {format_shape(shape)} is not a list of non-negative integers"
         if not d:
             zero = True
             continue
         count *= d
         if count >= LIMIT:
-            return f"shape {shape_text(shape)} overflows 64 bits (its non-zero dimensions count more elements than a 64-bit size holds)"
+            return f"shape {format_shape(shape)} overflows 64 bits (its non-zero dimensions count more elements than a 64-bit size holds)"
     if not zero and count * bits >= LIMIT:
-        return f"shape {shape_text(shape)} overflows 64 bits (its size in bits does not fit a 64-bit size)"
+        return f"shape {format_shape(shape)} overflows 64 bits (its size in bits does not fit a 64-bit size)"
     return None
 
 
@@ -63,5 +47,5 @@ def index_problem(values: Iterable[object], what: str) -> str | None:
     """Why torch `values` (strides, an offset) cannot be signed 64-bit indices, or None."""
     for v in values:
         if type(v) is not int or not 0 <= v < INDEX_LIMIT:
-            return f"{what} {number_text(v)} is not a 64-bit index"
+            return f"{what} {format_value(v)} is not a 64-bit index"
     return None
