@@ -17,6 +17,7 @@ from .compose import Parallel, PrefixScope, Sequential
 from .function import Function
 from .op import Op
 from .ops import Cast, Concat, Drop, Identity, Rename, Reshape, Split, Stack, Transpose, Unstack
+from .ranges import ORDER_NOTE, has_ranges
 
 FORMAT = "workbench.mapper"
 VERSION = 1
@@ -120,7 +121,8 @@ def to_code(mapper: Mapper) -> str:
     return (
         '"""A workbench mapper (written by mapper.to_code(); edit freely, it is the source of truth)."""\n\n'
         "from workbench import mapper as M\n\n"
-        f"mapper = {_pretty(mapper, 'M.', 0)}\n"
+        + (ORDER_NOTE + "\n" if any(has_ranges(leaf) for leaf in mapper.leaves() if isinstance(leaf, Op)) else "")
+        + f"mapper = {_pretty(mapper, 'M.', 0)}\n"
     )
 
 
