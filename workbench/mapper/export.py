@@ -18,6 +18,7 @@ from .function import Function
 from .op import Op
 from .ops import Cast, Concat, Drop, Identity, Rename, Reshape, Split, Stack, Transpose, Unstack
 from .ranges import ORDER_NOTE, has_ranges
+from .unsupported import Unsupported
 
 FORMAT = "workbench.mapper"
 VERSION = 1
@@ -26,7 +27,7 @@ SHORT_WIDTH = 160
 
 OPERATIONS: dict[str, type[Mapper]] = {
     cls.__name__: cls
-    for cls in (Rename, Identity, Drop, Concat, Stack, Split, Unstack, Transpose, Reshape, Cast, Function, Sequential, Parallel, PrefixScope)
+    for cls in (Rename, Identity, Drop, Concat, Stack, Split, Unstack, Transpose, Reshape, Cast, Unsupported, Function, Sequential, Parallel, PrefixScope)
 }
 
 
