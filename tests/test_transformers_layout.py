@@ -167,3 +167,14 @@ def test_suggest_names_the_model_type_and_the_presets(family_dirs: dict[str, Pat
     assert "block [128, 128]" in fp8["why"][0]
     for name in moe["preset"]:
         assert callable(getattr(M.presets, name))
+
+
+def test_builder_lists_the_presets_that_apply_first(family_dirs: dict[str, Path]) -> None:
+    pytest.importorskip("ipywidgets")
+    from workbench.widgets.builder import MapperBuilder
+
+    builder = MapperBuilder(family_dirs["mixtral"])
+    options = builder.preset_picker.options
+    assert options[1][1] == "from_transformers" and options[1][0].startswith("★")
+    builder.load_preset("from_transformers")
+    assert builder.mapper == M.presets.from_transformers(family_dirs["mixtral"])
