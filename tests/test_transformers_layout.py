@@ -152,6 +152,9 @@ def test_cli_convert_with_preset(family_dirs: dict[str, Path], tmp_path: Path, c
     assert cli_main(["convert", str(src), str(out), "--preset", "from_transformers", "--quiet"]) == 0
     got, expected = _read(out), _reference(src)[1]
     assert sorted(got) == sorted(expected) and all(torch.equal(got[k], expected[k]) for k in expected)
+    two = tmp_path / "two"  # presets chain: the second is built on what the first makes
+    assert cli_main(["convert", str(src), str(two), "--preset", "from_transformers,strip_prefix", "--quiet"]) == 0
+    assert sorted(_read(two)) == sorted(name.removeprefix("model.") for name in expected)
     assert cli_main(["plan", str(src), "--preset", "no_such_preset"]) == 2
     assert "has no such preset" in capsys.readouterr().err
 

@@ -57,7 +57,8 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mapper", metavar="FILE", help="Python file defining `mapper` (default: copy every tensor)")
     parser.add_argument("--preset", metavar="NAME",
                         help="a preset of workbench.mapper.presets built from the source's config.json, e.g. from_transformers "
-                             "(see `workbench inspect SRC` for the ones that apply); with --mapper, the preset runs first")
+                             "(see `workbench inspect SRC` for the ones that apply); several, comma-separated, run in "
+                             "order (each built on what the previous ones make); with --mapper, the presets run first")
     parser.add_argument("--shard-size", default="5GB", help="largest shard, e.g. 5GB (decimal) or 500MiB (default 5GB)")
     parser.add_argument("--dtype", help="store every floating-point tensor in this floating-point dtype (bf16, fp16, fp32, "
                                         "fp64, fp8, F8_E5M2 ...); integer and bool tensors are never cast")
@@ -109,7 +110,13 @@ def _mapper(args: argparse.Namespace) -> tuple[Any, str]:
         from ..mapper import Sequential
         from ..mapper.suggest import build_preset, find_config
 
-        preset = build_preset(args.preset, open_catalog(args.source), find_config(args.source))
+        source: Any = open_catalog(args.source)
+        chain = []
+        for name in [part.strip() for part in args.preset.split(",") if part.strip()]:
+            if chain:  # a later preset sees what the earlier ones make (e.g. dequantize_fp8,from_transformers)
+                source = Sequential(*chain).bind(source).raise_for_problems().outputs
+            chain.append(build_preset(name, source, find_config(args.source)))
+        preset = chain[0] if len(chain) == 1 else Sequential(*chain)
         mapper = preset if mapper is None else Sequential(preset, mapper)
     if args.select is None and args.lightning_weights is None:
         return mapper, args.rest
