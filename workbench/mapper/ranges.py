@@ -65,12 +65,12 @@ def natural_key(value: str) -> tuple[int, int, str]:
 
 def check_ranges(op: Op, where: str) -> None:
     """Construction checks: ranges only where they are defined, one per name, not reusing another placeholder."""
-    from .ops import Concat, Split, Stack, Unstack
-
     ranged_in = [n for n in op.inputs if is_ranged(n)]
     ranged_out = [n for n in op.outputs if is_ranged(n)]
     if not ranged_in and not ranged_out:
         return
+    from .ops import Concat, Split, Stack, Unstack
+
     allowed_in, allowed_out = isinstance(op, (Stack, Concat)), isinstance(op, (Unstack, Split))
     if (ranged_in and not allowed_in) or (ranged_out and not allowed_out):
         name = (ranged_in or ranged_out)[0]
