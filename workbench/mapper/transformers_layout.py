@@ -321,14 +321,18 @@ def derive(config: Any, source: Any | None = None) -> tuple[list[tuple[int, str,
     Without a source, the names are those transformers itself writes on save (its reverse conversion of
     the meta model's state dict). Returns the steps and the names they start from (name -> (dtype, shape)).
     """
-    from transformers.conversion_mapping import get_model_conversion_mapping
-    from transformers.core_model_loading import (
-        WeightConverter,
-        WeightRenaming,
-        dot_natural_key,
-        rename_source_key,
-        revert_weight_conversion,
-    )
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import (
+            WeightConverter,
+            WeightRenaming,
+            dot_natural_key,
+            rename_source_key,
+            revert_weight_conversion,
+        )
+    except ImportError as exc:
+        raise MapperError(f"Cannot build the transformers layout: it reads transformers 5's conversion registry, which this "
+                          f"transformers lacks ({exc}). pip install 'checkpoint-workbench[transformers]' (transformers>=5).") from None
 
     from ..dtypes import from_torch
     from .bind import source_infos
