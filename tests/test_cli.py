@@ -59,8 +59,12 @@ def test_inspect_table_has_a_summary_and_aligned_columns(capsys: pytest.CaptureF
     assert lines[1] == "dtypes: F32 x39 (706.2 KiB)"
     header = lines[3]
     assert header.split() == ["name", "dtype", "shape", "numel", "size", "file"]
-    rows = lines[5:]
+    rows = [line for line in lines[5:] if line and not line.startswith("suggested preset: ")]
     assert len(rows) == len(catalog)
+    assert lines[-2:] == [  # the presets that apply, after the table (config.json says llama)
+        "suggested preset: hf_to_fused (separate q/k/v and gate/up projections: fuse them into qkv_proj and gate_up_proj)",
+        "suggested preset: hf_to_meta (llama in HF layout: Meta's original names with the rotary permutation undone)",
+    ]
     dtype_col = header.index("dtype")
     file_col = header.index("file")
     for row in rows:

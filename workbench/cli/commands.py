@@ -165,6 +165,18 @@ def _csv_cell(value: Any) -> Any:
     return value
 
 
+def _suggestions(catalog: Any, path: str) -> list[dict[str, str]]:
+    """Presets that apply to the checkpoint (from config.json and names); [] when its config cannot be read."""
+    from ..mapper.suggest import find_config, suggest_rows
+
+    try:
+        _, rows = suggest_rows(catalog.tensors, find_config(path), registry=False)
+    except WorkbenchError as exc:
+        _warn(f"no preset suggestions: {exc.message}")
+        return []
+    return [{"preset": preset, "why": why} for preset, why in rows]
+
+
 def run_inspect(args: argparse.Namespace) -> int:
     """List a checkpoint's tensors (or folded layers) from its headers alone."""
     from ..explore.layers import natural_key
@@ -180,7 +192,9 @@ def run_inspect(args: argparse.Namespace) -> int:
     list_key = "layers" if args.layers else "tensors"
     records = layer_records(catalog, names) if args.layers else tensor_records(catalog, names)
 
+    suggestions = _suggestions(catalog, args.path)
     if args.format == "json":
+        summary["suggested_presets"] = suggestions
         write_json(sys.stdout, {"summary": summary}, list_key, records)
         return EXIT_OK
     if args.format == "csv":
@@ -201,6 +215,7 @@ def run_inspect(args: argparse.Namespace) -> int:
         ]
         columns = ("pattern", "count", "range", "dtype", "shape", "size", "odd layers")
         _print(text_table(columns, rows, indent="", limit=None, rule=True, right=("count", "size")))
+        _print_suggestions(suggestions)
         return EXIT_OK
     many_files = len(catalog.files) > 1
     columns = ["name", "dtype", "shape", "numel", "size"] + (["file"] if many_files else [])
@@ -209,7 +224,15 @@ def run_inspect(args: argparse.Namespace) -> int:
         row = [r["name"], r["dtype"], format_shape(r["shape"]), f"{r['numel']:,}", format_bytes(r["nbytes"])]
         rows.append([*row, r["file"]] if many_files else row)
     _print(text_table(columns, rows, indent="", limit=None, rule=True, right=("numel", "size")))
+    _print_suggestions(suggestions)
     return EXIT_OK
+
+
+def _print_suggestions(suggestions: list[dict[str, str]]) -> None:
+    if suggestions:
+        _print()
+        for row in suggestions:
+            _print(f"suggested preset: {row['preset']} ({row['why']})")
 
 
 # ------------------------------------------------------------------------------------------- diff

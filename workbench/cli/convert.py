@@ -1,7 +1,7 @@
 """The `workbench plan` and `workbench convert` subcommands (registered in `workbench.cli`).
 
-    workbench plan SRC [--mapper mapper.py] [--shard-size 5GB] [--nproc N] [--dtype bf16] [--dest DST]
-    workbench convert SRC DST [--mapper mapper.py] [--shard-size 5GB] [--dtype bf16] [--nproc N] [--launcher local]
+    workbench plan SRC [--mapper mapper.py] [--preset NAME] [--shard-size 5GB] [--nproc N] [--dtype bf16] [--dest DST]
+    workbench convert SRC DST [--mapper mapper.py] [--preset NAME] [--shard-size 5GB] [--dtype bf16] [--nproc N] [--launcher local]
                       [--dry-run] [--no-extras] [--overwrite] [--rest keep|drop|error] [--quiet] [--verify]
                       [--on-overflow warn|error]
     (both also take [--to safetensors|dcp] [--select model|all] [--lightning-weights ema|model])
@@ -55,6 +55,10 @@ def load_mapper_file(path: str | os.PathLike) -> Any:
 
 def _common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mapper", metavar="FILE", help="Python file defining `mapper` (default: copy every tensor)")
+    parser.add_argument("--preset", metavar="NAME",
+                        help="a preset of workbench.mapper.presets built from the source's config.json, e.g. from_transformers "
+                             "(see `workbench inspect SRC` for the ones that apply); several, comma-separated, run in "
+                             "order (each built on what the previous ones make); with --mapper, the presets run first")
     parser.add_argument("--shard-size", default="5GB", help="largest shard, e.g. 5GB (decimal) or 500MiB (default 5GB)")
     parser.add_argument("--dtype", help="store every floating-point tensor in this floating-point dtype (bf16, fp16, fp32, "
                                         "fp64, fp8, F8_E5M2 ...); integer and bool tensors are never cast")
@@ -101,6 +105,19 @@ def convert_arguments(parser: argparse.ArgumentParser) -> None:
 def _mapper(args: argparse.Namespace) -> tuple[Any, str]:
     """The user's mapper file, preceded by the --select / --lightning-weights extraction when asked for."""
     mapper = load_mapper_file(args.mapper) if args.mapper else None
+    if getattr(args, "preset", None):
+        from ..formats import open_catalog
+        from ..mapper import Sequential
+        from ..mapper.suggest import build_preset, find_config
+
+        source: Any = open_catalog(args.source)
+        chain = []
+        for name in [part.strip() for part in args.preset.split(",") if part.strip()]:
+            if chain:  # a later preset sees what the earlier ones make (e.g. dequantize_fp8,from_transformers)
+                source = Sequential(*chain).bind(source).raise_for_problems().outputs
+            chain.append(build_preset(name, source, find_config(args.source)))
+        preset = chain[0] if len(chain) == 1 else Sequential(*chain)
+        mapper = preset if mapper is None else Sequential(preset, mapper)
     if args.select is None and args.lightning_weights is None:
         return mapper, args.rest
     from ..training.extract import training_mapper

@@ -306,6 +306,13 @@ class Checkpoint:
             rows.append({"name": name, "dtype": info.dtype, "shape": info.shape, "numel": info.numel, **figures})
         return pd.DataFrame.from_records(rows, columns=["name", *STATS_COLUMNS]).set_index("name")
 
+    def suggest(self, config: Any = None) -> pd.DataFrame:
+        """The presets that apply (columns `preset`, `why`; model type in `.attrs['model_type']`), from the tensor
+        names and config.json (beside the checkpoint unless `config` is given). Reads no tensor data."""
+        from ..mapper.suggest import find_config, suggest
+
+        return suggest(self.catalog.tensors, config if config is not None else find_config(self.path))
+
     def diff(
         self,
         other: Checkpoint | Catalog | str | os.PathLike,

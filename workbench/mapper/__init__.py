@@ -21,9 +21,10 @@ from .groups import Binding, ByteSlice, Group, Problem
 from .op import Op
 from .ops import Cast, Concat, Drop, Identity, Rename, Reshape, Split, Stack, Transpose, Unstack
 from .target import TargetReport, check_target
+from .unsupported import Unsupported
 
 __all__ = [
     "Binding", "ByteSlice", "Cast", "Concat", "Drop", "Function", "Group", "Identity", "Mapper", "Op",
     "Parallel", "PrefixScope", "Problem", "Rename", "Reshape", "Sequential", "Split", "Stack", "TargetReport",
-    "Transpose", "Unstack", "check_module", "check_target", "from_json", "from_module", "presets",
+    "Transpose", "Unstack", "Unsupported", "check_module", "check_target", "from_json", "from_module", "presets",
 ]

@@ -21,6 +21,8 @@ from .base import Mapper, Meta, Rest
 from .compose import Parallel, PrefixScope, Sequential
 from .groups import Binding, Problem
 from .op import Op
+from .ranges import expand as expand_ranges
+from .ranges import has_ranges
 from .state import Comp, Node, State, find, union
 
 Path = tuple[int, ...]
@@ -212,6 +214,10 @@ class Binder:
     def leaf_effect(self, leaf: Op, state: State, path: Path, effect: Effect | None = None) -> Effect:
         """What `leaf` does to `state`, added to `effect` (a new one by default)."""
         effect = Effect(self) if effect is None else effect
+        if has_ranges(leaf):
+            for instance, reported in expand_ranges(self, leaf, state, path):
+                self.instance(instance, state, path, effect, reported=reported)
+            return effect
         if not leaf.is_template:
             self.instance(leaf, state, path, effect, reported=False)
             return effect

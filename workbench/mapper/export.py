@@ -17,6 +17,8 @@ from .compose import Parallel, PrefixScope, Sequential
 from .function import Function
 from .op import Op
 from .ops import Cast, Concat, Drop, Identity, Rename, Reshape, Split, Stack, Transpose, Unstack
+from .ranges import ORDER_NOTE, has_ranges
+from .unsupported import Unsupported
 
 FORMAT = "workbench.mapper"
 VERSION = 1
@@ -25,7 +27,7 @@ SHORT_WIDTH = 160
 
 OPERATIONS: dict[str, type[Mapper]] = {
     cls.__name__: cls
-    for cls in (Rename, Identity, Drop, Concat, Stack, Split, Unstack, Transpose, Reshape, Cast, Function, Sequential, Parallel, PrefixScope)
+    for cls in (Rename, Identity, Drop, Concat, Stack, Split, Unstack, Transpose, Reshape, Cast, Unsupported, Function, Sequential, Parallel, PrefixScope)
 }
 
 
@@ -120,7 +122,8 @@ def to_code(mapper: Mapper) -> str:
     return (
         '"""A workbench mapper (written by mapper.to_code(); edit freely, it is the source of truth)."""\n\n'
         "from workbench import mapper as M\n\n"
-        f"mapper = {_pretty(mapper, 'M.', 0)}\n"
+        + (ORDER_NOTE + "\n" if any(has_ranges(leaf) for leaf in mapper.leaves() if isinstance(leaf, Op)) else "")
+        + f"mapper = {_pretty(mapper, 'M.', 0)}\n"
     )
 
 

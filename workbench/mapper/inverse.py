@@ -14,6 +14,7 @@ from ..errors import MapperError
 from .base import Mapper
 from .compose import Parallel, PrefixScope, Sequential
 from .op import Op
+from .ranges import has_ranges, zero_based
 
 
 def inverse(mapper: Mapper, source: Any) -> Mapper:
@@ -58,6 +59,8 @@ def _invert_leaf(leaf: Op, records: list[tuple[Op, tuple[Any, ...]]]) -> Mapper 
         return None
     if not leaf.is_template:
         return leaf._invert(list(records[0][1]))
+    if has_ranges(leaf) and not all(zero_based(leaf, instance) for instance, _ in records):
+        return Parallel(*[instance._invert(list(metas)) for instance, metas in records])  # values the inverse cannot count
     by_signature: dict[tuple[Any, ...], None] = dict.fromkeys(metas for _, metas in records)
     inverses = {leaf._invert(list(metas)) for metas in by_signature}
     if len(inverses) == 1:

@@ -15,6 +15,7 @@ from ..errors import MapperError
 from ..names import check_name, check_placeholder_sets, is_template
 from .base import Mapper, Meta
 from .layout import Sym
+from .ranges import check_ranges, plain, without
 
 
 class Op(Mapper):
@@ -32,17 +33,21 @@ class Op(Mapper):
             value = getattr(self, field)
             if isinstance(value, str) or not isinstance(value, Sequence):
                 raise MapperError(f"Cannot build {where}: {field} must be a list of tensor names (got {value!r}).")
-            object.__setattr__(self, field, tuple(check_name(name, where) for name in value))
+            names = tuple(value)
+            for name in names:
+                check_name(plain(name) if isinstance(name, str) else name, where)
+            object.__setattr__(self, field, names)
         for field in self.NAME_FIELDS:
             value = getattr(self, field)
             if value is not None:
-                check_name(value, where)
+                check_name(plain(value) if isinstance(value, str) else value, where)
         inputs, outputs = self.inputs, self.outputs
         for label, names in (("input", inputs), ("output", outputs)):
             if len(set(names)) != len(names):
                 dup = next(n for n in names if names.count(n) > 1)
                 raise MapperError(f"Cannot build {where}: {label} {dup!r} is listed twice. List each tensor once.")
-        check_placeholder_sets(inputs, outputs, where)
+        check_placeholder_sets([without(n) for n in inputs], [without(n) for n in outputs], where)
+        check_ranges(self, where)
 
     def _set(self, field: str, value: Any) -> None:
         object.__setattr__(self, field, value)
@@ -55,7 +60,7 @@ class Op(Mapper):
 
     @property
     def is_template(self) -> bool:
-        return any(is_template(name) for name in self.inputs)
+        return any(is_template(name) for name in self.inputs) or any("*}" in name for name in self.outputs)
 
     def leaves(self) -> Iterator[Mapper]:
         yield self

@@ -298,7 +298,8 @@ class Split(_Cut):
         super().__post_init__()
         if self.sizes is not None:
             sizes = tuple(check_int(size, "sizes", "Split") for size in self.sizes)
-            if len(sizes) != len(self.dsts) or any(size < 0 for size in sizes):
+            ranged = any("*}" in name for name in self.dsts)  # ranged outputs: check_ranges checked the count
+            if (len(sizes) != len(self.dsts) and not ranged) or any(size < 0 for size in sizes):
                 raise MapperError(
                     f"Cannot build Split of {self.src!r}: {len(sizes)} sizes {list(sizes)} for {len(self.dsts)} parts. "
                     "Give one non-negative size per part, or sizes=None for equal parts."

@@ -19,6 +19,7 @@ from .function import Function
 from .model_shape import AttentionShape, attention_shape
 from .ops import Cast, Concat, Rename, Reshape, Split, Transpose
 from .state import Node, State
+from .transformers_layout import from_transformers  # noqa: F401 - the transformers-5 layout preset lives in its own module
 
 LAYERS = "model.layers.{i}"
 LLAMA_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

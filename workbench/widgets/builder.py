@@ -71,10 +71,12 @@ def _presets() -> dict[str, tuple[str, Callable[[Any, Any], Mapper]]]:
         "cast_bf16": ("cast to bf16 (norms and biases F32)", lambda config, source: P.cast_policy(source, "bf16")),
         "strip_model_prefix": ("strip the 'model.' prefix", lambda config, source: P.strip_prefix("model.")),
         "add_model_prefix": ("add a 'model.' prefix", lambda config, source: P.add_prefix("model.")),
+        "from_transformers": ("checkpoint → transformers-5 in-memory layout (experts stacked)",
+                              lambda config, source: P.from_transformers(config, source=source.catalog)),
     }
 
 
-NEEDS_CONFIG = ("hf_to_fused", "fused_to_hf", "hf_to_meta", "meta_to_hf", "hf_to_megatron_qkv", "megatron_qkv_to_hf")
+NEEDS_CONFIG = ("from_transformers", "hf_to_fused", "fused_to_hf", "hf_to_meta", "meta_to_hf", "hf_to_megatron_qkv", "megatron_qkv_to_hf")
 
 
 def steps_of(mapper: Mapper) -> tuple[list[Mapper], str]:
@@ -189,6 +191,18 @@ class MapperBuilder(Panel):
         """Preset keys and what they do."""
         return {key: label for key, (label, _) in _presets().items()}
 
+    def _preset_options(self) -> list[tuple[str, str]]:
+        """(label, key) of every preset; those that apply to the source first, marked ★ (names and config only)."""
+        from ..mapper.suggest import suggest_rows
+
+        try:
+            _, rows = suggest_rows(self.source.catalog.tensors, self.config, registry=False)
+        except WorkbenchError:
+            rows = []
+        suggested = [preset for preset, _ in rows if preset in _presets()]
+        labels = self.presets()
+        return [(f"★ {labels[key]}", key) for key in suggested] + [(label, key) for key, label in labels.items() if key not in suggested]
+
     def _find_config(self) -> Path | None:
         root = Path(self.source.path)
         for folder in (root, root.parent):
@@ -201,7 +215,7 @@ class MapperBuilder(Panel):
         W = widgets
         self.header = W.HTML()
         self.preset_picker = labelled(
-            W.Dropdown(options=[("(empty)", "")] + [(label, key) for key, label in self.presets().items()], value="",
+            W.Dropdown(options=[("(empty)", "")] + self._preset_options(), value="",
                        description="Preset", layout=W.Layout(width="380px")),
             "wb-builder-preset",
         )

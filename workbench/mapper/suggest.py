@@ -1,0 +1,146 @@
+"""Which presets apply to a checkpoint: the model type from its config.json, and the names it holds.
+
+`suggest(names, config)` answers from metadata alone (tensor names and the config): it never reads a
+tensor and never builds a model. Each row names a function of `workbench.mapper.presets` and says why
+it applies; `build_preset(name, source, config)` calls that function with what it needs (the CLI's
+`--preset NAME`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ..errors import MapperError
+
+LLAMA_LIKE = ("llama", "mistral")
+
+
+def read_config(config: Any) -> dict[str, Any]:
+    """config.json as a dict (a path, its folder, a dict or a transformers config); {} when there is none."""
+    if config is None:
+        return {}
+    if isinstance(config, dict):
+        return config
+    if isinstance(config, (str, os.PathLike)):
+        path = Path(config)
+        path = path / "config.json" if path.is_dir() else path
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise MapperError(f"Cannot read the model config {path}: {exc}. Pass a valid config.json.", file=str(path)) from None
+        return data if isinstance(data, dict) else {}
+    to_dict = getattr(config, "to_dict", None)
+    return to_dict() if callable(to_dict) else {}
+
+
+def _transformers_changes(model_type: str, names: list[str]) -> int | None:
+    """How many `names` transformers' registry rules for `model_type` touch (None: transformers or rules absent)."""
+    try:
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    except ImportError:  # pragma: no cover
+        return None
+    rules = get_checkpoint_conversion_mapping(model_type)
+    if not rules:
+        return None
+    return sum(1 for name in names if any(rule.compiled_sources.search(name) for rule in rules))
+
+
+def suggest(names: Iterable[str], config: Any = None) -> Any:
+    """A DataFrame (columns `preset`, `why`) of the presets that apply; the model type is in `.attrs['model_type']`."""
+    import pandas as pd
+
+    model_type, rows = suggest_rows(names, config)
+    frame = pd.DataFrame(rows, columns=["preset", "why"])
+    frame.attrs["model_type"] = model_type
+    return frame
+
+
+def suggest_rows(names: Iterable[str], config: Any = None, *, registry: bool = True) -> tuple[str | None, list[tuple[str, str]]]:
+    """The model type and (preset, why) rows. `registry=False` never imports transformers (nor torch): the
+    transformers layout is then suggested when the names hold numbered experts, without counting the changes."""
+    names = list(names)
+    data = read_config(config)
+    model_type = data.get("model_type")
+    rows: list[tuple[str, str]] = []
+    quant = data.get("quantization_config") or {}
+    method = str(quant.get("quant_method", "")).lower() if isinstance(quant, dict) else ""
+    if method == "fp8" or any(n.endswith(".weight_scale_inv") for n in names):
+        block = quant.get("weight_block_size") if isinstance(quant, dict) else None
+        rows.append(("dequantize_fp8", f"FP8 weights with block scales (weight_scale_inv{f', block {block}' if block else ''}): "
+                                       "dequantise to bf16/fp32"))
+    if method == "mxfp4" or any(n.endswith("_blocks") for n in names) and any(n.endswith("_scales") for n in names):
+        rows.append(("dequantize_mxfp4", "MXFP4 weights (*_blocks + *_scales): dequantise to bf16/fp32"))
+    if model_type and not registry:
+        if any(re.search(r"\.experts\.\d+\.", n) for n in names):
+            rows.append(("from_transformers", f"{model_type} stores one tensor per expert; transformers 5 holds them stacked "
+                                              "(ck.suggest() in Python counts the tensors its rules change)"))
+    elif model_type:
+        changed = _transformers_changes(model_type, names)
+        if changed:
+            rows.append(("from_transformers", f"transformers 5 loads {model_type} through its conversion rules: {changed} of "
+                                              f"{len(names)} tensors change (experts stacked, fused or renamed); this gives its "
+                                              "in-memory layout (.inverse(source): the save direction)"))
+    has = set(n.split(".", 3)[-1] if n.startswith("model.layers.") else n for n in names)
+    if {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"} <= has and data.get("num_attention_heads"):
+        if {"mlp.gate_proj.weight", "mlp.up_proj.weight"} <= has:
+            rows.append(("hf_to_fused", "separate q/k/v and gate/up projections: fuse them into qkv_proj and gate_up_proj"))
+        if model_type in LLAMA_LIKE and not any(part in has for part in ("self_attn.q_proj.bias", "self_attn.q_norm.weight")):
+            rows.append(("hf_to_meta", f"{model_type} in HF layout: Meta's original names with the rotary permutation undone"))
+    if "self_attn.qkv_proj.weight" in has:
+        rows.append(("fused_to_hf", "fused qkv_proj/gate_up_proj: split back into HF projections"))
+    if any(".self_attention.linear_qkv." in n for n in names):
+        rows.append(("megatron_qkv_to_hf", "Megatron interleaved QKV: split into HF q/k/v"))
+    if any(n.startswith("layers.") and ".attention.wq." in n for n in names):
+        rows.append(("meta_to_hf", "Meta original Llama names: HF names with HF's rotary permutation"))
+    return model_type, rows
+
+
+def build_preset(name: str, source: Any, config: Any) -> Any:
+    """`workbench.mapper.presets.<name>` called with what it takes: the config, the source, or nothing."""
+    from . import presets
+
+    factory = getattr(presets, name, None)
+    public = sorted(n for n, f in vars(presets).items() if inspect.isfunction(f) and not n.startswith("_")
+                    and f.__module__.startswith("workbench.mapper"))
+    if factory is None or not callable(factory) or name.startswith("_"):
+        raise MapperError(f"Cannot use preset {name!r}: workbench.mapper.presets has no such preset. Known: {', '.join(public)}.")
+    params = _params(factory)
+    first = next(iter(inspect.signature(factory).parameters), None)
+    kwargs: dict[str, Any] = {}
+    if first == "config":
+        if config is None:
+            raise MapperError(f"Cannot use preset {name!r}: it needs the model's config.json and none sits beside the source. "
+                              "Put config.json next to the checkpoint.")
+        args: list[Any] = [config]
+        if "source" in params:
+            kwargs["source"] = source
+    elif first == "source":
+        args = [source]
+    else:
+        args = []
+    try:
+        return factory(*args, **kwargs)
+    except TypeError as exc:
+        raise MapperError(f"Cannot use preset {name!r} from the command line: {exc}. Write a mapper file instead.") from None
+
+
+def _params(factory: Any) -> set[str]:
+    try:
+        return set(inspect.signature(factory).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def find_config(path: Any) -> Path | None:
+    """config.json in the checkpoint's folder (or beside the checkpoint file), if any."""
+    root = Path(path)
+    for folder in (root, root.parent) if not root.is_dir() else (root,):
+        if (folder / "config.json").is_file():
+            return folder / "config.json"
+    return None
