@@ -3,12 +3,14 @@ transformers' own rotary permutation, and a model reloaded after a round trip gi
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+import workbench as wb
 from workbench import mapper as M
 from workbench.errors import MapperError
 from workbench.mapper import presets
@@ -177,3 +179,16 @@ def test_presets_are_ordinary_mappers_that_compose():
     config = {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
     combined = M.Sequential(presets.strip_prefix("_orig_mod."), presets.hf_to_fused(config))
     assert M.from_json(combined.to_json()) == combined
+
+
+def test_one_preset_registry_serves_the_builder_and_the_cli() -> None:
+    from workbench.mapper.presets import PRESETS
+    from workbench.mapper.suggest import build_preset, find_config
+    from workbench.widgets.builder import MapperBuilder
+
+    llama = Path(__file__).resolve().parent.parent / "sample_checkpoints" / "tiny-llama"
+    catalog = wb.open_checkpoint(llama).catalog
+    assert MapperBuilder.presets() == PRESETS
+    for name in PRESETS:
+        assert callable(getattr(M.presets, name)), name
+        assert build_preset(name, catalog, find_config(llama)) is not None, name

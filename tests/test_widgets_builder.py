@@ -201,7 +201,7 @@ def test_presets_need_a_config_when_the_source_has_none(tiny_checkpoint):
     builder.preset_picker.value = "hf_to_fused"
     builder.load_preset_button.click()
     assert "needs the model" in builder.form_message.value and builder.steps == []
-    builder.preset_picker.value = "cast_bf16"
+    builder.preset_picker.value = "cast_policy"
     builder.load_preset_button.click()
     assert builder.binding.outputs["model.layers.0.mlp.up_proj.weight"].dtype == "BF16"
     assert builder.binding.outputs["model.norm.weight"].dtype == "F32"

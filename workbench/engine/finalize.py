@@ -14,12 +14,12 @@ from pathlib import Path
 
 from ..errors import PlanError, UnsafeFileError
 from ..files import PARTIAL_SUFFIX, atomic_write, copy_atomic, fsync_dir, remove_entry
+from ..formats.dcp import METADATA_NAME
 from ..planning.destination import INDEX_NAME, MANIFEST_NAME, remove_manifest, write_manifest
 from ..planning.extras import updated_bytes
 from ..planning.model import Plan
 from .source_guard import snapshot_for
 
-DCP_METADATA = ".metadata"  # a DCP folder's commit marker
 _SHARD_NAME = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors$|^__\d+_\d+\.distcp$")
 
 
@@ -41,7 +41,7 @@ def prepare_destination(plan: Plan) -> None:
     planned = {f.name for f in plan.output_file_list}
     if plan.options.overwrite:  # an older conversion's shards and index would contradict the new ones
         for name in os.listdir(dest):
-            if (_SHARD_NAME.match(name) and name not in plan.kept) or name in (INDEX_NAME, MANIFEST_NAME, DCP_METADATA):
+            if (_SHARD_NAME.match(name) and name not in plan.kept) or name in (INDEX_NAME, MANIFEST_NAME, METADATA_NAME):
                 remove_entry(dest / name)
     for name in {INDEX_NAME, *plan.commit_files}:  # the index / .metadata marks a complete output: it reappears last
         remove_entry(dest / name)

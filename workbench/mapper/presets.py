@@ -246,3 +246,21 @@ def cast_policy(source: Any, dtype: str = "bf16", *, keep: Sequence[str] = ("nor
         else:
             ops.extend(Cast(name, wanted) for name in floats if infos[name].dtype != wanted)
     return Parallel(*ops)
+
+
+# The presets front ends offer (the builder's list, `workbench convert --preset NAME`, `ck.suggest()`):
+# name under `M.presets` -> what it does, in a few words. Each is called with what its first parameter
+# asks for (`config`: the model's config.json; `source`: the checkpoint; nothing: its defaults), see
+# `workbench.mapper.suggest.build_preset`. Register a new preset here to make it appear everywhere.
+PRESETS: dict[str, str] = {
+    "from_transformers": "checkpoint → transformers-5 in-memory layout (experts stacked)",
+    "hf_to_fused": "HF → fused qkv_proj + gate_up_proj",
+    "fused_to_hf": "fused → HF q/k/v + gate/up",
+    "hf_to_meta": "HF Llama → Meta original",
+    "meta_to_hf": "Meta original → HF Llama",
+    "hf_to_megatron_qkv": "HF → Megatron interleaved QKV",
+    "megatron_qkv_to_hf": "Megatron interleaved QKV → HF",
+    "cast_policy": "cast to bf16 (norms and biases F32)",
+    "strip_prefix": "strip the 'model.' prefix",
+    "add_prefix": "add a 'model.' prefix",
+}

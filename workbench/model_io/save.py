@@ -26,7 +26,7 @@ from ..iostats import IO
 from ..mapper.base import Mapper
 from ..mapper.groups import Group
 from ..mapper.module_state import StateEntry, module_state
-from ..output.safetensors import SafetensorsWriter
+from ..output.safetensors import INDEX_NAME, SafetensorsWriter
 from ..overflow import OverflowCounts, attributed, collect
 from ..planning.build import DEFAULT_CHUNK, build_plan, make_options
 from ..planning.model import Plan
@@ -311,6 +311,6 @@ def save_from(
         dest=plan.dest, ranks=results, seconds=time.perf_counter() - started,
         predicted_peak_bytes=max(r.predicted_peak_bytes for r in results), predicted_files=[], predicted_bytes_read=0,
         predicted_bytes_written=plan.bytes_written,
-        files=[f.name for f in plan.output_file_list] + (["model.safetensors.index.json"] if outcome["index"] else []),
+        files=[f.name for f in plan.output_file_list] + ([INDEX_NAME] if outcome["index"] else []),
         kept=sorted(plan.kept), index_written=outcome["index"],
     )

@@ -20,6 +20,7 @@ from ..catalog import TensorInfo
 from ..dtypes import DTYPE_BITS
 from ..errors import PlanError
 from ..files import PARTIAL_SUFFIX, atomic_write, claim_temp, fsync_dir, replace_into
+from ..formats.safetensors_folder import INDEX_NAME  # the commit marker of a sharded output
 from ..iostats import IO
 from .base import FileLayout, OutputFormat
 
@@ -30,7 +31,6 @@ _DTYPE_RANK = [
 ]
 _RANK = {code: i for i, code in enumerate(_DTYPE_RANK)}
 DEFAULT_METADATA = {"format": "pt"}
-INDEX_NAME = "model.safetensors.index.json"  # the commit marker of a sharded output
 
 
 def tensor_meta(tensor: Any) -> tuple[str, tuple[int, ...]]:

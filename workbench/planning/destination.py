@@ -21,10 +21,10 @@ from ..errors import WorkbenchError
 from ..files import PARTIAL_SUFFIX, atomic_write, describe, open_regular, read_regular, remove_entry
 from ..mapper.groups import Problem
 from ..output.lock import LOCK_NAME, holder
+from ..output.safetensors import INDEX_NAME
 from .sharding import OutputFile
 
 MANIFEST_NAME = ".workbench-convert.json"
-INDEX_NAME = "model.safetensors.index.json"
 
 
 @dataclass

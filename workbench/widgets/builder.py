@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import html
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,25 +57,11 @@ DEFAULT_ROWS = 60
 
 
 # --- presets -------------------------------------------------------------------------------------------
-def _presets() -> dict[str, tuple[str, Callable[[Any, Any], Mapper]]]:
-    from ..mapper import presets as P
+def _presets() -> dict[str, str]:
+    """The presets the builder offers: `M.presets.PRESETS` (name -> label), the one list every front end uses."""
+    from ..mapper.presets import PRESETS
 
-    return {
-        "hf_to_fused": ("HF → fused qkv_proj + gate_up_proj", lambda config, source: P.hf_to_fused(config)),
-        "fused_to_hf": ("fused → HF q/k/v + gate/up", lambda config, source: P.fused_to_hf(config)),
-        "hf_to_meta": ("HF Llama → Meta original", lambda config, source: P.hf_to_meta(config)),
-        "meta_to_hf": ("Meta original → HF Llama", lambda config, source: P.meta_to_hf(config)),
-        "hf_to_megatron_qkv": ("HF → Megatron interleaved QKV", lambda config, source: P.hf_to_megatron_qkv(config)),
-        "megatron_qkv_to_hf": ("Megatron interleaved QKV → HF", lambda config, source: P.megatron_qkv_to_hf(config)),
-        "cast_bf16": ("cast to bf16 (norms and biases F32)", lambda config, source: P.cast_policy(source, "bf16")),
-        "strip_model_prefix": ("strip the 'model.' prefix", lambda config, source: P.strip_prefix("model.")),
-        "add_model_prefix": ("add a 'model.' prefix", lambda config, source: P.add_prefix("model.")),
-        "from_transformers": ("checkpoint → transformers-5 in-memory layout (experts stacked)",
-                              lambda config, source: P.from_transformers(config, source=source.catalog)),
-    }
-
-
-NEEDS_CONFIG = ("from_transformers", "hf_to_fused", "fused_to_hf", "hf_to_meta", "meta_to_hf", "hf_to_megatron_qkv", "megatron_qkv_to_hf")
+    return dict(PRESETS)
 
 
 def steps_of(mapper: Mapper) -> tuple[list[Mapper], str]:
@@ -189,7 +174,7 @@ class MapperBuilder(Panel):
     @staticmethod
     def presets() -> dict[str, str]:
         """Preset keys and what they do."""
-        return {key: label for key, (label, _) in _presets().items()}
+        return _presets()
 
     def _preset_options(self) -> list[tuple[str, str]]:
         """(label, key) of every preset; those that apply to the source first, marked ★ (names and config only)."""
@@ -368,14 +353,11 @@ class MapperBuilder(Panel):
             self.steps = []
             self.refresh()
             return
-        label, factory = _presets()[key]
-        if key in NEEDS_CONFIG and self.config is None:
-            self.form_message.value = message_html(
-                f"Cannot load preset {label!r}: it needs the model's config (heads, head size) and no config.json sits beside "
-                "the source. Pass config=... to MapperBuilder.", "error")
-            return
+        from ..mapper.suggest import build_preset
+
+        label = _presets()[key]
         try:
-            preset = factory(self.config, self.source)
+            preset = build_preset(key, self.source.catalog, self.config)
         except WorkbenchError as exc:
             self.form_message.value = message_html(exc.message, "error")
             return
