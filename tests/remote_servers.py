@@ -8,8 +8,8 @@
   (ranges -> 206 with Content-Range, ETag and X-Repo-Commit headers). It serves files from
   `repos[(repo_id, commit)] = folder`, revision "main" naming the latest commit added.
 - `FaultyServer`: HTTP ranges with a chosen fault: drop the connection mid-body (`drop`), answer 200
-  with the whole file (`ignore_range`), announce more bytes than it sends (`short`), or change the
-  file's ETag after the first request (`change`).
+  with the whole file (`ignore_range`), send a complete-looking but short 206 whose Content-Length
+  lies about the range (`short`), or change the file's ETag after every GET (`change`).
 """
 
 from __future__ import annotations
@@ -291,12 +291,17 @@ class _FaultHandler(_Quiet):
             self.record(200, size)
             return
         body = data[first:last + 1]
+        half = body[: len(body) // 2]
         self.send_response(206)
         self.send_header("Content-Range", f"bytes {first}-{last}/{size}")
-        self.send_header("Content-Length", str(len(body)))
+        # 'short' lies: its Content-Length matches the half it sends, as if the range were complete.
+        self.send_header("Content-Length", str(len(half) if fault == "short" else len(body)))
         self.send_header("ETag", etag)
         self.end_headers()
-        half = body[: len(body) // 2]
+        if fault == "short":
+            self.wfile.write(half)
+            self.record(206, len(half))
+            return
         self.wfile.write(half)
         self.wfile.flush()
         self.record(206, len(half))
@@ -308,9 +313,10 @@ class _FaultHandler(_Quiet):
 
 
 class FaultyServer(_Served):
-    """Serves `root` with one fault on range GETs larger than `min_bytes`, the first `times` times
-    (`times=None`: always). Faults: 'drop', 'short' (Content-Length promises more than is sent, then
-    the connection closes), 'ignore_range', 'change'."""
+    """Serves `root` with one fault on range GETs of at least `min_bytes`, the first `times` times
+    (`times=None`: always). Faults: 'drop' (half the body, then the connection closes), 'short' (a 206
+    whose Content-Length and body are half the asked range), 'ignore_range' (200 with the whole file),
+    'change' (a new ETag after every GET)."""
 
     def __init__(self, root: Path, fault: str, *, times: int | None = 1, min_bytes: int = 1 << 16) -> None:
         super().__init__(_FaultHandler)

@@ -225,7 +225,8 @@ def _status(exc: BaseException) -> int | None:
 
 
 def _precondition_failed(exc: BaseException) -> bool:
-    return _status(exc) == 412 or "PreconditionFailed" in str(exc)
+    text = str(exc)  # s3fs turns botocore's PreconditionFailed into an OSError carrying S3's message
+    return _status(exc) == 412 or "PreconditionFailed" in text or "pre-conditions you specified did not hold" in text
 
 
 def _permanent(exc: BaseException) -> bool:
@@ -390,6 +391,14 @@ class S3Store(RemoteStore):
 
 def open_store(url: str) -> RemoteStore:
     """The store for a URL (`hf://`, `http(s)://`, `s3://`) or a bare Hub repo id."""
+    try:
+        return _open_store(url)
+    except ImportError as exc:
+        raise RemoteError(f"Cannot open {url}: {exc.name or exc} is not installed. Install the remote extra: "
+                          "pip install 'checkpoint-workbench[remote]'.", file=url) from None
+
+
+def _open_store(url: str) -> RemoteStore:
     if url.startswith("s3://"):
         return S3Store(url)
     if url.startswith(("http://", "https://")):
