@@ -256,6 +256,21 @@ def test_cache_misses_when_the_file_changes(nginx, served, tmp_path):
     assert ck.catalog.read_bytes("lm_head.weight") == local.catalog.read_bytes("lm_head.weight")
 
 
+def test_cli_plan_convert_verify_diff_take_urls(nginx, served, tmp_path):
+    url = f"{nginx.url}/llama/"
+    plan = _cli("plan", url, "--dtype", "bf16")
+    assert plan.returncode == 0 and "downloads: " in plan.stdout and "range request(s)" in plan.stdout, plan.stderr
+    out = _cli("convert", url, str(tmp_path / "out"), "--dtype", "bf16")
+    assert out.returncode == 0, out.stderr
+    assert _cli("verify", url).returncode == 0
+    assert _cli("verify", str(tmp_path / "out")).returncode == 0
+    sums = tmp_path / "sums.json"
+    assert _cli("verify", url, "--sidecar", str(sums)).returncode == 0 and sums.exists()
+    assert _cli("verify", str(served / "llama"), "--sidecar", str(sums)).returncode == 0  # same tensors, same sums
+    diff = _cli("diff", url, str(served / "llama"))
+    assert diff.returncode == 0 and "same 35 tensors" in diff.stdout
+
+
 def test_non_lazy_formats_say_so(hub, s3):
     for url in ("hf://org/torchbin", "s3://ckpts/torchbin/"):
         with pytest.raises(CheckpointError, match=r"read lazily in safetensors.*pytorch_model\.bin|pytorch_model\.bin.*download"):
@@ -278,14 +293,14 @@ def test_explorer_takes_a_url(nginx):
 @pytest.fixture(scope="module")
 def local_outputs(served, tmp_path_factory):
     out = tmp_path_factory.mktemp("local-out")
-    wb.convert(str(served / "llama"), out / "copy", quiet=True, extras=False, shard_size="2MB")
-    wb.convert(str(served / "llama"), out / "bf16", quiet=True, extras=False, dtype="bfloat16")
+    wb.convert(str(served / "llama"), out / "copy", quiet=True, shard_size="2MB")
+    wb.convert(str(served / "llama"), out / "bf16", quiet=True, dtype="bfloat16")
     return out
 
 
 def _same(a: Path, b: Path) -> None:
     names = sorted(p.name for p in a.iterdir())
-    assert names == sorted(p.name for p in b.iterdir() if p.name != "config.json")
+    assert names == sorted(p.name for p in b.iterdir()) and "config.json" in names
     for name in names:
         assert filecmp.cmp(a / name, b / name, shallow=False), name
 

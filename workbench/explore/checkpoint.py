@@ -86,7 +86,7 @@ class Summary:
     def __repr__(self) -> str:
         return "\n".join(
             [
-                f"Summary of {self.format} checkpoint {self.location}",
+                f"Summary of {self.format} checkpoint {self.path}",
                 "  " + self.headline(),
                 "",
                 "by dtype:",
@@ -102,7 +102,7 @@ class Summary:
 
     def _repr_html_(self) -> str:
         return (
-            f"<div><b>{html.escape(self.format)}</b> checkpoint <code>{html.escape(self.location)}</code><br>"
+            f"<div><b>{html.escape(self.format)}</b> checkpoint <code>{html.escape(self.path)}</code><br>"
             f"{html.escape(self.headline())}"
             f"<h4>By dtype</h4>{self.by_dtype.to_html()}"
             f"<h4>Files</h4>{self.files.to_html()}"

@@ -66,6 +66,29 @@ def store_blob(key: str | None, data: bytes) -> None:
         _store("blobs", key, data)
 
 
+def snapshot_folder(identity: str) -> Path:
+    """The local folder of one remote checkpoint's small files (config, tokenizer); its catalog's root."""
+    return cache_root() / "snapshots" / _key("snapshot", identity)[:32]
+
+
+def _tag_file(folder: Path, file: RemoteFile) -> Path:
+    return folder.parent / (folder.name + ".versions") / _key(file.rel, file.size, file.tag)
+
+
+def snapshot_has(folder: Path, file: RemoteFile) -> bool:
+    """True when `folder` holds `file` at its listed version (a file without a tag is always fetched again)."""
+    return bool(file.tag) and _tag_file(folder, file).is_file() and (folder / file.rel).is_file()
+
+
+def snapshot_put(folder: Path, file: RemoteFile, data: bytes) -> None:
+    """Store one small file in the snapshot folder, and the version it is."""
+    _tag_file(folder, file).parent.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write(folder / file.rel, data, sync_dir=False)
+    if file.tag:
+        atomic_write(_tag_file(folder, file), file.tag, sync_dir=False)
+
+
 def load_listing(url: str) -> tuple[str, dict[str, RemoteFile]] | None:
     """(identity, files) of the last listing of `url`, or None."""
     raw = _load("listings", _key("listing", url))

@@ -14,7 +14,7 @@ import struct
 import threading
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
 from ..catalog import Catalog, TensorInfo
 from ..errors import CheckpointError
@@ -29,6 +29,14 @@ CHUNK_BYTES = 16 << 20
 PARALLEL = 4
 WINDOW_BYTES = 128 << 20
 LAZY_FORMATS = "safetensors (single file, folder, or sharded with an index)"
+# Small files a conversion copies along (config, tokenizer): fetched when a plan wants extras, never on open.
+MAX_EXTRA_BYTES = 64 << 20
+MAX_EXTRAS = 64
+# Plain HTTP cannot list a folder: these are the names asked for.
+KNOWN_EXTRAS = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja")
+_TENSOR_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".distcp", ".h5", ".msgpack", ".gguf", ".onnx",
+                    ".npz", ".npy", ".index.json")
 
 
 def _fail(url: str, cause: str, fix: str) -> CheckpointError:
@@ -192,15 +200,24 @@ def _open(store: RemoteStore) -> Catalog:
         metadata.update(header.metadata)
     fmt = "hf-sharded" if index_name else ("safetensors" if len(names) == 1 else "safetensors-folder")
     del index_meta
+    if names == [""]:
+        extras: list[str] | None = []
+    elif files is not None:
+        extras = sorted(r for r, f in files.items() if "/" not in r and r and not r.startswith(".")
+                        and not r.lower().endswith(_TENSOR_SUFFIXES) and f.size <= MAX_EXTRA_BYTES)[:MAX_EXTRAS]
+    else:
+        extras = None  # asked for by name when a plan wants them
+    fetched: list[str] = []  # filled by RemoteReader.fetch_extras, which a plan calls when it copies extras
     return Catalog(
-        root=Path(url),
+        root=remote_cache.snapshot_folder(store.identity),
         format=fmt,
         tensors=tensors,
         files={rel: file_info(rel, h) for rel, h in headers.items()},
         metadata=metadata,
         warnings=warnings,
         file_metadata={rel: dict(h.metadata) for rel, h in headers.items()},
-        reader=RemoteReader(store),
+        reader=RemoteReader(store, extras, fetched),
+        extras=fetched,
         url=url,
     )
 
@@ -238,8 +255,10 @@ def chunk_ranges(infos: Iterable[TensorInfo]) -> list[_Chunk]:
 class RemoteReader:
     """Tensor bytes of a remote checkpoint by range requests, fetched ahead in large coalesced ranges."""
 
-    def __init__(self, store: RemoteStore) -> None:
+    def __init__(self, store: RemoteStore, extras: list[str] | None = None, fetched: list[str] | None = None) -> None:
         self.store = store
+        self._extras = extras
+        self._fetched = fetched if fetched is not None else []
         self._chunks: list[_Chunk] = []
         self._chunk_of: dict[str, int] = {}
         self._next = 0  # first chunk not yet submitted
@@ -266,6 +285,24 @@ class RemoteReader:
             self._chunk_of = {name: i for i, c in enumerate(chunks) for name in c.names}
             self._next = self._ahead = 0
             self._pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="workbench-remote") if chunks else None
+
+    def fetch_extras(self) -> list[str]:
+        """Bring the checkpoint's small files (config, tokenizer) into the catalog's local root folder, where a
+        conversion copies them from like any local extra; cached by version tag, so asked for once."""
+        folder = remote_cache.snapshot_folder(self.store.identity)
+        names = self._extras if self._extras is not None else list(KNOWN_EXTRAS)
+        fetched = []
+        for rel in names:
+            file = self.store.file(rel)
+            if file is None or file.size > MAX_EXTRA_BYTES:
+                continue
+            if remote_cache.snapshot_has(folder, file):
+                fetched.append(rel)
+                continue
+            remote_cache.snapshot_put(folder, file, self.store.read(rel, 0, file.size))
+            fetched.append(rel)
+        self._fetched[:] = fetched  # the catalog's `extras`
+        return fetched
 
     def download_plan(self, infos: Iterable[TensorInfo]) -> dict[str, tuple[int, int]]:
         """File -> (bytes, range requests) a run reading `infos` in this order downloads (`will_read`'s ranges)."""
