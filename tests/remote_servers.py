@@ -38,7 +38,7 @@ def free_port() -> int:
 class Nginx:
     """nginx serving `root` at http://127.0.0.1:PORT/ with a counting access log."""
 
-    def __init__(self, root: Path, prefix: Path) -> None:
+    def __init__(self, root: Path, prefix: Path, *, limit_rate: str = "") -> None:
         self.root, self.prefix = root, prefix
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -55,6 +55,8 @@ class Nginx:
             f"  client_body_temp_path {prefix}/tmp/body; proxy_temp_path {prefix}/tmp/proxy;\n"
             f"  fastcgi_temp_path {prefix}/tmp/fcgi; uwsgi_temp_path {prefix}/tmp/uwsgi; scgi_temp_path {prefix}/tmp/scgi;\n"
             "  etag on; sendfile on;\n"
+            + (f"  limit_rate {limit_rate};\n" if limit_rate else "")
+            +
             f"  server {{ listen 127.0.0.1:{self.port}; root {root}; location / {{ autoindex off; }} }}\n"
             "}\n"
         )

@@ -324,11 +324,16 @@ class RemoteReader:
         requests = sum(v[0] for v in now.values()) - sum(v[0] for v in before.values())
         return sorted(urls), n_bytes, requests
 
-    def _fetch(self, chunk: _Chunk) -> bytes:
-        if chunk.end - chunk.start <= CHUNK_BYTES:
-            return self.store.read(chunk.rel, chunk.start, chunk.end)
-        # One tensor larger than a chunk: fetched in pieces, so a dropped connection costs one piece.
-        return b"".join(self.store.read(chunk.rel, s, min(s + CHUNK_BYTES, chunk.end)) for s in range(chunk.start, chunk.end, CHUNK_BYTES))
+    def _fetch(self, chunk: _Chunk) -> bytearray:
+        """The chunk's bytes in a fresh buffer, filled on the fetching thread (the consumer copies nothing more
+        when the chunk is one tensor); a chunk above `CHUNK_BYTES` is fetched in pieces, so a dropped
+        connection costs one piece."""
+        buffer = bytearray(chunk.end - chunk.start)
+        view = memoryview(buffer)
+        for start in range(chunk.start, chunk.end, CHUNK_BYTES):
+            stop = min(start + CHUNK_BYTES, chunk.end)
+            view[start - chunk.start: stop - chunk.start] = self.store.read(chunk.rel, start, stop)
+        return buffer
 
     def _fill(self, upto: int) -> None:
         """Submit chunks up to index `upto` and beyond while the window allows."""
@@ -341,8 +346,9 @@ class RemoteReader:
             self._ahead += chunk.end - chunk.start
             self._next += 1
 
-    def read_bytes(self, info: TensorInfo) -> bytes:
-        """The bytes of one tensor: from its prefetched range when announced, else one range request(s)."""
+    def read_bytes(self, info: TensorInfo) -> bytearray:
+        """The bytes of one tensor (a buffer the caller owns): from its prefetched range when announced, else
+        fetched now."""
         with self._lock:
             index = self._chunk_of.get(info.name)
             if index is not None:
@@ -357,6 +363,8 @@ class RemoteReader:
             if chunk.left <= 0:
                 chunk.future = None  # drop the bytes: the window moves on
                 self._ahead -= chunk.end - chunk.start
+        if chunk.start == info.begin and chunk.end == info.end:
+            return data  # the chunk is this tensor: hand the buffer over
         return data[info.begin - chunk.start: info.end - chunk.start]
 
     def close(self) -> None:
