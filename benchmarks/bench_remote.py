@@ -48,13 +48,9 @@ def fetch_like_a_conversion(url: str) -> int:
     ck = wb.open_checkpoint(url)
     chunks = remote_safetensors.chunk_ranges(ck.catalog.tensors.values())
     store = open_store(url)
-    step = remote_safetensors.CHUNK_BYTES
-
-    def get(chunk) -> int:
-        return sum(len(store.read(chunk.rel, s, min(s + step, chunk.end))) for s in range(chunk.start, chunk.end, step))
-
+    pieces = [(c.rel, a, b) for c in chunks for a, b in c.pieces()]
     with ThreadPoolExecutor(remote_safetensors.PARALLEL) as pool:
-        return sum(pool.map(get, chunks))
+        return sum(pool.map(lambda p: len(store.read(*p)), pieces))
 
 
 def download(url: str, folder: Path) -> int:
@@ -64,19 +60,14 @@ def download(url: str, folder: Path) -> int:
     store = open_store(url)
     folder.mkdir(parents=True, exist_ok=True)
     fds = {rel: os.open(folder / rel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) for rel in ck.catalog.files}
-    step = remote_safetensors.CHUNK_BYTES
 
-    def get(chunk) -> int:
-        n = 0
-        for s in range(chunk.start, chunk.end, step):
-            data = store.read(chunk.rel, s, min(s + step, chunk.end))
-            os.pwrite(fds[chunk.rel], data, s)
-            n += len(data)
-        return n
+    def get(piece) -> int:
+        rel, start, stop = piece
+        return os.pwrite(fds[rel], store.read(rel, start, stop), start)
 
     try:
         with ThreadPoolExecutor(remote_safetensors.PARALLEL) as pool:
-            total = sum(pool.map(get, chunks))
+            total = sum(pool.map(get, [(c.rel, a, b) for c in chunks for a, b in c.pieces()]))
         for fd in fds.values():
             os.fsync(fd)
     finally:

@@ -138,6 +138,11 @@ def _env(tmp_path, monkeypatch, request):
         monkeypatch.setenv("AWS_ENDPOINT_URL", request.getfixturevalue("s3"))
 
 
+def _hub_rows(hub) -> list:
+    """The Hub fixture's log without huggingface_hub's own agent-registry lookup (not a file read)."""
+    return [r for r in hub.requests() if not r[1].startswith("/api/agent-harnesses")]
+
+
 def _gets(rows, suffix: str = ".safetensors") -> list:
     return [r for r in rows if r[0] == "GET" and r[1].endswith(suffix)]
 
@@ -180,7 +185,7 @@ def test_inspect_hf_reads_only_headers_and_bare_repo_id(hub, served):
     hub.reset()
     out = _cli("inspect", "hf://org/llama", "--format", "json")
     assert out.returncode == 0, out.stderr
-    rows = hub.requests()
+    rows = _hub_rows(hub)
     assert [r[1] for r in rows if r[1].startswith("/api/models")] == ["/api/models/org/llama/revision/main?blobs=true"]
     gets = _gets(rows)
     assert len(gets) == 3 and all(r[4] == f"bytes=0-{FIRST_READ - 1}" for r in gets)
@@ -220,21 +225,21 @@ def test_header_boundary_one_or_two_requests(nginx, served):
     assert fits.catalog.read_bytes("x") == expected and over.catalog.read_bytes("x") == expected
 
 
-def test_reopen_uses_header_cache_and_works_offline(hub, served):
+def test_reopen_uses_header_cache_and_works_offline(hub, served, monkeypatch):
     first = wb.open_checkpoint("hf://org/llama")
     hub.reset()
     again = wb.open_checkpoint("hf://org/llama")
-    assert [r[1] for r in hub.requests()] == ["/api/models/org/llama/revision/main?blobs=true"]  # no header read
+    assert [r[1] for r in _hub_rows(hub)] == ["/api/models/org/llama/revision/main?blobs=true"]  # no header read
     commit = again.catalog.reader.store.commit
     hub.reset()
     pinned = wb.open_checkpoint(f"hf://org/llama@{commit}")  # a commit is immutable: nothing to ask
     wb.open_checkpoint(f"hf://org/llama@{commit}")
-    pinned_rows = [r for r in hub.requests() if not r[1].startswith("/api/agent")]
+    pinned_rows = _hub_rows(hub)
     assert len(pinned_rows) <= 4  # the first open of the pinned URL lists once and reuses the cached headers
     hub.reset()
-    os.environ["HF_HUB_OFFLINE"] = "1"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     offline = wb.open_checkpoint("hf://org/llama")
-    assert hub.requests() == []
+    assert _hub_rows(hub) == []
     assert list(offline.catalog.tensors.values()) == list(first.catalog.tensors.values())
     with pytest.raises(RemoteError, match="offline"):
         offline.catalog.read_bytes("model.norm.weight")
@@ -306,13 +311,13 @@ def _same(a: Path, b: Path) -> None:
 
 
 @pytest.mark.parametrize("kind", ["https", "hf", "s3"])
-def test_remote_conversion_is_byte_identical(kind, request, local_outputs, tmp_path):
+def test_remote_conversion_is_byte_identical(kind, request, local_outputs, tmp_path, monkeypatch):
     url = {"https": lambda: request.getfixturevalue("nginx").url + "/llama/", "hf": lambda: "hf://org/llama",
            "s3": lambda: "s3://ckpts/llama"}
     if kind == "hf":
-        os.environ["HF_ENDPOINT"] = request.getfixturevalue("hub").url
+        monkeypatch.setenv("HF_ENDPOINT", request.getfixturevalue("hub").url)
     if kind == "s3":
-        os.environ["AWS_ENDPOINT_URL"] = request.getfixturevalue("s3")
+        monkeypatch.setenv("AWS_ENDPOINT_URL", request.getfixturevalue("s3"))
     source = url[kind]()
     report = wb.convert(source, tmp_path / "copy", quiet=True, shard_size="2MB", verify=True)
     assert report.files_match_plan
@@ -354,7 +359,7 @@ def test_interrupted_remote_conversion_resumes(hub, served, tmp_path, monkeypatc
     plan = wb.plan("hf://org/llama", dest=tmp_path / "out", shard_size="2MB")
     assert plan.kept
     wb.convert("hf://org/llama", tmp_path / "out", quiet=True, shard_size="2MB")
-    downloaded = sum(r[3] for r in _gets(hub.requests()))
+    downloaded = sum(r[3] for r in _gets(_hub_rows(hub)))
     total = sum((served / "llama" / s).stat().st_size for s in SHARDS)
     assert downloaded == sum(n for n, _ in plan.downloads.values()) < total
     _same(local_outputs / "copy", tmp_path / "out")

@@ -223,13 +223,18 @@ def _open(store: RemoteStore) -> Catalog:
 
 
 class _Chunk:
-    __slots__ = ("rel", "start", "end", "names", "future", "left")
+    __slots__ = ("rel", "start", "end", "names", "left", "buffer", "parts")
 
     def __init__(self, rel: str, start: int, end: int) -> None:
         self.rel, self.start, self.end = rel, start, end
         self.names: list[str] = []
-        self.future: Future | None = None
         self.left = 0
+        self.buffer: bytearray | None = None
+        self.parts: list[Future] = []
+
+    def pieces(self) -> list[tuple[int, int]]:
+        """The range requests of this chunk: [start, stop) pieces of at most `CHUNK_BYTES`."""
+        return [(s, min(s + CHUNK_BYTES, self.end)) for s in range(self.start, self.end, CHUNK_BYTES)]
 
 
 def chunk_ranges(infos: Iterable[TensorInfo]) -> list[_Chunk]:
@@ -325,15 +330,14 @@ class RemoteReader:
         return sorted(urls), n_bytes, requests
 
     def _fetch(self, chunk: _Chunk) -> bytearray:
-        """The chunk's bytes in a fresh buffer, filled on the fetching thread (the consumer copies nothing more
-        when the chunk is one tensor); a chunk above `CHUNK_BYTES` is fetched in pieces, so a dropped
-        connection costs one piece."""
+        """The chunk's bytes in a fresh buffer, fetched piece by piece on this thread (unannounced reads)."""
         buffer = bytearray(chunk.end - chunk.start)
-        view = memoryview(buffer)
-        for start in range(chunk.start, chunk.end, CHUNK_BYTES):
-            stop = min(start + CHUNK_BYTES, chunk.end)
-            view[start - chunk.start: stop - chunk.start] = self.store.read(chunk.rel, start, stop)
+        for start, stop in chunk.pieces():
+            self._fetch_piece(chunk.rel, memoryview(buffer)[start - chunk.start: stop - chunk.start], start, stop)
         return buffer
+
+    def _fetch_piece(self, rel: str, target: memoryview, start: int, stop: int) -> None:
+        target[:] = self.store.read(rel, start, stop)
 
     def _fill(self, upto: int) -> None:
         """Submit chunks up to index `upto` and beyond while the window allows."""
@@ -342,7 +346,12 @@ class RemoteReader:
             return
         while self._next < len(self._chunks) and (self._next <= upto or self._ahead < WINDOW_BYTES):
             chunk = self._chunks[self._next]
-            chunk.future = pool.submit(self._fetch, chunk)
+            # Each piece is its own request, so a large tensor downloads on every connection at once; the
+            # pieces fill one buffer, filled on the fetching threads and handed to the consumer as it is.
+            chunk.buffer = bytearray(chunk.end - chunk.start)
+            view = memoryview(chunk.buffer)
+            chunk.parts = [pool.submit(self._fetch_piece, chunk.rel, view[a - chunk.start: b - chunk.start], a, b)
+                           for a, b in chunk.pieces()]
             self._ahead += chunk.end - chunk.start
             self._next += 1
 
@@ -356,12 +365,14 @@ class RemoteReader:
                 chunk = self._chunks[index]
         if index is None:
             return self._fetch(_Chunk(info.file, info.begin, info.end))
-        data = chunk.future.result()
+        for part in chunk.parts:
+            part.result()
+        data = chunk.buffer
         with self._lock:
             chunk.left -= 1
             self._chunk_of.pop(info.name, None)
             if chunk.left <= 0:
-                chunk.future = None  # drop the bytes: the window moves on
+                chunk.buffer, chunk.parts = None, []  # drop the bytes: the window moves on
                 self._ahead -= chunk.end - chunk.start
         if chunk.start == info.begin and chunk.end == info.end:
             return data  # the chunk is this tensor: hand the buffer over
@@ -372,8 +383,8 @@ class RemoteReader:
         with self._lock:
             pool, self._pool = self._pool, None
             for chunk in self._chunks:
-                if chunk.future is not None:
-                    chunk.future.cancel()
+                for part in chunk.parts:
+                    part.cancel()
             self._chunks, self._chunk_of, self._next, self._ahead = [], {}, 0, 0
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
