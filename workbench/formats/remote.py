@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from ..errors import CheckpointError
 
@@ -416,5 +416,6 @@ def _open_store(url: str) -> RemoteStore:
     repo, revision = parts[1], None
     if "@" in repo:
         repo, revision = repo.split("@", 1)
+        revision = unquote(revision)  # refs/pr/1 is written refs%2Fpr%2F1
     return HubStore(f"{parts[0]}/{repo}", revision, "/".join(parts[2:]), url if url.startswith("hf://") else "hf://" + url,
                     repo_type=repo_type)
