@@ -78,8 +78,16 @@ def served(tmp_path_factory) -> Path:
     (root / "edge").mkdir()
     _exact_header_file(root / "edge" / "fits.safetensors", FIRST_READ)
     _exact_header_file(root / "edge" / "over.safetensors", FIRST_READ + 1)
-    (root / "torchbin").mkdir()
-    (root / "torchbin" / "pytorch_model.bin").write_bytes(b"PK\x03\x04not really")
+    (root / "dcp").mkdir()
+    (root / "dcp" / ".metadata").write_bytes(b"\x80\x04N.")
+    (root / "dcp" / "__0_0.distcp").write_bytes(b"\0" * 64)
+    (root / "torch").mkdir()
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(0)
+    state = {f"layers.{i}.weight": torch.randn(128, 256, generator=g) for i in range(6)}  # 128 KiB storages
+    state["transposed"] = torch.randn(256, 128, generator=g).t()  # a strided view
+    state["half"] = torch.randn(64, 64, generator=g).to(torch.bfloat16)
+    torch.save(state, root / "torch" / "pytorch_model.bin")
     return root
 
 
@@ -97,7 +105,8 @@ def hub(served):
     server = HubServer()
     server.add("org/llama", served / "llama")
     server.add("org/single", served / "single")
-    server.add("org/torchbin", served / "torchbin")
+    server.add("org/dcp", served / "dcp")
+    server.add("org/torch", served / "torch")
     yield server
     server.stop()
 
@@ -118,7 +127,8 @@ def s3(served):
     client.create_bucket(Bucket="ckpts")
     for f in (served / "llama").iterdir():
         client.upload_file(str(f), "ckpts", f"llama/{f.name}")
-    client.upload_file(str(served / "torchbin" / "pytorch_model.bin"), "ckpts", "torchbin/pytorch_model.bin")
+    for f in (served / "dcp").iterdir():
+        client.upload_file(str(f), "ckpts", f"dcp/{f.name}")
     yield endpoint
     server.stop()
     for k, v in old.items():
@@ -278,11 +288,29 @@ def test_cli_plan_convert_verify_diff_take_urls(nginx, served, tmp_path):
 
 
 def test_non_lazy_formats_say_so(hub, s3):
-    for url in ("hf://org/torchbin", "s3://ckpts/torchbin/"):
-        with pytest.raises(CheckpointError, match=r"read lazily in safetensors.*pytorch_model\.bin|pytorch_model\.bin.*download"):
+    for url in ("hf://org/dcp", "s3://ckpts/dcp/"):
+        with pytest.raises(CheckpointError, match=r"__0_0\.distcp.*read lazily in safetensors.*torch\.save zip.*download"):
             wb.open_checkpoint(url)
     with pytest.raises(RemoteError, match="Check the repo id"):
         wb.open_checkpoint("hf://org/nope")
+
+
+def test_torch_zip_reads_directory_pickle_and_local_headers_only(nginx, hub, served, tmp_path):
+    path = served / "torch" / "pytorch_model.bin"
+    nginx.reset()
+    ck = wb.open_checkpoint(f"{nginx.url}/torch/")
+    rows = _gets(nginx.requests(), ".bin")
+    size = path.stat().st_size
+    assert ck.format == "torch" and len(rows) <= 3 + 8  # tail, first block (data.pkl), pickle, local headers
+    assert sum(r[3] for r in rows) < size / 4
+    local = wb.open_checkpoint(path)
+    assert {n: (t.dtype, t.shape) for n, t in ck.catalog.tensors.items()} == {
+        n: (t.dtype, t.shape) for n, t in local.catalog.tensors.items()}
+    for name in local.catalog.tensors:  # contiguous, strided and bf16 tensors read the same bytes
+        assert bytes(ck.catalog.read_bytes(name)) == bytes(local.catalog.read_bytes(name)), name
+    wb.convert(path, tmp_path / "local", quiet=True)
+    wb.convert("hf://org/torch", tmp_path / "remote", quiet=True)
+    _same(tmp_path / "local", tmp_path / "remote", extras=False)
 
 
 def test_explorer_takes_a_url(nginx):
@@ -304,9 +332,9 @@ def local_outputs(served, tmp_path_factory):
     return out
 
 
-def _same(a: Path, b: Path) -> None:
+def _same(a: Path, b: Path, extras: bool = True) -> None:
     names = sorted(p.name for p in a.iterdir())
-    assert names == sorted(p.name for p in b.iterdir()) and "config.json" in names
+    assert names == sorted(p.name for p in b.iterdir()) and ("config.json" in names) == extras
     for name in names:
         assert filecmp.cmp(a / name, b / name, shallow=False), name
 

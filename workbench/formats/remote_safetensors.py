@@ -28,7 +28,8 @@ FIRST_READ = 256 * 1024
 CHUNK_BYTES = 16 << 20
 PARALLEL = 4
 WINDOW_BYTES = 128 << 20
-LAZY_FORMATS = "safetensors (single file, folder, or sharded with an index)"
+LAZY_FORMATS = "safetensors (single file, folder, or sharded with an index) and single torch.save zip files"
+TORCH_SINGLE_NAME = "pytorch_model.bin"
 # Small files a conversion copies along (config, tokenizer): fetched when a plan wants extras, never on open.
 MAX_EXTRA_BYTES = 64 << 20
 MAX_EXTRAS = 64
@@ -125,7 +126,11 @@ def _open(store: RemoteStore) -> Catalog:
     shard_of: dict[str, str] | None = None
     index_name = ""
     index_meta: dict = {}
+    from .remote_torch import is_torch_name, open_torch
+
     if files is not None:
+        if "" in files and is_torch_name(url.rstrip("/")):
+            return open_torch(store, files[""], url, warnings)
         if "" in files:  # the URL names one object
             names = [""]
         else:
@@ -135,6 +140,9 @@ def _open(store: RemoteStore) -> Catalog:
                 index_name = index_names[0]
             else:
                 names = sorted(r for r in files if "/" not in r and r.endswith(SUFFIX))
+            torch_files = [r for r in files if "/" not in r and is_torch_name(r)]
+            if not index_name and not names and len(torch_files) == 1:
+                return open_torch(store, files[torch_files[0]], url, warnings)
             if not index_name and not names:
                 other = sorted(r for r in files if "/" not in r)[:5]
                 raise _fail(url, f"it holds no safetensors file and no index (found: {', '.join(other) or 'nothing'})",
@@ -142,6 +150,8 @@ def _open(store: RemoteStore) -> Catalog:
                             "(DCP, torch .bin/.pt) and open the local copy.")
     else:  # plain HTTP cannot list: the URL is a file, or a folder with an index or model.safetensors
         last = url.rstrip("/").rsplit("/", 1)[-1]
+        if is_torch_name(last) and store.file("") is not None:
+            return open_torch(store, store.file(""), url, warnings)
         if last.endswith(SUFFIX) and store.file("") is not None:
             names = [""]
         elif last.endswith(".index.json"):
@@ -150,8 +160,10 @@ def _open(store: RemoteStore) -> Catalog:
             index_name, names = INDEX_NAME, []
         elif store.file(SINGLE_NAME) is not None:
             names = [SINGLE_NAME]
+        elif store.file(TORCH_SINGLE_NAME) is not None:
+            return open_torch(store, store.file(TORCH_SINGLE_NAME), url, warnings)
         else:
-            raise _fail(url, f"neither {INDEX_NAME} nor {SINGLE_NAME} is there (an HTTP server cannot list a folder)",
+            raise _fail(url, f"none of {INDEX_NAME}, {SINGLE_NAME}, {TORCH_SINGLE_NAME} is there (an HTTP server cannot list a folder)",
                         f"Point at a folder holding one of them or at a .safetensors file; remote checkpoints are read "
                         f"lazily in {LAZY_FORMATS}.")
     if index_name:
