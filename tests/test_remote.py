@@ -355,6 +355,13 @@ def test_remote_conversion_is_byte_identical(kind, request, local_outputs, tmp_p
     _same(local_outputs / "bf16", tmp_path / "bf16")
 
 
+def test_remote_conversion_on_two_local_workers(hub, local_outputs, tmp_path):
+    """Workers open the same URL (headers from the cache) and download their own shards' bytes."""
+    report = wb.convert("hf://org/llama", tmp_path / "out", quiet=True, shard_size="2MB", nproc=2, launcher="local")
+    assert report.files_match_plan and len(report.ranks) == 2
+    _same(local_outputs / "copy", tmp_path / "out")
+
+
 def test_download_bytes_match_the_plan_and_partial_costs_only_its_bytes(nginx, served, tmp_path, monkeypatch):
     monkeypatch.setattr(remote_safetensors, "CHUNK_BYTES", 256 * 1024)
     url = f"{nginx.url}/llama/"
