@@ -313,6 +313,18 @@ def test_torch_zip_reads_directory_pickle_and_local_headers_only(nginx, hub, ser
     _same(tmp_path / "local", tmp_path / "remote", extras=False)
 
 
+def test_index_entries_never_leave_the_repo(hub, served, tmp_path):
+    folder = tmp_path / "hostile"
+    shutil.copytree(served / "llama", folder)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    index["weight_map"]["lm_head.weight"] = "../llama-v2/" + SHARDS[2]
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    hub.add("org/hostile", folder)
+    with pytest.raises(CheckpointError, match="points outside the checkpoint"):
+        wb.open_checkpoint("hf://org/hostile")
+    assert not [r for r in _hub_rows(hub) if "llama-v2" in r[1]]
+
+
 def test_explorer_takes_a_url(nginx):
     from workbench.widgets.explorer import Explorer
 
@@ -382,6 +394,25 @@ def test_download_bytes_match_the_plan_and_partial_costs_only_its_bytes(nginx, s
     assert sum(r[3] for r in gets) == sum(ck.catalog.tensors[n].nbytes for n in names)
     assert {r[1] for r in gets} == {f"/llama/{SHARDS[0]}"}
     assert "downloads:" in str(wb.plan(url, mapper, rest="drop", dest=tmp_path / "x"))
+
+
+def test_prefetch_window_bounds_memory(nginx, tmp_path, monkeypatch, local_outputs):
+    from workbench.formats.remote_safetensors import RemoteReader
+
+    monkeypatch.setattr(remote_safetensors, "CHUNK_BYTES", 64 * 1024)
+    monkeypatch.setattr(remote_safetensors, "WINDOW_BYTES", 256 * 1024)
+    peak = [0]
+    fill = RemoteReader._fill
+
+    def watched(self, upto):
+        fill(self, upto)
+        peak[0] = max(peak[0], self._ahead)
+
+    monkeypatch.setattr(RemoteReader, "_fill", watched)
+    wb.convert(f"{nginx.url}/llama/", tmp_path / "out", quiet=True, shard_size="2MB")
+    largest = max(t.nbytes for t in wb.open_checkpoint(f"{nginx.url}/llama/").catalog.tensors.values())
+    assert 0 < peak[0] <= 256 * 1024 + largest  # the window, plus the one range being waited for
+    _same(local_outputs / "copy", tmp_path / "out")
 
 
 def test_interrupted_remote_conversion_resumes(hub, served, tmp_path, monkeypatch, local_outputs):
