@@ -204,6 +204,8 @@ def test_inspect_hf_reads_only_headers_and_bare_repo_id(hub, served):
     assert json.loads(out.stdout)["tensors"] == local["tensors"]
     assert is_remote("org/llama") and not is_remote(str(served / "llama"))
     assert len(wb.open_checkpoint("org/llama")) == len(local["tensors"])
+    with pytest.raises(CheckpointError, match="no such file or folder, and as a Hub repo id: .*HTTP 404"):
+        wb.open_checkpoint("org/missing")
 
 
 def test_inspect_s3_reads_only_headers(s3, served, caplog):

@@ -114,10 +114,19 @@ def _listing(store: RemoteStore) -> tuple[dict[str, RemoteFile] | None, list[str
 
 
 def open_url(url: str) -> Catalog:
-    """Open a remote safetensors checkpoint from its headers (see the module docstring for the cost)."""
+    """Open a remote checkpoint from its headers (see the module docstring for the cost). A bare `org/repo`
+    that the Hub does not have is reported as the missing local path it may also have been meant as."""
     store = open_store(url)
-    with gc_paused():
-        return _open(store)
+    try:
+        with gc_paused():
+            return _open(store)
+    except RemoteError as exc:
+        if url.startswith(("hf://", "http://", "https://", "s3://")):
+            raise
+        raise CheckpointError(
+            f"Cannot open checkpoint {url}: no such file or folder, and as a Hub repo id: {exc.message}",
+            file=url,
+        ) from None
 
 
 def _open(store: RemoteStore) -> Catalog:
