@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: lab test setup browser lint bench samples screenshots clean
+.PHONY: lab test setup browser servers lint bench samples screenshots clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,10 +28,19 @@ browser:
 	  else echo "warning: no chromium and no root apt-get; browser tests will be skipped"; fi; \
 	fi
 
+# Debian's nginx: a real range server for the remote-checkpoint tests (run in the foreground by the tests).
+servers:
+	@if [ ! -x /usr/sbin/nginx ] && ! command -v nginx >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null) \
+	      || echo "warning: could not install nginx; remote HTTP tests will be skipped"; \
+	  else echo "warning: no nginx and no root apt-get; remote HTTP tests will be skipped"; fi; \
+	fi
+
 lab: setup
 	$(BIN)/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-test: setup browser
+test: setup browser servers
 	$(BIN)/ruff check workbench tests benchmarks scripts
 	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=300 tests
 	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=300 --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks

@@ -96,6 +96,13 @@ class Catalog(Mapping[str, TensorInfo]):
     # The safetensors `__metadata__` of each source file (path relative to the root -> its string mapping);
     # empty for formats without header metadata. Conversions carry it over where it is unambiguous.
     file_metadata: dict[str, dict[str, str]] = field(default_factory=dict)
+    # The URL a remote checkpoint was opened from (hf://, https://, s3://); '' for local ones, whose `root` says it.
+    url: str = ""
+
+    @property
+    def location(self) -> str:
+        """Where the checkpoint is, for people: its URL, else its root path."""
+        return self.url or str(self.root)
 
     def __getitem__(self, name: str) -> TensorInfo:
         return self.tensors[name]

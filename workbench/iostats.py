@@ -96,9 +96,15 @@ def open_for_read(path: str | os.PathLike) -> int:
 
 
 def read_at(fd: int, length: int, offset: int) -> bytes:
-    """Read exactly `length` bytes at `offset` (pread loop); short files raise EOFError."""
+    """Read exactly `length` bytes at `offset` (pread loop); short files raise EOFError.
+
+    `fd` may also be a range handle (anything with `read_at(length, offset)`, e.g. a remote file): readers
+    that parse a layout with `read_at` then work on byte ranges without knowing where they come from.
+    """
     if length == 0:
         return b""
+    if type(fd) is not int:
+        return fd.read_at(length, offset)
     data = os.pread(fd, length, offset)
     if len(data) < length:
         parts = [data]

@@ -81,6 +81,10 @@ def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankRes
     _release_source_files(plan)
     IO.reset()
     ctx = RankContext(plan)
+    announce = getattr(plan.source.reader, "will_read", None)
+    if announce is not None:  # a remote reader fetches ahead, in large ranges, what these steps read
+        plan.source.reader.take_counts()  # the run's counts start here
+        announce([info for step in steps for info in step.group.inputs])
     started = time.perf_counter()
     try:
         if last_file is None:
@@ -131,6 +135,10 @@ def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankRes
         finally:
             os.close(fd)
     io = IO.snapshot()
+    take = getattr(plan.source.reader, "take_counts", None)
+    remote_files, remote_bytes, _ = take() if take is not None else ([], 0, 0)
+    io["files_opened"] = sorted(set(io["files_opened"]) | set(remote_files))
+    io["bytes_read"] += remote_bytes
     result.seconds = time.perf_counter() - started
     result.steps = len(steps)
     result.bytes_read = io["bytes_read"] + ctx.queue.copied_bytes

@@ -10,7 +10,8 @@ the same facts, so a later run never resumes from shards made of the old bytes.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from ..errors import PlanError
 
@@ -35,12 +36,14 @@ class SourceSnapshot:
 
     stats: dict[str, tuple[int, int] | None]
     promised_sizes: dict[str, int]
+    # How a file's state is read: os.stat locally; a remote reader's `file_state` (size, version tag).
+    state: Callable[[str], tuple | None] = field(default=_stat)
 
     def changes(self) -> list[str]:
         """One phrase per source file that differs from the snapshot (or from its headers)."""
         found = []
         for path, before in self.stats.items():
-            now = _stat(path)
+            now = self.state(path)
             promised = self.promised_sizes.get(path)
             if now is None:
                 found.append(f"{path} was removed")
@@ -69,7 +72,12 @@ def snapshot_for(plan) -> SourceSnapshot:
     snapshot = getattr(plan, _ATTRIBUTE, None)
     if snapshot is None:
         catalog = plan.source
-        paths = {str(plan.source_path(rel)): info.size for rel, info in sorted(catalog.files.items())}
-        snapshot = SourceSnapshot({p: _stat(p) for p in paths}, paths)
+        remote_state = getattr(catalog.reader, "file_state", None)
+        if remote_state is not None:  # a remote source: its reads are pinned to the listed versions
+            paths = {rel: info.size for rel, info in sorted(catalog.files.items())}
+            snapshot = SourceSnapshot({p: remote_state(p) for p in paths}, paths, remote_state)
+        else:
+            paths = {str(plan.source_path(rel)): info.size for rel, info in sorted(catalog.files.items())}
+            snapshot = SourceSnapshot({p: _stat(p) for p in paths}, paths)
         setattr(plan, _ATTRIBUTE, snapshot)
     return snapshot

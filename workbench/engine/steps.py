@@ -85,7 +85,8 @@ def read_buffer(ctx: RankContext, info: TensorInfo) -> bytearray:
     """A tensor's bytes in a fresh buffer (counted as held by the caller)."""
     where = ctx.locate(info)
     if where is None:
-        return bytearray(ctx.catalog.read_bytes(info.name))
+        data = ctx.catalog.read_bytes(info.name)
+        return data if type(data) is bytearray else bytearray(data)  # a reader's fresh buffer is used as it is
     buffer = bytearray(info.nbytes)
     if info.nbytes:
         read_into(where[0], memoryview(buffer), where[1])

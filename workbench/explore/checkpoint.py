@@ -124,6 +124,11 @@ class Checkpoint:
         """The file or folder that was opened."""
         return self.catalog.root
 
+    @property
+    def location(self) -> str:
+        """Where the checkpoint is, for people: the URL of a remote one, else the path."""
+        return self.catalog.location
+
     def __len__(self) -> int:
         return len(self.catalog)
 
@@ -225,7 +230,7 @@ class Checkpoint:
         biggest = t.nlargest(largest, "nbytes")[["dtype", "shape", "nbytes", "file"]]
         return Summary(
             format=self.format,
-            path=str(self.path),
+            path=self.location,
             n_tensors=len(t),
             parameters=int(t["numel"].sum()),
             total_bytes=total,
@@ -245,7 +250,7 @@ class Checkpoint:
         close = difflib.get_close_matches(str(name), list(self.catalog.tensors), n=3, cutoff=0.6)
         hint = f"Did you mean {', '.join(repr(c) for c in close)}?" if close else "See .tensors for the names it holds."
         hint += f" {extra}" if extra else ""
-        return CheckpointError(f"Cannot find tensor {name!r} in {self.path}: the checkpoint has no such tensor. {hint}", tensor=str(name))
+        return CheckpointError(f"Cannot find tensor {name!r} in {self.location}: the checkpoint has no such tensor. {hint}", tensor=str(name))
 
     def load(self, name: str) -> Any:
         """One tensor as a torch.Tensor, reading only that tensor's bytes."""
@@ -375,7 +380,7 @@ class Checkpoint:
         return [f"{dt}: {row.n:,} tensors, {row.p:,} parameters, {format_bytes(row.b)}" for dt, row in by.sort_values("b", ascending=False).iterrows()]
 
     def __repr__(self) -> str:
-        lines = [f"<Checkpoint {self.format} {self.path}>", "  " + self.headline()]
+        lines = [f"<Checkpoint {self.format} {self.location}>", "  " + self.headline()]
         lines += ["  " + s for s in self._dtype_lines()]
         layers = self.layers
         lines.append(f"  {len(layers)} patterns after folding layers:")
@@ -402,7 +407,7 @@ class Checkpoint:
         warnings = "".join(f"<li>⚠ {html.escape(w)}</li>" for w in self.catalog.warnings)
         return (
             '<div class="workbench-checkpoint">'
-            f"<b>Checkpoint</b> <code>{html.escape(str(self.path))}</code> — format <b>{html.escape(self.format)}</b><br>"
+            f"<b>Checkpoint</b> <code>{html.escape(self.location)}</code> — format <b>{html.escape(self.format)}</b><br>"
             f"{html.escape(self.headline())}"
             f"<ul>{dtypes}{warnings}</ul>"
             f"<b>Layers</b> ({len(layers)} patterns after folding numbered segments)"
@@ -411,7 +416,8 @@ class Checkpoint:
 
 
 def open_checkpoint(path: CheckpointLike) -> Checkpoint:
-    """Open a checkpoint file or folder from its headers alone; the format is detected.
+    """Open a checkpoint file, folder or URL (hf://org/repo[@rev][/sub], https://, s3://) from its headers alone;
+    the format is detected.
 
         ck = wb.open_checkpoint("llama/")
         ck.tensors.head(); ck.load("model.norm.weight")

@@ -16,6 +16,7 @@ from typing import Literal
 from ..catalog import Catalog
 from ..errors import CheckpointError, WorkbenchError
 from ..formats import open_catalog, safetensors_folder
+from ..formats.remote import is_remote
 from ..formats.safetensors import SUFFIX, SafetensorsHeader, gc_paused, read_header
 from ..iostats import file_kind
 from ..output.safetensors import PARTIAL_SUFFIX
@@ -90,6 +91,15 @@ def verify(
     tensor that differs; `record=True` records again. `sidecar` or `record` imply `checksums`.
     """
     report = VerifyReport(os.fspath(path))
+    if is_remote(path):  # opening checks every header, the index against the shards, and each file's size
+        catalog = _open(str(path), report)
+        if catalog is not None and (checksums or sidecar is not None or record):
+            if sidecar is None:
+                report.error(f"Cannot check the checksums of {path}: a remote checkpoint has no folder for the sidecar. "
+                             "Name a local one with sidecar=... (--sidecar FILE); hashing downloads every tensor.")
+            else:
+                _checksums(catalog, Path(sidecar), record, report)
+        return report
     p = Path(path)
     if not p.exists():
         report.error(f"Cannot verify {p}: no such file or folder. Check the path.", file=str(p))
@@ -123,7 +133,7 @@ def _checksums(catalog: Catalog, sidecar: Path, record: bool, report: VerifyRepo
             report.warning(f"Tensor {name!r} is not recorded in {sidecar.name}; record again (--record) to include it.", tensor=name)
 
 
-def _open(p: Path, report: VerifyReport) -> Catalog | None:
+def _open(p: Path | str, report: VerifyReport) -> Catalog | None:
     """The final word: the checkpoint must open; fills counts for formats verified only this way."""
     try:
         catalog = open_catalog(p)

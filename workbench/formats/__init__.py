@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..catalog import Catalog
 from ..errors import CheckpointError
-from . import safetensors_folder
+from . import remote, safetensors_folder
 from .safetensors import looks_like_safetensors
 
 # (name, detect, open) in priority order.
@@ -31,7 +31,11 @@ def register(name: str, detect: Callable[[Path], bool], open_: Callable[[Path], 
 
 
 def open_catalog(path: str | os.PathLike) -> Catalog:
-    """Open any supported checkpoint (file or folder) from its headers alone."""
+    """Open any supported checkpoint (file, folder, or URL: hf://, http(s)://, s3://) from its headers alone."""
+    if remote.is_remote(path):
+        from .remote_safetensors import open_url
+
+        return open_url(str(path))
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"Cannot open checkpoint {p}: no such file or folder. Check the path.", file=str(p))

@@ -89,24 +89,29 @@ def read_index(index_path: Path) -> tuple[dict[str, str], dict]:
     size = index_path.stat().st_size
     if size > MAX_INDEX_BYTES:
         raise CheckpointError(f"Cannot read index {index_path}: it is {size} bytes, more than any real index. Check the file.", file=str(index_path))
+    return parse_index_bytes(index_path.read_bytes(), str(index_path))
+
+
+def parse_index_bytes(raw: bytes, where: str) -> tuple[dict[str, str], dict]:
+    """`read_index` on bytes already read (`where` names the file in messages): remote indexes use it too."""
     try:
-        index = json.loads(index_path.read_bytes(), object_pairs_hook=_unique_keys)
+        index = json.loads(raw, object_pairs_hook=_unique_keys)
     except _RepeatedKey as repeated:
         raise CheckpointError(
-            f"Cannot read index {index_path}: it lists the key {repeated.key!r} twice, so which entry counts is "
+            f"Cannot read index {where}: it lists the key {repeated.key!r} twice, so which entry counts is "
             "ambiguous. Regenerate the index (or remove the stale entry).",
-            file=str(index_path),
+            file=where,
             tensor=repeated.key,
         ) from None
     except UnicodeDecodeError as exc:
-        raise CheckpointError(f"Cannot read index {index_path}: it is not valid JSON ({exc}). Re-download or regenerate it.", file=str(index_path)) from None
+        raise CheckpointError(f"Cannot read index {where}: it is not valid JSON ({exc}). Re-download or regenerate it.", file=where) from None
     except (ValueError, RecursionError) as exc:
         raise CheckpointError(
-            f"Cannot read index {index_path}: it is not valid JSON ({json_problem(exc)}). Re-download or regenerate it.", file=str(index_path)
+            f"Cannot read index {where}: it is not valid JSON ({json_problem(exc)}). Re-download or regenerate it.", file=where
         ) from None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict):
-        raise CheckpointError(f"Cannot read index {index_path}: it has no \"weight_map\" object. Re-download or regenerate it.", file=str(index_path))
+        raise CheckpointError(f"Cannot read index {where}: it has no \"weight_map\" object. Re-download or regenerate it.", file=where)
     metadata = index.get("metadata")
     return weight_map, metadata if isinstance(metadata, dict) else {}
 

@@ -572,34 +572,46 @@ def inspect_file(path: str | os.PathLike, *, max_pickle_bytes: int = MAX_PICKLE_
     except OSError as exc:
         raise CheckpointError(f"Cannot open {source}: {exc.strerror}. Check the path and permissions.", file=source) from None
     try:
-        try:
-            archive = open_archive(fd, source, max_pickle_bytes=max_pickle_bytes)
-            contents = walk_tree(archive.root)
-            places: dict[str, TensorPlace] = {}
-            skipped: list[str] = []
-            for name, ref in contents.tensors:
-                if name in places:
-                    skipped.append(f"{name!r}: a second object has the same dotted name")
-                    continue
-                try:
-                    places[name] = place_tensor(fd, archive, name or "tensor", ref, source)
-                except RepeatedElements:
-                    skipped.append(f"{name!r}: a view that repeats storage elements is larger than the file")
-                    continue
-                except CheckpointError as err:
-                    if dtype_code(ref.dtype) is None:
-                        skipped.append(f"{name!r}: torch.{ref.dtype} has no safetensors dtype")
-                        continue
-                    raise err
-        except EOFError:
-            raise _zip_fail(source, "the file ends inside the archive") from None
+        archive, contents, places, skipped = inspect_open(fd, source, max_pickle_bytes=max_pickle_bytes)
     finally:
         os.close(fd)
     return TorchFile(p, archive, contents, places, skipped)
 
 
-def catalog_of(tf: TorchFile) -> Catalog:
-    """The Catalog of a parsed torch.save file (format 'torch')."""
+def inspect_open(
+    fd: Any, source: str, *, length: int | None = None, max_pickle_bytes: int = MAX_PICKLE_BYTES, before_places: Any = None
+) -> tuple[TorchArchive, TreeContents, dict[str, TensorPlace], list[str]]:
+    """`inspect_file` on an open file or a range handle (`iostats.read_at`): the archive, its object tree,
+    tensor places and skipped tensors. `before_places(archive)` runs once the directory is known (a remote
+    handle fetches every member's local header there, in parallel)."""
+    try:
+        archive = open_archive(fd, source, length=length, max_pickle_bytes=max_pickle_bytes)
+        if before_places is not None:
+            before_places(archive)
+        contents = walk_tree(archive.root)
+        places: dict[str, TensorPlace] = {}
+        skipped: list[str] = []
+        for name, ref in contents.tensors:
+            if name in places:
+                skipped.append(f"{name!r}: a second object has the same dotted name")
+                continue
+            try:
+                places[name] = place_tensor(fd, archive, name or "tensor", ref, source)
+            except RepeatedElements:
+                skipped.append(f"{name!r}: a view that repeats storage elements is larger than the file")
+                continue
+            except CheckpointError as err:
+                if dtype_code(ref.dtype) is None:
+                    skipped.append(f"{name!r}: torch.{ref.dtype} has no safetensors dtype")
+                    continue
+                raise err
+    except EOFError:
+        raise _zip_fail(source, "the file ends inside the archive") from None
+    return archive, contents, places, skipped
+
+
+def catalog_of(tf: TorchFile, *, size: int | None = None) -> Catalog:
+    """The Catalog of a parsed torch.save file (format 'torch'); `size` for a file that is not on disk."""
     tensors: dict[str, TensorInfo] = {}
     rel = tf.path.name
     by_storage: dict[str, list[str]] = {}
@@ -649,7 +661,7 @@ def catalog_of(tf: TorchFile) -> Catalog:
     root = tf.root
     if isinstance(root, dict) and "pytorch-lightning_version" in root:
         metadata["lightning_version"] = str(root["pytorch-lightning_version"])
-    size = tf.path.stat().st_size
+    size = tf.path.stat().st_size if size is None else size
     pkl = tf.archive.members[tf.archive.prefix + "data.pkl"]
     files = {rel: FileInfo(rel, size, pkl.compressed_size, len(tensors))}
     return Catalog(

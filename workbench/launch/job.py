@@ -46,14 +46,15 @@ def job_for(plan: Plan) -> Job:
             "custom object). Use a workbench.mapper mapper, or nproc=1."
         )
     root = plan.source.root
-    if plan.source.reader is None or not root.exists():
+    remote = plan.source.url  # workers open the same URL (headers from the on-disk cache)
+    if plan.source.reader is None or not (remote or root.exists()):
         raise PlanError(
             f"Cannot run this conversion on several processes: the source ({root}) is not a checkpoint on disk that "
             "workers can open. Pass a checkpoint path, or use nproc=1."
         )
     assert plan.dest is not None
     return Job(
-        source=os.path.abspath(root),
+        source=remote or os.path.abspath(root),
         dest=str(plan.dest),
         mapper_json=plan.mapper_json,
         options=asdict(plan.options),

@@ -127,6 +127,10 @@ def _build_plan(
     layout_fp = layout_fingerprint(catalog, steps, files, exported)
     dest_path = Path(os.path.abspath(dest)) if dest is not None else None
     # Only a checkpoint read from a folder has extras (a catalog built in memory has a root but no files).
+    # A remote reader first brings its small files (config, tokenizer) into a local folder, its catalog root.
+    fetch_extras = getattr(catalog.reader, "fetch_extras", None)
+    if options.extras and fetch_extras is not None:
+        fetch_extras()
     on_disk = options.extras and catalog.root.is_dir() and bool(catalog.files)
     extra_files = scan_extras(catalog.root, catalog.extras, dest_path, own=catalog.files) if on_disk else []
     extra_files = with_config_dtype(catalog.root, extra_files, options.dtype)

@@ -20,9 +20,13 @@ from .sharding import OutputFile
 _BATCH = 2048
 
 
-def _mtime_ns(catalog: Catalog, rel: str) -> int:
+def _mtime_ns(catalog: Catalog, rel: str) -> object:
     """A source file's modification time: a source edited after an interrupted run makes a different plan,
-    so the shards written from its old bytes are never kept by the resumed run."""
+    so the shards written from its old bytes are never kept by the resumed run. A remote source gives its
+    version tag (ETag, LFS sha256) instead."""
+    remote_state = getattr(catalog.reader, "file_state", None)
+    if remote_state is not None:
+        return remote_state(rel)
     path = catalog.root / rel if catalog.root.is_dir() else catalog.root
     try:
         return os.stat(path).st_mtime_ns

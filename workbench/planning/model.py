@@ -171,9 +171,24 @@ class Plan:
                 totals[rel] = totals.get(rel, 0) + n
         return dict(sorted(totals.items()))
 
+    def source_location(self, rel: str) -> str:
+        """Where a source file is, for reports: its absolute path, or its URL for a remote source."""
+        if self.source.url:
+            where = getattr(getattr(self.source.reader, "store", None), "where", None)
+            return where(rel) if where is not None else f"{self.source.url.rstrip('/')}/{rel}"
+        return str(self.source_path(rel))
+
     def source_paths(self, rank: int | None = None) -> list[str]:
-        """Absolute paths of the source files the run opens (for one rank or all)."""
-        return sorted(str(self.source_path(rel)) for rel in self.reads(rank))
+        """Absolute paths (URLs for a remote source) of the source files the run opens (for one rank or all)."""
+        return sorted(self.source_location(rel) for rel in self.reads(rank))
+
+    @cached_property
+    def downloads(self) -> dict[str, tuple[int, int]] | None:
+        """For a remote source: file -> (bytes to download, range requests) of the run; None for local sources."""
+        estimate = getattr(self.source.reader, "download_plan", None)
+        if estimate is None:
+            return None
+        return estimate(info for step in self.steps if self.step_active(step) for info in step.group.inputs)
 
     @property
     def bytes_read(self) -> int:
@@ -290,7 +305,7 @@ class Plan:
                 row[0] += n
                 row[1] += used.get(rel, 0)
         data = [
-            (rel, rank, n, k, self.source.files[rel].size if rel in self.source.files else None, str(self.source_path(rel)))
+            (rel, rank, n, k, self.source.files[rel].size if rel in self.source.files else None, self.source_location(rel))
             for (rel, rank), (n, k) in sorted(rows.items())
         ]
         return pd.DataFrame(data, columns=["file", "rank", "bytes_read", "tensors", "file_size", "path"])
@@ -376,7 +391,7 @@ class Plan:
         reads = self.reads()
         status = "OK" if self.ok else f"{len(self.errors)} error(s): cannot run"
         lines = [
-            f"Plan: {src.root} ({src.format}, {len(src.files)} files, {len(src)} tensors, {format_bytes(src.total_bytes)})"
+            f"Plan: {src.location} ({src.format}, {len(src.files)} files, {len(src)} tensors, {format_bytes(src.total_bytes)})"
             f" -> {self.dest if self.dest is not None else '(no destination)'}" + self.output_format.label,
             f"status: {status}",
             f"groups: {len(self.steps)} ({kind_text or 'none'}); outputs: {sum(f.n_tensors for f in self.output_file_list)} "
@@ -385,6 +400,7 @@ class Plan:
             f"reads: {len(reads)} of {len(src.files)} source files, {format_bytes(sum(reads.values()))}; "
             f"writes: {format_bytes(self.bytes_written)}"
             + (f" ({len(self.kept)} shard(s) kept from an interrupted run)" if self.kept else ""),
+            *self._download_lines(),
             f"peak tensor memory: {format_bytes(self.peak_bytes)} per process; ranks: {self.nproc}"
             + f"; {self.library_note}",
         ]
@@ -393,6 +409,17 @@ class Plan:
         if self.copied_objects:
             lines.append(f"non-tensor entries copied verbatim: {len(self.copied_objects)}")
         return lines
+
+    def _download_lines(self) -> list[str]:
+        downloads = self.downloads
+        if downloads is None:
+            return []
+        total = sum(n for n, _ in downloads.values())
+        requests = sum(k for _, k in downloads.values())
+        per_file = ", ".join(f"{rel} {format_bytes(n)} in {k}" for rel, (n, k) in list(downloads.items())[:6])
+        more = f" ... ({len(downloads)} files)" if len(downloads) > 6 else ""
+        return [f"downloads: {format_bytes(total)} in {requests} range request(s) from {len(downloads)} file(s)"
+                + (f" ({per_file}{more})" if per_file else "")]
 
     def _extras_lines(self) -> list[str]:
         lines = []

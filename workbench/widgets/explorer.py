@@ -194,9 +194,9 @@ class Explorer(Panel):
         ck = self.checkpoint
         other = ""
         if self.other is not None:
-            other = f" — compared with <code>{html.escape(str(self.other.path))}</code>"
+            other = f" — compared with <code>{html.escape(self.other.location)}</code>"
         return (
-            f"<b>Explorer</b> <code>{html.escape(str(ck.path))}</code> ({html.escape(ck.format)}){other}<br>"
+            f"<b>Explorer</b> <code>{html.escape(ck.location)}</code> ({html.escape(ck.format)}){other}<br>"
             f'<span class="wb-note">{html.escape(ck.headline())}</span>'
         )
 

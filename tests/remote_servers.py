@@ -1,0 +1,338 @@
+"""Local servers for remote-checkpoint tests: nginx (HTTP ranges), a Hub endpoint, moto's S3, and faults.
+
+- `Nginx`: Debian's nginx in the foreground on 127.0.0.1 serving a folder; its access log records
+  method, URI, status, `$body_bytes_sent` and `$http_range` per request, so tests count requests/bytes.
+- `HubServer`: the Hub's HTTP interface as huggingface_hub 2.x uses it to read a repo's files:
+  `GET /api/models/{org}/{repo}/revision/{rev}?blobs=true` (HfApi.model_info with files_metadata:
+  id, sha, siblings with rfilename/size/blobId/lfs) and `GET|HEAD /{org}/{repo}/resolve/{rev}/{path}`
+  (ranges -> 206 with Content-Range, ETag and X-Repo-Commit headers). It serves files from
+  `repos[(repo_id, commit)] = folder`, revision "main" naming the latest commit added.
+- `FaultyServer`: HTTP ranges with a chosen fault: drop the connection mid-body (`drop`), answer 200
+  with the whole file (`ignore_range`), send a complete-looking but short 206 whose Content-Length
+  lies about the range (`short`), or change the file's ETag after every GET (`change`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Nginx:
+    """nginx serving `root` at http://127.0.0.1:PORT/ with a counting access log."""
+
+    def __init__(self, root: Path, prefix: Path, *, limit_rate: str = "") -> None:
+        self.root, self.prefix = root, prefix
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = prefix / "access.log"
+        for sub in ("logs", "tmp"):
+            (prefix / sub).mkdir(parents=True, exist_ok=True)
+        user = "user root;\n" if os.getuid() == 0 else ""
+        (prefix / "nginx.conf").write_text(
+            f"{user}worker_processes 1;\nerror_log {prefix}/error.log;\npid {prefix}/nginx.pid;\n"
+            "events { worker_connections 64; }\n"
+            "http {\n"
+            "  log_format counted '$request_method $uri $status $body_bytes_sent \"$http_range\"';\n"
+            f"  access_log {self.log} counted;\n"
+            f"  client_body_temp_path {prefix}/tmp/body; proxy_temp_path {prefix}/tmp/proxy;\n"
+            f"  fastcgi_temp_path {prefix}/tmp/fcgi; uwsgi_temp_path {prefix}/tmp/uwsgi; scgi_temp_path {prefix}/tmp/scgi;\n"
+            "  etag on; sendfile on;\n"
+            + (f"  limit_rate {limit_rate};\n" if limit_rate else "")
+            +
+            f"  server {{ listen 127.0.0.1:{self.port}; root {root}; location / {{ autoindex off; }} }}\n"
+            "}\n"
+        )
+        self.proc = subprocess.Popen(
+            [NGINX, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-g", "daemon off;"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                break
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"nginx failed: {self.proc.stderr.read().decode()}") from None
+                time.sleep(0.05)
+
+    def requests(self) -> list[tuple[str, str, int, int, str]]:
+        """(method, uri, status, body bytes, range) per logged request."""
+        rows = []
+        if self.log.exists():
+            for line in self.log.read_text().splitlines():
+                m = re.match(r'(\S+) (\S+) (\d+) (\d+) "(.*)"', line)
+                if m:
+                    rows.append((m[1], m[2], int(m[3]), int(m[4]), m[5]))
+        return rows
+
+    def reset(self) -> None:
+        self.log.write_text("")
+        time.sleep(0.05)
+        # nginx keeps the file open (append mode): truncating it in place is enough
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        if self.proc.stderr:
+            self.proc.stderr.close()
+
+
+def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """Inclusive (first, last) of a `bytes=a-b` header, clipped to the file."""
+    if not header:
+        return None
+    m = re.fullmatch(r"bytes=(\d*)-(\d*)", header.strip())
+    if not m:
+        return None
+    if m[1] == "":
+        n = int(m[2])
+        return max(0, size - n), size - 1
+    first = int(m[1])
+    last = int(m[2]) if m[2] else size - 1
+    return first, min(last, size - 1)
+
+
+class _Quiet(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    log: list
+
+    def log_message(self, *args) -> None:  # keep test output clean
+        pass
+
+    def send_file_part(self, path: Path, etag: str, extra: dict[str, str], *, head: bool) -> None:
+        size = path.stat().st_size
+        rng = _parse_range(self.headers.get("Range"), size)
+        match = self.headers.get("If-Match")
+        if match and match != etag:
+            self.send_response(412)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            self.record(412, 0)
+            return
+        first, last = rng if rng else (0, size - 1)
+        body_len = max(0, last - first + 1)
+        self.send_response(206 if rng else 200)
+        if rng:
+            self.send_header("Content-Range", f"bytes {first}-{last}/{size}")
+        self.send_header("Content-Length", str(body_len))
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("ETag", etag)
+        for k, v in extra.items():
+            self.send_header(k, v)
+        self.end_headers()
+        sent = 0
+        if not head:
+            with open(path, "rb") as fh:
+                fh.seek(first)
+                data = fh.read(body_len)
+            self.wfile.write(data)
+            sent = len(data)
+        self.record(206 if rng else 200, sent)
+
+    def record(self, status: int, sent: int) -> None:
+        self.server.log.append((self.command, self.path, status, sent, self.headers.get("Range") or "-"))
+
+
+class _Served:
+    """A ThreadingHTTPServer on a free port, run in a thread; `log` counts requests like nginx's."""
+
+    def __init__(self, handler: type) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        self.server.log = []
+        self.server.owner = self
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def requests(self) -> list:
+        return list(self.server.log)
+
+    def reset(self) -> None:
+        self.server.log.clear()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def blob_id(path: Path) -> str:
+    return hashlib.sha1(path.read_bytes()).hexdigest()
+
+
+class _HubHandler(_Quiet):
+    def do_GET(self) -> None:
+        self.route(head=False)
+
+    def do_HEAD(self) -> None:
+        self.route(head=True)
+
+    def route(self, *, head: bool) -> None:
+        hub: HubServer = self.server.owner
+        path = self.path.split("?", 1)[0]
+        m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/revision/([^/]+)", path)
+        if m:
+            found = hub.lookup(m[1], m[2])
+            if found is None:
+                return self.error(404, "Repository or revision not found")
+            commit, folder = found
+            siblings = []
+            for f in sorted(p for p in folder.rglob("*") if p.is_file()):
+                digest = hashlib.sha256(f.read_bytes()).hexdigest()
+                entry = {"rfilename": f.relative_to(folder).as_posix(), "size": f.stat().st_size, "blobId": blob_id(f)}
+                if f.suffix == ".safetensors":
+                    entry["lfs"] = {"size": f.stat().st_size, "sha256": digest, "pointerSize": 134}
+                siblings.append(entry)
+            body = json.dumps({"id": m[1], "modelId": m[1], "sha": commit, "private": False, "siblings": siblings}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            self.record(200, len(body))
+            return
+        m = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)
+        if m:
+            found = hub.lookup(m[1], m[2])
+            if found is None:
+                return self.error(404, "Revision not found")
+            commit, folder = found
+            from urllib.parse import unquote
+
+            target = folder / unquote(m[3])
+            if not target.is_file():
+                return self.error(404, "Entry not found")
+            return self.send_file_part(target, f'"{blob_id(target)}"', {"X-Repo-Commit": commit}, head=head)
+        self.error(404, "Not found")
+
+    def error(self, status: int, message: str) -> None:
+        body = json.dumps({"error": message}).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("X-Error-Message", message)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.record(status, len(body))
+
+
+class HubServer(_Served):
+    """A local Hub endpoint (set HF_ENDPOINT to `url`) serving folders as repo commits."""
+
+    def __init__(self) -> None:
+        super().__init__(_HubHandler)
+        self.repos: dict[tuple[str, str], Path] = {}
+        self.main: dict[str, str] = {}
+
+    def add(self, repo_id: str, folder: Path, commit: str | None = None) -> str:
+        commit = commit or hashlib.sha1(f"{repo_id}{len(self.repos)}".encode()).hexdigest()
+        self.repos[(repo_id, commit)] = folder
+        self.main[repo_id] = commit
+        return commit
+
+    def lookup(self, repo_id: str, revision: str) -> tuple[str, Path] | None:
+        commit = self.main.get(repo_id) if revision == "main" else revision
+        folder = self.repos.get((repo_id, commit or ""))
+        return None if folder is None else (commit, folder)
+
+
+class _FaultHandler(_Quiet):
+    def do_HEAD(self) -> None:
+        self.serve(head=True)
+
+    def do_GET(self) -> None:
+        self.serve(head=False)
+
+    def serve(self, *, head: bool) -> None:
+        owner: FaultyServer = self.server.owner
+        target = owner.root / self.path.lstrip("/").split("?", 1)[0]
+        if not target.is_file():
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            self.record(404, 0)
+            return
+        size = target.stat().st_size
+        rng = _parse_range(self.headers.get("Range"), size)
+        etag = f'"v{owner.version}"'
+        fault = owner.fault if rng and owner.armed(rng) else None
+        if owner.fault == "change" and not head:
+            owner.version += 1  # every GET sees a new file version after it
+        if fault is None or fault == "change":
+            return self.send_file_part(target, etag if owner.fault != "change" or head else f'"v{owner.version - 1}"', {}, head=head)
+        first, last = rng
+        data = target.read_bytes()
+        if fault == "ignore_range":
+            self.send_response(200)
+            self.send_header("Content-Length", str(size))
+            self.send_header("ETag", etag)
+            self.end_headers()
+            self.wfile.write(data)
+            self.record(200, size)
+            return
+        body = data[first:last + 1]
+        half = body[: len(body) // 2]
+        self.send_response(206)
+        self.send_header("Content-Range", f"bytes {first}-{last}/{size}")
+        # 'short' lies: its Content-Length matches the half it sends, as if the range were complete.
+        self.send_header("Content-Length", str(len(half) if fault == "short" else len(body)))
+        self.send_header("ETag", etag)
+        self.end_headers()
+        if fault == "short":
+            self.wfile.write(half)
+            self.record(206, len(half))
+            return
+        self.wfile.write(half)
+        self.wfile.flush()
+        self.record(206, len(half))
+        self.close_connection = True
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+class FaultyServer(_Served):
+    """Serves `root` with one fault on range GETs of at least `min_bytes`, the first `times` times
+    (`times=None`: always). Faults: 'drop' (half the body, then the connection closes), 'short' (a 206
+    whose Content-Length and body are half the asked range), 'ignore_range' (200 with the whole file),
+    'change' (a new ETag after every GET)."""
+
+    def __init__(self, root: Path, fault: str, *, times: int | None = 1, min_bytes: int = 1 << 16) -> None:
+        super().__init__(_FaultHandler)
+        self.root, self.fault, self.times, self.min_bytes = root, fault, times, min_bytes
+        self.version = 1
+        self._lock = threading.Lock()
+
+    def armed(self, rng: tuple[int, int]) -> bool:
+        if rng[1] - rng[0] + 1 < self.min_bytes:
+            return False
+        with self._lock:
+            if self.times is None:
+                return True
+            if self.times > 0:
+                self.times -= 1
+                return True
+            return False

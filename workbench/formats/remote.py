@@ -1,0 +1,421 @@
+"""Remote checkpoints as folders of byte ranges: the Hub (`hf://`), HTTP(S) and S3.
+
+Readers of remote checkpoints never see a local path: they list a `RemoteStore`'s files (name, size,
+version tag) and ask it for byte ranges. Transport is the libraries users already configure:
+`huggingface_hub` resolves a repo and revision (tokens, `HF_ENDPOINT`, `HF_HUB_OFFLINE`) and its files
+are read as HTTP ranges through `fsspec`; `https://` goes through fsspec's HTTP file system and `s3://`
+through `s3fs` (AWS profiles, `AWS_ENDPOINT_URL`). Nothing here speaks HTTP by hand.
+
+Every range read is checked: the body must have exactly the asked length (a server that ignores
+`Range` and answers 200 with the whole file, or closes the connection early, is caught), and it must
+come from the version listed when the checkpoint was opened (`If-Match` on the listed ETag for HTTP and
+S3; Hub reads are pinned to the resolved commit). Dropped connections are retried; a file that changed
+is an error, never mixed bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from urllib.parse import quote, unquote, urlsplit
+
+from ..errors import CheckpointError
+
+SCHEMES = ("hf://", "http://", "https://", "s3://")
+RETRIES = 4
+_BACKOFF = (0.1, 0.3, 1.0, 2.0)
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class RemoteError(CheckpointError):
+    """A remote checkpoint cannot be listed or read (network, permissions, a server that misbehaves)."""
+
+
+class RemoteFileChanged(RemoteError):
+    """A remote file is not the version listed when the checkpoint was opened (its ETag changed)."""
+
+
+def is_remote(source: object) -> bool:
+    """True for a URL this module opens, or a bare `org/repo` Hub id that names no local path."""
+    if not isinstance(source, str):
+        return False
+    if source.startswith(SCHEMES):
+        return True
+    return bool(_REPO_ID.match(source.split("@", 1)[0])) and not os.path.exists(source)
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One listed file: its name relative to the store's root, size, and version tag (ETag, blob id)."""
+
+    rel: str
+    size: int
+    tag: str = ""
+
+
+@dataclass
+class RemoteStats:
+    """Requests and body bytes one store made and received (listing, HEADs and range GETs)."""
+
+    requests: int = 0
+    bytes: int = 0
+    retries: int = 0
+    per_file: dict[str, list[int]] = field(default_factory=dict)  # rel -> [requests, bytes]
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, rel: str, n_bytes: int, requests: int = 1) -> None:
+        with self._lock:
+            self.requests += requests
+            self.bytes += n_bytes
+            row = self.per_file.setdefault(rel, [0, 0])
+            row[0] += requests
+            row[1] += n_bytes
+
+    def snapshot(self) -> dict:
+        """A plain copy for reports and tests."""
+        with self._lock:
+            return {"requests": self.requests, "bytes": self.bytes, "retries": self.retries,
+                    "per_file": {k: tuple(v) for k, v in self.per_file.items()}}
+
+
+class RemoteStore:
+    """A remote folder: `files` (listed lazily by the backend) and checked, retried range reads.
+
+    `identity` names the exact content (URL plus commit for the Hub); the header cache keys on it and on
+    each file's tag, so a new revision or a re-uploaded file is never served from the cache.
+    """
+
+    url: str
+    identity: str
+    offline: bool = False
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.identity = url
+        self.stats = RemoteStats()
+        self._files: dict[str, RemoteFile] | None = None
+
+    # --- backend hooks --------------------------------------------------------------------------
+    def _list(self) -> dict[str, RemoteFile] | None:
+        """Every file under the root with size and tag, or None when the backend cannot list (HTTP)."""
+        raise NotImplementedError
+
+    def _probe(self, rel: str) -> RemoteFile | None:
+        """Size and tag of one file (a HEAD), None when it does not exist."""
+        raise NotImplementedError
+
+    def _get(self, rel: str, start: int, end: int, tag: str) -> bytes:
+        """One range request for bytes [start, end) of `rel`, conditional on `tag` where supported."""
+        raise NotImplementedError
+
+    # --- shared behaviour -----------------------------------------------------------------------
+    def listing(self) -> dict[str, RemoteFile] | None:
+        """The store's files (one listing request the first time), or None when it cannot list."""
+        if self._files is None:
+            self._files = self._list()
+        return self._files
+
+    def set_listing(self, files: dict[str, RemoteFile]) -> None:
+        """Use a listing from the cache (offline or pinned revisions) instead of asking the server."""
+        self._files = dict(files)
+
+    def file(self, rel: str) -> RemoteFile | None:
+        """The listed (or probed) facts of one file, None when it does not exist."""
+        files = self.listing()
+        if files is not None:
+            return files.get(rel)
+        if self._probed is None:
+            self._probed = {}
+        if rel not in self._probed:
+            self._probed[rel] = self._call(rel, "look up", lambda: self._probe(rel))
+        return self._probed[rel]
+
+    _probed: dict[str, RemoteFile | None] | None = None
+
+    def where(self, rel: str) -> str:
+        """The URL of one file, for messages."""
+        return f"{self.url.rstrip('/')}/{rel}" if rel else self.url
+
+    def read(self, rel: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of `rel`, exactly; retried after dropped connections, refused when the
+        server ignores the range or the file changed since it was listed."""
+        if end <= start:
+            return b""
+        info = self.file(rel)
+        if info is None:
+            raise RemoteError(f"Cannot read {self.where(rel)}: the file is not there. Check the URL and revision.", file=self.where(rel))
+        if end > info.size:
+            raise RemoteError(
+                f"Cannot read bytes {start}-{end} of {self.where(rel)}: the file has {info.size} bytes. "
+                "The checkpoint changed or its headers lie; re-open it.",
+                file=self.where(rel),
+            )
+        want = end - start
+        last: str = ""
+        for attempt in range(RETRIES):
+            if self.offline:
+                raise RemoteError(f"Cannot read {self.where(rel)}: offline mode (HF_HUB_OFFLINE) and tensor data is never cached. "
+                                  "Go online to read tensor values; headers, tables and plans work offline.", file=self.where(rel))
+            try:
+                data = self._get(rel, start, end, info.tag)
+            except RemoteFileChanged:
+                raise
+            except FileNotFoundError:
+                raise RemoteError(f"Cannot read {self.where(rel)}: the file is gone (HTTP 404). It was removed after the "
+                                  "checkpoint was opened; re-open it.", file=self.where(rel)) from None
+            except Exception as exc:  # noqa: BLE001 - the transport's errors vary by library; all are retried
+                changed = _precondition_failed(exc)
+                if changed:
+                    raise RemoteFileChanged(
+                        f"Cannot read {self.where(rel)}: the file changed on the server since the checkpoint was opened "
+                        f"(its version {info.tag!r} no longer matches). Nothing mixing old and new bytes was written; "
+                        "re-open the checkpoint and run again.",
+                        file=self.where(rel),
+                    ) from None
+                if _permanent(exc):
+                    raise RemoteError(f"Cannot read {self.where(rel)}: {_describe(exc)}. Check the URL and your credentials.",
+                                      file=self.where(rel)) from None
+                last = _describe(exc)
+            else:
+                self.stats.add(rel, len(data))
+                if len(data) == want:
+                    return data
+                if len(data) == info.size and want != info.size:
+                    raise RemoteError(
+                        f"Cannot read bytes {start}-{end} of {self.where(rel)}: the server ignored the Range request and "
+                        f"sent the whole file ({len(data)} bytes). Serve the files from a server with range support.",
+                        file=self.where(rel),
+                    )
+                last = f"the server sent {len(data)} of {want} bytes"
+            self.stats.retries += 1
+            time.sleep(_BACKOFF[min(attempt, len(_BACKOFF) - 1)])
+        raise RemoteError(
+            f"Cannot read bytes {start}-{end} of {self.where(rel)}: {last} after {RETRIES} attempts. "
+            "Check the connection (or the server) and run again; a conversion resumes from its finished shards.",
+            file=self.where(rel),
+        )
+
+    def _call(self, rel: str, what: str, fn: Callable):
+        try:
+            return fn()
+        except FileNotFoundError:
+            return None
+        except RemoteError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise RemoteError(f"Cannot {what} {self.where(rel)}: {_describe(exc)}. Check the URL, the connection and "
+                              "your credentials.", file=self.where(rel)) from None
+
+
+def _status(exc: BaseException) -> int | None:
+    for attr in ("status", "status_code"):
+        value = getattr(exc, attr, None)
+        if isinstance(value, int):
+            return value
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):  # botocore ClientError
+        return response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    value = getattr(response, "status_code", None)
+    return value if isinstance(value, int) else None
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    text = str(exc)  # s3fs turns botocore's PreconditionFailed into an OSError carrying S3's message
+    return _status(exc) == 412 or "PreconditionFailed" in text or "pre-conditions you specified did not hold" in text
+
+
+def _permanent(exc: BaseException) -> bool:
+    status = _status(exc)
+    return status is not None and 400 <= status < 500 and status not in (408, 429)
+
+
+def _describe(exc: BaseException) -> str:
+    status = _status(exc)
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"HTTP {status} ({text})" if status else f"{type(exc).__name__}: {text}"
+
+
+# --- backends -----------------------------------------------------------------------------------
+
+
+class HttpStore(RemoteStore):
+    """`http(s)://host/folder/` (or a file URL) through fsspec's HTTP file system."""
+
+    def __init__(self, url: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(url)
+        import fsspec
+
+        self._headers = dict(headers or {})
+        self.fs = fsspec.filesystem("http", skip_instance_cache=True, headers=self._headers)
+        self._base = url.rstrip("/")
+
+    def _url(self, rel: str) -> str:
+        return f"{self._base}/{quote(rel)}" if rel else self._base
+
+    def _list(self) -> dict[str, RemoteFile] | None:
+        return None
+
+    def _probe(self, rel: str) -> RemoteFile | None:
+        info = self.fs.info(self._url(rel))
+        self.stats.add(rel, 0)
+        size = info.get("size")
+        if size is None:
+            raise RemoteError(f"Cannot read {self.where(rel)}: the server does not say how big it is (no Content-Length). "
+                              "Serve it from a server that does.", file=self.where(rel))
+        return RemoteFile(rel, int(size), info.get("ETag", "") or "")
+
+    def fetch_small(self, rel: str) -> bytes | None:
+        """The whole of a small file (the index), or None when it is not there."""
+        try:
+            data = self.fs.cat_file(self._url(rel))
+        except FileNotFoundError:
+            self.stats.add(rel, 0)
+            return None
+        self.stats.add(rel, len(data))
+        return data
+
+    def _get(self, rel: str, start: int, end: int, tag: str) -> bytes:
+        headers = dict(self._headers)
+        if tag and not tag.startswith("W/"):
+            headers["If-Match"] = tag
+        return self.fs.cat_file(self._url(rel), start=start, end=end, headers=headers)
+
+
+class HubStore(HttpStore):
+    """`hf://org/repo[@revision][/subfolder]`: huggingface_hub resolves the revision to a commit and lists
+    the files (one `model_info` call); files are read as ranges of their `resolve/<commit>/` URLs."""
+
+    def __init__(self, repo_id: str, revision: str | None, subfolder: str, url: str, repo_type: str = "model") -> None:
+        from huggingface_hub import constants
+        from huggingface_hub.utils import build_hf_headers
+
+        self.repo_id = repo_id
+        self.revision = revision or "main"
+        self.subfolder = subfolder.strip("/")
+        self.endpoint = (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+        self.offline = bool(os.environ.get("HF_HUB_OFFLINE") and os.environ["HF_HUB_OFFLINE"] not in ("0", "false", "False"))
+        self.commit = self.revision if _COMMIT.match(self.revision) else None
+        self.repo_type = repo_type
+        super().__init__(url, headers=build_hf_headers())
+        self.identity = f"hf:{self.endpoint}/{repo_id}@{self.commit or self.revision}/{self.subfolder}"
+
+    def _list(self) -> dict[str, RemoteFile] | None:
+        from huggingface_hub import HfApi
+
+        if self.offline:
+            raise RemoteError(f"Cannot list {self.url}: offline mode (HF_HUB_OFFLINE) and no cached listing. "
+                              "Open it once online first.", file=self.url)
+        api = HfApi(endpoint=self.endpoint)
+        try:
+            info = api.model_info(self.repo_id, revision=self.revision, files_metadata=True)
+        except Exception as exc:  # noqa: BLE001 - RepositoryNotFound, RevisionNotFound, connection errors ...
+            raise RemoteError(
+                f"Cannot open {self.url}: {_describe(exc)}. Check the repo id, the revision and your token "
+                "(huggingface-cli login or HF_TOKEN).", file=self.url
+            ) from None
+        self.stats.add("", 0)
+        self.commit = info.sha or self.revision
+        self.identity = f"hf:{self.endpoint}/{self.repo_id}@{self.commit}/{self.subfolder}"
+        prefix = self.subfolder + "/" if self.subfolder else ""
+        files = {}
+        for sibling in info.siblings or []:
+            name = sibling.rfilename
+            if not name.startswith(prefix) or sibling.size is None:
+                continue
+            rel = name[len(prefix):]
+            tag = sibling.lfs.sha256 if sibling.lfs else (sibling.blob_id or "")
+            files[rel] = RemoteFile(rel, int(sibling.size), tag)
+        return files
+
+    def _url(self, rel: str) -> str:
+        from huggingface_hub import hf_hub_url
+
+        path = f"{self.subfolder}/{rel}" if self.subfolder else rel
+        return hf_hub_url(self.repo_id, path, revision=self.commit or self.revision, endpoint=self.endpoint)
+
+    def _get(self, rel: str, start: int, end: int, tag: str) -> bytes:
+        # Pinned to the commit: the content cannot change, and the CDN's ETag is not the listed blob id.
+        return self.fs.cat_file(self._url(rel), start=start, end=end, headers=self._headers)
+
+
+class S3Store(RemoteStore):
+    """`s3://bucket/prefix/` through s3fs (credentials and endpoint from the usual AWS configuration)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        import s3fs
+
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        kwargs = {"client_kwargs": {"endpoint_url": endpoint}} if endpoint else {}
+        self.fs = s3fs.S3FileSystem(skip_instance_cache=True, **kwargs)
+        self._base = url[len("s3://"):].rstrip("/")
+
+    def _list(self) -> dict[str, RemoteFile] | None:
+        try:
+            found = self.fs.find(self._base, detail=True)
+        except Exception as exc:  # noqa: BLE001
+            raise RemoteError(f"Cannot list {self.url}: {_describe(exc)}. Check the bucket, the prefix and your AWS "
+                              "credentials.", file=self.url) from None
+        self.stats.add("", 0)
+        files = {}
+        for key, info in found.items():
+            if key == self._base:  # the URL names one object
+                rel = ""
+            elif key.startswith(self._base + "/"):
+                rel = key[len(self._base) + 1:]
+            else:
+                continue
+            files[rel] = RemoteFile(rel, int(info.get("size") or 0), str(info.get("ETag") or ""))
+        return files
+
+    def _get(self, rel: str, start: int, end: int, tag: str) -> bytes:
+        from fsspec.asyn import sync
+
+        bucket, _, key = (f"{self._base}/{rel}" if rel else self._base).partition("/")
+        extra = {"IfMatch": tag} if tag else {}
+
+        async def fetch() -> bytes:
+            resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **extra)
+            try:
+                return await resp["Body"].read()
+            finally:
+                resp["Body"].close()
+
+        return sync(self.fs.loop, fetch)
+
+
+def open_store(url: str) -> RemoteStore:
+    """The store for a URL (`hf://`, `http(s)://`, `s3://`) or a bare Hub repo id."""
+    try:
+        return _open_store(url)
+    except ImportError as exc:
+        raise RemoteError(f"Cannot open {url}: {exc.name or exc} is not installed. Install the remote extra: "
+                          "pip install 'checkpoint-workbench[remote]'.", file=url) from None
+
+
+def _open_store(url: str) -> RemoteStore:
+    if url.startswith("s3://"):
+        return S3Store(url)
+    if url.startswith(("http://", "https://")):
+        if not urlsplit(url).netloc:
+            raise RemoteError(f"Cannot open {url}: the URL has no host. Write it as https://host/folder/.", file=url)
+        return HttpStore(url)
+    spec = url[len("hf://"):] if url.startswith("hf://") else url
+    repo_type = "model"
+    for prefix in ("models/",):
+        if spec.startswith(prefix):
+            spec = spec[len(prefix):]
+    parts = spec.strip("/").split("/")
+    if len(parts) < 2 or not parts[0] or not parts[1]:
+        raise RemoteError(f"Cannot open {url}: a Hub source is hf://org/repo[@revision][/subfolder].", file=url)
+    repo, revision = parts[1], None
+    if "@" in repo:
+        repo, revision = repo.split("@", 1)
+        revision = unquote(revision)  # refs/pr/1 is written refs%2Fpr%2F1
+    return HubStore(f"{parts[0]}/{repo}", revision, "/".join(parts[2:]), url if url.startswith("hf://") else "hf://" + url,
+                    repo_type=repo_type)
