@@ -18,6 +18,7 @@ from .compose import Parallel, PrefixScope, Sequential
 from .function import Function
 from .model_shape import AttentionShape, attention_shape
 from .ops import Cast, Concat, Rename, Reshape, Split, Transpose
+from .quantized import dequantize_fp8, dequantize_mxfp4, quantize_fp8  # noqa: F401 - quantised weights live in their own module
 from .state import Node, State
 
 LAYERS = "model.layers.{i}"
