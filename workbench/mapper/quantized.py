@@ -35,6 +35,7 @@ from .state import Node, State
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 MXFP4_BLOCK = 32  # values per e8m0 scale
+PIECE = 1 << 16  # values a kernel converts at a time: its float32 scratch stays a few hundred KiB
 OUTPUT_DTYPES = ("BF16", "F16", "F32")
 HERE = "workbench.mapper.quantized"
 LINEAR_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -114,12 +115,21 @@ def dequantize_fp8_tensor(weight: Any, scale_inv: Any, *, block: Sequence[int], 
     w3 = w.reshape(-1, rows, cols)
     s3 = s.reshape(-1, *s.shape[-2:])
     out = np.empty(w3.shape, dtype=_numpy_dtype(code))
+    step = _rows_per_piece(cols)
     for index in range(w3.shape[0]):
         for tile, r0 in enumerate(range(0, rows, b0)):
             row_scales = np.repeat(s3[index, tile].astype(np.float32), b1)[:cols]
-            product = w3[index, r0:r0 + b0].astype(np.float32) * row_scales
-            out[index, r0:r0 + b0] = product if code == "F32" else product.astype(out.dtype)
+            for p0 in range(r0, min(r0 + b0, rows), step):
+                p1 = min(p0 + step, r0 + b0, rows)
+                values = w3[index, p0:p1].astype(np.float32)
+                np.multiply(values, row_scales, out=values)
+                np.copyto(out[index, p0:p1], values, casting="unsafe")  # one rounding, to nearest even
     return _out(out.reshape(*lead, rows, cols), code, torch_in)
+
+
+def _rows_per_piece(cols: int) -> int:
+    """Rows converted at a time: about PIECE values of float32 scratch, whatever the tensor's size."""
+    return max(1, PIECE // max(1, cols))
 
 
 def infer_dequantize_fp8(weight: TensorInfo, scale_inv: TensorInfo, *, block: Sequence[int], dtype: str = "BF16") -> list:
@@ -155,16 +165,24 @@ def quantize_fp8_tensor(weight: Any, *, block: Sequence[int]) -> tuple[Any, Any]
     q = np.empty(w3.shape, dtype=_numpy_dtype("F8_E4M3"))
     inv = np.empty(grid, dtype=np.float32)
     starts = np.arange(0, cols, b1)
+    step = _rows_per_piece(cols)
     top, one = np.float32(FP8_MAX), np.float32(1.0)
     for index in range(w3.shape[0]):
         for tile, r0 in enumerate(range(0, rows, b0)):
-            values = w3[index, r0:r0 + b0].astype(np.float32)
-            amax = np.maximum.reduceat(np.abs(values).max(axis=0), starts)
+            r1 = min(r0 + b0, rows)
+            amax = np.zeros(cols, dtype=np.float32)
+            for p0 in range(r0, r1, step):
+                np.maximum(amax, np.abs(w3[index, p0:min(p0 + step, r1)].astype(np.float32)).max(axis=0), out=amax)
+            amax = np.maximum.reduceat(amax, starts)
             # torch computes `448 / amax` as reciprocal(amax) * 448 (two roundings): the same here, bit for bit
             scale = np.where(amax > 0, (one / np.where(amax > 0, amax, one)) * top, one).astype(np.float32)
             inv[index, tile] = one / scale
-            scaled = values * np.repeat(scale, b1)[:cols]
-            q[index, r0:r0 + b0] = np.clip(scaled, -top, top).astype(q.dtype)
+            col_scales = np.repeat(scale, b1)[:cols]
+            for p0 in range(r0, r1, step):
+                values = w3[index, p0:min(p0 + step, r1)].astype(np.float32)
+                np.multiply(values, col_scales, out=values)
+                np.clip(values, -top, top, out=values)
+                np.copyto(q[index, p0:min(p0 + step, r1)], values, casting="unsafe")
     return _out(q.reshape(*lead, rows, cols), "F8_E4M3", torch_in), _out(inv.reshape(*lead, *grid[-2:]), "F32", torch_in)
 
 
@@ -195,7 +213,7 @@ def dequantize_mxfp4_tensor(blocks: Any, scales: Any, *, dtype: str = "BF16", tr
     exps = s.view(np.uint8).reshape(-1, rows, groups)
     out = np.empty((mats.shape[0], values, rows) if transpose else (mats.shape[0], rows, values), dtype=_numpy_dtype(code))
     fp4, e8m0 = ml_dtypes.float4_e2m1fn, ml_dtypes.float8_e8m0fnu
-    step = max(1, (1 << 20) // values)  # rows decoded at a time: ~1M values of float32 scratch
+    step = _rows_per_piece(values)
     for index in range(mats.shape[0]):
         for r0 in range(0, rows, step):
             chunk = mats[index, r0:r0 + step]
@@ -204,10 +222,8 @@ def dequantize_mxfp4_tensor(blocks: Any, scales: Any, *, dtype: str = "BF16", tr
             decoded[..., 1] = (chunk >> 4).view(fp4).astype(np.float32)
             decoded *= exps[index, r0:r0 + step].view(e8m0).astype(np.float32)[..., None, None]
             flat = decoded.reshape(chunk.shape[0], values)
-            if transpose:
-                out[index, :, r0:r0 + step] = flat.T
-            else:
-                out[index, r0:r0 + step] = flat
+            np.copyto(out[index, :, r0:r0 + step] if transpose else out[index, r0:r0 + step], flat.T if transpose else flat,
+                      casting="unsafe")
     shape = (*b.shape[:-3], *out.shape[1:]) if b.ndim > 2 else out.shape[1:]
     if b.ndim == 2:
         shape = (values,)
