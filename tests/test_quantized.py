@@ -341,3 +341,76 @@ def test_cli_convert_with_exported_preset(fp8_checkpoint, tmp_path):
     assert _same_bits(got[name], torch_dequant_fp8(tensors[name], tensors[_scale_name(name)], BLOCK, torch.bfloat16))
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert "quantization_config" not in config and config["torch_dtype"] == "bfloat16"
+
+
+def test_deepseek_v3_quantised_by_us_loads_in_transformers(tmp_path):
+    """A tiny DeepSeek-V3 (MLA projections, shared and routed experts) quantised with quantize_fp8(source=...):
+    transformers loads it with no missing or unexpected keys, and what it holds equals our dequantisation
+    (its experts stacked per layer, as transformers 5 keeps them). Block 8 divides every dim: transformers'
+    own dequantisation cannot do partial tiles (kv_a_proj_with_mqa has 40 rows)."""
+    from transformers import AutoModelForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM
+
+    torch.manual_seed(0)
+    config = DeepseekV3Config(
+        vocab_size=100, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+        n_group=1, topk_group=1, first_k_dense_replace=1, q_lora_rank=48, kv_lora_rank=32, qk_rope_head_dim=8,
+        qk_nope_head_dim=16, v_head_dim=16, tie_word_embeddings=False)
+    DeepseekV3ForCausalLM(config).to(torch.bfloat16).save_pretrained(tmp_path / "base")
+    targets = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    mapper = M.presets.quantize_fp8(block=(8, 8), source=tmp_path / "base", targets=targets)
+    assert "model.layers.{n0}.mlp.experts.{n1}.gate_proj.weight_scale_inv" in mapper.to_code()
+    wb.convert(tmp_path / "base", tmp_path / "fp8", mapper, quiet=True)
+    model, info = AutoModelForCausalLM.from_pretrained(tmp_path / "fp8", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    wb.convert(tmp_path / "fp8", tmp_path / "deq", M.presets.dequantize_fp8(tmp_path / "fp8"), quiet=True)
+    ours = load_file(tmp_path / "deq" / "model.safetensors")
+    theirs = model.state_dict()
+    experts = "model.layers.1.mlp.experts"
+    ours[f"{experts}.gate_up_proj"] = torch.stack([
+        torch.cat([ours.pop(f"{experts}.{e}.gate_proj.weight"), ours.pop(f"{experts}.{e}.up_proj.weight")]) for e in range(4)])
+    ours[f"{experts}.down_proj"] = torch.stack([ours.pop(f"{experts}.{e}.down_proj.weight") for e in range(4)])
+    assert set(ours) == set(theirs)
+    for name, tensor in ours.items():
+        if name.endswith("e_score_correction_bias"):  # a float32 buffer transformers keeps in float32: values only
+            assert torch.equal(tensor.float(), theirs[name].float())
+            continue
+        assert _same_bits(tensor, theirs[name]), name
+
+
+def test_gpt_oss_mxfp4_dequantised_equals_transformers_and_loads_as_bf16(tmp_path):
+    """A tiny gpt-oss whose experts are stored MXFP4 (random blocks and scales, gpt-oss shapes): transformers'
+    MXFP4 loader (dequantising on CPU) holds exactly what dequantize_mxfp4 writes, and our output folder loads
+    in transformers as a plain bf16 gpt-oss (quantization_config removed) with the same tensors."""
+    from transformers import AutoModelForCausalLM, GptOssConfig, GptOssForCausalLM
+
+    torch.manual_seed(0)
+    config = GptOssConfig(vocab_size=100, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                          layer_types=["sliding_attention", "full_attention"], tie_word_embeddings=False)
+    GptOssForCausalLM(config).to(torch.bfloat16).save_pretrained(tmp_path / "base")
+    tensors = load_file(tmp_path / "base" / "model.safetensors")
+    gen = torch.Generator().manual_seed(1)
+    for i in range(2):
+        for proj in ("gate_up_proj", "down_proj"):
+            experts, inputs, outputs = tensors.pop(f"model.layers.{i}.mlp.experts.{proj}").shape  # held [E, in, out]
+            base = f"model.layers.{i}.mlp.experts.{proj}"
+            tensors[base + "_blocks"] = torch.randint(0, 256, (experts, outputs, inputs // 32, 16), generator=gen, dtype=torch.uint8)
+            tensors[base + "_scales"] = torch.randint(118, 130, (experts, outputs, inputs // 32), generator=gen, dtype=torch.uint8)
+    (tmp_path / "mx").mkdir()
+    save_file(tensors, tmp_path / "mx" / "model.safetensors", metadata={"format": "pt"})
+    config_dict = json.loads((tmp_path / "base" / "config.json").read_text())
+    config_dict["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (tmp_path / "mx" / "config.json").write_text(json.dumps(config_dict))
+    model, info = AutoModelForCausalLM.from_pretrained(tmp_path / "mx", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    wb.convert(tmp_path / "mx", tmp_path / "deq", M.presets.dequantize_mxfp4(tmp_path / "mx"), quiet=True)
+    ours = load_file(tmp_path / "deq" / "model.safetensors")
+    theirs = model.state_dict()
+    assert set(ours) == set(theirs)
+    assert all(_same_bits(tensor, theirs[name]) for name, tensor in ours.items())
+    assert "quantization_config" not in json.loads((tmp_path / "deq" / "config.json").read_text())
+    plain, info = AutoModelForCausalLM.from_pretrained(tmp_path / "deq", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    assert all(_same_bits(tensor, plain.state_dict()[name]) for name, tensor in ours.items())
