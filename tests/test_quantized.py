@@ -77,6 +77,8 @@ def test_dequantize_fp8_converts_bit_exact_with_edge_tiles(fp8_checkpoint, tmp_p
     for name in FP8_SHAPES:
         assert _same_bits(got[name], torch_dequant_fp8(tensors[name], tensors[_scale_name(name)], BLOCK, target)), name
     assert _same_bits(got["model.norm.weight"], tensors["model.norm.weight"])
+    config = json.loads((out / "config.json").read_text())
+    assert "quantization_config" not in config and config["torch_dtype"] == ("bfloat16" if dtype == "bf16" else "float32")
 
 
 def test_dequantize_fp8_mapper_folds_layers_and_exports(fp8_checkpoint):
@@ -414,3 +416,15 @@ def test_gpt_oss_mxfp4_dequantised_equals_transformers_and_loads_as_bf16(tmp_pat
     plain, info = AutoModelForCausalLM.from_pretrained(tmp_path / "deq", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     assert all(_same_bits(tensor, plain.state_dict()[name]) for name, tensor in ours.items())
+
+
+def test_partial_dequantisation_keeps_the_config_and_says_why(fp8_checkpoint):
+    folder, _ = fp8_checkpoint
+    full = M.presets.dequantize_fp8(folder, dtype="fp32")
+    plan = wb.plan(folder, full)
+    config = next(e for e in plan.extra_files if e.path == "config.json")
+    assert config.action == "update" and "quantization_config removed" in config.reason
+    assert "torch_dtype: bfloat16 -> float32" in config.reason
+    plan = wb.plan(folder, M.Parallel(*full.mappers[:1]))
+    config = next(e for e in plan.extra_files if e.path == "config.json")
+    assert config.action == "copy" and "quantised tensors remain in the output" in config.reason

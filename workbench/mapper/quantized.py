@@ -442,10 +442,17 @@ def fp8_quantization_config(block: Sequence[int]) -> dict[str, Any]:
     }
 
 
-def config_changes(ops: Iterable[Any], outputs: Iterable[str]) -> dict[str, Any] | None:
-    """How config.json must change for a conversion made of `ops` producing `outputs`: {'quantization_config': dict}
-    after FP8 quantisation, {'quantization_config': None, 'dtype': code} after a complete dequantisation (no scale
-    left in the output), None when neither applies."""
+QUANTISED_NAMES = (SCALE_SUFFIX, "_blocks", "_scales", ".activation_scale")
+QUANTISED_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F4")
+
+
+def config_changes(ops: Iterable[Any], outputs: Iterable[TensorInfo]) -> dict[str, Any] | None:
+    """How config.json must change for a conversion made of `ops` producing `outputs`.
+
+    {'quantization_config': dict} after FP8 quantisation; {'quantization_config': None, 'dtype': code} after a
+    complete dequantisation; {'note': why} when a dequantisation leaves quantised tensors (FP8/FP4 weights or
+    scales) in the output, so the config keeps describing them; None when the mapper does neither.
+    """
     blocks: set[tuple[int, ...]] = set()
     dequantized: set[str] = set()
     for op in ops:
@@ -454,11 +461,17 @@ def config_changes(ops: Iterable[Any], outputs: Iterable[str]) -> dict[str, Any]
             blocks.add(tuple(op.kwargs["block"]))
         elif fn in (f"{HERE}:dequantize_fp8_tensor", f"{HERE}:dequantize_mxfp4_tensor"):
             dequantized.add(op.kwargs["dtype"])
-    if len(blocks) == 1 and not dequantized:
+    if blocks and not dequantized:
+        if len(blocks) > 1:
+            return {"note": f"the mapper quantises with several blocks ({sorted(blocks)}): set quantization_config yourself"}
         return {"quantization_config": fp8_quantization_config(next(iter(blocks)))}
     if dequantized and not blocks:
-        left = [n for n in outputs if n.endswith((SCALE_SUFFIX, "_blocks", "_scales"))]
-        if not left and len(dequantized) == 1:
+        left = [t.name for t in outputs if t.name.endswith(QUANTISED_NAMES) or t.dtype in QUANTISED_DTYPES]
+        if left:
+            more = f" and {len(left) - 1} more" if len(left) > 1 else ""
+            return {"note": f"quantised tensors remain in the output ({left[0]!r}{more}), so its quantization_config "
+                            "is kept: dequantise them too (or drop them) for a plain model"}
+        if len(dequantized) == 1:
             return {"quantization_config": None, "dtype": next(iter(dequantized))}
     return None
 

@@ -61,7 +61,7 @@ def _quantisation_changes(binding: Binding) -> dict | None:
     from ..mapper.quantized import config_changes
 
     ops = (leaf for group in binding.groups if group.op is not None for leaf in group.op.leaves())
-    return config_changes(ops, (t.name for group in binding.groups for t in group.outputs))
+    return config_changes(ops, (t for group in binding.groups for t in group.outputs))
 
 
 ON_OVERFLOW = ("warn", "error")

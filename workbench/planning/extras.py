@@ -184,7 +184,9 @@ def with_config_dtype(root: Path, extras: list[Extra], dtype: str | None, mapper
         if raw is None:
             out.append(extra)
             continue
-        if mapper_changes:
+        if mapper_changes and "note" in mapper_changes:
+            extra = Extra(extra.path, extra.action, extra.size, _join(extra.reason, mapper_changes["note"]))
+        elif mapper_changes:
             name, quantization = _config_target(dtype, mapper_changes)
             new, changes = config_dtype_update(raw, name, quantization)
             if new is not None:
