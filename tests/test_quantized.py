@@ -428,3 +428,22 @@ def test_partial_dequantisation_keeps_the_config_and_says_why(fp8_checkpoint):
     plan = wb.plan(folder, M.Parallel(*full.mappers[:1]))
     config = next(e for e in plan.extra_files if e.path == "config.json")
     assert config.action == "copy" and "quantised tensors remain in the output" in config.reason
+
+
+def test_names_spelled_out_where_a_template_would_catch_an_unscaled_weight():
+    from workbench.catalog import TensorInfo
+
+    infos = [TensorInfo("model.layers.0.self_attn.q_proj.weight", "F8_E4M3", (16, 16)),
+             TensorInfo("model.layers.0.self_attn.q_proj.weight_scale_inv", "F32", (2, 2)),
+             TensorInfo("model.layers.1.self_attn.q_proj.weight", "BF16", (16, 16)),  # kept in bf16, no scale
+             *[TensorInfo(f"model.layers.{i}.mlp.up_proj.{s}", d, shape) for i in range(2)
+               for s, d, shape in (("weight", "F8_E4M3", (16, 24)), ("weight_scale_inv", "F32", (2, 3)))]]
+    source = {info.name: info for info in infos}
+    mapper = M.presets.dequantize_fp8({"quantization_config": {"weight_block_size": [8, 8]}}, source=source)
+    code = mapper.to_code()
+    assert "'model.layers.0.self_attn.q_proj.weight'" in code and "model.layers.1.self_attn" not in code
+    assert "model.layers.{n0}.mlp.up_proj.weight_scale_inv" in code
+    outputs = mapper.bind(source).raise_for_problems().outputs
+    assert outputs["model.layers.1.self_attn.q_proj.weight"].dtype == "BF16"
+    assert {outputs[f"model.layers.{i}.mlp.up_proj.weight"].dtype for i in range(2)} == {"BF16"}
+    assert not [n for n in outputs if n.endswith("_scale_inv")]
