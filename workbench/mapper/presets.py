@@ -18,6 +18,7 @@ from .compose import Parallel, PrefixScope, Sequential
 from .function import Function
 from .model_shape import AttentionShape, attention_shape
 from .ops import Cast, Concat, Rename, Reshape, Split, Transpose
+from .quantized import dequantize_fp8, dequantize_mxfp4, quantize_fp8  # noqa: F401 - quantised weights live in their own module
 from .state import Node, State
 from .transformers_layout import from_transformers  # noqa: F401 - the transformers-5 layout preset lives in its own module
 
@@ -263,4 +264,7 @@ PRESETS: dict[str, str] = {
     "cast_policy": "cast to bf16 (norms and biases F32)",
     "strip_prefix": "strip the 'model.' prefix",
     "add_prefix": "add a 'model.' prefix",
+    "dequantize_fp8": "FP8 block-scaled weights → bf16 (scales from quantization_config)",
+    "dequantize_mxfp4": "MXFP4 experts (gpt-oss) → bf16, transformers layout",
+    "quantize_fp8": "linear weights → FP8 with 128×128 block scales (+ quantization_config)",
 }

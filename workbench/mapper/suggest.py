@@ -124,6 +124,8 @@ def build_preset(name: str, source: Any, config: Any) -> Any:
         args = [source]
     else:
         args = []
+        if "source" in params:  # e.g. quantize_fp8(block, *, source=...): names from the checkpoint itself
+            kwargs["source"] = source
     try:
         return factory(*args, **kwargs)
     except TypeError as exc:

@@ -58,6 +58,14 @@ def _metadata_problems(header_metadata: HeaderMetadata, options: PlanOptions) ->
     ]
 
 
+def _quantisation_changes(binding: Binding) -> dict | None:
+    """What the mapper's (de)quantisation ops change in config.json (see `mapper.quantized.config_changes`)."""
+    from ..mapper.quantized import config_changes
+
+    ops = (leaf for group in binding.groups if group.op is not None for leaf in group.op.leaves())
+    return config_changes(ops, (t for group in binding.groups for t in group.outputs))
+
+
 ON_OVERFLOW = ("warn", "error")
 
 
@@ -133,8 +141,9 @@ def _build_plan(
         fetch_extras()
     on_disk = options.extras and catalog.root.is_dir() and bool(catalog.files)
     extra_files = scan_extras(catalog.root, catalog.extras, dest_path, own=catalog.files) if on_disk else []
-    extra_files = with_config_dtype(catalog.root, extra_files, options.dtype)
-    if mapper is not None and extra_files:
+    quant_changes = _quantisation_changes(binding) if mapper is not None and extra_files else None
+    extra_files = with_config_dtype(catalog.root, extra_files, options.dtype, quant_changes)
+    if mapper is not None and extra_files and quant_changes is None:
         extra_files = with_layout_note(extra_files, layout_change(binding.groups))
     extras = [e.path for e in extra_files if e.written]
     committed: list[str] = []  # files written at commit beside the shards (DCP: objects file, .metadata)

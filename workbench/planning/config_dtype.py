@@ -34,11 +34,15 @@ def _rewrite(node: dict, name: str, where: str, depth: int, changes: list[str]) 
             _rewrite(value, name, f"{where}{key}.", depth + 1, changes)
 
 
-def config_dtype_update(raw: bytes, name: str) -> tuple[bytes | None, list[str]]:
-    """The config bytes with every float `dtype`/`torch_dtype` set to `name`, and the changes made.
+KEEP = object()  # `quantization` argument: leave quantization_config as it is
 
-    Returns (None, []) when nothing changes or the bytes are not a JSON object (the config is then
-    copied as it is).
+
+def config_dtype_update(raw: bytes, name: str | None, quantization: Any = KEEP) -> tuple[bytes | None, list[str]]:
+    """The config bytes with every float `dtype`/`torch_dtype` set to `name` (None: unchanged), and the changes made.
+
+    `quantization`: a dict becomes the top-level `quantization_config` (weights quantised by the mapper),
+    None removes it (weights dequantised), KEEP leaves it. Returns (None, []) when nothing changes or the
+    bytes are not a JSON object (the config is then copied as it is).
     """
     try:
         data = json.loads(raw)
@@ -47,7 +51,14 @@ def config_dtype_update(raw: bytes, name: str) -> tuple[bytes | None, list[str]]
     if not isinstance(data, dict):
         return None, []
     changes: list[str] = []
-    _rewrite(data, name, "", 0, changes)
+    if name is not None:
+        _rewrite(data, name, "", 0, changes)
+    if quantization is None and "quantization_config" in data:
+        del data["quantization_config"]
+        changes.append("quantization_config removed")
+    elif isinstance(quantization, dict) and data.get("quantization_config") != quantization:
+        data["quantization_config"] = quantization
+        changes.append(f"quantization_config: {quantization.get('quant_method')} {quantization.get('weight_block_size')}")
     if not changes:
         return None, []
     # transformers writes configs with two-space indents and a final newline.

@@ -12,6 +12,7 @@ the reason, so an output never looks complete while something was left behind si
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from collections.abc import Iterable
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..formats.safetensors_folder import CHECKSUMS_NAME, NOT_EXTRAS
-from .config_dtype import CONFIG_NAME, CONFIG_NAMES, config_dtype_update, config_dtypes, read_config
+from .config_dtype import CONFIG_NAME, CONFIG_NAMES, KEEP, config_dtype_update, config_dtypes, read_config
 
 COPIED = "copy"
 UPDATED = "update"  # copied with changes (config.json dtype after a cast)
@@ -41,6 +42,7 @@ class Extra:
     action: str
     size: int = 0
     reason: str = ""
+    config: str = ""  # config.json only: the mapper's changes (JSON of quantized.config_changes), applied on update
 
     @property
     def written(self) -> bool:
@@ -173,15 +175,28 @@ def _lmode(entry: os.DirEntry) -> int:
         return 0
 
 
-def with_config_dtype(root: Path, extras: list[Extra], dtype: str | None) -> list[Extra]:
-    """Mark the top-level config.json for update when a dtype policy casts the weights; when its dtype
+def with_config_dtype(root: Path, extras: list[Extra], dtype: str | None, mapper_changes: dict | None = None) -> list[Extra]:
+    """Mark the top-level config.json for update when a dtype policy casts the weights, or when the mapper
+    quantises or dequantises them (`mapper_changes`, from `mapper.quantized.config_changes`); when its dtype
     cannot follow (fp8 weights), keep copying it and say why."""
-    if dtype is None:
+    if dtype is None and not mapper_changes:
         return extras
     out = []
     for extra in extras:
         raw = read_config(root / CONFIG_NAME) if extra.path == CONFIG_NAME and extra.action == COPIED else None
         if raw is None:
+            out.append(extra)
+            continue
+        if mapper_changes and "note" in mapper_changes:
+            extra = Extra(extra.path, extra.action, extra.size, _join(extra.reason, mapper_changes["note"]))
+        elif mapper_changes:
+            name, quantization = _config_target(dtype, mapper_changes)
+            new, changes = config_dtype_update(raw, name, quantization)
+            if new is not None:
+                out.append(Extra(extra.path, UPDATED, len(new), "the mapper changes the weights' quantisation: " + "; ".join(changes),
+                                 json.dumps(mapper_changes, sort_keys=True)))
+                continue
+        if dtype is None:
             out.append(extra)
             continue
         name = CONFIG_NAMES.get(dtype)
@@ -225,9 +240,21 @@ def layout_change(groups: Iterable) -> str | None:
     return None
 
 
+def _config_target(dtype: str | None, mapper_changes: dict) -> tuple[str | None, object]:
+    """(dtype name to write, quantization_config argument) for the mapper's changes; a dtype policy wins."""
+    code = dtype or mapper_changes.get("dtype")
+    quantization = mapper_changes.get("quantization_config", KEEP)
+    return CONFIG_NAMES.get(code) if code else None, quantization
+
+
 def updated_bytes(root: Path, extra: Extra, dtype: str | None) -> bytes | None:
     """The bytes an UPDATED extra is written with (None when it is copied as it is)."""
-    if extra.action != UPDATED or extra.path != CONFIG_NAME or dtype not in CONFIG_NAMES:
+    if extra.action != UPDATED or extra.path != CONFIG_NAME:
+        return None
+    if extra.config:
+        raw = read_config(root / extra.path)
+        return None if raw is None else config_dtype_update(raw, *_config_target(dtype, json.loads(extra.config)))[0]
+    if dtype not in CONFIG_NAMES:
         return None
     raw = read_config(root / extra.path)
     return None if raw is None else config_dtype_update(raw, CONFIG_NAMES[dtype])[0]
