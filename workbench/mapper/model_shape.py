@@ -7,6 +7,7 @@ plain dict; reading a path never imports transformers.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,3 +91,23 @@ def attention_shape(config: Any) -> AttentionShape:
         )
     qkv_bias = bool(data.get("attention_bias", False)) or data.get("model_type") in _QKV_BIAS_FAMILIES
     return AttentionShape(heads, kv_heads, head_dim, qkv_bias, bool(data.get("tie_word_embeddings", False)))
+
+
+def read_config(config: Any) -> dict[str, Any]:
+    """config.json as a dict: a path (file or its folder), a dict, or a transformers config; {} for None."""
+    if config is None:
+        return {}
+    if isinstance(config, dict):
+        return config
+    if isinstance(config, (str, os.PathLike)):
+        path = Path(config)
+        path = path / "config.json" if path.is_dir() else path
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise MapperError(f"Cannot read the model config {path}: {exc}. Pass a valid config.json.", file=str(path)) from None
+        return data if isinstance(data, dict) else {}
+    to_dict = getattr(config, "to_dict", None)
+    if callable(to_dict):
+        return to_dict()
+    raise MapperError(f"Cannot read a model config from {type(config).__name__}: pass a config.json path, a dict or a transformers config.")

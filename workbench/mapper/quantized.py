@@ -17,7 +17,6 @@ The scale tensors are inputs of the same `Function`, so every group lists them a
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Iterable, Sequence
@@ -31,6 +30,7 @@ from ..names import Template, placeholders_of
 from .base import Mapper
 from .compose import Parallel
 from .function import Function
+from .model_shape import read_config
 from .state import Node, State
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -265,26 +265,6 @@ def _infos(source: Any, config: Any) -> list[TensorInfo]:
 
         source = open_catalog(source)
     return source_infos(source)
-
-
-def read_config(config: Any) -> dict[str, Any]:
-    """config.json as a dict: a path (file or its folder), a dict, or a transformers config."""
-    if config is None:
-        return {}
-    if isinstance(config, dict):
-        return config
-    if isinstance(config, (str, os.PathLike)):
-        path = Path(config)
-        path = path / "config.json" if path.is_dir() else path
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise MapperError(f"Cannot read the model config {path}: {exc}. Pass a valid config.json.", file=str(path)) from None
-        return data if isinstance(data, dict) else {}
-    to_dict = getattr(config, "to_dict", None)
-    if callable(to_dict):
-        return to_dict()
-    raise MapperError(f"Cannot read a model config from {type(config).__name__}: pass a config.json path, a dict or a transformers config.")
 
 
 def _quant_config(config: Any) -> dict[str, Any]:

@@ -9,34 +9,15 @@ it applies; `build_preset(name, source, config)` calls that function with what i
 from __future__ import annotations
 
 import inspect
-import json
-import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from ..errors import MapperError
+from .model_shape import read_config
 
 LLAMA_LIKE = ("llama", "mistral")
-
-
-def read_config(config: Any) -> dict[str, Any]:
-    """config.json as a dict (a path, its folder, a dict or a transformers config); {} when there is none."""
-    if config is None:
-        return {}
-    if isinstance(config, dict):
-        return config
-    if isinstance(config, (str, os.PathLike)):
-        path = Path(config)
-        path = path / "config.json" if path.is_dir() else path
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise MapperError(f"Cannot read the model config {path}: {exc}. Pass a valid config.json.", file=str(path)) from None
-        return data if isinstance(data, dict) else {}
-    to_dict = getattr(config, "to_dict", None)
-    return to_dict() if callable(to_dict) else {}
 
 
 def _transformers_changes(model_type: str, names: list[str]) -> int | None:
