@@ -447,3 +447,13 @@ def test_names_spelled_out_where_a_template_would_catch_an_unscaled_weight():
     assert outputs["model.layers.1.self_attn.q_proj.weight"].dtype == "BF16"
     assert {outputs[f"model.layers.{i}.mlp.up_proj.weight"].dtype for i in range(2)} == {"BF16"}
     assert not [n for n in outputs if n.endswith("_scale_inv")]
+
+
+def test_a_dtype_policy_on_top_of_a_mapper_plans(fp8_checkpoint, tmp_path) -> None:
+    """A mapper plus dtype= wraps each group's op in a cast: the plan still reads the mapper's config changes."""
+    import workbench as wb
+    from workbench import mapper as M
+
+    folder, _ = fp8_checkpoint
+    plan = wb.plan(folder, M.presets.dequantize_fp8(folder), dtype="fp32", dest=tmp_path / "out")
+    assert plan.ok, plan.problems

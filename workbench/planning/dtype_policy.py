@@ -30,6 +30,11 @@ class CastOutputs:
         """The inner op's outputs, with the named ones cast."""
         return {n: (cast(t, self.dtype, n) if n in self.names else t) for n, t in self.op.apply(tensors).items()}
 
+    def leaves(self) -> Any:
+        """The inner op's leaf operations (the cast adds none a reader of the mapper would look for)."""
+        leaves = getattr(self.op, "leaves", None)
+        return leaves() if leaves is not None else iter(())
+
     def __repr__(self) -> str:
         return f"CastOutputs({self.op!r}, {self.dtype!r})"
 
