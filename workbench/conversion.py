@@ -100,7 +100,7 @@ def convert(
     dest: str | os.PathLike,
     mapper: Any = None,
     *,
-    shard_size: int | str = "5GB",
+    shard_size: int | str | None = None,
     nproc: int = 1,
     rest: str = "keep",
     dtype: Any = None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from ..errors import PlanError
 from .base import OutputFormat
 from .dcp import DcpOutput
+from .gguf import GgufOutput
 from .safetensors import SafetensorsOutput
 
 OUTPUT_FORMATS: dict[str, OutputFormat] = {}
@@ -36,5 +37,6 @@ def output_format(name: str) -> OutputFormat:
 
 register(SafetensorsOutput(), "hf")
 register(DcpOutput())
+register(GgufOutput())
 
 __all__ = ["OUTPUT_FORMATS", "OutputFormat", "output_format", "register"]

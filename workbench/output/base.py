@@ -25,6 +25,24 @@ class OutputFormat:
     title: str = ""  # how messages name it, e.g. "DCP"
     label: str = ""  # shown after the destination in plan summaries, e.g. " (DCP)"
     keeps_header_metadata: bool = False  # whether the source's safetensors `__metadata__` can travel
+    copies_extras: bool = True  # whether config, tokenizer and other non-weight files are copied beside the output
+    default_shard_size: int | str = "5GB"  # the split size when the user names none
+
+    def policy(self, dtype: Any) -> str:
+        """The code a `dtype=` policy stands for in this format (default: a float dtype every tensor is cast to)."""
+        from ..dtypes import policy_dtype
+
+        return policy_dtype(dtype)
+
+    def prepare(self, catalog: Any, mapper: Any, options: Any) -> tuple[Any, OutputFormat, Any]:
+        """Bind the format to one source before planning: the mapper to plan, the format instance that lays out
+        and commits, and the options (a format may fix some, e.g. GGUF drops what llama.cpp has no place for)."""
+        return mapper, self, options
+
+    @property
+    def applies_dtype_policy(self) -> bool:
+        """Whether the planner casts floating-point outputs to `options.dtype` (else `prepare` used it)."""
+        return type(self).prepare is OutputFormat.prepare
 
     def file_name(self, k: int, n: int) -> str:
         """Name of data file `k` (0-based) of `n`."""

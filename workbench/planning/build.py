@@ -9,9 +9,9 @@ from typing import Any
 
 from ..catalog import Catalog
 from ..display import parse_size
-from ..errors import PlanError
+from ..errors import PlanError, WorkbenchError
 from ..mapper.groups import Binding, Problem
-from ..output import output_format
+from ..output import OutputFormat, output_format
 from .destination import check_destination
 from .dtype_policy import apply_dtype
 from .extras import layout_change, scan_extras, with_config_dtype, with_layout_note
@@ -41,11 +41,10 @@ def _duplicate_outputs(binding: Binding) -> list[Problem]:
     return problems
 
 
-def _metadata_problems(header_metadata: HeaderMetadata, options: PlanOptions) -> list[Problem]:
+def _metadata_problems(header_metadata: HeaderMetadata, options: PlanOptions, output: OutputFormat) -> list[Problem]:
     """Warnings for source header metadata the output does not carry."""
     if not header_metadata.interesting:
         return []
-    output = output_format(options.to)
     if not output.keeps_header_metadata:
         keys = sorted({k for m in header_metadata.per_file.values() for k in m if k != "format"})
         return [Problem("warning", f"The source's safetensors header metadata ({', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}) "
@@ -59,7 +58,7 @@ def _metadata_problems(header_metadata: HeaderMetadata, options: PlanOptions) ->
 ON_OVERFLOW = ("warn", "error")
 
 
-def make_options(shard_size: int | str, nproc: int, rest: str, dtype: Any, extras: bool, overwrite: bool,
+def make_options(shard_size: int | str | None, nproc: int, rest: str, dtype: Any, extras: bool, overwrite: bool,
                  chunk_size: int | str, to: str = "safetensors", on_overflow: str = "warn") -> PlanOptions:
     """Validate and normalise the user's options (a dtype policy must name a float dtype the engine produces)."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
@@ -68,13 +67,9 @@ def make_options(shard_size: int | str, nproc: int, rest: str, dtype: Any, extra
     if on_overflow not in ON_OVERFLOW:
         raise PlanError(f"Cannot plan with on_overflow={on_overflow!r}: choose 'warn' (count overflowing values and "
                         "report them) or 'error' (fail the run before its index is written).")
-    code = None
-    if dtype is not None:
-        from ..dtypes import policy_dtype
-
-        code = policy_dtype(dtype)
+    code = None if dtype is None else output.policy(dtype)
     return PlanOptions(
-        shard_size=parse_size(shard_size),
+        shard_size=parse_size(output.default_shard_size if shard_size is None else shard_size),
         nproc=nproc,
         rest=rest,
         dtype=code,
@@ -104,8 +99,13 @@ def _build_plan(
     catalog: Catalog, mapper: Any, options: PlanOptions, dest: str | os.PathLike | None, check_dest: bool,
     kept: Iterable[str],
 ) -> Plan:
+    output = output_format(options.to)
+    try:
+        mapper, output, options = output.prepare(catalog, mapper, options)
+    except WorkbenchError as exc:
+        raise PlanError(exc.message if hasattr(exc, "message") else str(exc)) from None
     binding = bind(catalog, mapper, options.rest)
-    if options.dtype is not None:
+    if options.dtype is not None and output.applies_dtype_policy:
         binding = apply_dtype(binding, options.dtype)
     problems = list(binding.problems) + _duplicate_outputs(binding)
     steps = build_steps(binding.groups, SourceAccess(catalog.reader), options.chunk_bytes)
@@ -114,25 +114,24 @@ def _build_plan(
                                           "Check the mapper and the rest= policy."))
     header_metadata = HeaderMetadata(catalog.file_metadata)
     try:
-        files, warnings = layout_outputs(steps, options.shard_size, output_format(options.to), header_metadata.choose)
+        files, warnings = layout_outputs(steps, options.shard_size, output, header_metadata.choose)
     except PlanError as exc:
         problems.append(Problem("error", exc.message, tensor=exc.tensor))
         files, warnings = [], []
-    problems += warnings + _metadata_problems(header_metadata, options)
+    problems += warnings + _metadata_problems(header_metadata, options, output)
     if files:
         problems += assign_ranks(files, steps, options.nproc)
     exported = mapper_json(mapper)
     layout_fp = layout_fingerprint(catalog, steps, files, exported)
     dest_path = Path(os.path.abspath(dest)) if dest is not None else None
     # Only a checkpoint read from a folder has extras (a catalog built in memory has a root but no files).
-    on_disk = options.extras and catalog.root.is_dir() and bool(catalog.files)
+    on_disk = options.extras and output.copies_extras and catalog.root.is_dir() and bool(catalog.files)
     extra_files = scan_extras(catalog.root, catalog.extras, dest_path) if on_disk else []
     extra_files = with_config_dtype(catalog.root, extra_files, options.dtype)
     if mapper is not None and extra_files:
         extra_files = with_layout_note(extra_files, layout_change(binding.groups))
     extras = [e.path for e in extra_files if e.written]
     committed: list[str] = []  # files written at commit beside the shards (DCP: objects file, .metadata)
-    output = output_format(options.to)
     objects, object_warnings = output.carried_objects(catalog.reader, options.rest)
     problems += [Problem("warning", w) for w in object_warnings]
     outputs = {t.name for step in steps for t in step.group.outputs}
@@ -155,7 +154,7 @@ def _build_plan(
     return Plan(
         source=catalog, dest=dest_path, options=options, binding=binding, steps=steps, files=files, problems=problems,
         extras=extras, extra_files=extra_files, layout_fingerprint=layout_fp, fingerprint=run_fingerprint(layout_fp, files, options.nproc),
-        mapper=mapper, mapper_json=exported, header_metadata=header_metadata,
+        mapper=mapper, mapper_json=exported, header_metadata=header_metadata, output=output,
     )
 
 
@@ -163,7 +162,7 @@ def plan(
     source: Any,
     mapper: Any = None,
     *,
-    shard_size: int | str = "5GB",
+    shard_size: int | str | None = None,
     nproc: int = 1,
     rest: str = "keep",
     dest: str | os.PathLike | None = None,

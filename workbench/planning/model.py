@@ -71,6 +71,7 @@ class Plan:
         mapper_json: str | None = None,
         extra_files: list[Extra] | None = None,
         header_metadata: HeaderMetadata | None = None,
+        output: OutputFormat | None = None,
     ) -> None:
         self.source = source
         self.dest = dest
@@ -86,6 +87,7 @@ class Plan:
         self.mapper = mapper
         self.mapper_json = mapper_json
         self.header_metadata = header_metadata
+        self._output = output  # the format bound to this source (see OutputFormat.prepare)
 
     # -- plain data (no pandas) -------------------------------------------------------------------
 
@@ -230,7 +232,7 @@ class Plan:
     @property
     def output_format(self) -> OutputFormat:
         """The format the run writes (`options.to`): it names and lays out files and commits them."""
-        return output_format(self.options.to)
+        return self._output if self._output is not None else output_format(self.options.to)
 
     @property
     def index(self) -> dict | None:
