@@ -1,0 +1,82 @@
+"""GGUF output (`to="gguf"`) against llama.cpp's own converter run on the same folder: same tensors, types,
+shapes, bytes and metadata, for every type the dtype policy offers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import workbench as wb
+from workbench.cli.commands import main as cli_main
+from workbench.errors import PlanError
+
+from gguf_support.reference import model_folder, reference_gguf
+
+gguf = pytest.importorskip("gguf")
+
+
+def _fields(reader) -> dict:
+    return {k: (tuple(f.types), f.contents()) for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+
+
+def _tensors(reader) -> dict:
+    return {t.name: (t.tensor_type.name, [int(d) for d in t.shape], bytes(np.asarray(t.data).view(np.uint8).reshape(-1)))
+            for t in reader.tensors}
+
+
+@pytest.mark.parametrize("outtype", ["f16", "bf16", "q8_0", "f32"])
+def test_llama_gguf_equals_llama_cpp_converter(outtype: str, tmp_path: Path) -> None:
+    src = model_folder("llama")
+    wb.convert(src, tmp_path / "out", to="gguf", dtype=outtype, quiet=True)
+    ours = gguf.GGUFReader(tmp_path / "out" / "model.gguf")
+    ref = gguf.GGUFReader(reference_gguf("llama", outtype))
+    assert list(_fields(ours)) == list(_fields(ref))
+    assert _fields(ours) == _fields(ref)
+    mine, theirs = _tensors(ours), _tensors(ref)
+    assert list(mine) == list(theirs)
+    for name in theirs:
+        assert mine[name][:2] == theirs[name][:2], name
+        assert mine[name][2] == theirs[name][2], name
+    assert {t for t, _, _ in mine.values()} == ({"F32", outtype.upper()} if outtype != "f32" else {"F32"})
+
+
+def test_the_plan_lists_gguf_types_sizes_and_metadata_before_anything_is_written(tmp_path: Path) -> None:
+    plan = wb.plan(model_folder("llama"), to="gguf", dtype="q8_0", dest=tmp_path / "out")
+    assert plan.ok and [f.name for f in plan.output_file_list] == ["model.gguf"]
+    layout = plan.output_file_list[0].layout
+    types = {name: kind for name, kind, _ in layout.types}
+    assert types["blk.0.attn_q.weight"] == "Q8_0" and types["blk.0.attn_norm.weight"] == "F32"
+    assert dict(layout.kv)["general.architecture"] == "llama" and dict(layout.kv)["general.file_type"] == 7
+    assert not (tmp_path / "out").exists()
+
+
+def test_split_files_carry_llama_cpp_split_keys_and_hold_every_tensor(tmp_path: Path) -> None:
+    wb.convert(model_folder("llama"), tmp_path / "out", to="gguf", dtype="f16", shard_size="60KB", quiet=True)
+    names = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert len(names) > 1 and names[0] == f"model-00001-of-{len(names):05d}.gguf"
+    ref = _tensors(gguf.GGUFReader(reference_gguf("llama", "f16")))
+    merged = {}
+    for k, name in enumerate(names):
+        reader = gguf.GGUFReader(tmp_path / "out" / name)
+        fields = _fields(reader)
+        assert fields["split.no"][1] == k and fields["split.count"][1] == len(names)
+        assert fields["split.tensors.count"][1] == len(ref)
+        merged.update(_tensors(reader))
+    assert merged == ref
+
+
+def test_cli_writes_gguf(tmp_path: Path) -> None:
+    assert cli_main(["convert", str(model_folder("llama")), str(tmp_path / "o"), "--to", "gguf", "--dtype", "bf16"]) == 0
+    assert (tmp_path / "o" / "model.gguf").read_bytes() == reference_gguf("llama", "bf16").read_bytes()
+
+
+def test_a_folder_without_config_or_with_an_unknown_dtype_is_refused(tmp_path: Path, llama_sample: Path) -> None:
+    with pytest.raises(PlanError, match="q4_k"):
+        wb.plan(model_folder("llama"), to="gguf", dtype="q4_k")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "model.safetensors").write_bytes((model_folder("llama") / "model.safetensors").read_bytes())
+    with pytest.raises(PlanError, match="config.json"):
+        wb.plan(bare, to="gguf")
