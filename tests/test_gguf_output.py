@@ -7,12 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gguf_support.reference import model_folder, reference_gguf
 
 import workbench as wb
 from workbench.cli.commands import main as cli_main
 from workbench.errors import PlanError
-
-from gguf_support.reference import model_folder, reference_gguf
 
 gguf = pytest.importorskip("gguf")
 
@@ -80,3 +79,19 @@ def test_a_folder_without_config_or_with_an_unknown_dtype_is_refused(tmp_path: P
     (bare / "model.safetensors").write_bytes((model_folder("llama") / "model.safetensors").read_bytes())
     with pytest.raises(PlanError, match="config.json"):
         wb.plan(bare, to="gguf")
+
+
+def test_verify_rereads_gguf_through_its_own_header_and_catches_a_flipped_byte(tmp_path: Path) -> None:
+    src = model_folder("llama")
+    report = wb.convert(src, tmp_path / "out", to="gguf", dtype="q8_0", quiet=True, verify=True)
+    assert report.verified and len(report.verification) == 21
+    plan = wb.plan(src, to="gguf", dtype="q8_0", dest=tmp_path / "out2")
+    wb.convert(src, tmp_path / "out2", to="gguf", dtype="q8_0", quiet=True)
+    path = tmp_path / "out2" / "model.gguf"
+    slot = next(t for t in plan.output_file_list[0].layout.tensors if t.name == "blk.1.attn_q.weight")
+    data = bytearray(path.read_bytes())
+    data[slot.begin + 5] ^= 0xFF
+    path.write_bytes(bytes(data))
+    from workbench.engine.output_check import check_outputs
+
+    assert check_outputs(plan).mismatches == ["blk.1.attn_q.weight"]

@@ -197,7 +197,9 @@ def check_outputs(plan) -> OutputCheck:
 
     result = OutputCheck(str(plan.dest))
     try:
-        out_catalog = open_catalog(plan.dest)
+        out_catalog = plan.output_format.open_written(plan.dest, [f.layout for f in plan.output_file_list])
+        if out_catalog is None:
+            out_catalog = open_catalog(plan.dest)
     except WorkbenchError as exc:
         result.rows = [(t.name, "open", "missing", None, 0, exc.message) for s in plan.steps for t in s.group.outputs]
         return result

@@ -99,9 +99,10 @@ def _config_get(config: Any, key: str, default: Any = None) -> Any:
     return config.get(key, default) if isinstance(config, dict) else getattr(config, key, default)
 
 
-def hf_to_gguf(config: Any, source: Any, dtype: str = "F16") -> tuple[Mapper, dict[str, GgufTensor]]:
-    """The mapper from an HF Llama-family checkpoint (`source`: its catalog) to llama.cpp's tensors, and
-    the GGUF type and shape of every output. `dtype`: the GGUF type of matrices (F32, F16, BF16, Q8_0)."""
+def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | None = None) -> tuple[Mapper, dict[str, GgufTensor], str]:
+    """The mapper from an HF Llama-family checkpoint (`source`: its catalog) to llama.cpp's tensors, the
+    GGUF type and shape of every output, and llama.cpp's architecture name. `dtype`: the GGUF type of
+    matrices (F32, F16, BF16, Q8_0). `before`: a user mapper applied first (its outputs must be HF names)."""
     model_type = _config_get(config, "model_type")
     if model_type not in ARCHITECTURES:
         raise MapperError(f"Cannot map model_type {model_type!r} to GGUF: the workbench writes GGUF for "
@@ -137,7 +138,12 @@ def hf_to_gguf(config: Any, source: Any, dtype: str = "F16") -> tuple[Mapper, di
             stage4.append(Cast(out, kind))
         planned[out] = GgufTensor(out, kind, shape)
     stages = [Parallel(*ops) for ops in (stage1, stage2, stage3, stage4) if ops]
-    return Sequential(*stages), planned
+    if before is not None:
+        stages.insert(0, before)
+    return Sequential(*stages), planned, ARCHITECTURES[model_type][0]
 
 
-__all__ = ["ARCHITECTURES", "GGUF_TYPES", "GgufTensor", "gguf_name", "gguf_type", "hf_to_gguf", "infer_q8_0", "quantize_q8_0"]
+OUTPUT_PRESETS = {"gguf": hf_to_gguf}  # output format name -> the preset its `prepare` builds on
+
+
+__all__ = ["ARCHITECTURES", "OUTPUT_PRESETS", "GGUF_TYPES", "GgufTensor", "gguf_name", "gguf_type", "hf_to_gguf", "infer_q8_0", "quantize_q8_0"]

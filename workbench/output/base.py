@@ -34,9 +34,10 @@ class OutputFormat:
 
         return policy_dtype(dtype)
 
-    def prepare(self, catalog: Any, mapper: Any, options: Any) -> tuple[Any, OutputFormat, Any]:
+    def prepare(self, catalog: Any, mapper: Any, options: Any, preset: Any = None) -> tuple[Any, OutputFormat, Any]:
         """Bind the format to one source before planning: the mapper to plan, the format instance that lays out
-        and commits, and the options (a format may fix some, e.g. GGUF drops what llama.cpp has no place for)."""
+        and commits, and the options (a format may fix some, e.g. GGUF drops what llama.cpp has no place for).
+        `preset` is the mapper preset the planner registered for this format (`mapper.OUTPUT_PRESETS`), if any."""
         return mapper, self, options
 
     @property
@@ -71,6 +72,10 @@ class OutputFormat:
     def commit(self, dest: Path, layouts: Sequence[FileLayout], reader: Any, *, objects: bool) -> bool:
         """Write the commit files (the marker last); True when a marker file was written."""
         raise NotImplementedError
+
+    def open_written(self, dest: Path, layouts: Sequence[FileLayout]) -> Any:
+        """A catalog of the finished output for `--verify`, or None when the workbench reads the format itself."""
+        return None
 
     def __repr__(self) -> str:
         return f"<output format {self.name}>"

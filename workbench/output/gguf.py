@@ -137,21 +137,20 @@ class GgufOutput(OutputFormat):
                             "(vectors and norms always stay F32, as in llama.cpp).")
         return DTYPE_NAMES[key]
 
-    def prepare(self, catalog: Any, mapper: Any, options: Any) -> tuple[Any, OutputFormat, Any]:
-        from ..mapper.compose import Sequential
-        from ..mapper.gguf_preset import ARCHITECTURES, hf_to_gguf
+    def prepare(self, catalog: Any, mapper: Any, options: Any, preset: Any = None) -> tuple[Any, OutputFormat, Any]:
         from .gguf_metadata import kv_metadata, read_config
+
+        if preset is None:
+            raise PlanError("Cannot plan a GGUF output: no HF -> GGUF mapper preset is registered (workbench.mapper.gguf_preset).")
 
         root = Path(catalog.root)
         config = read_config(root if root.is_dir() else root.parent)
         wanted = options.dtype or "F16"
-        gguf_mapper, planned = hf_to_gguf(config, catalog, wanted)
+        combined, planned, arch = preset(config, catalog, wanted, before=mapper)
         total = sum(_numel(t.shape) for t in planned.values())
-        arch = ARCHITECTURES[config["model_type"]][0]
         kinds = {t.type for t in planned.values() if len(t.shape) > 1}
         file_type = wanted if wanted in kinds or not kinds else sorted(kinds)[0]
         spec = GgufSpec(arch, kv_metadata(root if root.is_dir() else root.parent, arch, config, file_type, total), planned)
-        combined = gguf_mapper if mapper is None else Sequential(mapper, gguf_mapper)
         return combined, GgufOutput(spec), dataclasses.replace(options, rest="drop", extras=False)
 
     def file_name(self, k: int, n: int) -> str:
@@ -177,8 +176,59 @@ class GgufOutput(OutputFormat):
     def commit_files(self, layouts: Sequence[FileLayout], objects: bool) -> list[str]:
         return []
 
+    def open_written(self, dest: Path, layouts: Sequence[FileLayout]) -> Any:
+        return open_written_gguf(dest, layouts)
+
     def commit(self, dest: Path, layouts: Sequence[FileLayout], reader: Any, *, objects: bool) -> bool:
         return False
+
+
+class _SlotReader:
+    """Reads the data slots of GGUF files the workbench wrote (checked against their own headers first)."""
+
+    def __init__(self, dest: Path) -> None:
+        self.dest = dest
+
+    def locate(self, info: TensorInfo) -> tuple[Path, int, int]:
+        return self.dest / info.file, info.begin, info.end
+
+    def read_bytes(self, info: TensorInfo) -> bytes:
+        from ..iostats import open_for_read, read_at
+
+        fd = open_for_read(self.dest / info.file)
+        try:
+            return read_at(fd, info.nbytes, info.begin)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        return None
+
+
+def open_written_gguf(dest: Path, layouts: Sequence[FileLayout]) -> Any:
+    """A catalog of written GGUF files whose slots are where each file's own header (read by the `gguf`
+    package) says its tensors are, with the planned types and shapes; CheckpointError otherwise."""
+    import gguf
+
+    from ..catalog import Catalog
+    from ..errors import CheckpointError
+
+    infos = []
+    for layout in layouts:
+        path = dest / layout.file
+        try:
+            reader = gguf.GGUFReader(path)
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"Cannot verify {path}: the gguf package does not read it ({exc}). Convert again.") from None
+        found = {t.name: (t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)), int(t.data_offset)) for t in reader.tensors}
+        types = {name: (kind, shape) for name, kind, shape in getattr(layout, "types", ())}
+        for slot in layout.tensors:
+            kind, shape = types.get(slot.name, ("", ()))
+            if found.get(slot.name) != (kind, shape, slot.begin):
+                raise CheckpointError(f"Cannot verify {path}: tensor {slot.name!r} is {found.get(slot.name)} in the file, planned "
+                                      f"{(kind, shape, slot.begin)}. Convert again.", tensor=slot.name)
+            infos.append(slot)
+    return Catalog(root=dest, format="gguf", tensors={t.name: t for t in infos}, reader=_SlotReader(dest))
 
 
 def _numel(shape: Sequence[int]) -> int:

@@ -10,6 +10,7 @@ from typing import Any
 from ..catalog import Catalog
 from ..display import parse_size
 from ..errors import PlanError, WorkbenchError
+from ..mapper.gguf_preset import OUTPUT_PRESETS
 from ..mapper.groups import Binding, Problem
 from ..output import OutputFormat, output_format
 from .destination import check_destination
@@ -101,7 +102,7 @@ def _build_plan(
 ) -> Plan:
     output = output_format(options.to)
     try:
-        mapper, output, options = output.prepare(catalog, mapper, options)
+        mapper, output, options = output.prepare(catalog, mapper, options, OUTPUT_PRESETS.get(output.name))
     except WorkbenchError as exc:
         raise PlanError(exc.message if hasattr(exc, "message") else str(exc)) from None
     binding = bind(catalog, mapper, options.rest)
