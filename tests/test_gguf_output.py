@@ -25,12 +25,13 @@ def _tensors(reader) -> dict:
             for t in reader.tensors}
 
 
-@pytest.mark.parametrize("outtype", ["f16", "bf16", "q8_0", "f32"])
-def test_llama_gguf_equals_llama_cpp_converter(outtype: str, tmp_path: Path) -> None:
-    src = model_folder("llama")
+@pytest.mark.parametrize(("family", "outtype"), [("llama", "f16"), ("llama", "bf16"), ("llama", "q8_0"), ("llama", "f32"),
+                                                 ("qwen2", "q8_0"), ("qwen3", "bf16")])
+def test_gguf_equals_llama_cpp_converter(family: str, outtype: str, tmp_path: Path) -> None:
+    src = model_folder(family)
     wb.convert(src, tmp_path / "out", to="gguf", dtype=outtype, quiet=True)
     ours = gguf.GGUFReader(tmp_path / "out" / "model.gguf")
-    ref = gguf.GGUFReader(reference_gguf("llama", outtype))
+    ref = gguf.GGUFReader(reference_gguf(family, outtype))
     assert list(_fields(ours)) == list(_fields(ref))
     assert _fields(ours) == _fields(ref)
     mine, theirs = _tensors(ours), _tensors(ref)
@@ -39,6 +40,7 @@ def test_llama_gguf_equals_llama_cpp_converter(outtype: str, tmp_path: Path) -> 
         assert mine[name][:2] == theirs[name][:2], name
         assert mine[name][2] == theirs[name][2], name
     assert {t for t, _, _ in mine.values()} == ({"F32", outtype.upper()} if outtype != "f32" else {"F32"})
+    assert (tmp_path / "out" / "model.gguf").read_bytes() == reference_gguf(family, outtype).read_bytes()
 
 
 def test_the_plan_lists_gguf_types_sizes_and_metadata_before_anything_is_written(tmp_path: Path) -> None:

@@ -62,7 +62,8 @@ def reference_gguf(family: str, outtype: str) -> Path:
     if not out.is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PYTHONPATH": str(EXTRA)}
-        done = subprocess.run([sys.executable, str(script), str(folder), "--outtype", outtype, "--outfile", str(out) + ".tmp"],
+        runner = [sys.executable, str(Path(__file__).with_name("run_converter.py"))] if family.startswith("qwen") else [sys.executable]
+        done = subprocess.run([*runner, str(script), str(folder), "--outtype", outtype, "--outfile", str(out) + ".tmp"],
                               env=env, capture_output=True, text=True, timeout=300)
         if done.returncode:
             raise AssertionError(f"convert_hf_to_gguf.py failed:\n{done.stderr[-3000:]}")

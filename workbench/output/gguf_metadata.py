@@ -69,10 +69,13 @@ def kv_metadata(root: Path, arch: str, config: dict[str, Any], gguf_type: str, t
     head_dim = _model_parameters(writer, config)
     writer.add_file_type(FILE_TYPES[gguf_type])
     tokens, scores, types = _vocab(root)
-    writer.add_vocab_size(int(config.get("vocab_size") or len(tokens)))
-    if arch == "llama":
+    if arch == "llama":  # llama.cpp's Llama converter (also Mistral) adds these two; Qwen's does not
+        writer.add_vocab_size(int(config.get("vocab_size") or len(tokens)))
         writer.add_rope_dimension_count(head_dim)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    prefix_space = _tokenizer_config(root).get("add_prefix_space")
+    if arch == "llama" and prefix_space is not None:
+        writer.add_add_space_prefix(bool(prefix_space))
     writer.add_tokenizer_model("llama")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
@@ -80,6 +83,14 @@ def kv_metadata(root: Path, arch: str, config: dict[str, Any], gguf_type: str, t
     writer.add_token_types(types)
     gguf.SpecialVocab(root, n_vocab=len(tokens)).add_to_gguf(writer)
     return dict(writer.kv_data[0])
+
+
+def _tokenizer_config(root: Path) -> dict[str, Any]:
+    try:
+        found = json.loads((root / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def _vocab(root: Path) -> tuple[list[Any], list[float], list[int]]:
