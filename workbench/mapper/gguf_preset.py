@@ -143,7 +143,5 @@ def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | No
     return Sequential(*stages), planned, ARCHITECTURES[model_type][0]
 
 
-OUTPUT_PRESETS = {"gguf": hf_to_gguf}  # output format name -> the preset its `prepare` builds on
 
-
-__all__ = ["ARCHITECTURES", "OUTPUT_PRESETS", "GGUF_TYPES", "GgufTensor", "gguf_name", "gguf_type", "hf_to_gguf", "infer_q8_0", "quantize_q8_0"]
+__all__ = ["ARCHITECTURES", "GGUF_TYPES", "GgufTensor", "gguf_name", "gguf_type", "hf_to_gguf", "infer_q8_0", "quantize_q8_0"]

@@ -11,6 +11,7 @@ from ..errors import PlanError
 from .base import OutputFormat
 from .dcp import DcpOutput
 from .gguf import GgufOutput
+from .pth import PthOutput
 from .safetensors import SafetensorsOutput
 
 OUTPUT_FORMATS: dict[str, OutputFormat] = {}
@@ -38,5 +39,6 @@ def output_format(name: str) -> OutputFormat:
 register(SafetensorsOutput(), "hf")
 register(DcpOutput())
 register(GgufOutput())
+register(PthOutput())
 
 __all__ = ["OUTPUT_FORMATS", "OutputFormat", "output_format", "register"]

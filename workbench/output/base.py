@@ -27,6 +27,7 @@ class OutputFormat:
     keeps_header_metadata: bool = False  # whether the source's safetensors `__metadata__` can travel
     copies_extras: bool = True  # whether config, tokenizer and other non-weight files are copied beside the output
     default_shard_size: int | str = "5GB"  # the split size when the user names none
+    applies_dtype_policy: bool = True  # whether the planner casts float outputs to `dtype=` (False: `prepare` uses it)
 
     def policy(self, dtype: Any) -> str:
         """The code a `dtype=` policy stands for in this format (default: a float dtype every tensor is cast to)."""
@@ -40,10 +41,6 @@ class OutputFormat:
         `preset` is the mapper preset the planner registered for this format (`mapper.OUTPUT_PRESETS`), if any."""
         return mapper, self, options
 
-    @property
-    def applies_dtype_policy(self) -> bool:
-        """Whether the planner casts floating-point outputs to `options.dtype` (else `prepare` used it)."""
-        return type(self).prepare is OutputFormat.prepare
 
     def file_name(self, k: int, n: int) -> str:
         """Name of data file `k` (0-based) of `n`."""
@@ -72,6 +69,10 @@ class OutputFormat:
     def commit(self, dest: Path, layouts: Sequence[FileLayout], reader: Any, *, objects: bool) -> bool:
         """Write the commit files (the marker last); True when a marker file was written."""
         raise NotImplementedError
+
+    def shard_of(self, name: str) -> int | None:
+        """The data file an output tensor must go to, when the format decides it (None: shards by size)."""
+        return None
 
     def open_written(self, dest: Path, layouts: Sequence[FileLayout]) -> Any:
         """A catalog of the finished output for `--verify`, or None when the workbench reads the format itself."""

@@ -27,6 +27,7 @@ from ..catalog import TensorInfo
 from ..errors import PlanError
 from .base import OutputFormat
 from .safetensors import FileLayout, SafetensorsWriter
+from .slots import slot_catalog
 
 ALIGNMENT = 32  # GGUF's default data alignment
 _SPLIT_NAME = re.compile(r"model-(\d{5})-of-(\d{5})\.gguf")
@@ -125,6 +126,7 @@ class GgufOutput(OutputFormat):
     label = " (GGUF)"
     keeps_header_metadata = False
     copies_extras = False
+    applies_dtype_policy = False  # the dtype names the GGUF type of matrices; the preset casts (norms stay F32)
     default_shard_size = 1 << 62  # one file unless a split size is asked for
 
     def __init__(self, spec: GgufSpec | None = None) -> None:
@@ -183,34 +185,11 @@ class GgufOutput(OutputFormat):
         return False
 
 
-class _SlotReader:
-    """Reads the data slots of GGUF files the workbench wrote (checked against their own headers first)."""
-
-    def __init__(self, dest: Path) -> None:
-        self.dest = dest
-
-    def locate(self, info: TensorInfo) -> tuple[Path, int, int]:
-        return self.dest / info.file, info.begin, info.end
-
-    def read_bytes(self, info: TensorInfo) -> bytes:
-        from ..iostats import open_for_read, read_at
-
-        fd = open_for_read(self.dest / info.file)
-        try:
-            return read_at(fd, info.nbytes, info.begin)
-        finally:
-            os.close(fd)
-
-    def close(self) -> None:
-        return None
-
-
 def open_written_gguf(dest: Path, layouts: Sequence[FileLayout]) -> Any:
     """A catalog of written GGUF files whose slots are where each file's own header (read by the `gguf`
     package) says its tensors are, with the planned types and shapes; CheckpointError otherwise."""
     import gguf
 
-    from ..catalog import Catalog
     from ..errors import CheckpointError
 
     infos = []
@@ -228,7 +207,7 @@ def open_written_gguf(dest: Path, layouts: Sequence[FileLayout]) -> Any:
                 raise CheckpointError(f"Cannot verify {path}: tensor {slot.name!r} is {found.get(slot.name)} in the file, planned "
                                       f"{(kind, shape, slot.begin)}. Convert again.", tensor=slot.name)
             infos.append(slot)
-    return Catalog(root=dest, format="gguf", tensors={t.name: t for t in infos}, reader=_SlotReader(dest))
+    return slot_catalog(dest, "gguf", infos)
 
 
 def _numel(shape: Sequence[int]) -> int:

@@ -10,8 +10,8 @@ from typing import Any
 from ..catalog import Catalog
 from ..display import parse_size
 from ..errors import PlanError, WorkbenchError
-from ..mapper.gguf_preset import OUTPUT_PRESETS
 from ..mapper.groups import Binding, Problem
+from ..mapper.output_presets import OUTPUT_PRESETS
 from ..output import OutputFormat, output_format
 from .destination import check_destination
 from .dtype_policy import apply_dtype
