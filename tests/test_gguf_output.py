@@ -97,3 +97,31 @@ def test_verify_rereads_gguf_through_its_own_header_and_catches_a_flipped_byte(t
     from workbench.engine.output_check import check_outputs
 
     assert check_outputs(plan).mismatches == ["blk.1.attn_q.weight"]
+
+
+def test_split_gguf_written_by_two_worker_ranks_equals_one_process(tmp_path: Path) -> None:
+    src = model_folder("llama")
+    wb.convert(src, tmp_path / "one", to="gguf", dtype="q8_0", shard_size="60KB", quiet=True)
+    wb.convert(src, tmp_path / "two", to="gguf", dtype="q8_0", shard_size="60KB", nproc=2, launcher="local", quiet=True)
+    names = sorted(p.name for p in (tmp_path / "one").iterdir())
+    assert len(names) > 1 and names == sorted(p.name for p in (tmp_path / "two").iterdir())
+    for name in names:
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
+
+
+def test_an_interrupted_split_gguf_resumes_keeping_the_finished_files(tmp_path: Path) -> None:
+    src = model_folder("llama")
+    out = tmp_path / "out"
+    plan = wb.plan(src, to="gguf", dtype="f16", shard_size="60KB", dest=out)
+    wb.convert(src, out, to="gguf", dtype="f16", shard_size="60KB", quiet=True)
+    names = sorted(p.name for p in out.iterdir())
+    (out / names[-1]).unlink()  # as a run killed before its last file leaves it: the manifest says which plan
+    from workbench.planning.destination import write_manifest
+
+    write_manifest(out, plan.layout_fingerprint, plan.output_file_list)
+    report = wb.convert(src, out, to="gguf", dtype="f16", shard_size="60KB", quiet=True)
+    assert report.kept == names[:-1]
+    merged = {}
+    for name in names:
+        merged.update(_tensors(gguf.GGUFReader(out / name)))
+    assert merged == _tensors(gguf.GGUFReader(reference_gguf("llama", "f16")))

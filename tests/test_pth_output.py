@@ -66,3 +66,15 @@ def test_a_flipped_data_byte_fails_verify(llama_sample: Path, tmp_path: Path) ->
 
     check = check_outputs(plan)
     assert not check.ok
+
+
+def test_worker_ranks_write_whole_files_and_the_bytes_do_not_change(llama_sample: Path, tmp_path: Path) -> None:
+    # Each MP group (one source tensor -> its slice in every file) spans both files, so one rank owns both.
+    config = json.loads((llama_sample / "config.json").read_text())
+    mapper = hf_to_meta_mp(config, 2)
+    wb.convert(llama_sample, tmp_path / "one", mapper, to="pth", quiet=True)
+    plan = wb.plan(llama_sample, mapper, to="pth", nproc=2, dest=tmp_path / "two")
+    assert plan.ok and len({f.rank for f in plan.output_file_list}) == 1
+    wb.convert(llama_sample, tmp_path / "two", mapper, to="pth", nproc=2, launcher="local", quiet=True)
+    for name in ("consolidated.00.pth", "consolidated.01.pth", "params.json"):
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()

@@ -101,6 +101,7 @@ def _build_plan(
     kept: Iterable[str],
 ) -> Plan:
     output = output_format(options.to)
+    user_mapper = mapper  # what workers receive: they re-run `prepare` themselves
     try:
         mapper, output, options = output.prepare(catalog, mapper, options, OUTPUT_PRESETS.get(output.name))
     except WorkbenchError as exc:
@@ -155,7 +156,8 @@ def _build_plan(
     return Plan(
         source=catalog, dest=dest_path, options=options, binding=binding, steps=steps, files=files, problems=problems,
         extras=extras, extra_files=extra_files, layout_fingerprint=layout_fp, fingerprint=run_fingerprint(layout_fp, files, options.nproc),
-        mapper=mapper, mapper_json=exported, header_metadata=header_metadata, output=output,
+        mapper=user_mapper, mapper_json=exported if user_mapper is mapper else mapper_json(user_mapper),
+        header_metadata=header_metadata, output=output,
     )
 
 
