@@ -87,6 +87,13 @@ def test_verify_rereads_gguf_through_its_own_header_and_catches_a_flipped_byte(t
     src = model_folder("llama")
     report = wb.convert(src, tmp_path / "out", to="gguf", dtype="q8_0", quiet=True, verify=True)
     assert report.verified and len(report.verification) == 21
+    frame = report.verification
+    q8 = frame[frame.check == "compute+dequantised"]
+    assert len(q8) == 16 and (q8.max_abs_diff > 0).all()
+    # Q8_0 error is at most half a quantisation step of the block's scale: |x| <= amax, step = amax / 127.
+    src = wb.open_checkpoint(src)
+    amax = float(src.load("model.layers.1.self_attn.q_proj.weight").float().abs().max())
+    assert 0 < q8.loc["blk.1.attn_q.weight", "max_abs_diff"] <= amax / 127 / 2 * 1.01
     plan = wb.plan(src, to="gguf", dtype="q8_0", dest=tmp_path / "out2")
     wb.convert(src, tmp_path / "out2", to="gguf", dtype="q8_0", quiet=True)
     path = tmp_path / "out2" / "model.gguf"

@@ -93,6 +93,8 @@ class GgufTensor:
     name: str
     type: str
     shape: tuple[int, ...]
+    source: str = ""  # the HF tensor it is made from
+    heads: int = 0  # heads of the q/k row permutation applied to it (0: none)
 
 
 def _config_get(config: Any, key: str, default: Any = None) -> Any:
@@ -136,7 +138,7 @@ def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | No
                                    infer="workbench.mapper.gguf_preset:infer_q8_0"))
         elif info.dtype != kind:
             stage4.append(Cast(out, kind))
-        planned[out] = GgufTensor(out, kind, shape)
+        planned[out] = GgufTensor(out, kind, shape, name, n_heads if permute else 0)
     stages = [Parallel(*ops) for ops in (stage1, stage2, stage3, stage4) if ops]
     if before is not None:
         stages.insert(0, before)

@@ -74,6 +74,11 @@ class OutputFormat:
         """The data file an output tensor must go to, when the format decides it (None: shards by size)."""
         return None
 
+    def lossy_errors(self, source: Any, written: Any) -> dict[str, float]:
+        """For `--verify`: output tensor -> largest |value - source value| where the format stores values lossily
+        (quantised), read back from `written` and de-quantised; empty for exact formats."""
+        return {}
+
     def open_written(self, dest: Path, layouts: Sequence[FileLayout]) -> Any:
         """A catalog of the finished output for `--verify`, or None when the workbench reads the format itself."""
         return None

@@ -181,6 +181,31 @@ class GgufOutput(OutputFormat):
     def open_written(self, dest: Path, layouts: Sequence[FileLayout]) -> Any:
         return open_written_gguf(dest, layouts)
 
+    def lossy_errors(self, source: Any, written: Any) -> dict[str, float]:
+        """Q8_0 tensors de-quantised (by the `gguf` package) against the source, permuted as planned, in float32."""
+        import gguf
+        import numpy as np
+        import torch
+
+        from ..dtypes import to_torch
+
+        errors: dict[str, float] = {}
+        if self.spec is None:
+            return errors
+        for name, planned in self.spec.tensors.items():
+            if planned.type != "Q8_0" or name not in written:
+                continue
+            info = source[planned.source]
+            raw = torch.frombuffer(bytearray(source.read_bytes(planned.source)), dtype=to_torch(info.dtype)).reshape(info.shape)
+            expected = raw.to(torch.float32)
+            if planned.heads:
+                rows = expected.shape[0]  # llama.cpp's q/k order: per head (2, half) rows -> (half, 2)
+                expected = expected.reshape(planned.heads, 2, rows // planned.heads // 2, -1).transpose(1, 2).reshape(info.shape)
+            stored = np.frombuffer(written.read_bytes(name), dtype=np.uint8).reshape(written[name].shape)
+            values = torch.from_numpy(gguf.quants.dequantize(stored, gguf.GGMLQuantizationType.Q8_0).copy())
+            errors[name] = float((values.reshape(expected.shape) - expected).abs().max()) if expected.numel() else 0.0
+        return errors
+
     def commit(self, dest: Path, layouts: Sequence[FileLayout], reader: Any, *, objects: bool) -> bool:
         return False
 
