@@ -50,6 +50,9 @@ def test_the_plan_lists_gguf_types_sizes_and_metadata_before_anything_is_written
     types = {name: kind for name, kind, _ in layout.types}
     assert types["blk.0.attn_q.weight"] == "Q8_0" and types["blk.0.attn_norm.weight"] == "F32"
     assert dict(layout.kv)["general.architecture"] == "llama" and dict(layout.kv)["general.file_type"] == 7
+    text = plan.summary()
+    assert "blk.0.attn_q.weight  Q8_0" in text and "tokenizer.ggml.model" in text and "general.file_type" in text
+    assert "GGUF tensors" in plan._repr_html_()
     assert not (tmp_path / "out").exists()
 
 

@@ -74,6 +74,10 @@ class OutputFormat:
         """The data file an output tensor must go to, when the format decides it (None: shards by size)."""
         return None
 
+    def details(self, layouts: Sequence[FileLayout]) -> list[tuple[str, list[str], list[tuple]]]:
+        """Format-specific tables a plan shows: (title, columns, rows), e.g. GGUF types and metadata."""
+        return []
+
     def lossy_errors(self, source: Any, written: Any) -> dict[str, float]:
         """For `--verify`: output tensor -> largest |value - source value| where the format stores values lossily
         (quantised), read back from `written` and de-quantised; empty for exact formats."""

@@ -181,6 +181,19 @@ class GgufOutput(OutputFormat):
     def open_written(self, dest: Path, layouts: Sequence[FileLayout]) -> Any:
         return open_written_gguf(dest, layouts)
 
+    def details(self, layouts: Sequence[FileLayout]) -> list[tuple[str, list[str], list[tuple]]]:
+        from ..display import format_bytes
+
+        tensors, metadata = [], []
+        for layout in layouts:
+            slots = layout.by_name()
+            for name, kind, shape in getattr(layout, "types", ()):
+                tensors.append((name, kind, "x".join(map(str, shape)), format_bytes(slots[name].nbytes), layout.file))
+            if not metadata:
+                metadata = [(key, str(value)[:80]) for key, value in getattr(layout, "kv", ())]
+        return [("GGUF tensors", ["tensor", "type", "shape", "size", "file"], tensors),
+                ("GGUF metadata (first file)", ["key", "value"], metadata)]
+
     def lossy_errors(self, source: Any, written: Any) -> dict[str, float]:
         """Q8_0 tensors de-quantised (by the `gguf` package) against the source, permuted as planned, in float32."""
         import gguf

@@ -440,9 +440,16 @@ class Plan:
         reads = self._read_rows()
         if reads:
             parts.append("source files read:\n" + text_table(["file", "rank", "bytes read"], reads))
+        for title, columns, rows in self.output_details:
+            parts.append(f"{title}:\n" + text_table(columns, rows))
         if self.problems:
             parts.append("problems:\n" + "\n".join(f"  {p.severity}: {p.message}" for p in self.problems))
         return "\n".join(parts)
+
+    @property
+    def output_details(self) -> list[tuple[str, list[str], list[tuple]]]:
+        """Tables the output format adds (title, columns, rows): GGUF tensor types and sizes, its metadata ..."""
+        return self.output_format.details([f.layout for f in self.output_file_list])
 
     def __str__(self) -> str:
         return self.summary()
@@ -464,6 +471,8 @@ class Plan:
                      + html_table(["file", "size", "tensors", "rank", ""], self._file_rows()) + "</details>")
         parts.append("<details><summary>source files read</summary>"
                      + html_table(["file", "rank", "bytes read"], self._read_rows()) + "</details>")
+        for title, columns, rows in self.output_details:
+            parts.append(f"<details><summary>{html.escape(title)}</summary>" + html_table(columns, rows) + "</details>")
         compute = [s for s in self.steps if s.kind == COMPUTE][:20]
         if compute:
             rows = [(s.index, s.group.label, format_bytes(s.held_bytes)) for s in compute]
