@@ -3,6 +3,7 @@ shapes, bytes and metadata, for every type the dtype policy offers."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +52,9 @@ def test_the_plan_lists_gguf_types_sizes_and_metadata_before_anything_is_written
     assert types["blk.0.attn_q.weight"] == "Q8_0" and types["blk.0.attn_norm.weight"] == "F32"
     assert dict(layout.kv)["general.architecture"] == "llama" and dict(layout.kv)["general.file_type"] == 7
     text = plan.summary()
-    assert "blk.0.attn_q.weight  Q8_0" in text and "tokenizer.ggml.model" in text and "general.file_type" in text
+    assert re.search(r"blk\.0\.attn_q\.weight +Q8_0 +64x64", text) and "general.file_type" in text
+    tables = dict((title, rows) for title, _, rows in plan.output_details)
+    assert ("tokenizer.ggml.model", "llama") in tables["GGUF metadata (first file)"]
     assert "GGUF tensors" in plan._repr_html_()
     assert not (tmp_path / "out").exists()
 
