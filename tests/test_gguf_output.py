@@ -87,6 +87,8 @@ def test_a_folder_without_config_or_with_an_unknown_dtype_is_refused(tmp_path: P
     (bare / "model.safetensors").write_bytes((model_folder("llama") / "model.safetensors").read_bytes())
     with pytest.raises(PlanError, match="config.json"):
         wb.plan(bare, to="gguf")
+    with pytest.raises(PlanError, match="model_type 'bert'.*llama, mistral, qwen2, qwen3"):
+        wb.plan(Path(__file__).resolve().parent.parent / "sample_checkpoints" / "tiny-bert", to="gguf")
 
 
 def test_verify_rereads_gguf_through_its_own_header_and_catches_a_flipped_byte(tmp_path: Path) -> None:

@@ -383,7 +383,7 @@ class Plan:
             f"status: {status}",
             f"groups: {len(self.steps)} ({kind_text or 'none'}); outputs: {sum(f.n_tensors for f in self.output_file_list)} "
             f"tensors, {format_bytes(self.total_size)} in {n_files} file{'s' if n_files != 1 else ''} "
-            f"(shard size {format_decimal(self.options.shard_size)})",
+            + (f"(shard size {format_decimal(self.options.shard_size)})" if self.options.shard_size < 1 << 60 else "(no size limit)"),
             f"reads: {len(reads)} of {len(src.files)} source files, {format_bytes(sum(reads.values()))}; "
             f"writes: {format_bytes(self.bytes_written)}"
             + (f" ({len(self.kept)} shard(s) kept from an interrupted run)" if self.kept else ""),
