@@ -27,7 +27,7 @@ def _tensors(reader) -> dict:
 
 
 @pytest.mark.parametrize(("family", "outtype"), [("llama", "f16"), ("llama", "bf16"), ("llama", "q8_0"), ("llama", "f32"),
-                                                 ("qwen2", "q8_0"), ("qwen3", "bf16")])
+                                                 ("mistral", "q8_0"), ("qwen2", "q8_0"), ("qwen3", "bf16")])
 def test_gguf_equals_llama_cpp_converter(family: str, outtype: str, tmp_path: Path) -> None:
     src = model_folder(family)
     wb.convert(src, tmp_path / "out", to="gguf", dtype=outtype, quiet=True)

@@ -49,6 +49,9 @@ def build(folder: Path, family: str = "llama", dtype: str = "bfloat16") -> Path:
     if family == "llama":
         config = transformers.LlamaConfig(**common, head_dim=16)
         cls = transformers.LlamaForCausalLM
+    elif family == "mistral":
+        config = transformers.MistralConfig(**common, head_dim=16)
+        cls = transformers.MistralForCausalLM
     elif family == "qwen2":
         config = transformers.Qwen2Config(**common)
         cls = transformers.Qwen2ForCausalLM
