@@ -142,6 +142,11 @@ class GgufOutput(OutputFormat):
     def prepare(self, catalog: Any, mapper: Any, options: Any, preset: Any = None) -> tuple[Any, OutputFormat, Any]:
         from .gguf_metadata import kv_metadata, read_config
 
+        try:
+            import gguf  # noqa: F401
+        except ImportError:
+            raise PlanError("Cannot write GGUF: the `gguf` package (llama.cpp's container library) is not installed. "
+                            "Install it: pip install 'workbench[gguf]' (or pip install gguf).") from None
         if preset is None:
             raise PlanError("Cannot plan a GGUF output: no HF -> GGUF mapper preset is registered (workbench.mapper.gguf_preset).")
 
