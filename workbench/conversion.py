@@ -106,7 +106,7 @@ def convert(
     dest: str | os.PathLike,
     mapper: Mapper | Binding | None = None,
     *,
-    shard_size: int | str = "5GB",
+    shard_size: int | str | None = None,
     nproc: int = 1,
     rest: Rest = "keep",
     dtype: Any = None,

@@ -59,7 +59,7 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a preset of workbench.mapper.presets built from the source's config.json, e.g. from_transformers "
                              "(see `workbench inspect SRC` for the ones that apply); several, comma-separated, run in "
                              "order (each built on what the previous ones make); with --mapper, the presets run first")
-    parser.add_argument("--shard-size", default="5GB", help="largest shard, e.g. 5GB (decimal) or 500MiB (default 5GB)")
+    parser.add_argument("--shard-size", default=None, help="largest shard, e.g. 5GB (decimal) or 500MiB (default 5GB; one file for --to gguf)")
     parser.add_argument("--dtype", help="store every floating-point tensor in this floating-point dtype (bf16, fp16, fp32, "
                                         "fp64, fp8, F8_E5M2 ...); integer and bool tensors are never cast")
     parser.add_argument("--nproc", type=int, default=1, help="processes to run on (torchrun workers when > 1)")

@@ -197,7 +197,9 @@ def check_outputs(plan) -> OutputCheck:
 
     result = OutputCheck(str(plan.dest))
     try:
-        out_catalog = open_catalog(plan.dest)
+        out_catalog = plan.output_format.open_written(plan.dest, [f.layout for f in plan.output_file_list])
+        if out_catalog is None:
+            out_catalog = open_catalog(plan.dest)
     except WorkbenchError as exc:
         result.rows = [(t.name, "open", "missing", None, 0, exc.message) for s in plan.steps for t in s.group.outputs]
         return result
@@ -214,6 +216,8 @@ def check_outputs(plan) -> OutputCheck:
                 continue
             check = _check_copy if step.kind == COPY else _check_cast if step.kind == CAST else _check_compute
             check(group, source, output, out_catalog, result.rows)
+        lossy = plan.output_format.lossy_errors(plan.source, out_catalog)
+        result.rows = [(r[0], r[1] + "+dequantised", r[2], lossy[r[0]], *r[4:]) if r[0] in lossy else r for r in result.rows]
     finally:
         source.close()
         output.close()

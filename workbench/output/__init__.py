@@ -10,6 +10,8 @@ from __future__ import annotations
 from ..errors import PlanError
 from .base import OutputFormat
 from .dcp import DcpOutput
+from .gguf import GgufOutput
+from .pth import PthOutput
 from .safetensors import SafetensorsOutput
 
 OUTPUT_FORMATS: dict[str, OutputFormat] = {}
@@ -36,5 +38,7 @@ def output_format(name: str) -> OutputFormat:
 
 register(SafetensorsOutput(), "hf")
 register(DcpOutput())
+register(GgufOutput())
+register(PthOutput())
 
 __all__ = ["OUTPUT_FORMATS", "OutputFormat", "output_format", "register"]

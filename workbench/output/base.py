@@ -39,6 +39,22 @@ class OutputFormat:
     title: str = ""  # how messages name it, e.g. "DCP"
     label: str = ""  # shown after the destination in plan summaries, e.g. " (DCP)"
     keeps_header_metadata: bool = False  # whether the source's safetensors `__metadata__` can travel
+    copies_extras: bool = True  # whether config, tokenizer and other non-weight files are copied beside the output
+    default_shard_size: int | str = "5GB"  # the split size when the user names none
+    applies_dtype_policy: bool = True  # whether the planner casts float outputs to `dtype=` (False: `prepare` uses it)
+
+    def policy(self, dtype: Any) -> str:
+        """The code a `dtype=` policy stands for in this format (default: a float dtype every tensor is cast to)."""
+        from ..dtypes import policy_dtype
+
+        return policy_dtype(dtype)
+
+    def prepare(self, catalog: Any, mapper: Any, options: Any, preset: Any = None) -> tuple[Any, OutputFormat, Any]:
+        """Bind the format to one source before planning: the mapper to plan, the format instance that lays out
+        and commits, and the options (a format may fix some, e.g. GGUF drops what llama.cpp has no place for).
+        `preset` is the mapper preset the planner registered for this format (`mapper.OUTPUT_PRESETS`), if any."""
+        return mapper, self, options
+
 
     def file_name(self, k: int, n: int) -> str:
         """Name of data file `k` (0-based) of `n`."""
@@ -67,6 +83,23 @@ class OutputFormat:
     def commit(self, dest: Path, layouts: Sequence[FileLayout], reader: Any, *, objects: bool) -> bool:
         """Write the commit files (the marker last); True when a marker file was written."""
         raise NotImplementedError
+
+    def shard_of(self, name: str) -> int | None:
+        """The data file an output tensor must go to, when the format decides it (None: shards by size)."""
+        return None
+
+    def details(self, layouts: Sequence[FileLayout]) -> list[tuple[str, list[str], list[tuple]]]:
+        """Format-specific tables a plan shows: (title, columns, rows), e.g. GGUF types and metadata."""
+        return []
+
+    def lossy_errors(self, source: Any, written: Any) -> dict[str, float]:
+        """For `--verify`: output tensor -> largest |value - source value| where the format stores values lossily
+        (quantised), read back from `written` and de-quantised; empty for exact formats."""
+        return {}
+
+    def open_written(self, dest: Path, layouts: Sequence[FileLayout]) -> Any:
+        """A catalog of the finished output for `--verify`, or None when the workbench reads the format itself."""
+        return None
 
     def __repr__(self) -> str:
         return f"<output format {self.name}>"

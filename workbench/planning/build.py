@@ -10,10 +10,11 @@ from typing import Any
 from ..api_types import CheckpointLike, OnOverflow, OutputName, Rest
 from ..catalog import Catalog
 from ..display import parse_size
-from ..errors import PlanError
+from ..errors import PlanError, WorkbenchError
 from ..mapper.base import Mapper
 from ..mapper.groups import Binding, Problem
-from ..output import output_format
+from ..mapper.output_presets import OUTPUT_PRESETS
+from ..output import OutputFormat, output_format
 from .destination import check_destination
 from .dtype_policy import apply_dtype
 from .extras import layout_change, scan_extras, with_config_dtype, with_layout_note
@@ -43,11 +44,10 @@ def _duplicate_outputs(binding: Binding) -> list[Problem]:
     return problems
 
 
-def _metadata_problems(header_metadata: HeaderMetadata, options: PlanOptions) -> list[Problem]:
+def _metadata_problems(header_metadata: HeaderMetadata, options: PlanOptions, output: OutputFormat) -> list[Problem]:
     """Warnings for source header metadata the output does not carry."""
     if not header_metadata.interesting:
         return []
-    output = output_format(options.to)
     if not output.keeps_header_metadata:
         keys = sorted({k for m in header_metadata.per_file.values() for k in m if k != "format"})
         return [Problem("warning", f"The source's safetensors header metadata ({', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}) "
@@ -69,7 +69,7 @@ def _quantisation_changes(binding: Binding) -> dict | None:
 ON_OVERFLOW = ("warn", "error")
 
 
-def make_options(shard_size: int | str, nproc: int, rest: str, dtype: Any, extras: bool, overwrite: bool,
+def make_options(shard_size: int | str | None, nproc: int, rest: str, dtype: Any, extras: bool, overwrite: bool,
                  chunk_size: int | str, to: str = "safetensors", on_overflow: str = "warn") -> PlanOptions:
     """Validate and normalise the user's options (a dtype policy must name a float dtype the engine produces)."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
@@ -78,13 +78,9 @@ def make_options(shard_size: int | str, nproc: int, rest: str, dtype: Any, extra
     if on_overflow not in ON_OVERFLOW:
         raise PlanError(f"Cannot plan with on_overflow={on_overflow!r}: choose 'warn' (count overflowing values and "
                         "report them) or 'error' (fail the run before its index is written).")
-    code = None
-    if dtype is not None:
-        from ..dtypes import policy_dtype
-
-        code = policy_dtype(dtype)
+    code = None if dtype is None else output.policy(dtype)
     return PlanOptions(
-        shard_size=parse_size(shard_size),
+        shard_size=parse_size(output.default_shard_size if shard_size is None else shard_size),
         nproc=nproc,
         rest=rest,
         dtype=code,
@@ -114,8 +110,14 @@ def _build_plan(
     catalog: Catalog, mapper: Any, options: PlanOptions, dest: str | os.PathLike | None, check_dest: bool,
     kept: Iterable[str],
 ) -> Plan:
+    output = output_format(options.to)
+    user_mapper = mapper  # what workers receive: they re-run `prepare` themselves
+    try:
+        mapper, output, options = output.prepare(catalog, mapper, options, OUTPUT_PRESETS.get(output.name))
+    except WorkbenchError as exc:
+        raise PlanError(exc.message if hasattr(exc, "message") else str(exc)) from None
     binding = bind(catalog, mapper, options.rest)
-    if options.dtype is not None:
+    if options.dtype is not None and output.applies_dtype_policy:
         binding = apply_dtype(binding, options.dtype)
     problems = list(binding.problems) + _duplicate_outputs(binding)
     steps = build_steps(binding.groups, SourceAccess(catalog.reader), options.chunk_bytes)
@@ -124,11 +126,11 @@ def _build_plan(
                                           "Check the mapper and the rest= policy."))
     header_metadata = HeaderMetadata(catalog.file_metadata)
     try:
-        files, warnings = layout_outputs(steps, options.shard_size, output_format(options.to), header_metadata.choose)
+        files, warnings = layout_outputs(steps, options.shard_size, output, header_metadata.choose)
     except PlanError as exc:
         problems.append(Problem("error", exc.message, tensor=exc.tensor))
         files, warnings = [], []
-    problems += warnings + _metadata_problems(header_metadata, options)
+    problems += warnings + _metadata_problems(header_metadata, options, output)
     if files:
         problems += assign_ranks(files, steps, options.nproc)
     exported = mapper_json(mapper)
@@ -137,9 +139,9 @@ def _build_plan(
     # Only a checkpoint read from a folder has extras (a catalog built in memory has a root but no files).
     # A remote reader first brings its small files (config, tokenizer) into a local folder, its catalog root.
     fetch_extras = getattr(catalog.reader, "fetch_extras", None)
-    if options.extras and fetch_extras is not None:
+    if options.extras and output.copies_extras and fetch_extras is not None:
         fetch_extras()
-    on_disk = options.extras and catalog.root.is_dir() and bool(catalog.files)
+    on_disk = options.extras and output.copies_extras and catalog.root.is_dir() and bool(catalog.files)
     extra_files = scan_extras(catalog.root, catalog.extras, dest_path, own=catalog.files) if on_disk else []
     quant_changes = _quantisation_changes(binding) if mapper is not None and extra_files else None
     extra_files = with_config_dtype(catalog.root, extra_files, options.dtype, quant_changes)
@@ -147,7 +149,6 @@ def _build_plan(
         extra_files = with_layout_note(extra_files, layout_change(binding.groups))
     extras = [e.path for e in extra_files if e.written]
     committed: list[str] = []  # files written at commit beside the shards (DCP: objects file, .metadata)
-    output = output_format(options.to)
     objects, object_warnings = output.carried_objects(catalog.reader, options.rest)
     problems += [Problem("warning", w) for w in object_warnings]
     outputs = {t.name for step in steps for t in step.group.outputs}
@@ -170,7 +171,8 @@ def _build_plan(
     return Plan(
         source=catalog, dest=dest_path, options=options, binding=binding, steps=steps, files=files, problems=problems,
         extras=extras, extra_files=extra_files, layout_fingerprint=layout_fp, fingerprint=run_fingerprint(layout_fp, files, options.nproc),
-        mapper=mapper, mapper_json=exported, header_metadata=header_metadata,
+        mapper=user_mapper, mapper_json=exported if user_mapper is mapper else mapper_json(user_mapper),
+        header_metadata=header_metadata, output=output,
     )
 
 
@@ -178,7 +180,7 @@ def plan(
     source: CheckpointLike,
     mapper: Mapper | Binding | None = None,
     *,
-    shard_size: int | str = "5GB",
+    shard_size: int | str | None = None,
     nproc: int = 1,
     rest: Rest = "keep",
     dest: str | os.PathLike | None = None,

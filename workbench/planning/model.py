@@ -71,6 +71,7 @@ class Plan:
         mapper_json: str | None = None,
         extra_files: list[Extra] | None = None,
         header_metadata: HeaderMetadata | None = None,
+        output: OutputFormat | None = None,
     ) -> None:
         self.source = source
         self.dest = dest
@@ -86,6 +87,7 @@ class Plan:
         self.mapper = mapper
         self.mapper_json = mapper_json
         self.header_metadata = header_metadata
+        self._output = output  # the format bound to this source (see OutputFormat.prepare)
 
     # -- plain data (no pandas) -------------------------------------------------------------------
 
@@ -245,7 +247,7 @@ class Plan:
     @property
     def output_format(self) -> OutputFormat:
         """The format the run writes (`options.to`): it names and lays out files and commits them."""
-        return output_format(self.options.to)
+        return self._output if self._output is not None else output_format(self.options.to)
 
     @property
     def index(self) -> dict | None:
@@ -396,7 +398,7 @@ class Plan:
             f"status: {status}",
             f"groups: {len(self.steps)} ({kind_text or 'none'}); outputs: {sum(f.n_tensors for f in self.output_file_list)} "
             f"tensors, {format_bytes(self.total_size)} in {format_count(n_files, 'file')} "
-            f"(shard size {format_decimal(self.options.shard_size)})",
+            + (f"(shard size {format_decimal(self.options.shard_size)})" if self.options.shard_size < 1 << 60 else "(no size limit)"),
             f"reads: {len(reads)} of {len(src.files)} source files, {format_bytes(sum(reads.values()))}; "
             f"writes: {format_bytes(self.bytes_written)}"
             + (f" ({len(self.kept)} shard(s) kept from an interrupted run)" if self.kept else ""),
@@ -465,9 +467,16 @@ class Plan:
         reads = self._read_rows()
         if reads:
             parts.append("source files read:\n" + text_table(["file", "rank", "bytes read"], reads))
+        for title, columns, rows in self.output_details:
+            parts.append(f"{title}:\n" + text_table(columns, rows))
         if self.problems:
             parts.append("problems:\n" + "\n".join(f"  {p.severity}: {p.message}" for p in self.problems))
         return "\n".join(parts)
+
+    @property
+    def output_details(self) -> list[tuple[str, list[str], list[tuple]]]:
+        """Tables the output format adds (title, columns, rows): GGUF tensor types and sizes, its metadata ..."""
+        return self.output_format.details([f.layout for f in self.output_file_list])
 
     def __str__(self) -> str:
         return self.summary()
@@ -489,6 +498,8 @@ class Plan:
                      + html_table(["file", "size", "tensors", "rank", ""], self._file_rows()) + "</details>")
         parts.append("<details><summary>source files read</summary>"
                      + html_table(["file", "rank", "bytes read"], self._read_rows()) + "</details>")
+        for title, columns, rows in self.output_details:
+            parts.append(f"<details><summary>{html.escape(title)}</summary>" + html_table(columns, rows) + "</details>")
         compute = [s for s in self.steps if s.kind == COMPUTE][:20]
         if compute:
             rows = [(s.index, s.group.label, format_bytes(s.held_bytes)) for s in compute]

@@ -112,6 +112,18 @@ def assign_shards(steps: list[Step], limit: int) -> tuple[list[list[TensorInfo]]
     return shards, step_shards, _oversized(oversized, limit)
 
 
+def assign_by_format(steps: list[Step], output: OutputFormat) -> tuple[list[list[TensorInfo]], list[tuple[int, ...]], list[Problem]]:
+    """Files chosen by the output format per tensor (e.g. Meta's model-parallel ranks), in schedule order."""
+    chosen = {t.name: output.shard_of(t.name) or 0 for s in steps for t in s.group.outputs}
+    shards: list[list[TensorInfo]] = [[] for _ in range(max(chosen.values(), default=0) + 1)]
+    step_shards = []
+    for step in steps:
+        for info in step.group.outputs:
+            shards[chosen[info.name]].append(info)
+        step_shards.append(tuple(dict.fromkeys(chosen[t.name] for t in step.group.outputs)))
+    return shards, step_shards, []
+
+
 def layout_outputs(
     steps: list[Step], limit: int, output: OutputFormat, metadata: Callable[[Iterable[str]], dict[str, str]] | None = None,
 ) -> tuple[list[OutputFile], list[Problem]]:
@@ -120,7 +132,10 @@ def layout_outputs(
     `output` names and lays out each file (see `workbench.output`); `metadata` maps the source files feeding
     a shard to its header `__metadata__` where the format keeps one (default `{"format": "pt"}`).
     """
-    shards, step_shards, warnings = assign_shards(steps, limit)
+    if any(output.shard_of(t.name) is not None for s in steps for t in s.group.outputs):
+        shards, step_shards, warnings = assign_by_format(steps, output)
+    else:
+        shards, step_shards, warnings = assign_shards(steps, limit)
     names = [output.file_name(k, len(shards)) for k in range(len(shards))]
     metas: list[dict[str, str] | None] = [None] * len(shards)
     if metadata is not None and output.keeps_header_metadata:

@@ -1,0 +1,71 @@
+"""llama.cpp's `convert_hf_to_gguf.py`, run (never copied) from the llama-cpp-python source distribution.
+
+The sdist is fetched once with pip into `.cache/fixtures/llama_cpp_python-<version>/` (ignored by git);
+`sentencepiece`, which the converter imports for Llama models, goes into a folder beside it (`extra-site`)
+rather than into the shared venv. Reference GGUFs are cached there keyed by the tool version and the
+fixture's seed, so the suite converts each model once.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+VERSION = "0.3.36"
+CACHE = Path(__file__).resolve().parents[2] / ".cache" / "fixtures"
+ROOT = CACHE / f"llama_cpp_python-{VERSION}"
+SCRIPT = ROOT / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
+EXTRA = ROOT / "extra-site"
+
+
+def _pip(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "-q", *args], check=True, capture_output=True, timeout=600)
+
+
+def converter() -> Path:
+    """Path of convert_hf_to_gguf.py, fetching the sdist once; skips the test when it cannot be fetched."""
+    if SCRIPT.is_file() and (EXTRA / "sentencepiece").is_dir():
+        return SCRIPT
+    CACHE.mkdir(parents=True, exist_ok=True)
+    try:
+        if not SCRIPT.is_file():
+            _pip("download", "--no-binary", "llama-cpp-python", "--no-deps", f"llama-cpp-python=={VERSION}", "-d", str(CACHE))
+            with tarfile.open(CACHE / f"llama_cpp_python-{VERSION}.tar.gz") as tar:
+                tar.extractall(CACHE, filter="data")
+        if not (EXTRA / "sentencepiece").is_dir():
+            _pip("install", "--target", str(EXTRA), "sentencepiece")
+    except (subprocess.SubprocessError, OSError, tarfile.TarError) as exc:
+        pytest.skip(f"llama-cpp-python {VERSION} source distribution (llama.cpp's converter) cannot be fetched: {exc}")
+    return SCRIPT
+
+
+def model_folder(family: str) -> Path:
+    """A cached tiny random `family` HF model with a tokenizer (built once per seed)."""
+    from gguf_support.models import SEED, build
+
+    folder = CACHE / "gguf-models" / f"{family}-{SEED}"
+    if not (folder / "model.safetensors").is_file():
+        build(folder, family)
+    return folder
+
+
+def reference_gguf(family: str, outtype: str) -> Path:
+    """What llama.cpp's converter writes for `model_folder(family)` with `--outtype outtype` (cached)."""
+    script = converter()
+    folder = model_folder(family)
+    out = ROOT / "references" / f"{folder.name}-{outtype}.gguf"
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "PYTHONPATH": str(EXTRA)}
+        runner = [sys.executable, str(Path(__file__).with_name("run_converter.py"))] if family.startswith("qwen") else [sys.executable]
+        done = subprocess.run([*runner, str(script), str(folder), "--outtype", outtype, "--outfile", str(out) + ".tmp"],
+                              env=env, capture_output=True, text=True, timeout=300)
+        if done.returncode:
+            raise AssertionError(f"convert_hf_to_gguf.py failed:\n{done.stderr[-3000:]}")
+        os.replace(str(out) + ".tmp", out)
+    return out

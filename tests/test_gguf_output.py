@@ -1,0 +1,142 @@
+"""GGUF output (`to="gguf"`) against llama.cpp's own converter run on the same folder: same tensors, types,
+shapes, bytes and metadata, for every type the dtype policy offers."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf_support.reference import model_folder, reference_gguf
+
+import workbench as wb
+from workbench.cli.commands import main as cli_main
+from workbench.errors import PlanError
+
+gguf = pytest.importorskip("gguf")
+
+
+def _fields(reader) -> dict:
+    return {k: (tuple(f.types), f.contents()) for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+
+
+def _tensors(reader) -> dict:
+    return {t.name: (t.tensor_type.name, [int(d) for d in t.shape], bytes(np.asarray(t.data).view(np.uint8).reshape(-1)))
+            for t in reader.tensors}
+
+
+@pytest.mark.parametrize(("family", "outtype"), [("llama", "f16"), ("llama", "bf16"), ("llama", "q8_0"), ("llama", "f32"),
+                                                 ("mistral", "q8_0"), ("qwen2", "q8_0"), ("qwen3", "bf16")])
+def test_gguf_equals_llama_cpp_converter(family: str, outtype: str, tmp_path: Path) -> None:
+    src = model_folder(family)
+    wb.convert(src, tmp_path / "out", to="gguf", dtype=outtype, quiet=True)
+    ours = gguf.GGUFReader(tmp_path / "out" / "model.gguf")
+    ref = gguf.GGUFReader(reference_gguf(family, outtype))
+    assert list(_fields(ours)) == list(_fields(ref))
+    assert _fields(ours) == _fields(ref)
+    mine, theirs = _tensors(ours), _tensors(ref)
+    assert list(mine) == list(theirs)
+    for name in theirs:
+        assert mine[name][:2] == theirs[name][:2], name
+        assert mine[name][2] == theirs[name][2], name
+    assert {t for t, _, _ in mine.values()} == ({"F32", outtype.upper()} if outtype != "f32" else {"F32"})
+    assert (tmp_path / "out" / "model.gguf").read_bytes() == reference_gguf(family, outtype).read_bytes()
+
+
+def test_the_plan_lists_gguf_types_sizes_and_metadata_before_anything_is_written(tmp_path: Path) -> None:
+    plan = wb.plan(model_folder("llama"), to="gguf", dtype="q8_0", dest=tmp_path / "out")
+    assert plan.ok and [f.name for f in plan.output_file_list] == ["model.gguf"]
+    layout = plan.output_file_list[0].layout
+    types = {name: kind for name, kind, _ in layout.types}
+    assert types["blk.0.attn_q.weight"] == "Q8_0" and types["blk.0.attn_norm.weight"] == "F32"
+    assert dict(layout.kv)["general.architecture"] == "llama" and dict(layout.kv)["general.file_type"] == 7
+    text = plan.summary()
+    assert re.search(r"blk\.0\.attn_q\.weight +Q8_0 +64x64", text) and "general.file_type" in text
+    tables = dict((title, rows) for title, _, rows in plan.output_details)
+    assert ("tokenizer.ggml.model", "llama") in tables["GGUF metadata (first file)"]
+    assert "GGUF tensors" in plan._repr_html_()
+    assert not (tmp_path / "out").exists()
+
+
+def test_split_files_carry_llama_cpp_split_keys_and_hold_every_tensor(tmp_path: Path) -> None:
+    wb.convert(model_folder("llama"), tmp_path / "out", to="gguf", dtype="f16", shard_size="60KB", quiet=True)
+    names = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert len(names) > 1 and names[0] == f"model-00001-of-{len(names):05d}.gguf"
+    ref = _tensors(gguf.GGUFReader(reference_gguf("llama", "f16")))
+    merged = {}
+    for k, name in enumerate(names):
+        reader = gguf.GGUFReader(tmp_path / "out" / name)
+        fields = _fields(reader)
+        assert fields["split.no"][1] == k and fields["split.count"][1] == len(names)
+        assert fields["split.tensors.count"][1] == len(ref)
+        merged.update(_tensors(reader))
+    assert merged == ref
+
+
+def test_cli_writes_gguf(tmp_path: Path) -> None:
+    assert cli_main(["convert", str(model_folder("llama")), str(tmp_path / "o"), "--to", "gguf", "--dtype", "bf16"]) == 0
+    assert (tmp_path / "o" / "model.gguf").read_bytes() == reference_gguf("llama", "bf16").read_bytes()
+
+
+def test_a_folder_without_config_or_with_an_unknown_dtype_is_refused(tmp_path: Path, llama_sample: Path) -> None:
+    with pytest.raises(PlanError, match="q4_k"):
+        wb.plan(model_folder("llama"), to="gguf", dtype="q4_k")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "model.safetensors").write_bytes((model_folder("llama") / "model.safetensors").read_bytes())
+    with pytest.raises(PlanError, match="config.json"):
+        wb.plan(bare, to="gguf")
+    with pytest.raises(PlanError, match="model_type 'bert'.*llama, mistral, qwen2, qwen3"):
+        wb.plan(Path(__file__).resolve().parent.parent / "sample_checkpoints" / "tiny-bert", to="gguf")
+
+
+def test_verify_rereads_gguf_through_its_own_header_and_catches_a_flipped_byte(tmp_path: Path) -> None:
+    src = model_folder("llama")
+    report = wb.convert(src, tmp_path / "out", to="gguf", dtype="q8_0", quiet=True, verify=True)
+    assert report.verified and len(report.verification) == 21
+    frame = report.verification
+    q8 = frame[frame.check == "compute+dequantised"]
+    assert len(q8) == 16 and (q8.max_abs_diff > 0).all()
+    # Q8_0 error is at most half a quantisation step of the block's scale: |x| <= amax, step = amax / 127.
+    src = wb.open_checkpoint(src)
+    amax = float(src.load("model.layers.1.self_attn.q_proj.weight").float().abs().max())
+    assert 0 < q8.loc["blk.1.attn_q.weight", "max_abs_diff"] <= amax / 127 / 2 * 1.01
+    plan = wb.plan(src, to="gguf", dtype="q8_0", dest=tmp_path / "out2")
+    wb.convert(src, tmp_path / "out2", to="gguf", dtype="q8_0", quiet=True)
+    path = tmp_path / "out2" / "model.gguf"
+    slot = next(t for t in plan.output_file_list[0].layout.tensors if t.name == "blk.1.attn_q.weight")
+    data = bytearray(path.read_bytes())
+    data[slot.begin + 5] ^= 0xFF
+    path.write_bytes(bytes(data))
+    from workbench.engine.output_check import check_outputs
+
+    assert check_outputs(plan).mismatches == ["blk.1.attn_q.weight"]
+
+
+def test_split_gguf_written_by_two_worker_ranks_equals_one_process(tmp_path: Path) -> None:
+    src = model_folder("llama")
+    wb.convert(src, tmp_path / "one", to="gguf", dtype="q8_0", shard_size="60KB", quiet=True)
+    wb.convert(src, tmp_path / "two", to="gguf", dtype="q8_0", shard_size="60KB", nproc=2, launcher="local", quiet=True)
+    names = sorted(p.name for p in (tmp_path / "one").iterdir())
+    assert len(names) > 1 and names == sorted(p.name for p in (tmp_path / "two").iterdir())
+    for name in names:
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
+
+
+def test_an_interrupted_split_gguf_resumes_keeping_the_finished_files(tmp_path: Path) -> None:
+    src = model_folder("llama")
+    out = tmp_path / "out"
+    plan = wb.plan(src, to="gguf", dtype="f16", shard_size="60KB", dest=out)
+    wb.convert(src, out, to="gguf", dtype="f16", shard_size="60KB", quiet=True)
+    names = sorted(p.name for p in out.iterdir())
+    (out / names[-1]).unlink()  # as a run killed before its last file leaves it: the manifest says which plan
+    from workbench.planning.destination import write_manifest
+
+    write_manifest(out, plan.layout_fingerprint, plan.output_file_list)
+    report = wb.convert(src, out, to="gguf", dtype="f16", shard_size="60KB", quiet=True)
+    assert report.kept == names[:-1]
+    merged = {}
+    for name in names:
+        merged.update(_tensors(gguf.GGUFReader(out / name)))
+    assert merged == _tensors(gguf.GGUFReader(reference_gguf("llama", "f16")))

@@ -1,0 +1,149 @@
+"""HF Llama-family names -> llama.cpp GGUF names, with llama.cpp's Q/K row permutation and its type policy.
+
+The names, the permutation (Llama and Mistral store q/k rows per head as [first halves, second halves];
+llama.cpp interleaves them, like Meta's layout) and the per-tensor types are the facts llama.cpp's
+`convert_hf_to_gguf.py` applies; they are restated here as a workbench mapper so the planner can show
+and schedule them. Q8_0 tensors are produced by `quantize_q8_0` (the `gguf` package's own quantiser) as
+their GGUF bytes, a U8 tensor of shape (rows, blocks * 34).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..catalog import TensorInfo
+from ..errors import MapperError
+from .base import Mapper
+from .compose import Parallel, Sequential
+from .function import Function
+from .ops import Cast, Rename, Reshape, Transpose
+
+LAYERS = "model.layers.{i}"
+GGUF_TYPES = ("F32", "F16", "BF16", "Q8_0")
+Q8_BLOCK, Q8_BYTES = 32, 34  # elements per Q8_0 block, bytes per block (an f16 scale + 32 int8)
+
+# llama.cpp's architecture name per HF model_type, and whether it permutes q/k rows.
+ARCHITECTURES = {"llama": ("llama", True), "mistral": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False)}
+
+_TOP = (("model.embed_tokens.weight", "token_embd.weight"), ("model.norm.weight", "output_norm.weight"),
+        ("lm_head.weight", "output.weight"))
+_LAYER = (
+    ("input_layernorm.weight", "attn_norm.weight"), ("post_attention_layernorm.weight", "ffn_norm.weight"),
+    ("self_attn.q_proj.weight", "attn_q.weight"), ("self_attn.k_proj.weight", "attn_k.weight"),
+    ("self_attn.v_proj.weight", "attn_v.weight"), ("self_attn.o_proj.weight", "attn_output.weight"),
+    ("self_attn.q_proj.bias", "attn_q.bias"), ("self_attn.k_proj.bias", "attn_k.bias"),
+    ("self_attn.v_proj.bias", "attn_v.bias"), ("self_attn.q_norm.weight", "attn_q_norm.weight"),
+    ("self_attn.k_norm.weight", "attn_k_norm.weight"),
+    ("mlp.gate_proj.weight", "ffn_gate.weight"), ("mlp.up_proj.weight", "ffn_up.weight"), ("mlp.down_proj.weight", "ffn_down.weight"),
+)
+
+
+def gguf_name(hf: str) -> str | None:
+    """The GGUF name of an HF tensor name, or None when llama.cpp has no place for it."""
+    for src, dst in _TOP:
+        if hf == src:
+            return dst
+    parts = hf.split(".")
+    if len(parts) > 3 and parts[0] == "model" and parts[1] == "layers" and parts[2].isdecimal():
+        rest = ".".join(parts[3:])
+        for src, dst in _LAYER:
+            if rest == src:
+                return f"blk.{parts[2]}.{dst}"
+    return None
+
+
+def gguf_type(name: str, shape: tuple[int, ...], wanted: str) -> str:
+    """llama.cpp's type for one output tensor: vectors and norms stay F32; Q8_0 needs rows of whole blocks
+    (else F16, as the converter falls back)."""
+    if len(shape) <= 1 or name.endswith("_norm.weight"):
+        return "F32"
+    if wanted == "Q8_0" and shape[-1] % Q8_BLOCK:
+        return "F16"
+    return wanted
+
+
+def q8_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Byte shape of a Q8_0 tensor of logical `shape`."""
+    return (*shape[:-1], shape[-1] // Q8_BLOCK * Q8_BYTES)
+
+
+def quantize_q8_0(tensor: Any) -> Any:
+    """Q8_0 bytes of `tensor` (computed in float32 by the `gguf` package's quantiser), as a U8 tensor."""
+    import gguf
+    import numpy as np
+    import torch
+
+    data = tensor.detach().to(torch.float32).contiguous().numpy()
+    return torch.from_numpy(np.ascontiguousarray(gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)))
+
+
+def infer_q8_0(tensor: TensorInfo) -> list[tuple[str, tuple[int, ...]]]:
+    """Output metadata of `quantize_q8_0`."""
+    if not tensor.shape or tensor.shape[-1] % Q8_BLOCK:
+        raise MapperError(f"Cannot quantise {tensor.name!r} {list(tensor.shape)} to Q8_0: its rows are not whole blocks of 32. "
+                          "Keep it F16.", tensor=tensor.name)
+    return [("U8", q8_shape(tuple(tensor.shape)))]
+
+
+@dataclass(frozen=True)
+class GgufTensor:
+    """One planned GGUF tensor: its name, GGUF type and logical shape (HF order, row-major)."""
+
+    name: str
+    type: str
+    shape: tuple[int, ...]
+    source: str = ""  # the HF tensor it is made from
+    heads: int = 0  # heads of the q/k row permutation applied to it (0: none)
+
+
+def _config_get(config: Any, key: str, default: Any = None) -> Any:
+    return config.get(key, default) if isinstance(config, dict) else getattr(config, key, default)
+
+
+def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | None = None) -> tuple[Mapper, dict[str, GgufTensor], str]:
+    """The mapper from an HF Llama-family checkpoint (`source`: its catalog) to llama.cpp's tensors, the
+    GGUF type and shape of every output, and llama.cpp's architecture name. `dtype`: the GGUF type of
+    matrices (F32, F16, BF16, Q8_0). `before`: a user mapper applied first (its outputs must be HF names)."""
+    model_type = _config_get(config, "model_type")
+    if model_type not in ARCHITECTURES:
+        raise MapperError(f"Cannot map model_type {model_type!r} to GGUF: the workbench writes GGUF for "
+                          f"{', '.join(sorted(ARCHITECTURES))}. Use llama.cpp's convert_hf_to_gguf.py for it.")
+    if dtype not in GGUF_TYPES:
+        raise MapperError(f"Cannot write GGUF type {dtype!r}: choose one of {', '.join(t.lower() for t in GGUF_TYPES)}.")
+    _, permute = ARCHITECTURES[model_type]
+    heads = int(_config_get(config, "num_attention_heads"))
+    kv_heads = int(_config_get(config, "num_key_value_heads") or heads)
+    stage1: list[Mapper] = []
+    stage2: list[Mapper] = []
+    stage3: list[Mapper] = []
+    stage4: list[Mapper] = []
+    planned: dict[str, GgufTensor] = {}
+    for name in source.tensors:
+        out = gguf_name(name)
+        if out is None:
+            continue
+        info = source[name]
+        shape = tuple(info.shape)
+        n_heads = heads if out.endswith("attn_q.weight") else kv_heads if out.endswith("attn_k.weight") else 0
+        if permute and n_heads:
+            stage1.append(Reshape(name, [n_heads, 2, shape[0] // n_heads // 2, *shape[1:]], dst=out))
+            stage2.append(Transpose(out, 1, 2))
+            stage3.append(Reshape(out, list(shape)))
+        else:
+            stage1.append(Rename(name, out))
+        kind = gguf_type(out, shape, dtype)
+        if kind == "Q8_0":
+            stage4.append(Function("workbench.mapper.gguf_preset:quantize_q8_0", (out,), (out,),
+                                   infer="workbench.mapper.gguf_preset:infer_q8_0"))
+        elif info.dtype != kind:
+            stage4.append(Cast(out, kind))
+        planned[out] = GgufTensor(out, kind, shape, name, n_heads if permute else 0)
+    stages = [Parallel(*ops) for ops in (stage1, stage2, stage3, stage4) if ops]
+    if before is not None:
+        stages.insert(0, before)
+    return Sequential(*stages), planned, ARCHITECTURES[model_type][0]
+
+
+
+__all__ = ["ARCHITECTURES", "GGUF_TYPES", "GgufTensor", "gguf_name", "gguf_type", "hf_to_gguf", "infer_q8_0", "quantize_q8_0"]

@@ -1,0 +1,263 @@
+"""Writing GGUF files (llama.cpp, Ollama) with the header planned before the first data byte.
+
+A GGUF file is: a fixed header, key/value metadata, one record per tensor (name, dims, GGML type, offset),
+padding to 32 bytes, then the tensors' data, each starting 32-aligned. Given the output tensors' types
+and shapes, every byte position is known in advance, so the planner lays the file out like a safetensors
+shard (the header bytes and one data slot per tensor) and the engine fills the slots with its ordinary
+copies, casts and computes, in bounded memory. Q8_0 tensors arrive as their GGUF bytes (U8 slots made by
+the preset's quantiser); F32 / F16 / BF16 slots hold plain little-endian values.
+
+The tensors, names and metadata follow llama.cpp's `convert_hf_to_gguf.py` for the same folder (see
+`workbench.mapper.gguf_preset` and `gguf_metadata`); the container is packed with the `gguf` package.
+Split outputs (`shard_size=`) carry llama.cpp's `split.no` / `split.count` / `split.tensors.count` keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..catalog import TensorInfo
+from ..errors import PlanError
+from .base import OutputFormat
+from .safetensors import FileLayout, SafetensorsWriter
+from .slots import slot_catalog
+
+ALIGNMENT = 32  # GGUF's default data alignment
+_SPLIT_NAME = re.compile(r"model-(\d{5})-of-(\d{5})\.gguf")
+DTYPE_NAMES = {"f32": "F32", "float32": "F32", "f16": "F16", "float16": "F16", "half": "F16", "bf16": "BF16",
+               "bfloat16": "BF16", "q8_0": "Q8_0", "q8": "Q8_0"}
+
+
+def gguf_file_name(k: int, n: int) -> str:
+    """`model.gguf`, or llama.cpp's split naming `model-0000k-of-0000N.gguf` (k from 1)."""
+    return "model.gguf" if n == 1 else f"model-{k + 1:05d}-of-{n:05d}.gguf"
+
+
+@dataclass(frozen=True)
+class GgufFileLayout(FileLayout):
+    """A GGUF file laid out in advance: `tensors` are the data slots; `types` the GGUF type and logical shape of each."""
+
+    types: tuple[tuple[str, str, tuple[int, ...]], ...] = ()  # (name, GGUF type, logical shape)
+    kv: tuple[tuple[str, Any], ...] = ()  # (key, value) as written, for plans and reports
+
+
+@dataclass(frozen=True)
+class GgufSpec:
+    """What the planner decided for a GGUF output: the metadata and each tensor's GGUF type and shape."""
+
+    arch: str
+    kv: Mapping[str, Any]  # key -> gguf.GGUFValue, in writing order
+    tensors: Mapping[str, Any]  # output name -> GgufTensor
+
+
+def _pack_kv(kv: Mapping[str, Any]) -> bytes:
+    import gguf
+
+    packer = gguf.GGUFWriter(None, "")
+    out = bytearray()
+    for key, val in kv.items():
+        out += packer._pack_val(key, gguf.GGUFValueType.STRING, add_vtype=False)
+        out += packer._pack_val(val.value, val.type, add_vtype=True, sub_type=val.sub_type)
+    return bytes(out)
+
+
+def _pack_string(text: str) -> bytes:
+    raw = text.encode("utf-8")
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def _pad(n: int) -> int:
+    return -n % ALIGNMENT
+
+
+def layout_gguf_file(file: str, tensors: Sequence[TensorInfo], spec: GgufSpec, split: tuple[int, int, int] | None) -> GgufFileLayout:
+    """Header bytes and every tensor's data offset of one GGUF file. `split`: (index, count, total tensors) when split."""
+    import gguf
+
+    kv = dict(spec.kv)
+    if split is not None:
+        kv["split.no"] = gguf.GGUFValue(split[0], gguf.GGUFValueType.UINT16)
+        kv["split.count"] = gguf.GGUFValue(split[1], gguf.GGUFValueType.UINT16)
+        kv["split.tensors.count"] = gguf.GGUFValue(split[2], gguf.GGUFValueType.INT32)
+    records = bytearray()
+    types = []
+    offset = 0
+    relative = []
+    for t in tensors:
+        planned = spec.tensors.get(t.name)
+        if planned is None:
+            raise PlanError(f"Cannot lay out {file}: tensor {t.name!r} has no place in a llama.cpp {spec.arch} model. "
+                            "Drop it (rest='drop') or map it to a GGUF name.", tensor=t.name)
+        kind = gguf.GGMLQuantizationType[planned.type]
+        expected = planned.type if planned.type != "Q8_0" else "U8"
+        if t.dtype != expected:
+            raise PlanError(f"Cannot lay out {file}: tensor {t.name!r} arrives as {t.dtype}, but GGUF type {planned.type} "
+                            f"needs {expected}. The GGUF mapper and the plan disagree.", tensor=t.name)
+        shape = planned.shape
+        records += _pack_string(t.name) + struct.pack("<I", len(shape))
+        records += b"".join(struct.pack("<Q", d) for d in reversed(shape))
+        records += struct.pack("<IQ", int(kind), offset)
+        relative.append(offset)
+        types.append((t.name, planned.type, tuple(shape)))
+        offset += t.nbytes + _pad(t.nbytes)
+    head = struct.pack("<IIQQ", gguf.GGUF_MAGIC, gguf.GGUF_VERSION, len(tensors), len(kv)) + _pack_kv(kv) + bytes(records)
+    header = head + bytes(_pad(len(head)))
+    start = len(header)
+    slots = tuple(TensorInfo(t.name, t.dtype, tuple(t.shape), file, start + at, start + at + t.nbytes)
+                  for t, at in zip(tensors, relative, strict=True))
+    shown = tuple((k, v.value if not isinstance(v.value, list) or len(v.value) <= 8 else f"[{len(v.value)} values]")
+                  for k, v in kv.items())
+    return GgufFileLayout(file, header, slots, start + offset, tuple(types), shown)
+
+
+class GgufOutput(OutputFormat):
+    """llama.cpp GGUF: `model.gguf` (or `model-0000k-of-0000N.gguf` splits), tensors named, permuted, typed and
+    described exactly as llama.cpp's converter does for the same HF folder."""
+
+    name = "gguf"
+    title = "GGUF"
+    label = " (GGUF)"
+    keeps_header_metadata = False
+    copies_extras = False
+    applies_dtype_policy = False  # the dtype names the GGUF type of matrices; the preset casts (norms stay F32)
+    default_shard_size = 1 << 62  # one file unless a split size is asked for
+
+    def __init__(self, spec: GgufSpec | None = None) -> None:
+        self.spec = spec
+
+    def policy(self, dtype: Any) -> str:
+        key = str(dtype).lower().removeprefix("torch.")
+        if key not in DTYPE_NAMES:
+            raise PlanError(f"Cannot write GGUF with dtype={dtype!r}: choose 'f32', 'f16', 'bf16' or 'q8_0' "
+                            "(vectors and norms always stay F32, as in llama.cpp).")
+        return DTYPE_NAMES[key]
+
+    def prepare(self, catalog: Any, mapper: Any, options: Any, preset: Any = None) -> tuple[Any, OutputFormat, Any]:
+        from .gguf_metadata import kv_metadata, read_config
+
+        try:
+            import gguf  # noqa: F401
+        except ImportError:
+            raise PlanError("Cannot write GGUF: the `gguf` package (llama.cpp's container library) is not installed. "
+                            "Install it: pip install 'workbench[gguf]' (or pip install gguf).") from None
+        if preset is None:
+            raise PlanError("Cannot plan a GGUF output: no HF -> GGUF mapper preset is registered (workbench.mapper.gguf_preset).")
+
+        root = Path(catalog.root)
+        config = read_config(root if root.is_dir() else root.parent)
+        wanted = options.dtype or "F16"
+        combined, planned, arch = preset(config, catalog, wanted, before=mapper)
+        total = sum(_numel(t.shape) for t in planned.values())
+        kinds = {t.type for t in planned.values() if len(t.shape) > 1}
+        file_type = wanted if wanted in kinds or not kinds else sorted(kinds)[0]
+        spec = GgufSpec(arch, kv_metadata(root if root.is_dir() else root.parent, arch, config, file_type, total), planned)
+        return combined, GgufOutput(spec), dataclasses.replace(options, rest="drop", extras=False)
+
+    def file_name(self, k: int, n: int) -> str:
+        return gguf_file_name(k, n)
+
+    def layout_file(self, name: str, tensors: Sequence[TensorInfo], metadata: Mapping[str, str] | None = None) -> FileLayout:
+        if self.spec is None:
+            raise PlanError("Cannot lay out a GGUF file without its source: plan it with wb.plan(..., to='gguf').")
+        match = _SPLIT_NAME.fullmatch(name)
+        split = None
+        if match:
+            split = (int(match.group(1)) - 1, int(match.group(2)), self.split_total)
+        return layout_gguf_file(name, tensors, self.spec, split)
+
+    @property
+    def split_total(self) -> int:
+        """Tensors across all split files (every planned tensor is written)."""
+        return len(self.spec.tensors) if self.spec is not None else 0
+
+    def open_writer(self, folder: str | os.PathLike, layout: FileLayout) -> SafetensorsWriter:
+        return SafetensorsWriter(folder, layout)
+
+    def commit_files(self, layouts: Sequence[FileLayout], objects: bool) -> list[str]:
+        return []
+
+    def open_written(self, dest: Path, layouts: Sequence[FileLayout]) -> Any:
+        return open_written_gguf(dest, layouts)
+
+    def details(self, layouts: Sequence[FileLayout]) -> list[tuple[str, list[str], list[tuple]]]:
+        from ..display import format_bytes
+
+        tensors, metadata = [], []
+        for layout in layouts:
+            slots = layout.by_name()
+            for name, kind, shape in getattr(layout, "types", ()):
+                tensors.append((name, kind, "x".join(map(str, shape)), format_bytes(slots[name].nbytes), layout.file))
+            if not metadata:
+                metadata = [(key, str(value)[:80]) for key, value in getattr(layout, "kv", ())]
+        return [("GGUF tensors", ["tensor", "type", "shape", "size", "file"], tensors),
+                ("GGUF metadata (first file)", ["key", "value"], metadata)]
+
+    def lossy_errors(self, source: Any, written: Any) -> dict[str, float]:
+        """Q8_0 tensors de-quantised (by the `gguf` package) against the source, permuted as planned, in float32."""
+        import gguf
+        import numpy as np
+        import torch
+
+        from ..dtypes import to_torch
+
+        errors: dict[str, float] = {}
+        if self.spec is None:
+            return errors
+        for name, planned in self.spec.tensors.items():
+            if planned.type != "Q8_0" or name not in written:
+                continue
+            info = source[planned.source]
+            raw = torch.frombuffer(bytearray(source.read_bytes(planned.source)), dtype=to_torch(info.dtype)).reshape(info.shape)
+            expected = raw.to(torch.float32)
+            if planned.heads:
+                rows = expected.shape[0]  # llama.cpp's q/k order: per head (2, half) rows -> (half, 2)
+                expected = expected.reshape(planned.heads, 2, rows // planned.heads // 2, -1).transpose(1, 2).reshape(info.shape)
+            stored = np.frombuffer(written.read_bytes(name), dtype=np.uint8).reshape(written[name].shape)
+            values = torch.from_numpy(gguf.quants.dequantize(stored, gguf.GGMLQuantizationType.Q8_0).copy())
+            errors[name] = float((values.reshape(expected.shape) - expected).abs().max()) if expected.numel() else 0.0
+        return errors
+
+    def commit(self, dest: Path, layouts: Sequence[FileLayout], reader: Any, *, objects: bool) -> bool:
+        return False
+
+
+def open_written_gguf(dest: Path, layouts: Sequence[FileLayout]) -> Any:
+    """A catalog of written GGUF files whose slots are where each file's own header (read by the `gguf`
+    package) says its tensors are, with the planned types and shapes; CheckpointError otherwise."""
+    import gguf
+
+    from ..errors import CheckpointError
+
+    infos = []
+    for layout in layouts:
+        path = dest / layout.file
+        try:
+            reader = gguf.GGUFReader(path)
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"Cannot verify {path}: the gguf package does not read it ({exc}). Convert again.") from None
+        found = {t.name: (t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)), int(t.data_offset)) for t in reader.tensors}
+        types = {name: (kind, shape) for name, kind, shape in getattr(layout, "types", ())}
+        for slot in layout.tensors:
+            kind, shape = types.get(slot.name, ("", ()))
+            if found.get(slot.name) != (kind, shape, slot.begin):
+                raise CheckpointError(f"Cannot verify {path}: tensor {slot.name!r} is {found.get(slot.name)} in the file, planned "
+                                      f"{(kind, shape, slot.begin)}. Convert again.", tensor=slot.name)
+            infos.append(slot)
+    return slot_catalog(dest, "gguf", infos)
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+__all__ = ["ALIGNMENT", "GgufFileLayout", "GgufOutput", "GgufSpec", "gguf_file_name", "layout_gguf_file"]

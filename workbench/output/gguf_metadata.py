@@ -1,0 +1,115 @@
+"""The key/value metadata of a GGUF file for an HF Llama-family folder, as llama.cpp's converter writes it.
+
+Model parameters come from `config.json`; the tokenizer from the folder's tokenizer files through the
+`gguf` package's own vocabulary readers (`LlamaHfVocab`, `SpecialVocab`); name and size label through its
+`Metadata` heuristics. Values are collected in a `GGUFWriter` (never opened) so their GGUF types are
+exactly the ones llama.cpp's writer would give them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..errors import PlanError
+
+FILE_TYPES = {"F32": 0, "F16": 1, "Q8_0": 7, "BF16": 32}  # llama.cpp's LlamaFileType for an all-of-one-type file
+
+
+def read_config(root: Path) -> dict[str, Any]:
+    """`config.json` of an HF folder, refused clearly when missing or not JSON."""
+    path = root / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PlanError(f"Cannot write GGUF for {root}: it has no config.json (the model's parameters). "
+                        "Convert an HF model folder.") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise PlanError(f"Cannot write GGUF for {root}: config.json is not JSON ({exc}). Fix the file.") from None
+    if not isinstance(config, dict):
+        raise PlanError(f"Cannot write GGUF for {root}: config.json is not an object. Fix the file.")
+    return config
+
+
+def _model_parameters(writer: Any, config: dict[str, Any]) -> int:
+    heads = int(config["num_attention_heads"])
+    hidden = int(config["hidden_size"])
+    head_dim = int(config.get("head_dim") or hidden // heads)
+    writer.add_block_count(int(config["num_hidden_layers"]))
+    writer.add_context_length(int(config["max_position_embeddings"]))
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(int(config["intermediate_size"]))
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(int(config.get("num_key_value_heads") or heads))
+    rope = config.get("rope_parameters") or {}
+    theta = rope.get("rope_theta", config.get("rope_theta"))
+    if theta is not None:
+        writer.add_rope_freq_base(float(theta))
+    writer.add_layer_norm_rms_eps(float(config["rms_norm_eps"]))
+    if "head_dim" in config and config["head_dim"]:
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+    return head_dim
+
+
+def kv_metadata(root: Path, arch: str, config: dict[str, Any], gguf_type: str, total_params: int) -> dict[str, Any]:
+    """Every key/value pair, in llama.cpp's order, as the `gguf` package's `GGUFValue`s."""
+    import logging
+
+    import gguf
+
+    logging.getLogger("gguf").setLevel(logging.WARNING)
+    writer = gguf.GGUFWriter(None, arch)
+    writer.add_type(gguf.GGUFType.MODEL)
+    meta = gguf.Metadata.load(None, root, None, total_params)
+    if meta.size_label is None and total_params > 0:
+        meta.size_label = gguf.size_label(total_params, 0, 0, 0)
+    meta.set_gguf_meta_model(writer)
+    head_dim = _model_parameters(writer, config)
+    writer.add_file_type(FILE_TYPES[gguf_type])
+    tokens, scores, types = _vocab(root)
+    if arch == "llama":  # llama.cpp's Llama converter (also Mistral) adds these two; Qwen's does not
+        writer.add_vocab_size(int(config.get("vocab_size") or len(tokens)))
+        writer.add_rope_dimension_count(head_dim)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    prefix_space = _tokenizer_config(root).get("add_prefix_space")
+    if arch == "llama" and prefix_space is not None:
+        writer.add_add_space_prefix(bool(prefix_space))
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    gguf.SpecialVocab(root, n_vocab=len(tokens)).add_to_gguf(writer)
+    return dict(writer.kv_data[0])
+
+
+def _tokenizer_config(root: Path) -> dict[str, Any]:
+    try:
+        found = json.loads((root / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _vocab(root: Path) -> tuple[list[Any], list[float], list[int]]:
+    import gguf
+
+    if not (root / "tokenizer.json").is_file():
+        raise PlanError(f"Cannot write GGUF for {root}: it has no tokenizer.json. The workbench reads HF byte-fallback "
+                        "BPE (Llama-style) tokenizers; copy the model's tokenizer files into the folder.")
+    try:
+        vocab = gguf.LlamaHfVocab(root)
+    except Exception as exc:  # the gguf package rejects tokenizers it does not read
+        raise PlanError(f"Cannot write GGUF for {root}: its tokenizer.json is not a byte-fallback BPE tokenizer the workbench "
+                        f"reads ({type(exc).__name__}: {exc}). Use llama.cpp's convert_hf_to_gguf.py for this model.") from None
+    tokens, scores, types = [], [], []
+    for text, score, kind in vocab.all_tokens():
+        tokens.append(text)
+        scores.append(score)
+        types.append(kind)
+    return tokens, scores, types
+
+
+__all__ = ["FILE_TYPES", "kv_metadata", "read_config"]
