@@ -12,7 +12,7 @@ import html
 import math
 import os
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -403,15 +403,21 @@ class Checkpoint:
         )
 
 
-def open_checkpoint(path: str | os.PathLike | Checkpoint | Catalog) -> Checkpoint:
+def open_checkpoint(path: str | os.PathLike | Checkpoint | Catalog | Mapping[str, str | os.PathLike]) -> Checkpoint:
     """Open a checkpoint file or folder from its headers alone; the format is detected.
 
-    Passing a `Checkpoint` returns it; passing a `Catalog` wraps it.
+    Passing a `Checkpoint` returns it; passing a `Catalog` wraps it. A mapping of source names to paths
+    (`{"base": "base/", "adapter": "lora/"}`) opens them as one catalog: the first source keeps its
+    names, the others are scoped `NAME::tensor` (see workbench.formats.multi).
     """
     if isinstance(path, Checkpoint):
         return path
     if isinstance(path, Catalog):
         return Checkpoint(path)
+    if isinstance(path, Mapping):
+        from ..formats.multi import open_sources
+
+        return Checkpoint(open_sources(path))
     from ..formats import open_catalog
 
     return Checkpoint(open_catalog(path))

@@ -21,7 +21,7 @@ from ..planning.model import Plan, PlanOptions
 class Job:
     """Everything a worker needs to re-plan and run its share."""
 
-    source: str
+    source: str | dict[str, str]  # a path, or source name -> path for a multi-source catalog
     dest: str
     mapper_json: str | None
     options: dict
@@ -52,8 +52,9 @@ def job_for(plan: Plan) -> Job:
             "workers can open. Pass a checkpoint path, or use nproc=1."
         )
     assert plan.dest is not None
+    paths = getattr(plan.source, "source_paths", None)
     return Job(
-        source=os.path.abspath(root),
+        source=dict(paths) if paths else os.path.abspath(root),
         dest=str(plan.dest),
         mapper_json=plan.mapper_json,
         options=asdict(plan.options),
@@ -71,7 +72,13 @@ def replan(job: Job) -> Plan:
         from ..mapper import from_json
 
         mapper = from_json(job.mapper_json)
-    plan = build_plan(open_catalog(job.source), mapper, PlanOptions(**job.options), Path(job.dest), check_dest=False, kept=job.kept)
+    if isinstance(job.source, dict):
+        from ..formats.multi import open_sources
+
+        catalog = open_sources(job.source)
+    else:
+        catalog = open_catalog(job.source)
+    plan = build_plan(catalog, mapper, PlanOptions(**job.options), Path(job.dest), check_dest=False, kept=job.kept)
     if plan.fingerprint != job.fingerprint:
         raise PlanError(
             f"Cannot run the conversion of {job.source}: this worker's plan differs from the launcher's (fingerprint "

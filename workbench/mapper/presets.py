@@ -158,18 +158,27 @@ def lora_unwrap(targets: Sequence[str] = LLAMA_LORA_TARGETS, *, layers: str = LA
 
 
 def lora_merge(
-    scale: float,
+    scale: Any,
     targets: Sequence[str] = LLAMA_LORA_TARGETS,
     *,
     layers: str = LAYERS,
     wrapped: bool = True,
     adapter: str | None = None,
+    source: str = "adapter",
+    unmerge: bool = False,
 ) -> Mapper:
     """Merge adapters into base weights: `W + scale * B @ A` (scale = lora_alpha / r), dropping A and B.
 
+    Given a PEFT adapter folder (or its adapter_config.json, or {'config','tensors'}) instead of a number, read
+    PEFT's own files: LoRA, rsLoRA, rank/alpha patterns, fan_in_fan_out, modules_to_save, LoRA biases, DoRA,
+    with the adapter as source `source` of a multi-source catalog (workbench.mapper.lora; `unmerge` reverses).
     `wrapped`: base weights sit at `x.base_layer.weight` (PEFT-wrapped) rather than `x.weight`;
     `adapter`: the adapter name in the keys (`lora_A.<adapter>.weight`), None when absent (saved adapters).
     """
+    if not isinstance(scale, (int, float)):
+        from .lora import peft_merge
+
+        return peft_merge(scale, source=source, unmerge=unmerge)
     tag = f".{adapter}" if adapter else ""
     ops = []
     for target in targets:
