@@ -313,14 +313,24 @@ class Checkpoint:
         *,
         include_same: bool = False,
         chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+        mapper: Any = None,
+        rest: str = "keep",
     ) -> pd.DataFrame:
         """What changed from this checkpoint to `other`: one row per differing tensor, indexed by name, with
         status ('added', 'removed', 'dtype changed', 'shape changed', 'values changed', 'same'), both
-        dtypes and shapes, and with `values=True` the max absolute difference (data compared chunk-wise)."""
+        dtypes and shapes, and with `values=True` the max absolute difference (data compared chunk-wise).
+
+        With `mapper`, this checkpoint is first seen through it (outputs computed group by group on demand),
+        so a converted checkpoint can be compared with its source up to the layout change."""
         from .diff import diff_catalogs
 
         theirs = open_checkpoint(other).catalog
-        return diff_catalogs(self.catalog, theirs, values=values, include_same=include_same, chunk_elements=chunk_elements)
+        mine = self.catalog
+        if mapper is not None:
+            from .mapped import mapped_catalog
+
+            mine = mapped_catalog(mine, mapper, rest)
+        return diff_catalogs(mine, theirs, values=values, include_same=include_same, chunk_elements=chunk_elements)
 
     # --- plots -----------------------------------------------------------------------------------
     def bytes_by(self, by: str = "layer") -> pd.Series:

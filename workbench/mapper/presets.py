@@ -254,3 +254,11 @@ def cast_policy(source: Any, dtype: str = "bf16", *, keep: Sequence[str] = ("nor
         else:
             ops.extend(Cast(name, wanted) for name in floats if infos[name].dtype != wanted)
     return Parallel(*ops)
+
+
+# -- several sources --------------------------------------------------------------------------------------
+def average(sources: Any, weights: Sequence[float] | None = None, *, like: Any = None) -> Mapper:
+    """The (weighted) mean of several checkpoints, tensor by tensor, fp32 accumulation (workbench.mapper.average)."""
+    from .average import average as build
+
+    return build(sources, weights, like=like)
