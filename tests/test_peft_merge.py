@@ -197,3 +197,22 @@ def test_diff_through_a_mapper(cases, tmp_path):
     assert set(through["status"]) == {"same"} and len(through) == len(load_file(base / "model.safetensors"))
     plain = wb.open_checkpoint(base).diff(tmp_path / "out", values=True)
     assert "values changed" in set(plain["status"])
+
+
+def test_builder_adds_a_source_and_the_lora_preset_by_clicking(cases, tmp_path):
+    from workbench.widgets import MapperBuilder
+
+    base, adapter, ref = cases["dora-modules-to-save"]
+    builder = MapperBuilder(base)
+    builder.preset_picker.value = "lora_merge"
+    builder.load_preset_button.click()
+    assert "no source named" in builder.form_message.value and not builder.steps
+    builder.checkpoint_name.value = "adapter"
+    builder.checkpoint_path.value = str(adapter)
+    builder.add_checkpoint_button.click()
+    assert any(value.startswith("adapter::") for _, value in builder.suggestions.options)
+    builder.load_preset_button.click()
+    assert builder.steps and builder.binding is not None and builder.binding.ok
+    assert "lora_magnitude_vector" in builder.code()
+    wb.convert(builder.source, tmp_path / "out", builder.mapper, quiet=True)
+    _check_equal(load_file(tmp_path / "out" / "model.safetensors"), ref, load_file(base / "model.safetensors"))
