@@ -97,10 +97,17 @@ def test_plan_covers_every_source(cases):
     assert plan.ok, plan.problems
     paths = set(plan.files_read["path"])
     assert paths == {str(base / "model.safetensors"), str(adapter / "adapter_model.safetensors")}
+    assert dict(zip(plan.files_read["path"], plan.files_read["source"], strict=True)) == {
+        str(base / "model.safetensors"): "base", str(adapter / "adapter_model.safetensors"): "adapter"}
+    from workbench.engine.source_guard import snapshot_for
+
+    snapshot = snapshot_for(plan)
+    assert snapshot.changes() == []
     before = plan.fingerprint
     stamp = os.stat(adapter / "adapter_model.safetensors").st_mtime_ns
     os.utime(adapter / "adapter_model.safetensors", ns=(stamp + 10**9, stamp + 10**9))
     try:
+        assert "adapter_model.safetensors" in snapshot.changes()[0]  # the source guard watches the adapter too
         assert wb.plan({"base": base, "adapter": adapter}, M.presets.lora_merge(adapter)).fingerprint != before
     finally:
         os.utime(adapter / "adapter_model.safetensors", ns=(stamp, stamp))
@@ -216,3 +223,15 @@ def test_builder_adds_a_source_and_the_lora_preset_by_clicking(cases, tmp_path):
     assert "lora_magnitude_vector" in builder.code()
     wb.convert(builder.source, tmp_path / "out", builder.mapper, quiet=True)
     _check_equal(load_file(tmp_path / "out" / "model.safetensors"), ref, load_file(base / "model.safetensors"))
+
+
+def test_two_ranks_merge_from_two_sources(cases, tmp_path):
+    base, adapter, ref = cases["lora"]
+    source = {"base": base, "adapter": adapter}
+    report = wb.convert(source, tmp_path / "out", M.presets.lora_merge(adapter), nproc=2, shard_size="30KB",
+                        launcher="local", quiet=True)
+    assert report.ok if hasattr(report, "ok") else True
+    out = wb.open_checkpoint(tmp_path / "out")
+    assert len(out.files) >= 2
+    for name in out.tensors.index:
+        assert torch.equal(out.load(name), ref[name]), name

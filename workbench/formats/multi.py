@@ -42,6 +42,7 @@ class MultiCatalog(Catalog):
 
     sources: dict[str, Catalog] = field(default_factory=dict)
     source_paths: dict[str, str] = field(default_factory=dict)
+    file_sources: dict[str, str] = field(default_factory=dict)  # file key -> name of the source it belongs to
 
     @property
     def primary(self) -> str:
@@ -108,6 +109,7 @@ def join_catalogs(catalogs: Mapping[str, Catalog], paths: Mapping[str, str] | No
     files: dict[str, FileInfo] = {}
     origin: dict[str, tuple[Catalog, TensorInfo]] = {}
     source_of: dict[str, object] = {}
+    file_sources: dict[str, str] = {}
     file_metadata: dict[str, dict[str, str]] = {}
     warnings: list[str] = []
     columns: dict[str, dict[str, object]] = {"source": source_of}
@@ -117,6 +119,7 @@ def join_catalogs(catalogs: Mapping[str, Catalog], paths: Mapping[str, str] | No
         keys = {rel: _file_key(catalog, rel, primary) for rel in catalog.files}
         for rel, info in catalog.files.items():
             files[keys[rel]] = FileInfo(keys[rel], info.size, info.header_bytes, info.n_tensors)
+            file_sources[keys[rel]] = name
         for rel, meta in catalog.file_metadata.items():
             file_metadata[keys.get(rel, rel)] = meta
         for tname, info in catalog.tensors.items():
@@ -145,6 +148,7 @@ def join_catalogs(catalogs: Mapping[str, Catalog], paths: Mapping[str, str] | No
         columns=columns,
         file_metadata=file_metadata,
         sources=dict(catalogs),
+        file_sources=file_sources,
         source_paths=dict(paths or {n: str(catalogs[n].root) for n in names}),
     )
 

@@ -21,7 +21,7 @@ from ..planning.model import Plan, PlanOptions
 class Job:
     """Everything a worker needs to re-plan and run its share."""
 
-    source: str | dict[str, str]  # a path, or source name -> path for a multi-source catalog
+    source: str | list[list[str]]  # a path, or [name, path] pairs in order for a multi-source catalog
     dest: str
     mapper_json: str | None
     options: dict
@@ -54,7 +54,7 @@ def job_for(plan: Plan) -> Job:
     assert plan.dest is not None
     paths = getattr(plan.source, "source_paths", None)
     return Job(
-        source=dict(paths) if paths else os.path.abspath(root),
+        source=[[name, path] for name, path in paths.items()] if paths else os.path.abspath(root),
         dest=str(plan.dest),
         mapper_json=plan.mapper_json,
         options=asdict(plan.options),
@@ -72,10 +72,10 @@ def replan(job: Job) -> Plan:
         from ..mapper import from_json
 
         mapper = from_json(job.mapper_json)
-    if isinstance(job.source, dict):
+    if isinstance(job.source, list):  # pairs, not a dict: the JSON sorts keys, and the first source is the primary
         from ..formats.multi import open_sources
 
-        catalog = open_sources(job.source)
+        catalog = open_sources({name: path for name, path in job.source})
     else:
         catalog = open_catalog(job.source)
     plan = build_plan(catalog, mapper, PlanOptions(**job.options), Path(job.dest), check_dest=False, kept=job.kept)
