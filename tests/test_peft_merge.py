@@ -235,3 +235,33 @@ def test_two_ranks_merge_from_two_sources(cases, tmp_path):
     assert len(out.files) >= 2
     for name in out.tensors.index:
         assert torch.equal(out.load(name), ref[name]), name
+
+
+def test_unmapped_tensors_of_another_source_are_a_problem(cases):
+    base, adapter, _ = cases["lora"]
+    plan = wb.plan({"base": base, "adapter": adapter})
+    assert not plan.ok and "source 'adapter'" in plan.errors[0].message
+
+
+def test_bf16_base_and_adapter_within_bf16_rounding_of_peft(tmp_path):
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from peft_fixtures import base_model, randomise
+
+    model = base_model("llama").to(torch.bfloat16)
+    model.save_pretrained(tmp_path / "base")
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, use_dora=True, target_modules=["q_proj", "o_proj"]))
+    randomise(peft_model)
+    peft_model.save_pretrained(tmp_path / "adapter")
+    ref = PeftModel.from_pretrained(base_model("llama").to(torch.bfloat16), tmp_path / "adapter")
+    ref.load_state_dict(peft_model.state_dict())
+    expected = ref.merge_and_unload().state_dict()
+    wb.convert({"base": tmp_path / "base", "adapter": tmp_path / "adapter"}, tmp_path / "out",
+               M.presets.lora_merge(tmp_path / "adapter"), quiet=True)
+    out = load_file(tmp_path / "out" / "model.safetensors")
+    moved = 0
+    for name, tensor in out.items():
+        assert tensor.dtype == torch.bfloat16
+        # PEFT rounds ΔW to bf16 before adding in bf16; we round once from fp32: at most a couple of bf16 steps apart
+        torch.testing.assert_close(tensor.float(), expected[name].float(), rtol=2 ** -6, atol=2 ** -12)
+        moved += not torch.equal(tensor, load_file(tmp_path / "base" / "model.safetensors")[name])
+    assert moved >= 4
