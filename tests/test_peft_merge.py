@@ -79,6 +79,13 @@ def test_cli_convert_with_adapter(cases, tmp_path):
                            "--mapper", str(_mapper_file(tmp_path, adapter))], capture_output=True, text=True, env=env)
     assert plan.returncode == 0, plan.stderr
     assert "adapter_model.safetensors" in plan.stdout
+    mapper_file = str(_mapper_file(tmp_path, adapter))
+    same = subprocess.run([sys.executable, "-m", "workbench", "diff", str(base), str(tmp_path / "out"), "--values",
+                           "--source", f"adapter={adapter}", "--mapper", mapper_file], capture_output=True, text=True, env=env)
+    assert same.returncode == 0, same.stdout + same.stderr
+    differ = subprocess.run([sys.executable, "-m", "workbench", "diff", str(base), str(tmp_path / "out"), "--values"],
+                            capture_output=True, text=True, env=env)
+    assert differ.returncode == 1 and "values changed" in differ.stdout
 
 
 def _mapper_file(tmp_path, adapter):
