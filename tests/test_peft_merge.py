@@ -191,6 +191,10 @@ def test_average_of_three_equals_torch(tmp_path):
     wb.convert(ck, tmp_path / "uniform", uniform, quiet=True)
     expected = (states[0]["a.weight"] * (1 / 3) + states[1]["a.weight"] * (1 / 3)) + states[2]["a.weight"] * (1 / 3)
     assert torch.equal(load_file(tmp_path / "uniform" / "model.safetensors")["a.weight"], expected)
+    pair = M.presets.average(["c1", "c2"], [1, 3], like=ck)  # the primary source c0 left out: dropped
+    wb.convert(ck, tmp_path / "pair", pair, quiet=True)
+    expected = states[1]["a.weight"] * 0.25 + states[2]["a.weight"] * 0.75
+    assert torch.equal(load_file(tmp_path / "pair" / "model.safetensors")["a.weight"], expected)
 
 
 def test_average_refuses_mismatched_checkpoints(tmp_path):

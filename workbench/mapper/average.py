@@ -3,7 +3,7 @@
 The sources are those of a multi-source catalog (workbench.formats.multi): the first keeps its tensor
 names, the others are read as `NAME::tensor`. Each output tensor is one group whose inputs are the N
 tensors of that name, so the plan's peak memory is one group of N inputs (plus the fp32 accumulator),
-never a whole model. Floating tensors are accumulated in float32 in source order
+never a whole model. Sources of the checkpoint that are not averaged are dropped. Floating tensors are accumulated in float32 in source order
 (`acc = w0·x0; acc += wi·xi`) and written in the first source's dtype (a conversion's dtype policy
 then applies as usual); other tensors (integer buffers, step counters) must be equal in every source
 and are copied from the first.
@@ -21,6 +21,7 @@ from ..errors import MapperError
 from .base import Mapper
 from .compose import Parallel
 from .function import Function
+from .ops import Drop
 
 _HERE = "workbench.mapper.average"
 
@@ -91,7 +92,9 @@ def average(sources: Any, weights: Sequence[float] | None = None, *, like: Any =
                                 params={"weights": norm}))
     for full in catalog:
         source, _, tensor = full.partition("::") if "::" in full else (primary, "", full)
-        if source in names and source != first and tensor not in seen:
+        if source not in names:  # a source left out of the average: none of its tensors is written
+            ops.append(Drop(full))
+        elif source != first and tensor not in seen:
             ops.append(Function(fn=f"{_HERE}:missing", infer=f"{_HERE}:infer_missing", inputs=[full], outputs=[full],
                                 params={"first": first}))
     return Parallel(*ops)
