@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Literal, Protocol
 
 from .catalog import Catalog
@@ -17,8 +18,9 @@ class HasCatalog(Protocol):
     catalog: Catalog
 
 
-CheckpointLike = str | os.PathLike | Catalog | HasCatalog
-"""A checkpoint file or folder path, an opened `Checkpoint`, or a `Catalog`."""
+CheckpointLike = str | os.PathLike | Catalog | HasCatalog | Mapping[str, str | os.PathLike]
+"""A checkpoint file, folder or URL, an opened `Checkpoint`, a `Catalog`, or several named sources
+(`{"base": "llama/", "adapter": "lora/"}`)."""
 
 Rest = Literal["keep", "drop", "error"]
 """What happens to source tensors no operation mentions: passed through, left out, or refused."""

@@ -243,14 +243,30 @@ def _diff_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("b", help="the second checkpoint (file or folder)")
     parser.add_argument("--values", action="store_true", help="also compare values (reads tensor data; imports torch)")
     parser.add_argument("--format", choices=("table", "json", "csv"), default="table", help="output format (default: table)")
+    parser.add_argument("--mapper", metavar="FILE", help="Python file defining `mapper`: compare A seen through it with B")
+    parser.add_argument("--source", action="append", default=[], metavar="NAME=PATH", dest="sources",
+                        help="another checkpoint A reads from (its tensors named NAME::tensor; A is source 'base')")
+
+
+def _diff_source(args: argparse.Namespace) -> Any:
+    """A alone, or {'base': A, NAME: PATH ...} with --source."""
+    extra = dict(item.partition("=")[::2] for item in args.sources)
+    if any(not name or not path for name, path in extra.items()):
+        raise WorkbenchError("Cannot use --source: write it as NAME=PATH, e.g. --source adapter=lora/.")
+    return {"base": args.a, **extra} if extra else args.a
 
 
 def run_diff(args: argparse.Namespace) -> int:
     """Show tensors added, removed or changed between two checkpoints; exit 1 when any differ."""
     from ..explore.checkpoint import open_checkpoint
 
-    a = open_checkpoint(args.a)
-    frame = a.diff(open_checkpoint(args.b), values=args.values)
+    a = open_checkpoint(_diff_source(args))
+    mapper = None
+    if args.mapper:
+        from .convert import load_mapper_file
+
+        mapper = load_mapper_file(args.mapper)
+    frame = a.diff(open_checkpoint(args.b), values=args.values, mapper=mapper)
     columns = ["name", *frame.columns]
     rows = []
     for name, record in zip(frame.index, frame.itertuples(index=False), strict=True):

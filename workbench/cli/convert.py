@@ -70,6 +70,10 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--to", default="safetensors", metavar="FORMAT",
                         help="output format, one of workbench.output.OUTPUT_FORMATS: safetensors (HF shards, default) "
                              "or dcp (a torch.distributed.checkpoint folder)")
+    parser.add_argument("--source", action="append", default=[], metavar="NAME=PATH", dest="sources",
+                        help="another checkpoint to read from, its tensors named NAME::tensor (SRC is source 'base')")
+    parser.add_argument("--adapter", metavar="DIR",
+                        help="a PEFT adapter folder to merge into SRC (source 'adapter'; before --mapper if both)")
     parser.add_argument("--select", choices=("model", "all"),
                         help="training checkpoints: keep the model weights only (prefixes stripped), or everything")
     parser.add_argument("--lightning-weights", choices=("ema", "model"),
@@ -102,8 +106,21 @@ def convert_arguments(parser: argparse.ArgumentParser) -> None:
                              "or fail the run before its index is written")
 
 
+def _source(args: argparse.Namespace) -> Any:
+    """SRC alone, or {'base': SRC, NAME: PATH ..., 'adapter': DIR} when --source / --adapter add sources."""
+    extra: dict[str, str] = {}
+    for item in args.sources:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise MapperError(f"Cannot use --source {item!r}: write it as NAME=PATH, e.g. --source step2000=ckpt/step2000.")
+        extra[name] = path
+    if args.adapter:
+        extra["adapter"] = args.adapter
+    return {"base": args.source, **extra} if extra else args.source
+
+
 def _mapper(args: argparse.Namespace) -> tuple[Any, str]:
-    """The user's mapper file, preceded by the --select / --lightning-weights extraction when asked for."""
+    """The user's mapper file, preceded by the --adapter merge and the --select / --lightning-weights extraction."""
     mapper = load_mapper_file(args.mapper) if args.mapper else None
     if getattr(args, "preset", None):
         from ..formats import open_catalog
@@ -118,6 +135,11 @@ def _mapper(args: argparse.Namespace) -> tuple[Any, str]:
             chain.append(build_preset(name, source, find_config(args.source)))
         preset = chain[0] if len(chain) == 1 else Sequential(*chain)
         mapper = preset if mapper is None else Sequential(preset, mapper)
+    if args.adapter:
+        from ..mapper import Sequential, presets
+
+        merge = presets.lora_merge(args.adapter)
+        mapper = merge if mapper is None else Sequential(merge, mapper)
     if args.select is None and args.lightning_weights is None:
         return mapper, args.rest
     from ..training.extract import training_mapper
@@ -130,7 +152,7 @@ def _plan(args: argparse.Namespace, dest: str | None):
 
     mapper, rest = _mapper(args)
     return plan(
-        args.source, mapper, shard_size=args.shard_size, nproc=args.nproc, rest=rest, dest=dest,
+        _source(args), mapper, shard_size=args.shard_size, nproc=args.nproc, rest=rest, dest=dest,
         dtype=args.dtype, extras=not args.no_extras, overwrite=args.overwrite, to=args.to,
         on_overflow=getattr(args, "on_overflow", "warn"),
     )
@@ -160,7 +182,7 @@ def run_convert(args: argparse.Namespace) -> int:
 
         mapper, rest = _mapper(args)
         with _overflow_in_the_report():
-            report = convert(args.source, args.dest, mapper, shard_size=args.shard_size, rest=rest, dtype=args.dtype,
+            report = convert(_source(args), args.dest, mapper, shard_size=args.shard_size, rest=rest, dtype=args.dtype,
                              extras=not args.no_extras, overwrite=args.overwrite, quiet=args.quiet, to=args.to,
                              verify=args.verify, on_overflow=args.on_overflow)
         if int(os.environ.get("RANK", "0")) == 0:

@@ -12,7 +12,7 @@ import html
 import math
 import os
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -325,14 +325,24 @@ class Checkpoint:
         *,
         include_same: bool = False,
         chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+        mapper: Any = None,
+        rest: str = "keep",
     ) -> pd.DataFrame:
         """What changed from this checkpoint to `other`: one row per differing tensor, indexed by name, with
         status ('added', 'removed', 'dtype changed', 'shape changed', 'values changed', 'same'), both
-        dtypes and shapes, and with `values=True` the max absolute difference (data compared chunk-wise)."""
+        dtypes and shapes, and with `values=True` the max absolute difference (data compared chunk-wise).
+
+        With `mapper`, this checkpoint is first seen through it (outputs computed group by group on demand),
+        so a converted checkpoint can be compared with its source up to the layout change."""
         from .diff import diff_catalogs
 
         theirs = open_checkpoint(other).catalog
-        return diff_catalogs(self.catalog, theirs, values=values, include_same=include_same, chunk_elements=chunk_elements)
+        mine = self.catalog
+        if mapper is not None:
+            from .mapped import mapped_catalog
+
+            mine = mapped_catalog(mine, mapper, rest)
+        return diff_catalogs(mine, theirs, values=values, include_same=include_same, chunk_elements=chunk_elements)
 
     # --- plots -----------------------------------------------------------------------------------
     def bytes_by(self, by: str = "layer") -> pd.Series:
@@ -421,13 +431,20 @@ def open_checkpoint(path: CheckpointLike) -> Checkpoint:
 
         ck = wb.open_checkpoint("llama/")
         ck.tensors.head(); ck.load("model.norm.weight")
+        both = wb.open_checkpoint({"base": "llama/", "adapter": "lora/"})
 
-    Passing a `Checkpoint` returns it; passing a `Catalog` wraps it.
+    Passing a `Checkpoint` returns it; passing a `Catalog` wraps it. A mapping of source names to paths
+    (`{"base": "base/", "adapter": "lora/"}`) opens them as one catalog: the first source keeps its
+    names, the others are scoped `NAME::tensor` (see workbench.formats.multi).
     """
     if isinstance(path, Checkpoint):
         return path
     if isinstance(path, Catalog):
         return Checkpoint(path)
+    if isinstance(path, Mapping):
+        from ..formats.multi import open_sources
+
+        return Checkpoint(open_sources(path))
     from ..formats import open_catalog
 
     return Checkpoint(open_catalog(path))

@@ -21,7 +21,7 @@ from ..planning.model import Plan, PlanOptions
 class Job:
     """Everything a worker needs to re-plan and run its share."""
 
-    source: str
+    source: str | list[list[str]]  # a path, or [name, path] pairs in order for a multi-source catalog
     dest: str
     mapper_json: str | None
     options: dict
@@ -53,8 +53,9 @@ def job_for(plan: Plan) -> Job:
             "workers can open. Pass a checkpoint path, or use nproc=1."
         )
     assert plan.dest is not None
+    paths = getattr(plan.source, "source_paths", None)
     return Job(
-        source=remote or os.path.abspath(root),
+        source=[[name, path] for name, path in paths.items()] if paths else (remote or os.path.abspath(root)),
         dest=str(plan.dest),
         mapper_json=plan.mapper_json,
         options=asdict(plan.options),
@@ -72,7 +73,13 @@ def replan(job: Job) -> Plan:
         from ..mapper import from_json
 
         mapper = from_json(job.mapper_json)
-    plan = build_plan(open_catalog(job.source), mapper, PlanOptions(**job.options), Path(job.dest), check_dest=False, kept=job.kept)
+    if isinstance(job.source, list):  # pairs, not a dict: the JSON sorts keys, and the first source is the primary
+        from ..formats.multi import open_sources
+
+        catalog = open_sources({name: path for name, path in job.source})
+    else:
+        catalog = open_catalog(job.source)
+    plan = build_plan(catalog, mapper, PlanOptions(**job.options), Path(job.dest), check_dest=False, kept=job.kept)
     if plan.fingerprint != job.fingerprint:
         raise PlanError(
             f"Cannot run the conversion of {job.source}: this worker's plan differs from the launcher's (fingerprint "

@@ -160,18 +160,27 @@ def lora_unwrap(targets: Sequence[str] = LLAMA_LORA_TARGETS, *, layers: str = LA
 
 
 def lora_merge(
-    scale: float,
+    scale: Any,
     targets: Sequence[str] = LLAMA_LORA_TARGETS,
     *,
     layers: str = LAYERS,
     wrapped: bool = True,
     adapter: str | None = None,
+    source: str = "adapter",
+    unmerge: bool = False,
 ) -> Mapper:
     """Merge adapters into base weights: `W + scale * B @ A` (scale = lora_alpha / r), dropping A and B.
 
+    Given a PEFT adapter folder (or its adapter_config.json, or {'config','tensors'}) instead of a number, read
+    PEFT's own files: LoRA, rsLoRA, rank/alpha patterns, fan_in_fan_out, modules_to_save, LoRA biases, DoRA,
+    with the adapter as source `source` of a multi-source catalog (workbench.mapper.lora; `unmerge` reverses).
     `wrapped`: base weights sit at `x.base_layer.weight` (PEFT-wrapped) rather than `x.weight`;
     `adapter`: the adapter name in the keys (`lora_A.<adapter>.weight`), None when absent (saved adapters).
     """
+    if not isinstance(scale, (int, float)):
+        from .lora import peft_merge
+
+        return peft_merge(scale, source=source, unmerge=unmerge)
     tag = f".{adapter}" if adapter else ""
     ops = []
     for target in targets:
@@ -249,10 +258,19 @@ def cast_policy(source: Any, dtype: str = "bf16", *, keep: Sequence[str] = ("nor
     return Parallel(*ops)
 
 
+# -- several sources --------------------------------------------------------------------------------------
+def average(sources: Any, weights: Sequence[float] | None = None, *, like: Any = None) -> Mapper:
+    """The (weighted) mean of several checkpoints, tensor by tensor, fp32 accumulation (workbench.mapper.average)."""
+    from .average import average as build
+
+    return build(sources, weights, like=like)
+
+
 # The presets front ends offer (the builder's list, `workbench convert --preset NAME`, `ck.suggest()`):
 # name under `M.presets` -> what it does, in a few words. Each is called with what its first parameter
-# asks for (`config`: the model's config.json; `source`: the checkpoint; nothing: its defaults), see
-# `workbench.mapper.suggest.build_preset`. Register a new preset here to make it appear everywhere.
+# asks for (`config`: the model's config.json; `source`/`sources`: the checkpoint; nothing: its defaults;
+# `lora_merge`: the folder of the source named 'adapter'), see `workbench.mapper.suggest.build_preset`.
+# Register a new preset here to make it appear everywhere.
 PRESETS: dict[str, str] = {
     "from_transformers": "checkpoint → transformers-5 in-memory layout (experts stacked)",
     "hf_to_fused": "HF → fused qkv_proj + gate_up_proj",
@@ -267,4 +285,6 @@ PRESETS: dict[str, str] = {
     "dequantize_fp8": "FP8 block-scaled weights → bf16 (scales from quantization_config)",
     "dequantize_mxfp4": "MXFP4 experts (gpt-oss) → bf16, transformers layout",
     "quantize_fp8": "linear weights → FP8 with 128×128 block scales (+ quantization_config)",
+    "lora_merge": "merge the PEFT adapter of source 'adapter'",
+    "average": "average every source (uniform)",
 }

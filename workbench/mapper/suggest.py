@@ -94,14 +94,16 @@ def build_preset(name: str, source: Any, config: Any) -> Any:
     params = _params(factory)
     first = next(iter(inspect.signature(factory).parameters), None)
     kwargs: dict[str, Any] = {}
-    if first == "config":
+    if name == "lora_merge":  # the adapter is a source of its own: the one named 'adapter'
+        args: list[Any] = [_adapter_path(source)]
+    elif first == "config":
         if config is None:
             raise MapperError(f"Cannot use preset {name!r}: it needs the model's config.json and none sits beside the source. "
                               "Put config.json next to the checkpoint.")
-        args: list[Any] = [config]
+        args = [config]
         if "source" in params:
             kwargs["source"] = source
-    elif first == "source":
+    elif first in ("source", "sources"):
         args = [source]
     else:
         args = []
@@ -111,6 +113,17 @@ def build_preset(name: str, source: Any, config: Any) -> Any:
         return factory(*args, **kwargs)
     except TypeError as exc:
         raise MapperError(f"Cannot use preset {name!r} from the command line: {exc}. Write a mapper file instead.") from None
+
+
+def _adapter_path(source: Any) -> str:
+    """The folder of the source named 'adapter' of a multi-source catalog (`{"base": ..., "adapter": ...}`)."""
+    catalog = getattr(source, "catalog", source)
+    path = (getattr(catalog, "source_paths", None) or {}).get("adapter")
+    if path is None:
+        raise MapperError("Cannot use preset 'lora_merge': there is no source named 'adapter'. Open the base and the PEFT "
+                          "adapter folder together ({'base': ..., 'adapter': ...}, the builder's 'Add checkpoint', or "
+                          "workbench convert BASE OUT --adapter LORA_DIR).")
+    return path
 
 
 def _params(factory: Any) -> set[str]:

@@ -44,6 +44,25 @@ def _duplicate_outputs(binding: Binding) -> list[Problem]:
     return problems
 
 
+def _scoped_outputs(binding: Binding, catalog: Catalog) -> list[Problem]:
+    """Outputs still named `NAME::tensor` after another source of a multi-source catalog: nothing maps them."""
+    sources = getattr(catalog, "sources", None)
+    if not sources:
+        return []
+    left: dict[str, list[str]] = {}
+    for group in binding.groups:
+        for out in group.outputs:
+            scope, sep, _ = out.name.partition("::")
+            if sep and scope in sources:
+                left.setdefault(scope, []).append(out.name)
+    return [
+        Problem("error", f"Cannot write {len(names)} tensor(s) of source {scope!r} under their scoped names (e.g. {names[0]!r}): "
+                         "no operation maps them. Map them (e.g. with a preset) or M.Drop them.",
+                tensor=names[0])
+        for scope, names in left.items()
+    ]
+
+
 def _metadata_problems(header_metadata: HeaderMetadata, options: PlanOptions, output: OutputFormat) -> list[Problem]:
     """Warnings for source header metadata the output does not carry."""
     if not header_metadata.interesting:
@@ -119,7 +138,7 @@ def _build_plan(
     binding = bind(catalog, mapper, options.rest)
     if options.dtype is not None and output.applies_dtype_policy:
         binding = apply_dtype(binding, options.dtype)
-    problems = list(binding.problems) + _duplicate_outputs(binding)
+    problems = list(binding.problems) + _duplicate_outputs(binding) + _scoped_outputs(binding, catalog)
     steps = build_steps(binding.groups, SourceAccess(catalog.reader), options.chunk_bytes)
     if not steps:
         problems.append(Problem("error", "Cannot convert: the mapper produces no tensors (everything is dropped). "

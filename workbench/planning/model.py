@@ -310,7 +310,11 @@ class Plan:
             (rel, rank, n, k, self.source.files[rel].size if rel in self.source.files else None, self.source_location(rel))
             for (rel, rank), (n, k) in sorted(rows.items())
         ]
-        return pd.DataFrame(data, columns=["file", "rank", "bytes_read", "tensors", "file_size", "path"])
+        frame = pd.DataFrame(data, columns=["file", "rank", "bytes_read", "tensors", "file_size", "path"])
+        file_sources = getattr(self.source, "file_sources", None)
+        if file_sources:  # several sources (workbench.formats.multi): say which one each file belongs to
+            frame.insert(0, "source", frame["file"].map(file_sources))
+        return frame
 
     @cached_property
     def extras_table(self) -> pd.DataFrame:

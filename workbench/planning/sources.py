@@ -7,6 +7,7 @@ mapper (anything with `.bind`), an already computed `Binding`, or None for "copy
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from ..catalog import Catalog
@@ -24,6 +25,11 @@ def resolve_catalog(source: Any) -> Catalog:
     catalog = getattr(source, "catalog", None)
     if isinstance(catalog, Catalog):
         return catalog
+    if isinstance(source, Mapping):  # several named sources: one joined catalog (workbench.formats.multi)
+        from ..formats.multi import open_sources
+
+        with gc_paused():
+            return open_sources(source)
     if isinstance(source, (str, os.PathLike)):
         from ..formats import open_catalog
 

@@ -205,6 +205,13 @@ class MapperBuilder(Panel):
             "wb-builder-preset",
         )
         self.load_preset_button = labelled(W.Button(description="Load preset", icon="download", tooltip="replace the steps with the preset's"), "wb-builder-load")
+        self.checkpoint_name = labelled(W.Text(value="adapter", description="Name", layout=W.Layout(width="200px")),
+                                        "wb-builder-checkpoint-name")
+        self.checkpoint_path = labelled(W.Text(placeholder="folder of another checkpoint or PEFT adapter", description="Path",
+                                               layout=W.Layout(width="420px")), "wb-builder-checkpoint-path")
+        self.add_checkpoint_button = labelled(W.Button(description="Add checkpoint", icon="plus",
+                                                       tooltip="read from a second source: its tensors become NAME::tensor"),
+                                              "wb-builder-add-checkpoint")
         self.combine_picker = labelled(
             W.Dropdown(options=[(label, key) for key, label in COMBINE.items()], value="Sequential", description="Combine",
                        layout=W.Layout(width="420px")),
@@ -288,10 +295,12 @@ class MapperBuilder(Panel):
             ],
             titles=["Preview", "Graph", "Target", "Export"],
         )
-        return [self.header, W.HBox([self.preset_picker, self.load_preset_button]), self.combine_picker, form, steps, self.tabs]
+        sources = W.HBox([self.checkpoint_name, self.checkpoint_path, self.add_checkpoint_button])
+        return [self.header, sources, W.HBox([self.preset_picker, self.load_preset_button]), self.combine_picker, form, steps, self.tabs]
 
     def _wire(self) -> None:
         self.load_preset_button.on_click(lambda _: self.load_preset())
+        self.add_checkpoint_button.on_click(lambda _: self.add_checkpoint())
         self.combine_picker.observe(lambda _: None if self._quiet else self.refresh(), names="value")
         self.op_picker.observe(lambda _: self._show_parameters(), names="value")
         self.add_source_button.on_click(lambda _: self.add_source())
@@ -345,6 +354,26 @@ class MapperBuilder(Panel):
         if 0 <= other < len(self.steps):
             self.steps[index], self.steps[other] = self.steps[other], self.steps[index]
             self.refresh(select=other)
+
+    def add_checkpoint(self, name: str | None = None, path: str | os.PathLike | None = None) -> None:
+        """Add another source (the Name/Path boxes unless given): the builder then works over all sources,
+        the first keeping its names and this one's tensors named `NAME::tensor` (workbench.formats.multi)."""
+        from ..explore.checkpoint import open_checkpoint
+
+        name = (self.checkpoint_name.value if name is None else name).strip()
+        path = str(self.checkpoint_path.value if path is None else path).strip()
+        paths = dict(getattr(self.source.catalog, "source_paths", None) or {"base": str(self.source.path)})
+        if not name or not path or name in paths:
+            self.form_message.value = message_html(
+                f"Cannot add checkpoint {name!r}: give a new source name (not one of {sorted(paths)}) and a path.", "error")
+            return
+        try:
+            self.source = open_checkpoint({**paths, name: path})
+        except WorkbenchError as exc:
+            self.form_message.value = message_html(exc.message, "error")
+            return
+        self.form_message.value = message_html(f"Added source {name!r}: its tensors are named {name}::….", "ok")
+        self.refresh()
 
     def load_preset(self, key: str | None = None) -> None:
         """Replace the steps with a preset's (the picker's choice unless `key` is given)."""
