@@ -191,5 +191,8 @@ def test_one_preset_registry_serves_the_builder_and_the_cli() -> None:
     assert MapperBuilder.presets() == PRESETS
     for name in PRESETS:
         assert callable(getattr(M.presets, name)), name
-        if not name.startswith("dequantize"):  # those need quantised weights, which tiny-llama has not
-            assert build_preset(name, catalog, find_config(llama)) is not None, name
+        if name.startswith("dequantize") or name in ("lora_merge", "average"):  # need quantised weights / several sources
+            with pytest.raises(MapperError, match=r"^Cannot "):  # a clear refusal, not a crash
+                build_preset(name, catalog, find_config(llama))
+            continue
+        assert build_preset(name, catalog, find_config(llama)) is not None, name

@@ -29,8 +29,11 @@ _HERE = "workbench.mapper.average"
 def _sources(sources: Any) -> tuple[list[str], Catalog | None]:
     """(source names, joined catalog when it can be found) from names, a mapping of paths, or a multi catalog."""
     catalog = getattr(sources, "catalog", sources)
-    if isinstance(catalog, Catalog) and getattr(catalog, "sources", None):
-        return list(catalog.sources), catalog  # type: ignore[attr-defined]
+    if isinstance(catalog, Catalog):
+        if getattr(catalog, "sources", None):
+            return list(catalog.sources), catalog  # type: ignore[attr-defined]
+        raise MapperError(f"Cannot average {catalog.root}: it is one checkpoint. Open the checkpoints to average together, "
+                          "e.g. wb.open_checkpoint({'a': 'ck1/', 'b': 'ck2/', 'c': 'ck3/'}).")
     if isinstance(sources, Mapping):
         from ..formats.multi import open_sources
 
