@@ -92,3 +92,89 @@ def test_busy_destination_and_missing_source(llama_sample: Path, tmp_path: Path,
     assert "destination not empty" in capsys.readouterr().err
     assert main(["plan", str(tmp_path / "nowhere")]) == 2
     assert "no such file or folder" in capsys.readouterr().err
+
+
+# -- mapper files: Functions defined next to the mapper, and mappers read from a pipe ---------------------------
+FUNCTION_MAPPER = """from workbench import mapper as M
+from neighbour import negate
+
+
+def double(tensor):
+    return tensor * 2
+
+
+mapper = M.Parallel(
+    M.Function(fn="doubling:double", inputs=["model.norm.weight"], outputs=["model.norm.weight_x2"]),
+    M.Function(fn="neighbour:negate", inputs=["model.layers.0.input_layernorm.weight"],
+               outputs=["model.layers.0.input_layernorm.negated"]),
+)
+"""
+
+
+def write_function_mapper(folder: Path) -> Path:
+    """`doubling.py` defines a Function's callable itself; another one lives in `neighbour.py` next to it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "neighbour.py").write_text("def negate(tensor):\n    return -tensor\n")
+    path = folder / "doubling.py"
+    path.write_text(FUNCTION_MAPPER)
+    return path
+
+
+def check_function_outputs(source: Path, dest: Path) -> None:
+    from conftest import load_safetensors_folder
+
+    before, after = load_safetensors_folder(source), load_safetensors_folder(dest)
+    assert (after["model.norm.weight_x2"] == before["model.norm.weight"] * 2).all()
+    assert (after["model.layers.0.input_layernorm.negated"] == -before["model.layers.0.input_layernorm.weight"]).all()
+
+
+def run_cli(args: list[str], cwd: Path, **kwargs) -> subprocess.CompletedProcess:
+    """`python -m workbench ...` elsewhere than the mapper's folder, with PYTHONPATH as the tests have it (no mapper folder)."""
+    return subprocess.run([sys.executable, "-m", "workbench", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300, **kwargs)
+
+
+def test_function_defined_in_the_mapper_file_needs_no_pythonpath(llama_sample: Path, tmp_path: Path) -> None:
+    mapper = write_function_mapper(tmp_path / "mappers")
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    done = run_cli(["convert", str(llama_sample), str(tmp_path / "out"), "--mapper", str(mapper), "--quiet"], elsewhere)
+    assert done.returncode == 0, done.stderr[-3000:]
+    check_function_outputs(llama_sample, tmp_path / "out")
+
+
+def test_mapper_from_a_pipe_is_read_once(llama_sample: Path, tmp_path: Path) -> None:
+    read, write = os.pipe()  # what `--mapper <(cat m.py)` hands over: /dev/fd/N, a pipe that reads once
+    os.write(write, FUSE_GATE_UP.encode())
+    os.close(write)
+    try:
+        done = run_cli(["plan", str(llama_sample), "--mapper", f"/dev/fd/{read}"], tmp_path, pass_fds=(read,))
+    finally:
+        os.close(read)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "status: OK" in done.stdout and "outputs: 35 tensors" in done.stdout  # 4 layers fused: 39 -> 35
+
+
+def test_mapper_from_a_fifo_and_a_directory(llama_sample: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    import threading
+
+    fifo = tmp_path / "mapper.fifo"
+    os.mkfifo(fifo)
+
+    def feed() -> None:
+        with open(fifo, "w") as handle:
+            handle.write(FUSE_GATE_UP)
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    try:
+        assert main(["plan", str(llama_sample), "--mapper", str(fifo)]) == 0
+    finally:
+        if writer.is_alive():  # the loader never opened the FIFO: open it here so the writer can finish
+            reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+            writer.join(timeout=10)
+            os.close(reader)
+    assert "outputs: 35 tensors" in capsys.readouterr().out
+    assert main(["plan", str(llama_sample), "--mapper", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "is a directory, not a regular file" in err and "no such file" not in err
