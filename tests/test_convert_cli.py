@@ -55,7 +55,7 @@ def test_dry_run_cast_and_no_extras(llama_sample: Path, tmp_path: Path, capsys: 
     assert main(["convert", str(llama_sample), str(dest), "--dtype", "bf16", "--dry-run"]) == 0
     assert "casts by numpy" in capsys.readouterr().out and not dest.exists()
     assert main(["convert", str(llama_sample), str(dest), "--dtype", "bf16", "--no-extras", "--quiet"]) == 0
-    assert sorted(os.listdir(dest)) == ["model.safetensors"]
+    assert sorted(os.listdir(dest)) == [".workbench-complete.json", "model.safetensors"]  # and the completion record
     assert {t.dtype for t in open_catalog(dest).values()} == {"BF16"}
 
 
@@ -178,3 +178,15 @@ def test_mapper_from_a_fifo_and_a_directory(llama_sample: Path, tmp_path: Path, 
     assert main(["plan", str(llama_sample), "--mapper", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "is a directory, not a regular file" in err and "no such file" not in err
+
+
+def test_a_finished_conversion_is_only_the_same_if_its_functions_code_is(llama_sample: Path, tmp_path: Path) -> None:
+    mapper = write_function_mapper(tmp_path / "mappers")
+    command = ["convert", str(llama_sample), str(tmp_path / "out"), "--mapper", str(mapper), "--quiet"]
+    assert run_cli(command, tmp_path).returncode == 0
+    again = run_cli(command, tmp_path)
+    assert again.returncode == 0 and "Already complete, nothing to do" in again.stdout
+    (tmp_path / "mappers" / "neighbour.py").write_text("def negate(tensor):\n    return -2 * tensor\n")  # same names, new code
+    changed = run_cli(command, tmp_path)
+    assert changed.returncode == 2 and "finished conversion of a different plan" in changed.stderr
+    check_function_outputs(llama_sample, tmp_path / "out")  # untouched

@@ -169,3 +169,42 @@ def install_import_context(context: dict[str, Any] | None) -> None:
             continue
         _execute(entry["file"], entry["source"], name)
         _LOADED[name] = (entry["file"], os.path.dirname(os.path.abspath(entry["file"])), entry["source"])
+
+
+def code_digest(mapper: Any) -> str | None:
+    """A digest of the code `mapper`'s Functions run ("" when none), or None when some of it cannot be read.
+
+    A mapper's JSON names functions, not their bodies: a finished conversion is only the same conversion
+    again if the code behind those names is unchanged too.
+    """
+    import hashlib
+
+    if mapper is None:
+        return ""
+    if not hasattr(mapper, "leaves"):
+        return None  # a Binding or another object: its code is unknown
+    from .function import Function
+
+    modules = sorted({ref.partition(":")[0] for leaf in mapper.leaves() if isinstance(leaf, Function)
+                      for ref in (leaf.fn, leaf.infer) if ref})
+    if not modules:
+        return ""
+    digest = hashlib.sha256()
+    for name in modules:
+        top = name.partition(".")[0]
+        if top in _LOADED and name == top:
+            text = _LOADED[top][2].encode()
+        else:
+            try:
+                spec = importlib.util.find_spec(name)
+            except (ImportError, ValueError):
+                return None
+            if spec is None or not spec.origin or not os.path.isfile(spec.origin):
+                return None
+            try:
+                with open(spec.origin, "rb") as handle:
+                    text = handle.read()
+            except OSError:
+                return None
+        digest.update(f"{name}\n{len(text)}\n".encode() + text)
+    return digest.hexdigest()

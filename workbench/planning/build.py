@@ -9,8 +9,9 @@ from typing import Any
 
 from ..catalog import Catalog
 from ..errors import PlanError
+from ..mapper.files import code_digest
 from ..mapper.groups import Binding, Problem
-from .destination import check_destination
+from .destination import INDEX_NAME, check_destination
 from .dtype_policy import apply_dtype
 from .fingerprint import layout_fingerprint, run_fingerprint
 from .gc_pause import gc_paused
@@ -125,22 +126,27 @@ def _build_plan(
                                              "entry of the source. Rename the tensor, or drop the entries with rest='drop'.",
                                     tensor=name))
         committed = commit_files(len(files), bool(objects))
+    elif len(files) > 1:
+        committed = [INDEX_NAME]  # the HF index, the commit marker of a sharded output
     dest_path = Path(os.path.abspath(dest)) if dest is not None else None
     kept_names = set(kept)
+    complete = False
+    code = code_digest(mapper)
     if dest_path is not None and check_dest and files:
         sources = [catalog.root / rel if catalog.root.is_dir() else catalog.root for rel in catalog.files]
         state = check_destination(
             dest_path, files, extras + committed, layout_fp, overwrite=options.overwrite, source_root=catalog.root,
-            source_files=sources, extra_bytes=_extras_bytes(catalog, extras),
+            source_files=sources, extra_bytes=_extras_bytes(catalog, extras), code_digest=code,
         )
         problems += state.problems
         kept_names |= state.kept
+        complete = state.complete
     for f in files:
         f.kept = f.name in kept_names
     return Plan(
         source=catalog, dest=dest_path, options=options, binding=binding, steps=steps, files=files, problems=problems,
         extras=extras, layout_fingerprint=layout_fp, fingerprint=run_fingerprint(layout_fp, files, options.nproc),
-        mapper=mapper, mapper_json=exported,
+        mapper=mapper, mapper_json=exported, complete=complete, code_digest=code,
     )
 
 

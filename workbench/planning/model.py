@@ -64,6 +64,8 @@ class Plan:
         fingerprint: str,
         mapper: Any = None,
         mapper_json: str | None = None,
+        complete: bool = False,
+        code_digest: str | None = None,
     ) -> None:
         self.source = source
         self.dest = dest
@@ -77,6 +79,10 @@ class Plan:
         self.fingerprint = fingerprint
         self.mapper = mapper
         self.mapper_json = mapper_json
+        # The destination already holds this plan's finished output (same fingerprint): running it does nothing.
+        self.complete = complete
+        # What the mapper's Functions run (mapper.files.code_digest): recorded with a finished output.
+        self.code_digest = code_digest
 
     # -- plain data (no pandas) -------------------------------------------------------------------
 
@@ -353,6 +359,8 @@ class Plan:
         n_files = len(self.output_file_list)
         reads = self.reads()
         status = "OK" if self.ok else f"{len(self.errors)} error(s): cannot run"
+        if self.ok and self.complete:
+            status = f"OK: already complete, nothing to do ({self.dest} holds this conversion's finished output)"
         lines = [
             f"Plan: {src.root} ({src.format}, {len(src.files)} files, {len(src)} tensors, {format_bytes(src.total_bytes)})"
             f" -> {self.dest if self.dest is not None else '(no destination)'}" + (" (DCP)" if self.options.to == "dcp" else ""),
