@@ -55,7 +55,7 @@ def test_dry_run_cast_and_no_extras(llama_sample: Path, tmp_path: Path, capsys: 
     assert main(["convert", str(llama_sample), str(dest), "--dtype", "bf16", "--dry-run"]) == 0
     assert "casts by numpy" in capsys.readouterr().out and not dest.exists()
     assert main(["convert", str(llama_sample), str(dest), "--dtype", "bf16", "--no-extras", "--quiet"]) == 0
-    assert sorted(os.listdir(dest)) == ["model.safetensors"]
+    assert sorted(os.listdir(dest)) == [".workbench-complete.json", "model.safetensors"]  # and the completion record
     assert {t.dtype for t in open_catalog(dest).values()} == {"BF16"}
 
 
@@ -92,3 +92,101 @@ def test_busy_destination_and_missing_source(llama_sample: Path, tmp_path: Path,
     assert "destination not empty" in capsys.readouterr().err
     assert main(["plan", str(tmp_path / "nowhere")]) == 2
     assert "no such file or folder" in capsys.readouterr().err
+
+
+# -- mapper files: Functions defined next to the mapper, and mappers read from a pipe ---------------------------
+FUNCTION_MAPPER = """from workbench import mapper as M
+from neighbour import negate
+
+
+def double(tensor):
+    return tensor * 2
+
+
+mapper = M.Parallel(
+    M.Function(fn="doubling:double", inputs=["model.norm.weight"], outputs=["model.norm.weight_x2"]),
+    M.Function(fn="neighbour:negate", inputs=["model.layers.0.input_layernorm.weight"],
+               outputs=["model.layers.0.input_layernorm.negated"]),
+)
+"""
+
+
+def write_function_mapper(folder: Path) -> Path:
+    """`doubling.py` defines a Function's callable itself; another one lives in `neighbour.py` next to it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "neighbour.py").write_text("def negate(tensor):\n    return -tensor\n")
+    path = folder / "doubling.py"
+    path.write_text(FUNCTION_MAPPER)
+    return path
+
+
+def check_function_outputs(source: Path, dest: Path) -> None:
+    from conftest import load_safetensors_folder
+
+    before, after = load_safetensors_folder(source), load_safetensors_folder(dest)
+    assert (after["model.norm.weight_x2"] == before["model.norm.weight"] * 2).all()
+    assert (after["model.layers.0.input_layernorm.negated"] == -before["model.layers.0.input_layernorm.weight"]).all()
+
+
+def run_cli(args: list[str], cwd: Path, **kwargs) -> subprocess.CompletedProcess:
+    """`python -m workbench ...` elsewhere than the mapper's folder, with PYTHONPATH as the tests have it (no mapper folder)."""
+    return subprocess.run([sys.executable, "-m", "workbench", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300, **kwargs)
+
+
+def test_function_defined_in_the_mapper_file_needs_no_pythonpath(llama_sample: Path, tmp_path: Path) -> None:
+    mapper = write_function_mapper(tmp_path / "mappers")
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    done = run_cli(["convert", str(llama_sample), str(tmp_path / "out"), "--mapper", str(mapper), "--quiet"], elsewhere)
+    assert done.returncode == 0, done.stderr[-3000:]
+    check_function_outputs(llama_sample, tmp_path / "out")
+
+
+def test_mapper_from_a_pipe_is_read_once(llama_sample: Path, tmp_path: Path) -> None:
+    read, write = os.pipe()  # what `--mapper <(cat m.py)` hands over: /dev/fd/N, a pipe that reads once
+    os.write(write, FUSE_GATE_UP.encode())
+    os.close(write)
+    try:
+        done = run_cli(["plan", str(llama_sample), "--mapper", f"/dev/fd/{read}"], tmp_path, pass_fds=(read,))
+    finally:
+        os.close(read)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "status: OK" in done.stdout and "outputs: 35 tensors" in done.stdout  # 4 layers fused: 39 -> 35
+
+
+def test_mapper_from_a_fifo_and_a_directory(llama_sample: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    import threading
+
+    fifo = tmp_path / "mapper.fifo"
+    os.mkfifo(fifo)
+
+    def feed() -> None:
+        with open(fifo, "w") as handle:
+            handle.write(FUSE_GATE_UP)
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    try:
+        assert main(["plan", str(llama_sample), "--mapper", str(fifo)]) == 0
+    finally:
+        if writer.is_alive():  # the loader never opened the FIFO: open it here so the writer can finish
+            reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+            writer.join(timeout=10)
+            os.close(reader)
+    assert "outputs: 35 tensors" in capsys.readouterr().out
+    assert main(["plan", str(llama_sample), "--mapper", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "is a directory, not a regular file" in err and "no such file" not in err
+
+
+def test_a_finished_conversion_is_only_the_same_if_its_functions_code_is(llama_sample: Path, tmp_path: Path) -> None:
+    mapper = write_function_mapper(tmp_path / "mappers")
+    command = ["convert", str(llama_sample), str(tmp_path / "out"), "--mapper", str(mapper), "--quiet"]
+    assert run_cli(command, tmp_path).returncode == 0
+    again = run_cli(command, tmp_path)
+    assert again.returncode == 0 and "Already complete, nothing to do" in again.stdout
+    (tmp_path / "mappers" / "neighbour.py").write_text("def negate(tensor):\n    return -2 * tensor\n")  # same names, new code
+    changed = run_cli(command, tmp_path)
+    assert changed.returncode == 2 and "finished conversion of a different plan" in changed.stderr
+    check_function_outputs(llama_sample, tmp_path / "out")  # untouched

@@ -29,6 +29,7 @@ from workbench.output.safetensors import SafetensorsWriter
 INDEX = "model.safetensors.index.json"
 MANIFEST = ".workbench-convert.json"
 LOCK = ".workbench.lock"
+COMPLETE = ".workbench-complete.json"
 SHARD_SIZE = "120KB"  # tiny-llama (723 KB) -> 7 shards: many commit points
 KILL_POINTS = 12
 
@@ -64,7 +65,7 @@ def run_child(source: Path, dest: Path, kill_at: int, shard_size: str = SHARD_SI
 def assert_nothing_incomplete_is_presented(dest: Path, clean: Path) -> None:
     """An index may only exist when every shard it names is complete; otherwise nothing opens as complete."""
     if (dest / INDEX).exists():
-        for name in os.listdir(clean):
+        for name in set(os.listdir(clean)) - {COMPLETE}:  # the record follows the index: it may not be there yet
             assert filecmp.cmp(clean / name, dest / name, shallow=False), f"{name} differs while the index exists"
         return
     with pytest.raises(CheckpointError):
@@ -205,3 +206,56 @@ def test_source_changing_during_the_run_is_detected(llama_sample: Path, tmp_path
     assert not again.ok and "different plan" in again.errors[0].message
     wb.convert(source, dest, shard_size=SHARD_SIZE, quiet=True, overwrite=True)
     assert verify(dest).ok
+
+
+# -- re-running a conversion that already finished ---------------------------------------------------------------
+def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    return {name: (os.stat(folder / name).st_ino, os.stat(folder / name).st_mtime_ns) for name in os.listdir(folder)}
+
+
+@pytest.mark.parametrize(("to", "shard_size"), [("safetensors", SHARD_SIZE), ("safetensors", "5GB"), ("dcp", "5GB")])
+def test_rerunning_a_finished_conversion_is_a_no_op(llama_sample: Path, tmp_path: Path, to: str, shard_size: str) -> None:
+    dest = tmp_path / "out"
+    first = wb.convert(llama_sample, dest, shard_size=shard_size, to=to, quiet=True)
+    assert not first.already_complete
+    before = _snapshot(dest)
+    again = wb.convert(llama_sample, dest, shard_size=shard_size, to=to, quiet=True, verify=True)
+    assert again.already_complete and again.ok and again.verified
+    assert "already complete, nothing to do" in again.summary().lower()
+    assert again.bytes_written == 0 and _snapshot(dest) == before  # not one file touched
+    plan = wb.plan(llama_sample, dest=dest, shard_size=shard_size, to=to)
+    assert plan.ok and plan.complete and "already complete, nothing to do" in plan.summary()
+    # Another plan into the same finished folder is still refused, naming why.
+    with pytest.raises(PlanError, match="holds a finished conversion of a different plan"):
+        wb.convert(llama_sample, dest, shard_size=shard_size, to=to, dtype="bf16", quiet=True)
+    from workbench import mapper as M
+
+    same_bytes_other_mapper = M.Rename("model.norm.weight", "model.norm.weight")
+    with pytest.raises(PlanError, match="different plan"):
+        wb.convert(llama_sample, dest, same_bytes_other_mapper, shard_size=shard_size, to=to, quiet=True)
+    assert _snapshot(dest) == before
+
+
+def test_no_op_from_the_cli_and_what_breaks_it(llama_sample: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "out"
+    command = [sys.executable, "-m", "workbench", "convert", str(llama_sample), str(dest), "--shard-size", SHARD_SIZE, "--quiet"]
+    assert subprocess.run(command, capture_output=True, text=True, timeout=120).returncode == 0
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Already complete, nothing to do" in done.stdout and "destination not empty" not in done.stderr
+    other = subprocess.run([*command, "--dtype", "fp16"], capture_output=True, text=True, timeout=120)
+    assert other.returncode == 2 and "finished conversion of a different plan" in other.stderr
+    # A shard removed from the finished output: the same conversion writes it again (a resume, not a no-op).
+    shard = sorted(n for n in os.listdir(dest) if n.endswith(".safetensors"))[2]
+    reference = (dest / shard).read_bytes()
+    os.unlink(dest / shard)
+    report = wb.convert(llama_sample, dest, shard_size=SHARD_SIZE, quiet=True)
+    assert not report.already_complete and shard not in report.kept and (dest / shard).read_bytes() == reference
+    # A config edited in the source after the run: copied again.
+    source = tmp_path / "source"
+    shutil.copytree(llama_sample, source)
+    wb.convert(source, tmp_path / "second", shard_size=SHARD_SIZE, quiet=True)
+    (source / "config.json").write_text((source / "config.json").read_text().replace("}", ', "edited": true}', 1))
+    report = wb.convert(source, tmp_path / "second", shard_size=SHARD_SIZE, quiet=True)
+    assert not report.already_complete and (tmp_path / "second" / "config.json").read_text() == (source / "config.json").read_text()
+    assert verify(tmp_path / "second").ok

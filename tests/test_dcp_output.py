@@ -102,7 +102,7 @@ def test_hf_to_dcp_streams_byte_copies_and_reads_back_equal(tiny_checkpoint, tmp
     report = wb.convert(src, dest, shard_size="2KB", to="dcp", quiet=True)
     assert report.ok and report.files_match_plan and report.bytes_written == plan.bytes_written
     assert report.files[-1] == ".metadata" and report.peak_tensor_bytes == plan.peak_bytes == 0
-    assert sorted(os.listdir(dest)) == sorted([".metadata", *(f.name for f in plan.output_file_list)])
+    assert sorted(os.listdir(dest)) == sorted([".metadata", ".workbench-complete.json", *(f.name for f in plan.output_file_list)])
     for f in plan.output_file_list:
         assert (dest / f.name).stat().st_size == f.size
     expected = {}

@@ -21,6 +21,7 @@ from workbench.formats import open_catalog
 from workbench.iostats import IO
 from workbench.mapper import presets
 from workbench.mapper.groups import Binding, Group
+from workbench.planning.destination import COMPLETE_NAME
 
 INDEX = "model.safetensors.index.json"
 
@@ -44,7 +45,8 @@ def assert_equals_save_file(dest: Path, expected: dict, scratch: Path) -> list[s
 
 
 def leftovers(dest: Path) -> list[str]:
-    return sorted(n for n in os.listdir(dest) if n.endswith(".partial") or n.startswith(".workbench"))
+    """Temporary files and run markers; a finished run's completion record is not a leftover."""
+    return sorted(n for n in os.listdir(dest) if n.endswith(".partial") or (n.startswith(".workbench") and n != COMPLETE_NAME))
 
 
 def test_reshard_is_byte_identical_and_opens_exactly_the_planned_files(llama_sample: Path, tmp_path: Path) -> None:
@@ -68,7 +70,7 @@ def test_reshard_is_byte_identical_and_opens_exactly_the_planned_files(llama_sam
 def test_identity_of_a_single_file_reproduces_it(bert_sample: Path, tmp_path: Path) -> None:
     report = wb.convert(wb.open_checkpoint(bert_sample), tmp_path / "out", quiet=True, extras=False)
     assert (tmp_path / "out" / "model.safetensors").read_bytes() == (bert_sample / "model.safetensors").read_bytes()
-    assert sorted(os.listdir(tmp_path / "out")) == ["model.safetensors"] and not report.index_written
+    assert sorted(os.listdir(tmp_path / "out")) == [".workbench-complete.json", "model.safetensors"] and not report.index_written
 
 
 def test_cast_to_bf16_in_small_chunks(llama_sample: Path, tmp_path: Path) -> None:
@@ -205,10 +207,10 @@ def test_cancel_from_the_progress_callback(llama_sample: Path, tmp_path: Path) -
 def test_destination_rules_overwrite_and_extras(llama_sample: Path, tmp_path: Path) -> None:
     dest = tmp_path / "out"
     wb.convert(llama_sample, dest, shard_size="300KB", quiet=True)
-    with pytest.raises(PlanError, match="destination not empty"):
+    with pytest.raises(PlanError, match="holds a finished conversion of a different plan"):  # another shard size
         wb.convert(llama_sample, dest, quiet=True)
     wb.convert(llama_sample, dest, quiet=True, overwrite=True, extras=False)
-    assert sorted(os.listdir(dest)) == ["config.json", "generation_config.json", "model.safetensors"]  # old shards gone
+    assert sorted(os.listdir(dest)) == [".workbench-complete.json", "config.json", "generation_config.json", "model.safetensors"]  # old shards gone
     assert_equals_save_file(dest, load_safetensors_folder(llama_sample), tmp_path)
 
 

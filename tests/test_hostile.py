@@ -74,7 +74,7 @@ def test_extras_linked_outside_the_folder_are_never_copied(tmp_path: Path) -> No
     catalog = open_catalog(folder)
     assert catalog.extras == ["tokenizer.json"]
     wb.convert(folder, tmp_path / "out", quiet=True)
-    assert sorted(os.listdir(tmp_path / "out")) == ["model.safetensors", "tokenizer.json"]
+    assert sorted(os.listdir(tmp_path / "out")) == [".workbench-complete.json", "model.safetensors", "tokenizer.json"]
 
 
 def test_save_tensors_writes_tied_non_contiguous_zero_size_and_scalar_tensors(tmp_path: Path) -> None:

@@ -105,3 +105,15 @@ def test_an_unknown_launcher_is_refused_before_anything_is_written(llama_sample:
     with pytest.raises(PlanError, match="unknown launcher 'mpirun'.*'torchrun'.*'local'"):
         wb.convert(llama_sample, tmp_path / "out", nproc=2, quiet=True, launcher="mpirun")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("launcher", ["local", "torchrun"])
+def test_workers_find_functions_defined_in_the_mapper_file(launcher: str, llama_sample: Path, tmp_path: Path) -> None:
+    from test_convert_cli import check_function_outputs, run_cli, write_function_mapper
+
+    mapper = write_function_mapper(tmp_path / "mappers")
+    dest = tmp_path / "out"
+    done = run_cli(["convert", str(llama_sample), str(dest), "--mapper", str(mapper), "--nproc", "2",
+                    "--launcher", launcher, "--shard-size", "100KB", "--quiet"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    check_function_outputs(llama_sample, dest)

@@ -196,3 +196,177 @@ def test_one_preset_registry_serves_the_builder_and_the_cli() -> None:
                 build_preset(name, catalog, find_config(llama))
             continue
         assert build_preset(name, catalog, find_config(llama)) is not None, name
+
+
+# -- biases and q/k norms (Qwen2, Qwen3), and what every preset reports when it meets a tensor it does not know --
+def _saved(model, folder) -> str:
+    model.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(2)
+    config = Qwen3Config(**SMALL, head_dim=16, attention_bias=True, mlp_bias=False)
+    config._attn_implementation = "eager"
+    model = Qwen3ForCausalLM(config).eval()
+    with torch.no_grad():  # norms and biases start at 1 and 0: give them values a wrong permutation would show
+        for name, tensor in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                tensor.copy_(torch.randn_like(tensor))
+    return config, model
+
+
+def _rope_theta(config) -> float:
+    return float(getattr(config, "rope_theta", None) or config.rope_parameters["rope_theta"])
+
+
+def _meta_attention(meta: dict, layer: int, x: torch.Tensor, config) -> torch.Tensor:
+    """Attention as Meta's reference Llama computes it: interleaved rotary pairs as complex numbers."""
+    prefix = f"layers.{layer}.attention."
+    heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, 16
+    batch, seq, _ = x.shape
+
+    def linear(name: str) -> torch.Tensor:
+        out = x @ meta[prefix + name + ".weight"].T
+        return out + meta[prefix + name + ".bias"] if prefix + name + ".bias" in meta else out
+
+    def rms(t: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + config.rms_norm_eps) * weight
+
+    q = linear("wq").view(batch, seq, heads, head_dim)
+    k = linear("wk").view(batch, seq, kv_heads, head_dim)
+    v = linear("wv").view(batch, seq, kv_heads, head_dim)
+    if prefix + "q_norm.weight" in meta:
+        q, k = rms(q, meta[prefix + "q_norm.weight"]), rms(k, meta[prefix + "k_norm.weight"])
+    freqs = 1.0 / (_rope_theta(config) ** (torch.arange(0, head_dim, 2).float() / head_dim))
+    cis = torch.polar(torch.ones(seq, head_dim // 2), torch.outer(torch.arange(seq).float(), freqs))[None, :, None, :]
+
+    def rotate(t: torch.Tensor) -> torch.Tensor:
+        return torch.view_as_real(torch.view_as_complex(t.float().reshape(*t.shape[:-1], -1, 2)) * cis).flatten(3)
+
+    q, k = rotate(q), rotate(k)
+    repeat = heads // kv_heads
+    k, v = k.repeat_interleave(repeat, dim=2), v.repeat_interleave(repeat, dim=2)
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    scores = q @ k.transpose(-1, -2) / head_dim**0.5
+    scores = scores + torch.full((seq, seq), float("-inf")).triu(1)
+    out = (scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, seq, -1)
+    return out @ meta[prefix + "wo.weight"].T + meta.get(prefix + "wo.bias", 0)
+
+
+def _hf_attention(model, layer: int, x: torch.Tensor) -> torch.Tensor:
+    seq = x.shape[1]
+    position_ids = torch.arange(seq)[None].expand(x.shape[0], -1)
+    cos_sin = model.model.rotary_emb(x, position_ids)
+    mask = torch.full((seq, seq), float("-inf")).triu(1)[None, None].expand(x.shape[0], 1, seq, seq)
+    return model.model.layers[layer].self_attn(x, position_embeddings=cos_sin, attention_mask=mask)[0]
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_meta_preset_converts_biases_and_qk_norms_so_attention_is_unchanged(family, request, tmp_path):
+    import workbench as wb
+
+    config, model = request.getfixturevalue(family)
+    config._attn_implementation = "eager"
+    folder = _saved(model, tmp_path / family)
+    mapper = presets.hf_to_meta(folder)
+    the_plan = wb.plan(folder, mapper)
+    assert the_plan.ok, the_plan.errors
+    names = list(the_plan.outputs.index)
+    assert not [n for n in names if n.startswith(("model.", "lm_head."))]  # nothing left under an HF name
+    expected = {"layers.0.attention.wq.bias", "layers.1.attention.wk.bias", "layers.0.attention.wv.bias"}
+    if family == "qwen3":
+        expected |= {"layers.0.attention.q_norm.weight", "layers.1.attention.k_norm.weight", "layers.0.attention.wo.bias"}
+    assert expected <= set(names)
+    state = model.state_dict()
+    meta = mapper.apply(state)
+    torch.manual_seed(5)
+    x = torch.randn(2, 7, config.hidden_size)
+    with torch.no_grad():
+        for layer in range(config.num_hidden_layers):
+            torch.testing.assert_close(_meta_attention(meta, layer, x, config), _hf_attention(model, layer, x), atol=2e-5, rtol=1e-4)
+    assert_identical(presets.meta_to_hf(folder).apply(meta), state)
+    assert wb.plan(folder, M.Sequential(mapper, presets.meta_to_hf(folder))).ok
+
+
+def test_meta_preset_reports_tensors_its_config_does_not_announce(qwen3, tmp_path):
+    import workbench as wb
+
+    config, model = qwen3
+    folder = _saved(model, tmp_path / "qwen3")
+    as_llama = dict(config.to_dict(), model_type="llama", attention_bias=False)  # a config that hides norms and biases
+    the_plan = wb.plan(folder, presets.hf_to_meta(as_llama))
+    assert not the_plan.ok
+    message = " ".join(p.message for p in the_plan.errors)
+    assert "HF Llama (presets.hf_to_meta)" in message and "left unconverted" in message
+    assert "'model.layers.0.self_attn.q_norm.weight'" in message or "'model.layers.0.self_attn.q_proj.bias'" in message
+    (problem,) = [p for p in the_plan.errors if "left unconverted" in p.message]
+    assert "12 source tensor(s)" in problem.message  # 2 layers x (q/k/v/o biases + q/k norms)
+    # The reverse direction reports a Meta tensor it does not know, too.
+    meta = presets.hf_to_meta(folder).apply(model.state_dict())
+    meta["layers.0.attention.rope_scale"] = torch.ones(3)
+    problems = presets.meta_to_hf(folder).bind(meta).problems
+    assert [p.tensor for p in problems] == ["layers.0.attention.rope_scale"]
+
+
+def test_every_family_preset_reports_what_it_leaves_unconverted(llama):
+    config, model = llama
+    state = model.state_dict()
+    layer = "model.layers.0."
+
+    def left(mapper, source) -> list[str | None]:
+        return [p.tensor for p in mapper.bind(source).problems if "left unconverted" in p.message]
+
+    with_mlp_bias = dict(state, **{layer + "mlp.gate_proj.bias": torch.zeros(96), layer + "mlp.up_proj.bias": torch.zeros(96)})
+    assert left(presets.hf_to_fused(config), with_mlp_bias) == [layer + "mlp.gate_proj.bias"]
+    fused_config = dict(config.to_dict(), mlp_bias=True)
+    all_biases = {**with_mlp_bias, **{n.replace(".0.", ".1."): t for n, t in with_mlp_bias.items() if n.endswith("bias")}}
+    fused = presets.hf_to_fused(fused_config).apply(all_biases)
+    assert fused[layer + "mlp.gate_up_proj.bias"].shape == (192,)
+    assert_identical(presets.fused_to_hf(fused_config).apply(fused), all_biases)
+    assert left(presets.fused_to_hf(config), fused) == [layer + "mlp.gate_up_proj.bias"]
+    with_q_bias = dict(state, **{layer + "self_attn.q_proj.bias": torch.zeros(64)})
+    assert left(presets.hf_to_megatron_qkv(config), with_q_bias) == [layer + "self_attn.q_proj.bias"]
+    megatron = presets.hf_to_megatron_qkv(config).apply(state)
+    megatron["model.layers.1.self_attention.linear_qkv.layer_norm_weight"] = torch.ones(64)  # Transformer Engine's fused norm
+    assert left(presets.megatron_qkv_to_hf(config), megatron) == ["model.layers.1.self_attention.linear_qkv.layer_norm_weight"]
+    assert left(presets.hf_to_meta(config), dict(state, **{layer + "self_attn.rotary_emb.inv_freq": torch.ones(8)})) == [
+        layer + "self_attn.rotary_emb.inv_freq"]
+    # LoRA: a target's bias must follow its weight into (or out of) base_layer, adapters must not stay behind.
+    biased = dict(state, **{layer + "self_attn.q_proj.bias": torch.zeros(64)})
+    assert left(presets.lora_wrap(["q_proj"]), biased) == [layer + "self_attn.q_proj.bias"]
+    wrapped = presets.lora_wrap(["q_proj"], params=("weight", "bias")).apply(biased)
+    assert left(presets.lora_unwrap(["q_proj"]), wrapped) == [layer + "self_attn.q_proj.base_layer.bias"]
+    assert_identical(presets.lora_unwrap(["q_proj"], params=("weight", "bias")).apply(wrapped), biased)
+    adapters = {}
+    for index in range(2):
+        module = f"model.layers.{index}.self_attn.q_proj."
+        adapters |= {module + "lora_A.weight": torch.zeros(2, 64), module + "lora_B.weight": torch.zeros(64, 2)}
+    with_adapters = {**wrapped, **adapters}
+    assert left(presets.lora_unwrap(["q_proj"], params=("weight", "bias")), with_adapters) == [
+        "model.layers.0.self_attn.q_proj.lora_A.weight"]
+    assert left(presets.lora_merge(1.0, ["q_proj"]), with_adapters) == [layer + "self_attn.q_proj.base_layer.bias"]
+    dora = dict(presets.lora_wrap(["q_proj"]).apply(state), **adapters, **{layer + "self_attn.q_proj.lora_magnitude_vector": torch.ones(64)})
+    assert left(presets.lora_merge(1.0, ["q_proj"]), dora) == [layer + "self_attn.q_proj.lora_magnitude_vector"]
+    assert presets.lora_merge(1.0, ["q_proj"]).bind(presets.lora_wrap(["q_proj"]).apply(state) | adapters).ok
+
+
+def test_claims_survive_export_and_apply_checks_them(llama):
+    config, model = llama
+    mapper = presets.hf_to_meta(config)
+    assert M.from_json(mapper.to_json()) == mapper
+    namespace: dict = {}
+    exec(mapper.to_code(), namespace)  # noqa: S102 - our own generated code
+    assert namespace["mapper"] == mapper
+    extra = dict(model.state_dict(), **{"model.layers.0.self_attn.q_norm.weight": torch.ones(16)})
+    with pytest.raises(MapperError, match="left unconverted.*q_norm"):
+        mapper.apply(extra)
+    concrete = M.Sequential(M.Rename("a", "b"), M.Claim("test layout", r"a|c"))
+    with pytest.raises(MapperError, match="'c'"):
+        concrete.apply({"a": torch.ones(1), "c": torch.ones(1)})
+    assert set(concrete.apply({"a": torch.ones(1)})) == {"b"}
+    with pytest.raises(MapperError, match="not a regular expression"):
+        M.Claim("x", "(")

@@ -89,7 +89,7 @@ def test_single_file_sidecar_sits_beside_it_and_is_not_copied_by_conversions(ber
     assert verify(folder, checksums=True).checksums.sidecar == folder / SIDECAR_NAME
     report = wb.convert(folder, tmp_path / "out", quiet=True)
     assert report.extras == ["config.json"]
-    assert sorted(os.listdir(tmp_path / "out")) == ["config.json", "model.safetensors"]
+    assert sorted(os.listdir(tmp_path / "out")) == [".workbench-complete.json", "config.json", "model.safetensors"]
 
 
 def test_hashing_reads_in_bounded_chunks(llama_sample: Path) -> None:

@@ -66,7 +66,7 @@ def test_building_the_fused_layout_with_the_controls(builder, llama_sample):
     assert builder.mapper == M.Sequential(M.Concat(QKV, "model.layers.{i}.self_attn.qkv_proj.weight"),
                                           M.Concat(GATE_UP, "model.layers.{i}.mlp.gate_up_proj.weight"))
     builder.combine_picker.value = "Parallel"
-    assert builder.mapper == presets.hf_to_fused(llama_sample)
+    assert builder.mapper == presets.hf_to_fused(llama_sample).mappers[0]  # the preset adds a Claim after the steps
     preview = builder.preview_frame(folded=False)
     assert preview.loc["model.layers.2.self_attn.qkv_proj.weight", "shape"] == (128, 64)
     assert preview.loc["model.layers.2.mlp.gate_up_proj.weight", "shape"] == (256, 64)
@@ -187,7 +187,7 @@ def test_edit_reorder_and_remove_steps(builder):
 def test_composite_steps_are_edited_as_code(builder):
     builder.preset_picker.value = "hf_to_meta"
     builder.load_preset_button.click()
-    assert builder.combine_picker.value == "Sequential" and len(builder.steps) == 3
+    assert builder.combine_picker.value == "Sequential" and len(builder.steps) == 4  # three stages and the Claim
     assert builder.binding.ok and "tok_embeddings.weight" in builder.binding.outputs
     builder.edit(0)
     assert builder.op_picker.value == "Code" and builder.code_box.value.startswith("M.Parallel(M.Rename(")

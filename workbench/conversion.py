@@ -82,6 +82,11 @@ def execute(plan: Plan, *, quiet: bool = False, on_progress: ProgressCallback | 
     """
     require_runnable(plan)
     check_launcher(launcher)
+    if plan.complete:  # the destination holds this very conversion, finished: re-running it changes nothing
+        report = RunReport.nothing_to_do(plan)
+        if verify:
+            report.output_check = check_outputs(plan)
+        return report
     display = None if quiet else notebook_display(plan, on_progress, launcher)  # a notebook panel, not the tqdm bar
     if display is not None:
         report = display.run()

@@ -16,41 +16,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import runpy
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..errors import MapperError, WorkbenchError
+from ..mapper.files import load_mapper_file
 
 EXIT_OK = 0
 EXIT_MISMATCH = 1
 EXIT_BAD_INPUT = 2
-
-
-def load_mapper_file(path: str | os.PathLike) -> Any:
-    """The `mapper` a Python file defines (the file is executed: it is the user's own code)."""
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise MapperError(f"Cannot load mapper file {path}: no such file. Write one with mapper.to_code() or check the path.", file=path)
-    try:
-        namespace = runpy.run_path(path)
-    except SyntaxError as exc:
-        raise MapperError(f"Cannot load mapper file {path}: syntax error at line {exc.lineno}: {exc.msg}. Fix the file.", file=path) from None
-    except WorkbenchError as exc:
-        raise MapperError(f"Cannot load mapper file {path}: {exc.message}", file=path) from None
-    except Exception as exc:
-        raise MapperError(f"Cannot load mapper file {path}: running it raised {type(exc).__name__}: {exc}. Fix the file.", file=path) from None
-    mapper = namespace.get("mapper")
-    if mapper is None or not hasattr(mapper, "bind"):
-        found = "no name `mapper`" if mapper is None else f"`mapper` is a {type(mapper).__name__}, not a mapper"
-        raise MapperError(
-            f"Cannot load mapper file {path}: it defines {found}. Assign a workbench mapper to `mapper` "
-            "(e.g. `mapper = M.Sequential(...)`, as mapper.to_code() writes).",
-            file=path,
-        )
-    return mapper
 
 
 def _common_arguments(parser: argparse.ArgumentParser) -> None:

@@ -15,7 +15,15 @@ from pathlib import Path
 from ..errors import PlanError, UnsafeFileError
 from ..files import PARTIAL_SUFFIX, atomic_write, copy_atomic, fsync_dir, remove_entry
 from ..formats.dcp import METADATA_NAME
-from ..planning.destination import INDEX_NAME, MANIFEST_NAME, remove_manifest, write_manifest
+from ..planning.destination import (
+    COMPLETE_NAME,
+    INDEX_NAME,
+    MANIFEST_NAME,
+    remove_completion_record,
+    remove_manifest,
+    write_completion_record,
+    write_manifest,
+)
 from ..planning.extras import updated_bytes
 from ..planning.model import Plan
 from .source_guard import snapshot_for
@@ -38,6 +46,7 @@ def prepare_destination(plan: Plan) -> None:
     dest = plan.dest
     assert dest is not None
     dest.mkdir(parents=True, exist_ok=True)
+    remove_completion_record(dest)  # first: from here on the folder no longer holds a finished output
     planned = {f.name for f in plan.output_file_list}
     if plan.options.overwrite:  # an older conversion's shards and index would contradict the new ones
         for name in os.listdir(dest):
@@ -56,7 +65,7 @@ def remove_partials(plan: Plan) -> None:
     """Delete temporary files this plan's writers may have left (after a failure or a cancel)."""
     assert plan.dest is not None
     extras = [e for e in plan.extras if not e.endswith("/")]
-    for name in [*(f.name for f in plan.output_file_list), INDEX_NAME, MANIFEST_NAME, *plan.commit_files, *extras]:
+    for name in [*(f.name for f in plan.output_file_list), INDEX_NAME, MANIFEST_NAME, COMPLETE_NAME, *plan.commit_files, *extras]:
         try:
             remove_entry(plan.dest / (name + PARTIAL_SUFFIX))
         except UnsafeFileError:  # a folder planted there: left alone (a writer refuses that name by itself)
@@ -115,6 +124,19 @@ def copy_extras(plan: Plan) -> list[str]:
     return copied
 
 
+def _record_completion(plan: Plan, committed: list[str]) -> None:
+    """Mark the output finished, when a re-run could tell it is the same conversion (see destination.py).
+
+    Not for sources held in memory (`save_from`): their tensors can change without any file changing, and
+    not when the code of the mapper's Functions cannot be read.
+    """
+    assert plan.dest is not None
+    if plan.source.reader is None or not plan.source.root.exists() or plan.code_digest is None:
+        return
+    write_completion_record(plan.dest, plan.layout_fingerprint, plan.output_file_list, [*plan.extras, *committed],
+                            plan.source.root, plan.extras, plan.code_digest)
+
+
 def finalize_destination(plan: Plan) -> bool:
     """Commit a completed run: extras, then the index (last), then drop the manifest; True if an index was written."""
     assert plan.dest is not None
@@ -122,6 +144,7 @@ def finalize_destination(plan: Plan) -> bool:
     copy_extras(plan)
     committed = plan.output_format.commit(plan.dest, [f.layout for f in plan.output_file_list], plan.source.reader,
                                           objects=bool(plan.copied_objects))
+    _record_completion(plan, plan.commit_files)
     remove_manifest(plan.dest)
     fsync_dir(plan.dest)
     return committed

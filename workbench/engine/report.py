@@ -64,6 +64,16 @@ class RunReport:
     extras: list[str] = field(default_factory=list)
     index_written: bool = False
     output_check: Any = None  # an OutputCheck when the run was verified (convert(..., verify=True))
+    already_complete: bool = False  # the destination held this conversion's finished output: nothing ran
+
+    @classmethod
+    def nothing_to_do(cls, plan: Any) -> RunReport:
+        """The report of a run whose destination already holds the plan's finished output (`plan.complete`)."""
+        return cls(
+            dest=plan.dest, ranks=[], seconds=0.0, predicted_peak_bytes=0, predicted_files=[], predicted_bytes_read=0,
+            predicted_bytes_written=0, files=[f.name for f in plan.output_file_list] + list(plan.commit_files),
+            kept=[f.name for f in plan.output_file_list], extras=list(plan.extras), already_complete=True,
+        )
 
     @property
     def verification(self) -> pd.DataFrame | None:
@@ -209,6 +219,12 @@ class RunReport:
                 + (f", {len(self.kept)} kept from an earlier run" if self.kept else "") + ")")
         if not self.ok:
             head = f"Conversion into {self.dest} FAILED"
+        if self.already_complete:
+            parts = [f"Already complete, nothing to do: {self.dest} holds this conversion's finished output "
+                     f"({len(self.files)} files, same source, mapper and options); nothing was read or written."]
+            if self.output_check is not None:
+                parts.append(self.output_check.summary())
+            return "\n".join(parts)
         check = "yes" if self.files_match_plan else "NO"
         parts = [head, text_table(["", "predicted", "measured"], self._rows()), f"  files opened match the plan: {check}"]
         if self.nproc > 1:

@@ -21,9 +21,11 @@ SINGLE_NAME = "model.safetensors"
 MAX_INDEX_BYTES = 512 * 1024 * 1024
 # Left in a destination by a conversion until it commits (workbench.planning.destination.MANIFEST_NAME).
 UNFINISHED_MARKER = ".workbench-convert.json"
+# Left by a finished conversion (workbench.planning.destination.COMPLETE_NAME): never an extra.
+COMPLETION_RECORD = ".workbench-complete.json"
 # Files that describe one checkpoint and must not follow its tensors into a conversion's output.
 CHECKSUMS_NAME = "checksums.sha256.json"
-NOT_EXTRAS = frozenset({CHECKSUMS_NAME, UNFINISHED_MARKER})
+NOT_EXTRAS = frozenset({CHECKSUMS_NAME, UNFINISHED_MARKER, COMPLETION_RECORD})
 
 
 def find_index(folder: Path) -> Path | None:

@@ -75,8 +75,9 @@ def _run_locked(dist, source, dest, mapper, options, quiet, on_progress, locks: 
     if rank == 0:
         try:
             plan = build_plan(catalog, mapper, options, dest)
-            verdict = {"errors": [p.message for p in plan.errors], "kept": sorted(plan.kept), "fingerprint": plan.fingerprint}
-            if plan.ok:
+            verdict = {"errors": [p.message for p in plan.errors], "kept": sorted(plan.kept), "fingerprint": plan.fingerprint,
+                       "complete": plan.complete}
+            if plan.ok and not plan.complete:
                 snapshot_for(plan)
                 locks.append(lock_destination(plan.dest))
                 prepare_destination(plan)
@@ -85,6 +86,10 @@ def _run_locked(dist, source, dest, mapper, options, quiet, on_progress, locks: 
     verdict = _broadcast(dist, verdict)
     if verdict["errors"]:
         raise PlanError(f"Cannot convert into {dest}: " + " ".join(verdict["errors"]))
+    if verdict.get("complete"):  # every rank: the destination already holds this conversion, finished
+        if plan is None:
+            plan = build_plan(catalog, mapper, options, dest, check_dest=False, kept=verdict["kept"])
+        return RunReport.nothing_to_do(plan)
     try:
         if plan is None:
             plan = build_plan(catalog, mapper, options, dest, check_dest=False, kept=verdict["kept"])

@@ -1,7 +1,7 @@
 """A conversion job as JSON: what torchrun workers receive, and how they rebuild the same plan.
 
 Workers do not unpickle anything: they get the source path, the destination, the mapper's JSON
-export and the options, re-plan deterministically, and refuse to run if their plan's fingerprint
+export, the options and what the mapper's Functions import from the user's mapper file, re-plan deterministically, and refuse to run if their plan's fingerprint
 differs from the launcher's (the source changed, or the mapper does not round-trip).
 """
 
@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import PlanError
+from ..mapper.files import import_context, install_import_context
 from ..planning.build import build_plan
 from ..planning.model import Plan, PlanOptions
 
@@ -27,6 +28,8 @@ class Job:
     options: dict
     fingerprint: str
     kept: list[str] = field(default_factory=list)
+    # Mapper-file folders and mapper files the mapper's Functions import (see mapper.files.import_context).
+    imports: dict = field(default_factory=dict)
 
     def to_json(self) -> str:
         """The job as a JSON string."""
@@ -61,6 +64,7 @@ def job_for(plan: Plan) -> Job:
         options=asdict(plan.options),
         fingerprint=plan.fingerprint,
         kept=sorted(plan.kept),
+        imports=import_context(plan.mapper),
     )
 
 
@@ -68,6 +72,7 @@ def replan(job: Job) -> Plan:
     """Rebuild the launcher's plan from a job, and prove it is the same plan."""
     from ..formats import open_catalog
 
+    install_import_context(job.imports)  # before binding: Functions defined in the mapper file must resolve
     mapper = None
     if job.mapper_json is not None:
         from ..mapper import from_json

@@ -13,6 +13,7 @@ source. Everything here is metadata-only and torch-free until tensors are actual
 
 from . import presets
 from .base import Mapper
+from .claim import Claim
 from .compose import Parallel, PrefixScope, Sequential
 from .export import from_json
 from .from_module import check_module, from_module
@@ -24,7 +25,7 @@ from .target import TargetReport, check_target
 from .unsupported import Unsupported
 
 __all__ = [
-    "Binding", "ByteSlice", "Cast", "Concat", "Drop", "Function", "Group", "Identity", "Mapper", "Op",
+    "Binding", "ByteSlice", "Cast", "Claim", "Concat", "Drop", "Function", "Group", "Identity", "Mapper", "Op",
     "Parallel", "PrefixScope", "Problem", "Rename", "Reshape", "Sequential", "Split", "Stack", "TargetReport",
     "Transpose", "Unstack", "Unsupported", "check_module", "check_target", "from_json", "from_module", "presets",
 ]

@@ -9,12 +9,13 @@ from typing import Any
 
 from .base import Mapper
 from .bind import bind
+from .claim import Claim
 from .evaluate import apply_concrete, checked_compute
 
 
 def apply_mapper(mapper: Mapper, tensors: Mapping[str, Any]) -> dict[str, Any]:
     """`Mapper.apply`: run directly when concrete; otherwise bind to the tensors' metadata first."""
-    if not mapper.is_template:
+    if not mapper.is_template and not any(isinstance(leaf, Claim) for leaf in mapper.leaves()):  # a Claim checks at bind time
         return apply_concrete(mapper, tensors, checked_compute)
     binding = bind(mapper, tensors, rest="keep").raise_for_problems()
     out: dict[str, Any] = {}

@@ -18,6 +18,7 @@ from ..dtypes import normalize_dtype
 from ..errors import MapperError, WorkbenchError
 from ..names import Template, fill, placeholders_of
 from .base import Mapper, Meta, Rest
+from .claim import Claim
 from .compose import Parallel, PrefixScope, Sequential
 from .groups import Binding, Problem
 from .op import Op
@@ -167,8 +168,16 @@ class Binder:
             self.commit(state, merged, mapper)
         elif isinstance(mapper, PrefixScope):
             self.run_scope(mapper, state, path)
+        elif isinstance(mapper, Claim):
+            self.check_claim(mapper, state)
         else:  # pragma: no cover
             raise MapperError(f"Cannot bind {mapper!r}: unknown mapper type {type(mapper).__name__}.")
+
+    def check_claim(self, claim: Claim, state: State) -> None:
+        """Report the source tensors `claim` covers that no step has read (still under their source names)."""
+        left = claim.leftovers([name for name, node in state.nodes.items() if node.source >= 0])
+        if left:
+            self.problem(claim.message(left), claim, left[0])
 
     def effect_of(self, mapper: Mapper, state: State, path: Path) -> Effect:
         """The effect of `mapper` on `state` without changing it (composites run on a copy)."""

@@ -18,6 +18,8 @@ from ..formats.json_errors import json_problem
 
 # Model families whose attention projections carry a bias although their config does not say so.
 _QKV_BIAS_FAMILIES = frozenset({"qwen2", "qwen2_moe", "qwen2_vl"})
+# Model families that normalise each query and key head (RMSNorm over head_dim) before the rotary embedding.
+_QK_NORM_FAMILIES = frozenset({"qwen3", "qwen3_moe"})
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,9 @@ class AttentionShape:
     head_dim: int
     qkv_bias: bool = False
     tie_word_embeddings: bool = False
+    o_bias: bool = False  # the output projection has a bias (`attention_bias` models; not Qwen2)
+    mlp_bias: bool = False  # gate/up/down projections have biases (`mlp_bias`)
+    qk_norm: bool = False  # per-head q_norm / k_norm weights (Qwen3)
 
     @property
     def q_rows(self) -> int:
@@ -89,8 +94,16 @@ def attention_shape(config: Any) -> AttentionShape:
         raise MapperError(
             f"Cannot use the config: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}. Check the config."
         )
-    qkv_bias = bool(data.get("attention_bias", False)) or data.get("model_type") in _QKV_BIAS_FAMILIES
-    return AttentionShape(heads, kv_heads, head_dim, qkv_bias, bool(data.get("tie_word_embeddings", False)))
+    attention_bias = bool(data.get("attention_bias", False))
+    family = data.get("model_type")
+    return AttentionShape(
+        heads, kv_heads, head_dim,
+        qkv_bias=attention_bias or family in _QKV_BIAS_FAMILIES,
+        tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),
+        o_bias=attention_bias,
+        mlp_bias=bool(data.get("mlp_bias", False)),
+        qk_norm=family in _QK_NORM_FAMILIES,
+    )
 
 
 def read_config(config: Any) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from ..dtypes import is_float, normalize_dtype
 from ..names import Template, placeholders_of
 from .base import Mapper
 from .bind import source_infos
+from .claim import Claim, template_regex
 from .compose import Parallel, PrefixScope, Sequential
 from .function import Function
 from .model_shape import AttentionShape, attention_shape
@@ -34,13 +35,40 @@ def _suffixes(shape: AttentionShape) -> list[str]:
     return ["weight", "bias"] if shape.qkv_bias else ["weight"]
 
 
+# -- claims: what each preset converts, so that nothing of its layout is left half-converted ----------------
+def _claim(family: str, templates: Sequence[str], tails: str, hint: str) -> Claim:
+    """A Claim over names `<template>.<tails regex>` for each template (placeholders: one segment each)."""
+    heads = "|".join(template_regex(template) for template in templates)
+    return Claim(family, f"(?:{heads})\\.(?:{tails})", hint)
+
+
+_UNKNOWN_HINT = (
+    "The preset does not know these tensors (or the config does not announce them: check attention_bias, mlp_bias, "
+    "model_type). Convert or drop them in a step before the preset (e.g. M.Drop(name)), or write the mapper by hand."
+)
+
+
+def _alternatives(words: Iterable[str]) -> str:
+    return "|".join(re.escape(word) for word in words)
+
+
 # -- HF <-> fused q/k/v and gate/up ---------------------------------------------------------------------
 def hf_to_fused(config: Any, *, layers: str = LAYERS) -> Mapper:
-    """Separate HF q/k/v and gate/up projections -> `self_attn.qkv_proj` and `mlp.gate_up_proj` (dim 0)."""
+    """Separate HF q/k/v and gate/up projections -> `self_attn.qkv_proj` and `mlp.gate_up_proj` (dim 0).
+
+    A q/k/v or gate/up tensor the config does not announce (a bias) is reported, not left unfused.
+    """
     shape = attention_shape(config)
     ops: list[Mapper] = [Concat(_qkv(layers, s), f"{layers}.self_attn.qkv_proj.{s}") for s in _suffixes(shape)]
-    ops.append(Concat([f"{layers}.mlp.gate_proj.weight", f"{layers}.mlp.up_proj.weight"], f"{layers}.mlp.gate_up_proj.weight"))
-    return Parallel(*ops)
+    ops += [
+        Concat([f"{layers}.mlp.gate_proj.{s}", f"{layers}.mlp.up_proj.{s}"], f"{layers}.mlp.gate_up_proj.{s}")
+        for s in _mlp_suffixes(shape)
+    ]
+    return Sequential(
+        Parallel(*ops),
+        _claim("HF separate q/k/v and gate/up (presets.hf_to_fused)",
+               [f"{layers}.self_attn.{p}_proj" for p in "qkv"] + [f"{layers}.mlp.{p}_proj" for p in ("gate", "up")], ".*", _UNKNOWN_HINT),
+    )
 
 
 def fused_to_hf(config: Any, *, layers: str = LAYERS) -> Mapper:
@@ -48,37 +76,66 @@ def fused_to_hf(config: Any, *, layers: str = LAYERS) -> Mapper:
     shape = attention_shape(config)
     sizes = [shape.q_rows, shape.kv_rows, shape.kv_rows]
     ops: list[Mapper] = [Split(f"{layers}.self_attn.qkv_proj.{s}", _qkv(layers, s), sizes=sizes) for s in _suffixes(shape)]
-    ops.append(Split(f"{layers}.mlp.gate_up_proj.weight", [f"{layers}.mlp.gate_proj.weight", f"{layers}.mlp.up_proj.weight"]))
-    return Parallel(*ops)
+    ops += [
+        Split(f"{layers}.mlp.gate_up_proj.{s}", [f"{layers}.mlp.gate_proj.{s}", f"{layers}.mlp.up_proj.{s}"])
+        for s in _mlp_suffixes(shape)
+    ]
+    return Sequential(
+        Parallel(*ops),
+        _claim("fused qkv_proj / gate_up_proj (presets.fused_to_hf)",
+               [f"{layers}.self_attn.qkv_proj", f"{layers}.mlp.gate_up_proj"], ".*", _UNKNOWN_HINT),
+    )
+
+
+def _mlp_suffixes(shape: AttentionShape) -> list[str]:
+    return ["weight", "bias"] if shape.mlp_bias else ["weight"]
 
 
 # -- HF <-> Meta original Llama ---------------------------------------------------------------------------
 _META_TOP = (("model.embed_tokens.weight", "tok_embeddings.weight"), ("model.norm.weight", "norm.weight"))
-_META_LAYER = (
-    ("self_attn.v_proj", "attention.wv"), ("self_attn.o_proj", "attention.wo"),
-    ("mlp.gate_proj", "feed_forward.w1"), ("mlp.down_proj", "feed_forward.w2"), ("mlp.up_proj", "feed_forward.w3"),
-    ("input_layernorm", "attention_norm"), ("post_attention_layernorm", "ffn_norm"),
-)
+_META_NORMS = (("input_layernorm", "attention_norm"), ("post_attention_layernorm", "ffn_norm"))
+_META_MLP = (("mlp.gate_proj", "feed_forward.w1"), ("mlp.down_proj", "feed_forward.w2"), ("mlp.up_proj", "feed_forward.w3"))
 
 
 def _meta_pairs(shape: AttentionShape) -> list[tuple[str, str]]:
+    """Tensors that only change name: (HF name, Meta name)."""
     pairs = list(_META_TOP)
     if not shape.tie_word_embeddings:
         pairs.append(("lm_head.weight", "output.weight"))
-    pairs += [(f"{LAYERS}.{hf}.weight", f"layers.{{i}}.{meta}.weight") for hf, meta in _META_LAYER]
+    modules = [("self_attn.v_proj", "attention.wv", _suffixes(shape))]
+    modules.append(("self_attn.o_proj", "attention.wo", ["weight", "bias"] if shape.o_bias else ["weight"]))
+    modules += [(hf, meta, _mlp_suffixes(shape)) for hf, meta in _META_MLP]
+    modules += [(hf, meta, ["weight"]) for hf, meta in _META_NORMS]
+    pairs += [(f"{LAYERS}.{hf}.{s}", f"layers.{{i}}.{meta}.{s}") for hf, meta, suffixes in modules for s in suffixes]
     return pairs
 
 
-def _rotary(shape: AttentionShape) -> list[tuple[str, str, int]]:
-    hf = _qkv(LAYERS, "weight")
-    return [(hf[0], "layers.{i}.attention.wq.weight", shape.num_heads), (hf[1], "layers.{i}.attention.wk.weight", shape.num_kv_heads)]
+def _rotary(shape: AttentionShape) -> list[tuple[str, str, int, list[int], list[int]]]:
+    """Tensors whose rows follow the rotary pairing: (HF name, Meta name, leading size, trailing dims, final shape).
+
+    q/k weights and biases are permuted within each head; q_norm/k_norm (one head_dim vector applied to
+    every head) take the same permutation of their head_dim entries, so that norm-then-rotate computes
+    the same scores in both layouts (an RMS norm commutes with permuting its entries and weight together).
+    """
+    out = []
+    for hf, meta, heads in (("q_proj", "wq", shape.num_heads), ("k_proj", "wk", shape.num_kv_heads)):
+        rows = heads * shape.head_dim
+        out.append((f"{LAYERS}.self_attn.{hf}.weight", f"layers.{{i}}.attention.{meta}.weight", heads, [-1], [rows, -1]))
+        if shape.qkv_bias:
+            out.append((f"{LAYERS}.self_attn.{hf}.bias", f"layers.{{i}}.attention.{meta}.bias", heads, [], [rows]))
+    if shape.qk_norm:
+        for norm in ("q_norm", "k_norm"):
+            out.append((f"{LAYERS}.self_attn.{norm}.weight", f"layers.{{i}}.attention.{norm}.weight", -1, [], [-1]))
+    return out
 
 
 def hf_to_meta(config: Any) -> Mapper:
     """HF Llama names -> Meta's original names, undoing HF's rotary permutation of q and k rows.
 
     HF stores each head's rows as [all first halves, all second halves]; Meta interleaves the pairs.
-    Per head: view (2, head_dim/2, in), swap the first two dims, flatten back.
+    Per head: view (2, head_dim/2, in), swap the first two dims, flatten back. Biases and q/k norms
+    (Qwen2, Qwen3, `attention_bias` / `mlp_bias` models) follow; any other tensor of the HF layout is
+    reported rather than left under its HF name.
     """
     shape = attention_shape(config)
     half = shape.head_dim // 2
@@ -86,10 +143,11 @@ def hf_to_meta(config: Any) -> Mapper:
     return Sequential(
         Parallel(
             *[Rename(hf, meta) for hf, meta in _meta_pairs(shape)],
-            *[Reshape(hf, [heads, 2, half, -1], dst=meta) for hf, meta, heads in rotary],
+            *[Reshape(hf, [lead, 2, half, *tail], dst=meta) for hf, meta, lead, tail, _ in rotary],
         ),
-        Parallel(*[Transpose(meta, 1, 2) for _, meta, _ in rotary]),
-        Parallel(*[Reshape(meta, [heads * shape.head_dim, -1]) for _, meta, heads in rotary]),
+        Parallel(*[Transpose(meta, 1, 2) for _, meta, *_ in rotary]),
+        Parallel(*[Reshape(meta, final) for _, meta, _, _, final in rotary]),
+        Claim("HF Llama (presets.hf_to_meta)", r"(?:model|lm_head)\..*", _UNKNOWN_HINT),
     )
 
 
@@ -101,10 +159,11 @@ def meta_to_hf(config: Any) -> Mapper:
     return Sequential(
         Parallel(
             *[Rename(meta, hf) for hf, meta in _meta_pairs(shape)],
-            *[Reshape(meta, [heads, half, 2, -1], dst=hf) for hf, meta, heads in rotary],
+            *[Reshape(meta, [lead, half, 2, *tail], dst=hf) for hf, meta, lead, tail, _ in rotary],
         ),
-        Parallel(*[Transpose(hf, 1, 2) for hf, _, _ in rotary]),
-        Parallel(*[Reshape(hf, [heads * shape.head_dim, -1]) for hf, _, heads in rotary]),
+        Parallel(*[Transpose(hf, 1, 2) for hf, *_ in rotary]),
+        Parallel(*[Reshape(hf, final) for hf, _, _, _, final in rotary]),
+        Claim("Meta Llama (presets.meta_to_hf)", r"(?:layers|tok_embeddings|norm|output)\..*", _UNKNOWN_HINT),
     )
 
 
@@ -123,11 +182,15 @@ def hf_to_megatron_qkv(config: Any, *, layers: str = LAYERS, qkv: str = MEGATRON
         stages[0] += [Reshape(q, [groups, per_group, *tail]), Reshape(k, [groups, head, *tail]), Reshape(v, [groups, head, *tail])]
         stages[1].append(Concat([q, k, v], f"{qkv}.{suffix}", dim=1))
         stages[2].append(Reshape(f"{qkv}.{suffix}", [groups * (per_group + 2 * head), *tail]))
-    return Sequential(*[Parallel(*ops) for ops in stages])
+    claim = _claim("HF q/k/v (presets.hf_to_megatron_qkv)", [f"{layers}.self_attn.{p}_proj" for p in "qkv"], ".*", _UNKNOWN_HINT)
+    return Sequential(*[Parallel(*ops) for ops in stages], claim)
 
 
 def megatron_qkv_to_hf(config: Any, *, layers: str = LAYERS, qkv: str = MEGATRON_QKV) -> Mapper:
-    """Interleaved QKV (per kv group: q heads, k head, v head) -> HF q/k/v."""
+    """Interleaved QKV (per kv group: q heads, k head, v head) -> HF q/k/v.
+
+    Other tensors under the fused QKV module (e.g. Transformer Engine's `layer_norm_weight`) are reported.
+    """
     shape = attention_shape(config)
     groups, per_group, head = shape.num_kv_heads, shape.heads_per_group * shape.head_dim, shape.head_dim
     stages: list[list[Mapper]] = [[], [], []]
@@ -137,7 +200,8 @@ def megatron_qkv_to_hf(config: Any, *, layers: str = LAYERS, qkv: str = MEGATRON
         stages[0].append(Reshape(f"{qkv}.{suffix}", [groups, per_group + 2 * head, *tail]))
         stages[1].append(Split(f"{qkv}.{suffix}", [q, k, v], sizes=[per_group, head, head], dim=1))
         stages[2] += [Reshape(q, [shape.q_rows, *tail]), Reshape(k, [shape.kv_rows, *tail]), Reshape(v, [shape.kv_rows, *tail])]
-    return Sequential(*[Parallel(*ops) for ops in stages])
+    claim = _claim("Megatron interleaved QKV (presets.megatron_qkv_to_hf)", [qkv], ".*", _UNKNOWN_HINT)
+    return Sequential(*[Parallel(*ops) for ops in stages], claim)
 
 
 # -- LoRA -------------------------------------------------------------------------------------------------
@@ -145,18 +209,38 @@ def _lora_module(layers: str, target: str) -> str:
     return f"{layers}.{{block}}.{target}"
 
 
+def _lora_claim(family: str, layers: str, targets: Sequence[str], tails: str, hint: str) -> Claim:
+    return Claim(family, f"{template_regex(layers)}\\.[^.]+\\.(?:{_alternatives(targets)})\\.(?:{tails})", hint)
+
+
 def lora_wrap(targets: Sequence[str] = LLAMA_LORA_TARGETS, *, layers: str = LAYERS, params: Sequence[str] = ("weight",)) -> Mapper:
-    """Route base weights into PEFT's wrapped module: `x.weight` -> `x.base_layer.weight` for each target."""
-    return Parallel(*[
-        Rename(f"{_lora_module(layers, t)}.{p}", f"{_lora_module(layers, t)}.base_layer.{p}") for t in targets for p in params
-    ])
+    """Route base weights into PEFT's wrapped module: `x.weight` -> `x.base_layer.weight` for each target.
+
+    A target's other own tensors (a bias when `params` lists only "weight") are reported, not left unwrapped.
+    """
+    return Sequential(
+        Parallel(*[
+            Rename(f"{_lora_module(layers, t)}.{p}", f"{_lora_module(layers, t)}.base_layer.{p}") for t in targets for p in params
+        ]),
+        _lora_claim("plain LoRA target modules (presets.lora_wrap)", layers, targets, "[^.]+",
+                    "Pass them in params (e.g. params=('weight', 'bias')) or drop them in a step before the preset."),
+    )
 
 
 def lora_unwrap(targets: Sequence[str] = LLAMA_LORA_TARGETS, *, layers: str = LAYERS, params: Sequence[str] = ("weight",)) -> Mapper:
-    """`x.base_layer.weight` -> `x.weight` for each target (the inverse of `lora_wrap`)."""
-    return Parallel(*[
-        Rename(f"{_lora_module(layers, t)}.base_layer.{p}", f"{_lora_module(layers, t)}.{p}") for t in targets for p in params
-    ])
+    """`x.base_layer.weight` -> `x.weight` for each target (the inverse of `lora_wrap`).
+
+    Other `base_layer` tensors and adapter tensors (`lora_A`, `lora_B`, ...) under a target are reported:
+    an unwrapped module cannot hold them.
+    """
+    return Sequential(
+        Parallel(*[
+            Rename(f"{_lora_module(layers, t)}.base_layer.{p}", f"{_lora_module(layers, t)}.{p}") for t in targets for p in params
+        ]),
+        _lora_claim("PEFT-wrapped LoRA target modules (presets.lora_unwrap)", layers, targets, r"base_layer\..*|lora_.*",
+                    "Pass other base_layer tensors in params (e.g. params=('weight', 'bias')); merge the adapters first "
+                    "(presets.lora_merge) or drop them in a step before the preset."),
+    )
 
 
 def lora_merge(
@@ -176,6 +260,8 @@ def lora_merge(
     with the adapter as source `source` of a multi-source catalog (workbench.mapper.lora; `unmerge` reverses).
     `wrapped`: base weights sit at `x.base_layer.weight` (PEFT-wrapped) rather than `x.weight`;
     `adapter`: the adapter name in the keys (`lora_A.<adapter>.weight`), None when absent (saved adapters).
+    Tensors under a target that the merge does not consume (a `base_layer.bias`, another adapter, DoRA's
+    `lora_magnitude_vector`) are reported, not left in a half-merged module.
     """
     if not isinstance(scale, (int, float)):
         from .lora import peft_merge
@@ -193,7 +279,12 @@ def lora_merge(
             infer="workbench.mapper.functions:infer_merge_lora",
             params={"scale": float(scale)},
         ))
-    return Parallel(*ops)
+    return Sequential(
+        Parallel(*ops),
+        _lora_claim("LoRA adapters (presets.lora_merge)", layers, targets, r"base_layer\..*|lora_.*",
+                    "Rename other base_layer tensors in a step before the preset (M.Rename('<module>.base_layer.bias', "
+                    "'<module>.bias')), merge other adapters separately, or drop them."),
+    )
 
 
 # -- prefixes and dtypes ----------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from ..catalog import Catalog
 from ..display import parse_size
 from ..errors import PlanError, WorkbenchError
 from ..mapper.base import Mapper
+from ..mapper.files import code_digest
 from ..mapper.groups import Binding, Problem
 from ..mapper.output_presets import OUTPUT_PRESETS
 from ..output import OutputFormat, output_format
@@ -177,21 +178,24 @@ def _build_plan(
                                 tensor=name))
     committed = output.commit_files([f.layout for f in files], bool(objects))
     kept_names = set(kept)
+    complete = False
+    code = code_digest(mapper)
     if dest_path is not None and check_dest and files:
         sources = [catalog.root / rel if catalog.root.is_dir() else catalog.root for rel in catalog.files]
         state = check_destination(
             dest_path, files, extras + committed, layout_fp, overwrite=options.overwrite, source_root=catalog.root,
-            source_files=sources, extra_bytes=sum(e.size for e in extra_files if e.written),
+            source_files=sources, extra_bytes=sum(e.size for e in extra_files if e.written), code_digest=code,
         )
         problems += state.problems
         kept_names |= state.kept
+        complete = state.complete
     for f in files:
         f.kept = f.name in kept_names
     return Plan(
         source=catalog, dest=dest_path, options=options, binding=binding, steps=steps, files=files, problems=problems,
         extras=extras, extra_files=extra_files, layout_fingerprint=layout_fp, fingerprint=run_fingerprint(layout_fp, files, options.nproc),
         mapper=user_mapper, mapper_json=exported if user_mapper is mapper else mapper_json(user_mapper),
-        header_metadata=header_metadata, output=output,
+        header_metadata=header_metadata, output=output, complete=complete, code_digest=code,
     )
 
 

@@ -4,6 +4,10 @@ An interrupted conversion leaves a small manifest (`.workbench-convert.json`) re
 layout fingerprint. Re-running the same plan into that folder keeps every shard that is already
 complete: its size and header bytes equal the planned ones (shards are renamed into place only
 after they are fully written and synced, so a shard under its final name is whole).
+
+A finished conversion leaves a completion record (`.workbench-complete.json`, written after the
+commit marker) with the same fingerprint and what it wrote. Re-running the same plan into that
+folder is then a no-op; another plan (source, mapper or options) is refused, as before.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from ..output.safetensors import INDEX_NAME
 from .sharding import OutputFile
 
 MANIFEST_NAME = ".workbench-convert.json"
+COMPLETE_NAME = ".workbench-complete.json"
 
 
 @dataclass
@@ -33,6 +38,7 @@ class DestinationState:
 
     kept: set[str] = field(default_factory=set)  # complete shards of this plan already there
     resumable: bool = False
+    complete: bool = False  # this very plan already finished here: nothing to do
     problems: list[Problem] = field(default_factory=list)
 
 
@@ -53,6 +59,73 @@ def write_manifest(dest: Path, fingerprint: str, files: Iterable[OutputFile]) ->
         "files": {f.name: {"size": f.size, "header_bytes": len(f.layout.header)} for f in files},
     }
     atomic_write(dest / MANIFEST_NAME, json.dumps(body, indent=1, sort_keys=True) + "\n", sync_dir=False)  # the caller syncs the folder
+
+
+def write_completion_record(
+    dest: Path, fingerprint: str, files: Iterable[OutputFile], others: Iterable[str], source_root: Path, extras: Iterable[str],
+    code_digest: str,
+) -> None:
+    """Record, after the commit marker, that `dest` holds the finished output of the plan `fingerprint`.
+
+    `others`: the commit files and extras written besides the shards (their sizes are recorded); `code_digest`
+    covers the code the mapper's Functions ran (their JSON names them only);
+    `extras` are also stamped with their source's size and modification time, so an edited config.json
+    in the source makes the next run copy it again instead of calling the output complete.
+    """
+    body = {
+        "workbench_convert": 1,
+        "complete": True,
+        "fingerprint": fingerprint,
+        "code": code_digest,
+        "files": {f.name: {"size": f.size, "header_bytes": len(f.layout.header)} for f in files},
+        "others": {name: (dest / name).stat().st_size for name in others},
+        "sources": {name: _source_stamp(source_root / name) for name in extras},
+    }
+    atomic_write(dest / COMPLETE_NAME, json.dumps(body, indent=1, sort_keys=True) + "\n", sync_dir=False)  # the caller syncs
+
+
+def _source_stamp(path: Path) -> list[int]:
+    try:
+        info = path.stat()
+    except OSError:
+        return [-1, -1]
+    return [info.st_size, info.st_mtime_ns]
+
+
+def read_completion_record(dest: Path) -> dict | None:
+    """The completion record of a finished conversion in `dest`, or None."""
+    try:
+        data = json.loads(read_regular(dest / COMPLETE_NAME))  # a planted link or FIFO is never a record
+    except (OSError, ValueError, WorkbenchError):
+        return None
+    return data if isinstance(data, dict) and data.get("complete") is True else None
+
+
+def remove_completion_record(dest: Path) -> None:
+    """Drop the completion record: a run is about to change the folder."""
+    remove_entry(dest / COMPLETE_NAME)
+
+
+def _still_complete(dest: Path, record: dict, files: list[OutputFile], others: list[str], source_root: Path) -> bool:
+    """True when everything the record lists is still there as recorded, and matches this plan's files."""
+    listed = record.get("files")
+    if not isinstance(listed, dict) or set(listed) != {f.name for f in files}:
+        return False
+    if not all(shard_is_complete(dest / f.name, f) for f in files):
+        return False
+    sizes = record.get("others")
+    if not isinstance(sizes, dict) or set(sizes) != set(others):
+        return False
+    for name in others:
+        try:
+            if not (dest / name).is_file() or (dest / name).stat().st_size != sizes[name]:
+                return False
+        except OSError:
+            return False
+    stamps = record.get("sources")
+    if not isinstance(stamps, dict):
+        return False
+    return all(_source_stamp(source_root / name) == list(stamp) for name, stamp in stamps.items() if isinstance(stamp, list))
 
 
 def remove_manifest(dest: Path) -> None:
@@ -76,7 +149,7 @@ def shard_is_complete(path: Path, planned: OutputFile) -> bool:
 
 def own_names(files: Iterable[OutputFile], extras: Iterable[str]) -> set[str]:
     """Every name a conversion may create in its destination, temporary names included."""
-    names = {MANIFEST_NAME, INDEX_NAME, *(f.name for f in files), *(e.split("/", 1)[0] for e in extras)}
+    names = {MANIFEST_NAME, COMPLETE_NAME, INDEX_NAME, *(f.name for f in files), *(e.split("/", 1)[0] for e in extras)}
     return names | {n + PARTIAL_SUFFIX for n in names}
 
 
@@ -110,6 +183,7 @@ def check_destination(
     source_root: Path,
     source_files: Iterable[Path],
     extra_bytes: int = 0,
+    code_digest: str | None = "",
 ) -> DestinationState:
     """Problems with writing this plan to `dest`, and which planned shards are already complete there."""
     state = DestinationState()
@@ -140,6 +214,25 @@ def check_destination(
         return state
     if entries and not overwrite:
         manifest = read_manifest(dest)
+        record = read_completion_record(dest)
+        # A manifest beside the record: killed between the two at commit; the resume below finishes in no time.
+        if record is not None and manifest is None:
+            same = record.get("fingerprint") == fingerprint and code_digest is not None and record.get("code") == code_digest
+            if same and _still_complete(dest, record, files, extras, source_root):
+                state.complete = True
+                state.kept = {f.name for f in files}
+                return state
+            if not same:
+                state.problems.append(
+                    Problem(
+                        "error",
+                        f"Cannot write to {dest}: it holds a finished conversion of a different plan (another source, mapper, "
+                        "code of the mapper's functions, or options such as dtype, shard size or output format). Choose "
+                        "another destination, or pass overwrite=True (--overwrite) to replace it.",
+                    )
+                )
+                return state
+            manifest = {"fingerprint": fingerprint}  # this plan finished here, but a file was removed or changed since
         if manifest is not None and manifest.get("fingerprint") == fingerprint:
             state.resumable = True
             by_name = {f.name: f for f in files}

@@ -72,6 +72,8 @@ class Plan:
         extra_files: list[Extra] | None = None,
         header_metadata: HeaderMetadata | None = None,
         output: OutputFormat | None = None,
+        complete: bool = False,
+        code_digest: str | None = None,
     ) -> None:
         self.source = source
         self.dest = dest
@@ -88,6 +90,10 @@ class Plan:
         self.mapper_json = mapper_json
         self.header_metadata = header_metadata
         self._output = output  # the format bound to this source (see OutputFormat.prepare)
+        # The destination already holds this plan's finished output (same fingerprint): running it does nothing.
+        self.complete = complete
+        # What the mapper's Functions run (mapper.files.code_digest): recorded with a finished output.
+        self.code_digest = code_digest
 
     # -- plain data (no pandas) -------------------------------------------------------------------
 
@@ -396,6 +402,8 @@ class Plan:
         n_files = len(self.output_file_list)
         reads = self.reads()
         status = "OK" if self.ok else f"{len(self.errors)} error(s): cannot run"
+        if self.ok and self.complete:
+            status = f"OK: already complete, nothing to do ({self.dest} holds this conversion's finished output)"
         lines = [
             f"Plan: {src.location} ({src.format}, {len(src.files)} files, {len(src)} tensors, {format_bytes(src.total_bytes)})"
             f" -> {self.dest if self.dest is not None else '(no destination)'}" + self.output_format.label,
