@@ -250,7 +250,8 @@ def test_subfolders_without_tensors_travel_with_the_weights(tmp_path: Path) -> N
     for rel in ("1_Pooling/config.json", "tokenizer/extra/vocab.txt", "modules.json", "config.json"):
         assert filecmp.cmp(source / rel, dest / rel, shallow=False), rel
     assert not (dest / "2_Dense").exists() and not (dest / ".cache").exists()
-    assert sorted(os.listdir(dest)) == ["1_Pooling", "3_Normalize", "config.json", "model.safetensors", "modules.json", "tokenizer"]
+    assert sorted(os.listdir(dest)) == [".workbench-complete.json", "1_Pooling", "3_Normalize", "config.json", "model.safetensors",
+                                        "modules.json", "tokenizer"]
     assert os.listdir(dest / "3_Normalize") == []  # sentence-transformers' Normalize module: an empty folder
     # The free-space check counts the subfolders' bytes too.
     assert plan.extras_table.set_index("path").loc["tokenizer/extra/vocab.txt", "bytes"] == len("[PAD]\n[UNK]\n")

@@ -82,7 +82,9 @@ def _quantisation_changes(binding: Binding) -> dict | None:
     """What the mapper's (de)quantisation ops change in config.json (see `mapper.quantized.config_changes`)."""
     from ..mapper.quantized import config_changes
 
-    ops = (leaf for group in binding.groups if group.op is not None for leaf in group.op.leaves())
+    # A Binding may carry any op with `apply`; only mapper ops (and the dtype policy's wrapper) have leaves.
+    ops = (leaf for group in binding.groups if group.op is not None
+           for leaf in (group.op.leaves() if hasattr(group.op, "leaves") else (group.op,)))
     return config_changes(ops, (t for group in binding.groups for t in group.outputs))
 
 

@@ -205,7 +205,9 @@ def check_destination(
                              "finish or stop it, or choose another destination.")
         )
         return state
-    entries = sorted(n for n in os.listdir(dest) if n != LOCK_NAME) if dest.is_dir() else []
+    # The lock, and the temporary files of a run killed before its manifest was committed, are the workbench's own:
+    # they do not make the folder someone else's (the run removes the temporaries before writing).
+    entries = sorted(n for n in os.listdir(dest) if n != LOCK_NAME and n != MANIFEST_NAME + PARTIAL_SUFFIX) if dest.is_dir() else []
     blocked = blocked_names(dest, own_names(files, extras), LOCK_NAME) if dest.is_dir() else []
     if blocked:
         state.problems.append(
