@@ -57,10 +57,18 @@ def load_checked(catalog: Any, name: str) -> Any:
     return torch.frombuffer(bytearray(data), dtype=to_torch(info.dtype)).reshape(info.shape) if data else torch.empty(info.shape, dtype=to_torch(info.dtype))
 
 
+COMPLETION_RECORD = ".workbench-complete.json"  # run bookkeeping beside a finished output (see planning/destination.py)
+
+
+def output_names(folder: Path) -> list[str]:
+    """The names of a conversion's output folder, without the completion record (which stamps the run, not the output)."""
+    return sorted(n for n in os.listdir(folder) if n != COMPLETION_RECORD)
+
+
 def assert_same_folder(expected: Path, got: Path) -> None:
-    """Both folders hold the same file names with byte-identical contents."""
-    assert sorted(os.listdir(got)) == sorted(os.listdir(expected))
-    for name in os.listdir(expected):
+    """Both folders hold the same output file names with byte-identical contents."""
+    assert output_names(got) == output_names(expected)
+    for name in output_names(expected):
         assert filecmp.cmp(expected / name, got / name, shallow=False), f"{name} differs"
 
 

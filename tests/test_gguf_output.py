@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import output_names
 from gguf_support.reference import model_folder, reference_gguf
 
 import workbench as wb
@@ -61,7 +62,7 @@ def test_the_plan_lists_gguf_types_sizes_and_metadata_before_anything_is_written
 
 def test_split_files_carry_llama_cpp_split_keys_and_hold_every_tensor(tmp_path: Path) -> None:
     wb.convert(model_folder("llama"), tmp_path / "out", to="gguf", dtype="f16", shard_size="60KB", quiet=True)
-    names = sorted(p.name for p in (tmp_path / "out").iterdir())
+    names = output_names(tmp_path / "out")
     assert len(names) > 1 and names[0] == f"model-00001-of-{len(names):05d}.gguf"
     ref = _tensors(gguf.GGUFReader(reference_gguf("llama", "f16")))
     merged = {}
@@ -118,8 +119,8 @@ def test_split_gguf_written_by_two_worker_ranks_equals_one_process(tmp_path: Pat
     src = model_folder("llama")
     wb.convert(src, tmp_path / "one", to="gguf", dtype="q8_0", shard_size="60KB", quiet=True)
     wb.convert(src, tmp_path / "two", to="gguf", dtype="q8_0", shard_size="60KB", nproc=2, launcher="local", quiet=True)
-    names = sorted(p.name for p in (tmp_path / "one").iterdir())
-    assert len(names) > 1 and names == sorted(p.name for p in (tmp_path / "two").iterdir())
+    names = output_names(tmp_path / "one")
+    assert len(names) > 1 and names == output_names(tmp_path / "two")
     for name in names:
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
 
@@ -129,7 +130,7 @@ def test_an_interrupted_split_gguf_resumes_keeping_the_finished_files(tmp_path: 
     out = tmp_path / "out"
     plan = wb.plan(src, to="gguf", dtype="f16", shard_size="60KB", dest=out)
     wb.convert(src, out, to="gguf", dtype="f16", shard_size="60KB", quiet=True)
-    names = sorted(p.name for p in out.iterdir())
+    names = output_names(out)
     (out / names[-1]).unlink()  # as a run killed before its last file leaves it: the manifest says which plan
     from workbench.planning.destination import write_manifest
 

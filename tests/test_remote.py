@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import output_names
 from remote_servers import NGINX, FaultyServer, HubServer, Nginx
 from safetensors.numpy import save_file
 
@@ -347,8 +348,8 @@ def local_outputs(served, tmp_path_factory):
 
 
 def _same(a: Path, b: Path, extras: bool = True) -> None:
-    names = sorted(p.name for p in a.iterdir())
-    assert names == sorted(p.name for p in b.iterdir()) and ("config.json" in names) == extras
+    names = output_names(a)
+    assert names == output_names(b) and ("config.json" in names) == extras
     for name in names:
         assert filecmp.cmp(a / name, b / name, shallow=False), name
 

@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import PurePosixPath
 
 from ..catalog import Catalog, TensorInfo
-from ..errors import CheckpointError
+from ..errors import CannotRead, CheckpointError
 from . import remote_cache
 from .remote import RemoteError, RemoteFile, RemoteStore, open_store
 from .safetensors import MAX_HEADER_BYTES, SUFFIX, SafetensorsHeader, file_info, gc_paused, parse_header_bytes
@@ -40,8 +40,7 @@ _TENSOR_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".distcp", "
                     ".npz", ".npy", ".index.json")
 
 
-def _fail(url: str, cause: str, fix: str) -> CheckpointError:
-    return CheckpointError(f"Cannot open {url}: {cause}. {fix}", file=url)
+_fail = CannotRead("remote checkpoint", "Check the URL and the files behind it.")
 
 
 def read_remote_header(store: RemoteStore, file: RemoteFile) -> SafetensorsHeader:
@@ -51,15 +50,15 @@ def read_remote_header(store: RemoteStore, file: RemoteFile) -> SafetensorsHeade
     raw = remote_cache.load_blob(key)
     if raw is None or len(raw) < 8 or len(raw) != 8 + struct.unpack("<Q", raw[:8])[0]:
         if file.size < 8:
-            raise _fail(where, f"the file is {file.size} bytes, shorter than the 8-byte header length", "Re-upload it.")
+            raise _fail(where, f"the file is {file.size} bytes, shorter than the 8-byte header length", fix="Re-upload it.")
         first = store.read(file.rel, 0, min(file.size, FIRST_READ))
         (n,) = struct.unpack("<Q", first[:8])
         if n > MAX_HEADER_BYTES:
             raise _fail(where, f"the header length field says {n} bytes, above the {MAX_HEADER_BYTES} byte limit",
-                        "The file is corrupt or not a safetensors file.")
+                        fix="The file is corrupt or not a safetensors file.")
         if 8 + n > file.size:
             raise _fail(where, f"the header length field says {n} bytes but the file has only {file.size - 8} after it",
-                        "The file is truncated; re-upload it.")
+                        fix="The file is truncated; re-upload it.")
         # The header is bytes [0, 8 + n): the first read holds it when 8 + n <= len(first) (end exclusive).
         raw = first[: 8 + n] if 8 + n <= len(first) else first + store.read(file.rel, len(first), 8 + n)
         remote_cache.store_blob(key, raw)
@@ -73,7 +72,7 @@ def _index_bytes(store: RemoteStore, file: RemoteFile) -> bytes:
     raw = remote_cache.load_blob(key)
     if raw is None:
         if file.size > 512 * 1024 * 1024:
-            raise _fail(store.where(file.rel), f"the index is {file.size} bytes, more than any real index", "Check the file.")
+            raise _fail(store.where(file.rel), f"the index is {file.size} bytes, more than any real index", fix="Check the file.")
         raw = store.read(file.rel, 0, file.size)
         remote_cache.store_blob(key, raw)
     return raw
@@ -155,7 +154,7 @@ def _open(store: RemoteStore) -> Catalog:
             if not index_name and not names:
                 other = sorted(r for r in files if "/" not in r)[:5]
                 raise _fail(url, f"it holds no safetensors file and no index (found: {', '.join(other) or 'nothing'})",
-                            f"Remote checkpoints are read lazily in {LAZY_FORMATS}; download other formats "
+                            fix=f"Remote checkpoints are read lazily in {LAZY_FORMATS}; download other formats "
                             "(DCP, torch .bin/.pt) and open the local copy.")
     else:  # plain HTTP cannot list: the URL is a file, or a folder with an index or model.safetensors
         last = url.rstrip("/").rsplit("/", 1)[-1]
@@ -164,7 +163,7 @@ def _open(store: RemoteStore) -> Catalog:
         if last.endswith(SUFFIX) and store.file("") is not None:
             names = [""]
         elif last.endswith(".index.json"):
-            raise _fail(url, "point at the folder that holds the index, not at the index itself", "Drop the file name from the URL.")
+            raise _fail(url, "point at the folder that holds the index, not at the index itself", fix="Drop the file name from the URL.")
         elif store.file(INDEX_NAME) is not None:
             index_name, names = INDEX_NAME, []
         elif store.file(SINGLE_NAME) is not None:
@@ -173,7 +172,7 @@ def _open(store: RemoteStore) -> Catalog:
             return open_torch(store, store.file(TORCH_SINGLE_NAME), url, warnings)
         else:
             raise _fail(url, f"none of {INDEX_NAME}, {SINGLE_NAME}, {TORCH_SINGLE_NAME} is there (an HTTP server cannot list a folder)",
-                        f"Point at a folder holding one of them or at a .safetensors file; remote checkpoints are read "
+                        fix=f"Point at a folder holding one of them or at a .safetensors file; remote checkpoints are read "
                         f"lazily in {LAZY_FORMATS}.")
     if index_name:
         index_file = store.file(index_name)
