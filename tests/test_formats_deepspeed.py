@@ -85,8 +85,12 @@ def test_convert_writes_zero_to_fp32_bit_for_bit(zero_root: Path, stage: int, tm
     # Each group reads from the optimizer rank files, never a whole file: the plan names them.
     reads = set(", ".join(plan.groups["reads_from"]).split(", "))
     assert any("zero_pp_rank_0" in r for r in reads) and any("zero_pp_rank_1" in r for r in reads)
-    largest = max(t.numel() for t in _reference(run / "reference.safetensors").values()) * 4
+    ref_tensors = _reference(run / "reference.safetensors")
+    largest = max(t.numel() for t in ref_tensors.values()) * 4
     assert plan.peak_bytes <= 2 * largest  # bounded by the largest tensor, not by the optimizer files
+    # Only the weights' byte ranges are read: the moments (twice the masters' size) never are.
+    optim_files = sum(f.stat().st_size for f in (run / (run / "latest").read_text().strip()).glob("*optim_states.pt"))
+    assert plan.bytes_read == sum(t.numel() * t.element_size() for t in ref_tensors.values()) < optim_files / 2
     wb.convert(run, tmp_path / "out", quiet=True)
     got = load_file(str(tmp_path / "out" / "model.safetensors"))
     ref = _reference(run / "reference.safetensors")
@@ -166,3 +170,23 @@ def test_missing_rank_file_is_refused(zero_root: Path, tmp_path: Path) -> None:
     next(copy.glob("*zero_pp_rank_1_*optim_states.pt")).unlink()
     with pytest.raises(CheckpointError, match="partitioned over 2 ranks but 1"):
         open_deepspeed(copy)
+
+
+def test_cli_convert_and_measured_peak_within_plan(zero_root: Path, tmp_path: Path) -> None:
+    """`workbench convert run/ out/` (2 ranks) writes zero_to_fp32's tensors; the measured tensor peak stays within the plan."""
+    import torch
+    from safetensors.torch import load_file
+
+    import workbench as wb
+    from workbench.cli import main
+
+    run = zero_root / "stage1"
+    assert main(["convert", str(run), str(tmp_path / "cli"), "--nproc", "2", "--shard-size", "200KB"]) == 0
+    ref = _reference(run / "reference.safetensors")
+    got: dict = {}
+    for f in (tmp_path / "cli").glob("*.safetensors"):
+        got.update(load_file(str(f)))
+    assert set(got) == set(ref) and all(torch.equal(got[k], ref[k]) for k in ref)
+    assert (tmp_path / "cli" / "config.json").read_bytes() == (run / "config.json").read_bytes()
+    report = wb.convert(run, tmp_path / "api", quiet=True)
+    assert 0 < report.peak_tensor_bytes <= report.predicted_peak_bytes
