@@ -23,10 +23,20 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 
+# DeepSpeed's own convert_zero_checkpoint_to_fp32_state_dict(safe_serialization=True) refuses tied weights
+# (safetensors' shared-memory check), so the state dict is saved the way the fixtures' reference is: ties cloned.
 ZERO_TO_FP32 = """
-import sys
-from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
-convert_zero_checkpoint_to_fp32_state_dict(sys.argv[1], sys.argv[2], safe_serialization=True, max_shard_size="100GB")
+import os, sys
+from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+from safetensors.torch import save_file
+sd = get_fp32_state_dict_from_zero_checkpoint(sys.argv[1])
+seen, out = set(), {}
+for k, v in sd.items():
+    v = v.contiguous()
+    out[k] = v.clone() if v.data_ptr() in seen else v
+    seen.add(v.data_ptr())
+os.makedirs(sys.argv[2], exist_ok=True)
+save_file(out, os.path.join(sys.argv[2], "model.safetensors"))
 """
 WORKBENCH = """
 import sys
