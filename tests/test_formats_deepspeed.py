@@ -190,3 +190,30 @@ def test_cli_convert_and_measured_peak_within_plan(zero_root: Path, tmp_path: Pa
     assert (tmp_path / "cli" / "config.json").read_bytes() == (run / "config.json").read_bytes()
     report = wb.convert(run, tmp_path / "api", quiet=True)
     assert 0 < report.peak_tensor_bytes <= report.predicted_peak_bytes
+
+
+def test_hostile_tag_and_truncated_rank_file(zero_root: Path, tmp_path: Path) -> None:
+    """A `latest` naming a folder outside the run is not followed; a truncated rank file fails with a clear error."""
+    import shutil
+
+    import workbench as wb
+    from workbench.errors import CheckpointError, WorkbenchError
+    from workbench.formats.deepspeed import detect, open_deepspeed
+
+    run = zero_root / "stage3"
+    step_name = (run / "latest").read_text().strip()
+    outside = tmp_path / "outside"
+    shutil.copytree(run / step_name, outside / step_name)
+    hostile = tmp_path / "run"
+    hostile.mkdir()
+    (hostile / "latest").write_text(f"../outside/{step_name}")
+    assert not detect(hostile)
+    with pytest.raises(CheckpointError):
+        open_deepspeed(hostile)
+    copy = tmp_path / "copy"
+    shutil.copytree(run / step_name, copy / step_name)
+    (copy / "latest").write_text(step_name)
+    victim = next((copy / step_name).glob("*rank_1_*optim_states.pt"))
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    with pytest.raises(WorkbenchError, match="optim_states"):
+        wb.open_checkpoint(copy)
