@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: lab test setup browser servers lint bench samples screenshots clean
+.PHONY: lab test setup browser servers fixtures lint bench samples screenshots clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,7 +40,12 @@ servers:
 lab: setup
 	$(BIN)/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-test: setup browser servers
+# Real DeepSpeed ZeRO checkpoints, made by DeepSpeed in its own venv under .cache/fixtures/ (deepspeed must not
+# sit in the project venv: transformers imports it when present). Built once per tool version; a no-op after.
+fixtures: setup
+	$(BIN)/python scripts/make_deepspeed_fixtures.py
+
+test: setup browser servers fixtures
 	$(BIN)/ruff check workbench tests benchmarks scripts
 	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=300 tests
 	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=300 --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks

@@ -54,8 +54,9 @@ def open_catalog(path: str | os.PathLike) -> Catalog:
 
 
 # Training-checkpoint layouts: folders recognised by their marker files go first, torch.save files last.
-from . import atorch, dcp, torch_zip  # noqa: E402
+from . import atorch, dcp, deepspeed, torch_zip  # noqa: E402
 
 register("dcp", dcp.detect, dcp.open_path, first=True)
+register("deepspeed", deepspeed.detect, deepspeed.open_path, first=True)
 register("atorch-flat", atorch.detect, atorch.open_path, first=True)
 register("torch", torch_zip.detect, torch_zip.open_path)

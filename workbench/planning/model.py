@@ -340,18 +340,21 @@ class Plan:
 
     @cached_property
     def groups(self) -> pd.DataFrame:
-        """The schedule: one row per step (group) in execution order with its bytes and memory."""
+        """The schedule: one row per step (group) in execution order with its bytes and memory.
+
+        `reads_from` lists the source files the step reads (e.g. which rank files of a ZeRO checkpoint).
+        """
         import pandas as pd
 
         data = [
             (
                 s.index, s.rank, s.group.label, s.kind, len(s.group.inputs), len(s.group.outputs), s.group.bytes_in,
-                s.group.bytes_out, s.bytes_read, s.held_bytes, ", ".join(s.files), self.step_active(s),
+                s.group.bytes_out, s.bytes_read, s.held_bytes, ", ".join(s.files), ", ".join(s.reads), self.step_active(s),
             )
             for s in self.steps
         ]
         columns = ["step", "rank", "label", "kind", "inputs", "outputs", "bytes_in", "bytes_out", "bytes_read",
-                   "held_bytes", "files", "runs"]
+                   "held_bytes", "files", "reads_from", "runs"]
         return pd.DataFrame(data, columns=columns).set_index("step")
 
     @cached_property

@@ -79,7 +79,8 @@ def _is_lightning(catalog: Catalog) -> bool:
 def model_tensors(catalog: Catalog, *, drop_segments: Sequence[str] = DROP_SEGMENTS) -> dict[str, str]:
     """Source tensor -> model name for the model part of a training checkpoint (no data read).
 
-    Lightning checkpoints: the LightningModule's live weights, `model.` stripped. Otherwise the first
+    Lightning checkpoints: the LightningModule's live weights, `model.` stripped. DeepSpeed: the listed
+    weights under their own names (`model.` is part of an HF model's names there). Otherwise the first
     container among `model.`, `state_dict.`, `model_state_dict.`, `module.` that the checkpoint has,
     stripped; or, when there is none, every tensor not under a training-state key (optimizer, scheduler,
     trainer/callback state ...). `_orig_mod` segments (torch.compile) are removed from names.
@@ -89,6 +90,8 @@ def model_tensors(catalog: Catalog, *, drop_segments: Sequence[str] = DROP_SEGME
     if _is_lightning(catalog):
         return extraction_pairs(_lightning_info(catalog), ema=False)
     names = list(catalog.tensors)
+    if catalog.format == "deepspeed":  # already the model's own names; optimizer moments only when opened with them
+        return {n: n for n in names if not n.startswith(TRAINING_STATE)}
     for container in MODEL_CONTAINERS:
         inside = [n for n in names if n.startswith(container)]
         if inside:

@@ -1,0 +1,169 @@
+"""Build real DeepSpeed ZeRO 1/2/3 checkpoints (and zero_to_fp32's reference) in a cache folder.
+
+DeepSpeed must not sit in the project venv (once installed, importing transformers imports it), so
+this script creates its own venv under `.cache/fixtures/deepspeed-<ver>-torch-<ver>/venv`, installs
+torch + deepspeed (DS_BUILD_OPS=0) + transformers there, and trains a tiny transformers Llama with
+`torchrun --nproc-per-node 2` on gloo (DS_ACCELERATOR=cpu, bf16) for two steps per ZeRO stage.
+Each `stage<N>/` holds the run folder (`latest`, `global_step2/`), `reference.safetensors` (the state
+dict DeepSpeed's own `get_fp32_state_dict_from_zero_checkpoint` returns) and `live_reference.safetensors`
+(what DeepSpeed's `safe_get_full_fp32_param` / `safe_get_full_optimizer_state` gathered from the live
+engine: fp32 masters and Adam moments by parameter name). Re-running is a no-op
+when the `done` marker exists. Usage: python scripts/make_deepspeed_fixtures.py [--print-root]
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+TORCH = "2.13.0"
+DEEPSPEED = os.environ.get("WB_DEEPSPEED_VERSION", "")  # empty: what the resolver picks, recorded after install
+REPO = Path(__file__).resolve().parent.parent
+CACHE = REPO / ".cache" / "fixtures"
+STAGES = tuple(int(s) for s in os.environ.get("WB_ZERO_STAGES", "1,2,3").split(","))
+HIDDEN = int(os.environ.get("WB_ZERO_HIDDEN", "64"))
+LAYERS = int(os.environ.get("WB_ZERO_LAYERS", "2"))
+
+TRAIN = r'''
+import json, os, sys
+import torch, deepspeed
+from transformers import LlamaConfig, LlamaForCausalLM
+stage, out, hidden, layers = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+torch.manual_seed(0)
+cfg = LlamaConfig(vocab_size=250, hidden_size=hidden, intermediate_size=2 * hidden + 6, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)
+model = LlamaForCausalLM(cfg)
+# A frozen parameter: ZeRO keeps it out of the optimizer and saves it in the module states.
+model.model.layers[0].input_layernorm.weight.requires_grad_(False)
+params = [p for p in model.parameters() if p.requires_grad]
+opt = torch.optim.AdamW(params, lr=1e-2)
+ds = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+      "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True, "steps_per_print": 1000}
+engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=ds)
+g = torch.Generator().manual_seed(1 + engine.global_rank)
+for _ in range(2):
+    ids = torch.randint(0, 250, (2, 16), generator=g)
+    loss = engine(input_ids=ids, labels=ids).loss
+    engine.backward(loss)
+    engine.step()
+engine.save_checkpoint(out)
+# DeepSpeed's own gather of every parameter's fp32 master and Adam moments (collective: all ranks call it).
+from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+live = {}
+for name, p in engine.module.named_parameters():
+    if p.requires_grad:
+        live[name] = safe_get_full_fp32_param(p).detach().clone()
+        for state in ("exp_avg", "exp_avg_sq"):
+            live[f"optimizer.state.{name}.{state}"] = safe_get_full_optimizer_state(p, state).detach().clone()
+if engine.global_rank == 0:
+    cfg.save_pretrained(out)
+    from safetensors.torch import save_file
+    save_file({k: v.contiguous() for k, v in live.items()}, os.path.join(out, "live_reference.safetensors"))
+'''
+
+REFERENCE = r'''
+import sys, torch
+from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+from safetensors.torch import save_file
+sd = get_fp32_state_dict_from_zero_checkpoint(sys.argv[1])
+# Tied weights come back as one tensor under two names; safetensors wants each storage once.
+seen, out = {}, {}
+for k, v in sd.items():
+    out[k] = v.clone() if v.data_ptr() in seen else v.contiguous()
+    seen[v.data_ptr()] = k
+save_file(out, sys.argv[2])
+'''
+
+
+def _run(cmd: list[str], **kw) -> None:
+    print("+", " ".join(map(str, cmd)), flush=True)
+    subprocess.run(cmd, check=True, **kw)
+
+
+def _env(root: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    env.update(DS_BUILD_OPS="0", DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+               TORCH_EXTENSIONS_DIR=str(venv_dir() / "torch_extensions"), MASTER_ADDR="127.0.0.1")
+    return env
+
+
+def venv_dir() -> Path:
+    """The tools' venv, shared by every fixture size: `.cache/fixtures/venv-deepspeed-<pin>-torch-<ver>/`."""
+    return CACHE / f"venv-deepspeed-{DEEPSPEED or 'latest'}-torch-{TORCH}"
+
+
+def installed_deepspeed() -> str:
+    """The deepspeed version in the tools' venv, from its dist-info (no import), or '' before it is built."""
+    found = sorted(venv_dir().glob("lib/python*/site-packages/deepspeed-*.dist-info"))
+    return found[-1].name[len("deepspeed-"):-len(".dist-info")] if found else ""
+
+
+def build_venv(root: Path) -> Path:
+    """The fixture venv with torch, deepspeed and transformers; returns its python."""
+    where = venv_dir()
+    py = where / "bin" / "python"
+    if not (where / ".installed").exists():
+        venv.create(where, with_pip=True, clear=True)
+        _run([str(py), "-m", "pip", "install", "-q", f"torch=={TORCH}"])
+        spec = f"deepspeed=={DEEPSPEED}" if DEEPSPEED else "deepspeed"
+        _run([str(py), "-m", "pip", "install", "-q", spec, "transformers", "safetensors"], env=_env(root))
+        (where / ".installed").write_text("ok\n")
+    return py
+
+
+FIXTURE_VERSION = 2  # bump when what the fixtures hold changes
+
+
+def fixture_root() -> Path:
+    """The cache folder for these tool versions and model sizes (without building anything)."""
+    ds = installed_deepspeed() or DEEPSPEED or "latest"
+    return CACHE / f"deepspeed-{ds}-torch-{TORCH}-h{HIDDEN}-l{LAYERS}-s{''.join(map(str, STAGES))}-v{FIXTURE_VERSION}"
+
+
+def build(root: Path) -> Path:
+    """Build every stage's fixture under root (no-op when done)."""
+    if (root / "done").exists():
+        return root
+    py = build_venv(root)
+    root = fixture_root()  # named after the deepspeed version now installed
+    if (root / "done").exists():
+        return root
+    root.mkdir(parents=True, exist_ok=True)
+    env = _env(root)
+    (root / "train.py").write_text(TRAIN)
+    (root / "reference.py").write_text(REFERENCE)
+    for stage in STAGES:
+        out = root / f"stage{stage}"
+        if (out / "reference.safetensors").exists():
+            continue
+        port = str(29600 + stage)
+        _run([str(py), "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port,
+              str(root / "train.py"), str(stage), str(out), str(HIDDEN), str(LAYERS)], env=env, cwd=root)
+        _run([str(py), str(root / "reference.py"), str(out), str(out / "reference.safetensors")], env=env, cwd=root)
+    version = subprocess.run([str(py), "-c", "import deepspeed; print(deepspeed.__version__)"], env=env,
+                             capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    (root / "done").write_text(f"deepspeed {version}\ntorch {TORCH}\n")
+    return root
+
+
+def main() -> int:
+    root = fixture_root()
+    if "--print-root" in sys.argv:
+        print(root)
+        return 0
+    try:
+        root = build(root)
+    except (subprocess.CalledProcessError, OSError) as exc:
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "failed").write_text(f"{exc}\n")
+        print(f"warning: could not build the DeepSpeed fixtures ({exc}); their tests will be skipped", file=sys.stderr)
+        return 0
+    print(root)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
