@@ -39,10 +39,10 @@ class CannotRead:
         self.fix = fix
         self.entry = entry
 
-    def __call__(self, source: str, cause: str, tensor: str | None = None, fix: str = "") -> CheckpointError:
+    def __call__(self, source: object, cause: str, tensor: str | None = None, fix: str = "") -> CheckpointError:
         """The error for `source` (and `tensor`, when one entry is at fault); `fix` replaces the default."""
         where = f" ({self.entry} {tensor!r})" if tensor else ""
-        return CheckpointError(f"Cannot read {self.kind} {source}{where}: {cause}. {fix or self.fix}", file=source, tensor=tensor)
+        return CheckpointError(f"Cannot read {self.kind} {source}{where}: {cause}. {fix or self.fix}", file=str(source), tensor=tensor)
 
 
 class MapperError(WorkbenchError):

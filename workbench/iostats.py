@@ -12,6 +12,8 @@ import stat
 import threading
 from dataclasses import dataclass, field
 
+from .files import describe
+
 
 @dataclass
 class IOCounters:
@@ -68,15 +70,8 @@ def file_kind(path: str | os.PathLike) -> str | None:
 
 
 def _kind_of_mode(mode: int) -> str | None:
-    if stat.S_ISREG(mode):
-        return None
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
+    """None for a regular file, else what it is ('a FIFO', 'a directory' ...), as files.describe says it."""
+    return None if stat.S_ISREG(mode) else describe(mode)
 
 
 def open_for_read(path: str | os.PathLike) -> int:

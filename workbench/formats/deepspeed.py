@@ -34,7 +34,7 @@ from typing import Any
 
 from ..catalog import Catalog, FileInfo, TensorInfo
 from ..dtypes import DTYPE_BITS
-from ..errors import CheckpointError
+from ..errors import CannotRead, CheckpointError
 from ..iostats import read_at
 from .file_pool import FilePool
 from .safetensors_folder import safe_member
@@ -71,10 +71,7 @@ class ZeroTensor:
     ranks: tuple[int, ...] = ()
 
 
-def _fail(source: object, cause: str, tensor: str | None = None, fix: str = "") -> CheckpointError:
-    where = f" (tensor {tensor!r})" if tensor else ""
-    fix = fix or "The checkpoint is incomplete or damaged: copy every rank's files of the step folder."
-    return CheckpointError(f"Cannot read DeepSpeed checkpoint {source}{where}: {cause}. {fix}", file=str(source), tensor=tensor)
+_fail = CannotRead("DeepSpeed checkpoint", "The checkpoint is incomplete or damaged: copy every rank's files of the step folder.")
 
 
 # ---------------------------------------------------------------------------------------------- folders
