@@ -49,22 +49,9 @@ class AttentionShape:
 
 
 def _as_mapping(config: Any) -> Mapping[str, Any]:
-    if isinstance(config, Mapping):
-        return config
-    if isinstance(config, (str, Path)):
-        path = Path(config)
-        if path.is_dir():
-            path = path / "config.json"
-        try:
-            return json.loads(path.read_text())
-        except FileNotFoundError:
-            raise MapperError(f"Cannot read model config {str(path)!r}: the file does not exist. Pass the path of config.json.") from None
-        except OSError as exc:
-            raise MapperError(f"Cannot read model config {str(path)!r}: {exc}. Pass a valid config.json.") from None
-        except (ValueError, RecursionError) as exc:
-            raise MapperError(f"Cannot read model config {str(path)!r}: it is not valid JSON ({json_problem(exc)}). Pass a valid config.json.") from None
-    if hasattr(config, "to_dict"):
-        return config.to_dict()
+    """The config's fields; also any plain object with attributes (a SimpleNamespace, say)."""
+    if isinstance(config, (Mapping, str, os.PathLike)) or callable(getattr(config, "to_dict", None)):
+        return read_config(config)
     return vars(config)
 
 
@@ -107,18 +94,24 @@ def attention_shape(config: Any) -> AttentionShape:
 
 
 def read_config(config: Any) -> dict[str, Any]:
-    """config.json as a dict: a path (file or its folder), a dict, or a transformers config; {} for None."""
+    """config.json as a dict: a path (file or its folder), a mapping, or a transformers config; {} for None."""
     if config is None:
         return {}
-    if isinstance(config, dict):
-        return config
+    if isinstance(config, Mapping):
+        return config if isinstance(config, dict) else dict(config)
     if isinstance(config, (str, os.PathLike)):
         path = Path(config)
         path = path / "config.json" if path.is_dir() else path
         try:
             data = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise MapperError(f"Cannot read the model config {path}: {exc}. Pass a valid config.json.", file=str(path)) from None
+        except FileNotFoundError:
+            raise MapperError(f"Cannot read model config {str(path)!r}: the file does not exist. Pass the path of config.json.",
+                              file=str(path)) from None
+        except OSError as exc:
+            raise MapperError(f"Cannot read model config {str(path)!r}: {exc}. Pass a valid config.json.", file=str(path)) from None
+        except (ValueError, RecursionError) as exc:
+            raise MapperError(f"Cannot read model config {str(path)!r}: it is not valid JSON ({json_problem(exc)}). "
+                              "Pass a valid config.json.", file=str(path)) from None
         return data if isinstance(data, dict) else {}
     to_dict = getattr(config, "to_dict", None)
     if callable(to_dict):
