@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import output_names
+from conftest import SAMPLES, output_names
 from remote_servers import NGINX, FaultyServer, HubServer, Nginx
 from safetensors.numpy import save_file
 
@@ -79,9 +79,11 @@ def served(tmp_path_factory) -> Path:
     (root / "edge").mkdir()
     _exact_header_file(root / "edge" / "fits.safetensors", FIRST_READ)
     _exact_header_file(root / "edge" / "over.safetensors", FIRST_READ + 1)
-    (root / "dcp").mkdir()
-    (root / "dcp" / ".metadata").write_bytes(b"\x80\x04N.")
-    (root / "dcp" / "__0_0.distcp").write_bytes(b"\0" * 64)
+    shutil.copytree(SAMPLES / "training" / "dcp_2ranks", root / "dcp")
+    shutil.copytree(SAMPLES / "training" / "dcp_pp", root / "dcp_pp")
+    (root / "dcp" / "config.json").write_text(json.dumps({"model_type": "toy"}))
+    (root / "flax").mkdir()
+    (root / "flax" / "flax_model.msgpack").write_bytes(b"\x80" * 64)
     (root / "torch").mkdir()
     torch = pytest.importorskip("torch")
     g = torch.Generator().manual_seed(0)
@@ -107,6 +109,8 @@ def hub(served):
     server.add("org/llama", served / "llama")
     server.add("org/single", served / "single")
     server.add("org/dcp", served / "dcp")
+    server.add("org/dcp-pp", served / "dcp_pp")
+    server.add("org/flax", served / "flax")
     server.add("org/torch", served / "torch")
     yield server
     server.stop()
@@ -130,6 +134,8 @@ def s3(served):
         client.upload_file(str(f), "ckpts", f"llama/{f.name}")
     for f in (served / "dcp").iterdir():
         client.upload_file(str(f), "ckpts", f"dcp/{f.name}")
+    for f in (served / "flax").iterdir():
+        client.upload_file(str(f), "ckpts", f"flax/{f.name}")
     yield endpoint
     server.stop()
     for k, v in old.items():
@@ -291,8 +297,8 @@ def test_cli_plan_convert_verify_diff_take_urls(nginx, served, tmp_path):
 
 
 def test_non_lazy_formats_say_so(hub, s3):
-    for url in ("hf://org/dcp", "s3://ckpts/dcp/"):
-        with pytest.raises(CheckpointError, match=r"__0_0\.distcp.*read lazily in safetensors.*torch\.save zip.*download"):
+    for url in ("hf://org/flax", "s3://ckpts/flax/"):
+        with pytest.raises(CheckpointError, match=r"flax_model\.msgpack.*read lazily in safetensors.*DCP.*torch\.save zip.*download"):
             wb.open_checkpoint(url)
     with pytest.raises(RemoteError, match="Check the repo id"):
         wb.open_checkpoint("hf://org/nope")
@@ -495,3 +501,77 @@ def test_file_changing_between_requests_is_refused(faulty, tmp_path):
     with pytest.raises(RemoteFileChanged, match="changed on the server"):
         wb.convert(ck, tmp_path / "out", quiet=True)
     assert not (tmp_path / "out" / "model.safetensors.index.json").exists()
+
+
+# --- DCP folders ---------------------------------------------------------------------------------
+
+
+def _dcp_url(kind: str, request, monkeypatch) -> str:
+    if kind == "hf":
+        monkeypatch.setenv("HF_ENDPOINT", request.getfixturevalue("hub").url)
+    if kind == "s3":
+        monkeypatch.setenv("AWS_ENDPOINT_URL", request.getfixturevalue("s3"))
+    return {"https": lambda: request.getfixturevalue("nginx").url + "/dcp/", "hf": lambda: "hf://org/dcp",
+            "s3": lambda: "s3://ckpts/dcp/"}[kind]()
+
+
+@pytest.mark.parametrize("kind", ["https", "hf", "s3"])
+def test_dcp_folder_opens_from_metadata_and_reads_like_local(kind, request, served, tmp_path, monkeypatch):
+    from workbench.formats.dcp import dcp_chunks
+
+    url = _dcp_url(kind, request, monkeypatch)
+    if kind == "https":
+        request.getfixturevalue("nginx").reset()
+    ck = wb.open_checkpoint(url)
+    local = wb.open_checkpoint(served / "dcp")
+    assert ck.format == "dcp" and ck.catalog.metadata["writer_ranks"] == "2"
+    assert {n: (t.dtype, t.shape) for n, t in ck.catalog.tensors.items()} == {
+        n: (t.dtype, t.shape) for n, t in local.catalog.tensors.items()}
+    if kind == "https":  # opening read the index and nothing of the data files
+        rows = request.getfixturevalue("nginx").requests()
+        assert _gets(rows, ".metadata") and not _gets(rows, ".distcp")
+    assert dcp_chunks(ck.catalog).equals(dcp_chunks(local.catalog))
+    for name in local.catalog.tensors:  # multi-chunk tensors (Shard(0), Shard(1)) assemble the same bytes
+        assert bytes(ck.catalog.read_bytes(name)) == bytes(local.catalog.read_bytes(name)), name
+    wb.convert(served / "dcp", tmp_path / "local", quiet=True)
+    report = wb.convert(url, tmp_path / "remote", quiet=True, verify=True)
+    assert report.files_match_plan
+    _same(tmp_path / "local", tmp_path / "remote")
+
+
+def test_dcp_pipeline_stages_and_reads_cost_what_the_plan_says(nginx, served, tmp_path):
+    from workbench.formats.dcp import dcp_chunks
+    from workbench.formats.remote_dcp import HEAD_BYTES
+
+    url = f"{nginx.url}/dcp_pp/"  # plain HTTP cannot list: the stages are found by asking for ppN/.metadata
+    ck = wb.open_checkpoint(url)
+    local = wb.open_checkpoint(served / "dcp_pp")
+    assert ck.catalog.metadata["stages"] == local.catalog.metadata["stages"] == "2"
+    assert ck.catalog.columns["stage"] == local.catalog.columns["stage"]
+    plan = wb.plan(url, None, dest=tmp_path / "out")
+    planned = sum(n for n, _ in plan.downloads.values())
+    nginx.reset()
+    wb.convert(url, tmp_path / "out", quiet=True)
+    downloaded = sum(r[3] for r in _gets(nginx.requests(), ".distcp"))
+    n_chunks = len(dcp_chunks(local.catalog))
+    assert 0 < planned <= downloaded <= planned + 2 * HEAD_BYTES * n_chunks  # tensor bytes + chunk layouts
+    wb.convert(served / "dcp_pp", tmp_path / "local", quiet=True)
+    _same(tmp_path / "local", tmp_path / "out", extras=False)
+
+
+def test_dcp_index_paths_never_leave_the_repo(hub, tmp_path):
+    import pickle
+
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    folder = tmp_path / "hostile-dcp"
+    shutil.copytree(SAMPLES / "training" / "dcp_2ranks", folder)
+    meta = pickle.loads((folder / ".metadata").read_bytes())  # our own fixture, made by torch
+    for info in meta.storage_data.values():
+        info.relative_path = "../dcp_2ranks/" + info.relative_path
+        break
+    assert isinstance(meta, Metadata)
+    (folder / ".metadata").write_bytes(pickle.dumps(meta))
+    hub.add("org/hostile-dcp", folder)
+    with pytest.raises(CheckpointError, match="points outside the checkpoint"):
+        wb.open_checkpoint("hf://org/hostile-dcp")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -157,6 +158,14 @@ def read_metadata(folder: Path, prefix: str, stage: int | None) -> tuple[list[Dc
         raw = read_at(fd, size, 0)
     finally:
         os.close(fd)
+    return parse_metadata(raw, source, prefix, stage, lambda rel, what: safe_member(folder, rel, what=what))
+
+
+def parse_metadata(
+    raw: bytes, source: str, prefix: str, stage: int | None, member: Callable[[object, str], str]
+) -> tuple[list[DcpTensor], list[DcpObject], str]:
+    """`read_metadata` on bytes already read (`source` names the file in messages; `member(rel, what)`
+    validates each data-file path and returns it normalised): remote DCP folders use it too."""
     root = load_inert(raw, source=source, strict=metadata_global_allowed).root
     if not isinstance(root, Placeholder) or not root.wb_global.endswith(".Metadata"):
         raise _fail(source, f"the .metadata pickle holds {type(root).__name__}, not a DCP Metadata")
@@ -184,7 +193,7 @@ def read_metadata(folder: Path, prefix: str, stage: int | None) -> tuple[list[Dc
             raise _fail(source, f"a storage_data entry is malformed ({index!r} -> {info!r})")
         checked = safe_paths.get(rel) if isinstance(rel, str) else None
         if checked is None:  # a few data files serve every entry: resolve each path once
-            checked = safe_member(folder, rel, what=f"DCP metadata entry {fqn!r}")
+            checked = member(rel, f"DCP metadata entry {fqn!r}")
             safe_paths[rel] = checked
         rel = checked
         key = (fqn, None if offset is None else _as_tuple(offset, "a chunk offset", source, fqn))
@@ -387,46 +396,10 @@ def open_path(path: Path) -> Catalog:
     folder = path.parent if path.is_file() else path
     stages = stage_dirs(folder) if not (folder / METADATA_NAME).is_file() else []
     parts = [(s, d, f"{d.name}/") for s, d in stages] or [(None, folder, "")]
-    tensors: dict[str, DcpTensor] = {}
-    objects: dict[str, DcpObject] = {}
-    warnings: list[str] = []
-    versions = set()
-    for stage, sub, prefix in parts:
-        stage_tensors, stage_objects, version = read_metadata(sub, prefix, stage)
-        versions.add(version)
-        for entry in stage_tensors:
-            if entry.name in tensors:
-                first = tensors[entry.name]
-                same = (first.dtype, first.shape) == (entry.dtype, entry.shape)
-                warnings.append(
-                    f"Tensor {entry.name!r} is stored by stages {first.stage} and {stage}"
-                    f"{'' if same else f' with different metadata ({first.dtype}{list(first.shape)} vs {entry.dtype}{list(entry.shape)})'}; "
-                    f"the catalog lists stage {first.stage}'s copy."
-                )
-                continue
-            tensors[entry.name] = entry
-        for obj in stage_objects:
-            key = obj.name if obj.name not in objects else f"{prefix}{obj.name}"
-            objects[key] = obj
-    _check_files(folder, tensors, objects)
-
-    ordered = sorted(tensors.values(), key=lambda t: (t.stage or 0, t.chunks[0].file if t.chunks else "", t.chunks[0].offset if t.chunks else 0))
-    infos: dict[str, TensorInfo] = {}
-    for entry in ordered:
-        first = entry.chunks[0] if entry.chunks else None
-        infos[entry.name] = TensorInfo(
-            entry.name, entry.dtype, entry.shape, first.file if first else "", first.offset if first else 0,
-            first.offset + first.length if first else 0,
-        )
-    columns: dict[str, dict[str, object]] = {"chunks": {t.name: len(t.chunks) for t in ordered}}
-    if stages:
-        columns["stage"] = {t.name: t.stage for t in ordered}
-    metadata = {"dcp_version": ",".join(sorted(v for v in versions if v))}
-    ranks = {int(m.group(1)) for t in ordered for c in t.chunks if (m := _RANK_FILE.search(c.file))}
-    if ranks:
-        metadata["writer_ranks"] = str(len(ranks))
-    if stages:
-        metadata["stages"] = str(len(stages))
+    loaded = [(stage, prefix, *read_metadata(sub, prefix, stage)) for stage, sub, prefix in parts]
+    tensors, objects, warnings, versions = merge_stages(loaded)
+    check_spans(tensors, objects, lambda rel: _local_size(folder, rel), str(folder))
+    infos, columns, metadata = catalog_tables(tensors, versions, len(stages))
 
     meta_reader = None
     meta_pt = folder / LIGHTNING_META
@@ -455,19 +428,80 @@ def open_path(path: Path) -> Catalog:
     )
 
 
-def _check_files(folder: Path, tensors: dict[str, DcpTensor], objects: dict[str, DcpObject]) -> None:
+StageMetadata = tuple[int | None, str, list[DcpTensor], list[DcpObject], str]
+
+
+def merge_stages(loaded: list[StageMetadata]) -> tuple[dict[str, DcpTensor], dict[str, DcpObject], list[str], set[str]]:
+    """One table of tensors and objects from each stage's parsed `.metadata` (stage, prefix, tensors, objects,
+    version): a tensor several stages store keeps the first stage's copy, with a warning."""
+    tensors: dict[str, DcpTensor] = {}
+    objects: dict[str, DcpObject] = {}
+    warnings: list[str] = []
+    versions = set()
+    for stage, prefix, stage_tensors, stage_objects, version in loaded:
+        versions.add(version)
+        for entry in stage_tensors:
+            if entry.name in tensors:
+                first = tensors[entry.name]
+                same = (first.dtype, first.shape) == (entry.dtype, entry.shape)
+                warnings.append(
+                    f"Tensor {entry.name!r} is stored by stages {first.stage} and {stage}"
+                    f"{'' if same else f' with different metadata ({first.dtype}{list(first.shape)} vs {entry.dtype}{list(entry.shape)})'}; "
+                    f"the catalog lists stage {first.stage}'s copy."
+                )
+                continue
+            tensors[entry.name] = entry
+        for obj in stage_objects:
+            key = obj.name if obj.name not in objects else f"{prefix}{obj.name}"
+            objects[key] = obj
+    return tensors, objects, warnings, versions
+
+
+def catalog_tables(
+    tensors: dict[str, DcpTensor], versions: set[str], n_stages: int
+) -> tuple[dict[str, TensorInfo], dict[str, dict[str, object]], dict[str, str]]:
+    """The catalog's tensor rows (file order), extra columns (chunks, stage) and metadata (version, writer ranks)."""
+    ordered = sorted(tensors.values(), key=lambda t: (t.stage or 0, t.chunks[0].file if t.chunks else "", t.chunks[0].offset if t.chunks else 0))
+    infos: dict[str, TensorInfo] = {}
+    for entry in ordered:
+        first = entry.chunks[0] if entry.chunks else None
+        infos[entry.name] = TensorInfo(
+            entry.name, entry.dtype, entry.shape, first.file if first else "", first.offset if first else 0,
+            first.offset + first.length if first else 0,
+        )
+    columns: dict[str, dict[str, object]] = {"chunks": {t.name: len(t.chunks) for t in ordered}}
+    if n_stages:
+        columns["stage"] = {t.name: t.stage for t in ordered}
+    metadata = {"dcp_version": ",".join(sorted(v for v in versions if v))}
+    ranks = {int(m.group(1)) for t in ordered for c in t.chunks if (m := _RANK_FILE.search(c.file))}
+    if ranks:
+        metadata["writer_ranks"] = str(len(ranks))
+    if n_stages:
+        metadata["stages"] = str(n_stages)
+    return infos, columns, metadata
+
+
+def _local_size(folder: Path, rel: str) -> int:
+    kind = file_kind(folder / rel)
+    if kind is not None:
+        raise LookupError(shard_state(kind))
+    return (folder / rel).stat().st_size
+
+
+def check_spans(tensors: dict[str, DcpTensor], objects: dict[str, DcpObject], size_of: Callable[[str], int], where: str) -> None:
+    """Every data file `.metadata` names exists and holds the byte spans it is said to hold. `size_of(rel)`
+    gives a file's size or raises LookupError saying what is wrong with it (missing, not a regular file)."""
     sizes: dict[str, int] = {}
     spans = [(t.name, c.file, c.offset, c.length) for t in tensors.values() for c in t.chunks]
     spans += [(o.name, o.file, o.offset, o.length) for o in objects.values()]
     for name, rel, offset, length in spans:
         if rel not in sizes:
-            path = folder / rel
-            kind = file_kind(path)
-            if kind is not None:
-                raise _fail(str(folder), f"data file {rel} named by .metadata is {shard_state(kind)}", name, "Copy every *.distcp file of the checkpoint.")
-            sizes[rel] = path.stat().st_size
+            try:
+                sizes[rel] = size_of(rel)
+            except LookupError as exc:
+                raise _fail(where, f"data file {rel} named by .metadata is {exc.args[0]}", name, "Copy every *.distcp file of the checkpoint.") from None
         if offset + length > sizes[rel]:
-            raise _fail(str(folder / rel), f"bytes {offset}..{offset + length} lie past the end of the {sizes[rel]}-byte file (truncated?)", name)
+            raise _fail(f"{where.rstrip('/')}/{rel}", f"bytes {offset}..{offset + length} lie past the end of the {sizes[rel]}-byte file (truncated?)", name)
 
 
 def _file_infos(folder: Path, infos: dict[str, TensorInfo]) -> dict[str, FileInfo]:

@@ -28,7 +28,7 @@ FIRST_READ = 256 * 1024
 CHUNK_BYTES = 16 << 20
 PARALLEL = 4
 WINDOW_BYTES = 128 << 20
-LAZY_FORMATS = "safetensors (single file, folder, or sharded with an index) and single torch.save zip files"
+LAZY_FORMATS = "safetensors (single file, folder, or sharded with an index), DCP folders and single torch.save zip files"
 TORCH_SINGLE_NAME = "pytorch_model.bin"
 # Small files a conversion copies along (config, tokenizer): fetched when a plan wants extras, never on open.
 MAX_EXTRA_BYTES = 64 << 20
@@ -134,6 +134,7 @@ def _open(store: RemoteStore) -> Catalog:
     shard_of: dict[str, str] | None = None
     index_name = ""
     index_meta: dict = {}
+    from .remote_dcp import has_dcp, open_dcp, stages_in_listing
     from .remote_torch import is_torch_name, open_torch
 
     if files is not None:
@@ -151,6 +152,9 @@ def _open(store: RemoteStore) -> Catalog:
             torch_files = [r for r in files if "/" not in r and is_torch_name(r)]
             if not index_name and not names and len(torch_files) == 1:
                 return open_torch(store, files[torch_files[0]], url, warnings)
+            stages = stages_in_listing(files)
+            if not index_name and not names and stages:
+                return open_dcp(store, stages, url, warnings, _listed_extras(files))
             if not index_name and not names:
                 other = sorted(r for r in files if "/" not in r)[:5]
                 raise _fail(url, f"it holds no safetensors file and no index (found: {', '.join(other) or 'nothing'})",
@@ -170,6 +174,8 @@ def _open(store: RemoteStore) -> Catalog:
             names = [SINGLE_NAME]
         elif store.file(TORCH_SINGLE_NAME) is not None:
             return open_torch(store, store.file(TORCH_SINGLE_NAME), url, warnings)
+        elif stages := has_dcp(store.file):
+            return open_dcp(store, stages, url, warnings, None)
         else:
             raise _fail(url, f"none of {INDEX_NAME}, {SINGLE_NAME}, {TORCH_SINGLE_NAME} is there (an HTTP server cannot list a folder)",
                         fix=f"Point at a folder holding one of them or at a .safetensors file; remote checkpoints are read "
@@ -223,8 +229,7 @@ def _open(store: RemoteStore) -> Catalog:
     if names == [""]:
         extras: list[str] | None = []
     elif files is not None:
-        extras = sorted(r for r, f in files.items() if "/" not in r and r and not r.startswith(".")
-                        and not r.lower().endswith(_TENSOR_SUFFIXES) and f.size <= MAX_EXTRA_BYTES)[:MAX_EXTRAS]
+        extras = _listed_extras(files)
     else:
         extras = None  # asked for by name when a plan wants them
     fetched: list[str] = []  # filled by RemoteReader.fetch_extras, which a plan calls when it copies extras
@@ -240,6 +245,12 @@ def _open(store: RemoteStore) -> Catalog:
         extras=fetched,
         url=url,
     )
+
+
+def _listed_extras(files: dict[str, RemoteFile]) -> list[str]:
+    """The small non-weight files at the top of a listed store (config, tokenizer), which conversions copy."""
+    return sorted(r for r, f in files.items() if "/" not in r and r and not r.startswith(".")
+                  and not r.lower().endswith(_TENSOR_SUFFIXES) and f.size <= MAX_EXTRA_BYTES)[:MAX_EXTRAS]
 
 
 class _Chunk:

@@ -26,6 +26,7 @@ TORCH_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 TAIL_BYTES = 64 * 1024
 BLOCK_BYTES = 4096  # a local header (30 bytes + name + alignment padding) fits
 MERGE_GAP = 64 * 1024  # local headers closer than this are fetched in one range
+MAX_SPAN = 4 << 20  # merging stops here: cached spans stay small next to the tensors they describe
 
 
 class RangeFile:
@@ -68,12 +69,13 @@ class RangeFile:
             return data[:length]
         return bytes(self.store.read(self.file.rel, offset, offset + length))
 
-    def prefetch(self, ranges: Iterable[tuple[int, int]]) -> None:
-        """Fetch [start, end) ranges into the cache, nearby ones merged, `PARALLEL` requests at a time."""
+    def prefetch(self, ranges: Iterable[tuple[int, int]], gap: int = MERGE_GAP) -> None:
+        """Fetch [start, end) ranges into the cache, those less than `gap` apart merged (up to `MAX_SPAN`
+        bytes per request), `PARALLEL` requests at a time."""
         merged: list[list[int]] = []
         for start, end in sorted(ranges):
             end = min(end, self.file.size)
-            if merged and start - merged[-1][1] <= MERGE_GAP:
+            if merged and start - merged[-1][1] <= gap and end - merged[-1][0] <= MAX_SPAN:
                 merged[-1][1] = max(merged[-1][1], end)
             else:
                 merged.append([start, end])
