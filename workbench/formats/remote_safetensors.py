@@ -22,6 +22,7 @@ from . import remote_cache
 from .remote import RemoteError, RemoteFile, RemoteStore, open_store
 from .safetensors import MAX_HEADER_BYTES, SUFFIX, SafetensorsHeader, file_info, gc_paused, parse_header_bytes
 from .safetensors_folder import INDEX_NAME, SINGLE_NAME, parse_index_bytes
+from .shard_index import check_claims, missing_shard, shard_map
 
 # 8-byte length + JSON in one request for all but very large headers (a 400 GB repo's shards have ~50-150 KB).
 FIRST_READ = 256 * 1024
@@ -184,43 +185,19 @@ def _open(store: RemoteStore) -> Catalog:
         index_file = store.file(index_name)
         assert index_file is not None
         weight_map, index_meta = parse_index_bytes(_index_bytes(store, index_file), store.where(index_name))
-        shard_of = {}
-        for name, rel in weight_map.items():
-            shard_of[name] = _remote_member(url, rel, f"index {index_name} entry for tensor {name!r}")
-        names = sorted(set(shard_of.values()))
+        shard_of, names = shard_map(weight_map, lambda rel, what: _remote_member(url, rel, what), index_name)
     headers: dict[str, SafetensorsHeader] = {}
     for rel in names:
         file = store.file(rel)
         if file is None:
-            users = [n for n, r in (shard_of or {}).items() if r == rel]
-            raise CheckpointError(
-                f"Cannot open checkpoint {url}: shard {rel} named by {index_name} is missing "
-                f"(it should hold {len(users)} tensors, e.g. {users[0]!r}). Upload the missing shard.",
-                file=store.where(rel), tensor=users[0] if users else None)
+            raise missing_shard(url, index_name, rel, "missing", shard_of or {}, file=store.where(rel))
         headers[rel] = read_remote_header(store, file)
-    tensors: dict[str, TensorInfo] = {}
-    home: dict[str, str] = {}
-    unlisted = []
-    for rel, header in headers.items():
-        for info in header.tensors:
-            if info.name in home:
-                raise CheckpointError(
-                    f"Cannot open checkpoint {url}: tensor {info.name!r} is stored in two shards ({home[info.name]} and "
-                    f"{rel}). Remove the stale copy or regenerate the checkpoint.", file=rel, tensor=info.name)
-            home[info.name] = rel
-            if shard_of is None or shard_of.get(info.name) == rel:
-                tensors[info.name] = info
-            else:
-                unlisted.append(info.name)
-    for name, rel in (shard_of or {}).items():
-        if name not in tensors:
-            where = f"it is in {home[name]}" if name in home else "no shard holds it"
-            raise CheckpointError(
-                f"Cannot open checkpoint {url}: {index_name} says tensor {name!r} is in {rel}, but {where}. The index "
-                "and the shards disagree: regenerate the index.", file=rel, tensor=name)
-    if unlisted:
-        warnings.append(f"{len(unlisted)} tensors stored in shards are not listed in {index_name} and are ignored "
-                        f"(e.g. {unlisted[0]!r}).")
+    if shard_of is None:
+        tensors, more = check_claims(url, "the shards", {i.name: rel for rel, h in headers.items() for i in h.tensors},
+                                     {rel: h.tensors for rel, h in headers.items()})
+    else:
+        tensors, more = check_claims(url, index_name, shard_of, {rel: h.tensors for rel, h in headers.items()})
+    warnings.extend(more)
     metadata: dict[str, str] = {}
     for header in headers.values():
         metadata.update(header.metadata)

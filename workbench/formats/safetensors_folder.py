@@ -15,6 +15,7 @@ from ..errors import CheckpointError
 from ..iostats import file_kind
 from .json_errors import json_problem
 from .safetensors import SUFFIX, FileReader, SafetensorsHeader, file_info, gc_paused, read_header
+from .shard_index import check_claims, missing_shard, shard_map
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -163,65 +164,15 @@ def open_file(path: Path) -> Catalog:
 def open_indexed(folder: Path, index_path: Path) -> Catalog:
     """An HF sharded folder: the index names each tensor's shard; every claim is checked."""
     weight_map = _load_index(index_path)
-    shard_of: dict[str, str] = {}
-    shards: list[str] = []
-    checked: dict[object, str] = {}
-    for name, rel in weight_map.items():
-        norm = checked.get(rel) if isinstance(rel, str) else None
-        if norm is None:
-            norm = safe_member(folder, rel, what=f"index {index_path.name} entry for tensor {name!r}")
-            checked[rel] = norm
-            if norm not in shards:
-                shards.append(norm)
-        shard_of[name] = norm
-    shards.sort()
+    shard_of, shards = shard_map(weight_map, lambda rel, what: safe_member(folder, rel, what=what), index_path.name)
     headers: dict[str, SafetensorsHeader] = {}
     for rel in shards:
         path = folder / rel
         kind = file_kind(path)
         if kind is not None:
-            users = [n for n, r in shard_of.items() if r == rel]
-            raise CheckpointError(
-                f"Cannot open checkpoint {folder}: shard {rel} named by {index_path.name} is {shard_state(kind)} "
-                f"(it should hold {len(users)} tensors, e.g. {users[0]!r}). "
-                f"{'Download the missing shard.' if kind == 'missing' else 'Replace it with the shard file.'}",
-                file=str(path),
-                tensor=users[0],
-            )
+            raise missing_shard(str(folder), index_path.name, rel, shard_state(kind), shard_of, file=str(path))
         headers[rel] = read_header(path, rel=rel)
-
-    tensors: dict[str, TensorInfo] = {}
-    home: dict[str, str] = {}
-    unlisted: list[str] = []
-    for rel, header in headers.items():
-        for info in header.tensors:
-            if info.name in home:
-                raise CheckpointError(
-                    f"Cannot open checkpoint {folder}: tensor {info.name!r} is stored in two shards "
-                    f"({home[info.name]} and {rel}). Remove the stale copy or regenerate the checkpoint.",
-                    file=rel,
-                    tensor=info.name,
-                )
-            home[info.name] = rel
-            if shard_of.get(info.name) == rel:
-                tensors[info.name] = info
-            else:
-                unlisted.append(info.name)
-    for name, rel in shard_of.items():
-        if name not in tensors:
-            where = f"it is in {home[name]}" if name in home else "no shard holds it"
-            raise CheckpointError(
-                f"Cannot open checkpoint {folder}: {index_path.name} says tensor {name!r} is in {rel}, but {where}. "
-                "The index and the shards disagree: regenerate the index or re-download the shards.",
-                file=rel,
-                tensor=name,
-            )
-    warnings = []
-    if unlisted:
-        warnings.append(
-            f"{len(unlisted)} tensors stored in shards are not listed in {index_path.name} and are ignored "
-            f"(e.g. {unlisted[0]!r})."
-        )
+    tensors, warnings = check_claims(str(folder), index_path.name, shard_of, {rel: h.tensors for rel, h in headers.items()})
     return _catalog(
         folder, "hf-sharded", headers, tensors, warnings=warnings, extras=_extras(folder, set(shards) | {index_path.name})
     )
