@@ -91,6 +91,14 @@ def served(tmp_path_factory) -> Path:
     state["transposed"] = torch.randn(256, 128, generator=g).t()  # a strided view
     state["half"] = torch.randn(64, 64, generator=g).to(torch.bfloat16)
     torch.save(state, root / "torch" / "pytorch_model.bin")
+    (root / "torch-sharded").mkdir()
+    weight_map = {}
+    for k, names in enumerate((["layers.0.weight", "layers.1.weight", "transposed"], ["layers.2.weight", "half"])):
+        shard = f"pytorch_model-{k + 1:05d}-of-00002.bin"
+        torch.save({n: state[n] for n in names}, root / "torch-sharded" / shard)
+        weight_map.update(dict.fromkeys(names, shard))
+    (root / "torch-sharded" / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (root / "torch-sharded" / "config.json").write_text(json.dumps({"model_type": "toy"}))
     return root
 
 
@@ -112,6 +120,7 @@ def hub(served):
     server.add("org/dcp-pp", served / "dcp_pp")
     server.add("org/flax", served / "flax")
     server.add("org/torch", served / "torch")
+    server.add("org/torch-sharded", served / "torch-sharded")
     yield server
     server.stop()
 
@@ -575,3 +584,46 @@ def test_dcp_index_paths_never_leave_the_repo(hub, tmp_path):
     hub.add("org/hostile-dcp", folder)
     with pytest.raises(CheckpointError, match="points outside the checkpoint"):
         wb.open_checkpoint("hf://org/hostile-dcp")
+
+
+# --- sharded torch.save folders ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["https", "hf"])
+def test_sharded_torch_folder_reads_pickles_and_headers_only(kind, request, served, tmp_path, monkeypatch):
+    folder = served / "torch-sharded"
+    if kind == "hf":
+        monkeypatch.setenv("HF_ENDPOINT", request.getfixturevalue("hub").url)
+        url = "hf://org/torch-sharded"
+    else:
+        nginx = request.getfixturevalue("nginx")
+        nginx.reset()
+        url = f"{nginx.url}/torch-sharded/"
+    ck = wb.open_checkpoint(url)
+    local = wb.open_checkpoint(folder)
+    assert ck.format == local.format == "torch-sharded"
+    if kind == "https":  # the index, then each shard's directory, pickle and local headers: a small part of each
+        rows = _gets(nginx.requests(), ".bin")
+        assert {r[1].rsplit("/", 1)[-1] for r in rows} == {p.name for p in folder.glob("*.bin")}
+        from workbench.formats.remote_torch import BLOCK_BYTES, TAIL_BYTES
+
+        shards = list(folder.glob("*.bin"))  # the tail holds the directory; one block per member's local header
+        assert sum(r[3] for r in rows) <= len(shards) * (TAIL_BYTES + 8 * BLOCK_BYTES) < sum(p.stat().st_size for p in shards)
+    assert {n: (t.dtype, t.shape, t.file) for n, t in ck.catalog.tensors.items()} == {
+        n: (t.dtype, t.shape, t.file) for n, t in local.catalog.tensors.items()}
+    for name in local.catalog.tensors:  # contiguous, strided (transposed) and bf16 tensors read the same bytes
+        assert bytes(ck.catalog.read_bytes(name)) == bytes(local.catalog.read_bytes(name)), name
+    wb.convert(folder, tmp_path / "local", quiet=True)
+    wb.convert(url, tmp_path / "remote", quiet=True, verify=True)
+    _same(tmp_path / "local", tmp_path / "remote")
+
+
+def test_sharded_torch_index_never_leaves_the_repo(hub, served, tmp_path):
+    folder = tmp_path / "hostile-bin"
+    shutil.copytree(served / "torch-sharded", folder)
+    index = json.loads((folder / "pytorch_model.bin.index.json").read_text())
+    index["weight_map"]["half"] = "../torch/pytorch_model.bin"
+    (folder / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    hub.add("org/hostile-bin", folder)
+    with pytest.raises(CheckpointError, match="points outside the checkpoint"):
+        wb.open_checkpoint("hf://org/hostile-bin")

@@ -29,7 +29,7 @@ FIRST_READ = 256 * 1024
 CHUNK_BYTES = 16 << 20
 PARALLEL = 4
 WINDOW_BYTES = 128 << 20
-LAZY_FORMATS = "safetensors (single file, folder, or sharded with an index), DCP folders and single torch.save zip files"
+LAZY_FORMATS = "safetensors (single file, folder, or sharded with an index), DCP folders and torch.save zip files (single or sharded with an index)"
 TORCH_SINGLE_NAME = "pytorch_model.bin"
 # Small files a conversion copies along (config, tokenizer): fetched when a plan wants extras, never on open.
 MAX_EXTRA_BYTES = 64 << 20
@@ -136,7 +136,8 @@ def _open(store: RemoteStore) -> Catalog:
     index_name = ""
     index_meta: dict = {}
     from .remote_dcp import has_dcp, open_dcp, stages_in_listing
-    from .remote_torch import is_torch_name, open_torch
+    from .remote_torch import is_torch_name, open_torch, open_torch_sharded
+    from .torch_folder import TORCH_INDEX_NAME, find_torch_index
 
     if files is not None:
         if "" in files and is_torch_name(url.rstrip("/")):
@@ -150,6 +151,9 @@ def _open(store: RemoteStore) -> Catalog:
                 index_name = index_names[0]
             else:
                 names = sorted(r for r in files if "/" not in r and r.endswith(SUFFIX))
+            torch_index = find_torch_index(files)
+            if not index_name and not names and torch_index:
+                return open_torch_sharded(store, files[torch_index], url, warnings, _listed_extras(files))
             torch_files = [r for r in files if "/" not in r and is_torch_name(r)]
             if not index_name and not names and len(torch_files) == 1:
                 return open_torch(store, files[torch_files[0]], url, warnings)
@@ -160,7 +164,7 @@ def _open(store: RemoteStore) -> Catalog:
                 other = sorted(r for r in files if "/" not in r)[:5]
                 raise _fail(url, f"it holds no safetensors file and no index (found: {', '.join(other) or 'nothing'})",
                             fix=f"Remote checkpoints are read lazily in {LAZY_FORMATS}; download other formats "
-                            "(DCP, torch .bin/.pt) and open the local copy.")
+                            "and open the local copy.")
     else:  # plain HTTP cannot list: the URL is a file, or a folder with an index or model.safetensors
         last = url.rstrip("/").rsplit("/", 1)[-1]
         if is_torch_name(last) and store.file("") is not None:
@@ -173,12 +177,15 @@ def _open(store: RemoteStore) -> Catalog:
             index_name, names = INDEX_NAME, []
         elif store.file(SINGLE_NAME) is not None:
             names = [SINGLE_NAME]
+        elif store.file(TORCH_INDEX_NAME) is not None:
+            return open_torch_sharded(store, store.file(TORCH_INDEX_NAME), url, warnings, None)
         elif store.file(TORCH_SINGLE_NAME) is not None:
             return open_torch(store, store.file(TORCH_SINGLE_NAME), url, warnings)
         elif stages := has_dcp(store.file):
             return open_dcp(store, stages, url, warnings, None)
         else:
-            raise _fail(url, f"none of {INDEX_NAME}, {SINGLE_NAME}, {TORCH_SINGLE_NAME} is there (an HTTP server cannot list a folder)",
+            raise _fail(url, f"none of {INDEX_NAME}, {SINGLE_NAME}, {TORCH_INDEX_NAME}, {TORCH_SINGLE_NAME}, .metadata (DCP) is there "
+                        "(an HTTP server cannot list a folder)",
                         fix=f"Point at a folder holding one of them or at a .safetensors file; remote checkpoints are read "
                         f"lazily in {LAZY_FORMATS}.")
     if index_name:

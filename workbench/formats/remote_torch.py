@@ -18,9 +18,11 @@ from pathlib import Path
 
 from ..catalog import Catalog, FileInfo, TensorInfo
 from ..errors import CheckpointError
-from . import torch_zip
+from . import remote_cache, torch_zip
 from .remote import RemoteFile, RemoteStore
 from .remote_safetensors import PARALLEL, RemoteReader
+from .shard_index import missing_shard, shard_map
+from .torch_folder import join_shards
 
 TORCH_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 TAIL_BYTES = 64 * 1024
@@ -90,8 +92,8 @@ def is_torch_name(rel: str) -> bool:
     return rel.lower().endswith(TORCH_SUFFIXES)
 
 
-def open_torch(store: RemoteStore, file: RemoteFile, url: str, warnings: list[str]) -> Catalog:
-    """The catalog of a remote torch.save zip, from its directory, pickle and local headers."""
+def _open_part(store: RemoteStore, file: RemoteFile) -> tuple[Catalog, RangeFile]:
+    """One remote torch.save zip's catalog (tensors' `file` is the store-relative name) and range handle."""
     handle = RangeFile(store, file)
     where = store.where(file.rel)
     handle.prefetch([(max(0, file.size - TAIL_BYTES), file.size)])
@@ -107,24 +109,67 @@ def open_torch(store: RemoteStore, file: RemoteFile, url: str, warnings: list[st
     archive, contents, places, skipped = torch_zip.inspect_open(handle, where, length=file.size, before_places=headers)
     tf = torch_zip.TorchFile(Path(file.rel or where.rsplit("/", 1)[-1]), archive, contents, places, skipped)
     catalog = torch_zip.catalog_of(tf, size=file.size)
-    rel = tf.path.name
-    if rel != file.rel:  # a URL naming the file itself: the store reads it as ''
+    if tf.path.name != file.rel:  # a URL naming the file itself (the store reads it as ''), or a shard in a subfolder
         catalog.tensors = {n: TensorInfo(t.name, t.dtype, t.shape, file.rel, t.begin, t.end) for n, t in catalog.tensors.items()}
         (info,) = catalog.files.values()
         catalog.files = {file.rel: FileInfo(file.rel, info.size, info.header_bytes, info.n_tensors)}
+    return catalog, handle
+
+
+def open_torch(store: RemoteStore, file: RemoteFile, url: str, warnings: list[str]) -> Catalog:
+    """The catalog of a remote torch.save zip, from its directory, pickle and local headers."""
+    catalog, handle = _open_part(store, file)
     catalog.warnings[:0] = warnings
     catalog.url = url
-    catalog.reader = RemoteTorchReader(store, handle, {n: catalog.reader.places[n] for n in catalog.tensors})
+    catalog.reader = RemoteTorchReader(store, {file.rel: handle}, {n: catalog.reader.places[n] for n in catalog.tensors})
     return catalog
 
 
+def open_torch_sharded(store: RemoteStore, index_file: RemoteFile, url: str, warnings: list[str], extras: list[str] | None) -> Catalog:
+    """The catalog of a remote sharded torch.save folder (`pytorch_model.bin.index.json`), each shard opened
+    like a single remote file; the index's claims are checked like a local folder's."""
+    from .remote_safetensors import _index_bytes, _remote_member
+    from .safetensors_folder import parse_index_bytes
+
+    index_name = index_file.rel
+    weight_map, _ = parse_index_bytes(_index_bytes(store, index_file), store.where(index_name))
+    shard_of, shards = shard_map(weight_map, lambda rel, what: _remote_member(url, rel, what), index_name)
+    catalogs: dict[str, Catalog] = {}
+    handles: dict[str, RangeFile] = {}
+    for rel in shards:
+        file = store.file(rel)
+        if file is None:
+            raise missing_shard(url, index_name, rel, "missing", shard_of, file=store.where(rel))
+        catalogs[rel], handles[rel] = _open_part(store, file)
+    tensors, tables, more = join_shards(url, index_name, shard_of, catalogs)
+    files = {}
+    for rel, catalog in catalogs.items():
+        (info,) = catalog.files.values()
+        files[rel] = FileInfo(rel, info.size, info.header_bytes, sum(1 for t in tensors.values() if t.file == rel))
+    places = {n: catalogs[t.file].reader.places[n] for n, t in tensors.items()}
+    fetched: list[str] = []
+    return Catalog(
+        root=remote_cache.snapshot_folder(store.identity),
+        format="torch-sharded",
+        tensors=tensors,
+        files=files,
+        metadata=tables["metadata"],
+        warnings=warnings + more,
+        extras=fetched,
+        reader=RemoteTorchReader(store, handles, places, extras, fetched),
+        columns=tables["columns"],
+        url=url,
+    )
+
+
 class RemoteTorchReader(RemoteReader):
-    """Remote reads for a torch.save zip: contiguous tensors as byte ranges (prefetched like safetensors),
+    """Remote reads for torch.save zips: contiguous tensors as byte ranges (prefetched like safetensors),
     strided views gathered from their storage's span."""
 
-    def __init__(self, store: RemoteStore, handle: RangeFile, places: dict) -> None:
-        super().__init__(store, [])
-        self.handle = handle
+    def __init__(self, store: RemoteStore, handles: dict[str, RangeFile], places: dict,
+                 extras: list[str] | None = None, fetched: list[str] | None = None) -> None:
+        super().__init__(store, [] if extras is None and len(handles) == 1 else extras, fetched)
+        self.handles = handles
         self.places = places
 
     def will_read(self, infos: Iterable[TensorInfo]) -> None:
@@ -136,8 +181,4 @@ class RemoteTorchReader(RemoteReader):
         place = self.places[info.name]
         if place.contiguous:
             return super().read_bytes(info)
-        return torch_zip.read_place(self.handle, place, info.nbytes)
-
-    def fetch_extras(self) -> list[str]:
-        """A single torch file has no extras."""
-        return []
+        return torch_zip.read_place(self.handles[info.file], place, info.nbytes)
