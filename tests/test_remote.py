@@ -627,3 +627,38 @@ def test_sharded_torch_index_never_leaves_the_repo(hub, served, tmp_path):
     hub.add("org/hostile-bin", folder)
     with pytest.raises(CheckpointError, match="points outside the checkpoint"):
         wb.open_checkpoint("hf://org/hostile-bin")
+
+
+# --- the Hugging Face cache: snapshots whose files are links into blobs/ -------------------------
+
+
+def test_hub_cache_snapshot_opens_and_converts_like_the_folder(hub, served, tmp_path, local_outputs):
+    from huggingface_hub import hf_hub_download
+
+    for f in sorted(p.name for p in (served / "llama").iterdir()):
+        path = hf_hub_download("org/llama", f, cache_dir=tmp_path / "hf")
+    snapshot = Path(path).parent
+    assert snapshot.parent.name == "snapshots" and os.path.islink(snapshot / SHARDS[0])
+    ck = wb.open_checkpoint(snapshot)
+    assert ck.format == "hf-sharded" and len(ck) == 35 and "config.json" in ck.catalog.extras
+    wb.convert(snapshot, tmp_path / "out", quiet=True, shard_size="2MB")
+    _same(local_outputs / "copy", tmp_path / "out")
+    assert not any(os.path.islink(tmp_path / "out" / n) for n in output_names(tmp_path / "out"))
+
+
+def test_hub_cache_links_may_lead_into_blobs_only(hub, served, tmp_path):
+    from huggingface_hub import hf_hub_download
+
+    for f in sorted(p.name for p in (served / "llama").iterdir()):
+        path = hf_hub_download("org/llama", f, cache_dir=tmp_path / "hf")
+    snapshot = Path(path).parent
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"token": "hf_secret"}')
+    (snapshot / "config.json").unlink()
+    (snapshot / "config.json").symlink_to(secret)  # a link out of blobs/ is not copied into outputs
+    assert "config.json" not in wb.open_checkpoint(snapshot).catalog.extras
+    blobs = snapshot.parent.parent / "blobs"
+    blobs.rename(tmp_path / "elsewhere")
+    blobs.symlink_to(tmp_path / "elsewhere")  # blobs/ itself a link: nothing through it is trusted
+    with pytest.raises(CheckpointError, match="a link that leads outside the checkpoint folder"):
+        wb.open_checkpoint(snapshot)

@@ -15,6 +15,7 @@ from pathlib import Path
 from ..errors import PlanError, UnsafeFileError
 from ..files import PARTIAL_SUFFIX, atomic_write, copy_atomic, fsync_dir, remove_entry
 from ..formats.dcp import METADATA_NAME
+from ..formats.links import leads_inside
 from ..planning.destination import (
     COMPLETE_NAME,
     INDEX_NAME,
@@ -76,10 +77,9 @@ def remove_partials(plan: Plan) -> None:
 
 def _extra_source(plan: Plan, rel: str) -> str:
     """The source path of an extra, checked again now: a regular file whose real path is inside the source folder."""
-    root = os.path.realpath(plan.source.root)
     path = os.path.join(plan.source.root, *rel.split("/"))
     real = os.path.realpath(path)
-    if os.path.commonpath([root, real]) != root or not os.path.isfile(real):
+    if not leads_inside(plan.source.root, path) or not os.path.isfile(real):
         raise PlanError(f"Cannot copy extra {rel} from {plan.source.root}: it is no longer a regular file inside the source "
                         f"folder (it leads to {real}). Check the source folder and convert again.", file=path)
     return real

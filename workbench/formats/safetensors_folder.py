@@ -14,6 +14,7 @@ from ..catalog import Catalog, TensorInfo
 from ..errors import CheckpointError
 from ..iostats import file_kind
 from .json_errors import json_problem
+from .links import leads_inside
 from .safetensors import SUFFIX, FileReader, SafetensorsHeader, file_info, gc_paused, read_header
 from .shard_index import check_claims, missing_shard, shard_map
 
@@ -49,9 +50,8 @@ def safe_member(folder: Path, rel: object, *, what: str) -> str:
             "Refusing it; an index may only name files inside its own folder.",
             file=str(folder),
         )
-    real_root = os.path.realpath(folder)
-    real = os.path.realpath(folder / pure)
-    if os.path.commonpath([real_root, real]) != real_root:
+    if not leads_inside(folder, folder / pure):
+        real = os.path.realpath(folder / pure)
         raise CheckpointError(
             f"Cannot use {what}: the shard path {rel!r} is a link that leads outside the checkpoint folder "
             f"({real}). Refusing it; copy the shard into the folder instead.",
@@ -125,8 +125,7 @@ def is_extra(folder: Path, entry: os.DirEntry) -> bool:
     if entry.name in NOT_EXTRAS or entry.name.endswith("." + CHECKSUMS_NAME) or not entry.is_file():
         return False
     if entry.is_symlink():  # config.json -> /etc/passwd must not be copied into an output
-        real_root = os.path.realpath(folder)
-        return os.path.commonpath([real_root, os.path.realpath(entry.path)]) == real_root
+        return leads_inside(folder, entry.path)
     return True
 
 

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..formats.links import leads_inside
 from ..formats.safetensors_folder import CHECKSUMS_NAME, NOT_EXTRAS
 from .config_dtype import CONFIG_NAME, CONFIG_NAMES, KEEP, config_dtype_update, config_dtypes, read_config
 
@@ -51,7 +52,7 @@ class Extra:
 
 
 def _inside(real_root: str, path: str) -> bool:
-    return os.path.commonpath([real_root, os.path.realpath(path)]) == real_root
+    return leads_inside(real_root, path)
 
 
 def _holds_tensors(name: str) -> bool:
