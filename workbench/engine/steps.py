@@ -24,6 +24,8 @@ from .copier import CopyQueue
 from .memory import HeldBytes
 from .sources import SourceFiles
 
+WRITEBACK_PIECE = 1 << 20  # written pieces at least this large start their writeback at once (the commit fsync finds them on disk)
+
 
 @dataclass
 class RankContext:
@@ -118,6 +120,10 @@ def run_copy(ctx: RankContext, step: Step) -> None:
                             data = whole[piece.source] = read_buffer(ctx, info)
                             ctx.held.hold(len(data))
                         writer.write(out_name, memoryview(data)[piece.begin : piece.end], at)
+                        if piece.length >= WRITEBACK_PIECE:  # bytes that came from a reader (a URL): on disk by commit
+                            start = getattr(writer, "start_writeback", None)
+                            if start is not None:
+                                start(out_name, at, piece.length)
                 at += piece.length
             ctx.done_bytes += at
     finally:
