@@ -192,6 +192,36 @@ def test_cli_convert_and_measured_peak_within_plan(zero_root: Path, tmp_path: Pa
     assert 0 < report.peak_tensor_bytes <= report.predicted_peak_bytes
 
 
+def test_selection_options_reach_the_cli_and_every_worker(zero_root: Path, tmp_path: Path) -> None:
+    """--zero-weights / --zero-moments (and open_checkpoint's options) list the same tensors in every worker."""
+    import torch
+    from safetensors.torch import load_file
+
+    import workbench as wb
+    from tests.conftest import load_checked
+    from workbench.cli import main
+    from workbench.errors import CheckpointError
+    from workbench.formats.deepspeed import OPTIM_PREFIX
+
+    run = zero_root / "stage2"
+    want = wb.open_checkpoint(run, weights="module", moments=True)
+    assert want.catalog.open_options == {"weights": "module", "moments": True}
+    assert any(n.startswith(OPTIM_PREFIX) for n in want.catalog) and want.catalog["model.norm.weight"].dtype == "BF16"
+    out = tmp_path / "cli"
+    assert main(["convert", str(run), str(out), "--zero-weights", "module", "--zero-moments", "--nproc", "2",
+                 "--launcher", "local", "--shard-size", "300KB", "--quiet"]) == 0
+    got: dict = {}
+    for f in out.glob("*.safetensors"):
+        got.update(load_file(str(f)))
+    assert set(got) == set(want.catalog)
+    for name in got:
+        assert torch.equal(got[name], load_checked(want.catalog, name)), name
+    with pytest.raises(CheckpointError, match=r"with colour: it is a deepspeed checkpoint, whose options are: weights, moments"):
+        wb.open_checkpoint(run, colour="red")
+    with pytest.raises(CheckpointError, match=r"with weights: it is a safetensors checkpoint, whose options are: none"):
+        wb.open_checkpoint(out, weights="module")
+
+
 def test_hostile_tag_and_truncated_rank_file(zero_root: Path, tmp_path: Path) -> None:
     """A `latest` naming a folder outside the run is not followed; a truncated rank file fails with a clear error."""
     import shutil

@@ -98,6 +98,9 @@ class Catalog(Mapping[str, TensorInfo]):
     file_metadata: dict[str, dict[str, str]] = field(default_factory=dict)
     # The URL a remote checkpoint was opened from (hf://, https://, s3://); '' for local ones, whose `root` says it.
     url: str = ""
+    # Keyword arguments the format's opener took beyond the path (a DeepSpeed run's `weights` / `moments`):
+    # workers on other processes reopen the source with them, so they list the same tensors.
+    open_options: dict[str, object] = field(default_factory=dict)
 
     @property
     def location(self) -> str:

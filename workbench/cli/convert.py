@@ -54,6 +54,11 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
                         help="training checkpoints: keep the model weights only (prefixes stripped), or everything")
     parser.add_argument("--lightning-weights", choices=("ema", "model"),
                         help="Lightning checkpoints: extract the EMA weights or the live model weights (prefixes stripped)")
+    parser.add_argument("--zero-weights", choices=("fp32", "module"),
+                        help="DeepSpeed runs: the fp32 master weights (default, as zero_to_fp32) or the lower-precision "
+                             "module weights as saved (ZeRO 1 and 2)")
+    parser.add_argument("--zero-moments", action="store_true",
+                        help="DeepSpeed runs: also list Adam's moments as optimizer.state.<name>.exp_avg[_sq]")
 
 
 def plan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -92,7 +97,25 @@ def _source(args: argparse.Namespace) -> Any:
         extra[name] = path
     if args.adapter:
         extra["adapter"] = args.adapter
+    options = open_options(args)
+    if options:
+        if extra:
+            raise MapperError("Cannot combine --zero-weights / --zero-moments with --source or --adapter: open the "
+                              "DeepSpeed run alone.")
+        from ..formats import open_catalog
+
+        return open_catalog(args.source, **options)
     return {"base": args.source, **extra} if extra else args.source
+
+
+def open_options(args: argparse.Namespace) -> dict[str, object]:
+    """The format options the command line asks for (DeepSpeed's weight selection and moments)."""
+    options: dict[str, object] = {}
+    if getattr(args, "zero_weights", None):
+        options["weights"] = args.zero_weights
+    if getattr(args, "zero_moments", False):
+        options["moments"] = True
+    return options
 
 
 def _mapper(args: argparse.Namespace) -> tuple[Any, str]:
@@ -103,7 +126,7 @@ def _mapper(args: argparse.Namespace) -> tuple[Any, str]:
         from ..mapper import Sequential
         from ..mapper.suggest import build_preset, find_config
 
-        source: Any = open_catalog(args.source)
+        source: Any = open_catalog(args.source, **open_options(args))
         chain = []
         for name in [part.strip() for part in args.preset.split(",") if part.strip()]:
             if chain:  # a later preset sees what the earlier ones make (e.g. dequantize_fp8,from_transformers)

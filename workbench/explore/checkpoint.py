@@ -425,7 +425,7 @@ class Checkpoint:
         )
 
 
-def open_checkpoint(path: CheckpointLike) -> Checkpoint:
+def open_checkpoint(path: CheckpointLike, **options: object) -> Checkpoint:
     """Open a checkpoint file, folder or URL (hf://org/repo[@rev][/sub], https://, s3://) from its headers alone;
     the format is detected.
 
@@ -436,7 +436,13 @@ def open_checkpoint(path: CheckpointLike) -> Checkpoint:
     Passing a `Checkpoint` returns it; passing a `Catalog` wraps it. A mapping of source names to paths
     (`{"base": "base/", "adapter": "lora/"}`) opens them as one catalog: the first source keeps its
     names, the others are scoped `NAME::tensor` (see workbench.formats.multi).
+
+    `options` choose what some formats list, e.g. a DeepSpeed run's
+    `wb.open_checkpoint("run/", weights="module", moments=True)` (see docs/deepspeed.md).
     """
+    if options and not isinstance(path, (str, os.PathLike)):
+        raise WorkbenchError(f"Cannot open with {', '.join(sorted(options))}: options apply to a path, not to an opened "
+                             f"{type(path).__name__}. Pass the path.")
     if isinstance(path, Checkpoint):
         return path
     if isinstance(path, Catalog):
@@ -447,4 +453,4 @@ def open_checkpoint(path: CheckpointLike) -> Checkpoint:
         return Checkpoint(open_sources(path))
     from ..formats import open_catalog
 
-    return Checkpoint(open_catalog(path))
+    return Checkpoint(open_catalog(path, **options))

@@ -21,28 +21,53 @@ FORMATS: list[tuple[str, Callable[[Path], bool], Callable[[Path], Catalog]]] = [
 ]
 
 
-def register(name: str, detect: Callable[[Path], bool], open_: Callable[[Path], Catalog], *, first: bool = False) -> None:
-    """Add a format; `first=True` puts it ahead of the others (for more specific layouts)."""
+# Format name -> the keyword options its opener takes (e.g. which weights of a DeepSpeed run to list).
+OPTIONS: dict[str, tuple[str, ...]] = {}
+
+
+def register(name: str, detect: Callable[[Path], bool], open_: Callable[..., Catalog], *, first: bool = False,
+             options: tuple[str, ...] = ()) -> None:
+    """Add a format; `first=True` puts it ahead of the others (for more specific layouts). `options` names
+    the keyword arguments `open_` accepts beyond the path."""
     entry = (name, detect, open_)
     if first:
         FORMATS.insert(0, entry)
     else:
         FORMATS.append(entry)
+    OPTIONS[name] = tuple(options)
 
 
-def open_catalog(path: str | os.PathLike) -> Catalog:
-    """Open any supported checkpoint (file, folder, or URL: hf://, http(s)://, s3://) from its headers alone."""
+def _refuse_options(where: object, options: dict, name: str) -> None:
+    unknown = sorted(set(options) - set(OPTIONS.get(name, ())))
+    if unknown:
+        takes = ", ".join(OPTIONS.get(name, ())) or "none"
+        raise CheckpointError(f"Cannot open {where} with {', '.join(unknown)}: it is a {name} checkpoint, whose options "
+                              f"are: {takes}. Drop the others.", file=str(where))
+
+
+def open_catalog(path: str | os.PathLike, **options: object) -> Catalog:
+    """Open any supported checkpoint (file, folder, or URL: hf://, http(s)://, s3://) from its headers alone.
+
+    `options` go to the format's opener (e.g. `weights="module", moments=True` for a DeepSpeed run) and are
+    recorded on the catalog, so that workers on other processes open the same selection."""
     if remote.is_remote(path):
+        _refuse_options(path, options, "remote")
         from .remote_safetensors import open_url
 
         return open_url(str(path))
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"Cannot open checkpoint {p}: no such file or folder. Check the path.", file=str(p))
-    for _name, detect, open_ in FORMATS:
+    for name, detect, open_ in FORMATS:
         if detect(p):
-            return open_(p)
+            if not options:
+                return open_(p)
+            _refuse_options(p, options, name)
+            catalog = open_(p, **options)
+            catalog.open_options = dict(options)
+            return catalog
     if p.is_file() and looks_like_safetensors(p):
+        _refuse_options(p, options, "safetensors")
         return safetensors_folder.open_file(p)
     kind = "folder" if p.is_dir() else "file"
     raise CheckpointError(
@@ -57,7 +82,7 @@ def open_catalog(path: str | os.PathLike) -> Catalog:
 from . import atorch, dcp, deepspeed, torch_folder, torch_zip  # noqa: E402
 
 register("dcp", dcp.detect, dcp.open_path, first=True)
-register("deepspeed", deepspeed.detect, deepspeed.open_path, first=True)
+register("deepspeed", deepspeed.detect, deepspeed.open_path, first=True, options=("weights", "moments"))
 register("atorch-flat", atorch.detect, atorch.open_path, first=True)
 register("torch-sharded", torch_folder.detect, torch_folder.open_path)
 register("torch", torch_zip.detect, torch_zip.open_path)

@@ -45,6 +45,7 @@ _MODEL3 = re.compile(r"^zero_pp_rank_(?P<rank>\d+)_mp_rank_(?P<mp>\d+)_model_sta
 _MODEL = re.compile(r"^mp_rank_(?P<mp>\d+)_model_states\.pt$")
 _STEP = re.compile(r"^global_step(\d+)$")
 WEIGHTS = ("fp32", "module")
+DEFAULT_OPTIONS = {"weights": "fp32", "moments": False}
 OPTIM_PREFIX = "optimizer.state."
 MAX_TAG_BYTES = 4096
 MODEL_EXTRAS = ("config.json", "generation_config.json")
@@ -578,9 +579,11 @@ def open_deepspeed(path: str | os.PathLike, *, weights: str = "fp32", moments: b
         tensors = [*masters, *frozen_tensors(ck), *buffer_tensors(ck)]
     if moments:
         tensors += moment_tensors(ck, masters)
-    return _catalog(ck, tensors, weights)
+    catalog = _catalog(ck, tensors, weights)
+    catalog.open_options = {k: v for k, v in (("weights", weights), ("moments", moments)) if v != DEFAULT_OPTIONS[k]}
+    return catalog
 
 
-def open_path(path: Path) -> Catalog:
-    """Open a DeepSpeed checkpoint with the default selection (the fp32 master weights)."""
-    return open_deepspeed(path)
+def open_path(path: Path, *, weights: str = "fp32", moments: bool = False) -> Catalog:
+    """Open a DeepSpeed checkpoint: the fp32 master weights by default (see `open_deepspeed`)."""
+    return open_deepspeed(path, weights=weights, moments=moments)

@@ -30,6 +30,8 @@ class Job:
     kept: list[str] = field(default_factory=list)
     # Mapper-file folders and mapper files the mapper's Functions import (see mapper.files.import_context).
     imports: dict = field(default_factory=dict)
+    # The source's open options (Catalog.open_options), so workers list the same tensors.
+    open_options: dict = field(default_factory=dict)
 
     def to_json(self) -> str:
         """The job as a JSON string."""
@@ -65,6 +67,7 @@ def job_for(plan: Plan) -> Job:
         fingerprint=plan.fingerprint,
         kept=sorted(plan.kept),
         imports=import_context(plan.mapper),
+        open_options=dict(plan.source.open_options),
     )
 
 
@@ -83,7 +86,7 @@ def replan(job: Job) -> Plan:
 
         catalog = open_sources({name: path for name, path in job.source})
     else:
-        catalog = open_catalog(job.source)
+        catalog = open_catalog(job.source, **job.open_options)
     plan = build_plan(catalog, mapper, PlanOptions(**job.options), Path(job.dest), check_dest=False, kept=job.kept)
     if plan.fingerprint != job.fingerprint:
         raise PlanError(
