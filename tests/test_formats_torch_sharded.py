@@ -94,7 +94,7 @@ def test_missing_shard_and_wrong_claims_name_the_file_and_tensor(bin_folder, tmp
     def drop(folder, weight_map):
         (folder / "pytorch_model-00002-of-00003.bin").unlink()
 
-    with pytest.raises(CheckpointError, match=r"shard pytorch_model-00002-of-00003\.bin named by pytorch_model\.bin\.index\.json is missing \(it should hold \d+ tensors, e\.g\. '[^']+'\)\. Download"):
+    with pytest.raises(CheckpointError, match=r"\(tensor '[^']+'\): shard pytorch_model-00002-of-00003\.bin named by pytorch_model\.bin\.index\.json is missing \(it should hold \d+ tensors\)\. Download"):
         wb.open_checkpoint(_edited(bin_folder, tmp_path, drop))
 
     def misplace(folder, weight_map):

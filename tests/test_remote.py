@@ -636,7 +636,7 @@ def test_hub_cache_snapshot_opens_and_converts_like_the_folder(hub, served, tmp_
     from huggingface_hub import hf_hub_download
 
     for f in sorted(p.name for p in (served / "llama").iterdir()):
-        path = hf_hub_download("org/llama", f, cache_dir=tmp_path / "hf")
+        path = hf_hub_download("org/llama", f, cache_dir=tmp_path / "hf", endpoint=hub.url)
     snapshot = Path(path).parent
     assert snapshot.parent.name == "snapshots" and os.path.islink(snapshot / SHARDS[0])
     ck = wb.open_checkpoint(snapshot)
@@ -650,7 +650,7 @@ def test_hub_cache_links_may_lead_into_blobs_only(hub, served, tmp_path):
     from huggingface_hub import hf_hub_download
 
     for f in sorted(p.name for p in (served / "llama").iterdir()):
-        path = hf_hub_download("org/llama", f, cache_dir=tmp_path / "hf")
+        path = hf_hub_download("org/llama", f, cache_dir=tmp_path / "hf", endpoint=hub.url)
     snapshot = Path(path).parent
     secret = tmp_path / "secret.json"
     secret.write_text('{"token": "hf_secret"}')

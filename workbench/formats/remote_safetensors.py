@@ -22,7 +22,7 @@ from . import remote_cache
 from .remote import RemoteError, RemoteFile, RemoteStore, open_store
 from .safetensors import MAX_HEADER_BYTES, SUFFIX, SafetensorsHeader, file_info, gc_paused, parse_header_bytes
 from .safetensors_folder import INDEX_NAME, SINGLE_NAME, parse_index_bytes
-from .shard_index import check_claims, missing_shard, shard_map
+from .shard_index import check_claims, check_shard_present, shard_map
 
 # 8-byte length + JSON in one request for all but very large headers (a 400 GB repo's shards have ~50-150 KB).
 FIRST_READ = 256 * 1024
@@ -196,8 +196,8 @@ def _open(store: RemoteStore) -> Catalog:
     headers: dict[str, SafetensorsHeader] = {}
     for rel in names:
         file = store.file(rel)
-        if file is None:
-            raise missing_shard(url, index_name, rel, "missing", shard_of or {}, file=store.where(rel))
+        check_shard_present(url, index_name, rel, "missing" if file is None else None, shard_of or {})
+        assert file is not None
         headers[rel] = read_remote_header(store, file)
     if shard_of is None:
         tensors, more = check_claims(url, "the shards", {i.name: rel for rel, h in headers.items() for i in h.tensors},

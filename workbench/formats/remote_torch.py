@@ -21,7 +21,7 @@ from ..errors import CheckpointError
 from . import remote_cache, torch_zip
 from .remote import RemoteFile, RemoteStore
 from .remote_safetensors import PARALLEL, RemoteReader
-from .shard_index import missing_shard, shard_map
+from .shard_index import check_shard_present, shard_map
 from .torch_folder import join_shards
 
 TORCH_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
@@ -138,8 +138,8 @@ def open_torch_sharded(store: RemoteStore, index_file: RemoteFile, url: str, war
     handles: dict[str, RangeFile] = {}
     for rel in shards:
         file = store.file(rel)
-        if file is None:
-            raise missing_shard(url, index_name, rel, "missing", shard_of, file=store.where(rel))
+        check_shard_present(url, index_name, rel, "missing" if file is None else None, shard_of)
+        assert file is not None
         catalogs[rel], handles[rel] = _open_part(store, file)
     tensors, tables, more = join_shards(url, index_name, shard_of, catalogs)
     files = {}

@@ -16,7 +16,7 @@ from ..iostats import file_kind
 from .json_errors import json_problem
 from .links import leads_inside
 from .safetensors import SUFFIX, FileReader, SafetensorsHeader, file_info, gc_paused, read_header
-from .shard_index import check_claims, missing_shard, shard_map
+from .shard_index import check_claims, check_shard_present, shard_map
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -168,8 +168,7 @@ def open_indexed(folder: Path, index_path: Path) -> Catalog:
     for rel in shards:
         path = folder / rel
         kind = file_kind(path)
-        if kind is not None:
-            raise missing_shard(str(folder), index_path.name, rel, shard_state(kind), shard_of, file=str(path))
+        check_shard_present(str(folder), index_path.name, rel, kind and shard_state(kind), shard_of)
         headers[rel] = read_header(path, rel=rel)
     tensors, warnings = check_claims(str(folder), index_path.name, shard_of, {rel: h.tensors for rel, h in headers.items()})
     return _catalog(

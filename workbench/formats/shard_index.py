@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 
 from ..catalog import TensorInfo
-from ..errors import CheckpointError
+from ..errors import CannotRead, CheckpointError
+
+_fail = CannotRead("sharded checkpoint", "Regenerate the index or re-download the shards.")
 
 
 def shard_map(weight_map: Mapping[str, object], member: Callable[[object, str], str], index_name: str) -> tuple[dict[str, str], list[str]]:
@@ -28,16 +30,15 @@ def shard_map(weight_map: Mapping[str, object], member: Callable[[object, str], 
     return shard_of, sorted(set(shard_of.values()))
 
 
-def missing_shard(where: str, index_name: str, rel: str, state: str, shard_of: Mapping[str, str], *, file: str) -> CheckpointError:
-    """The error for a shard the index names that is not there (or is not a regular file)."""
+def check_shard_present(where: str, index_name: str, rel: str, state: str | None, shard_of: Mapping[str, str]) -> None:
+    """Raise when a shard the index names is not there (`state` 'missing') or is not a regular file; `state`
+    None means it is fine."""
+    if state is None:
+        return
     users = [n for n, r in shard_of.items() if r == rel]
     fix = "Download the missing shard." if state == "missing" else "Replace it with the shard file."
-    return CheckpointError(
-        f"Cannot open checkpoint {where}: shard {rel} named by {index_name} is {state} "
-        f"(it should hold {len(users)} tensors, e.g. {users[0]!r}). {fix}",
-        file=file,
-        tensor=users[0] if users else None,
-    )
+    raise _fail(where, f"shard {rel} named by {index_name} is {state} (it should hold {len(users)} tensors)",
+                users[0] if users else None, fix=fix)
 
 
 def check_claims(where: str, index_name: str, shard_of: Mapping[str, str], held: Mapping[str, Iterable[TensorInfo]]) -> tuple[dict[str, TensorInfo], list[str]]:

@@ -15,7 +15,7 @@ from ..catalog import Catalog, FileInfo, TensorInfo
 from ..iostats import file_kind
 from . import torch_zip
 from .safetensors_folder import is_extra, read_index, safe_member, shard_state
-from .shard_index import check_claims, missing_shard, shard_map
+from .shard_index import check_claims, check_shard_present, shard_map
 
 TORCH_INDEX_NAME = "pytorch_model.bin.index.json"
 TORCH_INDEX_SUFFIXES = (".bin.index.json", ".pt.index.json", ".pth.index.json")
@@ -82,8 +82,7 @@ def open_path(path: Path) -> Catalog:
     catalogs: dict[str, Catalog] = {}
     for rel in shards:
         kind = file_kind(folder / rel)
-        if kind is not None:
-            raise missing_shard(str(folder), index_name, rel, shard_state(kind), shard_of, file=str(folder / rel))
+        check_shard_present(str(folder), index_name, rel, kind and shard_state(kind), shard_of)
         catalogs[rel] = torch_zip.open_path(folder / rel)
     tensors, tables, warnings = join_shards(str(folder), index_name, shard_of, catalogs)
     files = {}
