@@ -24,6 +24,8 @@ DEEPSPEED = os.environ.get("WB_DEEPSPEED_VERSION", "")  # empty: what the resolv
 REPO = Path(__file__).resolve().parent.parent
 CACHE = REPO / ".cache" / "fixtures"
 STAGES = tuple(int(s) for s in os.environ.get("WB_ZERO_STAGES", "1,2,3").split(","))
+# fp16 runs (loss scaler, fp16 module weights) for these stages too; bf16 for every stage in STAGES.
+FP16_STAGES = tuple(int(s) for s in os.environ.get("WB_ZERO_FP16_STAGES", "2,3").split(",") if s)
 HIDDEN = int(os.environ.get("WB_ZERO_HIDDEN", "64"))
 LAYERS = int(os.environ.get("WB_ZERO_LAYERS", "2"))
 
@@ -31,7 +33,12 @@ TRAIN = r'''
 import json, os, sys
 import torch, deepspeed
 from transformers import LlamaConfig, LlamaForCausalLM
-stage, out, hidden, layers = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+stage, out, hidden, layers, dtype = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+if dtype == "fp16":
+    # DeepSpeed's CPU accelerator refuses fp16 when oneDNN lacks fp16 kernels; that is a check of this CPU's speed,
+    # not of the file format: torch computes fp16 on any CPU, and the checkpoint is what a GPU run writes.
+    from deepspeed.accelerator import get_accelerator
+    type(get_accelerator()).is_fp16_supported = lambda self: True
 torch.manual_seed(0)
 cfg = LlamaConfig(vocab_size=250, hidden_size=hidden, intermediate_size=2 * hidden + 6, num_hidden_layers=layers,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)
@@ -40,7 +47,8 @@ model = LlamaForCausalLM(cfg)
 model.model.layers[0].input_layernorm.weight.requires_grad_(False)
 params = [p for p in model.parameters() if p.requires_grad]
 opt = torch.optim.AdamW(params, lr=1e-2)
-ds = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+precision = {"fp16": {"enabled": True, "initial_scale_power": 8}} if dtype == "fp16" else {"bf16": {"enabled": True}}
+ds = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, **precision,
       "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True, "steps_per_print": 1000}
 engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=ds)
 g = torch.Generator().manual_seed(1 + engine.global_rank)
@@ -114,13 +122,14 @@ def build_venv(root: Path) -> Path:
     return py
 
 
-FIXTURE_VERSION = 2  # bump when what the fixtures hold changes
+FIXTURE_VERSION = 3  # bump when what the fixtures hold changes
 
 
 def fixture_root() -> Path:
     """The cache folder for these tool versions and model sizes (without building anything)."""
     ds = installed_deepspeed() or DEEPSPEED or "latest"
-    return CACHE / f"deepspeed-{ds}-torch-{TORCH}-h{HIDDEN}-l{LAYERS}-s{''.join(map(str, STAGES))}-v{FIXTURE_VERSION}"
+    fp16 = f"-f{''.join(map(str, FP16_STAGES))}" if FP16_STAGES else ""
+    return CACHE / f"deepspeed-{ds}-torch-{TORCH}-h{HIDDEN}-l{LAYERS}-s{''.join(map(str, STAGES))}{fp16}-v{FIXTURE_VERSION}"
 
 
 def build(root: Path) -> Path:
@@ -135,13 +144,15 @@ def build(root: Path) -> Path:
     env = _env(root)
     (root / "train.py").write_text(TRAIN)
     (root / "reference.py").write_text(REFERENCE)
-    for stage in STAGES:
-        out = root / f"stage{stage}"
+    runs = [(stage, "bf16", f"stage{stage}") for stage in STAGES]
+    runs += [(stage, "fp16", f"stage{stage}-fp16") for stage in FP16_STAGES]
+    for stage, dtype, name in runs:
+        out = root / name
         if (out / "reference.safetensors").exists():
             continue
-        port = str(29600 + stage)
+        port = str(29600 + stage + (10 if dtype == "fp16" else 0))
         _run([str(py), "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port,
-              str(root / "train.py"), str(stage), str(out), str(HIDDEN), str(LAYERS)], env=env, cwd=root)
+              str(root / "train.py"), str(stage), str(out), str(HIDDEN), str(LAYERS), dtype], env=env, cwd=root)
         _run([str(py), str(root / "reference.py"), str(out), str(out / "reference.safetensors")], env=env, cwd=root)
     version = subprocess.run([str(py), "-c", "import deepspeed; print(deepspeed.__version__)"], env=env,
                              capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]

@@ -16,6 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "make_deepspeed_fixtures.py"
+RUNS = ["stage1", "stage2", "stage3", "stage2-fp16", "stage3-fp16"]  # fp16: loss-scaled runs, fp16 module weights
 
 
 @pytest.fixture(scope="module")
@@ -52,23 +53,23 @@ def test_open_detects_run_and_step_folder(zero_root: Path, stage: int) -> None:
         assert tuple(row["shape"]) == tuple(t.shape), name
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3])
-def test_every_tensor_equals_zero_to_fp32(zero_root: Path, stage: int) -> None:
+@pytest.mark.parametrize("name", RUNS)
+def test_every_tensor_equals_zero_to_fp32(zero_root: Path, name: str) -> None:
     import torch
 
     from tests.conftest import load_checked
     from workbench.formats.deepspeed import open_deepspeed
 
-    run = zero_root / f"stage{stage}"
+    run = zero_root / name
     catalog = open_deepspeed(run)
     ref = _reference(run / "reference.safetensors")
-    assert catalog.metadata["zero_stage"] == str(stage) and catalog.metadata["world_size"] == "2"
+    assert catalog.metadata["zero_stage"] == name[5] and catalog.metadata["world_size"] == "2"
     spanning = 0
-    for name, want in ref.items():
-        got = load_checked(catalog, name)
-        assert got.dtype == want.dtype, name
-        assert torch.equal(got.view(torch.uint8) if got.numel() else got, want.view(torch.uint8) if want.numel() else want), name
-        spanning += "," in str(catalog.columns["ranks"].get(name, ""))
+    for tensor, want in ref.items():
+        got = load_checked(catalog, tensor)
+        assert got.dtype == want.dtype, tensor
+        assert torch.equal(got.view(torch.uint8) if got.numel() else got, want.view(torch.uint8) if want.numel() else want), tensor
+        spanning += "," in str(catalog.columns["ranks"].get(tensor, ""))
     assert spanning > 0  # some parameters really are assembled from both ranks
 
 
@@ -138,23 +139,27 @@ def test_module_weights_and_moments_are_separate_selections(zero_root: Path) -> 
     assert avg.shape == fp32[name].shape and bool((sq >= 0).all()) and bool(avg.abs().sum() > 0)
     with pytest.raises(CheckpointError, match="stage 3 saves no module weights"):
         open_deepspeed(zero_root / "stage3", weights="module")
+    half = open_deepspeed(zero_root / "stage2-fp16", weights="module")  # an fp16 run's module weights are fp16
+    masters = open_deepspeed(zero_root / "stage2-fp16")
+    assert {half[n].dtype for n in half} == {"F16"}
+    assert torch.equal(load_checked(half, name), load_checked(masters, name).to(torch.float16))
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3])
-def test_masters_and_moments_equal_deepspeeds_live_gather(zero_root: Path, stage: int) -> None:
+@pytest.mark.parametrize("name", RUNS)
+def test_masters_and_moments_equal_deepspeeds_live_gather(zero_root: Path, name: str) -> None:
     """Adam moments (and masters) equal what DeepSpeed's safe_get_full_optimizer_state gathered in training."""
     import torch
 
     from tests.conftest import load_checked
     from workbench.formats.deepspeed import open_deepspeed
 
-    run = zero_root / f"stage{stage}"
+    run = zero_root / name
     ck = open_deepspeed(run, moments=True)
     live = _reference(run / "live_reference.safetensors")
     assert any(k.endswith(".exp_avg_sq") for k in live)
-    for name, want in live.items():
-        got = load_checked(ck, name)
-        assert torch.equal(got, want.reshape(got.shape)), name
+    for tensor, want in live.items():
+        got = load_checked(ck, tensor)
+        assert torch.equal(got, want.reshape(got.shape)), tensor
 
 
 def test_missing_rank_file_is_refused(zero_root: Path, tmp_path: Path) -> None:
