@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 CACHE = REPO / ".cache" / "fixtures"
 STAGES = tuple(int(s) for s in os.environ.get("WB_ZERO_STAGES", "1,2,3").split(","))
 # fp16 runs (loss scaler, fp16 module weights) for these stages too; bf16 for every stage in STAGES.
-FP16_STAGES = tuple(int(s) for s in os.environ.get("WB_ZERO_FP16_STAGES", "2,3").split(",") if s)
+FP16_STAGES = tuple(int(s) for s in os.environ.get("WB_ZERO_FP16_STAGES", "2").split(",") if s)
 HIDDEN = int(os.environ.get("WB_ZERO_HIDDEN", "64"))
 LAYERS = int(os.environ.get("WB_ZERO_LAYERS", "2"))
 

@@ -16,7 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "make_deepspeed_fixtures.py"
-RUNS = ["stage1", "stage2", "stage3", "stage2-fp16", "stage3-fp16"]  # fp16: loss-scaled runs, fp16 module weights
+RUNS = ["stage1", "stage2", "stage3", "stage2-fp16"]  # fp16: loss-scaled runs, fp16 module weights
 
 
 @pytest.fixture(scope="module")
