@@ -142,7 +142,7 @@ def test_public_entry_points_type_their_closed_choices_and_show_an_example() -> 
     entry_points = [wb.convert, wb.plan, execute, wb.open_checkpoint, wb.load_into, wb.save_from, check_target]
     for function in entry_points:
         hints = typing.get_type_hints(function)
-        for name, choices in (("rest", {"keep", "drop", "error"}), ("launcher", {"torchrun", "local"}),
+        for name, choices in (("rest", {"keep", "drop", "error"}), ("launcher", {"auto", "torchrun", "local"}),
                               ("on_overflow", {"warn", "error"})):
             if name in hints:
                 assert set(typing.get_args(hints[name])) == choices, (function.__name__, name)

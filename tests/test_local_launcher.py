@@ -102,7 +102,7 @@ def test_a_killed_local_worker_stops_the_others_and_names_the_rank(llama_sample:
 
 
 def test_an_unknown_launcher_is_refused_before_anything_is_written(llama_sample: Path, tmp_path: Path) -> None:
-    with pytest.raises(PlanError, match="unknown launcher 'mpirun'.*'torchrun'.*'local'"):
+    with pytest.raises(PlanError, match="unknown launcher 'mpirun'.*'auto'.*'local'.*'torchrun'"):
         wb.convert(llama_sample, tmp_path / "out", nproc=2, quiet=True, launcher="mpirun")
     assert not (tmp_path / "out").exists()
 

@@ -25,8 +25,9 @@ CheckpointLike = str | os.PathLike | Catalog | HasCatalog | Mapping[str, str | o
 Rest = Literal["keep", "drop", "error"]
 """What happens to source tensors no operation mentions: passed through, left out, or refused."""
 
-Launcher = Literal["torchrun", "local"]
-"""How `nproc > 1` workers start: torchrun's agent, or the workbench's own launcher (one machine, no torch import)."""
+Launcher = Literal["auto", "torchrun", "local"]
+"""How `nproc > 1` workers start on this machine: "auto" (the default: the local launcher), "local" (the
+workbench's own, no torch import) or "torchrun" (torchrun's agent). Multi-node runs go under the user's torchrun."""
 
 OnOverflow = Literal["warn", "error"]
 """What a cast does with values its dtype cannot hold: count and report them, or fail before the index."""

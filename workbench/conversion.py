@@ -58,7 +58,7 @@ def run_local(plan: Plan, *, quiet: bool = False, on_progress: ProgressCallback 
 NOTEBOOK_DISPLAY = True
 
 
-def notebook_display(plan: Plan, on_progress: ProgressCallback | None = None, launcher: str = "torchrun") -> Any:
+def notebook_display(plan: Plan, on_progress: ProgressCallback | None = None, launcher: str = "auto") -> Any:
     """The RunPanel that runs `plan` with live per-rank progress in a notebook; None outside a Jupyter
     kernel, when NOTEBOOK_DISPLAY is off, or when ipywidgets is missing."""
     if not NOTEBOOK_DISPLAY or not in_jupyter_kernel():
@@ -71,13 +71,13 @@ def notebook_display(plan: Plan, on_progress: ProgressCallback | None = None, la
 
 
 def execute(plan: Plan, *, quiet: bool = False, on_progress: ProgressCallback | None = None, verify: bool = False,
-            launcher: Launcher = "torchrun") -> RunReport:
+            launcher: Launcher = "auto") -> RunReport:
     """Run an existing plan (made with a destination): here when nproc is 1, else on worker processes.
 
         plan = wb.plan("llama/", mapper, dest="out/")
         report = execute(plan) if plan.ok else None
 
-    `launcher` starts the workers: "torchrun" or "local" (see `wb.convert`). `verify=True` re-reads
+    `launcher` starts the workers: "auto" (local), "local" or "torchrun" (see `wb.convert`). `verify=True` re-reads
     every output afterwards and compares it with the source (`report.verification`).
     """
     require_runnable(plan)
@@ -122,16 +122,17 @@ def convert(
     chunk_size: int | str = DEFAULT_CHUNK,
     to: OutputName = "safetensors",
     verify: bool = False,
-    launcher: Launcher = "torchrun",
+    launcher: Launcher = "auto",
     on_overflow: OnOverflow = "warn",
 ) -> RunReport:
     """Convert `source` into HF safetensors shards in `dest`, exactly as `wb.plan` describes.
 
         report = wb.convert("llama/", "out/", M.presets.hf_to_fused("llama/"), shard_size="2GB", dtype="bf16", verify=True)
 
-    `nproc > 1` starts torchrun workers; `launcher="local"` starts the same workers without torchrun
-    (one machine; they need no process group, so this saves torchrun's start-up of about 1.6 s).
-    Inside a torchrun job each rank does its share in place.
+    `nproc > 1` starts worker processes on this machine with the torch-free local launcher (the default,
+    `launcher="auto"`; they need no process group, so this saves torchrun's start-up of about 1.6 s), or
+    with torchrun (`launcher="torchrun"`). Inside a torchrun job each rank does its share in place: that
+    is how a multi-node conversion runs (`torchrun --nnodes N ... -m workbench convert SRC DST`).
     An interrupted run resumes when repeated with the same arguments. `on_progress(rank, done_bytes,
     total_bytes)` is called as bytes are written (return False to cancel); `quiet=True` hides the bar.
     `to='dcp'` writes a torch.distributed.checkpoint folder instead of safetensors shards (see `wb.plan`).

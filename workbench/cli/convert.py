@@ -1,7 +1,7 @@
 """The `workbench plan` and `workbench convert` subcommands (registered in `workbench.cli`).
 
     workbench plan SRC [--mapper mapper.py] [--preset NAME] [--shard-size 5GB] [--nproc N] [--dtype bf16] [--dest DST]
-    workbench convert SRC DST [--mapper mapper.py] [--preset NAME] [--shard-size 5GB] [--dtype bf16] [--nproc N] [--launcher local]
+    workbench convert SRC DST [--mapper mapper.py] [--preset NAME] [--shard-size 5GB] [--dtype bf16] [--nproc N] [--launcher auto|local|torchrun]
                       [--dry-run] [--no-extras] [--overwrite] [--rest keep|drop|error] [--quiet] [--verify]
                       [--on-overflow warn|error]
     (both also take [--to safetensors|dcp] [--select model|all] [--lightning-weights ema|model])
@@ -38,7 +38,7 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shard-size", default=None, help="largest shard, e.g. 5GB (decimal) or 500MiB (default 5GB; one file for --to gguf)")
     parser.add_argument("--dtype", help="store every floating-point tensor in this floating-point dtype (bf16, fp16, fp32, "
                                         "fp64, fp8, F8_E5M2 ...); integer and bool tensors are never cast")
-    parser.add_argument("--nproc", type=int, default=1, help="processes to run on (torchrun workers when > 1)")
+    parser.add_argument("--nproc", type=int, default=1, help="processes to run on (worker processes when > 1, see --launcher)")
     parser.add_argument("--rest", choices=("keep", "drop", "error"), default="keep",
                         help="what happens to tensors the mapper does not mention (default keep)")
     parser.add_argument("--no-extras", action="store_true", help="do not copy config.json, tokenizer files ...")
@@ -73,9 +73,10 @@ def convert_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", metavar="SRC", help="checkpoint file or folder")
     parser.add_argument("dest", metavar="DST", help="output folder (HF safetensors shards, or DCP with --to dcp)")
     _common_arguments(parser)
-    parser.add_argument("--launcher", choices=("torchrun", "local"), default="torchrun",
-                        help="how --nproc > 1 starts its workers: torchrun (default), or local (same workers, "
-                             "one machine, no torchrun start-up)")
+    parser.add_argument("--launcher", choices=("auto", "local", "torchrun"), default="auto",
+                        help="how --nproc > 1 starts its workers on this machine: auto (default: local), local (no "
+                             "torch import, no torchrun start-up) or torchrun; multi-node: run `workbench convert` "
+                             "under your own torchrun instead")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and stop")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument(

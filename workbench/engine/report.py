@@ -65,6 +65,7 @@ class RunReport:
     index_written: bool = False
     output_check: Any = None  # an OutputCheck when the run was verified (convert(..., verify=True))
     already_complete: bool = False  # the destination held this conversion's finished output: nothing ran
+    launcher: str = "in process"  # what ran the ranks: "in process", "local", "torchrun" or "in place" (user's torchrun)
 
     @classmethod
     def nothing_to_do(cls, plan: Any) -> RunReport:
@@ -165,6 +166,21 @@ class RunReport:
         """Bytes written per second of wall time."""
         return self.bytes_written / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def rank_balance(self) -> dict[str, float]:
+        """How evenly the ranks shared the work: the largest rank's bytes written and seconds over the
+        smallest's (1.0 = perfectly even). A planner that splits badly, or one slow rank, shows here."""
+        if len(self.ranks) < 2:
+            return {"bytes": 1.0, "seconds": 1.0}
+        written = [r.bytes_written for r in self.ranks]
+        seconds = [r.seconds for r in self.ranks]
+        return {"bytes": _spread(written), "seconds": _spread(seconds)}
+
+    def _balance_line(self) -> str:
+        balance = self.rank_balance
+        return (f"  rank balance (largest / smallest rank): bytes written {balance['bytes']:.2f}x, "
+                f"seconds {balance['seconds']:.2f}x")
+
     def _comparison(self) -> list[tuple[str, object, object]]:
         return [
             ("peak tensor bytes", self.predicted_peak_bytes, self.peak_tensor_bytes),
@@ -228,7 +244,9 @@ class RunReport:
         check = "yes" if self.files_match_plan else "NO"
         parts = [head, text_table(["", "predicted", "measured"], self._rows()), f"  files opened match the plan: {check}"]
         if self.nproc > 1:
+            parts.append(f"  ranks started by: {self.launcher}")
             parts.append(text_table(list(self._RANK_HEADERS), self._rank_rows()))
+            parts.append(self._balance_line())
         if self.output_check is not None:
             parts.append(self.output_check.summary())
         if self.overflow_warning is not None:
@@ -241,4 +259,13 @@ class RunReport:
     def _repr_html_(self) -> str:
         head = html.escape(self.summary().splitlines()[0])
         return (f"<div><b>{head}</b></div>" + html_table(["", "predicted", "measured"], self._rows())
-                + html_table(list(self._RANK_HEADERS), self._rank_rows()))
+                + html_table(list(self._RANK_HEADERS), self._rank_rows())
+                + (f"<div>{html.escape(self._balance_line().strip())}</div>" if self.nproc > 1 else ""))
+
+
+def _spread(values: list[float]) -> float:
+    """Largest over smallest; inf when one rank did nothing while another did something."""
+    largest, smallest = max(values), min(values)
+    if largest == 0:
+        return 1.0
+    return largest / smallest if smallest > 0 else float("inf")

@@ -125,5 +125,5 @@ def _run_locked(dist, source, dest, mapper, options, quiet, on_progress, locks: 
         predicted_files=plan.source_paths(), predicted_bytes_read=plan.bytes_read, predicted_bytes_written=plan.bytes_written,
         files=[f.name for f in plan.output_file_list] + (plan.commit_files if outcome["index"] else []),
         kept=sorted(plan.kept), extras=list(plan.extras),
-        index_written=outcome["index"],
+        index_written=outcome["index"], launcher="in place",
     )

@@ -2,8 +2,9 @@
 and cancelling cleanly.
 
 `Launch(plan).start()` prepares the destination, writes the job, and starts
-`python -m torch.distributed.run --standalone --nproc-per-node N -m workbench.launch.worker JOBDIR`
-(or, with `launcher="local"`, `python -m workbench.launch.local_run N JOBDIR`: the same workers).
+`python -m workbench.launch.local_run N JOBDIR` (the default, "auto"; torch-free) or, with
+`launcher="torchrun"`, `python -m torch.distributed.run --standalone --nproc-per-node N -m
+workbench.launch.worker JOBDIR`: the same workers.
 `wait()` turns the workers' JSON lines into `on_progress(rank, done, total)` calls (in the caller's
 thread) and one tqdm bar, then collects each rank's status into a `RunReport`, or raises an error
 naming the failed rank. `cancel()` (or `on_progress` returning False, or Ctrl-C) kills the launcher and
@@ -40,7 +41,7 @@ from .local_run import WORKER_MODULE
 KILL_GRACE_SECONDS = 5.0
 
 
-LAUNCHERS = ("torchrun", "local")
+LAUNCHERS = ("auto", "torchrun", "local")
 
 
 def torchrun_command(nproc: int, jobdir: Path, python: str = sys.executable) -> list[str]:
@@ -51,8 +52,7 @@ def torchrun_command(nproc: int, jobdir: Path, python: str = sys.executable) -> 
 
 def worker_command(launcher: str, nproc: int, jobdir: Path, python: str = sys.executable) -> list[str]:
     """The command line that starts the workers: torchrun's, or workbench's torch-free local one."""
-    check_launcher(launcher)
-    if launcher == "local":
+    if resolve_launcher(launcher) == "local":
         return [python, "-m", "workbench.launch.local_run", str(nproc), str(jobdir)]
     return torchrun_command(nproc, jobdir, python)
 
@@ -60,18 +60,29 @@ def worker_command(launcher: str, nproc: int, jobdir: Path, python: str = sys.ex
 def check_launcher(launcher: str) -> str:
     """`launcher` when it names a known way to start workers; a PlanError otherwise."""
     if launcher not in LAUNCHERS:
-        raise PlanError(f"Cannot start workers: unknown launcher {launcher!r}. Use 'torchrun' (the default) or "
-                        "'local' (same workers, one machine, without torchrun's start-up).")
+        raise PlanError(f"Cannot start workers: unknown launcher {launcher!r}. Use 'auto' (the default: the local "
+                        "launcher), 'local' (one machine, without torchrun's start-up) or 'torchrun'.")
     return launcher
+
+
+def resolve_launcher(launcher: str) -> str:
+    """The launcher that really starts the workers: "auto" means the local one.
+
+    The workers use no process group, so on one machine torchrun's agent adds only its start-up (~1.6 s
+    of importing torch). Multi-node jobs run in place under the user's own torchrun (see `launch.inplace`),
+    never through this launcher, so "auto" has no multi-node case to send to torchrun.
+    """
+    check_launcher(launcher)
+    return "local" if launcher == "auto" else launcher
 
 
 class Launch:
     """A running multi-process conversion of one plan."""
 
     def __init__(self, plan: Plan, *, quiet: bool = False, on_progress: ProgressCallback | None = None,
-                 env: dict[str, str] | None = None, launcher: Launcher = "torchrun") -> None:
+                 env: dict[str, str] | None = None, launcher: Launcher = "auto") -> None:
         self.plan = plan
-        self.launcher = check_launcher(launcher)
+        self.launcher = resolve_launcher(launcher)
         self.quiet = quiet
         self.on_progress = on_progress
         self.env = env
@@ -231,6 +242,7 @@ class Launch:
             predicted_bytes_read=self.plan.bytes_read, predicted_bytes_written=self.plan.bytes_written,
             files=[f.name for f in self.plan.output_file_list] + (self.plan.commit_files if final.get("index_written") else []),
             kept=sorted(self.plan.kept), extras=list(self.plan.extras), index_written=bool(final.get("index_written")),
+            launcher=self.launcher,
         )
 
     def _tail(self) -> str:
@@ -261,9 +273,9 @@ def _alive(pid: int) -> bool:
 
 
 def launch(plan: Plan, *, quiet: bool = False, on_progress: ProgressCallback | None = None,
-           launcher: Launcher = "torchrun") -> RunReport:
+           launcher: Launcher = "auto") -> RunReport:
     """Run `plan` on `plan.nproc` processes and wait for it."""
     return Launch(plan, quiet=quiet, on_progress=on_progress, launcher=launcher).start().wait()
 
 
-__all__ = ["LAUNCHERS", "Launch", "launch", "torchrun_command", "worker_command"]
+__all__ = ["LAUNCHERS", "Launch", "launch", "resolve_launcher", "torchrun_command", "worker_command"]

@@ -61,7 +61,7 @@ class RunPanel(Panel):
         *,
         plan: Plan | None = None,
         on_progress: ProgressCallback | None = None,
-        launcher: Launcher = "torchrun",
+        launcher: Launcher = "auto",
         **options: Any,
     ) -> None:
         options.pop("quiet", None)  # the panel is the progress display
@@ -320,7 +320,7 @@ class RunPanel(Panel):
         return self.report
 
 
-def live_display(plan: Plan, on_progress: ProgressCallback | None = None, launcher: Launcher = "torchrun") -> RunPanel:
+def live_display(plan: Plan, on_progress: ProgressCallback | None = None, launcher: Launcher = "auto") -> RunPanel:
     """Show a RunPanel for `plan` in the current cell; `wb.convert` then runs it with `panel.run()`.
 
     This is the notebook display the engine's progress module looks up instead of a tqdm bar.
