@@ -91,6 +91,20 @@ def _run(cmd: list[str], **kw) -> None:
     subprocess.run(cmd, check=True, **kw)
 
 
+def _run_twice(commands: list[list[str]], **kw) -> subprocess.CalledProcessError | None:
+    """Run the commands in order, a second time if one fails: gloo can abort a rank at interpreter exit
+    after the work is done (see the README's model I/O section), which is not a DeepSpeed failure."""
+    for attempt in range(2):
+        try:
+            for command in commands:
+                _run(command, **kw)
+            return None
+        except subprocess.CalledProcessError as exc:
+            if attempt == 1:
+                return exc
+    return None
+
+
 def _env(root: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
     env.update(DS_BUILD_OPS="0", DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
@@ -151,9 +165,14 @@ def build(root: Path) -> Path:
         if (out / "reference.safetensors").exists():
             continue
         port = str(29600 + stage + (10 if dtype == "fp16" else 0))
-        _run([str(py), "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port,
-              str(root / "train.py"), str(stage), str(out), str(HIDDEN), str(LAYERS), dtype], env=env, cwd=root)
-        _run([str(py), str(root / "reference.py"), str(out), str(out / "reference.safetensors")], env=env, cwd=root)
+        train = [str(py), "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port,
+                 str(root / "train.py"), str(stage), str(out), str(HIDDEN), str(LAYERS), dtype]
+        reference = [str(py), str(root / "reference.py"), str(out), str(out / "reference.safetensors")]
+        error = _run_twice([train, reference], env=env, cwd=root)
+        if error is not None:  # this run's tests skip with the reason; the other runs stay usable
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "failed").write_text(f"{error}\n")
+            print(f"warning: DeepSpeed run {name} failed twice ({error}); its tests will be skipped", file=sys.stderr)
     version = subprocess.run([str(py), "-c", "import deepspeed; print(deepspeed.__version__)"], env=env,
                              capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
     (root / "done").write_text(f"deepspeed {version}\ntorch {TORCH}\n")

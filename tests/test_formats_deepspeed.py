@@ -31,6 +31,13 @@ def zero_root() -> Path:
     return root
 
 
+def run_dir(root: Path, name: str) -> Path:
+    """One DeepSpeed run of the fixture set; skips (with the reason) when that run could not be built."""
+    if (root / name / "failed").exists():
+        pytest.skip(f"DeepSpeed run {name} could not be built: {(root / name / 'failed').read_text().strip()}")
+    return root / name
+
+
 def _reference(path: Path) -> dict:
     from safetensors.torch import load_file
 
@@ -41,7 +48,7 @@ def _reference(path: Path) -> dict:
 def test_open_detects_run_and_step_folder(zero_root: Path, stage: int) -> None:
     import workbench as wb
 
-    run = zero_root / f"stage{stage}"
+    run = run_dir(zero_root, f"stage{stage}")
     ck = wb.open_checkpoint(run)
     assert ck.format == "deepspeed"
     step = run / (run / "latest").read_text().strip()
@@ -60,7 +67,7 @@ def test_every_tensor_equals_zero_to_fp32(zero_root: Path, name: str) -> None:
     from tests.conftest import load_checked
     from workbench.formats.deepspeed import open_deepspeed
 
-    run = zero_root / name
+    run = run_dir(zero_root, name)
     catalog = open_deepspeed(run)
     ref = _reference(run / "reference.safetensors")
     assert catalog.metadata["zero_stage"] == name[5] and catalog.metadata["world_size"] == "2"
@@ -80,7 +87,7 @@ def test_convert_writes_zero_to_fp32_bit_for_bit(zero_root: Path, stage: int, tm
 
     import workbench as wb
 
-    run = zero_root / f"stage{stage}"
+    run = run_dir(zero_root, f"stage{stage}")
     plan = wb.plan(run, None)
     assert plan.ok, plan.problems
     # Each group reads from the optimizer rank files, never a whole file: the plan names them.
@@ -106,7 +113,7 @@ def test_converted_weights_load_into_transformers(zero_root: Path, tmp_path: Pat
 
     import workbench as wb
 
-    run = zero_root / "stage3"
+    run = run_dir(zero_root, "stage3")
     assert (run / "config.json").is_file()
     wb.convert(run, tmp_path / "hf", quiet=True)
     (tmp_path / "hf" / "config.json").write_bytes((run / "config.json").read_bytes())
@@ -125,7 +132,7 @@ def test_module_weights_and_moments_are_separate_selections(zero_root: Path) -> 
     from workbench.errors import CheckpointError
     from workbench.formats.deepspeed import OPTIM_PREFIX, open_deepspeed
 
-    run = zero_root / "stage2"
+    run = run_dir(zero_root, "stage2")
     fp32 = open_deepspeed(run)
     module = open_deepspeed(run, weights="module")
     assert {module[n].dtype for n in module} == {"BF16"}
@@ -138,9 +145,9 @@ def test_module_weights_and_moments_are_separate_selections(zero_root: Path) -> 
     sq = load_checked(with_moments, f"{OPTIM_PREFIX}{name}.exp_avg_sq")
     assert avg.shape == fp32[name].shape and bool((sq >= 0).all()) and bool(avg.abs().sum() > 0)
     with pytest.raises(CheckpointError, match="stage 3 saves no module weights"):
-        open_deepspeed(zero_root / "stage3", weights="module")
-    half = open_deepspeed(zero_root / "stage2-fp16", weights="module")  # an fp16 run's module weights are fp16
-    masters = open_deepspeed(zero_root / "stage2-fp16")
+        open_deepspeed(run_dir(zero_root, "stage3"), weights="module")
+    half = open_deepspeed(run_dir(zero_root, "stage2-fp16"), weights="module")  # an fp16 run's module weights are fp16
+    masters = open_deepspeed(run_dir(zero_root, "stage2-fp16"))
     assert {half[n].dtype for n in half} == {"F16"}
     assert torch.equal(load_checked(half, name), load_checked(masters, name).to(torch.float16))
 
@@ -153,7 +160,7 @@ def test_masters_and_moments_equal_deepspeeds_live_gather(zero_root: Path, name:
     from tests.conftest import load_checked
     from workbench.formats.deepspeed import open_deepspeed
 
-    run = zero_root / name
+    run = run_dir(zero_root, name)
     ck = open_deepspeed(run, moments=True)
     live = _reference(run / "live_reference.safetensors")
     assert any(k.endswith(".exp_avg_sq") for k in live)
@@ -168,7 +175,7 @@ def test_missing_rank_file_is_refused(zero_root: Path, tmp_path: Path) -> None:
     from workbench.errors import CheckpointError
     from workbench.formats.deepspeed import open_deepspeed
 
-    run = zero_root / "stage2"
+    run = run_dir(zero_root, "stage2")
     step = run / (run / "latest").read_text().strip()
     copy = tmp_path / step.name
     shutil.copytree(step, copy)
@@ -185,7 +192,7 @@ def test_cli_convert_and_measured_peak_within_plan(zero_root: Path, tmp_path: Pa
     import workbench as wb
     from workbench.cli import main
 
-    run = zero_root / "stage1"
+    run = run_dir(zero_root, "stage1")
     assert main(["convert", str(run), str(tmp_path / "cli"), "--nproc", "2", "--shard-size", "200KB"]) == 0
     ref = _reference(run / "reference.safetensors")
     got: dict = {}
@@ -208,7 +215,7 @@ def test_selection_options_reach_the_cli_and_every_worker(zero_root: Path, tmp_p
     from workbench.errors import CheckpointError
     from workbench.formats.deepspeed import OPTIM_PREFIX
 
-    run = zero_root / "stage2"
+    run = run_dir(zero_root, "stage2")
     want = wb.open_checkpoint(run, weights="module", moments=True)
     assert want.catalog.open_options == {"weights": "module", "moments": True}
     assert any(n.startswith(OPTIM_PREFIX) for n in want.catalog) and want.catalog["model.norm.weight"].dtype == "BF16"
@@ -235,7 +242,7 @@ def test_hostile_tag_and_truncated_rank_file(zero_root: Path, tmp_path: Path) ->
     from workbench.errors import CheckpointError, WorkbenchError
     from workbench.formats.deepspeed import detect, open_deepspeed
 
-    run = zero_root / "stage3"
+    run = run_dir(zero_root, "stage3")
     step_name = (run / "latest").read_text().strip()
     outside = tmp_path / "outside"
     shutil.copytree(run / step_name, outside / step_name)
