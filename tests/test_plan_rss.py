@@ -13,6 +13,7 @@ import pytest
 import workbench as wb
 from workbench import mapper as M
 from workbench.catalog import TensorInfo
+from workbench.display import format_bytes
 from workbench.output.safetensors import layout_file
 from workbench.planning import rss_calibration as calibrated
 from workbench.planning.rss import intermediate_bytes, rank_libraries, rss_parts
@@ -144,3 +145,12 @@ def test_a_real_conversion_peaks_within_15_percent_of_the_prediction(tmp_path_fa
     assert plan.peak_bytes > 20 * MIB  # the tensor part matters: not only start-up is compared
     assert abs(plan.rss_bytes - measured) <= 0.15 * measured, json.dumps(
         {"predicted": plan.rss_bytes, "measured": measured, "parts": parts_of(plan)})
+
+
+def test_the_run_report_puts_the_prediction_next_to_the_measured_rss(llama_sample: Path, tmp_path: Path) -> None:
+    plan = wb.plan(llama_sample, dtype="bf16")
+    report = wb.convert(llama_sample, tmp_path / "out", dtype="bf16", quiet=True)
+    assert report.ranks[0].predicted_rss_bytes == plan.rss_bytes == report.predicted_rss_bytes
+    row = report.to_frame().loc["RSS peak"]
+    assert row["predicted"] == plan.rss_bytes and row["measured"] == report.rss_peak > 0
+    assert f"RSS peak             {format_bytes(plan.rss_bytes)}" in report.summary()

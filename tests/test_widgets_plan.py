@@ -54,6 +54,11 @@ def test_panel_shows_headline_all_clear_and_the_four_views(panel: PlanPanel, fus
 
 def test_memory_view_names_the_predicted_peak_and_the_steps_behind_it(panel: PlanPanel, fused_cast_plan) -> None:
     steps = panel.tables["memory"]
+    first = next(s for s in fused_cast_plan.steps if s.index == steps.index[0])
+    assert steps["tensors"].iloc[0].startswith(first.group.outputs[0].name)  # each step named by the tensors it makes
+    rss = panel.tables["rss"]
+    assert rss["bytes"].iloc[-1] == fused_cast_plan.rss_bytes == rss["bytes"].iloc[:-1].sum()
+    assert rss.loc["tensor peak", "bytes"] == fused_cast_plan.peak_bytes
     assert steps["held_bytes"].iloc[0] == fused_cast_plan.peak_bytes == 96 * 1024
     assert steps["held_bytes"].is_monotonic_decreasing
     memory_html = panel.tabs.children[0].children[1].value
@@ -118,7 +123,8 @@ def test_byte_copy_plan_says_no_tensor_data_is_held_in_a_sentence_not_a_chart(ll
     panel = PlanPanel(plan)
     assert "memory" not in panel.images and set(panel.image_views) == {"files_read", "ranks"}
     memory_html = panel.tabs.children[0].children[0].value
-    assert "Predicted peak: 0 B" in memory_html and "no memory chart" in memory_html and "<table" not in memory_html
+    assert "Predicted peak: 0 B" in memory_html and "no memory chart" in memory_html
+    assert "held_bytes" not in memory_html and "interpreter" in memory_html  # no steps table, only the RSS parts
     assert panel._repr_html_().count("data:image/png;base64,") == 2
 
 

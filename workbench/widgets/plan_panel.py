@@ -80,9 +80,27 @@ def rank_load_table(plan: Plan) -> pd.DataFrame:
 
 
 def largest_steps_table(plan: Plan, count: int = 10) -> pd.DataFrame:
-    """The `count` steps that hold the most tensor bytes (where the predicted peak comes from)."""
+    """The `count` steps that hold the most tensor bytes (where the predicted peak comes from), each with
+    the tensors it makes."""
     memory = plan.memory
-    return memory.sort_values(["held_bytes", "step"], ascending=[False, True]).head(count).set_index("step")
+    top = memory.sort_values(["held_bytes", "step"], ascending=[False, True]).head(count).set_index("step")
+    wanted = set(top.index)
+    names = {s.index: _step_names(s) for s in plan.steps if s.index in wanted}
+    top.insert(top.columns.get_loc("label"), "tensors", [names.get(i, "") for i in top.index])
+    return top
+
+
+def rss_table(plan: Plan) -> pd.DataFrame:
+    """The predicted process memory of the rank that needs the most, part by part (bytes and where each comes from)."""
+    import pandas as pd
+
+    from ..planning.rss import rss_parts
+
+    rank = max(range(plan.nproc), key=plan.rank_rss_bytes)
+    parts = rss_parts(plan, rank)
+    frame = pd.DataFrame([(p.part, p.bytes, p.detail) for p in parts], columns=["part", "bytes", "detail"]).set_index("part")
+    frame.loc[f"total (rank {rank})" if plan.nproc > 1 else "total"] = (sum(p.bytes for p in parts), "plan.rss_bytes")
+    return frame
 
 
 # --- figures ------------------------------------------------------------------------------------------
@@ -346,6 +364,7 @@ class PlanPanel(Panel):
         self.max_rows = max_rows
         self.tables: dict[str, pd.DataFrame] = {
             "memory": largest_steps_table(plan),
+            "rss": rss_table(plan),
             "files_read": source_files_table(plan),
             "output_files": plan.output_files.set_index("file"),
             "outputs": plan.outputs,
@@ -391,7 +410,8 @@ class PlanPanel(Panel):
 
     def _section_html(self) -> dict[str, list[str]]:
         """Each tab's content as HTML fragments; the live tabs and the static copy are built from them."""
-        size = {c: format_bytes for c in ("size", "bytes_read", "bytes_written", "held_bytes", "peak_bytes", "nbytes", "rss_bytes")}
+        size = {c: format_bytes for c in ("size", "bytes_read", "bytes_written", "held_bytes", "peak_bytes", "nbytes", "rss_bytes",
+                                          "bytes")}
         plan = self.plan
         if plan.index is None:
             layout_note = "One file, model.safetensors: no index."
@@ -408,10 +428,13 @@ class PlanPanel(Panel):
                              "and outputs); peak_bytes is the most held by that rank so far: the largest is what "
                              "tensors need. Steps holding the most:"),
                 self._table("memory", "steps", size),
+                message_html("Process memory (RSS) to provision, part by part:"),
+                self._table("rss", "parts", size),
             ] if plan.peak_bytes else [
                 message_html(f"Predicted peak: 0 B of tensor data: every step moves bytes between files without "
                              f"holding tensors in memory, so there is no memory chart. Process memory (RSS): "
-                             f"{format_bytes(plan.rss_bytes)} per process."),
+                             f"{format_bytes(plan.rss_bytes)} per process, part by part:"),
+                self._table("rss", "parts", size),
             ],
             "Files read": [
                 message_html(f"The run opens {int((self.tables['files_read']['status'] == 'read').sum())} of "
@@ -453,5 +476,5 @@ class PlanPanel(Panel):
 
 __all__ = [
     "PlanPanel", "byte_unit", "file_groups", "files_read_figure", "headline_facts", "neutral", "largest_steps_table", "memory_timeline_figure", "problems_html",
-    "rank_load_figure", "rank_load_table", "source_files_table",
+    "rank_load_figure", "rank_load_table", "rss_table", "source_files_table",
 ]
