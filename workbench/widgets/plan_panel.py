@@ -153,7 +153,8 @@ def _step_names(step: Any, count: int = 2) -> str:
 
 def memory_timeline_figure(plan: Plan) -> Any | None:
     """Tensor bytes each rank holds during each of its steps (schedule order), the predicted peak, and the
-    tensor the peak step makes; None when no step holds tensor data (the panel says so in a sentence).
+    tensor the peak step makes; None when no step holds tensor data or every step holds the same (the
+    panel says so in a sentence).
 
     Every rank's curve has one colour and the rank that peaks is highlighted, so the legend has three
     entries (outside the plot) whether there are 1 or 64 ranks.
@@ -163,8 +164,8 @@ def memory_timeline_figure(plan: Plan) -> Any | None:
     from ..planning.rss import peak_step
 
     memory = plan.memory
-    if memory.empty or plan.peak_bytes == 0:
-        return None
+    if memory.empty or plan.peak_bytes == 0 or memory["held_bytes"].nunique() == 1:
+        return None  # nothing held, or the same at every step: a sentence says it better than a flat line
     fig = _figure(8.0, 3.6)
     ax = fig.add_subplot()
     ax.set_title(f"Predicted tensor memory per step: peak {format_bytes(plan.peak_bytes)} per process", fontsize=11)
@@ -202,6 +203,19 @@ def memory_timeline_figure(plan: Plan) -> Any | None:
     return neutral(fig)
 
 
+def name_range(first: str, last: str) -> str:
+    """Two names written once with their differing middle braced: 'model-{00001…00048}-of-00048.safetensors'."""
+    import os
+
+    start = len(os.path.commonprefix([first, last]))
+    while start and first[start - 1].isdigit():  # whole numbers in the braces: 000{01…48}, not 0000{1…8}
+        start -= 1
+    tail = len(os.path.commonprefix([first[start:][::-1], last[start:][::-1]]))
+    while tail and first[len(first) - tail].isdigit():
+        tail -= 1
+    return f"{first[:start]}{{{first[start:len(first) - tail]}…{last[start:len(last) - tail]}}}{first[len(first) - tail:]}"
+
+
 def file_groups(table: pd.DataFrame) -> pd.DataFrame:
     """Source files alike in status, size (to 1 %) and share read, one row per kind: a label naming the
     first and last file and how many ("×N"), the mean size and bytes read. 191 equal shards make one row."""
@@ -220,7 +234,7 @@ def file_groups(table: pd.DataFrame) -> pd.DataFrame:
     for names in groups.values():
         part = table.loc[names]
         status = part["status"].iloc[0]
-        label = names[0] if len(names) == 1 else f"{names[0]} … {names[-1]} (×{len(names)})"
+        label = names[0] if len(names) == 1 else f"{name_range(names[0], names[-1])} (×{len(names)})"
         if status == NOT_OPENED:
             label += f" ({NOT_OPENED})"
         rows.append((label, len(names), float(part["size"].mean()), float(part["bytes_read"].mean()), status))
@@ -242,7 +256,7 @@ def files_read_figure(plan: Plan, table: pd.DataFrame | None = None) -> Any:
         title += f"\n{len(table)} files, alike ones drawn once (×N)"
     fig = _figure(8.0, min(1.6 + 0.3 * len(shown), 14.0))
     ax = fig.add_subplot()
-    ax.set_title(title, fontsize=11)
+    fig.suptitle(title, fontsize=11, color=FIGURE_TEXT)  # over the figure: long file names narrow the axes
     if shown.empty:
         _note(ax, "the source holds no tensor files")
         return neutral(fig)
@@ -422,6 +436,8 @@ class PlanPanel(Panel):
             layout_note += f" {len(plan.kept)} shard(s) are kept from an interrupted run of this plan."
         return {
             "Memory": [
+                message_html(f"Every step holds {format_bytes(plan.peak_bytes)} of tensor data, so there is no "
+                             "memory chart.") if "memory" not in self.images else "",
                 message_html(f"Predicted peak: {format_bytes(plan.peak_bytes)} of tensor data per process, "
                              f"{format_bytes(plan.rss_bytes)} of process memory (RSS) with Python and its libraries. "
                              "held_bytes is what one step keeps in memory while it runs (its input buffers, cast arena "
@@ -475,6 +491,6 @@ class PlanPanel(Panel):
 
 
 __all__ = [
-    "PlanPanel", "byte_unit", "file_groups", "files_read_figure", "headline_facts", "neutral", "largest_steps_table", "memory_timeline_figure", "problems_html",
+    "PlanPanel", "byte_unit", "file_groups", "files_read_figure", "headline_facts", "name_range", "neutral", "largest_steps_table", "memory_timeline_figure", "problems_html",
     "rank_load_figure", "rank_load_table", "rss_table", "source_files_table",
 ]
