@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from weakref import WeakKeyDictionary
 
 from ..dtypes import numpy_castable
 from . import rss_calibration as calibrated
@@ -33,6 +34,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 NONE, NUMPY, TORCH = "none", "numpy", "torch"
 CLI, WORKER = "cli", "worker"
+# A plan does not change once built: each rank's parts are worked out once (a panel asks for them several times,
+# and on a 100k-tensor plan one pass over the steps takes a tenth of a second).
+_PARTS: WeakKeyDictionary[Plan, dict[int, list[RssPart]]] = WeakKeyDictionary()
+_LIBRARIES: WeakKeyDictionary[Plan, dict[int, str]] = WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,13 @@ class RssPart:
 
 def rank_libraries(plan: Plan, rank: int) -> str:
     """The heaviest library `rank`'s steps import: 'torch', 'numpy' or 'none' (as engine.steps.preload_libraries does)."""
+    per_rank = _LIBRARIES.setdefault(plan, {})
+    if rank not in per_rank:
+        per_rank[rank] = _libraries(plan, rank)
+    return per_rank[rank]
+
+
+def _libraries(plan: Plan, rank: int) -> str:
     reader = plan.source.reader
     found = NONE
     for step in plan.rank_steps(rank):
@@ -77,6 +89,13 @@ def prefetch_bytes(plan: Plan, rank: int) -> int:
 
 def rss_parts(plan: Plan, rank: int) -> list[RssPart]:
     """The predicted RSS of `rank`, part by part (they add up to `rank_rss_bytes`)."""
+    per_rank = _PARTS.setdefault(plan, {})
+    if rank not in per_rank:
+        per_rank[rank] = _parts(plan, rank)
+    return list(per_rank[rank])
+
+
+def _parts(plan: Plan, rank: int) -> list[RssPart]:
     entry = entry_point(plan)
     libraries = rank_libraries(plan, rank)
     tensors = len(plan.source)
