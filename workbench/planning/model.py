@@ -237,8 +237,8 @@ class Plan:
 
     @property
     def rss_breakdown(self) -> pd.DataFrame:
-        """The predicted RSS part by part (rows: interpreter, workbench, numpy / torch, metadata, buffers,
-        tensor peak), one bytes column per rank and a `detail` column for the largest rank."""
+        """The predicted RSS part by part (rows: interpreter, workbench, imports (none, numpy or torch), metadata,
+        buffers, tensor peak, intermediates), one bytes column per rank and a `detail` column for the largest rank."""
         import pandas as pd
 
         from .rss import rss_parts

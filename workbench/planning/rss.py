@@ -6,7 +6,7 @@ A conversion process's resident memory is the sum of parts that are each either 
     interpreter   a bare CPython process
     workbench     the modules the entry point imports (the CLI for one process, the worker for several)
                   and the small state every run keeps (progress, the I/O ledger)
-    numpy, torch  the libraries this rank's steps import: none for byte copies, numpy for casts it can
+    imports       the libraries this rank's steps import: none for byte copies, numpy for casts it can
                   do (float32 -> bfloat16 ...), torch for tensor ops and other casts
     metadata      the catalog and the plan, in proportion to the number of source tensors
     buffers       the remote reader's prefetch window for URL sources, the output headers
@@ -107,11 +107,11 @@ def _parts(plan: Plan, rank: int) -> list[RssPart]:
                 f"modules the {'workbench convert command' if entry == CLI else 'worker'} imports (measured)"),
     ]
     if libraries == NONE:
-        parts.append(RssPart("numpy / torch", 0, "byte copies only: neither is imported"))
+        parts.append(RssPart("imports", 0, "none: byte copies need neither numpy nor torch"))
     elif libraries == NUMPY:
-        parts.append(RssPart("numpy", calibrated.LIBRARY[NUMPY], "casts numpy does: torch is not imported (measured)"))
+        parts.append(RssPart("imports", calibrated.LIBRARY[NUMPY], "numpy: casts numpy does, torch is not imported (measured)"))
     else:
-        parts.append(RssPart("torch", calibrated.LIBRARY[TORCH], "tensor ops or casts need torch (measured)"))
+        parts.append(RssPart("imports", calibrated.LIBRARY[TORCH], "torch: tensor ops or casts numpy does not do (measured)"))
     parts.append(RssPart("metadata", calibrated.PER_TENSOR * tensors,
                          f"catalog and plan: {tensors:,} tensors × {calibrated.PER_TENSOR:,} bytes (measured)"))
     detail = f"output headers {headers:,} bytes"
