@@ -154,3 +154,14 @@ def test_the_run_report_puts_the_prediction_next_to_the_measured_rss(llama_sampl
     row = report.to_frame().loc["RSS peak"]
     assert row["predicted"] == plan.rss_bytes and row["measured"] == report.rss_peak > 0
     assert f"RSS peak             {format_bytes(plan.rss_bytes)}" in report.summary()
+
+
+def test_a_run_in_a_larger_process_says_why_its_rss_exceeds_the_prediction(llama_sample: Path, tmp_path: Path) -> None:
+    import torch  # noqa: F401  (this pytest process holds torch, pandas ...: far more than a fresh byte-copy process)
+
+    report = wb.convert(llama_sample, tmp_path / "out", quiet=True)
+    rank = report.ranks[0]
+    assert rank.rss_baseline > 1.15 * rank.predicted_rss_bytes  # byte copies predict no numpy or torch
+    assert report.rss_note is not None and "fresh process" in report.rss_note and report.rss_note in report.summary()
+    fresh = type(report)(**{**report.__dict__, "ranks": [type(rank)(**{**rank.to_dict(), "rss_baseline": 1})]})
+    assert fresh.rss_note is None

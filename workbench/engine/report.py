@@ -142,6 +142,20 @@ class RunReport:
         return max((r.predicted_rss_bytes for r in self.ranks), default=0)
 
     @property
+    def rss_note(self) -> str | None:
+        """Why the measured RSS may exceed the prediction: a rank that started in a process already larger than a
+        fresh one (a notebook kernel, a script with more imports); None when every rank started as predicted."""
+        grown = [r for r in self.ranks if r.predicted_rss_bytes
+                 and r.rss_baseline > 1.15 * max(1, r.predicted_rss_bytes - r.predicted_peak_bytes)]
+        if not grown:
+            return None
+        r = max(grown, key=lambda r: r.rss_baseline)
+        return (f"note: rank {r.rank} ran in a process that already held {format_bytes(r.rss_baseline)} before the run "
+                f"(a notebook kernel or a script with more imports); the predicted RSS is that of a fresh process "
+                f"(workbench convert or a worker), about {format_bytes(r.predicted_rss_bytes - r.predicted_peak_bytes)} "
+                "before the first tensor.")
+
+    @property
     def rss_above_baseline(self) -> int:
         """Largest growth of RSS during the run over the ranks (peak minus RSS at the start)."""
         return max((max(0, r.rss_peak - r.rss_baseline) for r in self.ranks), default=0)
@@ -235,6 +249,8 @@ class RunReport:
         parts = [head, text_table(["", "predicted", "measured"], self._rows()), f"  files opened match the plan: {check}"]
         if self.nproc > 1:
             parts.append(text_table(list(self._RANK_HEADERS), self._rank_rows()))
+        if self.rss_note is not None:
+            parts.append(self.rss_note)
         if self.output_check is not None:
             parts.append(self.output_check.summary())
         if self.overflow_warning is not None:
@@ -246,5 +262,6 @@ class RunReport:
 
     def _repr_html_(self) -> str:
         head = html.escape(self.summary().splitlines()[0])
-        return (f"<div><b>{head}</b></div>" + html_table(["", "predicted", "measured"], self._rows())
+        note = f"<div>{html.escape(self.rss_note)}</div>" if self.rss_note is not None else ""
+        return (f"<div><b>{head}</b></div>" + html_table(["", "predicted", "measured"], self._rows()) + note
                 + html_table(list(self._RANK_HEADERS), self._rank_rows()))
