@@ -123,6 +123,13 @@ def versions() -> str:
             f"torch {torch.__version__}")
 
 
+def measured_with() -> dict[str, str]:
+    """The versions the constants hold for (what planning.rss compares with the installed ones)."""
+    from importlib.metadata import version
+
+    return {"python": platform.python_version(), "numpy": version("numpy"), "torch": version("torch")}
+
+
 def module_text(values: dict, repeat: int) -> str:
     """The calibration module, as `--write` leaves it."""
     return f'''"""Measured memory of conversion processes before they hold any tensor (bytes): what `planning.rss` adds to
@@ -137,6 +144,7 @@ INTERPRETER = {values["INTERPRETER"]}  # python -c pass
 WORKBENCH = {{"cli": {values["WORKBENCH"]["cli"]}, "worker": {values["WORKBENCH"]["worker"]}}}  # the entry point's modules and run state
 LIBRARY = {{"numpy": {values["LIBRARY"]["numpy"]}, "torch": {values["LIBRARY"]["torch"]}}}  # added by importing and using each
 PER_TENSOR = {values["PER_TENSOR"]}  # catalog and plan, per source tensor
+MEASURED_WITH = {measured_with()!r}  # planning.rss.calibration_mismatch compares these with what is installed
 '''
 
 

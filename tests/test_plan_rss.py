@@ -16,7 +16,7 @@ from workbench.catalog import TensorInfo
 from workbench.display import format_bytes
 from workbench.output.safetensors import layout_file
 from workbench.planning import rss_calibration as calibrated
-from workbench.planning.rss import intermediate_bytes, rank_libraries, rss_parts
+from workbench.planning.rss import calibration_mismatch, intermediate_bytes, rank_libraries, rss_parts
 
 REPO = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
@@ -144,7 +144,8 @@ def test_a_real_conversion_peaks_within_15_percent_of_the_prediction(tmp_path_fa
     measured = int(done.stdout.strip().splitlines()[-1].split()[1])
     assert plan.peak_bytes > 20 * MIB  # the tensor part matters: not only start-up is compared
     assert abs(plan.rss_bytes - measured) <= 0.15 * measured, json.dumps(
-        {"predicted": plan.rss_bytes, "measured": measured, "parts": parts_of(plan)})
+        {"predicted": plan.rss_bytes, "measured": measured, "parts": parts_of(plan), "calibrated for another build":
+         calibration_mismatch(), "fix": "python scripts/calibrate_rss.py --write re-measures the constants here"})
 
 
 def test_the_run_report_puts_the_prediction_next_to_the_measured_rss(llama_sample: Path, tmp_path: Path) -> None:
@@ -165,3 +166,24 @@ def test_a_run_in_a_larger_process_says_why_its_rss_exceeds_the_prediction(llama
     assert report.rss_note is not None and "fresh process" in report.rss_note and report.rss_note in report.summary()
     fresh = type(report)(**{**report.__dict__, "ranks": [type(rank)(**{**rank.to_dict(), "rss_baseline": 1})]})
     assert fresh.rss_note is None
+
+
+def test_constants_say_which_build_they_were_measured_on(monkeypatch) -> None:
+    import numpy
+
+    assert calibrated.MEASURED_WITH.keys() == {"python", "numpy", "torch"}
+    monkeypatch.setitem(calibrated.MEASURED_WITH, "numpy", "0.0.1")
+    assert calibration_mismatch() == f"numpy 0.0.1, installed {numpy.__version__}"
+
+
+def test_the_calibration_script_writes_a_module_planning_can_load() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("calibrate_rss", REPO / "scripts" / "calibrate_rss.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    values = {"INTERPRETER": 1, "WORKBENCH": {"cli": 2, "worker": 3}, "LIBRARY": {"numpy": 4, "torch": 5}, "PER_TENSOR": 6}
+    scope: dict = {}
+    exec(script.module_text(values, 3), scope)  # the text --write puts in workbench/planning/rss_calibration.py
+    assert {k: scope[k] for k in values} == values
+    assert scope["MEASURED_WITH"] == script.measured_with()

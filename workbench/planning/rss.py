@@ -72,6 +72,22 @@ def _libraries(plan: Plan, rank: int) -> str:
     return found
 
 
+def calibration_mismatch() -> str | None:
+    """Which measured version differs from the installed one ('torch 2.13.0+cpu, installed 2.14.0'), or None:
+    the constants then hold for another build, and `scripts/calibrate_rss.py --write` re-measures them."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name, measured in getattr(calibrated, "MEASURED_WITH", {}).items():
+        try:
+            installed = platform.python_version() if name == "python" else version(name)
+        except PackageNotFoundError:
+            continue
+        if installed != measured:
+            return f"{name} {measured}, installed {installed}"
+    return None
+
+
 def entry_point(plan: Plan) -> str:
     """Which process runs a rank: the CLI (or script) itself for one process, a worker for several."""
     return CLI if plan.nproc == 1 else WORKER
@@ -101,19 +117,20 @@ def _parts(plan: Plan, rank: int) -> list[RssPart]:
     tensors = len(plan.source)
     prefetch = prefetch_bytes(plan, rank)
     headers = sum(len(f.layout.header) for f in plan.rank_files(rank))
+    measured = "measured" if _MISMATCH is None else f"measured with {_MISMATCH}: re-run scripts/calibrate_rss.py"
     parts = [
-        RssPart("interpreter", calibrated.INTERPRETER, "a bare python process (measured)"),
+        RssPart("interpreter", calibrated.INTERPRETER, f"a bare python process ({measured})"),
         RssPart("workbench", calibrated.WORKBENCH[entry],
-                f"modules the {'workbench convert command' if entry == CLI else 'worker'} imports (measured)"),
+                f"modules the {'workbench convert command' if entry == CLI else 'worker'} imports ({measured})"),
     ]
     if libraries == NONE:
         parts.append(RssPart("imports", 0, "none: byte copies need neither numpy nor torch"))
     elif libraries == NUMPY:
-        parts.append(RssPart("imports", calibrated.LIBRARY[NUMPY], "numpy: casts numpy does, torch is not imported (measured)"))
+        parts.append(RssPart("imports", calibrated.LIBRARY[NUMPY], f"numpy: casts numpy does, torch is not imported ({measured})"))
     else:
-        parts.append(RssPart("imports", calibrated.LIBRARY[TORCH], "torch: tensor ops or casts numpy does not do (measured)"))
+        parts.append(RssPart("imports", calibrated.LIBRARY[TORCH], f"torch: tensor ops or casts numpy does not do ({measured})"))
     parts.append(RssPart("metadata", calibrated.PER_TENSOR * tensors,
-                         f"catalog and plan: {tensors:,} tensors × {calibrated.PER_TENSOR:,} bytes (measured)"))
+                         f"catalog and plan: {tensors:,} tensors × {calibrated.PER_TENSOR:,} bytes ({measured})"))
     detail = f"output headers {headers:,} bytes"
     if prefetch:
         detail = f"remote prefetch window {prefetch:,} bytes; " + detail
@@ -159,9 +176,12 @@ def peak_step(plan: Plan, rank: int | None = None):
     return best
 
 
+_MISMATCH = calibration_mismatch()
+
+
 def rank_rss_bytes(plan: Plan, rank: int) -> int:
     """Predicted peak RSS of the process running `rank`."""
     return sum(p.bytes for p in rss_parts(plan, rank))
 
 
-__all__ = ["RssPart", "entry_point", "intermediate_bytes", "peak_step", "prefetch_bytes", "rank_libraries", "rank_rss_bytes", "rss_parts"]
+__all__ = ["RssPart", "calibration_mismatch", "entry_point", "intermediate_bytes", "peak_step", "prefetch_bytes", "rank_libraries", "rank_rss_bytes", "rss_parts"]

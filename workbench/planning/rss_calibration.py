@@ -10,3 +10,4 @@ INTERPRETER = 11091968  # python -c pass
 WORKBENCH = {"cli": 20755160, "worker": 16110296}  # the entry point's modules and run state
 LIBRARY = {"numpy": 12754944, "torch": 206876672}  # added by importing and using each
 PER_TENSOR = 2413  # catalog and plan, per source tensor
+MEASURED_WITH = {'python': '3.11.7', 'numpy': '2.4.6', 'torch': '2.13.0+cpu'}  # planning.rss.calibration_mismatch compares these with what is installed
