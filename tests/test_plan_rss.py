@@ -118,6 +118,7 @@ try:
     runpy.run_module("workbench", run_name="__main__", alter_sys=True)
 except SystemExit as exit:
     assert not exit.code, exit.code
+print("imported", "torch" if "torch" in sys.modules else "numpy" if "numpy" in sys.modules else "none")
 with open("/proc/self/status") as fh:  # this process's own high-water mark (ru_maxrss would include pytest's, inherited by fork)
     print("VmHWM", next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:")) * 1024)
 """
@@ -141,7 +142,9 @@ def test_a_real_conversion_peaks_within_15_percent_of_the_prediction(tmp_path_fa
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, "-c", MEASURE, *args], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    measured = int(done.stdout.strip().splitlines()[-1].split()[1])
+    lines = done.stdout.strip().splitlines()
+    measured = int(lines[-1].split()[1])
+    assert lines[-2] == f"imported {rank_libraries(plan, 0)}"  # the run imported what the plan said: numpy alone for the cast
     assert plan.peak_bytes > 20 * MIB  # the tensor part matters: not only start-up is compared
     assert abs(plan.rss_bytes - measured) <= 0.15 * measured, json.dumps(
         {"predicted": plan.rss_bytes, "measured": measured, "parts": parts_of(plan), "calibrated for another build":
