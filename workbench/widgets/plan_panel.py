@@ -217,8 +217,9 @@ def name_range(first: str, last: str) -> str:
 
 
 def file_groups(table: pd.DataFrame) -> pd.DataFrame:
-    """Source files alike in status, size (to 1 %) and share read, one row per kind: a label naming the
-    first and last file and how many ("×N"), the mean size and bytes read. 191 equal shards make one row."""
+    """Source files alike in status, size (to two significant digits) and share read (to 1 %), one row per
+    kind: a label naming the first and last file and how many ("×N"), the mean size and bytes read. A 405B
+    checkpoint's 191 shards make three rows."""
     import pandas as pd
 
     if table.empty:
