@@ -3,16 +3,27 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+import torch
 
 import workbench as wb
 from workbench import mapper as M
+from workbench.display import format_bytes
 from workbench.errors import PlanError
 from workbench.mapper import presets
+from workbench.planning.rss import peak_step
 from workbench.widgets import PlanPanel
-from workbench.widgets.plan_panel import memory_timeline_figure, source_files_table
+from workbench.widgets.plan_panel import (
+    FIGURE_TEXT,
+    file_groups,
+    files_read_figure,
+    headline_facts,
+    memory_timeline_figure,
+    source_files_table,
+)
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -37,39 +48,118 @@ def test_panel_shows_headline_all_clear_and_the_four_views(panel: PlanPanel, fus
     assert set(panel.images) == {"memory", "files_read", "ranks"}
     assert all(png.startswith(PNG) for png in panel.images.values())
     assert panel.image_views["memory"].value == panel.images["memory"]
+    assert "RAM to provision" in panel.headline.value
     assert repr(panel) == "<PlanPanel: 27 groups -> 2 files on 2 rank(s), peak 96.0 KiB, ok>"
 
 
 def test_memory_view_names_the_predicted_peak_and_the_steps_behind_it(panel: PlanPanel, fused_cast_plan) -> None:
     steps = panel.tables["memory"]
+    first = next(s for s in fused_cast_plan.steps if s.index == steps.index[0])
+    assert steps["tensors"].iloc[0].startswith(first.group.outputs[0].name)  # each step named by the tensors it makes
+    rss = panel.tables["rss"]
+    assert rss["bytes"].iloc[-1] == fused_cast_plan.rss_bytes == rss["bytes"].iloc[:-1].sum()
+    assert rss.loc["tensor peak", "bytes"] == fused_cast_plan.peak_bytes
     assert steps["held_bytes"].iloc[0] == fused_cast_plan.peak_bytes == 96 * 1024
     assert steps["held_bytes"].is_monotonic_decreasing
     memory_html = panel.tabs.children[0].children[1].value
     assert "Predicted peak: 96.0 KiB" in memory_html
 
 
-def test_memory_timeline_draws_each_ranks_held_bytes_and_its_peak_line(fused_cast_plan) -> None:
+def _legend_texts(fig) -> list[str]:
+    return [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+
+
+def _overlaps(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def test_memory_timeline_draws_each_ranks_held_bytes_one_peak_line_and_names_the_peak_tensor(fused_cast_plan) -> None:
     fig = memory_timeline_figure(fused_cast_plan)
     ax = fig.axes[0]
     assert "KiB" in ax.get_ylabel()
     lines = ax.get_lines()
-    steps = [line for line in lines if line.get_linestyle() == "-"]
+    curves = [line for line in lines if line.get_linestyle() == "-"]
     peaks = [line for line in lines if line.get_linestyle() == "--"]
-    assert len(steps) == len(peaks) == 2  # one step curve and one peak line per rank
-    for rank, (curve, peak) in enumerate(zip(steps, peaks, strict=True)):
-        expected = fused_cast_plan.rank_peak_bytes(rank) / 1024
-        assert max(curve.get_ydata()) == pytest.approx(expected)
-        assert list(peak.get_ydata()) == pytest.approx([expected, expected])
-        assert len(curve.get_ydata()) == len(fused_cast_plan.rank_steps(rank)) + 1
-    assert "predicted peak 96.0 KiB" in " ".join(t.get_text() for t in ax.get_legend().get_texts())
+    assert len(curves) == 2 and len(peaks) == 1  # one curve per rank, one predicted peak
+    tops = sorted(max(curve.get_ydata()) for curve in curves)
+    assert tops == pytest.approx(sorted(fused_cast_plan.rank_peak_bytes(r) / 1024 for r in range(2)))
+    assert list(peaks[0].get_ydata()) == pytest.approx([fused_cast_plan.peak_bytes / 1024] * 2)
+    peak = peak_step(fused_cast_plan)
+    assert any(peak.group.outputs[0].name in t.get_text() for t in ax.texts)  # the peak is named by its tensor
+    legend = " ".join(_legend_texts(fig))
+    assert "predicted peak 96.0 KiB" in legend and "held: tensor bytes in memory while the step runs" in legend
 
 
-def test_byte_copy_plan_says_no_tensor_data_is_held(llama_sample: Path) -> None:
-    plan = wb.plan(llama_sample)
+def test_eight_ranks_keep_a_three_entry_legend_outside_the_chart(llama_sample: Path) -> None:
+    plan = wb.plan(llama_sample, shard_size="100KB", nproc=8, dtype="bf16", chunk_size="16KiB")
     fig = memory_timeline_figure(plan)
-    assert "byte copies only" in " ".join(t.get_text() for t in fig.axes[0].texts)
-    memory_html = PlanPanel(plan).tabs.children[0].children[1].value
-    assert "Predicted peak: 0 B" in memory_html and "<table" not in memory_html
+    busy = plan.memory["rank"].nunique()
+    assert busy >= 4 and len(fig.axes[0].get_lines()) == busy + 1  # a curve per rank with work, one peak line
+    assert len(_legend_texts(fig)) == 3 and fig.axes[0].get_legend() is None
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)  # the figure is detached from pyplot: give it a canvas that can lay it out
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    plot_area = fig.axes[0].get_window_extent(renderer)
+    assert not _overlaps(fig.legends[0].get_window_extent(renderer), plot_area)
+
+
+def test_figures_are_transparent_with_neutral_text(panel: PlanPanel) -> None:
+    from io import BytesIO
+
+    from matplotlib.image import imread
+
+    for png in panel.images.values():
+        pixels = imread(BytesIO(png))
+        assert pixels.shape[2] == 4 and pixels[0, 0, 3] == 0  # a transparent corner: the theme shows through
+    fig = memory_timeline_figure(panel.plan)
+    assert fig.axes[0].title.get_color() == FIGURE_TEXT and fig.patch.get_facecolor()[3] == 0
+
+
+def test_byte_copy_plan_says_no_tensor_data_is_held_in_a_sentence_not_a_chart(llama_sample: Path) -> None:
+    plan = wb.plan(llama_sample)
+    assert memory_timeline_figure(plan) is None
+    panel = PlanPanel(plan)
+    assert "memory" not in panel.images and set(panel.image_views) == {"files_read", "ranks"}
+    memory_html = panel.tabs.children[0].children[0].value
+    assert "Predicted peak: 0 B" in memory_html and "no memory chart" in memory_html
+    assert "held_bytes" not in memory_html and "interpreter" in memory_html  # no steps table, only the RSS parts
+    assert panel._repr_html_().count("data:image/png;base64,") == 2
+
+
+def test_alike_files_are_one_bar_and_the_headline_names_the_spread(tmp_path: Path) -> None:
+    from workbench.output.safetensors import save_tensors
+
+    src = tmp_path / "many"
+    src.mkdir()
+    weight_map = {}
+    for k in range(48):
+        name = f"model-{k + 1:05d}-of-00048.safetensors"
+        save_tensors(src / name, {f"layers.{k}.weight": torch.zeros(64, 64)})
+        weight_map[f"layers.{k}.weight"] = name
+    (src / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    plan = wb.plan(src, shard_size="40KB")
+    groups = file_groups(source_files_table(plan))
+    assert len(groups) == 1 and groups["count"].iloc[0] == 48
+    assert groups["label"].iloc[0] == "model-{00001…00048}-of-00048.safetensors (×48)"
+    fig = files_read_figure(plan)
+    assert len(fig.axes[0].get_yticklabels()) == 1 and "48 files" in fig.get_suptitle()
+    facts = dict(headline_facts(plan))
+    assert facts["Output"] == f"{len(plan.output_file_list)} shards, {format_bytes(plan.output_file_list[0].size)} each"
+
+
+def test_headline_answers_how_much_ram_and_what_peaks(panel: PlanPanel, fused_cast_plan) -> None:
+    facts = dict(headline_facts(fused_cast_plan))
+    assert list(facts) == ["RAM to provision", "Peak step", "Reads / writes", "Output", "Rank balance"]
+    assert facts["RAM to provision"].startswith(f"{format_bytes(fused_cast_plan.rss_bytes)} per process × 2 ranks")
+    peak = peak_step(fused_cast_plan)
+    assert format_bytes(peak.held_bytes) in facts["Peak step"] and peak.group.outputs[0].name in facts["Peak step"]
+    assert format_bytes(fused_cast_plan.bytes_read) in facts["Reads / writes"]
+    assert "busiest rank writes" in facts["Rank balance"]
+    head = panel.headline.value
+    assert head.index("RAM to provision") < head.index("details")  # the answer first, the long summary folded
+    assert "var(--jp-ui-font-color1" in head and "#555" not in head
 
 
 def test_files_read_table_matches_the_plan(panel: PlanPanel, fused_cast_plan) -> None:

@@ -69,7 +69,8 @@ def _release_source_files(plan: Plan) -> None:
 def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankResult:
     """Execute `rank`'s steps of `plan` into `plan.dest`; raises on failure after removing partial files."""
     assert plan.dest is not None
-    result = RankResult(rank, predicted_files=plan.source_paths(rank), predicted_peak_bytes=plan.rank_peak_bytes(rank))
+    result = RankResult(rank, predicted_files=plan.source_paths(rank), predicted_peak_bytes=plan.rank_peak_bytes(rank),
+                        predicted_rss_bytes=plan.rank_rss_bytes(rank))
     steps = plan.rank_steps(rank)
     files = {f.name: f for f in plan.rank_files(rank)}
     last_step = {name: step.index for step in steps for name in step.files if name in files}

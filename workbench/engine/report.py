@@ -31,6 +31,7 @@ class RankResult:
     predicted_files: list[str] = field(default_factory=list)
     predicted_peak_bytes: int = 0
     peak_tensor_bytes: int = 0
+    predicted_rss_bytes: int = 0  # the plan's predicted peak RSS of this rank's process (planning.rss)
     rss_baseline: int = 0
     rss_peak: int = 0
     overflow: dict[str, list] = field(default_factory=dict)  # output tensor -> [values a cast could not hold, largest magnitude, dtype]
@@ -137,6 +138,25 @@ class RunReport:
         return max((r.rss_peak for r in self.ranks), default=0)
 
     @property
+    def predicted_rss_bytes(self) -> int:
+        """The plan's predicted peak RSS of one process (the largest over ranks): compare with `rss_peak`."""
+        return max((r.predicted_rss_bytes for r in self.ranks), default=0)
+
+    @property
+    def rss_note(self) -> str | None:
+        """Why the measured RSS may exceed the prediction: a rank that started in a process already larger than a
+        fresh one (a notebook kernel, a script with more imports); None when every rank started as predicted."""
+        grown = [r for r in self.ranks if r.predicted_rss_bytes
+                 and r.rss_baseline > 1.15 * max(1, r.predicted_rss_bytes - r.predicted_peak_bytes)]
+        if not grown:
+            return None
+        r = max(grown, key=lambda r: r.rss_baseline)
+        return (f"note: rank {r.rank} ran in a process that already held {format_bytes(r.rss_baseline)} before the run "
+                f"(a notebook kernel or a script with more imports); the predicted RSS is that of a fresh process "
+                f"(workbench convert or a worker), about {format_bytes(r.predicted_rss_bytes - r.predicted_peak_bytes)} "
+                "before the first tensor.")
+
+    @property
     def rss_above_baseline(self) -> int:
         """Largest growth of RSS during the run over the ranks (peak minus RSS at the start)."""
         return max((max(0, r.rss_peak - r.rss_baseline) for r in self.ranks), default=0)
@@ -188,7 +208,7 @@ class RunReport:
             ("bytes read", self.predicted_bytes_read, self.bytes_read),
             ("bytes written", self.predicted_bytes_written, self.bytes_written),
             ("overflowed values", 0, self.overflow_values),
-            ("RSS peak", None, self.rss_peak),
+            ("RSS peak", self.predicted_rss_bytes or None, self.rss_peak),
             ("RSS above start", None, self.rss_above_baseline),
             ("seconds", None, round(self.seconds, 3)),
             ("throughput (bytes/s)", None, round(self.throughput)),
@@ -214,7 +234,7 @@ class RunReport:
             ("bytes read", size(self.predicted_bytes_read), size(self.bytes_read)),
             ("bytes written", size(self.predicted_bytes_written), size(self.bytes_written)),
             ("overflowed values", "0", str(self.overflow_values)),
-            ("RSS peak", "-", size(self.rss_peak)),
+            ("RSS peak", size(self.predicted_rss_bytes) if self.predicted_rss_bytes else "-", size(self.rss_peak)),
             ("RSS above start", "-", size(self.rss_above_baseline)),
             ("time", "-", f"{self.seconds:.2f}s"),
             ("throughput", "-", f"{size(self.throughput)}/s"),
@@ -223,11 +243,11 @@ class RunReport:
     def _rank_rows(self) -> list[tuple]:
         return [
             (r.rank, "ok" if r.ok else "FAILED", f"{r.seconds:.2f}s", format_bytes(r.bytes_read), format_bytes(r.bytes_written),
-             len(r.files_opened), format_bytes(r.peak_tensor_bytes), format_bytes(r.rss_peak))
+             len(r.files_opened), format_bytes(r.peak_tensor_bytes), format_bytes(r.predicted_rss_bytes), format_bytes(r.rss_peak))
             for r in self.ranks
         ]
 
-    _RANK_HEADERS = ("rank", "status", "time", "read", "written", "files opened", "peak tensors", "RSS peak")
+    _RANK_HEADERS = ("rank", "status", "time", "read", "written", "files opened", "peak tensors", "RSS predicted", "RSS peak")
 
     def summary(self) -> str:
         """Text report: status line, predicted vs measured, per-rank lines."""
@@ -247,6 +267,8 @@ class RunReport:
             parts.append(f"  ranks started by: {self.launcher}")
             parts.append(text_table(list(self._RANK_HEADERS), self._rank_rows()))
             parts.append(self._balance_line())
+        if self.rss_note is not None:
+            parts.append(self.rss_note)
         if self.output_check is not None:
             parts.append(self.output_check.summary())
         if self.overflow_warning is not None:
@@ -258,9 +280,10 @@ class RunReport:
 
     def _repr_html_(self) -> str:
         head = html.escape(self.summary().splitlines()[0])
-        return (f"<div><b>{head}</b></div>" + html_table(["", "predicted", "measured"], self._rows())
-                + html_table(list(self._RANK_HEADERS), self._rank_rows())
-                + (f"<div>{html.escape(self._balance_line().strip())}</div>" if self.nproc > 1 else ""))
+        note = f"<div>{html.escape(self.rss_note)}</div>" if self.rss_note is not None else ""
+        balance = f"<div>{html.escape(self._balance_line().strip())}</div>" if self.nproc > 1 else ""
+        return (f"<div><b>{head}</b></div>" + html_table(["", "predicted", "measured"], self._rows()) + note
+                + html_table(list(self._RANK_HEADERS), self._rank_rows()) + balance)
 
 
 def _spread(values: list[float]) -> float:

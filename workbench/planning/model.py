@@ -48,7 +48,8 @@ class PlanOptions:
 class Plan:
     """A conversion's dry-run: schedule, layout, ranks, files and bytes read, memory, problems.
 
-    Contract names: `ok`, `problems`, `outputs`, `files_read`, `peak_bytes`; more tables:
+    Contract names: `ok`, `problems`, `outputs`, `files_read`, `peak_bytes`, `rss_bytes` (predicted process
+    memory per rank, part by part in `rss_breakdown`); more tables:
     `output_files`, `groups`, `memory`, `ranks`, `extras_table` (every extra, copied, updated or skipped,
     and why); `output_metadata` is each shard's header metadata; `index` is the HF index the run writes
     (None for a single-file output). `str(plan)` / `summary()` give a text summary, notebooks show HTML.
@@ -216,6 +217,38 @@ class Plan:
     def peak_bytes(self) -> int:
         """Predicted peak of tensor bytes held in memory by one process (the largest over ranks)."""
         return max((self.rank_peak_bytes(r) for r in self._steps_by_rank), default=0)
+
+    # -- process memory (planning.rss) ------------------------------------------------------------
+
+    def rank_rss_bytes(self, rank: int) -> int:
+        """Predicted peak RSS of the process running `rank`: interpreter, imports, metadata, buffers, tensor peak."""
+        from .rss import rank_rss_bytes
+
+        return rank_rss_bytes(self, rank)
+
+    @property
+    def rss_bytes(self) -> int:
+        """Predicted peak process memory (RSS) per rank, the largest over ranks: the RAM to provision per process.
+
+        Not only tensor bytes (`peak_bytes`): a fresh process's interpreter, the libraries its steps import
+        (none, numpy or torch), the catalog and plan, reader and writer buffers. Parts: `rss_breakdown`.
+        """
+        return max((self.rank_rss_bytes(r) for r in range(self.nproc)), default=0)
+
+    @property
+    def rss_breakdown(self) -> pd.DataFrame:
+        """The predicted RSS part by part (rows: interpreter, workbench, imports (none, numpy or torch), metadata,
+        buffers, tensor peak, intermediates), one bytes column per rank and a `detail` column for the largest rank."""
+        import pandas as pd
+
+        from .rss import rss_parts
+
+        per_rank = {r: rss_parts(self, r) for r in range(self.nproc)}
+        largest = max(per_rank, key=lambda r: sum(p.bytes for p in per_rank[r]))
+        frame = pd.DataFrame({f"rank {r}" if self.nproc > 1 else "bytes": [p.bytes for p in parts] for r, parts in per_rank.items()},
+                             index=pd.Index([p.part for p in per_rank[largest]], name="part"))
+        frame["detail"] = [p.detail for p in per_rank[largest]]
+        return frame
 
     @property
     def needs_torch(self) -> bool:
@@ -418,6 +451,7 @@ class Plan:
             f"writes: {format_bytes(self.bytes_written)}"
             + (f" ({len(self.kept)} shard(s) kept from an interrupted run)" if self.kept else ""),
             *self._download_lines(),
+            f"RAM to provision: {format_bytes(self.rss_bytes)} per process (predicted RSS); "
             f"peak tensor memory: {format_bytes(self.peak_bytes)} per process; ranks: {self.nproc}"
             + f"; {self.library_note}",
         ]

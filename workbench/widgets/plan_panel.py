@@ -1,6 +1,13 @@
-"""`PlanPanel`: a conversion's dry-run made visible — problems and warnings first, then the predicted
-memory timeline and its peak, the source files read (and those never opened), the output layout and
-the load of each rank.
+"""`PlanPanel`: a conversion's dry-run made visible — one headline first (RAM to provision, the peak step
+named by its tensor, bytes read and written, shards and their size spread, rank balance), problems and
+warnings, then the predicted memory timeline and its peak, the source files read (and those never
+opened), the output layout and the load of each rank.
+
+Charts stay readable at any size: with many ranks the memory chart draws every rank's curve in one
+colour and highlights the rank that peaks (a three-entry legend outside the plot, never one per rank);
+files alike in size and share read are one bar "×N"; a timeline that holds no tensor data is a sentence.
+Figures are transparent with mid-grey text, readable on JupyterLab's light and dark themes; the HTML
+uses JupyterLab's CSS variables (with light fallbacks for a static copy).
 
 Everything shown comes from the `Plan`, which is computed from headers alone: building the panel
 reads no tensor data. The figures are rendered once to PNG, so the static HTML copy (what GitHub or a
@@ -25,10 +32,24 @@ if TYPE_CHECKING:  # pragma: no cover
 
 FIGURE_DPI = 96  # the PNGs also go into the static copy: readable, yet small enough to keep in a notebook
 MAX_BARS = 40  # files or ranks drawn in one bar chart; tables list them all (bounded by max_rows)
-RANK_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C")
+# Theme-neutral figure colours: mid-grey text has a contrast of about 4:1 on white and on JupyterLab's dark
+# background; the series colours are mid-tones that stay visible on both (figures are transparent).
+FIGURE_TEXT = "#808080"
+HELD_COLOR = "#3b82f6"
+PEAK_COLOR = "#e8590c"
+OTHER_RANKS = "#8fa8c8"
+READ_COLOR = "#3b82f6"
+WRITE_COLOR = "#2f9e44"
+HELD_MEANING = "held: tensor bytes in memory while the step runs"
+PEAK_MEANING = "peak: the most held at any step (what tensors need)"
 NOT_OPENED = "not opened"
 TABS = ("Memory", "Files read", "Output layout", "Ranks")
 TAB_IMAGES = {"Memory": "memory", "Files read": "files_read", "Ranks": "ranks"}  # tab title -> key in `images`
+# HTML colours from JupyterLab's theme (light fallbacks for a static copy outside JupyterLab).
+TEXT = "var(--jp-ui-font-color1, #212121)"
+MUTED = "var(--jp-ui-font-color2, #616161)"
+HEAD_LABEL = f"text-align:left;padding:1px 12px 1px 0;font-weight:600;font-size:12px;color:{TEXT};background:none;white-space:nowrap"
+HEAD_VALUE = f"padding:1px 0;font-size:12px;color:{TEXT}"
 
 
 # --- tables ------------------------------------------------------------------------------------------
@@ -50,17 +71,36 @@ def source_files_table(plan: Plan) -> pd.DataFrame:
 
 def rank_load_table(plan: Plan) -> pd.DataFrame:
     """One row per rank: output files it writes, source files it opens, bytes it reads and writes,
-    its predicted peak of tensor memory and the number of groups it runs."""
+    its predicted peak of tensor memory, the number of groups it runs and its predicted process RSS."""
     frame = plan.ranks.copy()
+    frame["rss_bytes"] = [plan.rank_rss_bytes(int(r)) for r in frame["rank"]]
     frame["files"] = frame["files"].map(len)
     frame["source_files"] = frame["source_files"].map(len)
     return frame.rename(columns={"files": "output_files"}).set_index("rank")
 
 
 def largest_steps_table(plan: Plan, count: int = 10) -> pd.DataFrame:
-    """The `count` steps that hold the most tensor bytes (where the predicted peak comes from)."""
+    """The `count` steps that hold the most tensor bytes (where the predicted peak comes from), each with
+    the tensors it makes."""
     memory = plan.memory
-    return memory.sort_values(["held_bytes", "step"], ascending=[False, True]).head(count).set_index("step")
+    top = memory.sort_values(["held_bytes", "step"], ascending=[False, True]).head(count).set_index("step")
+    wanted = set(top.index)
+    names = {s.index: _step_names(s) for s in plan.steps if s.index in wanted}
+    top.insert(top.columns.get_loc("label"), "tensors", [names.get(i, "") for i in top.index])
+    return top
+
+
+def rss_table(plan: Plan) -> pd.DataFrame:
+    """The predicted process memory of the rank that needs the most, part by part (bytes and where each comes from)."""
+    import pandas as pd
+
+    from ..planning.rss import rss_parts
+
+    rank = max(range(plan.nproc), key=plan.rank_rss_bytes)
+    parts = rss_parts(plan, rank)
+    frame = pd.DataFrame([(p.part, p.bytes, p.detail) for p in parts], columns=["part", "bytes", "detail"]).set_index("part")
+    frame.loc[f"total (rank {rank})" if plan.nproc > 1 else "total"] = (sum(p.bytes for p in parts), "plan.rss_bytes")
+    return frame
 
 
 # --- figures ------------------------------------------------------------------------------------------
@@ -82,73 +122,156 @@ def byte_unit(largest: float) -> tuple[float, str]:
 
 
 def _note(ax: Any, text: str) -> None:
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="#555", fontsize=10)
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color=FIGURE_TEXT, fontsize=10)
 
 
-def memory_timeline_figure(plan: Plan) -> Any:
-    """Tensor bytes each rank holds during each of its steps (schedule order), with the predicted peak."""
+def neutral(fig: Any) -> Any:
+    """Make a figure readable on light and dark backgrounds: transparent, grey text, ticks, spines and legends."""
+    fig.patch.set_facecolor("none")
+    for ax in fig.axes:
+        ax.set_facecolor("none")
+        ax.tick_params(colors=FIGURE_TEXT, which="both")
+        for spine in ax.spines.values():
+            spine.set_color(FIGURE_TEXT)
+        for label in (ax.title, ax.xaxis.label, ax.yaxis.label):
+            label.set_color(FIGURE_TEXT)
+        for text in ax.texts:
+            text.set_color(FIGURE_TEXT)
+    for legend in [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend() is not None)]:
+        legend.get_frame().set_facecolor("none")
+        legend.get_frame().set_edgecolor(FIGURE_TEXT)
+        for text in legend.get_texts():
+            text.set_color(FIGURE_TEXT)
+    return fig
+
+
+def _step_names(step: Any, count: int = 2) -> str:
+    names = [t.name for t in step.group.outputs[:count]]
+    more = len(step.group.outputs) - count
+    return ", ".join(names) + (f" (+{more} more)" if more > 0 else "")
+
+
+def memory_timeline_figure(plan: Plan) -> Any | None:
+    """Tensor bytes each rank holds during each of its steps (schedule order), the predicted peak, and the
+    tensor the peak step makes; None when no step holds tensor data or every step holds the same (the
+    panel says so in a sentence).
+
+    Every rank's curve has one colour and the rank that peaks is highlighted, so the legend has three
+    entries (outside the plot) whether there are 1 or 64 ranks.
+    """
     from matplotlib.ticker import MaxNLocator
 
+    from ..planning.rss import peak_step
+
     memory = plan.memory
-    fig = _figure(8.0, 3.2)
+    if memory.empty or plan.peak_bytes == 0 or memory["held_bytes"].nunique() == 1:
+        return None  # nothing held, or the same at every step: a sentence says it better than a flat line
+    fig = _figure(8.0, 3.6)
     ax = fig.add_subplot()
     ax.set_title(f"Predicted tensor memory per step: peak {format_bytes(plan.peak_bytes)} per process", fontsize=11)
     ax.set_xlabel("step of the rank's schedule")
     scale, unit = byte_unit(plan.peak_bytes)
     ax.set_ylabel(f"tensor data held ({unit})")
-    if memory.empty:
-        _note(ax, "nothing to run")
-        return fig
+    top = peak_step(plan)
+    top_rank = top.rank if top is not None else 0
     longest = 0
+    many = plan.nproc > 1
     for rank, rows in memory.groupby("rank", sort=True):
-        color = RANK_COLORS[int(rank) % len(RANK_COLORS)]
         held = [n / scale for n in rows["held_bytes"]]
         longest = max(longest, len(held))
-        who = f"rank {rank} " if plan.nproc > 1 else ""
-        ax.step(range(len(held) + 1), held + held[-1:], where="post", color=color, linewidth=1.4, label=f"{who}held".strip())
-        peak = plan.rank_peak_bytes(int(rank))
-        ax.axhline(peak / scale, color=color, linestyle="--", linewidth=1, label=f"{who}predicted peak {format_bytes(peak)}")
+        if int(rank) == top_rank:
+            continue
+        ax.step(range(len(held) + 1), held + held[-1:], where="post", color=OTHER_RANKS, linewidth=1.0, alpha=0.8,
+                label=f"{HELD_MEANING} (each of {plan.nproc} ranks)" if not ax.get_legend_handles_labels()[0] else None)
+    rows = memory[memory["rank"] == top_rank]
+    held = [n / scale for n in rows["held_bytes"]]
+    who = f" (rank {top_rank}, the one that peaks)" if many else ""
+    ax.step(range(len(held) + 1), held + held[-1:], where="post", color=HELD_COLOR, linewidth=1.6, label=HELD_MEANING + who)
+    ax.axhline(plan.peak_bytes / scale, color=PEAK_COLOR, linestyle="--", linewidth=1,
+               label=f"{PEAK_MEANING}: predicted peak {format_bytes(plan.peak_bytes)}")
+    if top is not None:
+        position = list(rows["step"]).index(top.index)
+        left_half = position < len(held) / 2
+        ax.annotate(f"peak: {_step_names(top, 1)}", xy=(position + 0.5, top.held_bytes / scale), xytext=(4 if left_half else -4, 6),
+                    textcoords="offset points", ha="left" if left_half else "right", va="bottom", fontsize=8,
+                    color=FIGURE_TEXT)
     ax.set_xlim(0, longest)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    if plan.peak_bytes == 0:
-        ax.set_ylim(0, 1)
-        ax.set_yticks([0])
-        _note(ax, "byte copies only: no tensor data is held in memory")
-    else:
-        ax.set_ylim(0, plan.peak_bytes / scale * 1.25)
-    ax.legend(fontsize=8, loc="upper right", ncols=2 if plan.nproc > 1 else 1)
+    ax.set_ylim(0, plan.peak_bytes / scale * 1.3)
+    fig.legend(fontsize=8, loc="outside lower center", ncols=1)
     ax.grid(alpha=0.3)
-    return fig
+    return neutral(fig)
+
+
+def name_range(first: str, last: str) -> str:
+    """Two names written once with their differing middle braced: 'model-{00001…00048}-of-00048.safetensors'."""
+    import os
+
+    start = len(os.path.commonprefix([first, last]))
+    while start and first[start - 1].isdigit():  # whole numbers in the braces: 000{01…48}, not 0000{1…8}
+        start -= 1
+    tail = len(os.path.commonprefix([first[start:][::-1], last[start:][::-1]]))
+    while tail and first[len(first) - tail].isdigit():
+        tail -= 1
+    return f"{first[:start]}{{{first[start:len(first) - tail]}…{last[start:len(last) - tail]}}}{first[len(first) - tail:]}"
+
+
+def file_groups(table: pd.DataFrame) -> pd.DataFrame:
+    """Source files alike in status, size (to two significant digits) and share read (to 1 %), one row per
+    kind: a label naming the first and last file and how many ("×N"), the mean size and bytes read. A 405B
+    checkpoint's 191 shards make three rows."""
+    import pandas as pd
+
+    if table.empty:
+        return pd.DataFrame(columns=["label", "count", "size", "bytes_read", "status"])
+    keys = [
+        (status, round(size, -max(0, len(str(int(size))) - 2)) if size else 0, round(share, 2))
+        for size, share, status in zip(table["size"], table["share"], table["status"], strict=True)
+    ]
+    groups: dict[tuple, list[str]] = {}
+    for key, name in zip(keys, table.index, strict=True):
+        groups.setdefault(key, []).append(name)
+    rows = []
+    for names in groups.values():
+        part = table.loc[names]
+        status = part["status"].iloc[0]
+        label = names[0] if len(names) == 1 else f"{name_range(names[0], names[-1])} (×{len(names)})"
+        if status == NOT_OPENED:
+            label += f" ({NOT_OPENED})"
+        rows.append((label, len(names), float(part["size"].mean()), float(part["bytes_read"].mean()), status))
+    return pd.DataFrame(rows, columns=["label", "count", "size", "bytes_read", "status"])
 
 
 def files_read_figure(plan: Plan, table: pd.DataFrame | None = None) -> Any:
-    """A bar per source file: its size, and over it the bytes the run reads; unopened files marked."""
+    """A bar per kind of source file (files alike in size and share read are one bar "×N"): its size, and
+    over it the bytes the run reads; unopened files marked."""
     table = source_files_table(plan) if table is None else table
+    grouped = file_groups(table)
     title = "Source files: bytes the run reads from each"
-    if len(table) > MAX_BARS:
-        shown = table.sort_values(["bytes_read", "size"], ascending=False).head(MAX_BARS).sort_index()
-        title += f" (the {MAX_BARS} most read of {len(table)} files)"
+    if len(grouped) > MAX_BARS:
+        shown = grouped.sort_values(["bytes_read", "size"], ascending=False).head(MAX_BARS)
+        title += f" (the {MAX_BARS} most read kinds of {len(table)} files)"
     else:
-        shown = table
-    fig = _figure(8.0, min(1.4 + 0.3 * len(shown), 14.0))
+        shown = grouped
+    if len(grouped) < len(table):
+        title += f"\n{len(table)} files, alike ones drawn once (×N)"
+    fig = _figure(8.0, min(1.6 + 0.3 * len(shown), 14.0))
     ax = fig.add_subplot()
-    ax.set_title(title, fontsize=11)
+    fig.suptitle(title, fontsize=11, color=FIGURE_TEXT)  # over the figure: long file names narrow the axes
     if shown.empty:
         _note(ax, "the source holds no tensor files")
-        return fig
+        return neutral(fig)
     scale, unit = byte_unit(float(shown["size"].max()))
     positions = list(range(len(shown)))
-    ax.barh(positions, shown["size"] / scale, color="#dddddd", label="file size")
-    colors = ["#4C72B0" if status == "read" else "#bbbbbb" for status in shown["status"]]
+    ax.barh(positions, shown["size"] / scale, color=FIGURE_TEXT, alpha=0.3, label="file size")
+    colors = [READ_COLOR if status == "read" else FIGURE_TEXT for status in shown["status"]]
     ax.barh(positions, shown["bytes_read"] / scale, color=colors, height=0.5, label="bytes read")
-    labels = [f"{name} ({NOT_OPENED})" if status == NOT_OPENED else name
-              for name, status in zip(shown.index, shown["status"], strict=True)]
-    ax.set_yticks(positions, labels, fontsize=8)
+    ax.set_yticks(positions, list(shown["label"]), fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel(unit)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.set_xlabel(unit + (" (mean of each ×N bar)" if (shown["count"] > 1).any() else ""))
+    fig.legend(fontsize=8, loc="outside lower center", ncols=2)
     ax.grid(axis="x", alpha=0.3)
-    return fig
+    return neutral(fig)
 
 
 def rank_load_figure(plan: Plan, table: pd.DataFrame | None = None) -> Any:
@@ -163,13 +286,54 @@ def rank_load_figure(plan: Plan, table: pd.DataFrame | None = None) -> Any:
     ax.set_title(f"Work per rank{more}", fontsize=11)
     scale, unit = byte_unit(float(max(shown["bytes_read"].max(), shown["bytes_written"].max(), 0)))
     x = np.arange(len(shown))
-    ax.bar(x - 0.2, shown["bytes_read"] / scale, width=0.4, color="#4C72B0", label="bytes read")
-    ax.bar(x + 0.2, shown["bytes_written"] / scale, width=0.4, color="#55A868", label="bytes written")
+    ax.bar(x - 0.2, shown["bytes_read"] / scale, width=0.4, color=READ_COLOR, label="bytes read")
+    ax.bar(x + 0.2, shown["bytes_written"] / scale, width=0.4, color=WRITE_COLOR, label="bytes written")
     ax.set_xticks(x, [f"rank {r}" for r in shown.index], fontsize=8)
     ax.set_ylabel(unit)
-    ax.legend(fontsize=8)
+    fig.legend(fontsize=8, loc="outside right upper")
     ax.grid(axis="y", alpha=0.3)
-    return fig
+    return neutral(fig)
+
+
+# --- the headline ------------------------------------------------------------------------------------
+def headline_facts(plan: Plan) -> list[tuple[str, str]]:
+    """The few numbers a panel opens with, as (label, text): RAM to provision, the peak step named by its
+    tensor, bytes read and written, shards and their size spread, rank balance."""
+    from ..planning.rss import peak_step, rank_libraries
+
+    facts = []
+    ram = format_bytes(plan.rss_bytes) + " per process"
+    if plan.nproc > 1:
+        ram += f" × {plan.nproc} ranks"
+    libraries = sorted({rank_libraries(plan, r) for r in range(plan.nproc)})
+    imported = [name for name in libraries if name != "none"]
+    ram += f" (predicted peak RSS: Python, {' and '.join(imported) if imported else 'no numpy or torch'}, tensors)"
+    facts.append(("RAM to provision", ram))
+    top = peak_step(plan)
+    if top is None or not top.held_bytes:
+        facts.append(("Peak step", "none: every step copies bytes between files, no tensor data is held"))
+    else:
+        where = f" on rank {top.rank}" if plan.nproc > 1 else ""
+        facts.append(("Peak step", f"{format_bytes(top.held_bytes)} of tensors at step {top.index}{where} "
+                                   f"({top.kind}: {_step_names(top)})"))
+    reads = plan.reads()
+    facts.append(("Reads / writes", f"{format_bytes(plan.bytes_read)} from {len(reads)} of {len(plan.source.files)} "
+                                    f"source files / {format_bytes(plan.bytes_written)}"))
+    sizes = [f.size for f in plan.output_file_list]
+    if sizes:
+        spread = format_bytes(min(sizes)) if min(sizes) == max(sizes) else f"{format_bytes(min(sizes))} – {format_bytes(max(sizes))}"
+        facts.append(("Output", f"{len(sizes)} shard{'s' if len(sizes) != 1 else ''}, {spread} each"
+                                + (f" ({len(plan.kept)} kept from an interrupted run)" if plan.kept else "")))
+    if plan.nproc > 1:
+        written = [sum(f.size for f in plan.rank_files(r)) for r in range(plan.nproc)]
+        mean = sum(written) / len(written)
+        idle = sum(1 for n in written if n == 0)
+        balance = (f"the busiest rank writes {max(written) / mean:.2f}× the mean ({format_bytes(max(written))})"
+                   if mean else "no rank writes anything")
+        facts.append(("Rank balance", balance + (f"; {idle} rank(s) idle" if idle else "")))
+    else:
+        facts.append(("Rank balance", "one process"))
+    return facts
 
 
 # --- the panel ----------------------------------------------------------------------------------------
@@ -215,16 +379,18 @@ class PlanPanel(Panel):
         self.max_rows = max_rows
         self.tables: dict[str, pd.DataFrame] = {
             "memory": largest_steps_table(plan),
+            "rss": rss_table(plan),
             "files_read": source_files_table(plan),
             "output_files": plan.output_files.set_index("file"),
             "outputs": plan.outputs,
             "ranks": rank_load_table(plan),
         }
-        self.images: dict[str, bytes] = {
-            "memory": figure_png(memory_timeline_figure(plan)),
-            "files_read": figure_png(files_read_figure(plan, self.tables["files_read"])),
-            "ranks": figure_png(rank_load_figure(plan, self.tables["ranks"])),
-        }
+        self.images: dict[str, bytes] = {}
+        timeline = memory_timeline_figure(plan)
+        if timeline is not None:  # no tensor data held: the Memory tab says so in a sentence, not a flat chart
+            self.images["memory"] = figure_png(timeline)
+        self.images["files_read"] = figure_png(files_read_figure(plan, self.tables["files_read"]))
+        self.images["ranks"] = figure_png(rank_load_figure(plan, self.tables["ranks"]))
         self.headline = labelled(widgets.HTML(self._headline_html()), "wb-plan-headline")
         self.problems_view = labelled(widgets.HTML(problems_html(plan)), "wb-plan-problems")
         sections = self._sections()
@@ -243,9 +409,15 @@ class PlanPanel(Panel):
                 f"peak {format_bytes(plan.peak_bytes)}, {status}")
 
     def _headline_html(self) -> str:
-        lines = self.plan.headline()
-        body = "<br>".join(html.escape(line) for line in lines)
-        return f"<b>Conversion plan</b><div style='font-size:12px;color:#555;line-height:1.45'>{body}</div>"
+        facts = "".join(
+            f"<tr><th style='{HEAD_LABEL}'>{html.escape(label)}</th><td style='{HEAD_VALUE}'>{html.escape(text)}</td></tr>"
+            for label, text in headline_facts(self.plan)
+        )
+        details = "<br>".join(html.escape(line) for line in self.plan.headline())
+        return (f"<div class='wb-plan-head' style='color:{TEXT}'><b>Conversion plan</b>"
+                f"<table class='wb-plan-facts' style='border-collapse:collapse;margin:2px 0'>{facts}</table>"
+                f"<details><summary style='color:{MUTED};font-size:12px'>details</summary>"
+                f"<div style='font-size:12px;color:{MUTED};line-height:1.45'>{details}</div></details></div>")
 
     # --- contents ----------------------------------------------------------------------------------
     def _table(self, key: str, noun: str, formatters: dict[str, Any] | None = None) -> str:
@@ -253,7 +425,8 @@ class PlanPanel(Panel):
 
     def _section_html(self) -> dict[str, list[str]]:
         """Each tab's content as HTML fragments; the live tabs and the static copy are built from them."""
-        size = {c: format_bytes for c in ("size", "bytes_read", "bytes_written", "held_bytes", "peak_bytes", "nbytes")}
+        size = {c: format_bytes for c in ("size", "bytes_read", "bytes_written", "held_bytes", "peak_bytes", "nbytes", "rss_bytes",
+                                          "bytes")}
         plan = self.plan
         if plan.index is None:
             layout_note = "One file, model.safetensors: no index."
@@ -264,12 +437,21 @@ class PlanPanel(Panel):
             layout_note += f" {len(plan.kept)} shard(s) are kept from an interrupted run of this plan."
         return {
             "Memory": [
-                message_html(f"Predicted peak: {format_bytes(plan.peak_bytes)} of tensor data per process. "
-                             "Steps holding the most:"),
+                message_html(f"Every step holds {format_bytes(plan.peak_bytes)} of tensor data, so there is no "
+                             "memory chart.") if "memory" not in self.images else "",
+                message_html(f"Predicted peak: {format_bytes(plan.peak_bytes)} of tensor data per process, "
+                             f"{format_bytes(plan.rss_bytes)} of process memory (RSS) with Python and its libraries. "
+                             "held_bytes is what one step keeps in memory while it runs (its input buffers, cast arena "
+                             "and outputs); peak_bytes is the most held by that rank so far: the largest is what "
+                             "tensors need. Steps holding the most:"),
                 self._table("memory", "steps", size),
+                message_html("Process memory (RSS) to provision, part by part:"),
+                self._table("rss", "parts", size),
             ] if plan.peak_bytes else [
-                message_html("Predicted peak: 0 B of tensor data: every step moves bytes between files without "
-                             "holding tensors in memory."),
+                message_html(f"Predicted peak: 0 B of tensor data: every step moves bytes between files without "
+                             f"holding tensors in memory, so there is no memory chart. Process memory (RSS): "
+                             f"{format_bytes(plan.rss_bytes)} per process, part by part:"),
+                self._table("rss", "parts", size),
             ],
             "Files read": [
                 message_html(f"The run opens {int((self.tables['files_read']['status'] == 'read').sum())} of "
@@ -290,12 +472,12 @@ class PlanPanel(Panel):
         self.image_views: dict[str, widgets.Image] = {
             key: labelled(widgets.Image(value=self.images[key], format="png", layout=widgets.Layout(**picture_layout)),
                           f"wb-plan-{key.replace('_', '-')}-plot")
-            for key in TAB_IMAGES.values()
+            for key in TAB_IMAGES.values() if key in self.images
         }
         sections = []
         for title in TABS:
             children: list[widgets.Widget] = []
-            if title in TAB_IMAGES:
+            if TAB_IMAGES.get(title) in self.image_views:
                 children.append(self.image_views[TAB_IMAGES[title]])
             children.append(widgets.HTML("".join(html_parts[title]), layout=widgets.Layout(max_height="420px", overflow="auto")))
             sections.append((title, children))
@@ -304,12 +486,12 @@ class PlanPanel(Panel):
     def _repr_html_(self) -> str:
         parts = [f'<div class="wb-plan-static">{self._headline_html()}', problems_html(self.plan)]
         for title, fragments in self._section_html().items():
-            picture = _png_html(self.images[TAB_IMAGES[title]], title) if title in TAB_IMAGES else ""
+            picture = _png_html(self.images[TAB_IMAGES[title]], title) if TAB_IMAGES.get(title) in self.images else ""
             parts.append(f"<details open><summary><b>{html.escape(title)}</b></summary>{picture}{''.join(fragments)}</details>")
         return "".join(parts) + "</div>"
 
 
 __all__ = [
-    "PlanPanel", "byte_unit", "files_read_figure", "largest_steps_table", "memory_timeline_figure", "problems_html",
-    "rank_load_figure", "rank_load_table", "source_files_table",
+    "PlanPanel", "byte_unit", "file_groups", "files_read_figure", "headline_facts", "name_range", "neutral", "largest_steps_table", "memory_timeline_figure", "problems_html",
+    "rank_load_figure", "rank_load_table", "rss_table", "source_files_table",
 ]

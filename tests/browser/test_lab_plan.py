@@ -1,0 +1,113 @@
+"""The PlanPanel in a real JupyterLab, light and dark: a plan on 8 ranks over 48 shards of three sizes. The headline
+(RAM to provision first) must be visible, its text must contrast with what is behind it in both themes,
+the Memory tab must say in a sentence that every step holds the same, and the Files read tab must draw
+the 48 alike shards as one bar (a short figure). Screenshots of both themes go to
+the screenshot folder (`make screenshots` refreshes docs/)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from lab_harness import PANEL, JupyterLab, browser_available, launched_chromium, open_notebook, screenshot_dir
+
+REPO = Path(__file__).resolve().parents[2]
+UNAVAILABLE = browser_available()
+
+pytestmark = [pytest.mark.browser, pytest.mark.skipif(UNAVAILABLE is not None, reason=f"browser tests need chromium: {UNAVAILABLE}")]
+
+SETUP = """import json
+from pathlib import Path
+
+import torch
+
+import workbench as wb
+from workbench.output.safetensors import save_tensors
+from workbench.widgets import PlanPanel
+
+src = Path("many-shards")
+src.mkdir(exist_ok=True)
+weight_map = {}
+for k in range(48):
+    name = f"model-{k + 1:05d}-of-00048.safetensors"
+    save_tensors(src / name, {f"model.layers.{k}.mlp.weight": torch.zeros(64 * (1 + k % 3), 64)})
+    weight_map[f"model.layers.{k}.mlp.weight"] = name
+(src / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+plan = wb.plan(src, shard_size="40KB", nproc=8, dtype="bf16")
+PlanPanel(plan)"""
+
+# WCAG contrast of an element's text colour against the first opaque background behind it.
+CONTRAST = """(el) => {
+  const rgb = (s) => (s.match(/[\\d.]+/g) || []).map(Number);
+  const lum = ([r, g, b]) => {
+    const f = (c) => { c /= 255; return c <= 0.03928 ? c / 12.92 : Math.pow((c + 0.055) / 1.055, 2.4); };
+    return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+  };
+  let node = el, bg = null;
+  while (node && node.nodeType === 1) {
+    const c = rgb(getComputedStyle(node).backgroundColor);
+    if (c.length >= 3 && (c.length < 4 || c[3] > 0.5)) { bg = c; break; }
+    node = node.parentElement;
+  }
+  bg = bg || [255, 255, 255];
+  const fg = rgb(getComputedStyle(el).color);
+  const [a, b] = [lum(fg), lum(bg)].sort((x, y) => y - x);
+  return {ratio: (a + 0.05) / (b + 0.05), fg: getComputedStyle(el).color, bg: bg.join(',')};
+}"""
+
+
+def notebook() -> dict:
+    cell = {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": SETUP}
+    return {"cells": [cell], "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+            "nbformat": 4, "nbformat_minor": 5}
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterLab]:
+    root = tmp_path_factory.mktemp("lab-plan-root")
+    state = tmp_path_factory.mktemp("lab-plan-state")
+    (root / "plan.ipynb").write_text(json.dumps(notebook()))
+    server = JupyterLab(root, state)
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("theme", ["JupyterLab Light", "JupyterLab Dark"])
+def test_plan_panel_headline_is_readable_in_both_themes(lab: JupyterLab, theme: str) -> None:
+    with launched_chromium() as chromium:
+        page = chromium.new_page(viewport={"width": 1400, "height": 1400})
+        try:
+            open_notebook(page, lab, "plan.ipynb")
+            page.evaluate(f"() => window.galata.app.commands.execute('apputils:change-theme', {{theme: {json.dumps(theme)}}})")
+            page.wait_for_function(
+                f"() => document.body.dataset.jpThemeName === {json.dumps(theme)}", timeout=30_000)
+            page.wait_for_function(
+                "() => { const p = window.galata.app.shell.currentWidget; const k = p && p.sessionContext.session"
+                " && p.sessionContext.session.kernel; return k && k.status === 'idle'; }", timeout=60_000)
+            page.evaluate("() => window.galata.app.commands.execute('notebook:run-all-cells')")
+            panel = page.locator(f"{PANEL} .wb-plan")
+            panel.wait_for(timeout=120_000)
+            headline = panel.locator(".wb-plan-headline")
+            text = headline.inner_text()
+            assert text.index("RAM to provision") < text.index("Peak step") < text.index("Rank balance")
+            assert "× 8 ranks" in text and "shards" in text
+            for cell in (headline.locator(".wb-plan-facts td").first, headline.locator(".wb-plan-facts th").first):
+                assert cell.is_visible()
+                contrast = cell.evaluate(CONTRAST)
+                assert contrast["ratio"] >= 4.5, f"{theme}: headline text {contrast} is hard to read"
+            memory = panel.locator(".wb-plan-memory-plot").first
+            memory.wait_for(state="visible", timeout=30_000)  # the Memory tab is open first: its chart is drawn
+            assert memory.evaluate("(img) => img.complete && img.naturalWidth > 0")
+            name = "dark" if "Dark" in theme else "light"
+            panel.scroll_into_view_if_needed()
+            panel.screenshot(path=str(screenshot_dir() / f"plan_panel_{name}.png"))
+            panel.locator(".lm-TabBar-tab, .p-TabBar-tab").filter(has_text="Files read").first.click()
+            files = panel.locator(".wb-plan-files-read-plot").first
+            files.wait_for(state="visible", timeout=30_000)
+            # three bars (16 alike shards each), not 40 bars: a short figure
+            assert files.evaluate("(img) => img.complete && img.naturalWidth > 0 && img.naturalHeight < 300")
+            panel.screenshot(path=str(screenshot_dir() / f"plan_panel_files_{name}.png"))
+        finally:
+            page.close()

@@ -1,0 +1,187 @@
+"""Predicted process memory (RSS) of each rank of a plan: what a machine must provision, not only tensor bytes.
+
+A conversion process's resident memory is the sum of parts that are each either measured once
+(`planning.rss_calibration`, re-measured by `scripts/calibrate_rss.py`) or known from the plan:
+
+    interpreter   a bare CPython process
+    workbench     the modules the entry point imports (the CLI for one process, the worker for several)
+                  and the small state every run keeps (progress, the I/O ledger)
+    imports       the libraries this rank's steps import: none for byte copies, numpy for casts it can
+                  do (float32 -> bfloat16 ...), torch for tensor ops and other casts
+    metadata      the catalog and the plan, in proportion to the number of source tensors
+    buffers       the remote reader's prefetch window for URL sources, the output headers
+    tensor peak   the plan's own peak of tensor bytes (cast arena, inputs and outputs of a compute step)
+    intermediates what torch makes on the way in a compute step: an op followed by a cast (a fusion with
+                  `dtype=`) first builds the op's result in the input dtype, then the cast output
+
+The prediction is for a fresh process (`workbench convert` or a worker); inside a notebook the
+kernel's own memory comes on top. A numpy cast falls back to torch for a chunk holding NaN, which
+imports torch there: data the plan cannot see, so the numpy-only prediction is then low by torch's share.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from weakref import WeakKeyDictionary
+
+from ..dtypes import numpy_castable
+from . import rss_calibration as calibrated
+from .schedule import CAST, COMPUTE, COPY, Step
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .model import Plan
+
+NONE, NUMPY, TORCH = "none", "numpy", "torch"
+CLI, WORKER = "cli", "worker"
+# A plan does not change once built: each rank's parts are worked out once (a panel asks for them several times,
+# and on a 100k-tensor plan one pass over the steps takes a tenth of a second).
+_PARTS: WeakKeyDictionary[Plan, dict[int, list[RssPart]]] = WeakKeyDictionary()
+_LIBRARIES: WeakKeyDictionary[Plan, dict[int, str]] = WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class RssPart:
+    """One row of a rank's predicted RSS: what it is, its bytes, and where the number comes from."""
+
+    part: str
+    bytes: int
+    detail: str
+
+
+def rank_libraries(plan: Plan, rank: int) -> str:
+    """The heaviest library `rank`'s steps import: 'torch', 'numpy' or 'none' (as engine.steps.preload_libraries does)."""
+    per_rank = _LIBRARIES.setdefault(plan, {})
+    if rank not in per_rank:
+        per_rank[rank] = _libraries(plan, rank)
+    return per_rank[rank]
+
+
+def _libraries(plan: Plan, rank: int) -> str:
+    reader = plan.source.reader
+    found = NONE
+    for step in plan.rank_steps(rank):
+        if step.kind == COPY:
+            continue
+        if step.kind == CAST:
+            src, out = step.group.inputs[0], step.group.outputs[0]
+            if numpy_castable(src.dtype, out.dtype) and reader is not None and reader.locate(src) is not None:
+                found = NUMPY
+                continue
+        return TORCH
+    return found
+
+
+def calibration_mismatch() -> str | None:
+    """Which measured version differs from the installed one ('torch 2.13.0+cpu, installed 2.14.0'), or None:
+    the constants then hold for another build, and `scripts/calibrate_rss.py --write` re-measures them."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name, measured in getattr(calibrated, "MEASURED_WITH", {}).items():
+        try:
+            installed = platform.python_version() if name == "python" else version(name)
+        except PackageNotFoundError:
+            continue
+        if installed != measured:
+            return f"{name} {measured}, installed {installed}"
+    return None
+
+
+def entry_point(plan: Plan) -> str:
+    """Which process runs a rank: the CLI (or script) itself for one process, a worker for several."""
+    return CLI if plan.nproc == 1 else WORKER
+
+
+def prefetch_bytes(plan: Plan, rank: int) -> int:
+    """The remote reader's buffers for a URL source: at most its window ahead plus the ranges in flight,
+    never more than the rank reads; 0 for local files (read straight into tensor buffers)."""
+    if not plan.source.url:
+        return 0
+    from ..formats.remote_safetensors import CHUNK_BYTES, PARALLEL, WINDOW_BYTES
+
+    return min(WINDOW_BYTES + PARALLEL * CHUNK_BYTES, sum(plan.reads(rank).values()))
+
+
+def rss_parts(plan: Plan, rank: int) -> list[RssPart]:
+    """The predicted RSS of `rank`, part by part (they add up to `rank_rss_bytes`)."""
+    per_rank = _PARTS.setdefault(plan, {})
+    if rank not in per_rank:
+        per_rank[rank] = _parts(plan, rank)
+    return list(per_rank[rank])
+
+
+def _parts(plan: Plan, rank: int) -> list[RssPart]:
+    entry = entry_point(plan)
+    libraries = rank_libraries(plan, rank)
+    tensors = len(plan.source)
+    prefetch = prefetch_bytes(plan, rank)
+    headers = sum(len(f.layout.header) for f in plan.rank_files(rank))
+    measured = "measured" if _MISMATCH is None else f"measured with {_MISMATCH}: re-run scripts/calibrate_rss.py"
+    parts = [
+        RssPart("interpreter", calibrated.INTERPRETER, f"a bare python process ({measured})"),
+        RssPart("workbench", calibrated.WORKBENCH[entry],
+                f"modules the {'workbench convert command' if entry == CLI else 'worker'} imports ({measured})"),
+    ]
+    if libraries == NONE:
+        parts.append(RssPart("imports", 0, "none: byte copies need neither numpy nor torch"))
+    elif libraries == NUMPY:
+        parts.append(RssPart("imports", calibrated.LIBRARY[NUMPY], f"numpy: casts numpy does, torch is not imported ({measured})"))
+    else:
+        parts.append(RssPart("imports", calibrated.LIBRARY[TORCH], f"torch: tensor ops or casts numpy does not do ({measured})"))
+    parts.append(RssPart("metadata", calibrated.PER_TENSOR * tensors,
+                         f"catalog and plan: {tensors:,} tensors × {calibrated.PER_TENSOR:,} bytes ({measured})"))
+    detail = f"output headers {headers:,} bytes"
+    if prefetch:
+        detail = f"remote prefetch window {prefetch:,} bytes; " + detail
+    parts.append(RssPart("buffers", prefetch + headers, detail))
+    peak = plan.rank_peak_bytes(rank)
+    parts.append(RssPart("tensor peak", peak, _peak_detail(plan, rank)))
+    with_intermediates = max((s.held_bytes + intermediate_bytes(s) for s in plan.rank_steps(rank)), default=0)
+    parts.append(RssPart("intermediates", max(0, with_intermediates - peak),
+                         "an op's result before its cast (compute steps that also cast)"))
+    return parts
+
+
+def intermediate_bytes(step: Step) -> int:
+    """Bytes torch builds in a compute step beyond its inputs and outputs: when an op (concat, transpose ...)
+    is followed by a cast, its result exists in the input dtype before the cast output is made."""
+    if step.kind != COMPUTE or not step.group.inputs:
+        return 0
+    from ..dtypes import nbytes_of
+    from ..mapper.ops import Cast
+
+    if isinstance(step.group.op, Cast):  # a cast alone converts straight into its output
+        return 0
+    source_dtype = step.group.inputs[0].dtype
+    return sum(nbytes_of(source_dtype, t.numel) for t in step.group.outputs if t.dtype != source_dtype)
+
+
+def _peak_detail(plan: Plan, rank: int) -> str:
+    step = peak_step(plan, rank)
+    if step is None or not step.held_bytes:
+        return "byte copies only: no tensor data held"
+    names = ", ".join(t.name for t in step.group.outputs[:2]) + (" ..." if len(step.group.outputs) > 2 else "")
+    return f"step {step.index} ({step.kind}: {names})"
+
+
+def peak_step(plan: Plan, rank: int | None = None):
+    """The step holding the most tensor bytes (of `rank`, or of any rank); the first such in schedule order."""
+    best = None
+    ranks = range(plan.nproc) if rank is None else (rank,)
+    for r in ranks:
+        for step in plan.rank_steps(r):
+            if best is None or step.held_bytes > best.held_bytes:
+                best = step
+    return best
+
+
+_MISMATCH = calibration_mismatch()
+
+
+def rank_rss_bytes(plan: Plan, rank: int) -> int:
+    """Predicted peak RSS of the process running `rank`."""
+    return sum(p.bytes for p in rss_parts(plan, rank))
+
+
+__all__ = ["RssPart", "calibration_mismatch", "entry_point", "intermediate_bytes", "peak_step", "prefetch_bytes", "rank_libraries", "rank_rss_bytes", "rss_parts"]
