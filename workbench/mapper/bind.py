@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import gc
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ..catalog import TensorInfo
@@ -445,6 +446,72 @@ def run_binder(mapper: Mapper, source: Any, rest: Rest = "keep", *, record: bool
         binder = Binder(mapper, source_infos(source), record=record)
         binder.run(mapper, binder.state, ())
         return build_binding(binder, rest), binder
+    finally:
+        if collecting:
+            gc.enable()
+
+
+@dataclass
+class StepwiseBinding:
+    """A list of steps bound in one walk, with what each step saw: what the MapperBuilder shows.
+
+    `binding`: the steps combined (Sequential: each sees the previous result; Parallel: each reads the
+    source). `before[k]`: name -> TensorInfo of the tensors step k reads from (Sequential: the result of
+    steps 0..k-1; Parallel: the source); `before[len(steps)]` is what a step appended next would see.
+    `problems[k]`: the problems step k raised; `instances[k]`: its concrete operations (templates filled).
+    """
+
+    binding: Binding
+    before: list[dict[str, TensorInfo]]
+    problems: list[list[Problem]]
+    instances: list[list[Op]]
+
+
+def _snapshot(state: State) -> dict[str, TensorInfo]:
+    """The state's names with known metadata (names after a failed operation have none and are left out)."""
+    return {name: TensorInfo(name, node.meta[0], node.meta[1]) for name, node in state.nodes.items() if node.meta is not None}
+
+
+def _parts(mapper: Mapper) -> list[Mapper]:
+    """`mapper` and every mapper inside it (composites too: problems may name either)."""
+    inner = list(getattr(mapper, "mappers", ())) + ([mapper.mapper] if isinstance(mapper, PrefixScope) else [])
+    return [mapper] + [part for child in inner for part in _parts(child)]
+
+
+def bind_steps(steps: list[Mapper], source: Any, *, parallel: bool = False, rest: Rest = "keep") -> StepwiseBinding:
+    """Bind `Sequential(*steps)` (or `Parallel(*steps)`) to `source` once, recording each step's view."""
+    if rest not in ("keep", "drop", "error"):
+        raise MapperError(f"Cannot bind with rest={rest!r}: use 'keep', 'drop' or 'error'.")
+    from .grouping import build_binding
+
+    mapper = Parallel(*steps) if parallel else Sequential(*steps)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        binder = Binder(mapper, source_infos(source), record=True)
+        before: list[dict[str, TensorInfo]] = []
+        problems: list[list[Problem]] = []
+        if parallel:
+            start = {info.name: info for info in binder.infos}
+            binder.run(mapper, binder.state, ())
+            before = [start] * (len(steps) + 1)
+            # Parallel children are merged before their clashes are known: attribute problems by operation.
+            owner = {part.short(): k for k, step in reversed(list(enumerate(steps))) for part in _parts(step)}
+            problems = [[] for _ in steps]
+            for problem in binder.problems:
+                problems[owner.get(problem.op, len(steps) - 1)].append(problem)
+        else:
+            for index, step in enumerate(steps):
+                before.append(_snapshot(binder.state))
+                first = len(binder.problems)
+                binder.run(step, binder.state, (index,))
+                problems.append(binder.problems[first:])
+            before.append(_snapshot(binder.state))
+        instances: list[list[Op]] = [[] for _ in steps]
+        for path, records in (binder.records or {}).items():
+            if path:
+                instances[path[0]].extend(op for op, _ in records)
+        return StepwiseBinding(build_binding(binder, rest), before, problems, instances)
     finally:
         if collecting:
             gc.enable()
