@@ -36,8 +36,10 @@ def glob_matcher(pattern: str) -> Callable[[str], bool]:
     """A test of whole tensor names for `pattern` (the filter syntax of `workbench.names`, anchored)."""
     try:
         regex = re.compile(pattern_regex(pattern), re.DOTALL)
-    except WorkbenchError as exc:
-        raise MapperError(exc.message.replace("Cannot filter by", "Cannot expand")) from None
+    except WorkbenchError:
+        # names are quoted as typed (a repr would double each backslash)
+        raise MapperError(f"Cannot expand '{pattern}': it has a malformed placeholder. Write placeholders as {{name}} with a "
+                          "Python identifier inside, e.g. 'model.layers.{i}.*'.") from None
     return lambda name: regex.fullmatch(name) is not None
 
 
@@ -93,7 +95,7 @@ def expand_each(pattern: str, names: Sequence[str], build: Callable[[str], Mappe
 
 
 def _no_match(pattern: str, names: Sequence[str], what: str) -> str:
-    return (f"Cannot {what} {pattern!r}: it matches no tensor name ({len(names)} names at this step). A glob must match "
+    return (f"Cannot {what} '{pattern}': it matches no tensor name ({len(names)} names at this step). A glob must match "
             "whole names: '*' is any text (dots included), '{i}' one segment; e.g. 'model.*' or '*.weight'.")
 
 
@@ -112,12 +114,12 @@ def glob_rename(pattern: str, dst: str, names: Sequence[str]) -> Mapper:
     stars = pattern.count("*")
     if dst.count("*") != stars:
         raise MapperError(
-            f"Cannot rename {pattern!r} to {dst!r}: the new name needs as many '*' as the old one ({stars}), each standing "
+            f"Cannot rename '{pattern}' to '{dst}': the new name needs as many '*' as the old one ({stars}), each standing "
             "for the text its '*' matched, e.g. 'model.*' -> '*' or 'layers.*.attn' -> 'blocks.*.attention'."
         )
     extra = set(placeholders_of(dst)) - set(placeholders_of(pattern))
     if extra:
-        raise MapperError(f"Cannot rename {pattern!r} to {dst!r}: {sorted(extra)} in the new name are not in the old one.")
+        raise MapperError(f"Cannot rename '{pattern}' to '{dst}': {sorted(extra)} in the new name are not in the old one.")
     plain = not any(c in pattern for c in "?[{")
     if plain and stars == 1 and pattern.endswith("*") and dst.endswith("*") and "{" not in dst:
         return prefix_rename(pattern[:-1], dst[:-1])
@@ -126,7 +128,7 @@ def glob_rename(pattern: str, dst: str, names: Sequence[str]) -> Mapper:
     for part in parts:
         here = set(placeholders_of(part))
         if here & seen:
-            raise MapperError(f"Cannot rename {pattern!r}: a placeholder appears on both sides of a '*'; use it once.")
+            raise MapperError(f"Cannot rename '{pattern}': a placeholder appears on both sides of a '*'; use it once.")
         seen |= here
     regex = re.compile("(.*)".join(pattern_regex(part) for part in parts), re.DOTALL)
     pairs: list[tuple[str, str]] = []
@@ -203,7 +205,7 @@ def glob_cast(pattern: str, infos: Mapping[str, TensorInfo], dtype: str, *, keep
         if is_float(info.dtype) and info.dtype != want:
             wanted.setdefault(want, []).append(name)
     if not wanted:
-        raise MapperError(f"Cannot cast {pattern!r}: the {len(matched)} tensor(s) it matches are already in the dtypes asked "
+        raise MapperError(f"Cannot cast '{pattern}': the {len(matched)} tensor(s) it matches are already in the dtypes asked "
                           "for (or are not floating point). Nothing to do.")
     ops = [Cast(template, want) for want, chosen in wanted.items() for template in fold_exactly(chosen, infos)]
     return ops[0] if len(ops) == 1 else Parallel(*ops)
