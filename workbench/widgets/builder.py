@@ -171,6 +171,13 @@ def compare_to_target(produced: Any, target: Any) -> pd.DataFrame:
 _KIND_ORDER = {kind: k for k, (kind, _) in enumerate(PROBLEM_KINDS)}
 
 
+_SINGULAR = {"names not found": "name not found", "name clashes": "name clash", "invalid operations": "invalid operation"}
+
+
+def _counted(kind: str, n: int) -> str:
+    return _SINGULAR.get(kind, kind) if n == 1 else kind
+
+
 def problem_kind(message: str) -> str:
     """What kind of problem a binding message reports ('names not found', 'name clashes', ...; else 'invalid')."""
     for kind, words in PROBLEM_KINDS:
@@ -789,6 +796,7 @@ class MapperBuilder(Panel):
     def _end_edit(self, message: str | None = None) -> None:
         self._editing = None
         self.prefix_box.value = ""
+        self._update_suggestions()  # back to the names a new step would read
         self.add_button.description = "Add step"
         self.add_button.icon = "plus"
         self.cancel_button.layout.display = "none"
@@ -967,7 +975,7 @@ class MapperBuilder(Panel):
             items = "".join(f"<li>{html.escape(p.message)}</li>" for p in group.problems[:SHOWN_PER_GROUP])
             more = f"<li>… {n - SHOWN_PER_GROUP} more (builder.binding.problems)</li>" if n > SHOWN_PER_GROUP else ""
             parts.append(
-                f'<details class="wb-problem-group" open><summary style="color:{color}">{step} — {n} {html.escape(group.kind)}'
+                f'<details class="wb-problem-group" open><summary style="color:{color}">{step} — {n} {html.escape(_counted(group.kind, n))}'
                 f'</summary><ul class="wb-problems" style="margin:2px 0">{items}{more}</ul></details>'
             )
         self.problems_view.value = "".join(parts)
