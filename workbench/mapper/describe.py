@@ -48,6 +48,8 @@ def _describe(step: Mapper, before: Mapping[str, TensorInfo], instances: list[Op
     kinds = {type(leaf) for leaf in leaves}
     done = [op for op in instances if not isinstance(op, Claim)]
     if kinds == {Cast}:
+        if len(leaves) == 1 and not leaves[0].is_template:
+            return f"cast {leaves[0].name} → {leaves[0].dtype}"  # type: ignore[attr-defined]
         return _casts(done, before) + checked
     if kinds == {Concat}:
         return "fuse " + ", ".join(_fusion(leaf.srcs, leaf.dst) for leaf in leaves) + _times(done, leaves) + checked

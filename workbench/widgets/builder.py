@@ -342,7 +342,7 @@ class MapperBuilder(Panel):
             "wb-builder-combine",
         )
 
-        self.op_picker = labelled(W.ToggleButtons(options=OPERATIONS, value="Concat", style={"button_width": "76px"},
+        self.op_picker = labelled(W.ToggleButtons(options=OPERATIONS, value="Concat", style={"button_width": "84px"},
                                                   tooltips=[OUTPUT_HINTS[op] for op in OPERATIONS]), "wb-builder-op")
         self.name_search = labelled(
             W.Text(placeholder="search: a word, a glob (*.mlp.*) or a template (layers.{i}.*)", description="Names",
@@ -352,7 +352,7 @@ class MapperBuilder(Panel):
         self.add_source_button = labelled(W.Button(description="Add selected", icon="plus",
                                                    tooltip="append the chosen names to the sources (Ctrl/Shift-click chooses several)"),
                                           "wb-builder-add-source")
-        self.add_pattern_button = labelled(W.Button(description="Add search as glob", icon="asterisk",
+        self.add_pattern_button = labelled(W.Button(description="Add search as glob", icon="asterisk", layout=W.Layout(width="auto"),
                                                     tooltip="append the search text itself: every name it matches at this step"),
                                            "wb-builder-add-pattern")
         self.clear_sources_button = labelled(W.Button(description="Clear", icon="eraser", layout=W.Layout(width="90px")), "wb-builder-clear")
@@ -433,7 +433,7 @@ class MapperBuilder(Panel):
                 W.HBox([self.add_button, self.cancel_button]),
                 self.form_message,
             ],
-            layout=W.Layout(border="1px solid #ddd", padding="4px", margin="4px 0"),
+            layout=W.Layout(border="1px solid var(--jp-border-color2, #ddd)", padding="4px", margin="4px 0"),
         )
         steps = W.VBox([W.HBox([self.steps_list, W.VBox([self.edit_button, self.remove_button, self.up_button, self.down_button])]),
                         self.step_detail, self.problems_panel])
