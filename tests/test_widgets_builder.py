@@ -536,3 +536,20 @@ def test_glob_errors_quote_names_as_typed(builder):
     with pytest.raises(MapperError) as caught:
         M.Claim("family", "(a\\.b")
     assert "'(a\\.b'" in str(caught.value)
+
+
+def test_reordering_says_when_validity_changes(builder):
+    strip_model_prefix(builder)
+    add_typed(builder, "Cast", "layers.{i}.mlp.up_proj.weight", "", {})
+    assert builder.binding.ok
+    builder.move(1, -1)  # the cast now runs before the strip: its names do not exist yet
+    assert "new problem(s)" in builder.form_message.value and not builder.binding.ok
+    builder.move(0, +1)
+    assert "fewer" in builder.form_message.value and builder.binding.ok
+
+
+def test_export_tab_has_one_copy_button(builder):
+    export = builder.tabs.children[3]
+    shown = [w for box in export.children for w in getattr(box, "children", [box])]
+    assert builder.copy_button not in shown and builder.clipboard in shown
+    assert "Copy to clipboard" in builder.clipboard.value  # the HTML button copies; no second "copy" that does not

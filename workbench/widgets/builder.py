@@ -442,7 +442,8 @@ class MapperBuilder(Panel):
                 W.VBox([W.HBox([self.changed_only, self.fold_preview]), self.preview_table]),
                 W.VBox([self.graph_button, self.graph_output]),
                 W.VBox([W.HBox([self.target_box, self.target_button]), self.target_view]),
-                W.VBox([W.HBox([self.copy_button, self.clipboard]), self.code_area, W.HBox([self.save_path, self.save_button]), self.export_message]),
+                # one copy button: the clipboard one (copy_button / copy_code() stay for code that calls them)
+                W.VBox([self.clipboard, self.code_area, W.HBox([self.save_path, self.save_button]), self.export_message]),
             ],
             titles=["Preview", "Graph", "Target", "Export"],
         )
@@ -508,8 +509,21 @@ class MapperBuilder(Panel):
             return
         other = index + offset
         if 0 <= other < len(self.steps):
+            before = len(self.binding.problems) if self.binding is not None else 0
             self.steps[index], self.steps[other] = self.steps[other], self.steps[index]
             self.refresh(select=other)
+            self._say_moved(index, other, before)
+
+    def _say_moved(self, index: int, position: int, before: int) -> None:
+        """Say that a step moved, and whether the order changed what binds (in Sequential it may)."""
+        after = len(self.binding.problems) if self.binding is not None else 0
+        text = f"Moved step {index + 1} to position {position + 1}"
+        if after > before:
+            self.form_message.value = message_html(f"{text}: {after - before} new problem(s) — the steps read other names now.", "warning")
+        elif after < before:
+            self.form_message.value = message_html(f"{text}: {before - after} problem(s) fewer.", "ok")
+        else:
+            self.form_message.value = message_html(f"{text}.", "info")
 
     def add_checkpoint(self, name: str | None = None, path: str | os.PathLike | None = None) -> None:
         """Add another source (the Name/Path boxes unless given): the builder then works over all sources,
@@ -953,10 +967,11 @@ class MapperBuilder(Panel):
         """Move step `index` to `position` (0-based; the steps in between shift down)."""
         if not (0 <= index < len(self.steps) and 0 <= position < len(self.steps)):
             return
+        before = len(self.binding.problems) if self.binding is not None else 0
         step = self.steps.pop(index)
         self.steps.insert(position, step)
-        self.form_message.value = message_html(f"Moved step {index + 1} to position {position + 1}.", "info")
         self.refresh(select=position)
+        self._say_moved(index, position, before)
 
     def _show_problems(self) -> None:
         groups = self.problem_groups()
