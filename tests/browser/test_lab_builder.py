@@ -213,3 +213,51 @@ def test_fuse_strip_and_cast_in_ten_clicks(browser: object, lab: JupyterLab, the
 
     for tensor in coded.tensors.index:
         assert torch.equal(clicked.load(tensor), coded.load(tensor)), tensor
+
+
+def test_names_problems_fix_and_folded_target_by_clicking(browser: object, lab: JupyterLab) -> None:
+    """Dark theme: after a prefix strip only the new names are offered; a fusion typed with the old names is one
+    grouped problem with a fix-it that works; the target check takes a model type and folds its rows."""
+    page = browser.new_page(viewport={"width": 1500, "height": 1600})  # type: ignore[attr-defined]
+    try:
+        open_notebook(page, lab, "builder_clicks.ipynb")
+        page.evaluate("() => window.galata.app.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")
+        page.wait_for_function("() => document.body.dataset.jpThemeName === 'JupyterLab Dark'", timeout=30_000)
+        page.wait_for_function(KERNEL_READY, timeout=60_000)
+        page.evaluate("() => { window.galata.app.commands.execute('notebook:run-all-cells'); }")
+        builder = page.locator(f"{PANEL} .wb-builder")
+        builder.wait_for(timeout=60_000)
+        builder.scroll_into_view_if_needed()
+        user = Clicks(builder)
+        user.press(".wb-builder-op button", "Rename")
+        user.type(".wb-builder-prefix", "model.")
+        user.press(".wb-builder-add")
+        message(builder, "Added step 1")
+        names = option_texts(builder.locator(".wb-builder-suggest select"))
+        assert "layers.{i}.self_attn.q_proj.weight  ×4" in names and not any(n.startswith("model.") for n in names)
+
+        user.press(".wb-builder-op button", "Concat")
+        user.type(".wb-builder-sources", "\n".join(f"model.layers.{{i}}.self_attn.{p}_proj.weight" for p in "qkv"))
+        user.press(".wb-builder-add")
+        message(builder, "new problem")
+        problems = builder.locator(".wb-builder-problems")
+        assert "Step 2 · fuse q/k/v → qkv_proj — 1 name not found" in problems.inner_text()
+        panel = builder.locator(".wb-builder-problems-panel")
+        assert panel.evaluate("e => [getComputedStyle(e).maxHeight, getComputedStyle(e).overflowY]") == ["220px", "auto"]
+        user.press(".wb-builder-fix", "Move step 2 before step 1")
+        message(builder, "problem(s) fewer")
+        problems.filter(has_text="No problems").wait_for(timeout=20_000)
+        steps = option_texts(builder.locator(".wb-builder-steps select"))
+        assert steps == ["1. fuse q/k/v → qkv_proj (×4)", "2. strip prefix `model.` (30 names)"]
+
+        builder.locator(".lm-TabBar-tab", has_text="Target").click()
+        user.type(".wb-builder-target", "llama")
+        user.press(".wb-builder-target-check")
+        view = builder.locator(".wb-builder-target-view")
+        view.filter(has_text="LlamaForCausalLM from model type").wait_for(timeout=120_000)
+        text = view.inner_text()
+        assert "layers.{i}.self_attn.qkv_proj.weight" in text and "×4" in text and "difference patterns" in text
+        assert "model.layers.0.self_attn.q_proj.weight" not in text  # folded
+        builder.screenshot(path=str(screenshot_dir() / "builder-problems-dark.png"))
+    finally:
+        page.close()  # type: ignore[attr-defined]

@@ -342,7 +342,7 @@ class MapperBuilder(Panel):
             "wb-builder-combine",
         )
 
-        self.op_picker = labelled(W.ToggleButtons(options=OPERATIONS, value="Concat", style={"button_width": "84px"},
+        self.op_picker = labelled(W.ToggleButtons(options=OPERATIONS, value="Concat", style={"button_width": "92px"},
                                                   tooltips=[OUTPUT_HINTS[op] for op in OPERATIONS]), "wb-builder-op")
         self.name_search = labelled(
             W.Text(placeholder="search: a word, a glob (*.mlp.*) or a template (layers.{i}.*)", description="Names",
@@ -406,7 +406,7 @@ class MapperBuilder(Panel):
 
         self.target_box = labelled(W.Text(placeholder="a target checkpoint, a config.json, or a model type (llama)", description="Target",
                                           layout=W.Layout(width="520px")), "wb-builder-target")
-        self.target_button = W.Button(description="Check", icon="check")
+        self.target_button = labelled(W.Button(description="Check", icon="check"), "wb-builder-target-check")
         self.target_view = labelled(W.HTML(), "wb-builder-target-view")
 
         self.code_area = labelled(W.Textarea(layout=W.Layout(width="860px", height="220px")), "wb-builder-code-area")
