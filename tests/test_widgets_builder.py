@@ -553,3 +553,9 @@ def test_export_tab_has_one_copy_button(builder):
     shown = [w for box in export.children for w in getattr(box, "children", [box])]
     assert builder.copy_button not in shown and builder.clipboard in shown
     assert "Copy to clipboard" in builder.clipboard.value  # the HTML button copies; no second "copy" that does not
+
+
+def test_problem_messages_quote_names_as_typed(builder):
+    add_typed(builder, "Cast", "model\\.norm\\.weight", "", {})  # a regular expression typed where a name goes
+    problems = html.unescape(builder.problems_view.value)
+    assert "input 'model\\.norm\\.weight' is not in the source" in problems and "\\\\." not in problems.split("is not in")[0][-40:]

@@ -30,6 +30,11 @@ from .state import Comp, Node, State, find, union
 Path = tuple[int, ...]
 
 
+def _quoted(name: str) -> str:
+    """A tensor name in a message, quoted as typed (a repr would double each backslash of 'model\\.layers')."""
+    return f"'{name}'"
+
+
 def source_infos(source: Any) -> list[TensorInfo]:
     """The source's tensors as TensorInfos in source order (Catalog, Mapping, or object with `.catalog`)."""
     catalog = getattr(source, "catalog", None)
@@ -73,7 +78,7 @@ class Effect:
         if name in self.consumed:
             first_node, first = self.consumed[name]
             self.binder.problem(
-                f"Cannot read {name!r} twice: both {first.short()} and {op.short()} consume it in the same step. "
+                f"Cannot read {_quoted(name)} twice: both {first.short()} and {op.short()} consume it in the same step. "
                 "Each tensor feeds one operation per step; chain the operations in a Sequential, or remove one.",
                 op, name,
             )
@@ -85,7 +90,7 @@ class Effect:
         if name in self.produced:
             other_node, first = self.produced[name]
             self.binder.problem(
-                f"Cannot write {name!r}: both {first.short()} and {op.short()} produce it. Give the outputs different names.",
+                f"Cannot write {_quoted(name)}: both {first.short()} and {op.short()} produce it. Give the outputs different names.",
                 op, name,
             )
             self.binder.poison(other_node)
@@ -143,7 +148,7 @@ class Binder:
         for name, (node, op) in produced.items():
             if name in nodes:  # not consumed (those are gone): a clash with a tensor left in place
                 self.problem(
-                    f"Cannot write {name!r}: {op.short()} produces it, but a tensor of that name is already there and "
+                    f"Cannot write {_quoted(name)}: {op.short()} produces it, but a tensor of that name is already there and "
                     f"nothing consumes it. Drop or rename that tensor first (M.Drop({name!r})), or pick another output name.",
                     op, name,
                 )
@@ -332,7 +337,7 @@ class Binder:
                 present = [found[key] for found in matches if key in found]
                 where = ", ".join(f"{{{k}}}={v}" for k, v in values.items())
                 self.problem(
-                    f"Cannot bind {leaf.short()}: {missing[0]!r} is missing, although {present[0]!r} matches ({where})"
+                    f"Cannot bind {leaf.short()}: {_quoted(missing[0])} is missing, although {_quoted(present[0])} matches ({where})"
                     + (f"; {len(missing) - 1} more input(s) missing" if len(missing) > 1 else "")
                     + ". Add the missing tensor, or limit the template to the matches that are complete (e.g. list them).",
                     leaf, missing[0],
@@ -348,9 +353,9 @@ class Binder:
         same_length = [n for n in state.candidates(Template(".".join(f"{{x{i}}}" for i in range(probe.nseg)), [])) if n in state.nodes]
         pool = same_length[:5000] or list(state.nodes)[:5000]
         guess = difflib.get_close_matches(fill(text, {name: "0" for name in probe.order}), pool, n=1)
-        hint = f" The closest name is {guess[0]!r}." if guess else ""
+        hint = f" The closest name is {_quoted(guess[0])}." if guess else ""
         self.problem(
-            f"Cannot bind {leaf.short()}: template {text!r} matches no tensor ({len(state.nodes)} available).{hint} "
+            f"Cannot bind {leaf.short()}: template {_quoted(text)} matches no tensor ({len(state.nodes)} available).{hint} "
             "Check the spelling against the source's tensor names, or remove the operation.",
             leaf, text,
         )
@@ -416,9 +421,9 @@ class Binder:
         missing = [name for name, node in present if node is None]
         if missing and not reported and not any(name in self._failed_templates for name in missing):
             guess = difflib.get_close_matches(missing[0], list(state.nodes)[:20000], n=1)
-            hint = f" The closest name is {guess[0]!r}." if guess else ""
+            hint = f" The closest name is {_quoted(guess[0])}." if guess else ""
             self.problem(
-                f"Cannot bind {op.short()}: input {missing[0]!r} is not in the source.{hint} "
+                f"Cannot bind {op.short()}: input {_quoted(missing[0])} is not in the source.{hint} "
                 "Check the name against the source's tensors (or the step that should produce it).",
                 op, missing[0],
             )
