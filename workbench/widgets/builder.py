@@ -1,8 +1,11 @@
 """`MapperBuilder`: compose a mapper in a notebook, step by step, and see what it produces.
 
-Start empty or from a preset; add operations by picking source names (layer templates such as
-`model.layers.{i}.self_attn.q_proj.weight` are offered) and an operation with its parameters; edit,
-reorder or remove steps. Every change re-binds the mapper to the source (metadata only) and updates
+Start empty or from a preset (Replace) and add presets as steps (Append preset); add operations by
+picking source names as they are where the step runs (layer templates such as
+`model.layers.{i}.self_attn.q_proj.weight` are offered; a glob such as `*` or `model.*` picks many, a
+Rename can strip or add a prefix) and an operation with its parameters; edit, reorder or remove steps,
+listed in words ("strip prefix `model.`") with their code beside. Problems are grouped by step, with a
+fix where one is obvious. Every change re-binds the mapper to the source (metadata only) and updates
 the preview of outputs, the problems, the target check and the exported code. `builder.mapper` is an
 ordinary `M.Sequential` / `M.Parallel` of the steps; "Save .py" writes exactly `mapper.to_code()`.
 """
@@ -65,8 +68,8 @@ PER_SOURCE = ("Cast", "Identity", "Drop")  # several sources and no output name:
 NO_OUTPUTS = ("Identity", "Drop", CODE)
 GLOB_EACH = ("Cast", "Identity", "Drop", "Transpose", "Reshape")  # a glob source: one operation per matched template
 DEFAULT_ROWS = 60
-SHOWN_PER_GROUP = 5
-MAX_MOVE_TRIALS = 8  # positions tried (each a binding) when looking for where a step's names exist  # problems listed under each group heading (the rest counted)
+SHOWN_PER_GROUP = 5  # problems listed under each group heading (the rest counted)
+MAX_MOVE_TRIALS = 8  # positions tried (each a binding) when looking for where a step's names exist
 # kinds of binding problems, recognised by their wording (workbench.mapper.bind / claim), in display order
 PROBLEM_KINDS = (
     ("names not found", ("matches no tensor", "is not in the source", "is missing, although")),
@@ -593,7 +596,7 @@ class MapperBuilder(Panel):
         self.refresh(select=index)
         label = self.step_labels()[index]
         problems = len(self.stepwise.problems[index]) if self.stepwise is not None else 0
-        text = f"Appended preset {_presets()[key]!r} as step {index + 1}: {label}"
+        text = f"Appended preset {_presets().get(key, key)!r} as step {index + 1}: {label}"
         self.form_message.value = message_html(text + (f" — {problems} problem(s), see below." if problems else ""),
                                                "warning" if problems else "ok")
         return True
