@@ -467,14 +467,36 @@ class StepwiseBinding:
     """
 
     binding: Binding
-    before: list[dict[str, TensorInfo]]
+    before: list[Mapping[str, TensorInfo]]
     problems: list[list[Problem]]
     instances: list[list[Op]]
 
 
-def _snapshot(state: State) -> dict[str, TensorInfo]:
-    """The state's names with known metadata (names after a failed operation have none and are left out)."""
-    return {name: TensorInfo(name, node.meta[0], node.meta[1]) for name, node in state.nodes.items() if node.meta is not None}
+class StepNames(Mapping):
+    """Name -> TensorInfo of the tensors present at one point of a walk (names whose metadata a failed
+    operation left unknown are left out). Holds (dtype, shape) pairs; a TensorInfo is made when asked for."""
+
+    __slots__ = ("_metas",)
+
+    def __init__(self, metas: dict[str, Meta]) -> None:
+        self._metas = metas
+
+    def __getitem__(self, name: str) -> TensorInfo:
+        dtype, shape = self._metas[name]
+        return TensorInfo(name, dtype, shape)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._metas
+
+    def __iter__(self) -> Any:
+        return iter(self._metas)
+
+    def __len__(self) -> int:
+        return len(self._metas)
+
+
+def _snapshot(state: State) -> StepNames:
+    return StepNames({name: node.meta for name, node in state.nodes.items() if node.meta is not None})
 
 
 def _parts(mapper: Mapper) -> list[Mapper]:
@@ -494,7 +516,7 @@ def bind_steps(steps: list[Mapper], source: Any, *, parallel: bool = False, rest
     gc.disable()
     try:
         binder = Binder(mapper, source_infos(source), record=True)
-        before: list[dict[str, TensorInfo]] = []
+        before: list[Mapping[str, TensorInfo]] = []
         problems: list[list[Problem]] = []
         if parallel:
             start = {info.name: info for info in binder.infos}

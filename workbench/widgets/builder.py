@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import html
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from ..catalog import TensorInfo
 from ..display import format_bytes, format_shape
 from ..dtypes import DTYPE_BITS
 from ..errors import MapperError, WorkbenchError
-from ..explore.layers import fold_name, fold_names, natural_key
+from ..explore.layers import fold_name, natural_key
 from ..mapper import globs
 from ..mapper import target as target_check
 from ..mapper.base import Mapper
@@ -199,7 +199,7 @@ class ProblemGroup:
     fixes: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
 
 
-def _names_match(text: str, names: dict[str, TensorInfo]) -> bool:
+def _names_match(text: str, names: Mapping[str, TensorInfo]) -> bool:
     """True when `text` (a name or a {placeholder} template) names at least one of `names`."""
     if text in names:
         return True
@@ -276,6 +276,7 @@ class MapperBuilder(Panel):
         self._auto_output = ""
         self._graph_stale = True
         self._quiet = False
+        self._fold_cache: dict[str, str] = {}
         self.max_rows = max_rows
 
         self._build_controls()
@@ -687,7 +688,7 @@ class MapperBuilder(Panel):
             raise MapperError(f"Cannot add {kind}: it writes one tensor; give at most one output name.")
         return self._single(kind, sources[0], outputs[0] if outputs else None)
 
-    def _expand_globs(self, kind: str, sources: list[str], outputs: list[str], names: dict[str, TensorInfo],
+    def _expand_globs(self, kind: str, sources: list[str], outputs: list[str], names: Mapping[str, TensorInfo],
                       keep: tuple[str, ...]) -> Mapper:
         """Operations for sources with globs (`*`): expanded against the names at this step (see workbench.mapper.globs)."""
         if kind == "Rename":
@@ -849,7 +850,7 @@ class MapperBuilder(Panel):
             return [describe_step(step) for step in self.steps]
         return [describe_step(step, wise.before[k], wise.instances[k]) for k, step in enumerate(self.steps)]
 
-    def names_before(self, index: int | None = None) -> dict[str, TensorInfo]:
+    def names_before(self, index: int | None = None) -> Mapping[str, TensorInfo]:
         """The tensors (name -> TensorInfo) a step at position `index` reads: in Sequential the result of the
         steps before it, in Parallel the source. None: a step appended now."""
         wise = self.stepwise
@@ -889,7 +890,13 @@ class MapperBuilder(Panel):
             shown = filter_names(names, self.name_search.value.strip())
         except WorkbenchError:
             shown = []
-        folds = {fold.template: len(fold.names) for fold in fold_names(shown)}
+        cache = self._fold_cache  # name -> layer template, kept across refreshes (most names stay)
+        folds: dict[str, int] = {}
+        for name in shown:
+            template = cache.get(name)
+            if template is None:
+                template = cache[name] = fold_name(name)[0]
+            folds[template] = folds.get(template, 0) + 1
         ordered = sorted(folds, key=natural_key)
         options = [(f"{t}  ×{folds[t]}" if folds[t] > 1 else t, t) for t in ordered]
         if list(self.suggestions.options) != options:
@@ -947,22 +954,16 @@ class MapperBuilder(Panel):
         return groups
 
     def _better_position(self, index: int, problems: list[Problem]) -> int | None:
-        """A position for step `index` (Sequential only) where every name it missed exists and where, moved there,
-        it binds without problems and the steps have fewer problems than now; the nearest such, or None."""
+        """The nearest position for step `index` (Sequential only) where every name it missed exists and where
+        the step, bound to the names there, has no problem; None when there is none."""
         wise = self.stepwise
         if wise is None or self.combine_picker.value == "Parallel" or len(self.steps) < 2:
             return None
         missing = {p.tensor for p in problems if p.tensor}
-        now = sum(len(found) for found in wise.problems)
         candidates = sorted((p for p in range(len(self.steps)) if p != index), key=lambda p: abs(p - index))
         for position in candidates[:MAX_MOVE_TRIALS]:
             seen = wise.before[position] if position < index else wise.before[position + 1]
-            if not all(_names_match(text, seen) for text in missing):
-                continue
-            order = [step for k, step in enumerate(self.steps) if k != index]
-            order.insert(position, self.steps[index])
-            trial = bind_steps(order, self.source)
-            if not trial.problems[position] and sum(len(found) for found in trial.problems) < now:
+            if missing and all(_names_match(text, seen) for text in missing) and self.steps[index].bind(seen).ok:
                 return position
         return None
 
