@@ -165,7 +165,8 @@ def test_builder_adds_an_operation_and_exports_in_jupyterlab(browser: object, la
         builder.locator(".wb-builder-save-path input").fill("browser_mapper.py")
         builder.locator(".wb-builder-save-path input").press("Enter")
         builder.locator(".wb-builder-save").click()
-        builder.locator(".wb-builder-export-message").filter(has_text="Saved").wait_for(timeout=20_000)
+        # The notebook's own save left a "Saved ..." message: wait for the one naming this file.
+        builder.locator(".wb-builder-export-message").filter(has_text="browser_mapper.py").wait_for(timeout=20_000)
         saved = lab.root / "notebooks" / "browser_mapper.py"
         namespace: dict = {}
         exec(saved.read_text(), namespace)

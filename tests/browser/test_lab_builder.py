@@ -196,7 +196,7 @@ def test_fuse_strip_and_cast_in_ten_clicks(browser: object, lab: JupyterLab, the
         builder.locator(".lm-TabBar-tab", has_text="Export").click()
         builder.locator(".wb-builder-save-path input").fill(str(saved))
         builder.locator(".wb-builder-save").click()
-        builder.locator(".wb-builder-export-message").filter(has_text="Saved").wait_for(timeout=20_000)
+        builder.locator(".wb-builder-export-message").filter(has_text=saved.name).wait_for(timeout=20_000)
     finally:
         page.close()  # type: ignore[attr-defined]
 
