@@ -559,3 +559,23 @@ def test_problem_messages_quote_names_as_typed(builder):
     add_typed(builder, "Cast", "model\\.norm\\.weight", "", {})  # a regular expression typed where a name goes
     problems = html.unescape(builder.problems_view.value)
     assert "input 'model\\.norm\\.weight' is not in the source" in problems and "\\\\." not in problems.split("is not in")[0][-40:]
+
+
+def test_add_all_matching_adds_a_whole_name_glob_or_the_listed_names(builder):
+    builder.op_picker.value = "Drop"
+    builder.name_search.value = "model.layers.{i}.*norm*"  # a glob of whole names: added as written
+    builder.add_pattern_button.click()
+    assert builder.sources_box.value == "model.layers.{i}.*norm*"
+    builder.sources_box.value = ""
+    builder.name_search.value = "self_attn"  # a filter word (matches inside names): the listed templates are added
+    builder.add_pattern_button.click()
+    assert sorted(builder.sources_box.value.splitlines()) == sorted(f"model.layers.{{i}}.self_attn.{p}_proj.weight" for p in "qkvo")
+    builder.add_button.click()
+    assert not any(".self_attn." in name for name in builder.binding.outputs)
+
+
+def test_a_glob_written_in_code_gets_a_hint(llama_sample):
+    import workbench as wb
+
+    problems = M.Cast("model.*", "BF16").bind(wb.open_checkpoint(llama_sample)).problems
+    assert len(problems) == 1 and "workbench.mapper.globs" in problems[0].message

@@ -30,6 +30,14 @@ from .state import Comp, Node, State, find, union
 Path = tuple[int, ...]
 
 
+_GLOB_HINT = (" A name in a mapper is a name or a {placeholder} template, not a glob: expand '*' against the names first "
+              "(the MapperBuilder's sources do; in code, workbench.mapper.globs: glob_cast, glob_rename, expand_each).")
+
+
+def _has_glob(name: str) -> bool:
+    return "*" in name or "?" in name
+
+
 def _quoted(name: str) -> str:
     """A tensor name in a message, quoted as typed (a repr would double each backslash of 'model\\.layers')."""
     return f"'{name}'"
@@ -356,7 +364,7 @@ class Binder:
         hint = f" The closest name is {_quoted(guess[0])}." if guess else ""
         self.problem(
             f"Cannot bind {leaf.short()}: template {_quoted(text)} matches no tensor ({len(state.nodes)} available).{hint} "
-            "Check the spelling against the source's tensor names, or remove the operation.",
+            "Check the spelling against the source's tensor names, or remove the operation." + _GLOB_HINT * _has_glob(text),
             leaf, text,
         )
 
@@ -424,7 +432,7 @@ class Binder:
             hint = f" The closest name is {_quoted(guess[0])}." if guess else ""
             self.problem(
                 f"Cannot bind {op.short()}: input {_quoted(missing[0])} is not in the source.{hint} "
-                "Check the name against the source's tensors (or the step that should produce it).",
+                "Check the name against the source's tensors (or the step that should produce it)." + _GLOB_HINT * _has_glob(missing[0]),
                 op, missing[0],
             )
         self._failed_templates.update(op.outputs)

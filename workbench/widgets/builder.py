@@ -356,9 +356,10 @@ class MapperBuilder(Panel):
         self.add_source_button = labelled(W.Button(description="Add selected", icon="plus",
                                                    tooltip="append the chosen names to the sources (Ctrl/Shift-click chooses several)"),
                                           "wb-builder-add-source")
-        self.add_pattern_button = labelled(W.Button(description="Add search as glob", icon="asterisk", layout=W.Layout(width="auto"),
-                                                    tooltip="append the search text itself: every name it matches at this step"),
-                                           "wb-builder-add-pattern")
+        self.add_pattern_button = labelled(
+            W.Button(description="Add all matching", icon="asterisk", layout=W.Layout(width="auto"),
+                     tooltip="append the search itself when it is a glob of whole names (model.*, *), else every name it lists"),
+            "wb-builder-add-pattern")
         self.clear_sources_button = labelled(W.Button(description="Clear", icon="eraser", layout=W.Layout(width="90px")), "wb-builder-clear")
         self.sources_box = labelled(
             W.Textarea(placeholder="source names or {i} templates, one per line, in order", description="Sources",
@@ -462,7 +463,7 @@ class MapperBuilder(Panel):
         self.combine_picker.observe(lambda _: None if self._quiet else self.refresh(), names="value")
         self.op_picker.observe(lambda _: self._show_parameters(), names="value")
         self.add_source_button.on_click(lambda _: self.add_source())
-        self.add_pattern_button.on_click(lambda _: self.add_source(self.name_search.value.strip()))
+        self.add_pattern_button.on_click(lambda _: self.add_matching())
         self.name_search.observe(lambda _: self._update_suggestions(), names="value")
         self.steps_list.observe(lambda _: self._show_step_detail(), names="value")
         self.clear_sources_button.on_click(lambda _: setattr(self.sources_box, "value", ""))
@@ -632,6 +633,21 @@ class MapperBuilder(Panel):
         if self.op_picker.value in SINGLE_SOURCE and self.op_picker.value not in PER_SOURCE:
             lines = []  # one source only: the new choice replaces the old one
         self.sources_box.value = "\n".join([*lines, *[n for n in chosen if n not in lines]])
+
+    def add_matching(self) -> None:
+        """Append what the search selects: the search text itself when, read as a glob of whole names, it picks
+        exactly the names listed (`model.*`, `*`), else each listed name or template."""
+        text = self.name_search.value.strip()
+        if not text:
+            self.form_message.value = message_html("Type a search first ('*' selects every name).", "warning")
+            return
+        names = list(self.names_before(self._editing))
+        try:
+            exact = set(globs.match_names(text, names)) == set(filter_names(names, text))
+        except WorkbenchError as exc:
+            self.form_message.value = message_html(exc.message, "error")
+            return
+        self.add_source(text if exact else [value for _, value in self.suggestions.options])
 
     def _suggest_output(self) -> None:
         kind = self.op_picker.value
