@@ -501,6 +501,11 @@ def test_problem_kinds_and_many_groups_stay_in_a_capped_box(builder):
     kinds = {(g.step, g.kind) for g in builder.problem_groups()}
     assert kinds == {(0, "name clashes"), (1, "names not found")}
     assert builder.problems_panel.layout.max_height == "220px"
+    clash = next(g for g in builder.problem_groups() if g.kind == "name clashes")
+    assert [label for label, _ in clash.fixes] == ["Drop 'model.norm.weight' before step 1", "Remove step 1"]
+    clash.fixes[0][1]()  # the binder's own advice, as a button
+    assert builder.steps[0] == M.Drop("model.norm.weight") and builder.binding.outputs["model.norm.weight"].shape == (256, 64)
+    assert {g.kind for g in builder.problem_groups()} == {"names not found"}
 
 
 def test_one_output_pattern_is_singular(builder):

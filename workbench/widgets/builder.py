@@ -965,6 +965,12 @@ class MapperBuilder(Panel):
                     if target is not None:
                         where = f"before step {target + 1}" if target < index else f"after step {target + 1}"
                         group.fixes.append((f"Move step {index + 1} {where}", lambda i=index, t=target: self.move_to(i, t)))
+                if kind == "name clashes":
+                    kept = [p.tensor for p in members if p.tensor and "already there" in p.message]
+                    if kept:
+                        label = f"Drop {kept[0]!r} before step {index + 1}" if len(kept) == 1 else \
+                            f"Drop the {len(kept)} old tensors before step {index + 1}"
+                        group.fixes.append((label, lambda i=index, names=kept: self.drop_before(i, names)))
                 group.fixes.append((f"Remove step {index + 1}", lambda i=index: self.remove(i)))
                 groups.append(group)
         return groups
@@ -982,6 +988,16 @@ class MapperBuilder(Panel):
             if missing and all(_names_match(text, seen) for text in missing) and self.steps[index].bind(seen).ok:
                 return position
         return None
+
+    def drop_before(self, index: int, names: list[str]) -> None:
+        """Insert a step dropping `names` (folded into templates where exact) before step `index`: the fix the
+        binder suggests when a step writes over a tensor nothing consumes."""
+        before = self.names_before(index)
+        templates = globs.fold_exactly([n for n in names if n in before], before) or names
+        drops = [M.Drop(t) for t in templates]
+        self.steps.insert(index, drops[0] if len(drops) == 1 else M.Parallel(*drops))
+        self.form_message.value = message_html(f"Inserted step {index + 1}: drop {len(names)} tensor(s) that step {index + 2} writes over.", "info")
+        self.refresh(select=index)
 
     def move_to(self, index: int, position: int) -> None:
         """Move step `index` to `position` (0-based; the steps in between shift down)."""
