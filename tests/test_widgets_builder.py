@@ -3,10 +3,13 @@ click, and read the preview, problems, target check, graph and exported code."""
 
 from __future__ import annotations
 
+import html
+
 import pytest
 
 from workbench import mapper as M
 from workbench.catalog import TensorInfo
+from workbench.errors import MapperError
 from workbench.mapper import presets
 from workbench.widgets import MapperBuilder
 from workbench.widgets.builder import compare_to_target, expected_tensors, suggest_output
@@ -339,3 +342,245 @@ def test_display_carries_a_static_html_copy(builder):
     html = bundle["text/html"]
     assert "gate_up_proj" in html and "<pre>" in html and "from workbench import mapper as M" in html
     assert bundle["text/plain"] == "<MapperBuilder over tiny-llama: 1 step(s), 35 outputs, 0 problem(s)>"
+
+
+# --- issue 18: whole-checkpoint steps by clicking ---------------------------------------------------------
+def source_names(llama_sample) -> dict:
+    import workbench as wb
+
+    return dict(wb.open_checkpoint(llama_sample).catalog.tensors)
+
+
+def offered(builder: MapperBuilder) -> list[str]:
+    return [value for _, value in builder.suggestions.options]
+
+
+def strip_model_prefix(builder: MapperBuilder) -> None:
+    """What a user does: choose Rename, type the prefix, click Add step."""
+    builder.op_picker.value = "Rename"
+    builder.prefix_box.value = "model."
+    builder.add_button.click()
+
+
+def test_names_offered_are_those_before_the_step(builder):
+    assert "model.layers.{i}.self_attn.q_proj.weight" in offered(builder)
+    strip_model_prefix(builder)
+    names = offered(builder)
+    assert "layers.{i}.self_attn.q_proj.weight" in names and "lm_head.weight" in names
+    assert not any(name.startswith("model.") for name in names)  # the old names are gone after the strip
+    builder.edit(0)  # editing the strip itself: the names it reads are the source's
+    assert "model.layers.{i}.self_attn.q_proj.weight" in offered(builder)
+    builder.cancel_button.click()
+    assert "layers.{i}.self_attn.q_proj.weight" in offered(builder)
+    builder.combine_picker.value = "Parallel"  # side by side: every step reads the source
+    assert "model.layers.{i}.self_attn.q_proj.weight" in offered(builder)
+
+
+def test_search_box_narrows_the_names_and_several_are_added_at_once(builder):
+    builder.name_search.value = "self_attn.*"
+    assert sorted(offered(builder)) == sorted(f"model.layers.{{i}}.self_attn.{p}_proj.weight" for p in "qkvo")
+    builder.op_picker.value = "Concat"
+    builder.suggestions.value = tuple(QKV)  # Ctrl-click three names
+    builder.add_source_button.click()
+    assert builder.sources_box.value.splitlines() == QKV
+    assert builder.outputs_box.value == "model.layers.{i}.self_attn.qkv_proj.weight"
+    builder.name_search.value = "no_such_thing"
+    assert offered(builder) == []
+
+
+def test_append_preset_keeps_the_steps_and_replace_replaces_them(builder, llama_sample):
+    builder.op_picker.value = "Cast"
+    builder.sources_box.value = "lm_head.weight"
+    builder.add_button.click()
+    builder.preset_picker.value = "hf_to_fused"
+    builder.append_preset_button.click()
+    assert len(builder.steps) == 2 and builder.steps[0] == M.Cast("lm_head.weight", "BF16")
+    assert builder.steps[1] == presets.hf_to_fused(llama_sample / "config.json")
+    assert "Appended preset" in builder.form_message.value and builder.binding.ok
+    builder.preset_picker.value = "strip_prefix"
+    builder.load_preset_button.click()  # Replace
+    assert builder.steps == [presets.strip_prefix("model.")]
+
+
+def test_appended_presets_are_built_for_the_names_at_that_step(builder):
+    strip_model_prefix(builder)
+    builder.preset_picker.value = "hf_to_fused"  # its layers are found under the new prefix
+    builder.append_preset_button.click()
+    assert builder.binding.ok, builder.problems_view.value
+    assert builder.binding.outputs["layers.0.self_attn.qkv_proj.weight"].shape == (128, 64)
+    builder.preset_picker.value = "cast_policy"  # lists the names as they are after the fusion
+    builder.append_preset_button.click()
+    outputs = builder.binding.outputs
+    assert builder.binding.ok and outputs["layers.3.mlp.gate_up_proj.weight"].dtype == "BF16"
+    assert outputs["layers.3.input_layernorm.weight"].dtype == "F32" and outputs["norm.weight"].dtype == "F32"
+
+
+def test_glob_cast_keeping_norms(builder, llama_sample):
+    builder.op_picker.value = "Cast"
+    builder.sources_box.value = "*"
+    builder.keep_box.value = "norm"
+    builder.add_button.click()
+    outputs = builder.binding.outputs
+    names = source_names(llama_sample)
+    norms = [n for n in names if "norm" in n]
+    assert len(norms) == 9 and all(outputs[n].dtype == "F32" for n in norms)
+    assert all(outputs[n].dtype == "BF16" for n in names if n not in norms)
+    assert builder.step_labels() == [f"cast {len(names) - len(norms)} tensors → BF16, norms kept F32"]
+    step = builder.steps[0]
+    assert isinstance(step, M.Parallel) and len(step.mappers) < 12  # folded into {i} templates, not 30 casts
+    assert M.Cast("model.layers.{i}.mlp.up_proj.weight", "BF16") in step.mappers
+
+
+def test_glob_sources_for_drop_rename_and_templates(builder, llama_sample):
+    add_typed(builder, "Drop", "model.layers.{i}.*norm*", "", {})
+    outputs = builder.binding.outputs
+    assert not any("layernorm" in name for name in outputs) and "model.norm.weight" in outputs
+    add_typed(builder, "Rename", "model.layers.*.mlp.*", "blocks.*.ffn.*", {})
+    outputs = builder.binding.outputs
+    assert builder.binding.ok and outputs["blocks.2.ffn.down_proj.weight"].shape == (64, 128)
+    assert not any(".mlp." in name for name in outputs)
+    assert builder.steps[-1] == M.Parallel(*[M.Rename(f"model.layers.{{i}}.mlp.{p}.weight", f"blocks.{{i}}.ffn.{p}.weight")
+                                             for p in ("down_proj", "gate_proj", "up_proj")])
+    add_typed(builder, "Rename", "model.layers.{i}", "layers.{i}", {})  # a module prefix with {i}: was refused
+    assert builder.binding.ok and "layers.1.self_attn.q_proj.weight" in builder.binding.outputs
+    add_typed(builder, "Concat", "layers.*", "x", {})
+    assert "globs work for Rename" in builder.form_message.value and len(builder.steps) == 3
+    add_typed(builder, "Cast", "nothing.*", "", {})
+    assert "matches no tensor name" in builder.form_message.value
+
+
+def test_prefix_field_strips_and_adds(builder):
+    strip_model_prefix(builder)
+    assert builder.steps == [presets.strip_prefix("model.")]
+    assert builder.step_labels() == ["strip prefix `model.` (38 names)"]
+    builder.op_picker.value = "Rename"
+    builder.prefix_box.value = "model."
+    builder.prefix_action.value = "add"
+    builder.add_button.click()
+    assert builder.steps[1] == presets.add_prefix("model.")
+    assert set(builder.binding.outputs) == {f"model.{n}" for n in builder.names_before(1)}
+    builder.edit(0)  # a prefix step is edited in the prefix field
+    assert builder.op_picker.value == "Rename" and builder.prefix_box.value == "model." and builder.prefix_action.value == "strip"
+    builder.sources_box.value = "lm_head.weight"
+    builder.add_button.click()
+    assert "either names" in builder.form_message.value
+
+
+def test_step_labels_are_words_with_the_code_in_the_tooltip(builder, llama_sample):
+    builder.load_preset("hf_to_fused")
+    builder.preset_picker.value = "cast_policy"
+    builder.append_preset_button.click()
+    labels = [label for label, _ in builder.steps_list.options]
+    assert labels[0] == "1. fuse q/k/v → qkv_proj, gate/up → gate_up_proj (×4)"
+    assert labels[1].startswith("2. check: nothing of HF separate q/k/v and gate/up left unconverted")
+    assert labels[2] == "3. cast 18 tensors → BF16, norms kept F32"
+    assert "Claim(" in builder.steps_list.tooltip and "Concat(" in builder.steps_list.tooltip
+    assert "\\\\" not in labels[1]  # no doubled backslashes of the claim's regular expression
+    builder.steps_list.value = 0
+    assert "M.Concat(" in builder.step_detail.value and "qkv_proj" in builder.step_detail.value
+
+
+def test_problems_are_grouped_by_step_with_a_fix(builder):
+    strip_model_prefix(builder)
+    add_typed(builder, "Concat", "\n".join(QKV), "model.layers.{i}.self_attn.qkv_proj.weight", {})  # the old names: gone after the strip
+    assert not builder.binding.ok
+    groups = builder.problem_groups()
+    assert [(g.step, g.kind) for g in groups] == [(1, "names not found")]
+    assert "Step 2 · fuse q/k/v → qkv_proj — 1 name not found" in builder.problems_view.value
+    fixes = [button.description for button in builder.fixes_box.children[0].children]
+    assert fixes == ["Move step 2 before step 1", "Remove step 2"]
+    builder.fixes_box.children[0].children[0].click()
+    assert builder.binding.ok and isinstance(builder.steps[0], M.Concat)
+    assert "layers.0.self_attn.qkv_proj.weight" in builder.binding.outputs
+    assert builder.problems_panel.layout.max_height and builder.problems_panel.layout.overflow == "auto"
+
+
+def test_problem_kinds_and_many_groups_stay_in_a_capped_box(builder):
+    add_typed(builder, "Rename", "lm_head.weight", "model.norm.weight", {})  # writes over a kept tensor
+    add_typed(builder, "Cast", "model.nope.weight", "", {})
+    kinds = {(g.step, g.kind) for g in builder.problem_groups()}
+    assert kinds == {(0, "name clashes"), (1, "names not found")}
+    assert builder.problems_panel.layout.max_height == "220px"
+    clash = next(g for g in builder.problem_groups() if g.kind == "name clashes")
+    assert [label for label, _ in clash.fixes] == ["Drop 'model.norm.weight' before step 1", "Remove step 1"]
+    clash.fixes[0][1]()  # the binder's own advice, as a button
+    assert builder.steps[0] == M.Drop("model.norm.weight") and builder.binding.outputs["model.norm.weight"].shape == (256, 64)
+    assert {g.kind for g in builder.problem_groups()} == {"names not found"}
+
+
+def test_one_output_pattern_is_singular(builder):
+    add_typed(builder, "Drop", "model.*", "", {})
+    assert "1 output pattern<" in builder.preview_table.value or "1 output pattern " in builder.preview_table.value
+    assert "1 output patterns" not in builder.preview_table.value
+
+
+def test_target_check_is_folded_and_takes_a_model_type_or_config(builder, llama_sample):
+    pytest.importorskip("transformers")
+    builder.load_preset("hf_to_fused")
+    builder.target_box.value = "llama"
+    builder.target_button.click()
+    view = builder.target_view.value
+    assert "LlamaForCausalLM from model type" in view and "20 missing, 8 unexpected" in view
+    assert "model.layers.{i}.self_attn.q_proj.weight" in view and "×4" in view
+    assert "model.layers.0.self_attn.q_proj.weight" not in view  # folded: 5 missing patterns, not 20 rows
+    assert "7 difference patterns" in view
+    assert len(builder.target_report()) == 28  # the report itself keeps one row per tensor
+    builder.target_box.value = str(llama_sample / "config.json")
+    builder.target_button.click()
+    assert "LlamaForCausalLM from config" in builder.target_view.value
+    builder.target_box.value = "lamma"
+    builder.target_button.click()
+    message = html.unescape(builder.target_view.value)
+    assert "knows no model type 'lamma'" in message and "Did you mean 'llama'" in message
+
+
+def test_glob_errors_quote_names_as_typed(builder):
+    add_typed(builder, "Cast", "model\\.layers.*", "", {})
+    message = html.unescape(builder.form_message.value)
+    assert "model\\.layers.*" in message and "model\\\\.layers" not in message
+    with pytest.raises(MapperError) as caught:
+        M.Claim("family", "(a\\.b")
+    assert "'(a\\.b'" in str(caught.value)
+
+
+def test_reordering_says_when_validity_changes(builder):
+    strip_model_prefix(builder)
+    add_typed(builder, "Cast", "layers.{i}.mlp.up_proj.weight", "", {})
+    assert builder.binding.ok
+    builder.move(1, -1)  # the cast now runs before the strip: its names do not exist yet
+    assert "new problem(s)" in builder.form_message.value and not builder.binding.ok
+    builder.move(0, +1)
+    assert "fewer" in builder.form_message.value and builder.binding.ok
+
+
+def test_export_tab_has_one_copy_button(builder):
+    export = builder.tabs.children[3]
+    shown = [w for box in export.children for w in getattr(box, "children", [box])]
+    assert builder.copy_button not in shown and builder.clipboard in shown
+    assert "Copy to clipboard" in builder.clipboard.value  # the HTML button copies; no second "copy" that does not
+
+
+def test_problem_messages_quote_names_as_typed(builder):
+    add_typed(builder, "Cast", "model\\.norm\\.weight", "", {})  # a regular expression typed where a name goes
+    problems = html.unescape(builder.problems_view.value)
+    assert "input 'model\\.norm\\.weight' is not in the source" in problems and "\\\\." not in problems.split("is not in")[0][-40:]
+
+
+def test_add_all_matching_adds_a_whole_name_glob_or_the_listed_names(builder):
+    builder.op_picker.value = "Drop"
+    builder.name_search.value = "model.layers.{i}.*norm*"  # a glob of whole names: added as written
+    builder.add_pattern_button.click()
+    assert builder.sources_box.value == "model.layers.{i}.*norm*"
+    builder.sources_box.value = ""
+    builder.name_search.value = "self_attn"  # a filter word (matches inside names): the listed templates are added
+    builder.add_pattern_button.click()
+    assert sorted(builder.sources_box.value.splitlines()) == sorted(f"model.layers.{{i}}.self_attn.{p}_proj.weight" for p in "qkvo")
+    builder.add_button.click()
+    assert not any(".self_attn." in name for name in builder.binding.outputs)
+
+
+def test_a_glob_written_in_code_gets_a_hint(llama_sample):
+    import workbench as wb
+
+    problems = M.Cast("model.*", "BF16").bind(wb.open_checkpoint(llama_sample)).problems
+    assert len(problems) == 1 and "workbench.mapper.globs" in problems[0].message

@@ -142,7 +142,7 @@ def test_builder_adds_an_operation_and_exports_in_jupyterlab(browser: object, la
         builder.scroll_into_view_if_needed()
         steps = builder.locator(".wb-builder-steps select option")
         assert steps.count() == 2  # the two Concat steps the notebook added
-        builder.locator(".wb-builder-op select").select_option(label="Cast")
+        builder.locator(".wb-builder-op button").filter(has_text="Cast").click()
         builder.locator(".wb-builder-suggest select").select_option(label="model.norm.weight")
         builder.locator(".wb-builder-add-source").click()
         page.wait_for_function(
@@ -151,7 +151,7 @@ def test_builder_adds_an_operation_and_exports_in_jupyterlab(browser: object, la
         builder.locator(".wb-builder-add").click()
         # The form message is set last after a click; once it shows, the kernel's earlier updates have arrived too.
         builder.locator(".wb-builder-form-message").filter(has_text="Added step 3").wait_for(timeout=20_000)
-        assert builder.locator(".wb-builder-steps option").filter(has_text="Cast('model.norm.weight', 'BF16')").count() == 1
+        assert builder.locator(".wb-builder-steps option").filter(has_text="cast model.norm.weight → BF16").count() == 1
         preview = builder.locator(".wb-builder-preview")
         page.wait_for_function(
             "() => /model\\.norm\\.weight\\s+×?1?\\s*BF16/.test(document.querySelector('.wb-builder-preview').innerText)", timeout=20_000
@@ -165,7 +165,8 @@ def test_builder_adds_an_operation_and_exports_in_jupyterlab(browser: object, la
         builder.locator(".wb-builder-save-path input").fill("browser_mapper.py")
         builder.locator(".wb-builder-save-path input").press("Enter")
         builder.locator(".wb-builder-save").click()
-        builder.locator(".wb-builder-export-message").filter(has_text="Saved").wait_for(timeout=20_000)
+        # The notebook's own save left a "Saved ..." message: wait for the one naming this file.
+        builder.locator(".wb-builder-export-message").filter(has_text="browser_mapper.py").wait_for(timeout=20_000)
         saved = lab.root / "notebooks" / "browser_mapper.py"
         namespace: dict = {}
         exec(saved.read_text(), namespace)

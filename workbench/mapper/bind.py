@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import gc
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ..catalog import TensorInfo
@@ -27,6 +28,19 @@ from .ranges import has_ranges
 from .state import Comp, Node, State, find, union
 
 Path = tuple[int, ...]
+
+
+_GLOB_HINT = (" A name in a mapper is a name or a {placeholder} template, not a glob: expand '*' against the names first "
+              "(the MapperBuilder's sources do; in code, workbench.mapper.globs: glob_cast, glob_rename, expand_each).")
+
+
+def _has_glob(name: str) -> bool:
+    return "*" in name or "?" in name
+
+
+def _quoted(name: str) -> str:
+    """A tensor name in a message, quoted as typed (a repr would double each backslash of 'model\\.layers')."""
+    return f"'{name}'"
 
 
 def source_infos(source: Any) -> list[TensorInfo]:
@@ -72,7 +86,7 @@ class Effect:
         if name in self.consumed:
             first_node, first = self.consumed[name]
             self.binder.problem(
-                f"Cannot read {name!r} twice: both {first.short()} and {op.short()} consume it in the same step. "
+                f"Cannot read {_quoted(name)} twice: both {first.short()} and {op.short()} consume it in the same step. "
                 "Each tensor feeds one operation per step; chain the operations in a Sequential, or remove one.",
                 op, name,
             )
@@ -84,7 +98,7 @@ class Effect:
         if name in self.produced:
             other_node, first = self.produced[name]
             self.binder.problem(
-                f"Cannot write {name!r}: both {first.short()} and {op.short()} produce it. Give the outputs different names.",
+                f"Cannot write {_quoted(name)}: both {first.short()} and {op.short()} produce it. Give the outputs different names.",
                 op, name,
             )
             self.binder.poison(other_node)
@@ -142,7 +156,7 @@ class Binder:
         for name, (node, op) in produced.items():
             if name in nodes:  # not consumed (those are gone): a clash with a tensor left in place
                 self.problem(
-                    f"Cannot write {name!r}: {op.short()} produces it, but a tensor of that name is already there and "
+                    f"Cannot write {_quoted(name)}: {op.short()} produces it, but a tensor of that name is already there and "
                     f"nothing consumes it. Drop or rename that tensor first (M.Drop({name!r})), or pick another output name.",
                     op, name,
                 )
@@ -331,7 +345,7 @@ class Binder:
                 present = [found[key] for found in matches if key in found]
                 where = ", ".join(f"{{{k}}}={v}" for k, v in values.items())
                 self.problem(
-                    f"Cannot bind {leaf.short()}: {missing[0]!r} is missing, although {present[0]!r} matches ({where})"
+                    f"Cannot bind {leaf.short()}: {_quoted(missing[0])} is missing, although {_quoted(present[0])} matches ({where})"
                     + (f"; {len(missing) - 1} more input(s) missing" if len(missing) > 1 else "")
                     + ". Add the missing tensor, or limit the template to the matches that are complete (e.g. list them).",
                     leaf, missing[0],
@@ -347,10 +361,10 @@ class Binder:
         same_length = [n for n in state.candidates(Template(".".join(f"{{x{i}}}" for i in range(probe.nseg)), [])) if n in state.nodes]
         pool = same_length[:5000] or list(state.nodes)[:5000]
         guess = difflib.get_close_matches(fill(text, {name: "0" for name in probe.order}), pool, n=1)
-        hint = f" The closest name is {guess[0]!r}." if guess else ""
+        hint = f" The closest name is {_quoted(guess[0])}." if guess else ""
         self.problem(
-            f"Cannot bind {leaf.short()}: template {text!r} matches no tensor ({len(state.nodes)} available).{hint} "
-            "Check the spelling against the source's tensor names, or remove the operation.",
+            f"Cannot bind {leaf.short()}: template {_quoted(text)} matches no tensor ({len(state.nodes)} available).{hint} "
+            "Check the spelling against the source's tensor names, or remove the operation." + _GLOB_HINT * _has_glob(text),
             leaf, text,
         )
 
@@ -415,10 +429,10 @@ class Binder:
         missing = [name for name, node in present if node is None]
         if missing and not reported and not any(name in self._failed_templates for name in missing):
             guess = difflib.get_close_matches(missing[0], list(state.nodes)[:20000], n=1)
-            hint = f" The closest name is {guess[0]!r}." if guess else ""
+            hint = f" The closest name is {_quoted(guess[0])}." if guess else ""
             self.problem(
-                f"Cannot bind {op.short()}: input {missing[0]!r} is not in the source.{hint} "
-                "Check the name against the source's tensors (or the step that should produce it).",
+                f"Cannot bind {op.short()}: input {_quoted(missing[0])} is not in the source.{hint} "
+                "Check the name against the source's tensors (or the step that should produce it)." + _GLOB_HINT * _has_glob(missing[0]),
                 op, missing[0],
             )
         self._failed_templates.update(op.outputs)
@@ -445,6 +459,94 @@ def run_binder(mapper: Mapper, source: Any, rest: Rest = "keep", *, record: bool
         binder = Binder(mapper, source_infos(source), record=record)
         binder.run(mapper, binder.state, ())
         return build_binding(binder, rest), binder
+    finally:
+        if collecting:
+            gc.enable()
+
+
+@dataclass
+class StepwiseBinding:
+    """A list of steps bound in one walk, with what each step saw: what the MapperBuilder shows.
+
+    `binding`: the steps combined (Sequential: each sees the previous result; Parallel: each reads the
+    source). `before[k]`: name -> TensorInfo of the tensors step k reads from (Sequential: the result of
+    steps 0..k-1; Parallel: the source); `before[len(steps)]` is what a step appended next would see.
+    `problems[k]`: the problems step k raised; `instances[k]`: its concrete operations (templates filled).
+    """
+
+    binding: Binding
+    before: list[Mapping[str, TensorInfo]]
+    problems: list[list[Problem]]
+    instances: list[list[Op]]
+
+
+class StepNames(Mapping):
+    """Name -> TensorInfo of the tensors present at one point of a walk (names whose metadata a failed
+    operation left unknown are left out). Holds (dtype, shape) pairs; a TensorInfo is made when asked for."""
+
+    __slots__ = ("_metas",)
+
+    def __init__(self, metas: dict[str, Meta]) -> None:
+        self._metas = metas
+
+    def __getitem__(self, name: str) -> TensorInfo:
+        dtype, shape = self._metas[name]
+        return TensorInfo(name, dtype, shape)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._metas
+
+    def __iter__(self) -> Any:
+        return iter(self._metas)
+
+    def __len__(self) -> int:
+        return len(self._metas)
+
+
+def _snapshot(state: State) -> StepNames:
+    return StepNames({name: node.meta for name, node in state.nodes.items() if node.meta is not None})
+
+
+def _parts(mapper: Mapper) -> list[Mapper]:
+    """`mapper` and every mapper inside it (composites too: problems may name either)."""
+    inner = list(getattr(mapper, "mappers", ())) + ([mapper.mapper] if isinstance(mapper, PrefixScope) else [])
+    return [mapper] + [part for child in inner for part in _parts(child)]
+
+
+def bind_steps(steps: list[Mapper], source: Any, *, parallel: bool = False, rest: Rest = "keep") -> StepwiseBinding:
+    """Bind `Sequential(*steps)` (or `Parallel(*steps)`) to `source` once, recording each step's view."""
+    if rest not in ("keep", "drop", "error"):
+        raise MapperError(f"Cannot bind with rest={rest!r}: use 'keep', 'drop' or 'error'.")
+    from .grouping import build_binding
+
+    mapper = Parallel(*steps) if parallel else Sequential(*steps)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        binder = Binder(mapper, source_infos(source), record=True)
+        before: list[Mapping[str, TensorInfo]] = []
+        problems: list[list[Problem]] = []
+        if parallel:
+            start = {info.name: info for info in binder.infos}
+            binder.run(mapper, binder.state, ())
+            before = [start] * (len(steps) + 1)
+            # Parallel children are merged before their clashes are known: attribute problems by operation.
+            owner = {part.short(): k for k, step in reversed(list(enumerate(steps))) for part in _parts(step)}
+            problems = [[] for _ in steps]
+            for problem in binder.problems:
+                problems[owner.get(problem.op, len(steps) - 1)].append(problem)
+        else:
+            for index, step in enumerate(steps):
+                before.append(_snapshot(binder.state))
+                first = len(binder.problems)
+                binder.run(step, binder.state, (index,))
+                problems.append(binder.problems[first:])
+            before.append(_snapshot(binder.state))
+        instances: list[list[Op]] = [[] for _ in steps]
+        for path, records in (binder.records or {}).items():
+            if path:
+                instances[path[0]].extend(op for op, _ in records)
+        return StepwiseBinding(build_binding(binder, rest), before, problems, instances)
     finally:
         if collecting:
             gc.enable()

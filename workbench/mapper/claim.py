@@ -39,7 +39,8 @@ class Claim(Mapper):
         try:
             re.compile(self.pattern)
         except re.error as exc:
-            raise MapperError(f"Cannot build Claim: pattern {self.pattern!r} is not a regular expression ({exc}).") from None
+            # quoted as typed: a repr would double every backslash of the regular expression
+            raise MapperError(f"Cannot build Claim: pattern '{self.pattern}' is not a regular expression ({exc}).") from None
 
     @property
     def is_template(self) -> bool:

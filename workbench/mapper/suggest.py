@@ -82,8 +82,9 @@ def suggest_rows(names: Iterable[str], config: Any = None, *, registry: bool = T
     return model_type, rows
 
 
-def build_preset(name: str, source: Any, config: Any) -> Any:
-    """`workbench.mapper.presets.<name>` called with what it takes: the config, the source, or nothing."""
+def build_preset(name: str, source: Any, config: Any, options: dict[str, Any] | None = None) -> Any:
+    """`workbench.mapper.presets.<name>` called with what it takes: the config, the source, or nothing.
+    `options`: keyword arguments passed on when the preset takes them (e.g. `layers`), the others ignored."""
     from . import presets
 
     factory = getattr(presets, name, None)
@@ -109,6 +110,7 @@ def build_preset(name: str, source: Any, config: Any) -> Any:
         args = []
         if "source" in params:  # e.g. quantize_fp8(block, *, source=...): names from the checkpoint itself
             kwargs["source"] = source
+    kwargs.update({key: value for key, value in (options or {}).items() if key in params})
     try:
         return factory(*args, **kwargs)
     except TypeError as exc:

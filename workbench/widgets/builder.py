@@ -1,8 +1,11 @@
 """`MapperBuilder`: compose a mapper in a notebook, step by step, and see what it produces.
 
-Start empty or from a preset; add operations by picking source names (layer templates such as
-`model.layers.{i}.self_attn.q_proj.weight` are offered) and an operation with its parameters; edit,
-reorder or remove steps. Every change re-binds the mapper to the source (metadata only) and updates
+Start empty or from a preset (Replace) and add presets as steps (Append preset); add operations by
+picking source names as they are where the step runs (layer templates such as
+`model.layers.{i}.self_attn.q_proj.weight` are offered; a glob such as `*` or `model.*` picks many, a
+Rename can strip or add a prefix) and an operation with its parameters; edit, reorder or remove steps,
+listed in words ("strip prefix `model.`") with their code beside. Problems are grouped by step, with a
+fix where one is obvious. Every change re-binds the mapper to the source (metadata only) and updates
 the preview of outputs, the problems, the target check and the exported code. `builder.mapper` is an
 ordinary `M.Sequential` / `M.Parallel` of the steps; "Save .py" writes exactly `mapper.to_code()`.
 """
@@ -11,21 +14,31 @@ from __future__ import annotations
 
 import html
 import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import ipywidgets as widgets
 import pandas as pd
+from ipywidgets.widgets.trait_types import TypedTuple
+from traitlets import Any as AnyTrait
 
 from .. import mapper as M
+from ..catalog import TensorInfo
 from ..display import format_bytes, format_shape
 from ..dtypes import DTYPE_BITS
 from ..errors import MapperError, WorkbenchError
-from ..explore.layers import fold_name, fold_names, natural_key
+from ..explore.layers import fold_name, natural_key
+from ..mapper import globs
 from ..mapper import target as target_check
 from ..mapper.base import Mapper
+from ..mapper.bind import StepwiseBinding, bind_steps
+from ..mapper.describe import describe_step
 from ..mapper.export import code_expr
+from ..mapper.groups import Problem
 from ..mapper.op import Op
+from ..names import Template, filter_names, placeholders_of
 from .common import (
     Panel,
     frame_table,
@@ -40,9 +53,9 @@ CODE = "Code"  # the form mode that takes any mapper expression (M.…) — also
 OPERATIONS = ("Rename", "Concat", "Split", "Stack", "Unstack", "Transpose", "Reshape", "Cast", "Identity", "Drop", CODE)
 # Which parameter controls each operation shows (sources and outputs are always shown).
 PARAMETERS: dict[str, tuple[str, ...]] = {
-    "Rename": (), "Identity": (), "Drop": (),
+    "Rename": ("prefix",), "Identity": (), "Drop": (),
     "Concat": ("dim",), "Stack": ("dim",), "Split": ("sizes", "dim"), "Unstack": ("dim",),
-    "Transpose": ("dim0", "dim1"), "Reshape": ("shape",), "Cast": ("dtype",), CODE: ("code",),
+    "Transpose": ("dim0", "dim1"), "Reshape": ("shape",), "Cast": ("dtype", "keep"), CODE: ("code",),
 }
 OUTPUT_HINTS = {
     "Rename": "new name", "Concat": "output name", "Stack": "output name",
@@ -53,7 +66,16 @@ OUTPUT_HINTS = {
 SINGLE_SOURCE = ("Rename", "Split", "Unstack", "Transpose", "Reshape", "Cast", "Identity", "Drop")
 PER_SOURCE = ("Cast", "Identity", "Drop")  # several sources and no output name: one operation each
 NO_OUTPUTS = ("Identity", "Drop", CODE)
+GLOB_EACH = ("Cast", "Identity", "Drop", "Transpose", "Reshape")  # a glob source: one operation per matched template
 DEFAULT_ROWS = 60
+SHOWN_PER_GROUP = 5  # problems listed under each group heading (the rest counted)
+MAX_MOVE_TRIALS = 8  # positions tried (each a binding) when looking for where a step's names exist
+# kinds of binding problems, recognised by their wording (workbench.mapper.bind / claim), in display order
+PROBLEM_KINDS = (
+    ("names not found", ("matches no tensor", "is not in the source", "is missing, although")),
+    ("name clashes", ("Cannot write", "twice")),
+    ("left unconverted", ("completely:",)),
+)
 
 
 # --- presets -------------------------------------------------------------------------------------------
@@ -72,6 +94,31 @@ def steps_of(mapper: Mapper) -> tuple[list[Mapper], str]:
 
 
 # --- names -------------------------------------------------------------------------------------------------
+class _OneOrMany(TypedTuple):
+    """A tuple trait that also takes one string (one chosen name)."""
+
+    def validate(self, obj: Any, value: Any) -> Any:
+        return super().validate(obj, (value,) if isinstance(value, str) else value)
+
+
+class NamePicker(widgets.SelectMultiple):
+    """The builder's list of names (several may be chosen); `picker.value = 'a.b'` chooses one, as before."""
+
+    value = _OneOrMany(trait=AnyTrait(), help="Selected values")
+
+
+def layers_template(names: Any) -> str | None:
+    """The decoder-layer prefix template of `names` ('layers.{i}' after a 'model.' strip), None if none is seen."""
+    for name in names:
+        for marker in (".self_attn.", ".mlp."):
+            if marker in name:
+                head = name.split(marker, 1)[0]
+                template = globs.fold_name(head)[0]
+                if "{" in template:
+                    return template
+    return None
+
+
 def suggest_output(sources: list[str]) -> str:
     """A name for the fusion of `sources`: what they share, with the parts that differ joined.
 
@@ -88,6 +135,11 @@ def suggest_output(sources: list[str]) -> str:
         return ""
     joiner = "" if all(len(m) == 1 for m in middles) else "_"
     return prefix + joiner.join(middles) + suffix
+
+
+def _is_prefix_only(name: str, names: Any) -> bool:
+    """True when `name` (a name or template) is no tensor's name but a dotted prefix of some ('model.layers.{i}')."""
+    return not globs.match_names(name, names) and bool(globs.match_names(name + ".*", names))
 
 
 def _split_names(text: str) -> list[str]:
@@ -118,6 +170,76 @@ def compare_to_target(produced: Any, target: Any) -> pd.DataFrame:
     return target_check.check_target(produced, None, target).frame.drop(columns="message")
 
 
+# --- problems ---------------------------------------------------------------------------------------------
+_KIND_ORDER = {kind: k for k, (kind, _) in enumerate(PROBLEM_KINDS)}
+
+
+_SINGULAR = {"names not found": "name not found", "name clashes": "name clash", "invalid operations": "invalid operation"}
+
+
+def _counted(kind: str, n: int) -> str:
+    return _SINGULAR.get(kind, kind) if n == 1 else kind
+
+
+def problem_kind(message: str) -> str:
+    """What kind of problem a binding message reports ('names not found', 'name clashes', ...; else 'invalid')."""
+    for kind, words in PROBLEM_KINDS:
+        if any(word in message for word in words):
+            return kind
+    return "invalid operations"
+
+
+@dataclass
+class ProblemGroup:
+    """Problems of one kind raised by one step, and the fixes offered for them: (button label, action)."""
+
+    step: int
+    kind: str
+    problems: list[Problem]
+    fixes: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
+
+
+def _names_match(text: str, names: Mapping[str, TensorInfo]) -> bool:
+    """True when `text` (a name or a {placeholder} template) names at least one of `names`."""
+    if text in names:
+        return True
+    if "{" not in text:
+        return False
+    template = Template(text, placeholders_of(text))
+    return any(template.match(name.split(".")) is not None for name in names)
+
+
+def fold_differences(frame: pd.DataFrame) -> pd.DataFrame:
+    """Target differences folded by layer: one row per (pattern, status) with how many tensors it stands for
+    ('model.layers.{i}.mlp.gate_proj.weight  missing  ×32') instead of one row per tensor."""
+    if frame.empty:
+        return frame
+    rows: dict[tuple[str, str], list[Any]] = {}
+    for name, row in zip(frame.index, frame.itertuples(index=False), strict=True):
+        key = (fold_name(name)[0], str(row.status))
+        if key in rows:
+            rows[key][2] += 1
+        else:
+            rows[key] = [key[0], key[1], 1, row.dtype, row.shape, row.target_dtype, row.target_shape]
+    out = pd.DataFrame(list(rows.values()), columns=["pattern", "status", "count", "dtype", "shape", "target_dtype", "target_shape"])
+    out[["dtype", "target_dtype"]] = out[["dtype", "target_dtype"]].fillna("")
+    return out.set_index("pattern")
+
+
+def _shape_or_blank(shape: Any) -> str:
+    return format_shape(shape) if isinstance(shape, (tuple, list)) else ""
+
+
+def _holds_tensors(folder: Path) -> bool:
+    """True when `folder` holds checkpoint files (not just a config.json)."""
+    return any(p.suffix in (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".distcp") for p in folder.iterdir())
+
+
+def _looks_like_model_type(text: str) -> bool:
+    """A transformers model type is one lower-case word such as 'llama', 'qwen2', 'gpt_neox' or 'xlm-roberta'."""
+    return bool(text) and all(c.islower() or c.isdigit() or c in "_-" for c in text) and not text[0].isdigit()
+
+
 # --- the widget -------------------------------------------------------------------------------------------
 class MapperBuilder(Panel):
     """Build a mapper interactively over `source` (a path, Checkpoint or Catalog).
@@ -145,6 +267,7 @@ class MapperBuilder(Panel):
         self.config = config if config is not None else self._find_config()
         self.steps: list[Mapper] = []
         self.binding: M.Binding | None = None
+        self.stepwise: StepwiseBinding | None = None
         self.target: Any = None
         self._target: target_check.Target | None = None
         self.target_check: target_check.TargetReport | None = None
@@ -153,6 +276,7 @@ class MapperBuilder(Panel):
         self._auto_output = ""
         self._graph_stale = True
         self._quiet = False
+        self._fold_cache: dict[str, str] = {}
         self.max_rows = max_rows
 
         self._build_controls()
@@ -204,7 +328,11 @@ class MapperBuilder(Panel):
                        description="Preset", layout=W.Layout(width="380px")),
             "wb-builder-preset",
         )
-        self.load_preset_button = labelled(W.Button(description="Load preset", icon="download", tooltip="replace the steps with the preset's"), "wb-builder-load")
+        self.append_preset_button = labelled(
+            W.Button(description="Append preset", icon="plus", button_style="primary",
+                     tooltip="add the preset as one more step, built for the names the steps so far produce"),
+            "wb-builder-append-preset")
+        self.load_preset_button = labelled(W.Button(description="Replace", icon="download", tooltip="replace the steps with the preset's"), "wb-builder-load")
         self.checkpoint_name = labelled(W.Text(value="adapter", description="Name", layout=W.Layout(width="200px")),
                                         "wb-builder-checkpoint-name")
         self.checkpoint_path = labelled(W.Text(placeholder="folder of another checkpoint or PEFT adapter", description="Path",
@@ -218,9 +346,20 @@ class MapperBuilder(Panel):
             "wb-builder-combine",
         )
 
-        self.op_picker = labelled(W.Dropdown(options=OPERATIONS, value="Concat", description="Operation", layout=W.Layout(width="260px")), "wb-builder-op")
-        self.suggestions = labelled(W.Dropdown(options=[], description="Names", layout=W.Layout(width="560px")), "wb-builder-suggest")
-        self.add_source_button = labelled(W.Button(description="Add source", icon="plus", tooltip="append the chosen name to the sources"), "wb-builder-add-source")
+        self.op_picker = labelled(W.ToggleButtons(options=OPERATIONS, value="Concat", style={"button_width": "92px"},
+                                                  tooltips=[OUTPUT_HINTS[op] for op in OPERATIONS]), "wb-builder-op")
+        self.name_search = labelled(
+            W.Text(placeholder="search: a word, a glob (*.mlp.*) or a template (layers.{i}.*)", description="Names",
+                   continuous_update=True, layout=W.Layout(width="560px")),
+            "wb-builder-search")
+        self.suggestions = labelled(NamePicker(options=[], rows=7, layout=W.Layout(width="560px", margin="0 0 0 90px")), "wb-builder-suggest")
+        self.add_source_button = labelled(W.Button(description="Add selected", icon="plus",
+                                                   tooltip="append the chosen names to the sources (Ctrl/Shift-click chooses several)"),
+                                          "wb-builder-add-source")
+        self.add_pattern_button = labelled(
+            W.Button(description="Add all matching", icon="asterisk", layout=W.Layout(width="auto"),
+                     tooltip="append the search itself when it is a glob of whole names (model.*, *), else every name it lists"),
+            "wb-builder-add-pattern")
         self.clear_sources_button = labelled(W.Button(description="Clear", icon="eraser", layout=W.Layout(width="90px")), "wb-builder-clear")
         self.sources_box = labelled(
             W.Textarea(placeholder="source names or {i} templates, one per line, in order", description="Sources",
@@ -234,6 +373,14 @@ class MapperBuilder(Panel):
         self.sizes_box = W.Text(placeholder="empty: equal parts; or 64, 32, 32", description="sizes", layout=W.Layout(width="330px"))
         self.shape_box = W.Text(placeholder="e.g. 4, 2, 8, -1", description="shape", layout=W.Layout(width="330px"))
         self.dtype_picker = W.Dropdown(options=sorted(DTYPE_BITS), value="BF16", description="dtype", layout=W.Layout(width="200px"))
+        self.keep_box = labelled(W.Text(placeholder="e.g. norm, bias", description="keep F32",
+                                        tooltip="names with a segment containing one of these words are cast to F32 instead",
+                                        layout=W.Layout(width="300px")), "wb-builder-keep")
+        self.prefix_box = labelled(W.Text(placeholder="e.g. model.", description="or prefix", layout=W.Layout(width="260px"),
+                                          tooltip="rename a prefix of every name instead of one name (leave Sources empty)"),
+                                   "wb-builder-prefix")
+        self.prefix_action = labelled(W.ToggleButtons(options=["strip", "add"], value="strip", style={"button_width": "60px"}),
+                                      "wb-builder-prefix-action")
         self.code_box = labelled(
             W.Textarea(placeholder="any mapper expression, e.g. M.Rename('a', 'b')", description="Code",
                        layout=W.Layout(width="620px", height="76px")),
@@ -244,11 +391,16 @@ class MapperBuilder(Panel):
         self.form_message = labelled(W.HTML(), "wb-builder-form-message")
 
         self.steps_list = labelled(W.Select(options=[], rows=6, description="Steps", layout=W.Layout(width="760px")), "wb-builder-steps")
+        self.step_detail = labelled(W.HTML(layout=W.Layout(width="860px")), "wb-builder-step-detail")
         self.edit_button = W.Button(description="Edit", icon="pencil", layout=W.Layout(width="90px"))
         self.remove_button = labelled(W.Button(description="Remove", icon="trash", layout=W.Layout(width="100px")), "wb-builder-remove")
         self.up_button = W.Button(description="Up", icon="arrow-up", layout=W.Layout(width="80px"))
         self.down_button = W.Button(description="Down", icon="arrow-down", layout=W.Layout(width="90px"))
         self.problems_view = labelled(W.HTML(), "wb-builder-problems")
+        self.fixes_box = labelled(W.VBox(), "wb-builder-fixes")
+        # capped and scrolled, so that a long list never pushes the preview out of view
+        self.problems_panel = labelled(W.VBox([self.problems_view, self.fixes_box], layout=W.Layout(max_height="220px", overflow="auto")),
+                                       "wb-builder-problems-panel")
 
         self.changed_only = W.Checkbox(value=False, description="changed only", indent=False, layout=W.Layout(width="130px"))
         self.fold_preview = W.Checkbox(value=True, description="fold layers (×N)", indent=False, layout=W.Layout(width="150px"))
@@ -257,8 +409,9 @@ class MapperBuilder(Panel):
         self.graph_button = W.Button(description="Redraw", icon="refresh")
         self.graph_output = labelled(W.Output(), "wb-builder-graph")
 
-        self.target_box = labelled(W.Text(placeholder="path of a target checkpoint", description="Target", layout=W.Layout(width="520px")), "wb-builder-target")
-        self.target_button = W.Button(description="Check", icon="check")
+        self.target_box = labelled(W.Text(placeholder="a target checkpoint, a config.json, or a model type (llama)", description="Target",
+                                          layout=W.Layout(width="520px")), "wb-builder-target")
+        self.target_button = labelled(W.Button(description="Check", icon="check"), "wb-builder-target-check")
         self.target_view = labelled(W.HTML(), "wb-builder-target-view")
 
         self.code_area = labelled(W.Textarea(layout=W.Layout(width="860px", height="220px")), "wb-builder-code-area")
@@ -270,12 +423,14 @@ class MapperBuilder(Panel):
 
     def _layout(self) -> list[widgets.Widget]:
         W = widgets
-        self.params_box = W.HBox([self.dim_box, self.dim0_box, self.dim1_box, self.sizes_box, self.shape_box, self.dtype_picker])
+        self.params_box = W.HBox([self.dim_box, self.dim0_box, self.dim1_box, self.sizes_box, self.shape_box, self.dtype_picker,
+                                  self.keep_box, self.prefix_box, self.prefix_action])
         form = W.VBox(
             [
                 W.HTML("<b>Add an operation</b>"),
                 self.op_picker,
-                W.HBox([self.suggestions, self.add_source_button, self.clear_sources_button]),
+                W.HBox([self.name_search, self.add_pattern_button]),
+                W.HBox([self.suggestions, W.VBox([self.add_source_button, self.clear_sources_button])]),
                 self.sources_box,
                 self.outputs_box,
                 self.params_box,
@@ -283,27 +438,34 @@ class MapperBuilder(Panel):
                 W.HBox([self.add_button, self.cancel_button]),
                 self.form_message,
             ],
-            layout=W.Layout(border="1px solid #ddd", padding="4px", margin="4px 0"),
+            layout=W.Layout(border="1px solid var(--jp-border-color2, #ddd)", padding="4px", margin="4px 0"),
         )
-        steps = W.VBox([W.HBox([self.steps_list, W.VBox([self.edit_button, self.remove_button, self.up_button, self.down_button])]), self.problems_view])
+        steps = W.VBox([W.HBox([self.steps_list, W.VBox([self.edit_button, self.remove_button, self.up_button, self.down_button])]),
+                        self.step_detail, self.problems_panel])
         self.tabs = W.Tab(
             children=[
                 W.VBox([W.HBox([self.changed_only, self.fold_preview]), self.preview_table]),
                 W.VBox([self.graph_button, self.graph_output]),
                 W.VBox([W.HBox([self.target_box, self.target_button]), self.target_view]),
-                W.VBox([W.HBox([self.copy_button, self.clipboard]), self.code_area, W.HBox([self.save_path, self.save_button]), self.export_message]),
+                # one copy button: the clipboard one (copy_button / copy_code() stay for code that calls them)
+                W.VBox([self.clipboard, self.code_area, W.HBox([self.save_path, self.save_button]), self.export_message]),
             ],
             titles=["Preview", "Graph", "Target", "Export"],
         )
         sources = W.HBox([self.checkpoint_name, self.checkpoint_path, self.add_checkpoint_button])
-        return [self.header, sources, W.HBox([self.preset_picker, self.load_preset_button]), self.combine_picker, form, steps, self.tabs]
+        presets = W.HBox([self.preset_picker, self.append_preset_button, self.load_preset_button])
+        return [self.header, sources, presets, self.combine_picker, form, steps, self.tabs]
 
     def _wire(self) -> None:
         self.load_preset_button.on_click(lambda _: self.load_preset())
+        self.append_preset_button.on_click(lambda _: self.append_preset())
         self.add_checkpoint_button.on_click(lambda _: self.add_checkpoint())
         self.combine_picker.observe(lambda _: None if self._quiet else self.refresh(), names="value")
         self.op_picker.observe(lambda _: self._show_parameters(), names="value")
         self.add_source_button.on_click(lambda _: self.add_source())
+        self.add_pattern_button.on_click(lambda _: self.add_matching())
+        self.name_search.observe(lambda _: self._update_suggestions(), names="value")
+        self.steps_list.observe(lambda _: self._show_step_detail(), names="value")
         self.clear_sources_button.on_click(lambda _: setattr(self.sources_box, "value", ""))
         self.sources_box.observe(lambda _: self._suggest_output(), names="value")
         self.add_button.on_click(lambda _: self.submit())
@@ -316,7 +478,7 @@ class MapperBuilder(Panel):
             box.observe(lambda _: self._show_preview(), names="value")
         self.graph_button.on_click(lambda _: self.draw_graph())
         self.tabs.observe(self._on_tab, names="selected_index")
-        self.target_button.on_click(lambda _: self.set_target(self.target_box.value.strip() or None))
+        self.target_button.on_click(lambda _: self.set_target_text(self.target_box.value))
         self.copy_button.on_click(lambda _: self.copy_code())
         self.save_button.on_click(lambda _: self.save())
         self._show_parameters()
@@ -352,8 +514,21 @@ class MapperBuilder(Panel):
             return
         other = index + offset
         if 0 <= other < len(self.steps):
+            before = len(self.binding.problems) if self.binding is not None else 0
             self.steps[index], self.steps[other] = self.steps[other], self.steps[index]
             self.refresh(select=other)
+            self._say_moved(index, other, before)
+
+    def _say_moved(self, index: int, position: int, before: int) -> None:
+        """Say that a step moved, and whether the order changed what binds (in Sequential it may)."""
+        after = len(self.binding.problems) if self.binding is not None else 0
+        text = f"Moved step {index + 1} to position {position + 1}"
+        if after > before:
+            self.form_message.value = message_html(f"{text}: {after - before} new problem(s) — the steps read other names now.", "warning")
+        elif after < before:
+            self.form_message.value = message_html(f"{text}: {before - after} problem(s) fewer.", "ok")
+        else:
+            self.form_message.value = message_html(f"{text}.", "info")
 
     def add_checkpoint(self, name: str | None = None, path: str | os.PathLike | None = None) -> None:
         """Add another source (the Name/Path boxes unless given): the builder then works over all sources,
@@ -399,6 +574,35 @@ class MapperBuilder(Panel):
         self.form_message.value = message_html(f"Loaded preset {label!r}: {len(self.steps)} step(s).", "ok")
         self.refresh()
 
+    def append_preset(self, key: str | None = None) -> bool:
+        """Add a preset (the picker's choice unless `key` is given) as one more step, built for the names
+        the steps so far produce: `cast_policy` lists those names, `hf_to_fused` finds the layers under
+        their current prefix. False, with a message, when the preset cannot be built."""
+        key = self.preset_picker.value if key is None else key
+        if not key:
+            self.form_message.value = message_html("Choose a preset first.", "warning")
+            return False
+        from ..mapper.suggest import build_preset
+
+        names = self.names_before()
+        source = self.source.catalog if not self.steps or key in ("lora_merge", "average") else names
+        layers = layers_template(names)
+        options = {"layers": layers} if layers else {}
+        try:
+            preset = build_preset(key, source, self.config, options)
+        except WorkbenchError as exc:
+            self.form_message.value = message_html(exc.message, "error")
+            return False
+        self.steps.append(preset)
+        index = len(self.steps) - 1
+        self.refresh(select=index)
+        label = self.step_labels()[index]
+        problems = len(self.stepwise.problems[index]) if self.stepwise is not None else 0
+        text = f"Appended preset {_presets().get(key, key)!r} as step {index + 1}: {label}"
+        self.form_message.value = message_html(text + (f" — {problems} problem(s), see below." if problems else ""),
+                                               "warning" if problems else "ok")
+        return True
+
     # --- the form --------------------------------------------------------------------------------------
     def _show_parameters(self) -> None:
         kind = self.op_picker.value
@@ -406,22 +610,44 @@ class MapperBuilder(Panel):
         for name, box in (("dim", self.dim_box), ("dim0", self.dim0_box), ("dim1", self.dim1_box), ("sizes", self.sizes_box),
                           ("shape", self.shape_box), ("dtype", self.dtype_picker)):
             box.layout.display = None if name in shown else "none"
+        self.keep_box.layout.display = None if "keep" in shown else "none"
+        for box in (self.prefix_box, self.prefix_action):
+            box.layout.display = None if "prefix" in shown else "none"
         self.code_box.layout.display = None if kind == CODE else "none"
-        for box in (self.sources_box, self.suggestions, self.add_source_button, self.clear_sources_button):
+        for box in (self.sources_box, self.suggestions, self.add_source_button, self.clear_sources_button, self.name_search,
+                    self.add_pattern_button):
             box.layout.display = "none" if kind == CODE else None
         self.outputs_box.layout.display = "none" if kind in NO_OUTPUTS else None
         self.outputs_box.placeholder = OUTPUT_HINTS[kind]
         self._suggest_output()
 
-    def add_source(self, name: str | None = None) -> None:
-        """Append a name (the suggestion picker's choice by default) to the sources box."""
-        name = self.suggestions.value if name is None else name
-        if not name:
+    def add_source(self, name: str | list[str] | tuple[str, ...] | None = None) -> None:
+        """Append names (the picker's chosen names by default; a glob or template is kept as written) to the
+        sources box."""
+        chosen = list(self.suggestions.value) if name is None else [name] if isinstance(name, str) else list(name)
+        chosen = [n for n in chosen if n]
+        if not chosen:
+            self.form_message.value = message_html("Choose names in the list (or type a search to add as a glob) first.", "warning")
             return
         lines = _split_names(self.sources_box.value)
         if self.op_picker.value in SINGLE_SOURCE and self.op_picker.value not in PER_SOURCE:
             lines = []  # one source only: the new choice replaces the old one
-        self.sources_box.value = "\n".join([*lines, name])
+        self.sources_box.value = "\n".join([*lines, *[n for n in chosen if n not in lines]])
+
+    def add_matching(self) -> None:
+        """Append what the search selects: the search text itself when, read as a glob of whole names, it picks
+        exactly the names listed (`model.*`, `*`), else each listed name or template."""
+        text = self.name_search.value.strip()
+        if not text:
+            self.form_message.value = message_html("Type a search first ('*' selects every name).", "warning")
+            return
+        names = list(self.names_before(self._editing))
+        try:
+            exact = set(globs.match_names(text, names)) == set(filter_names(names, text))
+        except WorkbenchError as exc:
+            self.form_message.value = message_html(exc.message, "error")
+            return
+        self.add_source(text if exact else [value for _, value in self.suggestions.options])
 
     def _suggest_output(self) -> None:
         kind = self.op_picker.value
@@ -443,8 +669,20 @@ class MapperBuilder(Panel):
             return self._from_code(self.code_box.value)
         sources = _split_names(self.sources_box.value)
         outputs = _split_names(self.outputs_box.value) if kind not in NO_OUTPUTS else []
+        prefix = self.prefix_box.value.strip() if kind == "Rename" else ""
+        if prefix:
+            if sources:
+                raise MapperError("Cannot add Rename: give either names (Sources and Output) or a prefix, not both. "
+                                  "Clear the sources to rename a prefix, or clear the prefix.")
+            return globs.prefix_rename(prefix, "") if self.prefix_action.value == "strip" else globs.prefix_rename("", prefix)
         if not sources:
-            raise MapperError(f"Cannot add {kind}: no source names. Pick a name and click 'Add source', or type names (one per line).")
+            raise MapperError(f"Cannot add {kind}: no source names. Pick names and click 'Add selected', or type names (one per line).")
+        names = self.names_before(self._editing)
+        keep = tuple(_split_names(self.keep_box.value)) if kind == "Cast" else ()
+        if any(globs.is_glob(name) for name in sources) or keep:
+            return self._expand_globs(kind, sources, outputs, names, keep)
+        if kind == "Rename" and len(sources) == 1 and len(outputs) == 1 and _is_prefix_only(sources[0], names):
+            return globs.glob_rename(sources[0] + ".*", outputs[0] + ".*", list(names))  # a module prefix such as 'model.layers.{i}'
         if kind in SINGLE_SOURCE and len(sources) > 1:
             if kind in PER_SOURCE and not outputs:
                 return M.Parallel(*[self._single(kind, name, None) for name in sources])
@@ -465,6 +703,30 @@ class MapperBuilder(Panel):
         if len(outputs) > 1:
             raise MapperError(f"Cannot add {kind}: it writes one tensor; give at most one output name.")
         return self._single(kind, sources[0], outputs[0] if outputs else None)
+
+    def _expand_globs(self, kind: str, sources: list[str], outputs: list[str], names: Mapping[str, TensorInfo],
+                      keep: tuple[str, ...]) -> Mapper:
+        """Operations for sources with globs (`*`): expanded against the names at this step (see workbench.mapper.globs)."""
+        if kind == "Rename":
+            if len(sources) != 1 or len(outputs) != 1:
+                raise MapperError("Cannot add Rename: a glob rename takes one source and one new name, each '*' standing for the "
+                                  "text the source's '*' matched, e.g. 'model.*' -> '*'.")
+            return globs.glob_rename(sources[0], outputs[0], list(names))
+        if kind not in GLOB_EACH:
+            raise MapperError(f"Cannot add {kind} with a glob source: globs work for Rename, {', '.join(GLOB_EACH)}. "
+                              "Use {i} templates for the inputs of a fusion.")
+        if outputs:
+            raise MapperError(f"Cannot add {kind}: a glob source writes each tensor under its own name; clear Output.")
+        parts: list[Mapper] = []
+        for source in sources:
+            if kind == "Cast":
+                part = globs.glob_cast(source, names, self.dtype_picker.value, keep=keep)
+            elif not globs.is_glob(source):
+                part = self._single(kind, source, None)
+            else:
+                part = globs.expand_each(source, list(names), lambda template: self._single(kind, template, None), kind.lower())
+            parts.extend(part.mappers if isinstance(part, M.Parallel) else [part])
+        return parts[0] if len(parts) == 1 else M.Parallel(*parts)
 
     def _single(self, kind: str, name: str, dst: str | None) -> Mapper:
         if kind == "Rename":
@@ -513,10 +775,11 @@ class MapperBuilder(Panel):
             verb = "Added"
         self.refresh(select=index)
         new_problems = len(self.binding.problems) - before if self.binding is not None else 0
-        text = f"{verb} step {index + 1}: {step.short()}"
+        text = f"{verb} step {index + 1}: {self.step_labels()[index]}"
         self.sources_box.value = ""  # the step is kept either way: the form is ready for the next one
         self.outputs_box.value = ""
         self.code_box.value = ""
+        self.prefix_box.value = ""
         if new_problems > 0:
             self.form_message.value = message_html(f"{text} — {new_problems} new problem(s), see below.", "warning")
         else:
@@ -530,7 +793,13 @@ class MapperBuilder(Panel):
             return
         step = self.steps[index]
         kind = type(step).__name__
-        if isinstance(step, Op) and kind in PARAMETERS:
+        if isinstance(step, M.PrefixScope) and isinstance(step.mapper, M.Sequential) and not step.mapper.mappers \
+                and not (step.source_prefix and step.target_prefix):
+            self.op_picker.value = "Rename"
+            self.sources_box.value = self.outputs_box.value = ""
+            self.prefix_action.value = "strip" if step.source_prefix else "add"
+            self.prefix_box.value = step.source_prefix or step.target_prefix
+        elif isinstance(step, Op) and kind in PARAMETERS:
             self.op_picker.value = kind
             self.sources_box.value = "\n".join(step.inputs)
             fields = {f: getattr(step, f) for f in step.__dataclass_fields__}  # type: ignore[attr-defined]
@@ -552,6 +821,7 @@ class MapperBuilder(Panel):
             self.op_picker.value = CODE
             self.code_box.value = code_expr(step)
         self._editing = index
+        self._update_suggestions()  # the names as they are before this step
         self.add_button.description = f"Update step {index + 1}"
         self.add_button.icon = "check"
         self.cancel_button.layout.display = None
@@ -559,6 +829,8 @@ class MapperBuilder(Panel):
 
     def _end_edit(self, message: str | None = None) -> None:
         self._editing = None
+        self.prefix_box.value = ""
+        self._update_suggestions()  # back to the names a new step would read
         self.add_button.description = "Add step"
         self.add_button.icon = "plus"
         self.cancel_button.layout.display = "none"
@@ -567,12 +839,16 @@ class MapperBuilder(Panel):
 
     # --- refresh ----------------------------------------------------------------------------------------
     def refresh(self, select: int | None = None) -> None:
-        """Re-bind the mapper to the source and update every view."""
-        self.binding = self.mapper.bind(self.source)
+        """Re-bind the steps to the source (one walk, recording what each step sees) and update every view."""
+        self.stepwise = bind_steps(self.steps, self.source, parallel=self.combine_picker.value == "Parallel")
+        self.binding = self.stepwise.binding
         self.header.value = self._header_html()
-        options = [(f"{k + 1}. {step.short()}", k) for k, step in enumerate(self.steps)]
+        labels = self.step_labels()
+        options = [(f"{k + 1}. {label}", k) for k, label in enumerate(labels)]
         keep = select if select is not None else self.steps_list.value
         set_options(self.steps_list, options, keep)
+        self.steps_list.tooltip = "\n".join(f"{k + 1}. {step.short()}" for k, step in enumerate(self.steps)) or None
+        self._show_step_detail()
         self._update_suggestions()
         self._show_preview()
         self._show_problems()
@@ -581,6 +857,32 @@ class MapperBuilder(Panel):
         self._graph_stale = True
         if self.tabs.selected_index == 1:
             self.draw_graph()
+
+    def step_labels(self) -> list[str]:
+        """Each step in words ("strip prefix `model.`", "cast 24 tensors → BF16, norms kept F32"); the code is in
+        the list's tooltip and under the list for the chosen step."""
+        wise = self.stepwise
+        if wise is None or len(wise.instances) != len(self.steps):
+            return [describe_step(step) for step in self.steps]
+        return [describe_step(step, wise.before[k], wise.instances[k]) for k, step in enumerate(self.steps)]
+
+    def names_before(self, index: int | None = None) -> Mapping[str, TensorInfo]:
+        """The tensors (name -> TensorInfo) a step at position `index` reads: in Sequential the result of the
+        steps before it, in Parallel the source. None: a step appended now."""
+        wise = self.stepwise
+        if wise is None or len(wise.before) != len(self.steps) + 1:
+            return dict(self.source.catalog.tensors)
+        k = len(self.steps) if index is None else max(0, min(index, len(self.steps)))
+        return wise.before[k]
+
+    def _show_step_detail(self) -> None:
+        index = self.steps_list.value
+        if index is None or not 0 <= index < len(self.steps):
+            self.step_detail.value = ""
+            return
+        code = html.escape(code_expr(self.steps[index], prefix="M."))
+        self.step_detail.value = (f'<details class="wb-step-code"><summary>step {index + 1} as code</summary>'
+                                  f'<code style="white-space:pre-wrap;word-break:break-all">{code}</code></details>')
 
     def _header_html(self) -> str:
         ck = self.source
@@ -596,21 +898,27 @@ class MapperBuilder(Panel):
             f"{len(ck):,} tensors){status}"
         )
 
-    def _source_templates(self) -> dict[str, int]:
-        """The source's layer templates and how many tensors each stands for (folded once)."""
-        return {fold.template: fold.count for fold in self.source.folds}
-
     def _update_suggestions(self) -> None:
-        names = dict(self._source_templates())
-        if self.binding is not None:
-            source = self.source.catalog.tensors
-            for fold in fold_names(name for name in self.binding.outputs if name not in source):
-                names.setdefault(fold.template, fold.count)
-        ordered = sorted(names, key=natural_key)
-        options = [(f"{t}  ×{names[t]}" if names[t] > 1 else t, t) for t in ordered]
+        """Offer the names as they are where the next step runs (or the step being edited), folded ×N and
+        narrowed by the search box (the filter syntax of workbench.names)."""
+        names = list(self.names_before(self._editing))
+        try:
+            shown = filter_names(names, self.name_search.value.strip())
+        except WorkbenchError:
+            shown = []
+        cache = self._fold_cache  # name -> layer template, kept across refreshes (most names stay)
+        folds: dict[str, int] = {}
+        for name in shown:
+            template = cache.get(name)
+            if template is None:
+                template = cache[name] = fold_name(name)[0]
+            folds[template] = folds.get(template, 0) + 1
+        ordered = sorted(folds, key=natural_key)
+        options = [(f"{t}  ×{folds[t]}" if folds[t] > 1 else t, t) for t in ordered]
         if list(self.suggestions.options) != options:
-            keep = self.suggestions.value if self.suggestions.value in names else (ordered[0] if ordered else None)
-            set_options(self.suggestions, options, keep)
+            keep = tuple(v for v in self.suggestions.value if v in folds)
+            self.suggestions.options = options
+            self.suggestions.value = keep
 
     def preview_frame(self, folded: bool | None = None, changed_only: bool | None = None) -> pd.DataFrame:
         """The outputs (name or layer pattern -> dtype, shape, bytes, the operation making it)."""
@@ -637,19 +945,100 @@ class MapperBuilder(Panel):
             return
         shown = frame.drop(columns=[c for c in ("numel", "n_inputs") if c in frame.columns])
         formatters = {"nbytes": format_bytes, "shape": format_shape, "count": lambda n: f"×{n}"}
-        noun = "output patterns" if "count" in frame.columns else "output tensors"
+        noun = ("output pattern" if "count" in frame.columns else "output tensor") + ("" if len(frame) == 1 else "s")
         self.preview_table.value = frame_table(shown, max_rows=self.max_rows, formatters=formatters, noun=noun)
 
-    def _show_problems(self) -> None:
-        problems = self.binding.problems if self.binding is not None else []
-        if not problems:
-            self.problems_view.value = message_html("No problems: every operation binds to the source.", "ok")
+    def problem_groups(self) -> list[ProblemGroup]:
+        """The binding's problems grouped by step and kind, each group with the fixes that are obvious."""
+        wise = self.stepwise
+        if wise is None:
+            return []
+        groups: list[ProblemGroup] = []
+        for index, problems in enumerate(wise.problems):
+            by_kind: dict[str, list[Problem]] = {}
+            for problem in problems:
+                by_kind.setdefault(problem_kind(problem.message), []).append(problem)
+            for kind, members in sorted(by_kind.items(), key=lambda item: _KIND_ORDER.get(item[0], len(_KIND_ORDER))):
+                group = ProblemGroup(index, kind, members)
+                if kind == "names not found":
+                    target = self._better_position(index, members)
+                    if target is not None:
+                        where = f"before step {target + 1}" if target < index else f"after step {target + 1}"
+                        group.fixes.append((f"Move step {index + 1} {where}", lambda i=index, t=target: self.move_to(i, t)))
+                if kind == "name clashes":
+                    kept = [p.tensor for p in members if p.tensor and "already there" in p.message]
+                    if kept:
+                        label = f"Drop {kept[0]!r} before step {index + 1}" if len(kept) == 1 else \
+                            f"Drop the {len(kept)} old tensors before step {index + 1}"
+                        group.fixes.append((label, lambda i=index, names=kept: self.drop_before(i, names)))
+                group.fixes.append((f"Remove step {index + 1}", lambda i=index: self.remove(i)))
+                groups.append(group)
+        return groups
+
+    def _better_position(self, index: int, problems: list[Problem]) -> int | None:
+        """The nearest position for step `index` (Sequential only) where every name it missed exists and where
+        the step, bound to the names there, has no problem; None when there is none."""
+        wise = self.stepwise
+        if wise is None or self.combine_picker.value == "Parallel" or len(self.steps) < 2:
+            return None
+        missing = {p.tensor for p in problems if p.tensor}
+        candidates = sorted((p for p in range(len(self.steps)) if p != index), key=lambda p: abs(p - index))
+        for position in candidates[:MAX_MOVE_TRIALS]:
+            seen = wise.before[position] if position < index else wise.before[position + 1]
+            if missing and all(_names_match(text, seen) for text in missing) and self.steps[index].bind(seen).ok:
+                return position
+        return None
+
+    def drop_before(self, index: int, names: list[str]) -> None:
+        """Insert a step dropping `names` (folded into templates where exact) before step `index`: the fix the
+        binder suggests when a step writes over a tensor nothing consumes."""
+        before = self.names_before(index)
+        templates = globs.fold_exactly([n for n in names if n in before], before) or names
+        drops = [M.Drop(t) for t in templates]
+        self.steps.insert(index, drops[0] if len(drops) == 1 else M.Parallel(*drops))
+        self.form_message.value = message_html(f"Inserted step {index + 1}: drop {len(names)} tensor(s) that step {index + 2} writes over.", "info")
+        self.refresh(select=index)
+
+    def move_to(self, index: int, position: int) -> None:
+        """Move step `index` to `position` (0-based; the steps in between shift down)."""
+        if not (0 <= index < len(self.steps) and 0 <= position < len(self.steps)):
             return
-        items = "".join(
-            f'<li style="color:{"#c62828" if p.severity == "error" else "#b26a00"}">{html.escape(p.message)}</li>' for p in problems[:50]
-        )
-        more = f"<li>… {len(problems) - 50} more (see builder.binding.problems)</li>" if len(problems) > 50 else ""
-        self.problems_view.value = f"<b>Problems ({len(problems)})</b><ul class='wb-problems'>{items}{more}</ul>"
+        before = len(self.binding.problems) if self.binding is not None else 0
+        step = self.steps.pop(index)
+        self.steps.insert(position, step)
+        self.refresh(select=position)
+        self._say_moved(index, position, before)
+
+    def _show_problems(self) -> None:
+        groups = self.problem_groups()
+        if not groups:
+            self.problems_view.value = message_html("No problems: every operation binds to the source.", "ok")
+            self.fixes_box.children = ()
+            return
+        labels = self.step_labels()
+        total = sum(len(group.problems) for group in groups)
+        parts = [f"<b>Problems ({total})</b> — grouped by step; fixes below"]
+        for group in groups:
+            step = f"Step {group.step + 1} · {html.escape(labels[group.step])}" if group.step < len(labels) else "Steps"
+            n = len(group.problems)
+            error = any(p.severity == "error" for p in group.problems)
+            color = "var(--jp-error-color1, #c62828)" if error else "var(--jp-warn-color1, #b26a00)"
+            items = "".join(f"<li>{html.escape(p.message)}</li>" for p in group.problems[:SHOWN_PER_GROUP])
+            more = f"<li>… {n - SHOWN_PER_GROUP} more (builder.binding.problems)</li>" if n > SHOWN_PER_GROUP else ""
+            parts.append(
+                f'<details class="wb-problem-group" open><summary style="color:{color}">{step} — {n} {html.escape(_counted(group.kind, n))}'
+                f'</summary><ul class="wb-problems" style="margin:2px 0">{items}{more}</ul></details>'
+            )
+        self.problems_view.value = "".join(parts)
+        buttons = []
+        for group in groups:
+            for label, action in group.fixes:
+                button = widgets.Button(description=label, icon="wrench", layout=widgets.Layout(width="auto"),
+                                        tooltip=f"{label}: fixes '{group.kind}' of step {group.step + 1}")
+                button.add_class("wb-builder-fix")
+                button.on_click(lambda _, act=action: act())
+                buttons.append(button)
+        self.fixes_box.children = (widgets.HBox(buttons, layout=widgets.Layout(flex_flow="row wrap")),)
 
     def _on_tab(self, change: Any) -> None:
         if change["new"] == 1 and self._graph_stale:
@@ -684,6 +1073,30 @@ class MapperBuilder(Panel):
             self.target_box.placeholder = f"checking against {resolved.description} (type a path to check another)"
         self._check_target()
 
+    def set_target_text(self, text: str) -> None:
+        """Check against what the Target box names: a checkpoint path, a config.json (or a folder holding only
+        one), or a transformers model type such as 'llama' (built with the source's config.json sizes)."""
+        text = text.strip()
+        if not text:
+            self.set_target(None)
+            return
+        path = Path(text).expanduser()
+        try:
+            if path.is_file() and path.suffix == ".json":
+                target: Any = target_check.config_target(path)
+            elif path.is_dir() and (path / "config.json").is_file() and not _holds_tensors(path):
+                target = target_check.config_target(path / "config.json")
+            elif not path.exists() and _looks_like_model_type(text):
+                target = target_check.config_target(self.config, model_type=text)
+            else:
+                target = text
+        except WorkbenchError as exc:
+            self.target_view.value = message_html(exc.message, "error")
+            return
+        self.set_target(target)
+        if not isinstance(target, str):
+            self.target_box.value = text  # keep what was typed: it names the target
+
     def target_report(self) -> pd.DataFrame | None:
         """The last target check's differences (see `compare_to_target`), None without a target;
         `target_check` holds the whole TargetReport."""
@@ -699,8 +1112,10 @@ class MapperBuilder(Panel):
         frame = report.frame.drop(columns="message")
         self.target_frame = frame
         summary = message_html(report.headline(), report.level)
-        table = frame_table(frame.assign(status=frame["status"].astype(str)), max_rows=self.max_rows,
-                            formatters={"shape": format_shape, "target_shape": format_shape}, noun="differences") if len(frame) else ""
+        folded = fold_differences(frame)
+        noun = "difference pattern" if len(folded) == 1 else "difference patterns"
+        table = frame_table(folded, max_rows=self.max_rows, noun=noun,
+                            formatters={"shape": _shape_or_blank, "target_shape": _shape_or_blank, "count": lambda n: f"×{n}"}) if len(frame) else ""
         self.target_view.value = f"<div class='wb-note'>target: {html.escape(report.target)}</div>{summary}{table}"
 
     # --- export ---------------------------------------------------------------------------------------------
@@ -751,7 +1166,7 @@ class MapperBuilder(Panel):
         return f"MapperBuilder over {self.source.path.name}: {len(self.steps)} step(s), {n_out} outputs, {n_problems} problem(s)"
 
     def _repr_html_(self) -> str:
-        steps = "".join(f"<li><code>{html.escape(step.short())}</code></li>" for step in self.steps) or "<li>(no steps)</li>"
+        steps = "".join(f"<li>{html.escape(label)}</li>" for label in self.step_labels()) or "<li>(no steps)</li>"
         return (
             f'<div class="wb-builder-static">{self._header_html()}'
             f"<b>{html.escape(self.combine_picker.value)} steps</b><ol>{steps}</ol>{self.problems_view.value}"
