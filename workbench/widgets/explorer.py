@@ -136,7 +136,10 @@ class Explorer(Panel):
             "wb-explorer-sort",
         )
         self.descending = widgets.Checkbox(value=False, description="descending", indent=False, layout=widgets.Layout(width="110px"))
-        self.max_rows = widgets.BoundedIntText(value=max_rows, min=1, max=10_000, description="Per page", layout=widgets.Layout(width="160px"))
+        self.max_rows = labelled(
+            widgets.BoundedIntText(value=max_rows, min=1, max=10_000, description="Per page", layout=widgets.Layout(width="160px")),
+            "wb-explorer-per-page",
+        )
         self.count_label = labelled(widgets.HTML(), "wb-explorer-count")
         self.table = DataTable(page_size=max_rows, css_class="wb-explorer-table", sort_handler=self._sort_from_header)
         self._matched: pd.DataFrame = self.rows
@@ -189,7 +192,7 @@ class Explorer(Panel):
         for control in (self.filter_box, self.match_mode, self.fold_toggle, self.sort_by, self.descending):
             control.observe(self._on_query_change, names="value")
         widgets.link((self.max_rows, "value"), (self.table, "page_size"))
-        self.table.observe(self._on_page_shown, names="keys")
+        self.table.observe(self._on_page_shown, names="row_keys")
         self.table.observe(self._on_row_click, names="selected")
         self.tensor_picker.observe(self._on_pick, names="value")
         self.stats_button.on_click(lambda _: self.show_stats())
@@ -427,7 +430,7 @@ class Explorer(Panel):
         self.details.value = "" if name is None else self._details_html(name)
         self._syncing_selection = True  # highlight the row of the picked tensor (its pattern when folded)
         try:
-            self.table.selected = "" if name is None else name if name in self.table.keys else str(self._template_of()[name])
+            self.table.selected = "" if name is None else name if name in self.table.row_keys else str(self._template_of()[name])
         finally:
             self._syncing_selection = False
         if name is not None and name in self._stats_cache:

@@ -17,6 +17,9 @@ function copyText(text) {
   return Promise.resolve();
 }
 
+// Two overlapping sheets, drawn in the text colour (no icon font needed).
+const COPY_ICON = '<svg width="11" height="11" viewBox="0 0 16 16" aria-hidden="true"><rect x="5" y="5" width="9" height="9" rx="1" fill="none" stroke="currentColor" stroke-width="1.6"/><path d="M3 11V3a1 1 0 0 1 1-1h7" fill="none" stroke="currentColor" stroke-width="1.6"/></svg>';
+
 function button(label, title, className) {
   const b = document.createElement("button");
   b.type = "button";
@@ -62,7 +65,7 @@ function render({ model, el }) {
   function draw() {
     const columns = model.get("columns");
     const cells = model.get("cells");
-    const keys = model.get("keys");
+    const keys = model.get("row_keys");
     const total = model.get("total");
     const page = model.get("page");
     const size = Math.max(1, model.get("page_size"));
@@ -113,12 +116,13 @@ function render({ model, el }) {
         td.title = text;
         td.appendChild(span);
         if (c === 0 && copyable) {
-          const copy = button("⧉", `copy ${keys[r]}`, "wb-copy-name");
+          const copy = button("", `copy ${keys[r]}`, "wb-copy-name");
+          copy.innerHTML = COPY_ICON;
           copy.onclick = (event) => {
             event.stopPropagation();
             copyText(keys[r]).then(() => {
               copy.textContent = "✓";
-              setTimeout(() => { copy.textContent = "⧉"; }, 1200);
+              setTimeout(() => { copy.innerHTML = COPY_ICON; }, 1200);
             });
           };
           td.prepend(copy);
@@ -150,7 +154,7 @@ function render({ model, el }) {
       queueMicrotask(() => { queued = false; draw(); });
     }
   };
-  const traits = ["columns", "cells", "keys", "total", "page", "page_size", "sort_column", "sort_descending", "selected", "note", "noun", "copyable", "selectable"];
+  const traits = ["columns", "cells", "row_keys", "total", "page", "page_size", "sort_column", "sort_descending", "selected", "note", "noun", "copyable", "selectable"];
   traits.forEach((name) => model.on(`change:${name}`, schedule));
   draw();
   return () => traits.forEach((name) => model.off(`change:${name}`, schedule));

@@ -60,7 +60,7 @@ class DataTable(anywidget.AnyWidget):
 
     columns = traitlets.List(traitlets.Dict()).tag(sync=True)
     cells = traitlets.List(traitlets.List(traitlets.Unicode())).tag(sync=True)
-    keys = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    row_keys = traitlets.List(traitlets.Unicode()).tag(sync=True)
     total = traitlets.Int(0).tag(sync=True)
     page = traitlets.Int(0).tag(sync=True)
     page_size = traitlets.Int(DEFAULT_PAGE_SIZE).tag(sync=True)
@@ -127,7 +127,7 @@ class DataTable(anywidget.AnyWidget):
         with self.hold_sync():
             self._quiet = True
             try:
-                self.columns, self.cells, self.keys, self.total, self.page = [], [], [], 0, 0
+                self.columns, self.cells, self.row_keys, self.total, self.page = [], [], [], 0, 0
                 self.note = note
             finally:
                 self._quiet = False
@@ -146,7 +146,7 @@ class DataTable(anywidget.AnyWidget):
 
     def shown_keys(self) -> list[str]:
         """The keys (index labels, as text) of the rows in view, top to bottom."""
-        return list(self.keys)
+        return list(self.row_keys)
 
     @property
     def value(self) -> str:
@@ -212,7 +212,7 @@ class DataTable(anywidget.AnyWidget):
         rows = self._page_rows()
         with self.hold_sync():
             self.cells = [[cell_text(v)[0] for v in row] for row in rows]
-            self.keys = [str(k) for k in shown.index]
+            self.row_keys = [str(k) for k in shown.index]
 
     @staticmethod
     def _numeric(column: pd.Series) -> bool:
