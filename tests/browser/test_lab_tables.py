@@ -43,6 +43,14 @@ CONTRAST = """(el) => {
   const [a, b] = [lum(text), lum(background)].sort((x, y) => y - x);
   return {ratio: (a + 0.05) / (b + 0.05), text: getComputedStyle(el).color, background: background.slice(0, 3).map(Math.round)};
 }"""
+# Alpha of the top-left pixel of an <img> (0: the page's background shows through).
+TRANSPARENT_CORNER = """(img) => {
+  const canvas = document.createElement('canvas');
+  canvas.width = img.naturalWidth; canvas.height = img.naturalHeight;
+  const context = canvas.getContext('2d');
+  context.drawImage(img, 0, 0);
+  return context.getImageData(1, 1, 1, 1).data[3];
+}"""
 KERNEL_READY = """() => {
   const panel = window.galata.app.shell.currentWidget;
   const context = panel && panel.sessionContext;
@@ -171,5 +179,16 @@ def test_explorer_tables_read_sort_select_page_and_copy(browser: object, lab: Ju
         explorer.locator(".wb-explorer-details").filter(has_text=name).wait_for(timeout=20_000)
         explorer.scroll_into_view_if_needed()
         explorer.screenshot(path=str(screenshot_dir() / f"explorer-{theme}.png"))
+
+        # The Bytes tab's chart lets the theme show through (a transparent corner), layers in order 0, 1, 2, 3.
+        explorer.locator(".lm-TabBar-tab", has_text="Bytes").click()
+        chart = explorer.locator(".wb-explorer-bytes-chart img")
+        chart.wait_for(timeout=30_000)
+        chart.evaluate("img => img.decode()")
+        corner = chart.evaluate(TRANSPARENT_CORNER)
+        assert corner == 0, f"the chart has an opaque background (corner alpha {corner}) in the {theme} theme"
+        layers = page.eval_on_selector_all(f"{PANEL} .wb-explorer-bytes-table tbody tr", "rows => rows.map(r => r.dataset.key)")
+        assert [k for k in layers if k.startswith("model.layers.")] == [f"model.layers.{n}" for n in range(4)]
+        explorer.screenshot(path=str(screenshot_dir() / f"explorer-bytes-{theme}.png"))
     finally:
         context.close()  # type: ignore[attr-defined]

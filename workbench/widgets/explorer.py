@@ -157,7 +157,7 @@ class Explorer(Panel):
         self.bytes_by = labelled(widgets.ToggleButtons(options=["layer", "file", "dtype"], value="layer", description="Bytes by"), "wb-explorer-bytes-by")
         self.plot_button = widgets.Button(description="Plot", icon="refresh")
         self.bytes_table = DataTable(page_size=20, css_class="wb-explorer-bytes-table", selectable=False)
-        self.bytes_output = widgets.Output()
+        self.bytes_output = labelled(widgets.Output(), "wb-explorer-bytes-chart")
 
         tensors_tab = widgets.VBox(
             [
