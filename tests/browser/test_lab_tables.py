@@ -23,6 +23,7 @@ THEMES = {"light": "JupyterLab Light", "dark": "JupyterLab Dark"}
 NOTEBOOK_CELLS = [
     "from workbench.widgets import Explorer\n\nexplorer = Explorer('../sample_checkpoints/tiny-llama')\nexplorer",
     "explorer.checkpoint.plot_bytes('layer')",
+    "from workbench.widgets import MapperBuilder\n\nMapperBuilder('../sample_checkpoints/tiny-llama', preset='hf_to_fused')",
 ]
 # WCAG's contrast ratio of an element's text on what is behind it: colours with alpha are blended over the
 # nearest ancestors' backgrounds (down to an opaque one, else the page's).
@@ -190,5 +191,22 @@ def test_explorer_tables_read_sort_select_page_and_copy(browser: object, lab: Ju
         layers = page.eval_on_selector_all(f"{PANEL} .wb-explorer-bytes-table tbody tr", "rows => rows.map(r => r.dataset.key)")
         assert [k for k in layers if k.startswith("model.layers.")] == [f"model.layers.{n}" for n in range(4)]
         explorer.screenshot(path=str(screenshot_dir() / f"explorer-bytes-{theme}.png"))
+    finally:
+        context.close()  # type: ignore[attr-defined]
+
+
+def test_builder_export_has_one_copy_button_that_copies_the_code(browser: object, lab: JupyterLab) -> None:
+    context, page = open_explorer(browser, lab, "light")
+    try:
+        builder = page.locator(f"{PANEL} .wb-builder")
+        builder.scroll_into_view_if_needed()
+        builder.locator(".lm-TabBar-tab", has_text="Export").click()
+        code = builder.locator(".wb-builder-code-area textarea")
+        code.wait_for(timeout=20_000)
+        copies = builder.locator("button:visible", has_text="Copy")
+        assert copies.count() == 1, f"the Export tab shows {copies.count()} copy buttons: {copies.all_inner_texts()}"
+        copies.first.click()
+        page.wait_for_function("async () => (await navigator.clipboard.readText()).includes('qkv_proj')", timeout=10_000)
+        assert page.evaluate("() => navigator.clipboard.readText()") == code.input_value()
     finally:
         context.close()  # type: ignore[attr-defined]

@@ -291,7 +291,7 @@ class MapperBuilder(Panel):
                 W.VBox([W.HBox([self.changed_only, self.fold_preview]), self.preview_table]),
                 W.VBox([self.graph_button, self.graph_output]),
                 W.VBox([W.HBox([self.target_box, self.target_button]), self.target_view]),
-                W.VBox([W.HBox([self.copy_button, self.clipboard]), self.code_area, W.HBox([self.save_path, self.save_button]), self.export_message]),
+                W.VBox([self.clipboard, self.code_area, W.HBox([self.save_path, self.save_button]), self.export_message]),  # one copy button: to the clipboard
             ],
             titles=["Preview", "Graph", "Target", "Export"],
         )
