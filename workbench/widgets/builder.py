@@ -27,6 +27,8 @@ from ..mapper.base import Mapper
 from ..mapper.export import code_expr
 from ..mapper.op import Op
 from .common import (
+    INK_STYLE,
+    MESSAGE_COLORS,
     Panel,
     frame_table,
     labelled,
@@ -283,7 +285,7 @@ class MapperBuilder(Panel):
                 W.HBox([self.add_button, self.cancel_button]),
                 self.form_message,
             ],
-            layout=W.Layout(border="1px solid #ddd", padding="4px", margin="4px 0"),
+            layout=W.Layout(border="1px solid var(--jp-border-color2,#ddd)", padding="4px", margin="4px 0"),
         )
         steps = W.VBox([W.HBox([self.steps_list, W.VBox([self.edit_button, self.remove_button, self.up_button, self.down_button])]), self.problems_view])
         self.tabs = W.Tab(
@@ -646,10 +648,10 @@ class MapperBuilder(Panel):
             self.problems_view.value = message_html("No problems: every operation binds to the source.", "ok")
             return
         items = "".join(
-            f'<li style="color:{"#c62828" if p.severity == "error" else "#b26a00"}">{html.escape(p.message)}</li>' for p in problems[:50]
+            f'<li style="color:{MESSAGE_COLORS["error" if p.severity == "error" else "warning"]}">{html.escape(p.message)}</li>' for p in problems[:50]
         )
         more = f"<li>… {len(problems) - 50} more (see builder.binding.problems)</li>" if len(problems) > 50 else ""
-        self.problems_view.value = f"<b>Problems ({len(problems)})</b><ul class='wb-problems'>{items}{more}</ul>"
+        self.problems_view.value = f"{INK_STYLE}<b>Problems ({len(problems)})</b><ul class='wb-problems'>{items}{more}</ul>"
 
     def _on_tab(self, change: Any) -> None:
         if change["new"] == 1 and self._graph_stale:

@@ -245,7 +245,7 @@ class PlanPanel(Panel):
     def _headline_html(self) -> str:
         lines = self.plan.headline()
         body = "<br>".join(html.escape(line) for line in lines)
-        return f"<b>Conversion plan</b><div style='font-size:12px;color:#555;line-height:1.45'>{body}</div>"
+        return f"<b>Conversion plan</b><div style='font-size:12px;color:var(--jp-ui-font-color2,#555);line-height:1.45'>{body}</div>"
 
     # --- contents ----------------------------------------------------------------------------------
     def _table(self, key: str, noun: str, formatters: dict[str, Any] | None = None) -> str:
