@@ -149,3 +149,12 @@ def test_figures_are_transparent_with_neutral_text(llama_sample):
     assert np.mean(pixels[..., 3] == 0) > 0.5
     colours = {t.get_color() for t in fig.findobj(Text) if t.get_text()}
     assert colours == {"#888888"}
+
+
+def test_display_carries_the_page_as_html_and_text(frame):
+    table = DataTable(page_size=10)
+    table.show(frame, noun="weights")
+    data, _ = table._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in data
+    assert data["text/plain"] == "<DataTable: rows 1-10 of 23 weights>"
+    assert "showing the first 10 of 23 weights" in data["text/html"] and data["text/html"].count("<tr>") == 11

@@ -164,6 +164,21 @@ class DataTable(anywidget.AnyWidget):
         note = f'<div class="wb-note">{html.escape(self.note)}</div>' if self.note else ""
         return TABLE_STYLE + note + table
 
+    def __repr__(self) -> str:
+        if self.frame is None:
+            return "<DataTable: empty>"
+        start = self.page * max(1, self.page_size)
+        return f"<DataTable: rows {start + 1 if self.total else 0:,}-{start + len(self.row_keys):,} of {self.total:,} {self.noun}>"
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict, dict] | None:
+        """The live table where a widget manager runs, and the page as static HTML (and text) where none does."""
+        bundle = super()._repr_mimebundle_(**kwargs)
+        if bundle is None:
+            return None
+        data, metadata = bundle
+        data["text/html"] = self.value
+        return data, metadata
+
     # --- kernel side of the user's clicks ------------------------------------------------------------
     def _on_page(self, change: Any) -> None:
         if self._quiet or self.frame is None:
