@@ -158,3 +158,12 @@ def test_display_carries_the_page_as_html_and_text(frame):
     assert "application/vnd.jupyter.widget-view+json" in data
     assert data["text/plain"] == "<DataTable: rows 1-10 of 23 weights>"
     assert "showing the first 10 of 23 weights" in data["text/html"] and data["text/html"].count("<tr>") == 11
+
+
+def test_explorer_page_turn_keeps_the_picked_tensor(explorer):
+    explorer.fold_toggle.value = False
+    explorer.table.selected = explorer.table.row_keys[1]
+    picked = explorer.tensor_picker.value
+    explorer.table.page = 2
+    assert explorer.tensor_picker.value == picked and picked in explorer.details.value
+    assert list(explorer.tensor_picker.options[1:]) == list(explorer.rows.index[20:30])

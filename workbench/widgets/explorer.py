@@ -144,6 +144,7 @@ class Explorer(Panel):
         self.table = DataTable(page_size=max_rows, css_class="wb-explorer-table", sort_handler=self._sort_from_header)
         self._matched: pd.DataFrame = self.rows
         self._syncing_selection = False
+        self._refreshing = False
 
         self.tensor_picker = labelled(
             widgets.Dropdown(options=[], value=None, description="Tensor", layout=widgets.Layout(width="560px")), "wb-explorer-pick"
@@ -314,7 +315,12 @@ class Explorer(Panel):
         if hint:
             count += f". {hint}"
         self.count_label.value = message_html(count)
-        self._show_rows(noun)
+        self._refreshing = True
+        try:
+            self._show_rows(noun)
+        finally:
+            self._refreshing = False
+        self._offer_page(keep_pick=False)
         if self.other is not None:
             self.refresh_diff()
 
@@ -348,9 +354,19 @@ class Explorer(Panel):
         return True
 
     def _on_page_shown(self, _change: Any) -> None:
-        """The table shows other rows (a page turn or a sort): offer their tensors in the picker."""
-        if self.error is None:
-            self._set_picks(self._pick_names(self.table.page_frame(), self._matched, self.fold_toggle.value))
+        """The table shows other rows (a page turn or a sort): offer their tensors, keeping the picked one."""
+        if not self._refreshing:
+            self._offer_page(keep_pick=True)
+
+    def _offer_page(self, keep_pick: bool) -> None:
+        """Offer the tensors of the rows in view in the picker (and the picked tensor too when `keep_pick`)."""
+        if self.error is not None:
+            return
+        names = self._pick_names(self.table.page_frame(), self._matched, self.fold_toggle.value)
+        current = self.tensor_picker.value
+        if keep_pick and current is not None and current not in names:
+            names = [current, *names]
+        self._set_picks(names)
 
     def _on_row_click(self, change: Any) -> None:
         key = change["new"]
