@@ -147,6 +147,9 @@ def test_explorer_tables_read_sort_select_page_and_copy(browser: object, lab: Ju
         assert sizes == sorted(sizes, reverse=True) and keys(page) != before
         assert explorer.locator(".wb-explorer-sort select").input_value() == "bytes"  # the Sort control follows (its label)
 
+        # Cut cells still say everything: each cell's tooltip is its whole text.
+        assert page.eval_on_selector_all(f"{TABLE} tbody td", "tds => tds.every(td => td.title === td.innerText.trim())")
+
         # A row click shows that tensor (the first member of a folded pattern) in the details pane.
         page.locator(f"{TABLE} tbody tr[data-key='model.layers.{{i}}.mlp.up_proj.weight']").click()
         explorer.locator(".wb-explorer-details").filter(has_text="model.layers.0.mlp.up_proj.weight").wait_for(timeout=20_000)
@@ -176,7 +179,8 @@ def test_explorer_tables_read_sort_select_page_and_copy(browser: object, lab: Ju
         page.wait_for_function(f"async () => (await navigator.clipboard.readText()) === {name!r}", timeout=10_000)
         assert explorer.locator(".wb-explorer-pick select").input_value() == picked
 
-        row.click()
+        row.focus()  # rows answer the keyboard too
+        row.press("Enter")
         explorer.locator(".wb-explorer-details").filter(has_text=name).wait_for(timeout=20_000)
         explorer.scroll_into_view_if_needed()
         explorer.screenshot(path=str(screenshot_dir() / f"explorer-{theme}.png"))

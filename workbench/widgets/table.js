@@ -93,12 +93,14 @@ function render({ model, el }) {
         th.classList.add(descending ? "wb-sorted-desc" : "wb-sorted-asc");
         th.setAttribute("aria-sort", descending ? "descending" : "ascending");
       }
+      th.tabIndex = 0;
       th.onclick = () => {
         const again = column.name === model.get("sort_column");
         model.set("sort_descending", again ? !model.get("sort_descending") : !!column.numeric);
         model.set("sort_column", column.name);
         model.save_changes();
       };
+      th.onkeydown = (event) => { if (event.key === "Enter" || event.key === " ") { event.preventDefault(); th.onclick(); } };
       headRow.appendChild(th);
     });
     head.appendChild(headRow);
@@ -130,10 +132,12 @@ function render({ model, el }) {
         tr.appendChild(td);
       });
       if (model.get("selectable")) {
+        tr.tabIndex = 0;
         tr.onclick = () => {
           model.set("selected", keys[r]);
           model.save_changes();
         };
+        tr.onkeydown = (event) => { if (event.key === "Enter") tr.onclick(); };
       }
       body.appendChild(tr);
     });
