@@ -50,7 +50,7 @@ def test_header_click_sorts_stably_and_reverses(frame):
     table.sort_column = "kind"
     assert [row[2] for row in table.cells] == sorted(row[2] for row in table.cells)
     table.sort_descending, table.sort_column = True, "name"
-    assert table.row_keys[:3] == ["w9", "w8", "w7"]
+    assert table.row_keys[:3] == ["w22", "w21", "w20"]  # natural order: w22 after w9
 
 
 def test_sort_handler_takes_the_click(frame):
@@ -167,3 +167,16 @@ def test_explorer_page_turn_keeps_the_picked_tensor(explorer):
     explorer.table.page = 2
     assert explorer.tensor_picker.value == picked and picked in explorer.details.value
     assert list(explorer.tensor_picker.options[1:]) == list(explorer.rows.index[20:30])
+
+
+def test_generic_sort_orders_shapes_by_dimensions_and_names_naturally():
+    frame = pd.DataFrame({"shape": [(128, 64), (64,), (64, 128), None], "file": ["b.10", "b.9", "a", ""]},
+                         index=pd.Index(["layers.10.w", "layers.2.w", "layers.1.w", "norm"], name="name"))
+    table = DataTable()
+    table.show(frame)
+    table.sort_column = "shape"
+    assert table.row_keys == ["layers.2.w", "layers.1.w", "layers.10.w", "norm"]  # (64,) < (64, 128) < (128, 64), blank last
+    table.sort_column = "name"
+    assert table.row_keys == ["layers.1.w", "layers.2.w", "layers.10.w", "norm"]
+    table.sort_column = "file"
+    assert table.row_keys == ["layers.1.w", "layers.2.w", "layers.10.w", "norm"]  # a, b.9, b.10, blank last

@@ -9,6 +9,7 @@ static HTML: what a notebook without a widget manager shows, and what tests read
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -234,12 +235,27 @@ class DataTable(anywidget.AnyWidget):
         return pd.api.types.is_numeric_dtype(column.dtype) and not pd.api.types.is_bool_dtype(column.dtype)
 
 
+_DIGITS = re.compile(r"[0-9]+")
+
+
 def _sort_keys(values: pd.Series) -> np.ndarray:
-    """Dense ranks of a column: numbers by value, anything else by its text; blanks last."""
+    """Dense ranks of a column: numbers by value, shapes dimension by dimension, text in natural order
+    ('layers.2' before 'layers.10'); blanks last."""
     if pd.api.types.is_numeric_dtype(values.dtype) and not pd.api.types.is_bool_dtype(values.dtype):
-        ranked = values.rank(method="dense", na_option="bottom")
+        return values.rank(method="dense", na_option="bottom").to_numpy()
+    cells = values.to_numpy(dtype=object)
+    blank = np.fromiter((v is None or v == "" or (isinstance(v, float) and v != v) for v in cells), dtype=bool, count=len(cells))
+    if any(isinstance(v, (tuple, list)) for v in cells[~blank][:1]):
+        keys = [(0, tuple(v)) if isinstance(v, (tuple, list)) else (1, ()) for v in cells]
     else:
-        text = values.map(lambda v: "" if v is None or (isinstance(v, float) and v != v) else str(v))
-        ranked = text.rank(method="dense")
-        ranked[text == ""] = ranked.max() + 1 if len(ranked) else 0
-    return ranked.to_numpy()
+        keys = [(0, _DIGITS.sub(lambda m: m.group().zfill(20), str(v))) for v in cells]
+    for position in np.flatnonzero(blank):
+        keys[position] = (2, ())
+    order = sorted(range(len(keys)), key=keys.__getitem__)
+    ranks = np.empty(len(keys), dtype=np.int64)
+    rank = 0
+    for k, position in enumerate(order):
+        if k and keys[position] != keys[order[k - 1]]:
+            rank += 1
+        ranks[position] = rank
+    return ranks
