@@ -17,25 +17,34 @@ import ipywidgets as widgets
 
 from ..display import html_table
 
-# Inline styles: an HTML widget is not inside JupyterLab's rendered-HTML container, so tables would be
-# unstyled; a scoped <style> keeps them readable in the widget and in a static copy of the notebook.
-TABLE_STYLE = (
-    "<style>"
-    ".wb-table{border-collapse:collapse;font-family:var(--jp-code-font-family,monospace);font-size:12px}"
-    ".wb-table th,.wb-table td{padding:2px 8px;border-bottom:1px solid #ddd;text-align:left;white-space:nowrap}"
-    ".wb-table th{background:#f3f3f3;position:sticky;top:0}"
-    ".wb-table td.num{text-align:right}"
-    ".wb-note{color:#666;font-size:12px;margin:2px 0}"
-    "</style>"
+# Colours come from JupyterLab's theme variables (light, dark or any other theme), with light fallbacks for
+# viewers without them (nbviewer, GitHub). Status colours have no theme variable that reads well on both
+# backgrounds, so their dark variants hang on the attribute JupyterLab puts on <body> for dark themes.
+INK_STYLE = (
+    "<style>body[data-jp-theme-light=false]{--wb-ink-good:#81c784;--wb-ink-warn:#ffb74d;--wb-ink-bad:#ef9a9a}</style>"
 )
-
-MESSAGE_COLORS = {"info": "#555", "ok": "#2e7d32", "warning": "#b26a00", "error": "#c62828"}
+MESSAGE_COLORS = {
+    "info": "var(--jp-ui-font-color2,#555)",
+    "ok": "var(--wb-ink-good,#2e7d32)",
+    "warning": "var(--wb-ink-warn,#a35f00)",
+    "error": "var(--wb-ink-bad,#c62828)",
+}
+TABLE_CSS = (
+    ".wb-table{border-collapse:collapse;font-family:var(--jp-code-font-family,monospace);font-size:12px;"
+    "color:var(--jp-ui-font-color1,#222);background:var(--jp-layout-color0,#fff)}"
+    ".wb-table th,.wb-table td{padding:1px 8px;line-height:1.35;border-bottom:1px solid var(--jp-border-color2,#ddd);"
+    "text-align:left;white-space:nowrap}"
+    ".wb-table th{background:var(--jp-layout-color2,#eee);color:var(--jp-ui-font-color1,#222);position:sticky;top:0}"
+    ".wb-table td.num,.wb-table th.num{text-align:right}"
+    ".wb-note{color:var(--jp-ui-font-color2,#666);font-size:12px;margin:2px 0}"
+)
+TABLE_STYLE = f"<style>{TABLE_CSS}</style>"
 
 
 def message_html(text: str, kind: str = "info") -> str:
-    """One line of status text, coloured by kind ('info', 'ok', 'warning', 'error')."""
+    """One line of status text, coloured by kind ('info', 'ok', 'warning', 'error') to read in the notebook's theme."""
     color = MESSAGE_COLORS.get(kind, MESSAGE_COLORS["info"])
-    return f'<div class="wb-message wb-{kind}" style="color:{color};margin:2px 0">{html.escape(text)}</div>'
+    return f'{INK_STYLE}<div class="wb-message wb-{kind}" style="color:{color};margin:2px 0">{html.escape(text)}</div>'
 
 
 def frame_table(
@@ -69,9 +78,13 @@ def frame_table(
 
 
 def figure_png(fig: Any) -> bytes:
-    """A matplotlib figure rendered to PNG bytes at its own dpi (independent of the notebook's backend)."""
+    """A matplotlib figure rendered to PNG bytes at its own dpi (independent of the notebook's backend), on a
+    transparent background with neutral-grey text so that it reads in light and dark notebook themes."""
+    from ..explore.plots import theme_neutral
+
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi="figure")
+    theme_neutral(fig)
+    fig.savefig(buffer, format="png", dpi="figure", transparent=True)
     return buffer.getvalue()
 
 

@@ -21,6 +21,7 @@ from ..errors import WorkbenchError
 from ..explore.layers import PLACEHOLDERS, Fold, fold_name
 from ..names import name_filter, no_match_hint
 from .common import (
+    TABLE_STYLE,
     Panel,
     frame_table,
     labelled,
@@ -28,6 +29,7 @@ from .common import (
     replace_output,
     set_options,
 )
+from .table import DataTable
 
 MATCH_MODES = ("glob", "regex")
 SORT_KEYS = {
@@ -42,6 +44,8 @@ DEFAULT_ROWS = 50
 MAX_PICKS = 1000  # tensors offered in the picker (members of the shown rows)
 LIVE_FILTER_LIMIT = 20_000  # above this many tensors the filter applies on Enter, not on every keystroke
 TABLE_HEIGHT = "420px"
+# Table columns whose header click sorts through the Sort control (the others sort as plain values).
+HEADER_SORT_KEYS = {"pattern": "name", "name": "name", "nbytes": "nbytes", "numel": "numel", "dtype": "dtype", "file": "file"}
 ROW_COLUMNS = ["dtype", "shape", "numel", "nbytes", "file"]  # then the format's own columns (stage, chunks ...)
 _DIGITS = re.compile(r"[0-9]+")
 
@@ -71,6 +75,13 @@ def _is_blank(value: Any) -> bool:
     return value is None or value == "" or (not isinstance(value, (str, tuple, list)) and bool(pd.isna(value)))
 
 
+def _cell_or_blank(value: Any) -> Any:
+    """A format column's cell, with missing values (None, NaN, <NA>) as an empty cell."""
+    if value is None or isinstance(value, (str, tuple, list)):
+        return "" if value is None else value
+    return "" if pd.isna(value) is True else value
+
+
 def _shared_values(column: pd.Series, patterns: pd.Series) -> pd.Series:
     """A format column folded by layer pattern: the value all members share, else 'k values'."""
     frame = pd.DataFrame({"value": column.astype(object).to_numpy(), "pattern": patterns.to_numpy()})
@@ -86,7 +97,9 @@ class Explorer(Panel):
     `checkpoint` and `compare` are paths, `Checkpoint`s or `Catalog`s. Controls are public attributes
     (`filter_box`, `match_mode`, `fold_toggle`, `sort_by`, `descending`, `max_rows`, `tensor_picker`,
     `stats_button`, `histogram_button`, `bytes_by`, `plot_button`, `diff_status`, `values_button`),
-    so a notebook or a test can drive it like a user. `rows` is the full filtered table.
+    so a notebook or a test can drive it like a user. `rows` is the full filtered table; `table` (a
+    `DataTable`) shows it a page at a time (`max_rows` per page): a header click sorts, a row click picks
+    that tensor (the first matching member of a folded pattern) for the details below.
     """
 
     def __init__(self, checkpoint: Any, compare: Any = None, *, max_rows: int = DEFAULT_ROWS) -> None:
@@ -123,9 +136,15 @@ class Explorer(Panel):
             "wb-explorer-sort",
         )
         self.descending = widgets.Checkbox(value=False, description="descending", indent=False, layout=widgets.Layout(width="110px"))
-        self.max_rows = widgets.BoundedIntText(value=max_rows, min=1, max=10_000, description="Rows", layout=widgets.Layout(width="150px"))
+        self.max_rows = labelled(
+            widgets.BoundedIntText(value=max_rows, min=1, max=10_000, description="Per page", layout=widgets.Layout(width="160px")),
+            "wb-explorer-per-page",
+        )
         self.count_label = labelled(widgets.HTML(), "wb-explorer-count")
-        self.table = labelled(widgets.HTML(layout=widgets.Layout(max_height=TABLE_HEIGHT, overflow="auto")), "wb-explorer-table")
+        self.table = DataTable(page_size=max_rows, css_class="wb-explorer-table", sort_handler=self._sort_from_header)
+        self._matched: pd.DataFrame = self.rows
+        self._syncing_selection = False
+        self._refreshing = False
 
         self.tensor_picker = labelled(
             widgets.Dropdown(options=[], value=None, description="Tensor", layout=widgets.Layout(width="560px")), "wb-explorer-pick"
@@ -138,8 +157,8 @@ class Explorer(Panel):
 
         self.bytes_by = labelled(widgets.ToggleButtons(options=["layer", "file", "dtype"], value="layer", description="Bytes by"), "wb-explorer-bytes-by")
         self.plot_button = widgets.Button(description="Plot", icon="refresh")
-        self.bytes_table = widgets.HTML()
-        self.bytes_output = widgets.Output()
+        self.bytes_table = DataTable(page_size=20, css_class="wb-explorer-bytes-table", selectable=False)
+        self.bytes_output = labelled(widgets.Output(), "wb-explorer-bytes-chart")
 
         tensors_tab = widgets.VBox(
             [
@@ -163,7 +182,7 @@ class Explorer(Panel):
                 "wb-explorer-values",
             )
             self.diff_summary = widgets.HTML()
-            self.diff_table = labelled(widgets.HTML(layout=widgets.Layout(max_height=TABLE_HEIGHT, overflow="auto")), "wb-explorer-diff")
+            self.diff_table = DataTable(page_size=max_rows, css_class="wb-explorer-diff")
             children.append(widgets.VBox([widgets.HBox([self.diff_status, self.values_button]), self.diff_summary, self.diff_table]))
             titles.append("Compare")
         self.tabs = widgets.Tab(children=children, titles=titles)
@@ -171,8 +190,11 @@ class Explorer(Panel):
         super().__init__([header, self.tabs])
         self.add_class("wb-explorer")
 
-        for control in (self.filter_box, self.match_mode, self.fold_toggle, self.sort_by, self.descending, self.max_rows):
+        for control in (self.filter_box, self.match_mode, self.fold_toggle, self.sort_by, self.descending):
             control.observe(self._on_query_change, names="value")
+        widgets.link((self.max_rows, "value"), (self.table, "page_size"))
+        self.table.observe(self._on_page_shown, names="row_keys")
+        self.table.observe(self._on_row_click, names="selected")
         self.tensor_picker.observe(self._on_pick, names="value")
         self.stats_button.on_click(lambda _: self.show_stats())
         self.histogram_button.on_click(lambda _: self.show_histogram())
@@ -182,6 +204,8 @@ class Explorer(Panel):
         if self.other is not None:
             self.diff_status.observe(lambda _: None if self._quiet else self.refresh_diff(), names="value")
             self.values_button.on_click(lambda _: self.refresh_diff(values=True))
+            widgets.link((self.max_rows, "value"), (self.diff_table, "page_size"))
+            self.diff_table.observe(self._on_diff_row_click, names="selected")
         self.refresh()
 
     # --- identity ----------------------------------------------------------------------------------
@@ -197,7 +221,7 @@ class Explorer(Panel):
             other = f" — compared with <code>{html.escape(self.other.location)}</code>"
         return (
             f"<b>Explorer</b> <code>{html.escape(ck.location)}</code> ({html.escape(ck.format)}){other}<br>"
-            f'<span class="wb-note">{html.escape(ck.headline())}</span>'
+            f'{TABLE_STYLE}<span class="wb-note">{html.escape(ck.headline())}</span>'
         )
 
     # --- the table ---------------------------------------------------------------------------------
@@ -269,7 +293,8 @@ class Explorer(Panel):
             self.error = exc.message
             self.rows = self.checkpoint.tensors.iloc[:0]
             self.count_label.value = message_html(exc.message, "error")
-            self.table.value = ""
+            self._matched = self.rows
+            self.table.clear()
             self._set_picks([])
             return
         self.error = None
@@ -279,7 +304,7 @@ class Explorer(Panel):
             self.rows = rows.drop(columns=["_rank", "_pos"])
         else:
             self.rows = self._sorted(matched, folded=False)[[*ROW_COLUMNS, *self.checkpoint.format_columns]]
-        limit = self.max_rows.value
+        self._matched = matched
         total = len(self.checkpoint)
         noun = "patterns" if folded else "tensors"
         count = f"{len(matched):,} of {total:,} tensors match"
@@ -290,22 +315,73 @@ class Explorer(Panel):
         if hint:
             count += f". {hint}"
         self.count_label.value = message_html(count)
-        self.table.value = self._table_html(self.rows, limit, noun)
-        self._set_picks(self._pick_names(self.rows.iloc[:limit], matched, folded))
+        self._refreshing = True
+        try:
+            self._show_rows(noun)
+        finally:
+            self._refreshing = False
+        self._offer_page(keep_pick=False)
         if self.other is not None:
             self.refresh_diff()
 
-    def _table_html(self, rows: pd.DataFrame, limit: int, noun: str) -> str:
-        formatters = {"nbytes": format_bytes, "shape": format_shape}
-        shown = rows.iloc[:limit]
+    def _show_rows(self, noun: str) -> None:
+        """Hand `rows` to the table; cells are written per page (ranges, shapes, sizes of the rows in view)."""
+        shown = self.rows
+        formatters: dict[str, Any] = {"nbytes": format_bytes, "shape": format_shape}
         for column in self.checkpoint.format_columns:  # <NA> of nullable columns shows as an empty cell
-            values = shown[column].astype(object)
-            shown = shown.assign(**{column: values.where(values.notna(), None)})
+            formatters[column] = _cell_or_blank
         if "count" in shown.columns:
-            shown = shown.assign(count=shown["count"].map(lambda n: f"×{n}"))
-            shown.insert(1, "range", [self._range_of(p) for p in shown.index])
+            formatters["count"] = lambda n: f"×{n}"
+            formatters["range"] = self._range_of
             shown = shown.drop(columns=["file"])
-        return frame_table(shown, max_rows=limit, formatters=formatters, noun=noun, total=len(rows))
+            shown.insert(1, "range", shown.index.to_numpy())
+        key = self.sort_by.value
+        column = {"name": shown.index.name or "", "disk": ""}.get(key, key)
+        self.table.show(shown, formatters=formatters, noun=noun, sort_column=column, descending=self.descending.value)
+
+    def _sort_from_header(self, column: str, descending: bool) -> bool:
+        """A header click on a column the Sort control knows: set the control (one refresh), else decline."""
+        key = HEADER_SORT_KEYS.get(column)
+        if key is None or key not in SORT_KEYS:
+            return False
+        self._quiet = True
+        try:
+            self.sort_by.value = key
+            self.descending.value = descending
+        finally:
+            self._quiet = False
+        self.refresh()
+        return True
+
+    def _on_page_shown(self, _change: Any) -> None:
+        """The table shows other rows (a page turn or a sort): offer their tensors, keeping the picked one."""
+        if not self._refreshing:
+            self._offer_page(keep_pick=True)
+
+    def _offer_page(self, keep_pick: bool) -> None:
+        """Offer the tensors of the rows in view in the picker (and the picked tensor too when `keep_pick`)."""
+        if self.error is not None:
+            return
+        names = self._pick_names(self.table.page_frame(), self._matched, self.fold_toggle.value)
+        current = self.tensor_picker.value
+        if keep_pick and current is not None and current not in names:
+            names = [current, *names]
+        self._set_picks(names)
+
+    def _on_row_click(self, change: Any) -> None:
+        key = change["new"]
+        if self._syncing_selection or not key:
+            return
+        if key in self.checkpoint:
+            self.select(key)
+        else:
+            members = self._members(key, self._matched)
+            if members:
+                self.select(members[0])
+
+    def _on_diff_row_click(self, change: Any) -> None:
+        if change["new"] in self.checkpoint:
+            self.select(change["new"])
 
     def _positions(self, pattern: str) -> np.ndarray:
         """Positions (in `.tensors`) of a template's members, in natural name order."""
@@ -348,7 +424,8 @@ class Explorer(Panel):
             self._on_pick(None)
 
     def _on_query_change(self, _change: Any) -> None:
-        self.refresh()
+        if not self._quiet:
+            self.refresh()
 
     # --- one tensor ----------------------------------------------------------------------------------
     def select(self, name: str) -> None:
@@ -367,6 +444,11 @@ class Explorer(Panel):
         self.stats_button.disabled = disabled
         self.histogram_button.disabled = disabled
         self.details.value = "" if name is None else self._details_html(name)
+        self._syncing_selection = True  # highlight the row of the picked tensor (its pattern when folded)
+        try:
+            self.table.selected = "" if name is None else name if name in self.table.row_keys else str(self._template_of()[name])
+        finally:
+            self._syncing_selection = False
         if name is not None and name in self._stats_cache:
             self.stats_view.value = self._stats_html(self._stats_cache[name])
 
@@ -392,7 +474,7 @@ class Explorer(Panel):
             if not _is_blank(value):
                 facts.append((column, value))
         cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in facts)
-        return f'<table class="wb-table wb-details">{cells}</table>'
+        return f'{TABLE_STYLE}<table class="wb-table wb-details">{cells}</table>'
 
     def _stats_html(self, stats: pd.DataFrame) -> str:
         shown = stats[["min", "max", "mean", "std", "nan", "inf"]]
@@ -440,7 +522,8 @@ class Explorer(Panel):
         replace_output(self.bytes_output, self.checkpoint.plot_bytes(by))
         frame = pd.DataFrame({"bytes": series, "size": series.map(format_bytes)})
         frame.index.name = by
-        self.bytes_table.value = frame_table(frame.sort_values("bytes", ascending=False), max_rows=20, noun=f"{by}s")
+        # In the chart's order (layers in natural order: 0, 1, 2, ... 10); a click on "bytes" sorts by size.
+        self.bytes_table.show(frame, noun=f"{by}s")
         self._bytes_drawn = by
 
     # --- diff ---------------------------------------------------------------------------------------
@@ -484,7 +567,7 @@ class Explorer(Panel):
             summary += " (values compared)"
         self.diff_summary.value = message_html(summary, "ok" if not parts else "info")
         shown = frame.assign(status=frame["status"].astype(str))
-        self.diff_table.value = frame_table(shown, max_rows=self.max_rows.value, formatters={"shape": format_shape, "other_shape": format_shape}, noun="differences")
+        self.diff_table.show(shown, formatters={"shape": format_shape, "other_shape": format_shape}, noun="differences")
 
     # --- static copy ----------------------------------------------------------------------------------
     def _repr_html_(self) -> str:

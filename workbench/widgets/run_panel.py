@@ -32,7 +32,7 @@ PLAN_OPTIONS = ("shard_size", "rest", "dtype", "extras", "overwrite", "chunk_siz
 READY, RUNNING, CANCELLING, DONE, CANCELLED, FAILED = "ready", "running", "cancelling", "done", "cancelled", "failed"
 # Scoped to the panel: its HTML widgets sit outside JupyterLab's rendered-HTML styles.
 RUN_STYLE = (
-    "<style>.wb-run-lines{font-size:12px;color:#555;line-height:1.45}"
+    "<style>.wb-run-lines{font-size:12px;color:var(--jp-ui-font-color2,#555);line-height:1.45}"
     ".wb-run-report table{border-collapse:collapse;font-size:12px;margin:4px 0 8px}"
     ".wb-run-report th,.wb-run-report td{padding:1px 12px 1px 0;line-height:1.45;text-align:left;white-space:nowrap}"
     ".wb-run-report th{border-bottom:1px solid #ccc}</style>"
@@ -165,7 +165,7 @@ class RunPanel(Panel):
             share = 1.0 if total == 0 and self.state == DONE else (self.done[rank] / total if total else 0.0)
             rows.append(
                 f"<div style='display:flex;align-items:center;gap:8px;margin:2px 0'><span style='width:56px'>rank {rank}</span>"
-                f"<div style='width:300px;height:10px;background:#eee'><div style='width:{share:.0%};height:10px;"
+                f"<div style='width:300px;height:10px;background:var(--jp-layout-color2,#eee)'><div style='width:{share:.0%};height:10px;"
                 f"background:#4C72B0'></div></div>{self._bar_text(rank)}</div>"
             )
         return (f"<div class='wb-run-static'>{self.header.value}{self.problems_view.value}{''.join(rows)}"
