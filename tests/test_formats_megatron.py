@@ -104,7 +104,6 @@ def test_args_are_recovered_without_running_the_pickle(megatron_root: Path, run:
     assert args["swiglu"] is True and args["padded_vocab_size"] == 256 and args["num_layers"] == 4
     assert args["vocab_size"] == (250 if run == "tp2" else None)
     assert args["params_dtype"] == "torch.float32" and args["add_qkv_bias"] is (run == "tp2pp2")
-    assert catalog.metadata["weights_only"] if "weights_only" in catalog.metadata else True
     assert not any("optimizer" in n for n in catalog)
 
 
@@ -181,7 +180,7 @@ def test_only_model_bytes_are_read_and_plan_names_rank_files(megatron_root: Path
     assert plan.bytes_read == model_bytes - padding
     with_optimizer = open_megatron(folder, optimizer=True)
     moments = [n for n in with_optimizer if n.endswith(".exp_avg_sq")]
-    assert len(moments) == len([n for n in ck.catalog if n.startswith("mp_rank_00_000/")])  # one per local parameter
+    assert len(moments) == len(ck.catalog)  # one per parameter shard of every rank
     assert with_optimizer.open_options == {"optimizer": True}
     optimizer_bytes = sum(with_optimizer[n].nbytes for n in with_optimizer if "/optimizer." in n)
     assert optimizer_bytes > plan.bytes_read  # the moments outweigh the weights, and were not read
