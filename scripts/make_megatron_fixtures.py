@@ -6,6 +6,8 @@ GPT models there with `torchrun` on gloo (CPU, `use_cpu_initialization=True`, th
 
 - `tp2/`: TP=2, Llama-like (RMSNorm, SwiGLU, GQA 4 heads / 2 query groups, RoPE, untied output layer, no biases),
   true vocabulary 250 padded to 256 (`args.vocab_size` set).
+  `tp2/torch_dist/`: the same model saved by megatron's `dist_checkpointing` in the `torch_dist` format (a DCP
+  folder of global tensors, args in `common.pt`), as Megatron-LM's --use-dist-ckpt writes it.
 - `tp2pp2/`: TP=2 x PP=2 (4 processes), Qwen2-like (QKV bias, tied embeddings), `args.vocab_size` None (the true
   vocabulary is only in the HF config, as with HF tokenizers).
 
@@ -18,10 +20,12 @@ Each run folder holds what Megatron-LM's legacy `save_checkpoint` writes (`lates
   `sharding.json`: that metadata per rank;
 - `logits.safetensors`: `input_ids` and the full-vocabulary logits of the parallel model (TP=2 run: gathered
   from the TP ranks) and `logits_tp1` of a TP=1 megatron model loaded from the global reference.
-Building and running on CPU needs four patches that only concern devices (no CUDA here): `torch.cuda.current_device`
-answers "cpu" (RoPE frequencies), `Tensor.cuda` returns the tensor (the tied output layer's initial sync), an
-explicit causal mask is passed (the default one is built on "cuda"), and the CUDA RNG tracker's `fork` is a
-no-op (dropout is 0).
+Building and running on CPU needs five patches that only concern devices (no CUDA here): `torch.cuda.current_device`
+answers "cpu" (RoPE frequencies), `Tensor.cuda` returns the tensor (the tied output layer's initial sync),
+`torch.cuda.synchronize` does nothing (torch_dist's writer), an explicit causal mask is passed (the default one
+is built on "cuda"), and the CUDA RNG tracker's `fork` is a no-op (dropout is 0). The torch_dist save also needs
+psutil in the venv: without it megatron's writer process dies and the save waits forever (the "hang" seen
+before), and the script's code under `if __name__ == "__main__"` (the writer is a spawned process).
 
 Re-running is a no-op when the `done` marker exists. Usage: python scripts/make_megatron_fixtures.py [--print-root]
 """
@@ -38,7 +42,7 @@ TORCH = "2.13.0"
 MEGATRON = os.environ.get("WB_MEGATRON_VERSION", "")  # empty: what the resolver picks, recorded after install
 REPO = Path(__file__).resolve().parent.parent
 CACHE = REPO / ".cache" / "fixtures"
-FIXTURE_VERSION = 1  # bump when what the fixtures hold changes
+FIXTURE_VERSION = 2  # bump when what the fixtures hold changes
 
 MODEL = r'''
 import contextlib, json, os, random, sys
@@ -48,6 +52,7 @@ import torch.nn.functional as F
 
 torch.cuda.current_device = lambda: "cpu"  # RoPE asks for the device of its frequencies; there is no GPU here
 torch.Tensor.cuda = lambda self, *a, **k: self  # the tied output layer's first sync moves it to "cuda" first
+torch.cuda.synchronize = lambda *a, **k: None  # torch_dist's writer waits for the GPU before copying tensors
 from megatron.core import parallel_state
 from megatron.core.dist_checkpointing.dict_utils import nested_values
 from megatron.core.dist_checkpointing.mapping import ShardedTensor, apply_factories, is_main_replica
@@ -151,6 +156,23 @@ def logits_of(model, tp):
     return ids, torch.cat(parts, dim=-1)
 
 
+def save_torch_dist(model, legacy, run):
+    """The same model saved by megatron's dist_checkpointing in its `torch_dist` format, as Megatron-LM's
+    `save_checkpoint` does with --use-dist-ckpt: args and counters in common.pt, the model's sharded state dict."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
+    folder = os.path.join(run, "iter_0000002")
+    if torch.distributed.get_rank() == 0:
+        os.makedirs(folder, exist_ok=True)
+    torch.distributed.barrier()
+    state = {k: legacy[k] for k in ("args", "checkpoint_version", "iteration")}
+    state["model"] = model.sharded_state_dict()
+    dist_checkpointing.save(state, folder, TorchDistSaveShardedStrategy("torch_dist", 1, thread_count=1))
+    if torch.distributed.get_rank() == 0:
+        with open(os.path.join(run, "latest_checkpointed_iteration.txt"), "w") as f:
+            f.write("2")
+
+
 def save(variant_name, out):
     variant = VARIANTS[variant_name]
     tp, pp = variant["tp"], variant["pp"]
@@ -175,6 +197,8 @@ def save(variant_name, out):
     path = os.path.join(out, "iter_0000002", folder, "model_optim_rng.pt")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     torch.save(state, path)
+    if variant_name == "tp2":
+        save_torch_dist(model, state, os.path.join(out, "torch_dist"))
     full, meta = global_tensors(model)
     logits = logits_of(model, tp) if pp == 1 else None
     torch.distributed.barrier()
@@ -253,7 +277,8 @@ def build_venv() -> Path:
     if not (where / ".installed").exists():
         venv.create(where, with_pip=True, clear=True)
         spec = f"megatron-core=={MEGATRON}" if MEGATRON else "megatron-core"
-        _run([str(py), "-m", "pip", "install", "-q", f"torch=={TORCH}", spec, "safetensors", "numpy"])
+        # psutil: megatron's torch_dist writer process needs it, and without it the save waits forever.
+        _run([str(py), "-m", "pip", "install", "-q", f"torch=={TORCH}", spec, "safetensors", "numpy", "psutil"])
         (where / ".installed").write_text("ok\n")
     return py
 

@@ -208,6 +208,36 @@ def test_suggest_and_cli_convert(megatron_root: Path, tmp_path: Path) -> None:
     assert main(["inspect", str(folder)]) == 0
 
 
+def test_torch_dist_save_by_megatron_opens_and_maps_to_hf(megatron_root: Path, tmp_path: Path) -> None:
+    """megatron's own torch_dist save of the TP=2 model: global tensors equal to its placement, args from common.pt,
+    and megatron_to_hf writes the same HF tensors as from the legacy shards (so the same logits)."""
+    import torch
+
+    import workbench as wb
+    from tests.conftest import load_checked
+    from workbench import mapper as M
+    from workbench.errors import MapperError
+
+    run = megatron_root / "tp2" / "torch_dist"
+    ck = wb.open_checkpoint(run)
+    assert ck.format == "megatron" and ck.catalog.metadata["layout"] == "torch_dist"
+    assert wb.open_checkpoint(run / "iter_0000002").format == "megatron"
+    assert json.loads(ck.catalog.metadata["args.num_query_groups"]) == 2 and ck.catalog.metadata["iteration"] == "2"
+    reference = _load(megatron_root / "tp2" / "global_reference.safetensors")
+    assert set(ck.catalog.tensors) == set(reference)
+    for name, want in reference.items():
+        assert torch.equal(load_checked(ck.catalog, name), want), name
+    with pytest.raises(MapperError, match="already merged"):
+        M.presets.megatron_merge(ck)
+    assert "megatron_to_hf" in list(ck.suggest()["preset"])
+    wb.convert(ck, tmp_path / "dist", M.presets.megatron_to_hf(ck), rest="drop", quiet=True)
+    legacy = wb.open_checkpoint(megatron_root / "tp2")
+    wb.convert(legacy, tmp_path / "legacy", M.presets.megatron_to_hf(legacy), rest="drop", quiet=True)
+    got, want = _load(tmp_path / "dist" / "model.safetensors"), _load(tmp_path / "legacy" / "model.safetensors")
+    assert set(got) == set(want) and got["model.embed_tokens.weight"].shape == (250, 64)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
 def test_missing_rank_inconsistent_tp_and_truncated_file(megatron_root: Path, tmp_path: Path) -> None:
     import workbench as wb
     from workbench.errors import CheckpointError, WorkbenchError

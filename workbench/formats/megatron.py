@@ -27,12 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from ..catalog import Catalog, FileInfo, TensorInfo
-from ..errors import CannotRead
+from ..errors import CannotRead, CheckpointError
 from .pickle.unpickler import DtypeRef, Placeholder
 from .torch_folder import ShardedTorchReader
 from .torch_zip import TorchFile, TorchZipReader, dtype_code, inspect_file
 
 TRACKER = "latest_checkpointed_iteration.txt"
+TORCH_DIST_META = "metadata.json"  # {"sharded_backend": "torch_dist", ...} beside the DCP files
+TORCH_DIST_COMMON = "common.pt"  # the non-sharded part of the state dict: args, iteration ...
+DCP_METADATA = ".metadata"
 RANK_FILE = "model_optim_rng.pt"
 _ITER = re.compile(r"^(?:iter_\d{7,}|release)$")
 _RANK = re.compile(r"^mp_rank_(?P<tp>\d{2})(?:_(?P<pp>\d{3}))?(?:_(?P<ep>\d{3}))?$")
@@ -64,11 +67,27 @@ def _rank_folders(path: Path) -> list[str]:
     return sorted(n for n in names if _RANK.match(n) and (path / n).is_dir())
 
 
+def is_torch_dist(path: Path) -> bool:
+    """True for an iteration folder megatron saved in its `torch_dist` format (a DCP folder + metadata.json)."""
+    meta = path / TORCH_DIST_META
+    if not (path / DCP_METADATA).is_file() or not meta.is_file() or meta.is_symlink():
+        return False
+    try:
+        data = json.loads(meta.read_bytes()[:MAX_TRACKER_BYTES])
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("sharded_backend") == "torch_dist"
+
+
+def _holds_ranks(path: Path) -> bool:
+    return any((path / n / RANK_FILE).is_file() for n in _rank_folders(path))
+
+
 def iteration_folder(path: Path) -> Path | None:
     """The `iter_NNNNNNN/` (or `release/`) folder to read: `path` itself, or the one its tracker file names."""
     if not path.is_dir():
         return None
-    if _rank_folders(path) and any((path / n / RANK_FILE).is_file() for n in _rank_folders(path)):
+    if _holds_ranks(path) or is_torch_dist(path):
         return path
     tracker = path / TRACKER
     if tracker.is_file() and not tracker.is_symlink():
@@ -77,13 +96,13 @@ def iteration_folder(path: Path) -> Path | None:
         except (OSError, UnicodeDecodeError):
             return None
         name = "release" if text == "release" else f"iter_{int(text):07d}" if text.isdigit() else None
-        if name is not None and _rank_folders(path / name):
+        if name is not None and (_holds_ranks(path / name) or is_torch_dist(path / name)):
             return path / name
     return None
 
 
 def detect(path: Path) -> bool:
-    """True for a Megatron run folder (with its tracker file) or one of its `iter_N/` folders in the legacy format."""
+    """True for a Megatron run folder (with its tracker file) or one of its `iter_N/` folders (legacy or torch_dist)."""
     return iteration_folder(path) is not None
 
 
@@ -290,14 +309,43 @@ def _catalog(ck: MegatronCheckpoint, optimizer: bool) -> Catalog:
     return catalog
 
 
+def _open_torch_dist(folder: Path) -> Catalog:
+    """A torch_dist iteration: megatron's DCP folder of global tensors (read by the DCP reader), its args from
+    `common.pt` (inert unpickler). Format 'megatron', metadata layout 'torch_dist'."""
+    from . import dcp
+
+    catalog = dcp.open_path(folder)
+    catalog.format = "megatron"
+    catalog.metadata["layout"] = "torch_dist"
+    common = folder / TORCH_DIST_COMMON
+    if common.is_file() and not common.is_symlink():
+        root = inspect_file(common).root
+        args = args_of(root)
+        catalog.metadata["args"] = json.dumps(args, sort_keys=True)
+        catalog.metadata.update({f"args.{k}": json.dumps(args[k]) for k in ARG_FIELDS if k in args})
+        if isinstance(root, dict) and type(root.get("iteration")) is int:
+            catalog.metadata["iteration"] = str(root["iteration"])
+    return catalog
+
+
 def open_megatron(path: str | os.PathLike, *, optimizer: bool = False) -> Catalog:
-    """Open a legacy Megatron run or iteration folder as a Catalog (format 'megatron') of every rank's shards.
+    """Open a Megatron run or iteration folder as a Catalog (format 'megatron').
+
+    A `torch_dist` iteration is a DCP folder of global (already merged) tensors under megatron's sharded keys
+    (layers stacked on a leading axis); it is listed as such (metadata `layout` 'torch_dist', args from
+    `common.pt`). A legacy one is listed as every rank's shards:
 
     Tensors are named `<rank folder>/<state dict key>`; `catalog.columns` gives each one's `tp`, `pp` (and `ep`)
     coordinates and global `layer`; `catalog.metadata` the parallel sizes, layers per stage and the training
     args (`args.<field>` as JSON, all scalar args under 'args'). `optimizer=True` also lists the optimizer's
     tensors (`<rank folder>/optimizer.<path>`), which are otherwise never read.
     """
+    folder = iteration_folder(Path(path))
+    if folder is not None and is_torch_dist(folder):
+        if optimizer:
+            raise CheckpointError(f"Cannot open {path} with optimizer=True: a torch_dist folder lists every tensor it holds "
+                                  "already. Drop the option.", file=str(path))
+        return _open_torch_dist(folder)
     catalog = _catalog(parse(Path(path)), optimizer)
     catalog.open_options = {"optimizer": True} if optimizer else {}
     return catalog

@@ -72,6 +72,10 @@ def _args(catalog: Catalog) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _is_legacy(catalog: Any) -> bool:
+    return isinstance(catalog, Catalog) and catalog.format == "megatron" and catalog.metadata.get("layout") == "legacy"
+
+
 def _int(value: Any) -> int | None:
     return value if type(value) is int else None
 
@@ -172,9 +176,10 @@ def megatron_merge(source: Any, *, vocab_size: int | None = None, check_replicas
     reads them all (they are small); False takes rank 0's copy unread.
     """
     catalog = _catalog(source)
-    if catalog.format != "megatron":
-        raise MapperError(f"Cannot build the Megatron merge for a {catalog.format} checkpoint: it needs the legacy Megatron "
-                          "layout (iter_N/mp_rank_*/model_optim_rng.pt). A torch_dist folder is already merged: use "
+    if not _is_legacy(catalog):
+        raise MapperError(f"Cannot build the Megatron merge for a {catalog.format} checkpoint "
+                          f"({catalog.metadata.get('layout', 'not legacy')}): it needs the legacy Megatron layout "
+                          "(iter_N/mp_rank_*/model_optim_rng.pt). A torch_dist folder is already merged: use "
                           "presets.megatron_to_hf directly.")
     args = _args(catalog)
     tp_size = int(catalog.metadata.get("tp_size", "1"))
@@ -310,15 +315,16 @@ def megatron_to_hf(source: Any, *, config: Any = None, vocab_size: int | None = 
     from .presets import MEGATRON_QKV as qkv  # noqa: N811 - the preset's template of the fused QKV module
 
     catalog = getattr(source, "catalog", source)
-    legacy = isinstance(catalog, Catalog) and catalog.format == "megatron"
+    legacy = _is_legacy(catalog)
     if config is None:
-        if not legacy:
+        if not (isinstance(catalog, Catalog) and _args(catalog)):
             raise MapperError("Cannot map Megatron names to HF without the model's config: pass config= (a config.json, "
-                              "dict or transformers config). Legacy checkpoints carry their own (hf_config).")
+                              "dict or transformers config). Megatron's own folders carry theirs (args; hf_config).")
         config = hf_config(catalog, vocab_size=vocab_size)
+    vocab = vocab_size or _vocab_of(config)
     steps: list[Mapper] = []
     if legacy:
-        merge = megatron_merge(catalog, vocab_size=vocab_size or _vocab_of(config), check_replicas=check_replicas)
+        merge = megatron_merge(catalog, vocab_size=vocab, check_replicas=check_replicas)
         steps.append(merge)
         names = set(merge.bind(catalog).raise_for_problems().outputs)
         stacked: dict[str, int] = {}
@@ -330,6 +336,11 @@ def megatron_to_hf(source: Any, *, config: Any = None, vocab_size: int | None = 
     unstack, renames = _hf_renames(names, stacked)
     if unstack:
         steps.append(Parallel(*unstack))
+    if not legacy and vocab is not None:  # merged sources keep megatron's vocabulary padding: cut it
+        trim = [(key, infos[key].shape[0]) for key in VOCAB_PARALLEL if key in infos and infos[key].shape[0] > vocab]
+        if trim:
+            steps.append(Parallel(*[Split(key, [key, f"{key}.vocab_padding"], sizes=[vocab, rows - vocab], dim=0) for key, rows in trim]))
+            steps.append(Parallel(*[Drop(f"{key}.vocab_padding") for key, _ in trim]))
     steps += [Parallel(*renames), megatron_qkv_to_hf(config, qkv=qkv),
               Claim("Megatron GPT (presets.megatron_to_hf)", r"(?:decoder|embedding|output_layer)\..*", _UNKNOWN_HINT)]
     return Sequential(*steps)
