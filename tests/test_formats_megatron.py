@@ -21,7 +21,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "make_megatron_fixtures.py"
-RUNS = ["tp2", "tp2pp2"]
+RUNS = ["tp2", "tp2pp2"]  # dense runs; "moe" (EP=2) has its own test
 # Megatron's sharded keys name the local spec's layernorms as Transformer Engine's fused ones.
 TE_NAMES = {"input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
             "pre_mlp_layernorm.weight": "mlp.linear_fc1.layer_norm_weight"}
@@ -47,8 +47,12 @@ def _load(path: Path) -> dict:
 
 
 def _global(reference: dict, key: str):
-    """Megatron's global tensor for a TP=1 state-dict key (its sharded keys stack the layers on axis 0)."""
+    """Megatron's global tensor for a TP=1 state-dict key (its sharded keys stack the layers on axis 0, and the
+    experts of a layer on axis 1)."""
     m = LAYER.match(key)
+    expert = re.match(r"^mlp\.experts\.local_experts\.(\d+)\.(.+)$", m[2]) if m else None
+    if expert:
+        return reference[f"decoder.layers.mlp.experts.experts.{expert[2]}"][int(m[1])][int(expert[1])]
     if m:
         part = TE_NAMES.get(m[2], m[2])
         return reference[f"decoder.layers.{part}"][int(m[1])]
@@ -238,6 +242,43 @@ def test_torch_dist_save_by_megatron_opens_and_maps_to_hf(megatron_root: Path, t
     assert all(torch.equal(got[k], want[k]) for k in want)
 
 
+def test_expert_parallel_moe_merges_to_megatrons_experts_and_loads_as_mixtral(megatron_root: Path, tmp_path: Path) -> None:
+    """EP=2 MoE (mp_rank_00_EEE): the merge equals megatron's global tensors (experts renumbered across EP
+    ranks, each expert's SwiGLU halves reassembled), and the HF output loads into transformers' Mixtral.
+    No logits: megatron's router needs Transformer Engine's GEMM, so megatron cannot run the model on CPU."""
+    import torch
+    import transformers
+
+    import workbench as wb
+    from workbench import mapper as M
+
+    folder = megatron_root / "moe"
+    ck = wb.open_checkpoint(folder)
+    meta = ck.catalog.metadata
+    assert (meta["tp_size"], meta["pp_size"], meta["ep_size"]) == ("1", "1", "2")
+    assert {ck.catalog.columns["ep"][n] for n in ck.catalog if "local_experts" in n} == {0, 1}
+    reference = _load(folder / "global_reference.safetensors")
+    merge = M.presets.megatron_merge(ck)
+    wb.convert(ck, tmp_path / "merged", merge, rest="drop", quiet=True)
+    got = _load(tmp_path / "merged" / "model.safetensors")
+    experts = {int(m[1]) for k in got if (m := re.search(r"local_experts\.(\d+)\.", k))}
+    assert experts == {0, 1, 2, 3}
+    for key, tensor in got.items():
+        want = _global(reference, key)
+        assert torch.equal(tensor, want[: tensor.shape[0]] if key.startswith(("embedding", "output")) else want), key
+    config = M.presets.megatron_hf_config(ck)
+    assert (config["model_type"], config["num_local_experts"], config["intermediate_size"]) == ("mixtral", 4, 48)
+    out = tmp_path / "hf"
+    wb.convert(ck, out, M.presets.megatron_to_hf(ck), rest="drop", quiet=True)
+    (out / "config.json").write_text(json.dumps(config))
+    model, info = transformers.MixtralForCausalLM.from_pretrained(out, output_loading_info=True, dtype=torch.float32)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    hf = _load(out / "model.safetensors")
+    fc1 = reference["decoder.layers.mlp.experts.experts.linear_fc1.weight"][1][3]
+    assert torch.equal(torch.cat([hf["model.layers.1.block_sparse_moe.experts.3.w1.weight"],
+                                  hf["model.layers.1.block_sparse_moe.experts.3.w3.weight"]]), fc1)
+
+
 def test_missing_rank_inconsistent_tp_and_truncated_file(megatron_root: Path, tmp_path: Path) -> None:
     import workbench as wb
     from workbench.errors import CheckpointError, WorkbenchError
@@ -308,9 +349,17 @@ def test_moe_virtual_pipeline_and_unknown_layouts_are_refused(tmp_path: Path) ->
     from workbench.errors import CheckpointError, MapperError
 
     expert = "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight"
-    moe = _save_run(tmp_path / "moe", {f"mp_rank_0{t}": {"model": {expert: torch.ones(2, 2)}} for t in range(2)})
-    with pytest.raises(MapperError, match="mixture-of-experts layers are not supported yet"):
-        M.presets.megatron_merge(wb.open_checkpoint(moe))
+    # mp_rank_TT_EEE: expert ranks (the args say EP=2, PP=1), whose 3 experts cannot be shared evenly
+    moe = _save_run(tmp_path / "moe", {f"mp_rank_00_00{e}": {"model": {expert: torch.ones(2, 2)}} for e in range(2)},
+                    tensor_model_parallel_size=1, expert_model_parallel_size=2, num_experts=3)
+    ck = wb.open_checkpoint(moe)
+    assert ck.catalog.metadata["ep_size"] == "2" and ck.catalog.metadata["pp_size"] == "1"
+    with pytest.raises(MapperError, match="num_experts=3, which 2 expert-parallel ranks cannot share evenly"):
+        M.presets.megatron_merge(ck)
+    grouped = _save_run(tmp_path / "grouped", {f"mp_rank_0{t}": {"model": {"decoder.layers.0.mlp.experts.weight1": torch.ones(2)}}
+                                               for t in range(2)})
+    with pytest.raises(MapperError, match="its tensor-parallel layout is not known"):
+        M.presets.megatron_merge(wb.open_checkpoint(grouped))
     odd = _save_run(tmp_path / "odd", {f"mp_rank_0{t}": {"model": {"decoder.layers.0.mystery.weight": torch.ones(2)}} for t in range(2)})
     with pytest.raises(MapperError, match="its tensor-parallel layout is not known"):
         M.presets.megatron_merge(wb.open_checkpoint(odd))

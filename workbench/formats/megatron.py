@@ -169,18 +169,46 @@ class MegatronCheckpoint:
         return self.folder.parent
 
 
-def _coordinates(folder: Path, names: list[str]) -> list[tuple[str, int, int, int]]:
+def _coordinates(folder: Path, names: list[str], args: dict[str, Any]) -> list[tuple[str, int, int, int]]:
+    """(folder name, tp, pp, ep) per rank folder. `mp_rank_TT_XXX` is a pipeline rank, or an expert rank when the
+    args say there is expert parallelism and no pipeline parallelism (Megatron names both the same way)."""
     out = []
     shapes = set()
+    expert_only = args.get("pipeline_model_parallel_size") == 1 and (_int_arg(args, "expert_model_parallel_size") or 1) > 1
     for name in names:
         m = _RANK.match(name)
         assert m is not None
         shapes.add((m["pp"] is not None, m["ep"] is not None))
-        out.append((name, int(m["tp"]), int(m["pp"] or 0), int(m["ep"] or 0)))
+        if expert_only and m["ep"] is None:
+            out.append((name, int(m["tp"]), 0, int(m["pp"] or 0)))
+        else:
+            out.append((name, int(m["tp"]), int(m["pp"] or 0), int(m["ep"] or 0)))
     if len(shapes) > 1:
         raise _fail(folder, f"its rank folders mix naming schemes ({', '.join(names[:6])}): some carry a pipeline or expert "
                             "rank and others do not", fix="Keep the rank folders of one save only.")
     return out
+
+
+def _int_arg(args: dict[str, Any], name: str) -> int | None:
+    value = args.get(name)
+    return value if type(value) is int else None
+
+
+def _folder_name(tp: int, pp: int, ep: int, pp_named: bool, ep_named: bool) -> str:
+    return f"mp_rank_{tp:02d}" + (f"_{pp:03d}" if pp_named else "") + (f"_{ep:03d}" if ep_named else "")
+
+
+def _parse_rank(folder: Path, name: str) -> TorchFile:
+    file = folder / name / RANK_FILE
+    if not file.is_file():
+        raise _fail(folder, f"{name}/{RANK_FILE} is missing")
+    parsed = inspect_file(file)
+    if not isinstance(parsed.root, dict) or MODEL_KEY not in parsed.root:
+        if isinstance(parsed.root, dict) and "model0" in parsed.root:
+            raise _fail(file, "it holds virtual pipeline chunks (model0, model1 ...), which this reader does not merge yet",
+                        fix="Convert it with Megatron's own tools to a checkpoint without virtual pipeline parallelism.")
+        raise _fail(file, "it has no 'model' entry (is it a Megatron model_optim_rng.pt?)")
+    return parsed
 
 
 def _grid_size(folder: Path, values: set[int], what: str) -> int:
@@ -197,31 +225,26 @@ def parse(path: Path) -> MegatronCheckpoint:
     if folder is None:
         raise _fail(path, f"it is neither an iter_N/ folder with mp_rank_*/{RANK_FILE} files nor a run folder whose {TRACKER} "
                           "names one", fix="Point at the folder Megatron's --save wrote, or one iter_N/ inside it.")
-    coords = _coordinates(folder, _rank_folders(folder))
+    names = _rank_folders(folder)
+    parsed = {names[0]: _parse_rank(folder, names[0])}
+    args = args_of(parsed[names[0]].root)
+    coords = _coordinates(folder, names, args)
     tp_size = _grid_size(folder, {c[1] for c in coords}, "tensor-parallel")
     pp_size = _grid_size(folder, {c[2] for c in coords}, "pipeline-parallel")
     ep_size = _grid_size(folder, {c[3] for c in coords}, "expert-parallel")
+    pp_named = pp_size > 1 or any(_RANK.match(n)["ep"] for n in names)  # type: ignore[index]
     have = {(t, p, e) for _, t, p, e in coords}
     for t in range(tp_size):
         for p in range(pp_size):
             for e in range(ep_size):
                 if (t, p, e) not in have:
-                    name = f"mp_rank_{t:02d}" + (f"_{p:03d}" if coords[0][0].count("_") >= 3 else "") + (f"_{e:03d}" if ep_size > 1 else "")
+                    name = _folder_name(t, p, e, pp_named or (pp_size > 1), ep_size > 1)
                     raise _fail(folder, f"the rank folder {name} is missing (TP={tp_size} x PP={pp_size}"
                                         f"{f' x EP={ep_size}' if ep_size > 1 else ''} needs {tp_size * pp_size * ep_size})")
     ranks = []
     for name, t, p, e in sorted(coords, key=lambda c: (c[2], c[3], c[1])):
-        file = folder / name / RANK_FILE
-        if not file.is_file():
-            raise _fail(folder, f"{name}/{RANK_FILE} is missing")
-        parsed = inspect_file(file)
-        if not isinstance(parsed.root, dict) or MODEL_KEY not in parsed.root:
-            if isinstance(parsed.root, dict) and "model0" in parsed.root:
-                raise _fail(file, "it holds virtual pipeline chunks (model0, model1 ...), which this reader does not merge yet",
-                            fix="Convert it with Megatron's own tools to a checkpoint without virtual pipeline parallelism.")
-            raise _fail(file, "it has no 'model' entry (is it a Megatron model_optim_rng.pt?)")
-        ranks.append(RankFile(name, t, p, e, f"{folder.name}/{name}/{RANK_FILE}", parsed))
-    args = args_of(ranks[0].root)
+        tf = parsed.get(name) or _parse_rank(folder, name)
+        ranks.append(RankFile(name, t, p, e, f"{folder.name}/{name}/{RANK_FILE}", tf))
     for field, found in (("tensor_model_parallel_size", tp_size), ("pipeline_model_parallel_size", pp_size),
                          ("expert_model_parallel_size", ep_size)):
         said = args.get(field)

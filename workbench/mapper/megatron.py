@@ -21,7 +21,11 @@ interleaved QKV split per query group (`presets.megatron_qkv_to_hf`), `linear_fc
 norms, embeddings and output layer renamed. It also reads megatron `torch_dist` folders (global tensors with
 the layers stacked on a leading axis). `hf_config(source)` gives the matching transformers config.
 
-Mixture-of-experts layers and virtual pipeline chunks are refused with a message (not merged yet).
+Mixture-of-experts layers (sequential local experts, `mlp.experts.local_experts.N`) merge like dense MLPs per
+expert, expert-parallel ranks' local experts renumbered to global experts (dense weights from EP rank 0, the
+others being data-parallel copies), and map to Mixtral's file names; grouped-GEMM experts (`experts.weight1`),
+shared experts in HF names (Qwen2-MoE), experts with their own TP size, and virtual pipeline chunks are
+refused with a message.
 """
 
 from __future__ import annotations
@@ -50,9 +54,12 @@ REPLICATED_LAYER = re.compile(
     r"^(?:input_layernorm|pre_mlp_layernorm|self_attention\.q_layernorm|self_attention\.k_layernorm)\.(?:weight|bias)$"
     r"|^(?:self_attention\.linear_qkv|mlp\.linear_fc1)\.layer_norm_(?:weight|bias)$"
     r"|^(?:self_attention\.linear_proj|mlp\.linear_fc2)\.bias$"
+    r"|^mlp\.router\.(?:weight|bias|expert_bias)$|^mlp\.shared_experts\.gate_weight$"
 )
+# An expert's (or the shared experts') MLP is laid out like the dense MLP: the part after this prefix says how.
+EXPERT = re.compile(r"^mlp\.(?:experts\.local_experts\.\d+|shared_experts)\.(?=linear_fc)")
+LOCAL_EXPERT = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(.+)$")
 GATED = ("mlp.linear_fc1.weight", "mlp.linear_fc1.bias")
-MOE = re.compile(r"^mlp\.(?:experts|router|shared_experts)\.")
 HF_LAYERS = "model.layers.{i}"
 
 
@@ -115,22 +122,42 @@ def infer_same_on_every_rank(*infos: TensorInfo, names: Any = ()) -> list[tuple[
 
 
 def _shards(catalog: Catalog) -> dict[str, dict[int, str]]:
-    """Global key -> {tp rank: source name}, with pipeline stages' layers renumbered to global layers."""
+    """Global key -> {tp rank: source name}: pipeline stages' layers renumbered to global layers, expert-parallel
+    ranks' local experts to global experts (EP rank e holds experts e*E/EP .. (e+1)*E/EP - 1), and the dense
+    weights taken from EP rank 0 (the other EP ranks hold data-parallel copies)."""
     tp_of, pp_of, layer_of = (catalog.columns.get(c, {}) for c in ("tp", "pp", "layer"))
-    if catalog.metadata.get("ep_size", "1") != "1" or catalog.columns.get("ep"):
-        raise MapperError("Cannot merge this Megatron checkpoint: it is expert-parallel (mp_rank_TT_PPP_EEE folders); "
-                          "mixture-of-experts merging is not supported yet. Convert it with Megatron's own tools.")
+    ep_of = catalog.columns.get("ep", {})
+    args = _args(catalog)
+    ep_size = int(catalog.metadata.get("ep_size", "1"))
+    experts = _int(args.get("num_experts"))
+    etp = _int(args.get("expert_tensor_parallel_size"))
+    if etp is not None and etp != int(catalog.metadata.get("tp_size", "1")):
+        raise MapperError(f"Cannot merge this Megatron checkpoint: its experts use tensor parallelism {etp}, unlike the "
+                          f"dense layers ({catalog.metadata.get('tp_size')}); that split is not supported yet.")
+    if ep_size > 1 and (experts is None or experts % ep_size):
+        raise MapperError(f"Cannot merge this expert-parallel Megatron checkpoint: its args give num_experts={experts!r}, "
+                          f"which {ep_size} expert-parallel ranks cannot share evenly. Check the rank folders.")
+    per_rank = experts // ep_size if experts and ep_size > 1 else None
     out: dict[str, dict[int, str]] = {}
     for name in catalog.tensors:
         folder, _, key = name.partition("/")
         if name not in tp_of or not key or key.startswith("optimizer."):
             continue
+        ep = int(ep_of.get(name, 0))
         m = LAYER_KEY.match(key)
         if m:
-            if MOE.match(m[2]):
-                raise MapperError(f"Cannot merge Megatron tensor {name!r}: mixture-of-experts layers are not supported yet. "
-                                  "Convert it with Megatron's own tools.", tensor=name)
-            key = f"decoder.layers.{layer_of[name]}.{m[2]}"
+            part = m[2]
+            local = LOCAL_EXPERT.match(part)
+            if local and per_rank is not None:
+                if int(local[1]) >= per_rank:
+                    raise MapperError(f"Cannot merge Megatron tensor {name!r}: its local expert {local[1]} is beyond the "
+                                      f"{per_rank} experts each expert-parallel rank holds.", tensor=name)
+                part = f"mlp.experts.local_experts.{ep * per_rank + int(local[1])}.{local[2]}"
+            elif ep:
+                continue  # a data-parallel copy of a dense weight
+            key = f"decoder.layers.{layer_of[name]}.{part}"
+        elif ep:
+            continue
         out.setdefault(key, {})
         tp = int(tp_of[name])
         if tp in out[key]:
@@ -143,15 +170,20 @@ def _shards(catalog: Catalog) -> dict[str, dict[int, str]]:
     return out
 
 
+def _part(key: str) -> str | None:
+    """The layer-relative part of a key, an expert's MLP named like the dense MLP (`mlp.linear_fc1.weight`)."""
+    m = LAYER_KEY.match(key)
+    return EXPERT.sub("mlp.", m[2]) if m else None
+
+
 def _layout(key: str) -> str:
     """'column', 'row', 'vocab' or 'replicated' for a global key; MapperError for a key of unknown layout."""
     if key in VOCAB_PARALLEL:
         return "vocab"
     if key in REPLICATED_TOP:
         return "replicated"
-    m = LAYER_KEY.match(key)
-    if m:
-        part = m[2]
+    part = _part(key)
+    if part is not None:
         if part in COLUMN_PARALLEL:
             return "column"
         if part in ROW_PARALLEL:
@@ -206,7 +238,7 @@ def megatron_merge(source: Any, *, vocab_size: int | None = None, check_replicas
                                      infer="workbench.mapper.megatron:infer_same_on_every_rank", params={"names": names}))
             else:
                 join += [Rename(names[0], key), *[Drop(n) for n in names[1:]]]
-        elif swiglu and layout == "column" and LAYER_KEY.match(key)[2] in GATED:  # type: ignore[index]
+        elif swiglu and layout == "column" and _part(key) in GATED:
             gates, ups = [f"{n}.gate" for n in names], [f"{n}.up" for n in names]
             cut += [Split(n, [g, u], dim=0) for n, g, u in zip(names, gates, ups, strict=True)]
             join.append(Concat([*gates, *ups], key, dim=0))
@@ -252,11 +284,26 @@ def hf_config(source: Any, *, vocab_size: int | None = None) -> dict[str, Any]:
     if problems:
         raise MapperError(f"Cannot map this Megatron model to HF Llama/Qwen2: {'; '.join(problems)}. Write the mapping by hand "
                           "(start from presets.megatron_merge).")
+    experts = _int(args.get("num_experts"))
     heads = int(args["num_attention_heads"])
     hidden = int(args["hidden_size"])
     kv = int(args["num_query_groups"]) if args.get("group_query_attention") and args.get("num_query_groups") else heads
     vocab = vocab_size or _int(args.get("vocab_size")) or int(args["padded_vocab_size"])
     qwen = bool(args.get("add_qkv_bias"))
+    if experts:
+        if qwen:
+            raise MapperError("Cannot map this Megatron model to HF: a mixture-of-experts model with a QKV bias (Qwen2-MoE) "
+                              "is not mapped yet. Start from presets.megatron_merge.")
+        return {
+            "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": hidden,
+            "intermediate_size": int(args.get("moe_ffn_hidden_size") or args.get("ffn_hidden_size") or 4 * hidden),
+            "num_local_experts": experts, "num_experts_per_tok": int(args.get("moe_router_topk") or 2),
+            "num_hidden_layers": int(args["num_layers"]), "num_attention_heads": heads, "num_key_value_heads": kv,
+            "head_dim": int(args.get("kv_channels") or hidden // heads), "vocab_size": vocab,
+            "rms_norm_eps": float(args.get("norm_epsilon") or 1e-5), "rope_theta": float(args.get("rotary_base") or 10000),
+            "max_position_embeddings": int(args.get("max_position_embeddings") or args.get("seq_length") or 4096),
+            "tie_word_embeddings": args.get("untie_embeddings_and_output_weights") is False, "hidden_act": "silu",
+        }
     return {
         "architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
         "model_type": "qwen2" if qwen else "llama",
@@ -296,6 +343,11 @@ def _hf_renames(names: set[str], stacked: dict[str, int]) -> tuple[list[Mapper],
             ops.append(Rename(f"{src}.{megatron}", f"{dst}.{hf}"))
     if "mlp.linear_fc1.weight" in parts:
         ops.append(Split(f"{src}.mlp.linear_fc1.weight", [f"{dst}.mlp.gate_proj.weight", f"{dst}.mlp.up_proj.weight"], dim=0))
+    if any(LOCAL_EXPERT.match(p) for p in parts):  # Mixtral's file layout: experts.{e}.w1 (gate), w3 (up), w2 (down)
+        expert, moe = f"{src}.mlp.experts.local_experts.{{e}}", f"{dst}.block_sparse_moe"
+        ops += [Rename(f"{src}.mlp.router.weight", f"{moe}.gate.weight"),
+                Split(f"{expert}.linear_fc1.weight", [f"{moe}.experts.{{e}}.w1.weight", f"{moe}.experts.{{e}}.w3.weight"], dim=0),
+                Rename(f"{expert}.linear_fc2.weight", f"{moe}.experts.{{e}}.w2.weight")]
     for megatron, hf in (("embedding.word_embeddings.weight", "model.embed_tokens.weight"),
                          ("decoder.final_layernorm.weight", "model.norm.weight"), ("output_layer.weight", "lm_head.weight")):
         if megatron in names:
