@@ -190,7 +190,7 @@ def test_only_model_bytes_are_read_and_plan_names_rank_files(megatron_root: Path
     assert optimizer_bytes > plan.bytes_read  # the moments outweigh the weights, and were not read
 
 
-def test_suggest_and_cli_convert(megatron_root: Path, tmp_path: Path) -> None:
+def test_suggest_and_cli_convert(megatron_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """`workbench convert run/ out/ --preset megatron_to_hf` (2 worker processes) writes the HF weights; ck.suggest offers it."""
     import torch
 
@@ -210,6 +210,16 @@ def test_suggest_and_cli_convert(megatron_root: Path, tmp_path: Path) -> None:
     gate, up = got["model.layers.3.mlp.gate_proj.weight"], got["model.layers.3.mlp.up_proj.weight"]
     assert torch.equal(torch.cat([gate, up]), reference["decoder.layers.mlp.linear_fc1.weight"][3])
     assert main(["inspect", str(folder)]) == 0
+    assert main(["plan", str(folder), "--preset", "megatron_to_hf", "--rest", "drop"]) == 0
+    capsys.readouterr()
+    assert main(["plan", str(folder / "iter_0000002"), "--preset", "megatron_merge,megatron_to_hf"]) == 2
+    # chained after the merge, megatron_to_hf sees plain tensors without the checkpoint's args: it asks for config.json
+    assert "without the model's config" in capsys.readouterr().err
+    # --select model: the merge alone, under megatron's own names
+    assert main(["convert", str(folder), str(tmp_path / "merged"), "--select", "model", "--quiet"]) == 0
+    merged = _load(tmp_path / "merged" / "model.safetensors")
+    assert torch.equal(merged["decoder.layers.2.self_attention.linear_qkv.weight"],
+                       reference["decoder.layers.self_attention.linear_qkv.weight"][2])
 
 
 def test_torch_dist_save_by_megatron_opens_and_maps_to_hf(megatron_root: Path, tmp_path: Path) -> None:
