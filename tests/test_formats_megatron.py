@@ -215,11 +215,13 @@ def test_suggest_and_cli_convert(megatron_root: Path, tmp_path: Path, capsys: py
     assert main(["plan", str(folder / "iter_0000002"), "--preset", "megatron_merge,megatron_to_hf"]) == 2
     # chained after the merge, megatron_to_hf sees plain tensors without the checkpoint's args: it asks for config.json
     assert "without the model's config" in capsys.readouterr().err
-    # --select model: the merge alone, under megatron's own names
-    assert main(["convert", str(folder), str(tmp_path / "merged"), "--select", "model", "--quiet"]) == 0
-    merged = _load(tmp_path / "merged" / "model.safetensors")
-    assert torch.equal(merged["decoder.layers.2.self_attention.linear_qkv.weight"],
-                       reference["decoder.layers.self_attention.linear_qkv.weight"][2])
+    # --select model, and no mapper at all: the merge alone, under megatron's own names
+    for options, name in ((["--select", "model"], "selected"), (["--nproc", "2"], "default")):
+        assert main(["convert", str(folder), str(tmp_path / name), *options, "--quiet"]) == 0
+        merged = _load(tmp_path / name / "model.safetensors")
+        assert not any("/" in k for k in merged) and merged["embedding.word_embeddings.weight"].shape == (250, 64)
+        assert torch.equal(merged["decoder.layers.2.self_attention.linear_qkv.weight"],
+                           reference["decoder.layers.self_attention.linear_qkv.weight"][2])
 
 
 def test_torch_dist_save_by_megatron_opens_and_maps_to_hf(megatron_root: Path, tmp_path: Path) -> None:
@@ -311,6 +313,13 @@ def test_missing_rank_inconsistent_tp_and_truncated_file(megatron_root: Path, tm
         wb.open_checkpoint(copy)
     (copy / "latest_checkpointed_iteration.txt").write_text("../../elsewhere")
     assert not wb.formats.megatron.detect(copy)
+    # a rank folder linked from elsewhere is not read
+    linked = tmp_path / "linked" / "iter_0000002"
+    linked.mkdir(parents=True)
+    (linked / "mp_rank_00").symlink_to(run / "iter_0000002" / "mp_rank_00_000")
+    (linked / "mp_rank_01").mkdir()
+    with pytest.raises(CheckpointError, match="a link that leads outside"):
+        wb.open_checkpoint(linked)
 
 
 # ---------------------------------------------------------------------------------------------- hand-made layouts

@@ -28,6 +28,7 @@ from typing import Any
 
 from ..catalog import Catalog, FileInfo, TensorInfo
 from ..errors import CannotRead, CheckpointError
+from .links import leads_inside
 from .pickle.unpickler import DtypeRef, Placeholder
 from .torch_folder import ShardedTorchReader
 from .torch_zip import TorchFile, TorchZipReader, dtype_code, inspect_file
@@ -96,7 +97,7 @@ def iteration_folder(path: Path) -> Path | None:
         except (OSError, UnicodeDecodeError):
             return None
         name = "release" if text == "release" else f"iter_{int(text):07d}" if text.isdigit() else None
-        if name is not None and (_holds_ranks(path / name) or is_torch_dist(path / name)):
+        if name is not None and leads_inside(path, path / name) and (_holds_ranks(path / name) or is_torch_dist(path / name)):
             return path / name
     return None
 
@@ -202,6 +203,9 @@ def _parse_rank(folder: Path, name: str) -> TorchFile:
     file = folder / name / RANK_FILE
     if not file.is_file():
         raise _fail(folder, f"{name}/{RANK_FILE} is missing")
+    if not leads_inside(folder, file):
+        raise _fail(folder, f"{name}/{RANK_FILE} is a link that leads outside the iteration folder",
+                    fix="Copy the rank folder into the checkpoint instead of linking it.")
     parsed = inspect_file(file)
     if not isinstance(parsed.root, dict) or MODEL_KEY not in parsed.root:
         if isinstance(parsed.root, dict) and "model0" in parsed.root:
