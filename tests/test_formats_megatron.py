@@ -168,7 +168,7 @@ def test_hf_model_gives_megatrons_logits(megatron_root: Path, run: str, tmp_path
     assert "logits_tp1" in logits and ("logits" in logits) is (run == "tp2")
 
 
-def test_only_model_bytes_are_read_and_plan_names_rank_files(megatron_root: Path) -> None:
+def test_only_model_bytes_are_read_and_plan_names_rank_files(megatron_root: Path, tmp_path: Path) -> None:
     import workbench as wb
     from workbench import mapper as M
     from workbench.formats.megatron import open_megatron
@@ -187,7 +187,10 @@ def test_only_model_bytes_are_read_and_plan_names_rank_files(megatron_root: Path
     assert len(moments) == len(ck.catalog)  # one per parameter shard of every rank
     assert with_optimizer.open_options == {"optimizer": True}
     optimizer_bytes = sum(with_optimizer[n].nbytes for n in with_optimizer if "/optimizer." in n)
-    assert optimizer_bytes > plan.bytes_read  # the moments outweigh the weights, and were not read
+    assert optimizer_bytes > plan.bytes_read  # the moments outweigh the weights, and are not read:
+    report = wb.convert(ck, tmp_path / "out", M.presets.megatron_to_hf(ck, vocab_size=250), rest="drop", quiet=True)
+    assert report.bytes_read == plan.bytes_read  # measured preads: the model's byte ranges only
+    assert 0 < report.peak_tensor_bytes <= report.predicted_peak_bytes
 
 
 def test_suggest_and_cli_convert(megatron_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
