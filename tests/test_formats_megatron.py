@@ -255,6 +255,7 @@ def test_torch_dist_save_by_megatron_opens_and_maps_to_hf(megatron_root: Path, t
     got, want = _load(tmp_path / "dist" / "model.safetensors"), _load(tmp_path / "legacy" / "model.safetensors")
     assert set(got) == set(want) and got["model.embed_tokens.weight"].shape == (250, 64)
     assert all(torch.equal(got[k], want[k]) for k in want)
+    assert not (tmp_path / "dist" / "common.pt").exists()  # the run's pickled args do not travel into HF weights
 
 
 def test_expert_parallel_moe_merges_to_megatrons_experts_and_loads_as_mixtral(megatron_root: Path, tmp_path: Path) -> None:

@@ -344,6 +344,8 @@ def _open_torch_dist(folder: Path) -> Catalog:
     catalog = dcp.open_path(folder)
     catalog.format = "megatron"
     catalog.metadata["layout"] = "torch_dist"
+    # megatron's common.pt / metadata.json describe the training run, not the model: they do not travel to outputs.
+    catalog.extras = [e for e in catalog.extras if e in MODEL_EXTRAS]
     common = folder / TORCH_DIST_COMMON
     if common.is_file() and not common.is_symlink():
         root = inspect_file(common).root
