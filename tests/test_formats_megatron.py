@@ -109,6 +109,8 @@ def test_args_are_recovered_without_running_the_pickle(megatron_root: Path, run:
     assert args["vocab_size"] == (250 if run == "tp2" else None)
     assert args["params_dtype"] == "torch.float32" and args["add_qkv_bias"] is (run == "tp2pp2")
     assert not any("optimizer" in n for n in catalog)
+    # torch.load(weights_only=True) would refuse the files (the Namespace); the workbench listed them without running it
+    assert catalog.metadata["weights_only"] == "no" and "argparse.Namespace" in catalog.metadata["unsafe_globals"]
 
 
 @pytest.mark.parametrize("run", RUNS)

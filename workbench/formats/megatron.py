@@ -330,6 +330,10 @@ def _catalog(ck: MegatronCheckpoint, optimizer: bool) -> Catalog:
         "args": json.dumps(ck.args, sort_keys=True),
     }
     metadata.update({f"args.{k}": json.dumps(ck.args[k]) for k in ARG_FIELDS if k in ck.args})
+    unsafe = sorted({g for rank in ck.ranks for g in rank.parsed.unsafe_globals})
+    metadata["weights_only"] = "no" if unsafe else "yes"  # would torch.load(weights_only=True) accept the files?
+    if unsafe:
+        metadata["unsafe_globals"] = ", ".join(unsafe)
     extras = sorted(n for n in os.listdir(ck.root) if n in MODEL_EXTRAS and (ck.root / n).is_file())
     catalog = Catalog(root=ck.root, format="megatron", tensors=tensors, files=files, metadata=metadata, warnings=warnings,
                       reader=ShardedTorchReader(readers), columns=columns, extras=extras)
