@@ -32,6 +32,8 @@ psutil in the venv: without it megatron's writer process dies and the save waits
 before), and the script's code under `if __name__ == "__main__"` (the writer is a spawned process).
 
 Re-running is a no-op when the `done` marker exists. Usage: python scripts/make_megatron_fixtures.py [--print-root]
+`--sample DIR` instead writes the notebook's small TP=2 x PP=2 sample (model only) to DIR
+(`sample_checkpoints/training/megatron_tp2pp2`).
 """
 
 from __future__ import annotations
@@ -68,10 +70,12 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 VARIANTS = {
     "tp2": dict(tp=2, pp=1, qkv_bias=False, tied=False, vocab_size=250),
     "tp2pp2": dict(tp=2, pp=2, qkv_bias=True, tied=True, vocab_size=None),
+    "sample": dict(tp=2, pp=2, qkv_bias=False, tied=False, vocab_size=60),
     "moe": dict(tp=1, pp=1, ep=2, qkv_bias=False, tied=False, vocab_size=250, experts=4),
 }
 MOE_FFN = 48
-LAYERS, HIDDEN, HEADS, GROUPS, FFN, PADDED, SEQ, DIVISIBLE = 4, 64, 4, 2, 96, 256, 8, 64
+SMALL = os.environ.get("WB_MEGATRON_SMALL") == "1"  # the notebook sample: as small as the layout allows
+LAYERS, HIDDEN, HEADS, GROUPS, FFN, PADDED, SEQ, DIVISIBLE = (2, 32, 4, 2, 48, 64, 8, 32) if SMALL else (4, 64, 4, 2, 96, 256, 8, 64)
 
 
 def build(variant, tp, pp):
@@ -212,6 +216,13 @@ def save(variant_name, out):
     folder = f"mp_rank_{tp_rank:02d}" + (f"_{pp_rank:03d}" if pp > 1 else "") + (f"_{ep_rank:03d}" if variant.get("ep", 1) > 1 else "")
     path = os.path.join(out, "iter_0000002", folder, "model_optim_rng.pt")
     os.makedirs(os.path.dirname(path), exist_ok=True)
+    if variant_name == "sample":  # the committed notebook sample: the model only (no optimizer, no RNG states)
+        torch.save({k: state[k] for k in ("args", "checkpoint_version", "iteration", "model")}, path)
+        torch.distributed.barrier()
+        if torch.distributed.get_rank() == 0:
+            with open(os.path.join(out, "latest_checkpointed_iteration.txt"), "w") as f:
+                f.write("2")
+        return
     torch.save(state, path)
     if variant_name == "tp2":
         save_torch_dist(model, state, os.path.join(out, "torch_dist"))
@@ -328,7 +339,25 @@ def build(root: Path) -> Path:
     return root
 
 
+def build_sample(out: Path) -> None:
+    """The notebook sample (`sample_checkpoints/training/megatron_tp2pp2/`): a tiny TP=2 x PP=2 Llama-like model saved
+    by megatron-core in the legacy layout, model only. Weights are seeded, so a rebuild gives the same tensors."""
+    import shutil
+    import tempfile
+
+    py = build_venv()
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "model.py").write_text(MODEL)
+        _run([str(py), "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port", "29790",
+              str(Path(tmp) / "model.py"), "save", "sample", str(Path(tmp) / "run")], env={**_env(), "WB_MEGATRON_SMALL": "1"}, cwd=tmp)
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.copytree(Path(tmp) / "run", out)
+
+
 def main() -> int:
+    if "--sample" in sys.argv:
+        build_sample(Path(sys.argv[sys.argv.index("--sample") + 1]))
+        return 0
     root = fixture_root()
     if "--print-root" in sys.argv:
         print(root)
