@@ -40,10 +40,12 @@ servers:
 lab: setup
 	$(BIN)/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-# Real DeepSpeed ZeRO checkpoints, made by DeepSpeed in its own venv under .cache/fixtures/ (deepspeed must not
-# sit in the project venv: transformers imports it when present). Built once per tool version; a no-op after.
+# Real DeepSpeed ZeRO and Megatron checkpoints, made by DeepSpeed / megatron-core in their own venvs under
+# .cache/fixtures/ (neither may sit in the project venv: transformers imports deepspeed when present).
+# Built once per tool version; a no-op after.
 fixtures: setup
 	$(BIN)/python scripts/make_deepspeed_fixtures.py
+	$(BIN)/python scripts/make_megatron_fixtures.py
 
 test: setup browser servers fixtures
 	$(BIN)/ruff check workbench tests benchmarks scripts

@@ -370,6 +370,8 @@ PRESETS: dict[str, str] = {
     "meta_to_hf": "Meta original → HF Llama",
     "hf_to_megatron_qkv": "HF → Megatron interleaved QKV",
     "megatron_qkv_to_hf": "Megatron interleaved QKV → HF",
+    "megatron_merge": "Megatron TP/PP rank shards → whole tensors (Megatron names)",
+    "megatron_to_hf": "Megatron GPT (legacy shards or torch_dist) → HF Llama/Qwen2",
     "cast_policy": "cast to bf16 (norms and biases F32)",
     "strip_prefix": "strip the 'model.' prefix",
     "add_prefix": "add a 'model.' prefix",
@@ -379,3 +381,9 @@ PRESETS: dict[str, str] = {
     "lora_merge": "merge the PEFT adapter of source 'adapter'",
     "average": "average every source (uniform)",
 }
+
+
+# Megatron-core GPT checkpoints (TP/PP merge, Megatron -> HF names) live in their own module; imported last
+# because they build on megatron_qkv_to_hf above.
+from .megatron import hf_config as megatron_hf_config  # noqa: E402,F401
+from .megatron import megatron_merge, megatron_to_hf  # noqa: E402,F401

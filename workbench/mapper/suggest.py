@@ -18,6 +18,7 @@ from ..errors import MapperError
 from .model_shape import read_config
 
 LLAMA_LIKE = ("llama", "mistral")
+MEGATRON_SHARD = re.compile(r"^mp_rank_\d{2}(?:_\d{3}){0,2}/")
 
 
 def _transformers_changes(model_type: str, names: list[str]) -> int | None:
@@ -75,7 +76,13 @@ def suggest_rows(names: Iterable[str], config: Any = None, *, registry: bool = T
             rows.append(("hf_to_meta", f"{model_type} in HF layout: Meta's original names with the rotary permutation undone"))
     if "self_attn.qkv_proj.weight" in has:
         rows.append(("fused_to_hf", "fused qkv_proj/gate_up_proj: split back into HF projections"))
-    if any(".self_attention.linear_qkv." in n for n in names):
+    shards = [n for n in names if MEGATRON_SHARD.match(n)]
+    if shards:
+        rows.append(("megatron_to_hf", "Megatron rank shards (mp_rank_*): merge TP/PP and map to HF Llama/Qwen2 names"))
+        rows.append(("megatron_merge", "Megatron rank shards (mp_rank_*): merge TP/PP into whole tensors, Megatron names"))
+    elif any(n.startswith("decoder.layers.") and ".self_attention.linear_qkv." in n for n in names):
+        rows.append(("megatron_to_hf", "Megatron-core names (torch_dist or merged): map to HF Llama/Qwen2 names (needs config.json)"))
+    elif any(n.startswith("model.layers.") and ".self_attention.linear_qkv." in n for n in names):
         rows.append(("megatron_qkv_to_hf", "Megatron interleaved QKV: split into HF q/k/v"))
     if any(n.startswith("layers.") and ".attention.wq." in n for n in names):
         rows.append(("meta_to_hf", "Meta original Llama names: HF names with HF's rotary permutation"))
@@ -106,6 +113,8 @@ def build_preset(name: str, source: Any, config: Any, options: dict[str, Any] | 
             kwargs["source"] = source
     elif first in ("source", "sources"):
         args = [source]
+        if "config" in params and config is not None:  # e.g. megatron_to_hf(source, config=...): the HF config beside
+            kwargs["config"] = config
     else:
         args = []
         if "source" in params:  # e.g. quantize_fp8(block, *, source=...): names from the checkpoint itself

@@ -128,12 +128,25 @@ def build_plan(
         return _build_plan(catalog, mapper, options, dest, check_dest, kept)
 
 
+def _format_default(catalog: Catalog, mapper: Any, options: PlanOptions) -> tuple[Any, PlanOptions]:
+    """Without a mapper, a legacy Megatron folder (its rank shards) converts to the merged model: the TP/PP merge
+    (`megatron_merge`, shown in the plan like any mapper) with everything else (optimizer state) dropped."""
+    if mapper is None and catalog.format == "megatron" and catalog.metadata.get("layout") == "legacy":
+        from dataclasses import replace
+
+        from ..mapper.megatron import megatron_merge
+
+        return megatron_merge(catalog), replace(options, rest="drop")
+    return mapper, options
+
+
 def _build_plan(
     catalog: Catalog, mapper: Any, options: PlanOptions, dest: str | os.PathLike | None, check_dest: bool,
     kept: Iterable[str],
 ) -> Plan:
     output = output_format(options.to)
-    user_mapper = mapper  # what workers receive: they re-run `prepare` themselves
+    user_mapper = mapper  # what workers receive: they re-run `prepare` (and this default) themselves
+    mapper, options = _format_default(catalog, mapper, options)
     try:
         mapper, output, options = output.prepare(catalog, mapper, options, OUTPUT_PRESETS.get(output.name))
     except WorkbenchError as exc:

@@ -7,7 +7,8 @@ mapper of `Rename`s with everything else dropped (`rest='drop'`). So an extracti
 streams with bounded memory, runs on several processes, and exports as code like any other mapper.
 
 - `select_mapper(source, 'model')`: the model part of any training checkpoint (DCP, atorch, torch
-  files, Lightning), prefixes stripped; `'all'` keeps everything as it is.
+  files, Lightning), prefixes stripped; a legacy Megatron folder's rank shards merged (`megatron_merge`);
+  `'all'` keeps everything as it is.
 - `lightning_mapper(path, ema=True)`: a Lightning `.ckpt` file or FSDP sharded folder, with the EMA
   weights in place of the live ones when they can be matched (by name, or by parameter order when
   exactly one matching exists); `lightning_matching` shows that matching as a table.
@@ -106,7 +107,12 @@ def select_mapper(source: Any, select: str = "model") -> tuple[Mapper | None, st
         raise MapperError(f"Cannot select {select!r} of a checkpoint: choose one of {', '.join(map(repr, SELECTIONS))}.")
     if select == "all":
         return None, "keep"
-    return renames_mapper(model_tensors(_catalog_of(source))), "drop"
+    catalog = _catalog_of(source)
+    if catalog.format == "megatron" and catalog.metadata.get("layout") == "legacy":  # rank shards: the TP/PP merge
+        from ..mapper.megatron import megatron_merge
+
+        return megatron_merge(catalog), "drop"
+    return renames_mapper(model_tensors(catalog)), "drop"
 
 
 # ---------------------------------------------------------------------------------------------- Lightning
