@@ -20,6 +20,7 @@ from ..display import format_bytes, format_shape
 from ..errors import WorkbenchError
 from ..explore.layers import PLACEHOLDERS, Fold, fold_name
 from ..names import name_filter, no_match_hint
+from .background import BackgroundTask
 from .common import (
     Panel,
     frame_table,
@@ -44,6 +45,8 @@ LIVE_FILTER_LIMIT = 20_000  # above this many tensors the filter applies on Ente
 TABLE_HEIGHT = "420px"
 ROW_COLUMNS = ["dtype", "shape", "numel", "nbytes", "file"]  # then the format's own columns (stage, chunks ...)
 _DIGITS = re.compile(r"[0-9]+")
+BACKGROUND_BYTES = 32 << 20  # clicked reads larger than this run in the background (bar, Cancel)
+READ_CHUNK_ELEMENTS = 1 << 20  # elements per chunk of a clicked read: Cancel is honoured within one chunk
 
 
 def name_mask(names: pd.Index, text: str, mode: str = "glob") -> np.ndarray:
@@ -135,6 +138,7 @@ class Explorer(Panel):
         self.details = labelled(widgets.HTML(), "wb-explorer-details")
         self.stats_view = widgets.HTML()
         self.histogram_output = widgets.Output()
+        self.task = BackgroundTask()  # value stats and histograms of large tensors
 
         self.bytes_by = labelled(widgets.ToggleButtons(options=["layer", "file", "dtype"], value="layer", description="Bytes by"), "wb-explorer-bytes-by")
         self.plot_button = widgets.Button(description="Plot", icon="refresh")
@@ -148,6 +152,7 @@ class Explorer(Panel):
                 self.count_label,
                 self.table,
                 widgets.HBox([self.tensor_picker, self.stats_button, self.histogram_button]),
+                self.task,
                 self.details,
                 self.stats_view,
                 self.histogram_output,
@@ -164,7 +169,9 @@ class Explorer(Panel):
             )
             self.diff_summary = widgets.HTML()
             self.diff_table = labelled(widgets.HTML(layout=widgets.Layout(max_height=TABLE_HEIGHT, overflow="auto")), "wb-explorer-diff")
-            children.append(widgets.VBox([widgets.HBox([self.diff_status, self.values_button]), self.diff_summary, self.diff_table]))
+            self.diff_task = BackgroundTask()  # comparing values of large checkpoints
+            children.append(widgets.VBox([widgets.HBox([self.diff_status, self.values_button]), self.diff_task,
+                                          self.diff_summary, self.diff_table]))
             titles.append("Compare")
         self.tabs = widgets.Tab(children=children, titles=titles)
         header = widgets.HTML(self._header_html())
@@ -398,32 +405,79 @@ class Explorer(Panel):
         shown = stats[["min", "max", "mean", "std", "nan", "inf"]]
         return frame_table(shown, max_rows=5, noun="tensor")
 
-    def show_stats(self) -> pd.DataFrame | None:
-        """Compute (once, reading the tensor in chunks) and show the picked tensor's value statistics."""
+    def _in_background(self, nbytes: int, background: bool | None) -> bool:
+        return nbytes > BACKGROUND_BYTES if background is None else background
+
+    def show_stats(self, *, background: bool | None = None) -> pd.DataFrame | None:
+        """Compute (once, reading the tensor in chunks) and show the picked tensor's value statistics.
+
+        Tensors over `BACKGROUND_BYTES` (or any with `background=True`) are read in a thread with a bar and
+        Cancel (`task`); then this returns None and the result shows when ready (`task.wait()` blocks).
+        Reads over 1 GiB wait for "Read anyway".
+        """
         name = self.tensor_picker.value
         if name is None:
             return None
-        try:
-            if name not in self._stats_cache:
-                self._stats_cache[name] = self.checkpoint.stats(name)
-        except WorkbenchError as exc:
-            self.stats_view.value = message_html(exc.message, "error")
+        if name in self._stats_cache:
+            self.stats_view.value = self._stats_html(self._stats_cache[name])
+            return self._stats_cache[name]
+        nbytes = int(self.checkpoint.tensors.at[name, "nbytes"])
+
+        def work(on_read: Any = None) -> pd.DataFrame:
+            return self.checkpoint.stats(name, chunk_elements=READ_CHUNK_ELEMENTS, on_read=on_read)
+
+        def done(stats: pd.DataFrame) -> None:
+            self._stats_cache[name] = stats
+            if self.tensor_picker.value == name:
+                self.stats_view.value = self._stats_html(stats)
+
+        def failed(exc: BaseException) -> None:
+            if self.tensor_picker.value == name and isinstance(exc, WorkbenchError):
+                self.stats_view.value = message_html(exc.message, "error")
+
+        if self._in_background(nbytes, background):
+            self.task.run(work, total_bytes=nbytes, what=f"value stats of {name}", on_done=done, on_error=failed)
             return None
-        stats = self._stats_cache[name]
-        self.stats_view.value = self._stats_html(stats)
+        try:
+            stats = work()
+        except WorkbenchError as exc:
+            failed(exc)
+            return None
+        done(stats)
         return stats
 
-    def show_histogram(self) -> Any:
-        """Read the picked tensor in chunks and show a histogram of its values."""
+    def show_histogram(self, *, background: bool | None = None) -> Any:
+        """Read the picked tensor in chunks (twice: range, then counts) and show a histogram of its values.
+
+        Large tensors are read in the background as for `show_stats` (then this returns None).
+        """
+        from ..explore.stats import histogram_bytes
+
         name = self.tensor_picker.value
         if name is None:
             return None
-        try:
-            fig = self.checkpoint.plot_histogram(name)
-        except WorkbenchError as exc:
-            replace_output(self.histogram_output, exc.message)
+        nbytes = histogram_bytes(self.checkpoint.catalog, name)
+
+        def work(on_read: Any = None) -> Any:
+            return self.checkpoint.plot_histogram(name, chunk_elements=READ_CHUNK_ELEMENTS, on_read=on_read)
+
+        def done(fig: Any) -> None:
+            if self.tensor_picker.value == name:
+                replace_output(self.histogram_output, fig)
+
+        def failed(exc: BaseException) -> None:
+            if self.tensor_picker.value == name and isinstance(exc, WorkbenchError):
+                replace_output(self.histogram_output, exc.message)
+
+        if self._in_background(nbytes, background):
+            self.task.run(work, total_bytes=nbytes, what=f"a histogram of {name}", on_done=done, on_error=failed)
             return None
-        replace_output(self.histogram_output, fig)
+        try:
+            fig = work()
+        except WorkbenchError as exc:
+            failed(exc)
+            return None
+        done(fig)
         return fig
 
     # --- bytes --------------------------------------------------------------------------------------
@@ -452,12 +506,39 @@ class Explorer(Panel):
             self._diff_cache[values] = self.checkpoint.diff(self.other, values=values)
         return self._diff_cache[values]
 
-    def refresh_diff(self, values: bool | None = None) -> None:
-        """Show the differences (filtered by the name filter and the status choice)."""
+    def _diff_values_in_background(self, background: bool | None) -> bool:
+        """Start comparing values in the background (`diff_task`) when the read is large; True when started
+        or waiting for confirmation (the table then keeps showing the header-only diff until it ends)."""
+        from ..explore.diff import values_bytes
+
+        assert self.other is not None
+        nbytes = values_bytes(self.checkpoint.catalog, self.other.catalog)
+        if not self._in_background(nbytes, background):
+            return False
+
+        def work(on_read: Any) -> pd.DataFrame:
+            assert self.other is not None
+            return self.checkpoint.diff(self.other, values=True, chunk_elements=READ_CHUNK_ELEMENTS, on_read=on_read)
+
+        def done(frame: pd.DataFrame) -> None:
+            self._diff_cache[True] = frame
+            self.refresh_diff(values=True)
+
+        self.diff_task.run(work, total_bytes=nbytes, what=f"values of {self.other.path.name}", on_done=done)
+        return True
+
+    def refresh_diff(self, values: bool | None = None, *, background: bool | None = None) -> None:
+        """Show the differences (filtered by the name filter and the status choice).
+
+        `values=True` compares tensor data; large comparisons run in the background with a bar and Cancel
+        (`diff_task`) as for `show_stats`, showing the header-only differences meanwhile.
+        """
         if self.other is None:
             return
         if values is None:
             values = True in self._diff_cache
+        if values and True not in self._diff_cache and self._diff_values_in_background(background):
+            values = False
         try:
             frame = self.diff(values=values)
         except WorkbenchError as exc:
