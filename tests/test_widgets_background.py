@@ -69,7 +69,7 @@ def test_cancel_a_large_stats_read_stops_early_and_leaves_the_explorer_usable(tm
     with pytest.raises(ReadCancelled, match="cancelled after"):
         task.wait(timeout=10)
     stopped = time.monotonic() - clicked
-    assert stopped < 2.0, f"cancel took {stopped:.2f}s"  # one chunk of 4 MiB; generous on a shared machine
+    assert stopped < 1.0, f"cancel took {stopped:.2f}s"  # one chunk of 2 MiB; generous on a shared machine
     assert task.state == "cancelled" and task.done_bytes < 4 * elements
     assert "Cancelled reading value stats" in task.text.value and task.running_row.layout.display == "none"
     assert explorer.stats_view.value == "" and BIG not in explorer._stats_cache

@@ -46,7 +46,7 @@ TABLE_HEIGHT = "420px"
 ROW_COLUMNS = ["dtype", "shape", "numel", "nbytes", "file"]  # then the format's own columns (stage, chunks ...)
 _DIGITS = re.compile(r"[0-9]+")
 BACKGROUND_BYTES = 32 << 20  # clicked reads larger than this run in the background (bar, Cancel)
-READ_CHUNK_ELEMENTS = 1 << 20  # elements per chunk of a clicked read: Cancel is honoured within one chunk
+READ_CHUNK_ELEMENTS = 1 << 19  # elements per chunk of a clicked read (2 MiB of F32): Cancel is honoured within one chunk
 
 
 def name_mask(names: pd.Index, text: str, mode: str = "glob") -> np.ndarray:
