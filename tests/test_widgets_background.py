@@ -165,3 +165,26 @@ def test_rate_text_and_durations():
     text = rate_text(1 << 30, 4 << 30, 10.0)
     assert "1.0 GiB of 4.0 GiB (25%)" in text and "102.4 MiB/s" in text and "about 30 s left" in text
     assert format_seconds(0.42) == "0.4 s" and format_seconds(185) == "3 min 05 s" and format_seconds(3720) == "1 h 02 min"
+
+
+def test_verify_checks_structure_and_rehashes_against_a_sidecar_in_the_background(tmp_path, small_values):
+    from workbench.explore.verify import verify
+
+    big = np.random.default_rng(3).standard_normal((BACKGROUND_BYTES // 4) + 1).astype(np.float32)
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    path = write_safetensors(folder / "model.safetensors", {BIG: big, SMALL: small_values})
+    explorer = Explorer(folder)
+    report = explorer.verify()  # no sidecar: headers and sizes only, at once, nothing written
+    assert report.ok and "OK" in explorer.verify_view.value and "No checksum sidecar" in explorer.verify_view.value
+    assert not (folder / "checksums.sha256.json").exists()
+    assert verify(folder, checksums=True).checksums.action == "recorded"
+    explorer.verify_button.click()  # a sidecar now: every tensor is re-hashed in the background
+    checked = explorer.verify_task.wait(timeout=120)
+    assert checked.ok and checked.checksums.action == "checked" and "OK" in explorer.verify_view.value
+    assert explorer.verify_task.done_bytes == big.nbytes + small_values.nbytes
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x40  # the last byte of SMALL
+    path.write_bytes(bytes(data))
+    explorer.verify(background=False)
+    assert "does not match its recorded checksum" in explorer.verify_view.value and "wb-error" in explorer.verify_view.value

@@ -53,7 +53,7 @@ RECORD = """(selector) => {
   new MutationObserver(note).observe(document.body, {subtree: true, childList: true, characterData: true, attributes: true});
   note();
 }"""
-BAR_WIDTH = """() => { const fill = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .wb-task-bar .progress-bar');
+BAR_WIDTH = """() => { const fill = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .wb-explorer-task .wb-task-bar .progress-bar');
   return fill ? parseFloat(fill.style.width || '0') : -1; }"""
 
 
@@ -101,20 +101,20 @@ def test_cancel_a_read_watch_a_run_and_read_the_graph(browser: object, lab: Jupy
         # 1. a large value-stats read: asks first, runs with a moving bar and bytes, stops on Cancel
         explorer = notebook.locator(".wb-explorer").first
         explorer.locator(".wb-explorer-stats").click()
-        confirm = explorer.locator(".wb-task-confirm")
+        confirm = explorer.locator(".wb-explorer-task .wb-task-confirm")
         confirm.wait_for(state="visible", timeout=20_000)
-        assert "reads 256.0 MiB from disk" in explorer.locator(".wb-task-text").inner_text()
+        assert "reads 256.0 MiB from disk" in explorer.locator(".wb-explorer-task .wb-task-text").inner_text()
         confirm.click()
         page.wait_for_function(f"() => ({BAR_WIDTH})() > 0", timeout=60_000)
         first = page.evaluate(BAR_WIDTH)
         page.wait_for_function(f"() => ({BAR_WIDTH})() > {first}", timeout=60_000)  # the bar moves
-        text = explorer.locator(".wb-task-text").inner_text()
+        text = explorer.locator(".wb-explorer-task .wb-task-text").inner_text()
         assert "Reading value stats of model.big.weight" in text and "of 256.0 MiB" in text and "/s" in text
-        shoot(page, f"{PANEL} .wb-task", "background_read.png")
-        explorer.locator(".wb-task-cancel").click()
+        shoot(page, f"{PANEL} .wb-explorer-task", "background_read.png")
+        explorer.locator(".wb-explorer-task .wb-task-cancel").click()
         page.wait_for_function("() => [...document.querySelectorAll('.wb-task-text')].some(e => e.innerText.includes('Cancelled reading'))",
                                timeout=20_000)
-        assert not explorer.locator(".wb-task-cancel").is_visible()
+        assert not explorer.locator(".wb-explorer-task .wb-task-cancel").is_visible()
         assert "min" not in explorer.locator(".wb-explorer-details ~ *").first.inner_text()  # no stats shown
 
         # 2. the RunPanel: launcher named, phases and time left while it runs, Verify / Explorer after Done
@@ -141,6 +141,9 @@ def test_cancel_a_read_watch_a_run_and_read_the_graph(browser: object, lab: Jupy
         run.locator(".wb-run-explore").click()
         run.locator(".wb-explorer").wait_for(state="visible", timeout=30_000)
         assert "tensors" in run.locator(".wb-explorer").inner_text()
+        run.locator(".wb-explorer .wb-explorer-verify").click()  # the Explorer's own Verify: headers, index, sizes
+        page.wait_for_function("() => [...document.querySelectorAll('.wb-run .wb-explorer-verified')].some(e => e.innerText.includes(': OK'))",
+                               timeout=60_000)
         shoot(page, f"{PANEL} .wb-run", "run_panel_done.png")
 
         # 3. the graph: an SVG whose boxes say shapes and dtypes, folded ×4

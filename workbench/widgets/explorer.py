@@ -138,7 +138,7 @@ class Explorer(Panel):
         self.details = labelled(widgets.HTML(), "wb-explorer-details")
         self.stats_view = widgets.HTML()
         self.histogram_output = widgets.Output()
-        self.task = BackgroundTask()  # value stats and histograms of large tensors
+        self.task = labelled(BackgroundTask(), "wb-explorer-task")  # value stats and histograms of large tensors
 
         self.bytes_by = labelled(widgets.ToggleButtons(options=["layer", "file", "dtype"], value="layer", description="Bytes by"), "wb-explorer-bytes-by")
         self.plot_button = widgets.Button(description="Plot", icon="refresh")
@@ -169,13 +169,18 @@ class Explorer(Panel):
             )
             self.diff_summary = widgets.HTML()
             self.diff_table = labelled(widgets.HTML(layout=widgets.Layout(max_height=TABLE_HEIGHT, overflow="auto")), "wb-explorer-diff")
-            self.diff_task = BackgroundTask()  # comparing values of large checkpoints
+            self.diff_task = labelled(BackgroundTask(), "wb-explorer-diff-task")  # comparing values of large checkpoints
             children.append(widgets.VBox([widgets.HBox([self.diff_status, self.values_button]), self.diff_task,
                                           self.diff_summary, self.diff_table]))
             titles.append("Compare")
         self.tabs = widgets.Tab(children=children, titles=titles)
         header = widgets.HTML(self._header_html())
-        super().__init__([header, self.tabs])
+        self.verify_button = labelled(widgets.Button(description="Verify", icon="check", tooltip="check headers, index and "
+                                                     "file sizes; with a checksum sidecar, re-hash every tensor"), "wb-explorer-verify")
+        self.verify_task = labelled(BackgroundTask(), "wb-explorer-verify-task")  # re-hashing tensors against a checksum sidecar
+        self.verify_view = labelled(widgets.HTML(), "wb-explorer-verified")
+        self.verify_button.on_click(lambda _: self.verify())
+        super().__init__([widgets.HBox([header, self.verify_button]), self.verify_task, self.verify_view, self.tabs])
         self.add_class("wb-explorer")
 
         for control in (self.filter_box, self.match_mode, self.fold_toggle, self.sort_by, self.descending, self.max_rows):
@@ -479,6 +484,47 @@ class Explorer(Panel):
             return None
         done(fig)
         return fig
+
+    # --- verify -------------------------------------------------------------------------------------------
+    def verify(self, *, background: bool | None = None) -> Any:
+        """Check the checkpoint on disk (`workbench.explore.verify.verify`): headers, index, file sizes, and, when a
+        checksum sidecar lies beside it, every tensor's SHA-256 against it (never writes one). Re-hashing runs in
+        the background with a bar and Cancel (`verify_task`) as for `show_stats`; then this returns None."""
+        from ..explore.checksums import default_sidecar
+        from ..explore.verify import verify
+        from ..formats.remote import is_remote
+
+        location = self.checkpoint.location
+        sidecar = None if is_remote(location) else default_sidecar(self.checkpoint.path)
+        checksums = sidecar is not None and sidecar.is_file()
+        total = int(self.checkpoint.tensors["nbytes"].sum()) if checksums else 0
+
+        def work(on_read: Any = None) -> Any:
+            return verify(location, checksums=checksums, on_read=on_read)
+
+        def done(report: Any) -> None:
+            kind = "ok" if report.ok and not report.warnings else "warning" if report.ok else "error"
+            lines = [report.summary(), *(str(f) for f in report.findings[:20])]
+            if not checksums:
+                lines.append("No checksum sidecar beside it: tensor bytes were not re-hashed (record one with "
+                             f"`workbench verify {location} --checksums`).")
+            self.verify_view.value = "".join(message_html(line, kind) for line in lines)
+
+        def failed(exc: BaseException) -> None:
+            text = exc.message if isinstance(exc, WorkbenchError) else f"{type(exc).__name__}: {exc}"
+            self.verify_view.value = message_html(text, "error")
+
+        self.verify_view.value = ""
+        if checksums and self._in_background(total, background):
+            self.verify_task.run(work, total_bytes=total, what=f"checksums of {self.checkpoint.path.name}", on_done=done, on_error=failed)
+            return None
+        try:
+            report = work()
+        except WorkbenchError as exc:
+            failed(exc)
+            return None
+        done(report)
+        return report
 
     # --- bytes --------------------------------------------------------------------------------------
     def _on_tab(self, change: Any) -> None:

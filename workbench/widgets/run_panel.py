@@ -138,7 +138,7 @@ class RunPanel(Panel):
                                                       tooltip="browse the converted checkpoint"), "wb-run-explore")
         self.after_row = widgets.HBox([self.verify_button, self.explore_button])
         self.after_row.layout.display = "none"
-        self.verify_task = BackgroundTask()
+        self.verify_task = labelled(BackgroundTask(), "wb-run-verify-task")
         self.verify_view = labelled(widgets.HTML(), "wb-run-verified")
         self.output_check: Any = None
         self.explorer: Any = None
