@@ -170,12 +170,16 @@ class RunPanel(Panel):
         return self.state in (RUNNING, CANCELLING)
 
     # --- what is shown -------------------------------------------------------------------------------
-    def _show_plan(self) -> None:
-        plan = self.plan
-        lines = plan.headline()
-        where = launcher_label(self.launcher_used, plan.nproc)
+    def _show_header(self) -> None:
+        """The plan's headline under 'Conversion in this process / on N ranks of <launcher>'."""
+        lines = self.plan.headline()
+        where = launcher_label(self.launcher_used, self.plan.nproc)
         self.header.value = (f"{RUN_STYLE}<b>Conversion</b> {where}<div class='wb-run-lines'>"
                              + "<br>".join(html.escape(line) for line in [lines[0], *lines[2:]]) + "</div>")
+
+    def _show_plan(self) -> None:
+        plan = self.plan
+        self._show_header()
         self.problems_view.value = "".join(message_html(f"{p.severity}: {p.message}", p.severity) for p in plan.problems)
         self.totals = {r: sum(f.tensor_bytes for f in plan.rank_files(r)) for r in range(plan.nproc)}
         self.done = dict.fromkeys(self.totals, 0)
@@ -278,6 +282,9 @@ class RunPanel(Panel):
 
         if self.running:
             raise PlanError(f"Cannot start the conversion into {self.plan.dest}: it is already running. Wait for it or cancel it.")
+        if self.verify_task.running:
+            raise PlanError(f"Cannot start the conversion into {self.plan.dest}: its outputs are being verified. "
+                            "Wait for the check or cancel it.")
         self._started_at, self._copy_started_at = time.monotonic(), 0.0
         self.phases_seen = []
         self._set_phase(PLANNING)
@@ -346,6 +353,7 @@ class RunPanel(Panel):
             except Cancelled as exc:
                 raise Cancelled(self._cancelled_message()) from exc
         self._launch = Launch(self.plan, quiet=True, on_progress=self._on_progress, launcher=self.launcher)
+        self._show_header()  # the launcher the launch settled on (a default may choose one)
         if self._cancel_requested.is_set():
             self._launch.cancel()
         return self._launch.start().wait()
