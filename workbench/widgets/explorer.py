@@ -88,8 +88,9 @@ class Explorer(Panel):
 
     `checkpoint` and `compare` are paths, `Checkpoint`s or `Catalog`s. Controls are public attributes
     (`filter_box`, `match_mode`, `fold_toggle`, `sort_by`, `descending`, `max_rows`, `tensor_picker`,
-    `stats_button`, `histogram_button`, `bytes_by`, `plot_button`, `diff_status`, `values_button`),
-    so a notebook or a test can drive it like a user. `rows` is the full filtered table.
+    `stats_button`, `histogram_button`, `bytes_by`, `plot_button`, `diff_status`, `values_button`,
+    `verify_button`), so a notebook or a test can drive it like a user. `rows` is the full filtered table.
+    Large reads run in the background: `task` (stats, histograms), `diff_task` (values), `verify_task`.
     """
 
     def __init__(self, checkpoint: Any, compare: Any = None, *, max_rows: int = DEFAULT_ROWS) -> None:
