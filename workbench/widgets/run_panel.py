@@ -69,8 +69,12 @@ class RunPanel(Panel):
     once, so its problems show before anything runs. `start()` runs it in the background (nproc > 1:
     under torchrun, or `launcher="local"`), `cancel()` stops every rank (no index written, temporary
     files removed; starting again resumes), `wait(timeout)` blocks and returns the `RunReport` (or
-    raises the run's error), `report` and `error` hold the outcome. Controls: `start_button`,
-    `cancel_button`, `bars` (one per rank).
+    raises the run's error), `report` and `error` hold the outcome. While it runs, `phase` says what it does
+    (planning, starting workers, copying, committing, done; `phases_seen` lists them) and `timing` shows
+    elapsed time, throughput and time left. After a run, `verify()` re-reads every output against its
+    sources in the background (`verify_task`, verdict in `output_check`) and `open_in_explorer()` shows an
+    `Explorer` of the output. Controls: `start_button`, `cancel_button`, `bars` (one per rank),
+    `verify_button`, `explore_button`.
     """
 
     def __init__(
