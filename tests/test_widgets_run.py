@@ -230,6 +230,7 @@ def test_phases_timing_and_the_steps_after_done(llama_sample: Path, fused, tmp_p
     check = panel.verify_task.wait(timeout=60)
     assert check.ok and panel.output_check is check and panel.report.output_check is check
     assert "all match" in panel.verify_view.value and panel.verify_task.done_bytes > 0
+    assert panel.phases_seen[-2:] == ["verifying", "done"] and panel.phase == "done"
     panel.explore_button.click()
     (explorer,) = panel.explorer_box.children
     assert explorer is panel.explorer and explorer.checkpoint.path == dest and len(explorer.checkpoint) == 39 - 4 * 5 + 8

@@ -43,6 +43,7 @@ BAR_STYLES = {RUNNING: "info", CANCELLING: "warning", DONE: "success", CANCELLED
 # What a run is doing, in order; shown as a strip with the current phase marked.
 PLANNING, STARTING, COPYING, COMMITTING, FINISHED = "planning", "starting workers", "copying", "committing", "done"
 PHASES = (PLANNING, STARTING, COPYING, COMMITTING, FINISHED)
+VERIFYING = "verifying"  # after a run, while Verify re-reads the outputs
 TICK_SECONDS = 0.5  # elapsed time, speed and time left refresh this often while a run is under way
 PHASE_STYLE = (
     "<style>.wb-run-phases{font-size:12px;margin:2px 0}.wb-run-phases span{padding:1px 6px;margin-right:2px;"
@@ -225,7 +226,7 @@ class RunPanel(Panel):
             self._draw_phases(phase, detail)
 
     def _draw_phases(self, phase: str, detail: str) -> None:
-        now = PHASES.index(phase) if phase in PHASES else -1
+        now = PHASES.index(phase) if phase in PHASES else len(PHASES) if phase == VERIFYING else -1
         cells = []
         for k, name in enumerate(PHASES):
             if name == STARTING and self.plan.nproc == 1:
@@ -440,6 +441,7 @@ class RunPanel(Panel):
         plan = self.plan
 
         def done(check: Any) -> None:
+            self._set_phase(FINISHED)
             self.output_check = check
             if self.report is not None:
                 self.report.output_check = check
@@ -447,12 +449,21 @@ class RunPanel(Panel):
             self.verify_view.value = "".join(message_html(line, "ok" if check.ok else "error") for line in lines)
 
         def failed(exc: BaseException) -> None:
+            self._set_phase(FINISHED)
             text = str(exc) if isinstance(exc, WorkbenchError) else f"{type(exc).__name__}: {exc}"
             self.verify_view.value = message_html(f"Cannot verify {plan.dest}: {text}", "error")
 
+        def work(on_read: Any) -> Any:
+            self._set_phase(VERIFYING)
+            try:
+                return check_outputs(plan, on_read=on_read)
+            except BaseException:
+                self._set_phase(FINISHED)  # cancelled (or failed): the run itself is still done
+                raise
+
         self.verify_view.value = ""
-        return self.verify_task.run(lambda on_read: check_outputs(plan, on_read=on_read), total_bytes=check_bytes(plan),
-                                    what=f"the outputs in {plan.dest}", on_done=done, on_error=failed)
+        return self.verify_task.run(work, total_bytes=check_bytes(plan), what=f"the outputs in {plan.dest}",
+                                    on_done=done, on_error=failed)
 
     def open_in_explorer(self) -> Any:
         """Show an `Explorer` of the converted checkpoint below the panel (and return it)."""
