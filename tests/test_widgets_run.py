@@ -15,6 +15,7 @@ from conftest import assert_same_folder
 import workbench as wb
 from workbench import conversion
 from workbench.engine import Cancelled, progress, rank
+from workbench.engine.output_check import check_bytes, check_outputs
 from workbench.errors import PlanError
 from workbench.mapper import presets
 from workbench.widgets import RunPanel
@@ -229,7 +230,7 @@ def test_phases_timing_and_the_steps_after_done(llama_sample: Path, fused, tmp_p
     panel.verify_button.click()
     check = panel.verify_task.wait(timeout=60)
     assert check.ok and panel.output_check is check and panel.report.output_check is check
-    assert "all match" in panel.verify_view.value and panel.verify_task.done_bytes > 0
+    assert "all match" in panel.verify_view.value and panel.verify_task.done_bytes == check_bytes(panel.plan) > 0
     assert panel.phases_seen[-2:] == ["verifying", "done"] and panel.phase == "done"
     panel.explore_button.click()
     (explorer,) = panel.explorer_box.children
@@ -261,3 +262,12 @@ def test_the_local_launcher_is_named_and_its_workers_counted(llama_sample: Path,
     assert "starting workers" in panel.phases_seen and panel.phases_seen[-1] == "done"
     torchrun = RunPanel(llama_sample, tmp_path / "out2", fused, nproc=2, shard_size="300KB")
     assert "on 2 torchrun ranks" in torchrun.header.value
+
+
+def test_output_check_reports_every_byte_it_reads(llama_sample: Path, fused, tmp_path: Path) -> None:
+    """The Verify bar's total is exact: sources and outputs are each read once, for copies, casts and concats."""
+    wb.convert(llama_sample, tmp_path / "out", fused, shard_size="300KB", dtype="bf16", quiet=True)
+    plan = wb.plan(llama_sample, fused, dest=tmp_path / "out", shard_size="300KB", dtype="bf16", overwrite=True)
+    seen: list[int] = []
+    assert check_outputs(plan, on_read=seen.append).ok
+    assert sum(seen) == check_bytes(plan) == 723200 + 723200 // 2  # every F32 source byte, every BF16 output byte
