@@ -282,7 +282,7 @@ def test_graph_tab_draws_the_folded_graph(builder, llama_sample):
     builder.load_preset("hf_to_fused")
     assert builder.graph_output.outputs == ()  # drawn when the tab is opened
     builder.tabs.selected_index = 1
-    assert "image/png" in builder.graph_output.outputs[0]["data"]
+    assert "<svg" in builder.graph_output.outputs[0]["data"]["text/html"]  # an SVG with real text (widgets/graph.py)
     add_concat(builder, ["model.norm.weight", "lm_head.weight"])  # a change redraws the visible graph
     assert len(builder.graph_output.outputs) == 1
     graph = mapper_graph(presets.hf_to_fused(llama_sample), builder.source)

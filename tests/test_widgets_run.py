@@ -15,6 +15,7 @@ from conftest import assert_same_folder
 import workbench as wb
 from workbench import conversion
 from workbench.engine import Cancelled, progress, rank
+from workbench.engine.output_check import check_bytes, check_outputs
 from workbench.errors import PlanError
 from workbench.mapper import presets
 from workbench.widgets import RunPanel
@@ -204,3 +205,69 @@ def test_convert_in_a_kernel_shows_a_run_panel(llama_sample: Path, tmp_path: Pat
 def test_outside_a_kernel_convert_keeps_the_text_bar(llama_sample: Path) -> None:
     assert not progress.in_jupyter_kernel()
     assert conversion.notebook_display(wb.plan(llama_sample)) is None
+
+
+def test_phases_timing_and_the_steps_after_done(llama_sample: Path, fused, tmp_path: Path, held_steps: threading.Event) -> None:
+    dest = tmp_path / "out"
+    panel = RunPanel(llama_sample, dest, fused, shard_size="300KB")
+    assert "in this process" in panel.header.value and "torchrun" not in panel.header.value
+    assert panel.start_button.button_style == "primary" and panel.after_row.layout.display == "none"
+    assert panel.cancel_button.disabled and panel.cancel_button.button_style == ""  # a disabled Cancel looks inert
+    panel.start()
+    assert panel.phases_seen[:2] == ["planning", "starting workers"] or panel.phases_seen[:2] == ["planning", "starting"]
+    assert panel.cancel_button.button_style == "warning" and not panel.cancel_button.disabled
+    deadline = time.monotonic() + 30
+    while "elapsed" not in panel.timing.value and time.monotonic() < deadline:  # the clock ticks while the run is held
+        time.sleep(0.05)
+    assert "elapsed" in panel.timing.value and "wb-phase-now" in panel.phase_view.value
+    held_steps.set()
+    report = panel.wait(timeout=60)
+    assert report.ok and panel.phase == "done"
+    assert panel.phases_seen[-3:] == ["copying", "committing", "done"]
+    assert "/s" in panel.timing.value and "left" not in panel.timing.value  # throughput once finished, no ETA
+    assert panel.start_button.button_style == "" and panel.cancel_button.button_style == "" and panel.cancel_button.disabled
+    assert panel.after_row.layout.display is None
+    panel.verify_button.click()
+    check = panel.verify_task.wait(timeout=60)
+    assert check.ok and panel.output_check is check and panel.report.output_check is check
+    assert "all match" in panel.verify_view.value and panel.verify_task.done_bytes == check_bytes(panel.plan) > 0
+    assert panel.phases_seen[-2:] == ["verifying", "done"] and panel.phase == "done"
+    panel.explore_button.click()
+    (explorer,) = panel.explorer_box.children
+    assert explorer is panel.explorer and explorer.checkpoint.path == dest and len(explorer.checkpoint) == 39 - 4 * 5 + 8
+
+
+def test_verify_reports_a_damaged_output(llama_sample: Path, fused, tmp_path: Path) -> None:
+    dest = tmp_path / "out"
+    panel = RunPanel(llama_sample, dest, fused, shard_size="300KB")
+    assert not panel.verify() and "has not finished" in panel.verify_view.value
+    panel.start().wait(timeout=60)
+    shard = next(p for p in sorted(dest.glob("*.safetensors")))
+    data = bytearray(shard.read_bytes())
+    data[-3] ^= 0xFF  # flip bits in the last tensor's bytes (the header stays valid)
+    shard.write_bytes(bytes(data))
+    assert panel.verify()
+    check = panel.verify_task.wait(timeout=60)
+    assert not check.ok and "do NOT match" in panel.verify_view.value and "wb-error" in panel.verify_view.value
+
+
+@pytest.mark.distributed
+def test_the_local_launcher_is_named_and_its_workers_counted(llama_sample: Path, fused, tmp_path: Path) -> None:
+    panel = RunPanel(llama_sample, tmp_path / "out", fused, nproc=2, shard_size="300KB", launcher="local")
+    assert "on 2 processes (local launcher)" in panel.header.value and "torchrun" not in panel.header.value
+    assert "local launcher" in repr(panel)
+    panel.start()
+    assert "local launcher" in panel.status.value
+    panel.wait(timeout=120)
+    assert "starting workers" in panel.phases_seen and panel.phases_seen[-1] == "done"
+    torchrun = RunPanel(llama_sample, tmp_path / "out2", fused, nproc=2, shard_size="300KB")
+    assert "on 2 torchrun ranks" in torchrun.header.value
+
+
+def test_output_check_reports_every_byte_it_reads(llama_sample: Path, fused, tmp_path: Path) -> None:
+    """The Verify bar's total is exact: sources and outputs are each read once, for copies, casts and concats."""
+    wb.convert(llama_sample, tmp_path / "out", fused, shard_size="300KB", dtype="bf16", quiet=True)
+    plan = wb.plan(llama_sample, fused, dest=tmp_path / "out", shard_size="300KB", dtype="bf16", overwrite=True)
+    seen: list[int] = []
+    assert check_outputs(plan, on_read=seen.append).ok
+    assert sum(seen) == check_bytes(plan) == 723200 + 723200 // 2  # every F32 source byte, every BF16 output byte

@@ -173,7 +173,9 @@ def test_builder_adds_an_operation_and_exports_in_jupyterlab(browser: object, la
         assert "model.norm.weight" in repr(namespace["mapper"]) and "BF16" in repr(namespace["mapper"])
 
         builder.locator(".lm-TabBar-tab", has_text="Graph").click()
-        builder.locator(".wb-builder-graph img").wait_for(timeout=30_000)
+        builder.locator(".wb-builder-graph svg.wbg").wait_for(timeout=30_000)  # the graph is SVG with real text
+        graph_text = builder.locator(".wb-builder-graph svg.wbg").inner_html()
+        assert "×4" in graph_text and "[128, 64]" in graph_text, graph_text[:500]
         builder.locator(".lm-TabBar-tab", has_text="Preview").click()
         screenshot(builder, "builder.png")
     finally:

@@ -13,6 +13,7 @@ tensor: `OutputCheck.frame()` is the DataFrame `RunReport.verification` holds.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,14 +87,19 @@ class OutputCheck:
 
 
 class _Bytes:
-    """Row-major byte ranges of tensors of one catalog: preads when located, else one whole read (cached)."""
+    """Row-major byte ranges of tensors of one catalog: preads when located, else one whole read (cached).
 
-    def __init__(self, catalog: Catalog) -> None:
+    `on_read(nbytes)` is told of every range read (progress; raising from it stops the check)."""
+
+    def __init__(self, catalog: Catalog, on_read: Callable[[int], None] | None = None) -> None:
         self.catalog = catalog
         self.files = SourceFiles()
         self._whole: tuple[str, bytes] | None = None
+        self.on_read = on_read
 
     def read(self, info: TensorInfo, begin: int, end: int) -> bytes:
+        if self.on_read is not None:
+            self.on_read(end - begin)
         where = self.catalog.locate(info.name)
         if where is not None:
             from ..iostats import read_at
@@ -124,6 +130,8 @@ def _check_copy(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, row
             for a, b in _chunks(piece.begin, piece.end):
                 digest.update(source.read(info, a, b))
         same = digest.hexdigest() == tensor_sha256(out_catalog, out_name, CHUNK_BYTES)
+        if output.on_read is not None:
+            output.on_read(out_catalog[out_name].nbytes)
         rows.append((out_name, "bytes", "ok" if same else "mismatch", 0.0 if same else None, 0,
                      "" if same else "bytes differ from the source ranges the plan names"))
 
@@ -181,18 +189,26 @@ def _check_compute(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, 
     for planned in group.outputs:
         got = out_catalog[planned.name]
         expected = results[planned.name].detach().contiguous()
-        same = bytes(expected.reshape(-1).view(torch.uint8).numpy()) == output.read(got, 0, got.nbytes) if expected.numel() else True
+        written = output.read(got, 0, got.nbytes) if expected.numel() else b""
+        same = bytes(expected.reshape(-1).view(torch.uint8).numpy()) == written if expected.numel() else True
         diff = None
         if expected.is_floating_point() and expected.numel():
-            actual = torch.frombuffer(bytearray(output.read(got, 0, got.nbytes)), dtype=expected.dtype).reshape(expected.shape)
+            actual = torch.frombuffer(bytearray(written), dtype=expected.dtype).reshape(expected.shape)
             delta = (actual.double() - expected.double()).abs()
             diff = float(delta[~torch.isnan(delta)].max()) if delta.numel() else 0.0
         rows.append((planned.name, "compute", "ok" if same else "mismatch", 0.0 if same else diff,
                      overflowed.get(planned.name, 0), "" if same else "differs from the op re-applied to the source"))
 
 
-def check_outputs(plan) -> OutputCheck:
-    """Re-read every output of a finished conversion of `plan` and compare it with its sources."""
+def check_bytes(plan) -> int:
+    """About how many bytes `check_outputs(plan)` reads: every group's inputs and outputs (for a progress bar)."""
+    return sum(t.nbytes for step in plan.steps for t in (*step.group.inputs, *step.group.outputs))
+
+
+def check_outputs(plan, on_read: Callable[[int], None] | None = None) -> OutputCheck:
+    """Re-read every output of a finished conversion of `plan` and compare it with its sources.
+
+    `on_read(nbytes)` is called as ranges are read (about `check_bytes(plan)` in all); raise from it to stop."""
     from ..formats import open_catalog
 
     result = OutputCheck(str(plan.dest))
@@ -203,7 +219,7 @@ def check_outputs(plan) -> OutputCheck:
     except WorkbenchError as exc:
         result.rows = [(t.name, "open", "missing", None, 0, exc.message) for s in plan.steps for t in s.group.outputs]
         return result
-    source, output = _Bytes(plan.source), _Bytes(out_catalog)
+    source, output = _Bytes(plan.source, on_read), _Bytes(out_catalog, on_read)
     try:
         for step in plan.steps:
             group = step.group
@@ -230,4 +246,4 @@ def _meta(info: TensorInfo) -> tuple[str, tuple[int, ...]]:
     return info.dtype, tuple(info.shape)
 
 
-__all__ = ["OutputCheck", "check_outputs"]
+__all__ = ["OutputCheck", "check_bytes", "check_outputs"]

@@ -28,7 +28,7 @@ from ..dtypes import DTYPE_BITS, to_torch
 from ..errors import CheckpointError, WorkbenchError
 from ..names import filter_names, no_match_hint
 from .layers import Fold, fold_names, natural_key
-from .stats import DEFAULT_CHUNK_ELEMENTS, read_located
+from .stats import DEFAULT_CHUNK_ELEMENTS, ReadHook, read_located
 
 TENSOR_COLUMNS = ["dtype", "shape", "numel", "nbytes", "file", "begin", "end"]
 LAYER_COLUMNS = ["count", "range", "dtype", "shape", "numel", "nbytes", "odd_layers"]
@@ -299,15 +299,18 @@ class Checkpoint:
             chosen.update(dict.fromkeys(found))
         return list(chosen)
 
-    def stats(self, names_or_pattern: str | Iterable[str], *, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> pd.DataFrame:
+    def stats(
+        self, names_or_pattern: str | Iterable[str], *, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS, on_read: ReadHook | None = None
+    ) -> pd.DataFrame:
         """Value statistics per tensor: min, max, mean, std (over finite values; std unbiased like
-        torch.std) and nan, inf counts. Tensors are read in chunks of `chunk_elements` values."""
+        torch.std) and nan, inf counts. Tensors are read in chunks of `chunk_elements` values; `on_read(nbytes)`
+        is called after each chunk (raise from it to stop)."""
         from .stats import tensor_stats
 
         rows = []
         for name in self.select(names_or_pattern):
             info = self.catalog[name]
-            figures = tensor_stats(self.catalog, name, chunk_elements)
+            figures = tensor_stats(self.catalog, name, chunk_elements, on_read)
             rows.append({"name": name, "dtype": info.dtype, "shape": info.shape, "numel": info.numel, **figures})
         return pd.DataFrame.from_records(rows, columns=["name", *STATS_COLUMNS]).set_index("name")
 
@@ -327,13 +330,15 @@ class Checkpoint:
         chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
         mapper: Any = None,
         rest: str = "keep",
+        on_read: ReadHook | None = None,
     ) -> pd.DataFrame:
         """What changed from this checkpoint to `other`: one row per differing tensor, indexed by name, with
         status ('added', 'removed', 'dtype changed', 'shape changed', 'values changed', 'same'), both
         dtypes and shapes, and with `values=True` the max absolute difference (data compared chunk-wise).
 
         With `mapper`, this checkpoint is first seen through it (outputs computed group by group on demand),
-        so a converted checkpoint can be compared with its source up to the layout change."""
+        so a converted checkpoint can be compared with its source up to the layout change. `on_read(nbytes)` is
+        called after each chunk read for the value comparison (raise from it to stop)."""
         from .diff import diff_catalogs
 
         theirs = open_checkpoint(other).catalog
@@ -342,7 +347,7 @@ class Checkpoint:
             from .mapped import mapped_catalog
 
             mine = mapped_catalog(mine, mapper, rest)
-        return diff_catalogs(mine, theirs, values=values, include_same=include_same, chunk_elements=chunk_elements)
+        return diff_catalogs(mine, theirs, values=values, include_same=include_same, chunk_elements=chunk_elements, on_read=on_read)
 
     # --- plots -----------------------------------------------------------------------------------
     def bytes_by(self, by: str = "layer") -> pd.Series:
@@ -366,13 +371,17 @@ class Checkpoint:
         series = self.bytes_by(by)
         return bar_chart_of_bytes(series, f"{self.path.name}: tensor bytes by {by}")
 
-    def plot_histogram(self, name: str, bins: int = 100, *, log: bool = True, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> Any:
-        """A histogram (matplotlib Figure) of one tensor's finite values, computed chunk-wise."""
+    def plot_histogram(
+        self, name: str, bins: int = 100, *, log: bool = True, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+        on_read: ReadHook | None = None,
+    ) -> Any:
+        """A histogram (matplotlib Figure) of one tensor's finite values, computed chunk-wise (the tensor is
+        read twice: min/max, then counts; `on_read(nbytes)` is called after each chunk)."""
         from .plots import histogram_figure
         from .stats import histogram
 
         info = self._info(name)
-        counts, edges = histogram(self.catalog, name, bins=bins, chunk_elements=chunk_elements)
+        counts, edges = histogram(self.catalog, name, bins=bins, chunk_elements=chunk_elements, on_read=on_read)
         return histogram_figure(counts, edges, f"{name} ({info.dtype} {list(info.shape)})", log=log)
 
     # --- display ---------------------------------------------------------------------------------

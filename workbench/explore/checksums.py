@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,10 +39,18 @@ def default_sidecar(path: str | os.PathLike) -> Path:
     return p.parent / f"{p.name}.{SIDECAR_NAME}"
 
 
-def compute(catalog: Catalog, chunk_bytes: int = CHUNK_BYTES) -> dict[str, dict]:
-    """name -> {dtype, shape, nbytes, sha256} for every tensor of `catalog`, in name order."""
+def _hashed(catalog: Catalog, name: str, chunk_bytes: int, on_read: Callable[[int], None] | None) -> str:
+    digest = tensor_sha256(catalog, name, chunk_bytes)
+    if on_read is not None:
+        on_read(catalog.tensors[name].nbytes)
+    return digest
+
+
+def compute(catalog: Catalog, chunk_bytes: int = CHUNK_BYTES, on_read: Callable[[int], None] | None = None) -> dict[str, dict]:
+    """name -> {dtype, shape, nbytes, sha256} for every tensor of `catalog`, in name order (`on_read(nbytes)`
+    after each tensor is hashed; raise from it to stop)."""
     return {
-        name: {"dtype": info.dtype, "shape": list(info.shape), "nbytes": info.nbytes, "sha256": tensor_sha256(catalog, name, chunk_bytes)}
+        name: {"dtype": info.dtype, "shape": list(info.shape), "nbytes": info.nbytes, "sha256": _hashed(catalog, name, chunk_bytes, on_read)}
         for name, info in sorted(catalog.tensors.items())
     }
 
@@ -105,7 +114,9 @@ class ChecksumResult:
         return pd.DataFrame(self.rows, columns=["tensor", "status", "expected", "actual"]).set_index("tensor")
 
 
-def compare(recorded: dict[str, dict], catalog: Catalog, chunk_bytes: int = CHUNK_BYTES) -> list[tuple[str, str, str, str]]:
+def compare(
+    recorded: dict[str, dict], catalog: Catalog, chunk_bytes: int = CHUNK_BYTES, on_read: Callable[[int], None] | None = None
+) -> list[tuple[str, str, str, str]]:
     """One row per tensor in either: ok, mismatch (bytes), changed (dtype or shape), missing, unrecorded."""
     rows = []
     for name in sorted(set(recorded) | set(catalog.tensors)):
@@ -113,7 +124,7 @@ def compare(recorded: dict[str, dict], catalog: Catalog, chunk_bytes: int = CHUN
         if name not in catalog.tensors:
             rows.append((name, "missing", want["sha256"], ""))
             continue
-        actual = tensor_sha256(catalog, name, chunk_bytes)
+        actual = _hashed(catalog, name, chunk_bytes, on_read)
         info = catalog.tensors[name]
         if want is None:
             rows.append((name, "unrecorded", "", actual))
@@ -124,10 +135,12 @@ def compare(recorded: dict[str, dict], catalog: Catalog, chunk_bytes: int = CHUN
     return rows
 
 
-def record_or_check(catalog: Catalog, sidecar: Path, *, record: bool = False, chunk_bytes: int = CHUNK_BYTES) -> ChecksumResult:
+def record_or_check(
+    catalog: Catalog, sidecar: Path, *, record: bool = False, chunk_bytes: int = CHUNK_BYTES, on_read: Callable[[int], None] | None = None
+) -> ChecksumResult:
     """Record `sidecar` when it does not exist (or `record=True`), else check every tensor against it."""
     if record or not os.path.lexists(sidecar):
-        sums = compute(catalog, chunk_bytes)
+        sums = compute(catalog, chunk_bytes, on_read)
         write_sidecar(sidecar, sums, catalog.format)
         return ChecksumResult("recorded", sidecar, [(n, "ok", "", s["sha256"]) for n, s in sums.items()])
-    return ChecksumResult("checked", sidecar, compare(read_sidecar(sidecar), catalog, chunk_bytes))
+    return ChecksumResult("checked", sidecar, compare(read_sidecar(sidecar), catalog, chunk_bytes, on_read))

@@ -11,13 +11,20 @@ import math
 from typing import Any
 
 from ..catalog import Catalog
-from .stats import DEFAULT_CHUNK_ELEMENTS, iter_chunks
+from .stats import DEFAULT_CHUNK_ELEMENTS, ReadHook, iter_chunks
 
 STATUSES = ("added", "removed", "dtype changed", "shape changed", "values changed", "same")
 COLUMNS = ["status", "dtype", "other_dtype", "shape", "other_shape"]
 
 
-def max_abs_difference(a: Catalog, b: Catalog, name: str, other_name: str | None = None, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> float:
+def max_abs_difference(
+    a: Catalog,
+    b: Catalog,
+    name: str,
+    other_name: str | None = None,
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    on_read: ReadHook | None = None,
+) -> float:
     """Largest |a - b| over one tensor present in both catalogs with the same number of elements.
 
     0.0 when equal (NaN where both sides hold NaN counts as equal); NaN when one side holds NaN where
@@ -28,7 +35,9 @@ def max_abs_difference(a: Catalog, b: Catalog, name: str, other_name: str | None
     other_name = name if other_name is None else other_name
     same_dtype = a[name].dtype == b[other_name].dtype
     worst = 0.0
-    for left, right in zip(iter_chunks(a, name, chunk_elements), iter_chunks(b, other_name, chunk_elements), strict=True):
+    for left, right in zip(
+        iter_chunks(a, name, chunk_elements, on_read), iter_chunks(b, other_name, chunk_elements, on_read), strict=True
+    ):
         if same_dtype and torch.equal(left.view(torch.uint8), right.view(torch.uint8)):
             continue
         x = left.to(torch.float64)
@@ -50,11 +59,13 @@ def diff_catalogs(
     values: bool = False,
     include_same: bool = False,
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    on_read: ReadHook | None = None,
 ) -> Any:
     """A DataFrame indexed by tensor name: status, both dtypes and shapes (and max_abs_diff with values).
 
     Rows follow `a`'s order, then tensors only in `b`. 'shape changed' wins over 'dtype changed' when
     both differ; with `values=True`, a dtype change of an equal shape still reports max_abs_diff.
+    `on_read` sees every chunk read on either side (`values_bytes` is their total).
     """
     import pandas as pd
 
@@ -70,9 +81,9 @@ def diff_catalogs(
         elif info.dtype != other.dtype:
             status = "dtype changed"
             if values:
-                gap = max_abs_difference(a, b, name, chunk_elements=chunk_elements)
+                gap = max_abs_difference(a, b, name, chunk_elements=chunk_elements, on_read=on_read)
         elif values:
-            gap = max_abs_difference(a, b, name, chunk_elements=chunk_elements)
+            gap = max_abs_difference(a, b, name, chunk_elements=chunk_elements, on_read=on_read)
             status = "same" if gap == 0.0 else "values changed"
         else:
             status = "same"
@@ -87,3 +98,13 @@ def diff_catalogs(
     if not values:
         frame = frame.drop(columns="max_abs_diff")
     return frame
+
+
+def values_bytes(a: Catalog, b: Catalog) -> int:
+    """Bytes `diff_catalogs(a, b, values=True)` reads: both sides of every tensor present in both with one shape."""
+    total = 0
+    for name, info in a.items():
+        other = b.tensors.get(name)
+        if other is not None and other.shape == info.shape:
+            total += info.nbytes + other.nbytes
+    return total

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,10 @@ from ..iostats import open_for_read, read_into
 
 # 4M elements: 16 MiB of F32 read at a time, 32 MiB once widened to float64.
 DEFAULT_CHUNK_ELEMENTS = 1 << 22
+
+ReadHook = Callable[[int], None]
+"""Called with the number of bytes just read, after each chunk. A reader shows progress with it, and
+stops a read early by raising from it (the exception propagates out of the read; files are closed)."""
 
 
 def _check_chunkable(catalog: Catalog, name: str) -> None:
@@ -55,10 +59,13 @@ def read_located(fd: int, view: memoryview, offset: int, path: str | os.PathLike
         ) from None
 
 
-def iter_chunks(catalog: Catalog, name: str, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> Iterator[Any]:
+def iter_chunks(
+    catalog: Catalog, name: str, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS, on_read: ReadHook | None = None
+) -> Iterator[Any]:
     """Yield the tensor's values as consecutive 1-D torch tensors of at most `chunk_elements` each.
 
     Each yielded tensor views a buffer the next step reuses: use (or copy) it before advancing.
+    `on_read(nbytes)` is called after each chunk is read, before it is yielded.
     """
     import torch
 
@@ -76,6 +83,8 @@ def iter_chunks(catalog: Catalog, name: str, chunk_elements: int = DEFAULT_CHUNK
         data = bytearray(catalog.read_bytes(name))
         for start in range(0, total, chunk_elements):
             count = min(chunk_elements, total - start)
+            if on_read is not None:
+                on_read(count * item)
             yield torch.frombuffer(data, dtype=dtype, count=count, offset=start * item)
         return
     path, begin, _end = where
@@ -86,6 +95,8 @@ def iter_chunks(catalog: Catalog, name: str, chunk_elements: int = DEFAULT_CHUNK
             count = min(chunk_elements, total - start)
             view = memoryview(buffer)[: count * item]
             read_located(fd, view, begin + start * item, path, name)
+            if on_read is not None:
+                on_read(count * item)
             yield torch.frombuffer(buffer, dtype=dtype, count=count)
     finally:
         os.close(fd)
@@ -153,10 +164,12 @@ class RunningStats:
         }
 
 
-def tensor_stats(catalog: Catalog, name: str, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> dict[str, Any]:
+def tensor_stats(
+    catalog: Catalog, name: str, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS, on_read: ReadHook | None = None
+) -> dict[str, Any]:
     """min, max, mean, std (over finite values) and nan, inf counts of one tensor, read chunk by chunk."""
     running = RunningStats()
-    for chunk in iter_chunks(catalog, name, chunk_elements):
+    for chunk in iter_chunks(catalog, name, chunk_elements, on_read):
         running.add(chunk)
     return running.as_row()
 
@@ -167,16 +180,17 @@ def histogram(
     bins: int = 100,
     value_range: tuple[float, float] | None = None,
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    on_read: ReadHook | None = None,
 ) -> tuple[Any, Any]:
     """Counts and bin edges (numpy arrays) of a tensor's finite values, accumulated chunk by chunk.
 
-    Without `value_range` a first pass finds min and max, so the tensor is read twice.
+    Without `value_range` a first pass finds min and max, so the tensor is read twice (`histogram_bytes`).
     """
     import numpy as np
     import torch
 
     if value_range is None:
-        figures = tensor_stats(catalog, name, chunk_elements)
+        figures = tensor_stats(catalog, name, chunk_elements, on_read)
         low, high = figures["min"], figures["max"]
         if math.isnan(low):
             low, high = 0.0, 1.0
@@ -186,9 +200,15 @@ def histogram(
         low, high = low - 0.5, high + 0.5
     edges = np.linspace(low, high, bins + 1)
     counts = np.zeros(bins, dtype=np.int64)
-    for chunk in iter_chunks(catalog, name, chunk_elements):
+    for chunk in iter_chunks(catalog, name, chunk_elements, on_read):
         values = chunk.to(torch.float64)
         values = values[torch.isfinite(values)].numpy()
         part, _ = np.histogram(values, bins=edges)
         counts += part
     return counts, edges
+
+
+def histogram_bytes(catalog: Catalog, name: str, value_range: tuple[float, float] | None = None) -> int:
+    """Bytes `histogram` reads: the tensor twice without a value range (min/max pass, then counts), else once."""
+    nbytes = catalog[name].nbytes
+    return nbytes if value_range is not None else 2 * nbytes

@@ -9,6 +9,7 @@ trailing bytes). `checksums=True` adds per-tensor SHA-256 checks against a sidec
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -82,13 +83,19 @@ def _count(n: int, noun: str) -> str:
 
 
 def verify(
-    path: str | os.PathLike, *, checksums: bool = False, sidecar: str | os.PathLike | None = None, record: bool = False
+    path: str | os.PathLike,
+    *,
+    checksums: bool = False,
+    sidecar: str | os.PathLike | None = None,
+    record: bool = False,
+    on_read: Callable[[int], None] | None = None,
 ) -> VerifyReport:
     """Check a checkpoint's headers, its index against its shards, and that every file is complete.
 
     `checksums=True` also hashes every tensor (SHA-256): the first time it records the sums in a sidecar
     (`checksums.sha256.json` beside the checkpoint, or `sidecar`), later it checks them and reports each
     tensor that differs; `record=True` records again. `sidecar` or `record` imply `checksums`.
+    `on_read(nbytes)` is called after each tensor is hashed (raise from it to stop).
     """
     report = VerifyReport(os.fspath(path))
     if is_remote(path):  # opening checks every header, the index against the shards, and each file's size
@@ -98,7 +105,7 @@ def verify(
                 report.error(f"Cannot check the checksums of {path}: a remote checkpoint has no folder for the sidecar. "
                              "Name a local one with sidecar=... (--sidecar FILE); hashing downloads every tensor.")
             else:
-                _checksums(catalog, Path(sidecar), record, report)
+                _checksums(catalog, Path(sidecar), record, report, on_read)
         return report
     p = Path(path)
     if not p.exists():
@@ -110,13 +117,13 @@ def verify(
     if report.ok:
         catalog = _open(p, report)
         if catalog is not None and (checksums or sidecar is not None or record):
-            _checksums(catalog, Path(sidecar) if sidecar is not None else default_sidecar(p), record, report)
+            _checksums(catalog, Path(sidecar) if sidecar is not None else default_sidecar(p), record, report, on_read)
     return report
 
 
-def _checksums(catalog: Catalog, sidecar: Path, record: bool, report: VerifyReport) -> None:
+def _checksums(catalog: Catalog, sidecar: Path, record: bool, report: VerifyReport, on_read: Callable[[int], None] | None) -> None:
     try:
-        result = record_or_check(catalog, sidecar, record=record)
+        result = record_or_check(catalog, sidecar, record=record, on_read=on_read)
     except WorkbenchError as exc:  # an unreadable sidecar, or a name the sidecar cannot be written under
         report.error(exc.message, exc.file, exc.tensor)
         return

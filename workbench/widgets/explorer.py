@@ -20,6 +20,7 @@ from ..display import format_bytes, format_shape
 from ..errors import WorkbenchError
 from ..explore.layers import PLACEHOLDERS, Fold, fold_name
 from ..names import name_filter, no_match_hint
+from .background import BackgroundTask
 from .common import (
     TABLE_STYLE,
     Panel,
@@ -48,6 +49,8 @@ TABLE_HEIGHT = "420px"
 HEADER_SORT_KEYS = {"pattern": "name", "name": "name", "nbytes": "nbytes", "numel": "numel", "dtype": "dtype", "file": "file"}
 ROW_COLUMNS = ["dtype", "shape", "numel", "nbytes", "file"]  # then the format's own columns (stage, chunks ...)
 _DIGITS = re.compile(r"[0-9]+")
+BACKGROUND_BYTES = 32 << 20  # clicked reads larger than this run in the background (bar, Cancel)
+READ_CHUNK_ELEMENTS = 1 << 19  # elements per chunk of a clicked read (2 MiB of F32): Cancel is honoured within one chunk
 
 
 def name_mask(names: pd.Index, text: str, mode: str = "glob") -> np.ndarray:
@@ -96,10 +99,11 @@ class Explorer(Panel):
 
     `checkpoint` and `compare` are paths, `Checkpoint`s or `Catalog`s. Controls are public attributes
     (`filter_box`, `match_mode`, `fold_toggle`, `sort_by`, `descending`, `max_rows`, `tensor_picker`,
-    `stats_button`, `histogram_button`, `bytes_by`, `plot_button`, `diff_status`, `values_button`),
-    so a notebook or a test can drive it like a user. `rows` is the full filtered table; `table` (a
-    `DataTable`) shows it a page at a time (`max_rows` per page): a header click sorts, a row click picks
-    that tensor (the first matching member of a folded pattern) for the details below.
+    `stats_button`, `histogram_button`, `bytes_by`, `plot_button`, `diff_status`, `values_button`,
+    `verify_button`), so a notebook or a test can drive it like a user. `rows` is the full filtered table;
+    `table` (a `DataTable`) shows it a page at a time (`max_rows` per page): a header click sorts, a row
+    click picks that tensor (the first matching member of a folded pattern) for the details below.
+    Large reads run in the background: `task` (stats, histograms), `diff_task` (values), `verify_task`.
     """
 
     def __init__(self, checkpoint: Any, compare: Any = None, *, max_rows: int = DEFAULT_ROWS) -> None:
@@ -154,6 +158,7 @@ class Explorer(Panel):
         self.details = labelled(widgets.HTML(), "wb-explorer-details")
         self.stats_view = widgets.HTML()
         self.histogram_output = widgets.Output()
+        self.task = labelled(BackgroundTask(), "wb-explorer-task")  # value stats and histograms of large tensors
 
         self.bytes_by = labelled(widgets.ToggleButtons(options=["layer", "file", "dtype"], value="layer", description="Bytes by"), "wb-explorer-bytes-by")
         self.plot_button = widgets.Button(description="Plot", icon="refresh")
@@ -167,6 +172,7 @@ class Explorer(Panel):
                 self.count_label,
                 self.table,
                 widgets.HBox([self.tensor_picker, self.stats_button, self.histogram_button]),
+                self.task,
                 self.details,
                 self.stats_view,
                 self.histogram_output,
@@ -183,11 +189,18 @@ class Explorer(Panel):
             )
             self.diff_summary = widgets.HTML()
             self.diff_table = DataTable(page_size=max_rows, css_class="wb-explorer-diff")
-            children.append(widgets.VBox([widgets.HBox([self.diff_status, self.values_button]), self.diff_summary, self.diff_table]))
+            self.diff_task = labelled(BackgroundTask(), "wb-explorer-diff-task")  # comparing values of large checkpoints
+            children.append(widgets.VBox([widgets.HBox([self.diff_status, self.values_button]), self.diff_task,
+                                          self.diff_summary, self.diff_table]))
             titles.append("Compare")
         self.tabs = widgets.Tab(children=children, titles=titles)
         header = widgets.HTML(self._header_html())
-        super().__init__([header, self.tabs])
+        self.verify_button = labelled(widgets.Button(description="Verify", icon="check", tooltip="check headers, index and "
+                                                     "file sizes; with a checksum sidecar, re-hash every tensor"), "wb-explorer-verify")
+        self.verify_task = labelled(BackgroundTask(), "wb-explorer-verify-task")  # re-hashing tensors against a checksum sidecar
+        self.verify_view = labelled(widgets.HTML(), "wb-explorer-verified")
+        self.verify_button.on_click(lambda _: self.verify())
+        super().__init__([widgets.HBox([header, self.verify_button]), self.verify_task, self.verify_view, self.tabs])
         self.add_class("wb-explorer")
 
         for control in (self.filter_box, self.match_mode, self.fold_toggle, self.sort_by, self.descending):
@@ -480,33 +493,121 @@ class Explorer(Panel):
         shown = stats[["min", "max", "mean", "std", "nan", "inf"]]
         return frame_table(shown, max_rows=5, noun="tensor")
 
-    def show_stats(self) -> pd.DataFrame | None:
-        """Compute (once, reading the tensor in chunks) and show the picked tensor's value statistics."""
+    def _in_background(self, nbytes: int, background: bool | None) -> bool:
+        return nbytes > BACKGROUND_BYTES if background is None else background
+
+    def show_stats(self, *, background: bool | None = None) -> pd.DataFrame | None:
+        """Compute (once, reading the tensor in chunks) and show the picked tensor's value statistics.
+
+        Tensors over `BACKGROUND_BYTES` (or any with `background=True`) are read in a thread with a bar and
+        Cancel (`task`); then this returns None and the result shows when ready (`task.wait()` blocks).
+        Reads over 1 GiB wait for "Read anyway".
+        """
         name = self.tensor_picker.value
         if name is None:
             return None
-        try:
-            if name not in self._stats_cache:
-                self._stats_cache[name] = self.checkpoint.stats(name)
-        except WorkbenchError as exc:
-            self.stats_view.value = message_html(exc.message, "error")
+        if name in self._stats_cache:
+            self.stats_view.value = self._stats_html(self._stats_cache[name])
+            return self._stats_cache[name]
+        nbytes = int(self.checkpoint.tensors.at[name, "nbytes"])
+
+        def work(on_read: Any = None) -> pd.DataFrame:
+            return self.checkpoint.stats(name, chunk_elements=READ_CHUNK_ELEMENTS, on_read=on_read)
+
+        def done(stats: pd.DataFrame) -> None:
+            self._stats_cache[name] = stats
+            if self.tensor_picker.value == name:
+                self.stats_view.value = self._stats_html(stats)
+
+        def failed(exc: BaseException) -> None:
+            if self.tensor_picker.value == name and isinstance(exc, WorkbenchError):
+                self.stats_view.value = message_html(exc.message, "error")
+
+        if self._in_background(nbytes, background):
+            self.task.run(work, total_bytes=nbytes, what=f"value stats of {name}", on_done=done, on_error=failed)
             return None
-        stats = self._stats_cache[name]
-        self.stats_view.value = self._stats_html(stats)
+        try:
+            stats = work()
+        except WorkbenchError as exc:
+            failed(exc)
+            return None
+        done(stats)
         return stats
 
-    def show_histogram(self) -> Any:
-        """Read the picked tensor in chunks and show a histogram of its values."""
+    def show_histogram(self, *, background: bool | None = None) -> Any:
+        """Read the picked tensor in chunks (twice: range, then counts) and show a histogram of its values.
+
+        Large tensors are read in the background as for `show_stats` (then this returns None).
+        """
+        from ..explore.stats import histogram_bytes
+
         name = self.tensor_picker.value
         if name is None:
             return None
-        try:
-            fig = self.checkpoint.plot_histogram(name)
-        except WorkbenchError as exc:
-            replace_output(self.histogram_output, exc.message)
+        nbytes = histogram_bytes(self.checkpoint.catalog, name)
+
+        def work(on_read: Any = None) -> Any:
+            return self.checkpoint.plot_histogram(name, chunk_elements=READ_CHUNK_ELEMENTS, on_read=on_read)
+
+        def done(fig: Any) -> None:
+            if self.tensor_picker.value == name:
+                replace_output(self.histogram_output, fig)
+
+        def failed(exc: BaseException) -> None:
+            if self.tensor_picker.value == name and isinstance(exc, WorkbenchError):
+                replace_output(self.histogram_output, exc.message)
+
+        if self._in_background(nbytes, background):
+            self.task.run(work, total_bytes=nbytes, what=f"a histogram of {name}", on_done=done, on_error=failed)
             return None
-        replace_output(self.histogram_output, fig)
+        try:
+            fig = work()
+        except WorkbenchError as exc:
+            failed(exc)
+            return None
+        done(fig)
         return fig
+
+    # --- verify -------------------------------------------------------------------------------------------
+    def verify(self, *, background: bool | None = None) -> Any:
+        """Check the checkpoint on disk (`workbench.explore.verify.verify`): headers, index, file sizes, and, when a
+        checksum sidecar lies beside it, every tensor's SHA-256 against it (never writes one). Re-hashing runs in
+        the background with a bar and Cancel (`verify_task`) as for `show_stats`; then this returns None."""
+        from ..explore.checksums import default_sidecar
+        from ..explore.verify import verify
+        from ..formats.remote import is_remote
+
+        location = self.checkpoint.location
+        sidecar = None if is_remote(location) else default_sidecar(self.checkpoint.path)
+        checksums = sidecar is not None and sidecar.is_file()
+        total = int(self.checkpoint.tensors["nbytes"].sum()) if checksums else 0
+
+        def work(on_read: Any = None) -> Any:
+            return verify(location, checksums=checksums, on_read=on_read)
+
+        def done(report: Any) -> None:
+            kind = "ok" if report.ok and not report.warnings else "warning" if report.ok else "error"
+            lines = [report.summary(), *(str(f) for f in report.findings[:20])]
+            if not checksums:
+                lines.append("No checksum sidecar beside it: tensor bytes were not re-hashed (record one with "
+                             f"`workbench verify {location} --checksums`).")
+            self.verify_view.value = "".join(message_html(line, kind) for line in lines)
+
+        def failed(exc: BaseException) -> None:
+            text = exc.message if isinstance(exc, WorkbenchError) else f"{type(exc).__name__}: {exc}"
+            self.verify_view.value = message_html(text, "error")
+
+        self.verify_view.value = ""
+        if checksums and self._in_background(total, background):
+            self.verify_task.run(work, total_bytes=total, what=f"checksums of {self.checkpoint.path.name}", on_done=done, on_error=failed)
+            return None
+        try:
+            report = work()
+        except WorkbenchError as exc:
+            failed(exc)
+            return None
+        done(report)
+        return report
 
     # --- bytes --------------------------------------------------------------------------------------
     def _on_tab(self, change: Any) -> None:
@@ -535,12 +636,39 @@ class Explorer(Panel):
             self._diff_cache[values] = self.checkpoint.diff(self.other, values=values)
         return self._diff_cache[values]
 
-    def refresh_diff(self, values: bool | None = None) -> None:
-        """Show the differences (filtered by the name filter and the status choice)."""
+    def _diff_values_in_background(self, background: bool | None) -> bool:
+        """Start comparing values in the background (`diff_task`) when the read is large; True when started
+        or waiting for confirmation (the table then keeps showing the header-only diff until it ends)."""
+        from ..explore.diff import values_bytes
+
+        assert self.other is not None
+        nbytes = values_bytes(self.checkpoint.catalog, self.other.catalog)
+        if not self._in_background(nbytes, background):
+            return False
+
+        def work(on_read: Any) -> pd.DataFrame:
+            assert self.other is not None
+            return self.checkpoint.diff(self.other, values=True, chunk_elements=READ_CHUNK_ELEMENTS, on_read=on_read)
+
+        def done(frame: pd.DataFrame) -> None:
+            self._diff_cache[True] = frame
+            self.refresh_diff(values=True)
+
+        self.diff_task.run(work, total_bytes=nbytes, what=f"values of {self.other.path.name}", on_done=done)
+        return True
+
+    def refresh_diff(self, values: bool | None = None, *, background: bool | None = None) -> None:
+        """Show the differences (filtered by the name filter and the status choice).
+
+        `values=True` compares tensor data; large comparisons run in the background with a bar and Cancel
+        (`diff_task`) as for `show_stats`, showing the header-only differences meanwhile.
+        """
         if self.other is None:
             return
         if values is None:
             values = True in self._diff_cache
+        if values and True not in self._diff_cache and self._diff_values_in_background(background):
+            values = False
         try:
             frame = self.diff(values=values)
         except WorkbenchError as exc:

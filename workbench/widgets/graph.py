@@ -1,18 +1,24 @@
 """The picture of a mapper bound to a source: source tensors -> operations -> outputs, folded by layer.
 
 Binding gives concrete groups (one per connected set of tensors); this module walks each group's
-operations, folds concrete names back into layer templates (`model.layers.{i}.…` ×N) and draws the
-folded graph left to right with matplotlib. Tensors the mapper does not touch are counted, not drawn.
+operations, folds concrete names back into layer templates (`model.layers.{i}.…` ×N), carries each
+tensor's dtype and shape along (inferred through the operations), and draws the folded graph left to
+right as SVG: real text at a fixed size, so it stays readable however large the graph is (the view
+scrolls, with fit / 100 % / 150 % zoom). Tensors the mapper does not touch are counted, not drawn.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import html
+import os
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..catalog import TensorInfo
 from ..explore.layers import fold_name
 from ..mapper.compose import Parallel, PrefixScope, Sequential
 from ..mapper.op import Op
@@ -20,11 +26,14 @@ from ..mapper.op import Op
 TensorKey = tuple[str, str, Any]  # ("t", template, producing op key or None for a source tensor)
 OpKey = tuple[str, str]  # ("op", folded code of the operation)
 
+Meta = tuple[str, tuple[int, ...]]  # (dtype code, shape)
+
 MAX_LABEL = 64
-CHAR_WIDTH = 0.055  # inches per character of the 7 pt monospace font used for labels
-ROW_HEIGHT = 0.34
-FONT_SIZE = 7
-DPI = 100
+FONT_PX = 12  # label size in the SVG, in CSS pixels at 100 %
+CHAR_PX = 7.3  # advance of one character of the monospace label font at FONT_PX
+LINE_PX = 15
+PAD_X, PAD_Y = 8, 5
+ROW_GAP, COLUMN_GAP = 10, 56
 COLORS = {"source": "#dbe9f6", "intermediate": "#eeeeee", "output": "#dff0d8", "op": "#fde7c8"}
 
 
@@ -37,6 +46,7 @@ class GraphNode:
     label: str
     members: set[str] = field(default_factory=set)
     depth: int = 0
+    metas: set[Meta] = field(default_factory=set)  # (dtype, shape) of the members (tensors only)
 
     @property
     def count(self) -> int:
@@ -46,6 +56,18 @@ class GraphNode:
         """The label with its ×N multiplicity, shortened from the left if very long."""
         label = self.label if len(self.label) <= MAX_LABEL else "…" + self.label[-(MAX_LABEL - 1):]
         return f"{label}  ×{self.count}" if self.count > 1 else label
+
+    def meta_text(self) -> str:
+        """'F32 [64, 32]' for a tensor whose members agree; 'F32, 2 shapes' when they do not; '' when unknown."""
+        if not self.metas:
+            return ""
+        if len(self.metas) == 1:
+            ((dtype, shape),) = self.metas
+            return f"{dtype} [{', '.join(map(str, shape))}]"
+        dtypes = sorted({d for d, _ in self.metas})
+        shapes = len({s for _, s in self.metas})
+        kinds = ", ".join(dtypes) if len(dtypes) <= 3 else f"{len(dtypes)} dtypes"
+        return f"{kinds}, {shapes} shapes" if shapes > 1 else f"{kinds} [{', '.join(map(str, next(iter(self.metas))[1]))}]"
 
 
 @dataclass
@@ -109,17 +131,32 @@ class _Builder:
     def __init__(self) -> None:
         self.nodes: dict[Any, GraphNode] = {}
         self.edges: set[tuple[Any, Any]] = set()
+        self.sources: dict[str, Meta] = {}  # source tensor name -> (dtype, shape)
+        self.metas: dict[tuple[Any, str], Meta] = {}  # (node key, concrete name) -> (dtype, shape)
 
-    def node(self, key: Any, kind: str, label: str, member: str) -> Any:
+    def node(self, key: Any, kind: str, label: str, member: str, meta: Meta | None = None) -> Any:
         found = self.nodes.get(key)
         if found is None:
             found = self.nodes[key] = GraphNode(key, kind, label)
         found.members.add(member)
+        if meta is not None:
+            found.metas.add(meta)
+            self.metas[(key, member)] = meta
         return key
 
     def source(self, name: str) -> TensorKey:
         template = _fold(name)
-        return self.node(("t", template, None), "source", template, name)  # type: ignore[return-value]
+        return self.node(("t", template, None), "source", template, name, self.sources.get(name))  # type: ignore[return-value]
+
+    def _outputs_meta(self, op: Op, inputs: list[Meta | None]) -> list[Meta | None]:
+        """The op's output (dtype, shape)s from its inputs', when all are known and the op accepts them."""
+        if any(meta is None for meta in inputs):
+            return [None] * len(op.outputs)
+        try:
+            infos = op.infer_outputs([TensorInfo(f"in{k}", m[0], tuple(m[1])) for k, m in enumerate(inputs)])  # type: ignore[index]
+        except Exception:  # a failing operation is reported by the binder, not by the picture
+            return [None] * len(op.outputs)
+        return [(info.dtype, tuple(info.shape)) for info in infos]
 
     def resolve(self, key: Any) -> Any:
         """A node key for a state entry: source tensors get their node when first read, in reading order."""
@@ -154,12 +191,14 @@ class _Builder:
         instance = repr(op.rename_all(show))
         self.node(op_key, "op", _op_label(op), instance)
         state = dict(state)
+        metas: list[Meta | None] = []
         for name in op.inputs:
             key = self.resolve(state.pop(name, None) or ("src", show(name)))
             self.edges.add((key, op_key))
-        for name in op.outputs:
+            metas.append(self.metas.get((key, show(name))))
+        for name, meta in zip(op.outputs, self._outputs_meta(op, metas), strict=True):
             full = show(name)
-            key = self.node(("t", _fold(full), op_key), "intermediate", _fold(full), full)
+            key = self.node(("t", _fold(full), op_key), "intermediate", _fold(full), full, meta)
             self.edges.add((op_key, key))
             state[name] = key
         return state
@@ -174,8 +213,10 @@ class _Builder:
             if sp != tp and inner.get(local) == key:
                 full = show(tp + local)
                 self.node(moved_key, "op", f"move prefix {sp!r} → {tp!r}", full)
-                out = self.node(("t", _fold(full), moved_key), "intermediate", _fold(full), full)
-                self.edges.add((self.resolve(key), moved_key))
+                before = self.resolve(key)
+                meta = self.metas.get((before, show(sp + local)))
+                out = self.node(("t", _fold(full), moved_key), "intermediate", _fold(full), full, meta)
+                self.edges.add((before, moved_key))
                 self.edges.add((moved_key, out))
                 key = out
             result[tp + local] = key
@@ -211,6 +252,7 @@ def mapper_graph(mapper: Any, source: Any, *, binding: Any = None) -> FoldedGrap
         if group.label == "keep":
             kept += 1
             continue
+        builder.sources.update((info.name, (info.dtype, tuple(info.shape))) for info in group.inputs)
         state = {info.name: ("src", info.name) for info in group.inputs}
         final = builder.walk(group.op, state, lambda n: n)
         for key in final.values():
@@ -224,78 +266,160 @@ def mapper_graph(mapper: Any, source: Any, *, binding: Any = None) -> FoldedGrap
     return graph
 
 
-def _new_figure(width: float, height: float) -> Any:
-    import matplotlib.pyplot as plt
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    # Made through pyplot so a notebook's inline display is registered, then detached from pyplot (shown
-    # once when returned, never accumulated) and given an Agg canvas at a fixed dpi: arrows are placed from
-    # text extents measured with the renderer and dpi the PNG is drawn with (save at dpi='figure').
-    fig = plt.figure(figsize=(width, height), dpi=DPI)
-    plt.close(fig)
-    FigureCanvasAgg(fig)
-    return fig
+@dataclass
+class _Box:
+    node: GraphNode
+    x: float
+    y: float
+    width: float
+    height: float
 
 
-def draw_graph(graph: FoldedGraph, *, max_rows: int = 40, title: str | None = None) -> Any:
-    """A matplotlib Figure of a folded graph: boxes per column, arrows between them."""
+def _line_width(text: str) -> float:
+    return len(text) * CHAR_PX
+
+
+def _svg_text(x: float, y: float, text: str, css: str, anchor: str = "start") -> str:
+    return f'<text x="{x:.1f}" y="{y:.1f}" class="{css}" text-anchor="{anchor}">{html.escape(text)}</text>'
+
+
+SVG_STYLE = (
+    "<style>"
+    f".wbg text{{font-family:var(--jp-code-font-family,monospace);font-size:{FONT_PX}px;fill:#1a1a1a}}"
+    ".wbg text.meta{fill:#4a4a4a}"
+    ".wbg text.title{font-family:var(--jp-ui-font-family,sans-serif);font-weight:bold;fill:var(--jp-ui-font-color1,#222)}"
+    ".wbg text.more{font-style:italic;fill:var(--jp-ui-font-color2,#555)}"
+    ".wbg rect{stroke:#888;stroke-width:0.8}"
+    ".wbg path.edge{fill:none;stroke:var(--jp-ui-font-color2,#777);stroke-width:1}"
+    ".wbg marker path{fill:var(--jp-ui-font-color2,#777)}"
+    + "".join(f".wbg .n-{kind} rect{{fill:{color}}}" for kind, color in COLORS.items())
+    + "</style>"
+)
+
+
+def graph_svg(graph: FoldedGraph, *, max_rows: int = 40, title: str | None = None) -> tuple[str, float, float]:
+    """The folded graph as a standalone SVG document (boxes per column, curved arrows), and its width and
+    height in pixels at 100 %. Tensor boxes carry their dtype and shape under the name."""
     columns = graph.columns()
     hidden = [max(0, len(column) - max_rows) for column in columns]
     columns = [column[:max_rows] for column in columns]
-    widths = [max((len(n.text()) for n in column), default=10) * CHAR_WIDTH + 0.3 for column in columns]
-    gap = 0.45
-    width = max(sum(widths) + gap * max(len(columns) - 1, 0) + 0.4, 4.0)
-    rows = max((len(c) + (1 if h else 0) for c, h in zip(columns, hidden, strict=True)), default=1)
-    height = max(rows * ROW_HEIGHT + 0.9, 1.6)
-    fig = _new_figure(width, height)
-    ax = fig.add_axes((0, 0, 1, 1))
-    ax.set_xlim(0, width)
-    ax.set_ylim(height, 0)
-    ax.axis("off")
     heading = title or "mapper graph"
     notes = [f"{graph.groups} group(s)"]
     if graph.kept:
         notes.append(f"{graph.kept} tensor(s) kept unchanged (not drawn)")
     if graph.problems:
         notes.append(f"{graph.problems} problem(s): failing operations are not drawn")
-    ax.text(0.2, 0.3, f"{heading} — " + ", ".join(notes), fontsize=9, va="center", ha="left", weight="bold")
+    title_text = f"{heading} — " + ", ".join(notes)
+    top = 34.0
+    boxes: dict[Any, _Box] = {}
+    x = 10.0
+    column_heights = []
+    laid: list[tuple[list[_Box], int, float]] = []
+    for column, more in zip(columns, hidden, strict=True):
+        sized = []
+        for node in column:
+            lines = [node.text()] + ([node.meta_text()] if node.kind != "op" and node.meta_text() else [])
+            width = max(_line_width(line) for line in lines) + 2 * PAD_X
+            sized.append((node, width, len(lines) * LINE_PX + 2 * PAD_Y))
+        column_width = max((w for _, w, _ in sized), default=80.0)
+        height = sum(h for _, _, h in sized) + ROW_GAP * max(len(sized) - 1, 0) + (LINE_PX + ROW_GAP if more else 0)
+        column_heights.append(height)
+        placed = []
+        for node, width, box_height in sized:
+            left = x + (column_width - width) / 2 if node.kind == "op" else x
+            placed.append(_Box(node, left, 0.0, width, box_height))
+        laid.append((placed, more, x))
+        x += column_width + COLUMN_GAP
+    tallest = max(column_heights, default=0.0)
+    for (placed, _more, _x), height in zip(laid, column_heights, strict=True):
+        y = top + (tallest - height) / 2
+        for box in placed:
+            box.y = y
+            boxes[box.node.key] = box
+            y += box.height + ROW_GAP
+    width = max(x - COLUMN_GAP + 10, _line_width(title_text) + 20, 320.0)
+    height = top + max(tallest, LINE_PX) + 14
+    parts = [_svg_text(10, 20, title_text, "title")]
     if not graph.nodes:
-        ax.text(0.2, 0.75, "nothing to draw: no operation applies to the source", fontsize=8, va="center")
-        return fig
-    placed: dict[Any, tuple[Any, float]] = {}  # key -> (text artist, y)
-    x = 0.2
-    for column, col_width, more in zip(columns, widths, hidden, strict=True):
-        top = 0.75 + (rows - len(column) - (1 if more else 0)) * ROW_HEIGHT / 2
-        for k, node in enumerate(column):
-            y = top + k * ROW_HEIGHT
-            text = node.text()
-            left = x + (col_width - 0.3 - len(text) * CHAR_WIDTH) / 2 if node.kind == "op" else x
-            style = "round,pad=0.25" if node.kind == "op" else "square,pad=0.25"
-            artist = ax.text(
-                left, y, text, fontsize=FONT_SIZE, family="monospace", va="center", ha="left",
-                bbox={"boxstyle": style, "facecolor": COLORS[node.kind], "edgecolor": "#888", "linewidth": 0.6},
-            )
-            placed[node.key] = (artist, y)
-        if more:
-            ax.text(x, top + len(column) * ROW_HEIGHT, f"… {more} more", fontsize=FONT_SIZE, style="italic", va="center")
-        x += col_width + gap
-    # Arrows join the boxes' real edges, measured once the text is laid out (axes units are inches).
-    pad = 0.25 * FONT_SIZE / 72
-    edges = {}
-    for key, (artist, y) in placed.items():
-        extent = artist.get_window_extent()  # lays the text out with the figure's own renderer
-        edges[key] = (extent.x0 / fig.dpi - pad, extent.x1 / fig.dpi + pad, y)
+        parts.append(_svg_text(10, top + 12, "nothing to draw: no operation applies to the source", "more"))
     for a, b in sorted(graph.edges, key=repr):
-        if a in edges and b in edges and a != b:
-            _, a_right, ay = edges[a]
-            b_left, _, by = edges[b]
-            ax.annotate(
-                "", xy=(b_left, by), xytext=(a_right, ay),
-                arrowprops={"arrowstyle": "->", "color": "#666", "linewidth": 0.7, "shrinkA": 1, "shrinkB": 1},
-            )
-    return fig
+        if a in boxes and b in boxes and a != b:
+            start, end = boxes[a], boxes[b]
+            x0, y0 = start.x + start.width, start.y + start.height / 2
+            x1, y1 = end.x - 2, end.y + end.height / 2
+            bend = max((x1 - x0) / 2, 12)
+            parts.append(f'<path class="edge" marker-end="url(#wbg-arrow)" d="M{x0:.1f},{y0:.1f} C{x0 + bend:.1f},{y0:.1f} '
+                         f'{x1 - bend:.1f},{y1:.1f} {x1:.1f},{y1:.1f}"/>')
+    for box in boxes.values():
+        node = box.node
+        radius = 9 if node.kind == "op" else 2
+        tip = html.escape(f"{node.label} ({node.count} tensor{'s' if node.count != 1 else ''})" if node.kind != "op"
+                          else f"{node.label} ({node.count} instance{'s' if node.count != 1 else ''})")
+        lines = [_svg_text(box.x + PAD_X, box.y + PAD_Y + LINE_PX - 3, node.text(), "name")]
+        if node.kind != "op" and node.meta_text():
+            lines.append(_svg_text(box.x + PAD_X, box.y + PAD_Y + 2 * LINE_PX - 3, node.meta_text(), "meta"))
+        parts.append(f'<g class="n-{node.kind}"><title>{tip}</title><rect x="{box.x:.1f}" y="{box.y:.1f}" width="{box.width:.1f}" '
+                     f'height="{box.height:.1f}" rx="{radius}"/>{"".join(lines)}</g>')
+    for placed, more, left in laid:
+        if more:
+            last = placed[-1]
+            parts.append(_svg_text(left, last.y + last.height + ROW_GAP + LINE_PX - 3, f"… {more} more", "more"))
+    arrow = ('<defs><marker id="wbg-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
+             'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z"/></marker></defs>')
+    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" class="wbg" width="{width:.0f}" height="{height:.0f}" '
+           f'viewBox="0 0 {width:.0f} {height:.0f}" role="img" aria-label="{html.escape(title_text)}">'
+           f"{SVG_STYLE}{arrow}{''.join(parts)}</svg>")
+    return svg, width, height
 
 
-def mapper_graph_figure(mapper: Any, source: Any, *, binding: Any = None, max_rows: int = 40, title: str | None = None) -> Any:
-    """Draw `mapper` bound to `source` as source tensors -> operations -> outputs, folded by layer ×N."""
+ZOOMS = (("fit", None), ("100%", 1.0), ("150%", 1.5))
+
+
+class GraphFigure:
+    """A drawn mapper graph: `svg` (a standalone SVG document), `graph` (the `FoldedGraph`), its size in
+    pixels; shown in a notebook as the SVG in a scrolling view with fit / 100 % / 150 % zoom (plain CSS,
+    no script), and written to a file with `save(path)`."""
+
+    def __init__(self, graph: FoldedGraph, svg: str, width: float, height: float) -> None:
+        self.graph = graph
+        self.svg = svg
+        self.width = width
+        self.height = height
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the SVG to `path` (an .svg file any browser or vector editor opens)."""
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(self.svg)
+
+    def _repr_svg_(self) -> str:
+        return self.svg
+
+    def _repr_html_(self) -> str:
+        uid = "wbg" + hashlib.sha1(self.svg.encode()).hexdigest()[:10]  # stable across runs: no random ids in outputs
+        radios, rules = [], []
+        for k, (label, scale) in enumerate(ZOOMS):
+            checked = " checked" if scale == 1.0 else ""
+            radios.append(f'<input type="radio" name="{uid}" id="{uid}-{k}" class="wb-graph-zoom"{checked}>'
+                          f'<label for="{uid}-{k}" style="margin:0 10px 0 2px;cursor:pointer">{label}</label>')
+            size = "width:100%;height:auto" if scale is None else f"width:{self.width * scale:.0f}px;height:{self.height * scale:.0f}px"
+            rules.append(f"#{uid}-{k}:checked~.wb-graph-view svg{{{size}}}")
+        style = f"<style>{''.join(rules)}#{uid} .wb-graph-view{{overflow:auto;max-height:640px;border:1px solid var(--jp-border-color2,#ddd)}}</style>"
+        return (f'<div class="wb-graph" id="{uid}">{style}<span class="wb-note" style="font-size:12px">zoom </span>'
+                f'{"".join(radios)}<div class="wb-graph-view">{self.svg}</div></div>')
+
+    def __repr__(self) -> str:
+        nodes = self.graph.nodes.values()
+        ops = sum(1 for n in nodes if n.kind == "op")
+        return f"<mapper graph: {len(self.graph.nodes) - ops} tensor boxes, {ops} operations, {self.width:.0f}×{self.height:.0f} px>"
+
+
+def draw_graph(graph: FoldedGraph, *, max_rows: int = 40, title: str | None = None) -> GraphFigure:
+    """A `GraphFigure` (SVG) of a folded graph: boxes per column with names ×N, dtypes and shapes; arrows between."""
+    svg, width, height = graph_svg(graph, max_rows=max_rows, title=title)
+    return GraphFigure(graph, svg, width, height)
+
+
+def mapper_graph_figure(mapper: Any, source: Any, *, binding: Any = None, max_rows: int = 40, title: str | None = None) -> GraphFigure:
+    """Draw `mapper` bound to `source` as source tensors -> operations -> outputs, folded by layer ×N, each
+    tensor box with its dtype and shape (a `GraphFigure`: SVG, zoomable in a notebook, `save(path)`)."""
     return draw_graph(mapper_graph(mapper, source, binding=binding), max_rows=max_rows, title=title)

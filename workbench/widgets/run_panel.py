@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
@@ -21,6 +22,7 @@ from ..api_types import Launcher
 from ..display import format_bytes
 from ..errors import PlanError, WorkbenchError
 from ..launch.launcher import check_launcher
+from .background import BackgroundTask, format_seconds
 from .common import Panel, labelled, message_html
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -38,6 +40,26 @@ RUN_STYLE = (
     ".wb-run-report th{border-bottom:1px solid #ccc}</style>"
 )
 BAR_STYLES = {RUNNING: "info", CANCELLING: "warning", DONE: "success", CANCELLED: "warning", FAILED: "danger"}
+# What a run is doing, in order; shown as a strip with the current phase marked.
+PLANNING, STARTING, COPYING, COMMITTING, FINISHED = "planning", "starting workers", "copying", "committing", "done"
+PHASES = (PLANNING, STARTING, COPYING, COMMITTING, FINISHED)
+VERIFYING = "verifying"  # after a run, while Verify re-reads the outputs
+TICK_SECONDS = 0.5  # elapsed time, speed and time left refresh this often while a run is under way
+PHASE_STYLE = (
+    "<style>.wb-run-phases{font-size:12px;margin:2px 0}.wb-run-phases span{padding:1px 6px;margin-right:2px;"
+    "border-radius:3px;color:var(--jp-ui-font-color2,#666)}"
+    ".wb-run-phases span.wb-phase-now{background:var(--jp-brand-color1,#1976d2);color:#fff;font-weight:bold}"
+    ".wb-run-phases span.wb-phase-past{color:var(--jp-ui-font-color1,#222)}</style>"
+)
+
+
+def launcher_label(launcher: str, nproc: int) -> str:
+    """How the workers are started, for people: 'in this process', 'on 2 torchrun ranks', 'on 2 processes (local launcher)'."""
+    if nproc == 1:
+        return "in this process"
+    if launcher == "torchrun":
+        return f"on {nproc} torchrun ranks"
+    return f"on {nproc} processes ({launcher} launcher)"
 
 
 class RunPanel(Panel):
@@ -48,8 +70,12 @@ class RunPanel(Panel):
     once, so its problems show before anything runs. `start()` runs it in the background (nproc > 1:
     under torchrun, or `launcher="local"`), `cancel()` stops every rank (no index written, temporary
     files removed; starting again resumes), `wait(timeout)` blocks and returns the `RunReport` (or
-    raises the run's error), `report` and `error` hold the outcome. Controls: `start_button`,
-    `cancel_button`, `bars` (one per rank).
+    raises the run's error), `report` and `error` hold the outcome. While it runs, `phase` says what it does
+    (planning, starting workers, copying, committing, done; `phases_seen` lists them) and `timing` shows
+    elapsed time, throughput and time left. After a run, `verify()` re-reads every output against its
+    sources in the background (`verify_task`, verdict in `output_check`) and `open_in_explorer()` shows an
+    `Explorer` of the output. Controls: `start_button`, `cancel_button`, `bars` (one per rank),
+    `verify_button`, `explore_button`.
     """
 
     def __init__(
@@ -103,17 +129,44 @@ class RunPanel(Panel):
             "wb-run-cancel",
         )
         self.report_view = labelled(widgets.HTML(), "wb-run-report")
+        self.phase = ""
+        self.phases_seen: list[str] = []
+        self._phase_lock = threading.Lock()  # the run's thread and the clock's both move the phase
+        self.phase_view = labelled(widgets.HTML(), "wb-run-phase")
+        self.timing = labelled(widgets.HTML(), "wb-run-timing")
+        self._started_at = 0.0
+        self._copy_started_at = 0.0
+        self._ticker: threading.Thread | None = None
+        self.verify_button = labelled(widgets.Button(description="Verify", icon="check", tooltip="re-read every output "
+                                                     "and compare it with what its sources make it"), "wb-run-verify")
+        self.explore_button = labelled(widgets.Button(description="Open in Explorer", icon="search",
+                                                      tooltip="browse the converted checkpoint"), "wb-run-explore")
+        self.after_row = widgets.HBox([self.verify_button, self.explore_button])
+        self.after_row.layout.display = "none"
+        self.verify_task = labelled(BackgroundTask(), "wb-run-verify-task")
+        self.verify_view = labelled(widgets.HTML(), "wb-run-verified")
+        self.output_check: Any = None
+        self.explorer: Any = None
+        self.explorer_box = widgets.VBox()
         self._show_plan()
         self._set_status(READY, "Ready: press Start (or call start()).")
-        super().__init__([self.header, self.problems_view, self.rank_rows,
-                          widgets.HBox([self.start_button, self.cancel_button]), self.status, self.report_view])
+        super().__init__([self.header, self.problems_view, self.phase_view, self.rank_rows,
+                          widgets.HBox([self.start_button, self.cancel_button]), self.status, self.timing, self.report_view,
+                          self.after_row, self.verify_task, self.verify_view, self.explorer_box])
         self.add_class("wb-run")
         self.start_button.on_click(lambda _: self._start_clicked())
         self.cancel_button.on_click(lambda _: self.cancel())
+        self.verify_button.on_click(lambda _: self.verify())
+        self.explore_button.on_click(lambda _: self.open_in_explorer())
 
     # --- identity ----------------------------------------------------------------------------------
+    @property
+    def launcher_used(self) -> str:
+        """The launcher that starts (or started) the workers: the running launch's own, else the one asked for."""
+        return getattr(self._launch, "launcher", None) or self.launcher
+
     def _describe(self) -> str:
-        where = "here" if self.plan.nproc == 1 else f"on {self.plan.nproc} torchrun ranks"
+        where = "here" if self.plan.nproc == 1 else launcher_label(self.launcher_used, self.plan.nproc)
         return f"RunPanel: {self.plan.source.root.name} -> {self.plan.dest} ({where}), {self.state}"
 
     @property
@@ -122,12 +175,16 @@ class RunPanel(Panel):
         return self.state in (RUNNING, CANCELLING)
 
     # --- what is shown -------------------------------------------------------------------------------
-    def _show_plan(self) -> None:
-        plan = self.plan
-        lines = plan.headline()
-        where = "in this process" if plan.nproc == 1 else f"on {plan.nproc} processes (torchrun)"
+    def _show_header(self) -> None:
+        """The plan's headline under 'Conversion in this process / on N ranks of <launcher>'."""
+        lines = self.plan.headline()
+        where = launcher_label(self.launcher_used, self.plan.nproc)
         self.header.value = (f"{RUN_STYLE}<b>Conversion</b> {where}<div class='wb-run-lines'>"
                              + "<br>".join(html.escape(line) for line in [lines[0], *lines[2:]]) + "</div>")
+
+    def _show_plan(self) -> None:
+        plan = self.plan
+        self._show_header()
         self.problems_view.value = "".join(message_html(f"{p.severity}: {p.message}", p.severity) for p in plan.problems)
         self.totals = {r: sum(f.tensor_bytes for f in plan.rank_files(r)) for r in range(plan.nproc)}
         self.done = dict.fromkeys(self.totals, 0)
@@ -155,9 +212,55 @@ class RunPanel(Panel):
         self.state = state
         self.status.value = message_html(text, kind)
         self.cancel_button.disabled = state != RUNNING
+        self.cancel_button.button_style = "warning" if state == RUNNING else ""  # a disabled Cancel looks inert
         if state in BAR_STYLES:
             for bar in self.bars:
                 bar.bar_style = BAR_STYLES[state]
+
+    def _set_phase(self, phase: str, detail: str = "") -> None:
+        """Mark `phase` as the current one in the strip (a detail such as '1 of 2 up' follows its name)."""
+        with self._phase_lock:
+            if phase != self.phase:
+                self.phases_seen.append(phase)
+            self.phase = phase
+            self._draw_phases(phase, detail)
+
+    def _draw_phases(self, phase: str, detail: str) -> None:
+        now = PHASES.index(phase) if phase in PHASES else len(PHASES) if phase == VERIFYING else -1
+        cells = []
+        for k, name in enumerate(PHASES):
+            if name == STARTING and self.plan.nproc == 1:
+                name = "starting"
+            css = "wb-phase-now" if k == now else "wb-phase-past" if k < now else ""
+            text = f"{name} ({detail})" if k == now and detail else name
+            cells.append(f"<span class='{css}'>{html.escape(text)}</span>")
+        if phase not in PHASES:
+            cells.append(f"<span class='wb-phase-now'>{html.escape(phase)}</span>")
+        self.phase_view.value = PHASE_STYLE + "<div class='wb-run-phases'>" + "›".join(cells) + "</div>"
+
+    def _timing_text(self, now: float) -> str:
+        """'elapsed 4.2 s · 35.1 MiB/s · about 3.0 s left' (speed and time left once bytes flow)."""
+        done, total = sum(self.done.values()), sum(self.totals.values())
+        parts = [f"elapsed {format_seconds(now - self._started_at)}"]
+        if self._copy_started_at and done:
+            copying = max(now - self._copy_started_at, 1e-6)
+            speed = done / copying
+            parts.append(f"{format_bytes(done)} of {format_bytes(total)} · {format_bytes(int(speed))}/s")
+            if done < total and self.running:
+                parts.append(f"about {format_seconds((total - done) / speed)} left")
+        return " · ".join(parts)
+
+    def _tick(self) -> None:
+        """While the run is under way: refresh elapsed time, speed and time left, and count started workers."""
+        while self.running:
+            now = time.monotonic()
+            launch = self._launch
+            if launch is not None and self.plan.nproc > 1:
+                with self._phase_lock:
+                    if self.phase == STARTING:
+                        self._draw_phases(STARTING, f"{len(launch.worker_pids)} of {self.plan.nproc} up")
+            self.timing.value = f"<span class='wb-note'>{html.escape(self._timing_text(now))}</span>"
+            time.sleep(TICK_SECONDS)
 
     def _repr_html_(self) -> str:
         rows = []
@@ -169,7 +272,7 @@ class RunPanel(Panel):
                 f"background:#4C72B0'></div></div>{self._bar_text(rank)}</div>"
             )
         return (f"<div class='wb-run-static'>{self.header.value}{self.problems_view.value}{''.join(rows)}"
-                f"{self.status.value}<div class='wb-run-report'>{self.report_view.value}</div></div>")
+                f"{self.status.value}{self.timing.value}<div class='wb-run-report'>{self.report_view.value}</div></div>")
 
     # --- running -----------------------------------------------------------------------------------
     def _start_clicked(self) -> None:
@@ -184,6 +287,12 @@ class RunPanel(Panel):
 
         if self.running:
             raise PlanError(f"Cannot start the conversion into {self.plan.dest}: it is already running. Wait for it or cancel it.")
+        if self.verify_task.running:
+            raise PlanError(f"Cannot start the conversion into {self.plan.dest}: its outputs are being verified. "
+                            "Wait for the check or cancel it.")
+        self._started_at, self._copy_started_at = time.monotonic(), 0.0
+        self.phases_seen = []
+        self._set_phase(PLANNING)
         if self._runs:
             from ..planning.build import build_plan
 
@@ -196,9 +305,16 @@ class RunPanel(Panel):
         self._launch = None
         self._cancel_requested.clear()
         self.report_view.value = ""
-        where = "here" if self.plan.nproc == 1 else f"on {self.plan.nproc} torchrun ranks"
+        self.after_row.layout.display = "none"
+        self.verify_view.value = ""
+        self.output_check = None
+        self.explorer_box.children = ()
+        where = "here" if self.plan.nproc == 1 else launcher_label(self.launcher_used, self.plan.nproc)
         self._set_status(RUNNING, f"Running {where}…")
+        self._set_phase(STARTING)
         self.start_button.disabled = True
+        self._ticker = threading.Thread(target=self._tick, name="workbench-run-clock", daemon=True)
+        self._ticker.start()
 
     def start(self) -> RunPanel:
         """Start the conversion in a background thread and return at once (the bars move as it runs)."""
@@ -242,12 +358,18 @@ class RunPanel(Panel):
             except Cancelled as exc:
                 raise Cancelled(self._cancelled_message()) from exc
         self._launch = Launch(self.plan, quiet=True, on_progress=self._on_progress, launcher=self.launcher)
+        self._show_header()  # the launcher the launch settled on (a default may choose one)
         if self._cancel_requested.is_set():
             self._launch.cancel()
         return self._launch.start().wait()
 
     def _on_progress(self, rank: int, done: int, total: int) -> bool:
+        if done and not self._copy_started_at:
+            self._copy_started_at = time.monotonic()
         self.done[rank] = done
+        if self.phase in (STARTING, COPYING):
+            copied_all = sum(self.done.values()) >= sum(self.totals.values())
+            self._set_phase(COMMITTING if copied_all else COPYING)
         bar = self.bars[rank]
         bar.value = min(done, bar.max)
         self.bar_labels[rank].value = self._bar_text(rank)
@@ -268,7 +390,11 @@ class RunPanel(Panel):
 
         self.report, self.error = report, error
         self.start_button.disabled = False
+        self.timing.value = f"<span class='wb-note'>{html.escape(self._timing_text(time.monotonic()))}</span>"
         if report is not None:
+            self._set_phase(FINISHED)
+            self.start_button.button_style = ""  # done: running it again is no longer the next step
+            self.after_row.layout.display = None
             for rank, bar in enumerate(self.bars):
                 self.done[rank] = self.totals[rank]
                 bar.value = bar.max
@@ -277,11 +403,14 @@ class RunPanel(Panel):
             self._set_status(DONE, f"Done in {report.seconds:.2f}s: {len(report.files)} files ({index}).", "ok")
             self.report_view.value = RUN_STYLE + report._repr_html_()
         elif isinstance(error, Cancelled):
+            self._set_phase(CANCELLED)
             self._set_status(CANCELLED, "Cancelled: every rank stopped, no index was written and temporary files were "
                              "removed. Start again to resume (finished shards are kept).", "warning")
         elif isinstance(error, KeyboardInterrupt):
+            self._set_phase(CANCELLED)
             self._set_status(CANCELLED, "Interrupted: every rank was stopped, no index was written.", "warning")
         else:
+            self._set_phase(FAILED)
             text = str(error) if isinstance(error, WorkbenchError) else f"{type(error).__name__}: {error}"
             self._set_status(FAILED, f"Failed. {text}", "error")
 
@@ -298,6 +427,58 @@ class RunPanel(Panel):
         launch = self._launch
         if launch is not None:
             launch.cancel()
+
+    # --- after a run -------------------------------------------------------------------------------------
+    def verify(self) -> bool:
+        """Re-read every output of the finished run and compare it with its sources (`wb.convert(verify=True)`'s
+        check), in the background with a bar and Cancel (`verify_task`); the verdict shows below and lands in
+        `output_check`. True when started."""
+        from ..engine.output_check import check_bytes, check_outputs
+
+        if self.report is None:
+            self.verify_view.value = message_html("Cannot verify: the conversion has not finished. Run it first.", "warning")
+            return False
+        plan = self.plan
+
+        def done(check: Any) -> None:
+            self._set_phase(FINISHED)
+            self.output_check = check
+            if self.report is not None:
+                self.report.output_check = check
+            lines = check.summary().splitlines()
+            self.verify_view.value = "".join(message_html(line, "ok" if check.ok else "error") for line in lines)
+
+        def failed(exc: BaseException) -> None:
+            self._set_phase(FINISHED)
+            text = str(exc) if isinstance(exc, WorkbenchError) else f"{type(exc).__name__}: {exc}"
+            self.verify_view.value = message_html(f"Cannot verify {plan.dest}: {text}", "error")
+
+        def work(on_read: Any) -> Any:
+            self._set_phase(VERIFYING)
+            try:
+                return check_outputs(plan, on_read=on_read)
+            except BaseException:
+                self._set_phase(FINISHED)  # cancelled (or failed): the run itself is still done
+                raise
+
+        self.verify_view.value = ""
+        return self.verify_task.run(work, total_bytes=check_bytes(plan), what=f"the outputs in {plan.dest}",
+                                    on_done=done, on_error=failed)
+
+    def open_in_explorer(self) -> Any:
+        """Show an `Explorer` of the converted checkpoint below the panel (and return it)."""
+        from .explorer import Explorer
+
+        if self.report is None:
+            self.verify_view.value = message_html("Cannot open the output: the conversion has not finished. Run it first.", "warning")
+            return None
+        try:
+            self.explorer = Explorer(self.plan.dest)
+        except WorkbenchError as exc:
+            self.verify_view.value = message_html(exc.message, "error")
+            return None
+        self.explorer_box.children = (self.explorer,)
+        return self.explorer
 
     def wait(self, timeout: float | None = None) -> RunReport:
         """Block until the run ends and return its report; raise its error if it failed (`Cancelled` after

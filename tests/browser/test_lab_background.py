@@ -1,0 +1,163 @@
+"""Long reads, the RunPanel's phases and the SVG graph in a real JupyterLab, driven by clicking in headless
+chromium: a large value-stats read asks first, shows a moving bar with bytes, and stops on Cancel; a 2-process
+run on the local launcher names that launcher, shows a "starting workers" phase and a time-left estimate, and
+offers Verify / Open in Explorer once done (Start no longer the primary button); the mapper graph is an SVG
+whose boxes carry shapes. Screenshots in light and dark themes go to the screenshot folder."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import nbformat
+import pytest
+from lab_harness import PANEL, JupyterLab, browser_available, launched_chromium, open_notebook, screenshot_dir
+from test_lab_convert import run_all_cells
+
+REPO = Path(__file__).resolve().parents[2]
+UNAVAILABLE = browser_available()
+
+pytestmark = [pytest.mark.browser, pytest.mark.skipif(UNAVAILABLE is not None, reason=f"browser tests need chromium: {UNAVAILABLE}")]
+
+CELLS = [
+    '''import json, struct
+from pathlib import Path
+import workbench as wb
+from workbench.mapper import presets
+from workbench.widgets import Explorer, RunPanel, mapper_graph_figure
+
+big = Path("big.safetensors")  # one 256 MiB F32 tensor of zeros, sparse on disk
+elements = 64 << 20
+header = json.dumps({"model.big.weight": {"dtype": "F32", "shape": [elements], "data_offsets": [0, 4 * elements]}}).encode()
+header += b" " * (-len(header) % 8)
+with open(big, "wb") as fh:
+    fh.write(struct.pack("<Q", len(header)) + header)
+    fh.truncate(8 + len(header) + 4 * elements)''',
+    '''explorer = Explorer(big)
+explorer.task.confirm_above = 128 << 20  # this 256 MiB read asks first, as one over 1 GiB does by default
+explorer.select("model.big.weight")
+explorer''',
+    '''source = "../sample_checkpoints/tiny-llama"
+# a bf16 cast in 64-byte chunks: slow enough (seconds) to watch it copy
+panel = RunPanel(source, "out-local", nproc=2, launcher="local", dtype="bf16", chunk_size="64B", shard_size="100KB")
+panel''',
+    '''mapper_graph_figure(presets.hf_to_fused(source + "/config.json"), wb.open_checkpoint(source))''',
+]
+
+# Every text a class of element shows while the test acts, recorded by the page itself (phases change fast).
+RECORD = """(selector) => {
+  window.wbSeen = window.wbSeen || {};
+  const seen = window.wbSeen[selector] = [];
+  const note = () => document.querySelectorAll(selector).forEach(e => { const t = e.innerText.trim(); if (t && seen[seen.length - 1] !== t) seen.push(t); });
+  new MutationObserver(note).observe(document.body, {subtree: true, childList: true, characterData: true, attributes: true});
+  note();
+}"""
+BAR_WIDTH = """() => { const fill = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .wb-explorer-task .wb-task-bar .progress-bar');
+  return fill ? parseFloat(fill.style.width || '0') : -1; }"""
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterLab]:
+    root = tmp_path_factory.mktemp("lab-root")
+    (root / "notebooks").mkdir()
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code) for code in CELLS])
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(notebook, root / "notebooks" / "background.ipynb")
+    shutil.copytree(REPO / "sample_checkpoints" / "tiny-llama", root / "sample_checkpoints" / "tiny-llama")
+    server = JupyterLab(root, tmp_path_factory.mktemp("lab-state"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    with launched_chromium() as chromium:
+        yield chromium
+
+
+def set_theme(page: object, theme: str) -> None:
+    page.evaluate(f"() => window.galata.app.commands.execute('apputils:change-theme', {{theme: '{theme}'}})")  # type: ignore[attr-defined]
+    page.wait_for_function(f"() => document.body.dataset.jpThemeName === '{theme}'", timeout=20_000)  # type: ignore[attr-defined]
+
+
+def shoot(page: object, selector: str, name: str) -> None:
+    element = page.locator(selector).first  # type: ignore[attr-defined]
+    element.scroll_into_view_if_needed()
+    path = screenshot_dir() / name
+    element.screenshot(path=str(path))
+    assert path.stat().st_size > 5_000
+
+
+def test_cancel_a_read_watch_a_run_and_read_the_graph(browser: object, lab: JupyterLab) -> None:
+    page = browser.new_page(viewport={"width": 1500, "height": 1300})  # type: ignore[attr-defined]
+    try:
+        open_notebook(page, lab, "notebooks/background.ipynb")
+        page.wait_for_selector(f"{PANEL} .jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+        run_all_cells(page)
+        notebook = page.locator(PANEL)
+        assert "Loading widget" not in notebook.inner_text()
+
+        # 1. a large value-stats read: asks first, runs with a moving bar and bytes, stops on Cancel
+        explorer = notebook.locator(".wb-explorer").first
+        explorer.locator(".wb-explorer-stats").click()
+        confirm = explorer.locator(".wb-explorer-task .wb-task-confirm")
+        confirm.wait_for(state="visible", timeout=20_000)
+        assert "reads 256.0 MiB from disk" in explorer.locator(".wb-explorer-task .wb-task-text").inner_text()
+        confirm.click()
+        page.wait_for_function(f"() => ({BAR_WIDTH})() > 0", timeout=60_000)
+        first = page.evaluate(BAR_WIDTH)
+        page.wait_for_function(f"() => ({BAR_WIDTH})() > {first}", timeout=60_000)  # the bar moves
+        text = explorer.locator(".wb-explorer-task .wb-task-text").inner_text()
+        assert "Reading value stats of model.big.weight" in text and "of 256.0 MiB" in text and "/s" in text
+        shoot(page, f"{PANEL} .wb-explorer-task", "background_read.png")
+        explorer.locator(".wb-explorer-task .wb-task-cancel").click()
+        page.wait_for_function("() => [...document.querySelectorAll('.wb-task-text')].some(e => e.innerText.includes('Cancelled reading'))",
+                               timeout=20_000)
+        assert not explorer.locator(".wb-explorer-task .wb-task-cancel").is_visible()
+        assert "min" not in explorer.locator(".wb-explorer-details ~ *").first.inner_text()  # no stats shown
+
+        # 2. the RunPanel: launcher named, phases and time left while it runs, Verify / Explorer after Done
+        run = notebook.locator(".wb-run").first
+        header = run.locator(".wb-run-header").inner_text()
+        assert "local launcher" in header and "torchrun" not in header
+        page.evaluate(RECORD, ".wb-run-phase .wb-phase-now")
+        page.evaluate(RECORD, ".wb-run-timing")
+        assert "mod-primary" in (run.locator(".wb-run-start").get_attribute("class") or "")
+        run.locator(".wb-run-start").click()
+        page.wait_for_function("() => [...document.querySelectorAll('.wb-run-status')].some(e => e.innerText.includes('Done in'))",
+                               timeout=180_000)
+        phases = page.evaluate("() => window.wbSeen['.wb-run-phase .wb-phase-now']")
+        timings = page.evaluate("() => window.wbSeen['.wb-run-timing']")
+        assert any(p.startswith("starting workers") for p in phases) and "copying" in phases and phases[-1] == "done", phases
+        assert any("of 2 up" in p for p in phases), phases
+        assert any("left" in t for t in timings) and any(t.startswith("elapsed") for t in timings), timings
+        assert "mod-primary" not in (run.locator(".wb-run-start").get_attribute("class") or "")
+        cancel = run.locator(".wb-run-cancel")
+        assert cancel.is_disabled() and "mod-warning" not in (cancel.get_attribute("class") or "")
+        run.locator(".wb-run-verify").click()
+        page.wait_for_function("() => [...document.querySelectorAll('.wb-run-verified')].some(e => e.innerText.includes('all match'))",
+                               timeout=120_000)
+        run.locator(".wb-run-explore").click()
+        run.locator(".wb-explorer").wait_for(state="visible", timeout=30_000)
+        assert "tensors" in run.locator(".wb-explorer").inner_text()
+        run.locator(".wb-explorer .wb-explorer-verify").click()  # the Explorer's own Verify: headers, index, sizes
+        page.wait_for_function("() => [...document.querySelectorAll('.wb-run .wb-explorer-verified')].some(e => e.innerText.includes(': OK'))",
+                               timeout=60_000)
+        shoot(page, f"{PANEL} .wb-run", "run_panel_done.png")
+
+        # 3. the graph: an SVG whose boxes say shapes and dtypes, folded ×4
+        graph = notebook.locator("svg.wbg").first
+        graph.wait_for(state="visible", timeout=20_000)
+        texts = page.evaluate("() => [...document.querySelectorAll('svg.wbg text')].map(t => t.textContent)")
+        assert "F32 [128, 64]" in texts and any(t.endswith("×4") for t in texts), texts[:10]
+        box = graph.bounding_box()
+        assert box is not None and box["width"] > 600  # drawn at its own size, not shrunk into a thumbnail
+        shoot(page, f"{PANEL} .wb-graph", "mapper_graph.png")
+
+        set_theme(page, "JupyterLab Dark")
+        title_color = page.evaluate("() => getComputedStyle(document.querySelector('svg.wbg text.title')).fill")
+        assert title_color not in ("rgb(34, 34, 34)", "rgb(0, 0, 0)"), title_color  # the title follows the theme
+        shoot(page, f"{PANEL} .wb-graph", "mapper_graph_dark.png")
+    finally:
+        page.close()  # type: ignore[attr-defined]
