@@ -260,7 +260,9 @@ def test_the_local_launcher_is_named_and_its_workers_counted(llama_sample: Path,
     assert "local launcher" in panel.status.value
     panel.wait(timeout=120)
     assert "starting workers" in panel.phases_seen and panel.phases_seen[-1] == "done"
-    torchrun = RunPanel(llama_sample, tmp_path / "out2", fused, nproc=2, shard_size="300KB")
+    default = RunPanel(llama_sample, tmp_path / "out2", fused, nproc=2, shard_size="300KB")
+    assert "on 2 processes (local launcher)" in default.header.value  # "auto" is the local launcher
+    torchrun = RunPanel(llama_sample, tmp_path / "out3", fused, nproc=2, shard_size="300KB", launcher="torchrun")
     assert "on 2 torchrun ranks" in torchrun.header.value
 
 

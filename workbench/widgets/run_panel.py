@@ -21,7 +21,7 @@ from IPython.display import display
 from ..api_types import Launcher
 from ..display import format_bytes
 from ..errors import PlanError, WorkbenchError
-from ..launch.launcher import check_launcher
+from ..launch.launcher import resolve_launcher
 from .background import BackgroundTask, format_seconds
 from .common import Panel, labelled, message_html
 
@@ -107,7 +107,7 @@ class RunPanel(Panel):
         elif plan.dest is None:
             raise PlanError("Cannot run a plan without a destination in a RunPanel: make it with wb.plan(..., dest=...).")
         self.plan = plan
-        self.launcher = check_launcher(launcher)
+        self.launcher = resolve_launcher(launcher)
         self.report: RunReport | None = None
         self.error: BaseException | None = None
         self.state = READY
