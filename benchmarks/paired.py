@@ -7,7 +7,13 @@ and system CPU from the kernel's accounting of that process and everything it wa
 Before every run the output of the previous one is deleted, the source is read once (warm page cache for
 both), pending writes are flushed (`sync`) and the machine idles `--settle` seconds; `--prime GIB` also
 touches and frees that much memory just before the start (the state `run.py` measures in; see the README
-for why the two states give different ratios on a VM that returns free memory to its host).
+for why the two states give different ratios on a VM that returns free memory to its host). One warm-up
+run of each side precedes the counted pairs of a workload.
+
+Python's bytecode cache: `PYTHONDONTWRITEBYTECODE=1` (set on this project's shared machines) makes every
+workbench process compile its ~100 modules from source again, 0.2-0.3 s of CPU a user's install never
+pays. The children therefore run with the cache on, kept in WORKDIR/pycache (`PYTHONPYCACHEPREFIX`, so the
+checkout stays clean); `--no-bytecode-cache` measures the compile-every-time state instead.
 
 Workloads (the issue's targets in brackets):
   pass      pass-through re-shard of a bf16 Llama-shaped checkpoint (4 shards) into one 5 GB file [>= 1.0x]
@@ -129,22 +135,28 @@ def copy_argv(src: Path, dst: Path) -> list[str]:
 
 
 def measure(workload: Workload, src: Path, scratch: Path, pairs: int, settle: float, prime_gib: float, env: dict[str, str]) -> Pairs:
-    """`pairs` pairs of runs, the order alternating; each run starts from the same page-cache state."""
+    """`pairs` pairs of runs after one warm-up pair, the order alternating; each run starts from the same state."""
     result = Pairs(workload, warm(src))
     sides = {"engine": (result.engine, lambda dst: engine_argv(workload, src, dst)),
              "copy": (result.copy, lambda dst: copy_argv(src, dst))}
+
+    def one(side: str) -> Run:
+        dst = scratch / f"out-{side}"
+        shutil.rmtree(dst, ignore_errors=True)
+        warm(src)
+        sync_all()
+        time.sleep(settle)
+        prime(prime_gib)
+        run = timed(sides[side][1](dst), env)
+        shutil.rmtree(dst, ignore_errors=True)
+        return run
+
+    one("engine")  # warm-up, not counted (writes the bytecode cache on a first run)
+    one("copy")
     for k in range(pairs):
         order = ("engine", "copy") if k % 2 == 0 else ("copy", "engine")
         for side in order:
-            runs, argv = sides[side]
-            dst = scratch / f"out-{side}"
-            shutil.rmtree(dst, ignore_errors=True)
-            warm(src)
-            sync_all()
-            time.sleep(settle)
-            prime(prime_gib)
-            runs.append(timed(argv(dst), env))
-            shutil.rmtree(dst, ignore_errors=True)
+            sides[side][0].append(one(side))
         print(f"  {workload.name} pair {k + 1}/{pairs}: workbench {result.engine[-1].wall:.2f} s, cp -r + sync {result.copy[-1].wall:.2f} s",
               file=sys.stderr)
     return result
@@ -208,6 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workdir", type=Path, default=HERE / "_data")
     parser.add_argument("--strace", action="store_true", help="also one run of each side under strace -c -f")
     parser.add_argument("--workbench-args", default="", help="extra `workbench convert` options, e.g. --no-page-align")
+    parser.add_argument("--no-bytecode-cache", action="store_true", help="children compile every module again (PYTHONDONTWRITEBYTECODE=1)")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     chosen = [w for w in WORKLOADS if w.name in names]
@@ -220,11 +233,17 @@ def main(argv: list[str] | None = None) -> None:
     scratch = args.workdir / "paired-scratch"
     scratch.mkdir(exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))}
+    if args.no_bytecode_cache:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    else:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str((args.workdir / "pycache").resolve())
     inputs = {dtype: make_input(args.workdir, args.size_gib, dtype) for dtype in sorted({w.source_dtype for w in chosen})}
     load = os.getloadavg()[0]
     results = [measure(w, inputs[w.source_dtype], scratch, args.pairs, args.settle, args.prime, env) for w in chosen]
     lines = [
-        f"Paired runs: {args.pairs} pairs per workload, order alternating, `--settle {args.settle:g}`, `--prime {args.prime:g}`; "
+        f"Paired runs: {args.pairs} pairs per workload after a warm-up pair, order alternating, `--settle {args.settle:g}`, "
+        f"`--prime {args.prime:g}`, bytecode cache {'off' if args.no_bytecode_cache else 'on'}; "
         f"{os.cpu_count()} CPUs, load average {load:.2f} at the start, {os.getloadavg()[0]:.2f} at the end. "
         "Ratios are per pair (cp+sync wall / workbench wall), median (min–max).",
         "",
