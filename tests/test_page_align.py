@@ -178,3 +178,19 @@ def test_transformers_loads_a_padded_sharded_llama(tmp_path: Path) -> None:
     loaded = transformers.LlamaForCausalLM.from_pretrained(dest)
     for name, value in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], value), name
+
+
+def test_an_interrupted_padded_conversion_resumes_keeping_its_finished_files(two_sources: Path, tmp_path: Path, monkeypatch) -> None:
+    from workbench.engine.rank import FAIL_RANK_ENV
+    from workbench.errors import PlanError
+
+    clean, dest = tmp_path / "clean", tmp_path / "resumed"
+    wb.convert(two_sources, clean, shard_size="2200KB", quiet=True)
+    monkeypatch.setenv(FAIL_RANK_ENV, "0")  # fail just before the last file's commit
+    with pytest.raises(PlanError, match="failure injected"):
+        wb.convert(two_sources, dest, shard_size="2200KB", quiet=True)
+    monkeypatch.delenv(FAIL_RANK_ENV)
+    report = wb.convert(two_sources, dest, shard_size="2200KB", quiet=True)
+    assert sorted(report.kept) == ["model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors"]
+    assert _header(dest / "model-00001-of-00003.safetensors")[1].endswith(b" " * 8)  # a kept file is a padded one
+    assert_same_folder(clean, dest)
