@@ -3,8 +3,8 @@
 `copy_file_range` between two files on ext4 (a splice through the page cache) fills the destination page
 by page. When the source and destination offsets share their position within a page, every source page
 lands on exactly one destination page; otherwise each one straddles two, and the same copy costs about
-35 % more system time plus a slower fsync (1 GB on this project's VM: 0.31-0.33 s of system time
-congruent, 0.47-0.64 s not). `cp` always copies congruently (offset 0 to offset 0).
+35 % more system time plus a slower fsync (1 GB on this project's VM: 0.31-0.36 s of system time
+congruent, 0.47-0.65 s not, most of 20 runs). `cp` always copies congruently (offset 0 to offset 0).
 
 A safetensors file's data starts right after its header, which the format lets end in any number of
 spaces. So each output file gets one free choice: the data start's offset within a page. This module
