@@ -6,7 +6,7 @@ config.json. The layer count and vocabulary are chosen to reach the requested si
 once into its folder together with a `bench_input.json` stamp; a folder whose stamp matches is reused.
 
 Usage (run.py calls these; they are also handy alone):
-    python benchmarks/make_llama_like.py synth DIR [--size-gib 2] [--shards 4]
+    python benchmarks/make_llama_like.py synth DIR [--size-gib 2] [--shards 4] [--dtype BF16]
     python benchmarks/make_llama_like.py hf DIR
     python benchmarks/make_llama_like.py tiny DIR [--tensors 100000]
 """
@@ -142,9 +142,12 @@ def _random_filler(seed: int) -> Callable[[TensorInfo], np.ndarray]:
 
     def fill(info: TensorInfo) -> np.ndarray:
         if len(info.shape) == 1:  # norms start at one, like a fresh model
-            return np.ones(info.shape, dtype=np.float32)
-        values = rng.standard_normal(info.numel, dtype=np.float32)
-        values *= 0.02
+            values = np.ones(info.shape, dtype=np.float32)
+        else:
+            values = rng.standard_normal(info.numel, dtype=np.float32)
+            values *= 0.02
+        if info.dtype == "BF16":  # the upper half of each float32 (truncation; the values only need to be plausible)
+            return (values.reshape(-1).view(np.uint32) >> 16).astype(np.uint16)
         return values
 
     return fill
@@ -163,17 +166,23 @@ def _fresh(folder: Path) -> None:
     folder.mkdir(parents=True)
 
 
-def make_synthetic_llama(folder: Path, size_gib: float = 2.0, shards: int = 4, seed: int = 0) -> dict:
-    """Write (or reuse) the F32 Llama-shaped sharded checkpoint of about `size_gib` GiB; returns its stamp."""
-    shape = llama_shape_for_size(int(size_gib * GIB))
-    specs = [(n, s, "F32") for n, s in shape.tensors()]
-    total = sum(int(np.prod(s)) * 4 for _, s, _ in specs)
+def make_synthetic_llama(folder: Path, size_gib: float = 2.0, shards: int = 4, seed: int = 0, dtype: str = "F32") -> dict:
+    """Write (or reuse) the Llama-shaped sharded checkpoint of about `size_gib` GiB (F32 or BF16); returns its stamp."""
+    width = {"F32": 4, "BF16": 2}[dtype]
+    shape = llama_shape_for_size(int(size_gib * GIB * 4 / width))  # the same bytes in either dtype
+    specs = [(n, s, dtype) for n, s in shape.tensors()]
+    total = sum(int(np.prod(s)) * width for _, s, _ in specs)
     stamp = {"kind": "synthetic-llama", "shape": asdict(shape), "shards": shards, "seed": seed, "bytes": total, "version": 2}
+    if dtype != "F32":  # F32 stamps stay as they were, so existing inputs are reused
+        stamp["dtype"] = dtype
     if _stamp_matches(folder, stamp):
         return stamp
     _fresh(folder)
     write_sharded(folder, specs, shards, _random_filler(seed))
-    (folder / "config.json").write_text(json.dumps(shape.hf_config(), indent=2))
+    config = shape.hf_config()
+    if dtype == "BF16":
+        config["torch_dtype"] = "bfloat16"
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
     (folder / STAMP).write_text(json.dumps(stamp))
     return stamp
 
@@ -227,9 +236,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size-gib", type=float, default=2.0)
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--tensors", type=int, default=100_000)
+    parser.add_argument("--dtype", choices=["F32", "BF16"], default="F32", help="synth only: the stored dtype")
     args = parser.parse_args(argv)
     if args.kind == "synth":
-        stamp = make_synthetic_llama(args.folder, args.size_gib, args.shards)
+        stamp = make_synthetic_llama(args.folder, args.size_gib, args.shards, dtype=args.dtype)
     elif args.kind == "hf":
         stamp = make_transformers_llama(args.folder)
     else:

@@ -84,3 +84,41 @@ def test_end_to_end_report_on_tiny_input(tmp_path, capsys):
     assert len(row["runs"]) == 2 and all(r["returncode"] == 0 for r in row["runs"])
     assert row["ratio_to_cp_sync"] == pytest.approx(1.0)
     assert not (tmp_path / "out" / "tiny-cp-sync").exists()  # outputs dropped between runs
+
+
+paired = _load("bench_paired", BENCH / "paired.py")
+
+
+def test_bf16_synthetic_checkpoint_has_bf16_tensors_and_the_bytes_asked_for(tmp_path):
+    folder = tmp_path / "bf16"
+    stamp = make.make_synthetic_llama(folder, 0.05, shards=2, dtype="BF16")
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    assert stamp["dtype"] == "BF16" and index["metadata"]["total_size"] == stamp["bytes"]
+    f32 = make.llama_shape_for_size(int(0.1 * (1 << 30)))  # the same element count at 4 bytes: twice the size
+    assert stamp["shape"]["layers"] == f32.layers and stamp["bytes"] == sum(2 * math.prod(s) for _, s in f32.tensors())
+    assert json.loads((folder / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    shard = folder / index["weight_map"]["model.norm.weight"]
+    raw = shard.read_bytes()
+    start = 8 + int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:start])
+    assert {v["dtype"] for k, v in header.items() if k != "__metadata__"} == {"BF16"}
+    first, last = header["model.norm.weight"]["data_offsets"]
+    assert raw[start + first : start + last] == b"\x80\x3f" * 2048  # norms are 1.0: bf16 0x3F80, little-endian
+
+
+def test_paired_ratios_are_per_pair_medians():
+    runs = lambda walls, sys_s: [paired.Run(w, 0.1, s, 0) for w, s in zip(walls, sys_s, strict=True)]  # noqa: E731
+    result = paired.Pairs(paired.WORKLOADS[0], 10**9, engine=runs([1.0, 2.0, 1.0], [0.2, 0.4, 0.3]), copy=runs([2.0, 2.0, 3.0], [0.2, 0.2, 0.2]))
+    row = paired.table([result]).splitlines()[-1]
+    assert "| 2.00 (1.00–3.00) | ≥ 1.0 (pass) |" in row  # cp wall / workbench wall: 2, 1, 3
+    assert row.endswith("| 1.50 (1.00–2.00) |")  # sys ratios 1, 2, 1.5
+
+
+def test_paired_end_to_end_on_a_small_input(tmp_path, capsys):
+    paired.main(["--workdir", str(tmp_path), "--only", "pass-256", "--pairs", "1", "--settle", "0", "--size-gib", "0.05"])
+    text = capsys.readouterr().out
+    assert "| pass-through re-shard, bf16, 4 shards -> 256MB shards | 0.09 |" in text
+    assert (tmp_path / "paired.md").read_text().strip() == text.strip()
+    raw = json.loads((tmp_path / "paired.json").read_text())
+    assert raw[0]["workload"] == "pass-256" and len(raw[0]["engine"]) == len(raw[0]["copy"]) == 1
+    assert not (tmp_path / "paired-scratch").exists()

@@ -124,6 +124,7 @@ def convert(
     verify: bool = False,
     launcher: Launcher = "auto",
     on_overflow: OnOverflow = "warn",
+    page_align: bool = True,
 ) -> RunReport:
     """Convert `source` into HF safetensors shards in `dest`, exactly as `wb.plan` describes.
 
@@ -140,11 +141,12 @@ def convert(
     operations, equal to a fresh cast for casts; per tensor in `report.verification`, `report.verified`.
     Values a cast cannot represent (fp16 overflows to inf, float8 e4m3 saturates ...) are counted per tensor
     (`report.overflow`, a `CastOverflowWarning`); `on_overflow="error"` fails the run on the first such value
-    instead (a `CastOverflowError`, before the index is written).
+    instead (a `CastOverflowError`, before the index is written). `page_align=False`: minimal headers, byte-identical
+    to `safetensors.save_file` (see `wb.plan`).
     Returns a `RunReport` (predicted next to measured); raises `PlanError` when the plan has errors
     or a rank fails (naming the rank and the cause; no index is written then).
     """
-    options = make_options(shard_size, nproc, rest, dtype, extras, overwrite, chunk_size, to, on_overflow)
+    options = make_options(shard_size, nproc, rest, dtype, extras, overwrite, chunk_size, to, on_overflow, page_align)
     check_launcher(launcher)
     if under_torchrun():
         report = convert_in_place(source, dest, mapper, options, quiet=quiet, on_progress=on_progress)

@@ -43,6 +43,9 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what happens to tensors the mapper does not mention (default keep)")
     parser.add_argument("--no-extras", action="store_true", help="do not copy config.json, tokenizer files ...")
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier conversion in the destination")
+    parser.add_argument("--no-page-align", dest="page_align", action="store_false",
+                        help="keep safetensors headers minimal (bytes identical to safetensors.save_file) instead of "
+                             "padding them so kernel copies are page-congruent")
     parser.add_argument("--to", default="safetensors", metavar="FORMAT",
                         help="output format, one of workbench.output.OUTPUT_FORMATS: safetensors (HF shards, default) "
                              "or dcp (a torch.distributed.checkpoint folder)")
@@ -154,7 +157,7 @@ def _plan(args: argparse.Namespace, dest: str | None):
     return plan(
         _source(args), mapper, shard_size=args.shard_size, nproc=args.nproc, rest=rest, dest=dest,
         dtype=args.dtype, extras=not args.no_extras, overwrite=args.overwrite, to=args.to,
-        on_overflow=getattr(args, "on_overflow", "warn"),
+        on_overflow=getattr(args, "on_overflow", "warn"), page_align=args.page_align,
     )
 
 
@@ -184,7 +187,7 @@ def run_convert(args: argparse.Namespace) -> int:
         with _overflow_in_the_report():
             report = convert(_source(args), args.dest, mapper, shard_size=args.shard_size, rest=rest, dtype=args.dtype,
                              extras=not args.no_extras, overwrite=args.overwrite, quiet=args.quiet, to=args.to,
-                             verify=args.verify, on_overflow=args.on_overflow)
+                             verify=args.verify, on_overflow=args.on_overflow, page_align=args.page_align)
         if int(os.environ.get("RANK", "0")) == 0:
             print(report.summary())
         return _verdict(report)

@@ -31,6 +31,7 @@ _DTYPE_RANK = [
 ]
 _RANK = {code: i for i, code in enumerate(_DTYPE_RANK)}
 DEFAULT_METADATA = {"format": "pt"}
+PAGE = 4096  # the page a data start is placed within (fixed, so the bytes are the same on every machine)
 
 
 def tensor_meta(tensor: Any) -> tuple[str, tuple[int, ...]]:
@@ -58,12 +59,18 @@ def layout_file(
     metadata: Mapping[str, str] | None = None,
     *,
     order: str = "reference",
+    data_residue: int | None = None,
 ) -> FileLayout:
     """Place `tensors` in one file: header bytes and absolute offsets, identical to the reference writer.
 
     `order='reference'` sorts like `safetensors.save_file` (so equal inputs give equal bytes);
-    `order='given'` keeps the caller's order.
+    `order='given'` keeps the caller's order. `data_residue` (a multiple of 8 below `PAGE`) pads the header
+    with more trailing spaces, as the format allows, until the data starts at that offset within a page:
+    kernel copies from a source run at the same offset within its page move whole pages (see
+    `planning.page_align`). None keeps the reference writer's minimal padding.
     """
+    if data_residue is not None and (data_residue % 8 or not 0 <= data_residue < PAGE):
+        raise ValueError(f"data_residue must be a multiple of 8 in [0, {PAGE}), not {data_residue}")
     ordered = reference_order(tensors) if order == "reference" else list(tensors)
     names = set()
     entries: dict[str, Any] = {"__metadata__": dict(DEFAULT_METADATA if metadata is None else metadata)}
@@ -88,6 +95,8 @@ def layout_file(
         what = f"tensor name {bad!r}" if bad is not None else "the metadata"
         raise PlanError(f"Cannot lay out {file}: {what} is not valid Unicode text (lone surrogate). Fix it.", tensor=bad) from None
     body += b" " * (-len(body) % 8)
+    if data_residue is not None:
+        body += b" " * ((data_residue - 8 - len(body)) % PAGE)
     header = len(body).to_bytes(8, "little") + body
     start = len(header)
     placed = []
@@ -374,12 +383,15 @@ class SafetensorsOutput(OutputFormat):
     title = "safetensors"
     label = ""
     keeps_header_metadata = True
+    pads_header = True
 
     def file_name(self, k: int, n: int) -> str:
         return shard_file_name(k + 1, n)
 
-    def layout_file(self, name: str, tensors: Sequence[TensorInfo], metadata: Mapping[str, str] | None = None) -> FileLayout:
-        return layout_file(name, tensors, metadata)
+    def layout_file(
+        self, name: str, tensors: Sequence[TensorInfo], metadata: Mapping[str, str] | None = None, *, data_residue: int | None = None,
+    ) -> FileLayout:
+        return layout_file(name, tensors, metadata, data_residue=data_residue)
 
     def open_writer(self, folder: str | os.PathLike, layout: FileLayout) -> SafetensorsWriter:
         return SafetensorsWriter(folder, layout)

@@ -23,6 +23,7 @@ from .fingerprint import layout_fingerprint, run_fingerprint
 from .gc_pause import gc_paused
 from .header_metadata import HeaderMetadata
 from .model import Plan, PlanOptions
+from .page_align import reader_offsets
 from .ranks import assign_ranks
 from .schedule import SourceAccess, build_steps
 from .sharding import layout_outputs
@@ -92,7 +93,8 @@ ON_OVERFLOW = ("warn", "error")
 
 
 def make_options(shard_size: int | str | None, nproc: int, rest: str, dtype: Any, extras: bool, overwrite: bool,
-                 chunk_size: int | str, to: str = "safetensors", on_overflow: str = "warn") -> PlanOptions:
+                 chunk_size: int | str, to: str = "safetensors", on_overflow: str = "warn",
+                 page_align: bool = True) -> PlanOptions:
     """Validate and normalise the user's options (a dtype policy must name a float dtype the engine produces)."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise PlanError(f"Cannot plan with nproc={nproc!r}: it must be a whole number of processes, at least 1.")
@@ -111,6 +113,7 @@ def make_options(shard_size: int | str | None, nproc: int, rest: str, dtype: Any
         chunk_bytes=parse_size(chunk_size, what="chunk size"),
         to=output.name,
         on_overflow=on_overflow,
+        page_align=bool(page_align),
     )
 
 
@@ -161,7 +164,8 @@ def _build_plan(
                                           "Check the mapper and the rest= policy."))
     header_metadata = HeaderMetadata(catalog.file_metadata)
     try:
-        files, warnings = layout_outputs(steps, options.shard_size, output, header_metadata.choose)
+        offsets = reader_offsets(catalog.reader) if options.page_align else None
+        files, warnings = layout_outputs(steps, options.shard_size, output, header_metadata.choose, offsets)
     except PlanError as exc:
         problems.append(Problem("error", exc.message, tensor=exc.tensor))
         files, warnings = [], []
@@ -228,6 +232,7 @@ def plan(
     chunk_size: int | str = DEFAULT_CHUNK,
     to: OutputName = "safetensors",
     on_overflow: OnOverflow = "warn",
+    page_align: bool = True,
 ) -> Plan:
     """Dry-run a conversion from metadata only; no tensor data is read.
 
@@ -241,8 +246,10 @@ def plan(
     `chunk_size`: input bytes a chunked cast converts at a time. `to`: 'safetensors' (HF shards + index)
     or 'dcp' (a torch.distributed.checkpoint folder that loads at any world size). `on_overflow`: what a run
     of this plan does when a cast meets values its dtype cannot hold ('warn': count and report, 'error': fail).
+    `page_align=False` keeps every safetensors header minimal, byte-identical to `safetensors.save_file`
+    (by default a file filled by kernel copies gets up to 4 KiB of header spaces so the copies run page-congruent).
     """
-    options = make_options(shard_size, nproc, rest, dtype, extras, overwrite, chunk_size, to, on_overflow)
+    options = make_options(shard_size, nproc, rest, dtype, extras, overwrite, chunk_size, to, on_overflow, page_align)
     with gc_paused():
         return build_plan(resolve_catalog(source), mapper, options, dest)
 

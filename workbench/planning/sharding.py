@@ -15,6 +15,7 @@ from ..catalog import TensorInfo
 from ..display import format_bytes
 from ..mapper.groups import Problem
 from ..output.base import FileLayout, OutputFormat
+from .page_align import SourceOffset, choose_residue
 from .schedule import Step
 
 
@@ -126,11 +127,14 @@ def assign_by_format(steps: list[Step], output: OutputFormat) -> tuple[list[list
 
 def layout_outputs(
     steps: list[Step], limit: int, output: OutputFormat, metadata: Callable[[Iterable[str]], dict[str, str]] | None = None,
+    source_offset: SourceOffset | None = None,
 ) -> tuple[list[OutputFile], list[Problem]]:
     """Name and lay out the shards; sets `step.files` to file names.
 
     `output` names and lays out each file (see `workbench.output`); `metadata` maps the source files feeding
-    a shard to its header `__metadata__` where the format keeps one (default `{"format": "pt"}`).
+    a shard to its header `__metadata__` where the format keeps one (default `{"format": "pt"}`). With
+    `source_offset` (where a source tensor's raw bytes start) a format that pads its header places each
+    file's data start so its kernel copies are page-congruent (`planning.page_align`).
     """
     if any(output.shard_of(t.name) is not None for s in steps for t in s.group.outputs):
         shards, step_shards, warnings = assign_by_format(steps, output)
@@ -148,4 +152,10 @@ def layout_outputs(
         step.files = tuple(names[k] for k in numbers)
         for k in numbers:
             files[k].steps.append(step.index)
+    if source_offset is not None and output.pads_header:
+        by_index = {step.index: step for step in steps}
+        for file, tensors, meta in zip(files, shards, metas, strict=True):
+            residue = choose_residue((by_index[i] for i in file.steps), file.layout, source_offset)
+            if residue is not None:
+                file.layout = output.layout_file(file.name, tensors, meta, data_residue=residue)
     return files, warnings
