@@ -45,7 +45,9 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier conversion in the destination")
     parser.add_argument("--to", default="safetensors", metavar="FORMAT",
                         help="output format, one of workbench.output.OUTPUT_FORMATS: safetensors (HF shards, default) "
-                             "or dcp (a torch.distributed.checkpoint folder)")
+                             "or dcp (a torch.distributed.checkpoint folder), gguf (llama.cpp), pth (Meta consolidated.NN.pth)")
+    parser.add_argument("--nproc-mp", type=int, default=1, metavar="N",
+                        help="with --to pth: Meta's N model-parallel files consolidated.00 .. NN.pth (default 1)")
     parser.add_argument("--source", action="append", default=[], metavar="NAME=PATH", dest="sources",
                         help="another checkpoint to read from, its tensors named NAME::tensor (SRC is source 'base')")
     parser.add_argument("--adapter", metavar="DIR",
@@ -153,7 +155,7 @@ def _plan(args: argparse.Namespace, dest: str | None):
     return plan(
         _source(args), mapper, shard_size=args.shard_size, nproc=args.nproc, rest=rest, dest=dest,
         dtype=args.dtype, extras=not args.no_extras, overwrite=args.overwrite, to=args.to,
-        on_overflow=getattr(args, "on_overflow", "warn"),
+        on_overflow=getattr(args, "on_overflow", "warn"), nproc_mp=args.nproc_mp,
     )
 
 
@@ -183,7 +185,7 @@ def run_convert(args: argparse.Namespace) -> int:
         with _overflow_in_the_report():
             report = convert(_source(args), args.dest, mapper, shard_size=args.shard_size, rest=rest, dtype=args.dtype,
                              extras=not args.no_extras, overwrite=args.overwrite, quiet=args.quiet, to=args.to,
-                             verify=args.verify, on_overflow=args.on_overflow)
+                             verify=args.verify, on_overflow=args.on_overflow, nproc_mp=args.nproc_mp)
         if int(os.environ.get("RANK", "0")) == 0:
             print(report.summary())
         return _verdict(report)

@@ -42,6 +42,7 @@ class OutputFormat:
     copies_extras: bool = True  # whether config, tokenizer and other non-weight files are copied beside the output
     default_shard_size: int | str = "5GB"  # the split size when the user names none
     applies_dtype_policy: bool = True  # whether the planner casts float outputs to `dtype=` (False: `prepare` uses it)
+    model_parallel: bool = False  # whether `nproc_mp=` (Meta's model-parallel files) means something for this format
 
     def policy(self, dtype: Any) -> str:
         """The code a `dtype=` policy stands for in this format (default: a float dtype every tensor is cast to)."""

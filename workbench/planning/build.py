@@ -92,7 +92,7 @@ ON_OVERFLOW = ("warn", "error")
 
 
 def make_options(shard_size: int | str | None, nproc: int, rest: str, dtype: Any, extras: bool, overwrite: bool,
-                 chunk_size: int | str, to: str = "safetensors", on_overflow: str = "warn") -> PlanOptions:
+                 chunk_size: int | str, to: str = "safetensors", on_overflow: str = "warn", nproc_mp: int = 1) -> PlanOptions:
     """Validate and normalise the user's options (a dtype policy must name a float dtype the engine produces)."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise PlanError(f"Cannot plan with nproc={nproc!r}: it must be a whole number of processes, at least 1.")
@@ -100,6 +100,11 @@ def make_options(shard_size: int | str | None, nproc: int, rest: str, dtype: Any
     if on_overflow not in ON_OVERFLOW:
         raise PlanError(f"Cannot plan with on_overflow={on_overflow!r}: choose 'warn' (count overflowing values and "
                         "report them) or 'error' (fail the run before its index is written).")
+    if isinstance(nproc_mp, bool) or not isinstance(nproc_mp, int) or nproc_mp < 1:
+        raise PlanError(f"Cannot plan with nproc_mp={nproc_mp!r}: it must be a whole number of model-parallel files, at least 1.")
+    if nproc_mp > 1 and not output.model_parallel:
+        raise PlanError(f"Cannot plan with nproc_mp={nproc_mp} for {output.title} output: model-parallel files are Meta's "
+                        "consolidated.NN.pth layout. Write it with to='pth', or leave nproc_mp at 1.")
     code = None if dtype is None else output.policy(dtype)
     return PlanOptions(
         shard_size=parse_size(output.default_shard_size if shard_size is None else shard_size),
@@ -111,6 +116,7 @@ def make_options(shard_size: int | str | None, nproc: int, rest: str, dtype: Any
         chunk_bytes=parse_size(chunk_size, what="chunk size"),
         to=output.name,
         on_overflow=on_overflow,
+        nproc_mp=nproc_mp,
     )
 
 
@@ -215,6 +221,7 @@ def plan(
     chunk_size: int | str = DEFAULT_CHUNK,
     to: OutputName = "safetensors",
     on_overflow: OnOverflow = "warn",
+    nproc_mp: int = 1,
 ) -> Plan:
     """Dry-run a conversion from metadata only; no tensor data is read.
 
@@ -228,8 +235,9 @@ def plan(
     `chunk_size`: input bytes a chunked cast converts at a time. `to`: 'safetensors' (HF shards + index)
     or 'dcp' (a torch.distributed.checkpoint folder that loads at any world size). `on_overflow`: what a run
     of this plan does when a cast meets values its dtype cannot hold ('warn': count and report, 'error': fail).
+    `nproc_mp` (with to='pth'): Meta's model-parallel files, consolidated.00 .. NN.pth, split as Meta's code expects.
     """
-    options = make_options(shard_size, nproc, rest, dtype, extras, overwrite, chunk_size, to, on_overflow)
+    options = make_options(shard_size, nproc, rest, dtype, extras, overwrite, chunk_size, to, on_overflow, nproc_mp)
     with gc_paused():
         return build_plan(resolve_catalog(source), mapper, options, dest)
 

@@ -43,6 +43,7 @@ class PlanOptions:
     chunk_bytes: int = 32 << 20
     to: str = "safetensors"  # output format: 'safetensors' (HF shards + index) or 'dcp' (torch.distributed.checkpoint)
     on_overflow: str = "warn"  # a cast meeting values its dtype cannot hold: 'warn' (count and report) or 'error' (fail the run)
+    nproc_mp: int = 1  # model-parallel files of a Meta `.pth` output (consolidated.00 .. NN)
 
 
 class Plan:
