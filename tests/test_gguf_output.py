@@ -3,6 +3,7 @@ shapes, bytes and metadata, for every type the dtype policy offers."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -27,13 +28,15 @@ def _tensors(reader) -> dict:
             for t in reader.tensors}
 
 
-@pytest.mark.parametrize(("family", "outtype"), [("llama", "f16"), ("llama", "bf16"), ("llama", "q8_0"), ("llama", "f32"),
-                                                 ("mistral", "q8_0"), ("qwen2", "q8_0"), ("qwen3", "bf16")])
-def test_gguf_equals_llama_cpp_converter(family: str, outtype: str, tmp_path: Path) -> None:
-    src = model_folder(family)
+@pytest.mark.parametrize(("family", "outtype", "tokenizer"), [
+    ("llama", "f16", None), ("llama", "bf16", None), ("llama", "q8_0", None), ("llama", "f32", None), ("mistral", "q8_0", None),
+    ("qwen2", "q8_0", None), ("qwen3", "bf16", None), ("llama", "f16", "spm"), ("llama", "q8_0", "gpt2")])
+def test_gguf_equals_llama_cpp_converter(family: str, outtype: str, tokenizer: str | None, tmp_path: Path) -> None:
+    src = model_folder(family, tokenizer)
     wb.convert(src, tmp_path / "out", to="gguf", dtype=outtype, quiet=True)
     ours = gguf.GGUFReader(tmp_path / "out" / "model.gguf")
-    ref = gguf.GGUFReader(reference_gguf(family, outtype))
+    reference = reference_gguf(family, outtype, tokenizer)
+    ref = gguf.GGUFReader(reference)
     assert list(_fields(ours)) == list(_fields(ref))
     assert _fields(ours) == _fields(ref)
     mine, theirs = _tensors(ours), _tensors(ref)
@@ -42,7 +45,36 @@ def test_gguf_equals_llama_cpp_converter(family: str, outtype: str, tmp_path: Pa
         assert mine[name][:2] == theirs[name][:2], name
         assert mine[name][2] == theirs[name][2], name
     assert {t for t, _, _ in mine.values()} == ({"F32", outtype.upper()} if outtype != "f32" else {"F32"})
-    assert (tmp_path / "out" / "model.gguf").read_bytes() == reference_gguf(family, outtype).read_bytes()
+    assert (tmp_path / "out" / "model.gguf").read_bytes() == reference.read_bytes()
+
+
+def test_each_tokenizer_route_writes_the_converters_vocabulary_keys(tmp_path: Path) -> None:
+    """The three routes llama.cpp's converter takes, seen in the files both write (equal above)."""
+    spm = _fields(gguf.GGUFReader(reference_gguf("llama", "f16", "spm")))
+    assert spm["tokenizer.ggml.model"][1] == "llama" and spm["tokenizer.ggml.pre"][1] == "default"
+    kinds = spm["tokenizer.ggml.token_type"][1]
+    tokens = spm["tokenizer.ggml.tokens"][1]
+    assert set(kinds) == {1, 3, 4, 5, 6}  # normal, control, user-defined, padding, byte pieces
+    assert kinds[0] == 3  # <unk>: tokenizer_config marks it special, which makes it a control token
+    assert tokens[-1] == f"[PAD{len(tokens) - 1}]" and kinds[-1] == 5 and tokens[-4] == "<extra_0>" and " plain" in tokens and kinds[tokens.index("<|tool_call|>")] == 3
+    assert "tokenizer.ggml.merges" not in spm and len(spm["tokenizer.ggml.scores"][1]) == len(tokens)
+    gpt2 = _fields(gguf.GGUFReader(reference_gguf("llama", "q8_0", "gpt2")))
+    assert (gpt2["tokenizer.ggml.model"][1], gpt2["tokenizer.ggml.pre"][1]) == ("gpt2", "gpt-2")
+    assert len(gpt2["tokenizer.ggml.merges"][1]) == 50000 and "tokenizer.ggml.scores" not in gpt2
+    qwen = _fields(gguf.GGUFReader(reference_gguf("qwen2", "q8_0")))
+    assert (qwen["tokenizer.ggml.model"][1], qwen["tokenizer.ggml.pre"][1]) == ("gpt2", "qwen2")
+    # A byte-level BPE whose pre-tokenizer the workbench cannot name for llama.cpp is refused, not guessed.
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer_config.json"):
+        (odd / name).write_bytes((model_folder("llama", "gpt2") / name).read_bytes())
+    tokenizer = json.loads((model_folder("llama", "gpt2") / "tokenizer.json").read_text())
+    tokenizer["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": r"\p{L}+"}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+    (odd / "tokenizer.json").write_text(json.dumps(tokenizer))
+    with pytest.raises(PlanError, match="pre-tokenizer is not one the workbench names.*convert_hf_to_gguf.py"):
+        wb.plan(odd, to="gguf")
 
 
 def test_the_plan_lists_gguf_types_sizes_and_metadata_before_anything_is_written(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """The key/value metadata of a GGUF file for an HF Llama-family folder, as llama.cpp's converter writes it.
 
-Model parameters come from `config.json`; the tokenizer from the folder's tokenizer files through the
-`gguf` package's own vocabulary readers (`LlamaHfVocab`, `SpecialVocab`); name and size label through its
+Model parameters come from `config.json`; the tokenizer from the folder's tokenizer files (`gguf_vocab`: the
+converter's SentencePiece, byte-fallback BPE and GPT-2 BPE routes); name and size label through the `gguf` package's
 `Metadata` heuristics. Values are collected in a `GGUFWriter` (never opened) so their GGUF types are
 exactly the ones llama.cpp's writer would give them.
 """
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PlanError
+from .gguf_vocab import add_vocab
 
 FILE_TYPES = {"F32": 0, "F16": 1, "Q8_0": 7, "BF16": 32}  # llama.cpp's LlamaFileType for an all-of-one-type file
 
@@ -68,20 +69,15 @@ def kv_metadata(root: Path, arch: str, config: dict[str, Any], gguf_type: str, t
     meta.set_gguf_meta_model(writer)
     head_dim = _model_parameters(writer, config)
     writer.add_file_type(FILE_TYPES[gguf_type])
-    tokens, scores, types = _vocab(root)
+    vocab_size = int(config["vocab_size"]) if config.get("vocab_size") else None
     if arch == "llama":  # llama.cpp's Llama converter (also Mistral) adds these two; Qwen's does not
-        writer.add_vocab_size(int(config.get("vocab_size") or len(tokens)))
+        writer.add_vocab_size(vocab_size or _count_tokens(root))
         writer.add_rope_dimension_count(head_dim)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     prefix_space = _tokenizer_config(root).get("add_prefix_space")
     if arch == "llama" and prefix_space is not None:
         writer.add_add_space_prefix(bool(prefix_space))
-    writer.add_tokenizer_model("llama")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_scores(scores)
-    writer.add_token_types(types)
-    gguf.SpecialVocab(root, n_vocab=len(tokens)).add_to_gguf(writer)
+    add_vocab(writer, root, arch, vocab_size)
     return dict(writer.kv_data[0])
 
 
@@ -93,23 +89,12 @@ def _tokenizer_config(root: Path) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
-def _vocab(root: Path) -> tuple[list[Any], list[float], list[int]]:
+def _count_tokens(root: Path) -> int:
+    """Tokens of the folder's tokenizer, for a config without vocab_size."""
     import gguf
 
-    if not (root / "tokenizer.json").is_file():
-        raise PlanError(f"Cannot write GGUF for {root}: it has no tokenizer.json. The workbench reads HF byte-fallback "
-                        "BPE (Llama-style) tokenizers; copy the model's tokenizer files into the folder.")
-    try:
-        vocab = gguf.LlamaHfVocab(root)
-    except Exception as exc:  # the gguf package rejects tokenizers it does not read
-        raise PlanError(f"Cannot write GGUF for {root}: its tokenizer.json is not a byte-fallback BPE tokenizer the workbench "
-                        f"reads ({type(exc).__name__}: {exc}). Use llama.cpp's convert_hf_to_gguf.py for this model.") from None
-    tokens, scores, types = [], [], []
-    for text, score, kind in vocab.all_tokens():
-        tokens.append(text)
-        scores.append(score)
-        types.append(kind)
-    return tokens, scores, types
+    writer = gguf.GGUFWriter(None, "llama")
+    return add_vocab(writer, root, "llama", None)
 
 
 __all__ = ["FILE_TYPES", "kv_metadata", "read_config"]
