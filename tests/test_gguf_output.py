@@ -173,3 +173,33 @@ def test_an_interrupted_split_gguf_resumes_keeping_the_finished_files(tmp_path: 
     for name in names:
         merged.update(_tensors(gguf.GGUFReader(out / name)))
     assert merged == _tensors(gguf.GGUFReader(reference_gguf("llama", "f16")))
+
+
+def test_q4_0_is_the_gguf_quantiser_applied_to_the_converters_f32_tensors(tmp_path: Path) -> None:
+    """llama.cpp's converter writes no Q4_0 (its --outtype stops at q8_0): the reference is its F32 file, quantised
+    by the gguf package's own Q4_0 quantiser; metadata equal but for general.file_type (2, MOSTLY_Q4_0)."""
+    report = wb.convert(model_folder("llama"), tmp_path / "out", to="gguf", dtype="q4_0", quiet=True, verify=True)
+    ours = gguf.GGUFReader(tmp_path / "out" / "model.gguf")
+    f32 = gguf.GGUFReader(reference_gguf("llama", "f32"))
+    mine, theirs = _fields(ours), _fields(f32)
+    assert mine.pop("general.file_type")[1] == 2 and theirs.pop("general.file_type")[1] == 0
+    assert mine == theirs
+    source = {t.name: np.asarray(t.data) for t in f32.tensors}
+    errors = {}
+    for t in ours.tensors:
+        if t.tensor_type.name == "F32":
+            assert np.array_equal(np.asarray(t.data), source[t.name]), t.name
+            continue
+        assert t.tensor_type.name == "Q4_0", t.name
+        expected = gguf.quants.quantize(source[t.name], gguf.GGMLQuantizationType.Q4_0)
+        assert bytes(np.asarray(t.data)) == bytes(expected), t.name
+        back = gguf.quants.dequantize(np.asarray(t.data), gguf.GGMLQuantizationType.Q4_0).reshape(source[t.name].shape)
+        blocks = np.abs(source[t.name]).reshape(-1, 32).max(axis=1)
+        # Q4_0 keeps 16 levels of step amax/8 per block: every value is within one step.
+        assert (np.abs(back - source[t.name]).reshape(-1, 32).max(axis=1) <= blocks / 8 * 1.001).all(), t.name
+        errors[t.name] = float(np.abs(back - source[t.name]).max())
+    frame = report.verification
+    q4 = frame[frame.check == "compute+dequantised"]
+    assert report.verified and len(q4) == len(errors) == 16
+    for name, error in errors.items():
+        assert q4.loc[name, "max_abs_diff"] == pytest.approx(error, rel=1e-6), name

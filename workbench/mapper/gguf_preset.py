@@ -3,8 +3,8 @@
 The names, the permutation (Llama and Mistral store q/k rows per head as [first halves, second halves];
 llama.cpp interleaves them, like Meta's layout) and the per-tensor types are the facts llama.cpp's
 `convert_hf_to_gguf.py` applies; they are restated here as a workbench mapper so the planner can show
-and schedule them. Q8_0 tensors are produced by `quantize_q8_0` (the `gguf` package's own quantiser) as
-their GGUF bytes, a U8 tensor of shape (rows, blocks * 34).
+and schedule them. Q8_0 / Q4_0 tensors are produced by `quantize` (the `gguf` package's own quantiser) as
+their GGUF bytes, a U8 tensor of shape (rows, blocks * 34) or (rows, blocks * 18).
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ from .function import Function
 from .ops import Cast, Rename, Reshape, Transpose
 
 LAYERS = "model.layers.{i}"
-GGUF_TYPES = ("F32", "F16", "BF16", "Q8_0")
+GGUF_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0")
 Q8_BLOCK, Q8_BYTES = 32, 34  # elements per Q8_0 block, bytes per block (an f16 scale + 32 int8)
+# Block-quantised types: (elements per block, bytes per block). Q4_0: an f16 scale + 32 4-bit values.
+QUANTIZED = {"Q8_0": (Q8_BLOCK, Q8_BYTES), "Q4_0": (32, 18)}
 
 # llama.cpp's architecture name per HF model_type, and whether it permutes q/k rows.
 ARCHITECTURES = {"llama": ("llama", True), "mistral": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False)}
@@ -54,36 +56,53 @@ def gguf_name(hf: str) -> str | None:
 
 
 def gguf_type(name: str, shape: tuple[int, ...], wanted: str) -> str:
-    """llama.cpp's type for one output tensor: vectors and norms stay F32; Q8_0 needs rows of whole blocks
-    (else F16, as the converter falls back)."""
-    if len(shape) <= 1 or name.endswith("_norm.weight"):
+    """llama.cpp's type for one output tensor: vectors and norms stay F32; a block-quantised type needs rows of
+    whole blocks (else F16, as the converter falls back)."""
+    if len(shape) <= 1 or name.endswith("_norm.weight") or name.endswith("ffn_gate_inp.weight"):
         return "F32"
-    if wanted == "Q8_0" and shape[-1] % Q8_BLOCK:
+    if wanted in QUANTIZED and shape[-1] % QUANTIZED[wanted][0]:
         return "F16"
     return wanted
 
 
+def quantized_shape(shape: tuple[int, ...], kind: str = "Q8_0") -> tuple[int, ...]:
+    """Byte shape of a `kind` (Q8_0, Q4_0) tensor of logical `shape`."""
+    block, size = QUANTIZED[kind]
+    return (*shape[:-1], shape[-1] // block * size)
+
+
 def q8_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     """Byte shape of a Q8_0 tensor of logical `shape`."""
-    return (*shape[:-1], shape[-1] // Q8_BLOCK * Q8_BYTES)
+    return quantized_shape(shape, "Q8_0")
 
 
-def quantize_q8_0(tensor: Any) -> Any:
-    """Q8_0 bytes of `tensor` (computed in float32 by the `gguf` package's quantiser), as a U8 tensor."""
+def quantize(tensor: Any, *, kind: str = "Q8_0") -> Any:
+    """`kind` (Q8_0, Q4_0) bytes of `tensor`, computed in float32 by the `gguf` package's own quantiser, as a U8 tensor."""
     import gguf
     import numpy as np
     import torch
 
     data = tensor.detach().to(torch.float32).contiguous().numpy()
-    return torch.from_numpy(np.ascontiguousarray(gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)))
+    return torch.from_numpy(np.ascontiguousarray(gguf.quants.quantize(data, gguf.GGMLQuantizationType[kind])))
+
+
+def infer_quantize(tensor: TensorInfo, *, kind: str = "Q8_0") -> list[tuple[str, tuple[int, ...]]]:
+    """Output metadata of `quantize`."""
+    block = QUANTIZED[kind][0]
+    if not tensor.shape or tensor.shape[-1] % block:
+        raise MapperError(f"Cannot quantise {tensor.name!r} {list(tensor.shape)} to {kind}: its rows are not whole blocks of "
+                          f"{block}. Keep it F16.", tensor=tensor.name)
+    return [("U8", quantized_shape(tuple(tensor.shape), kind))]
+
+
+def quantize_q8_0(tensor: Any) -> Any:
+    """Q8_0 bytes of `tensor` (see `quantize`)."""
+    return quantize(tensor, kind="Q8_0")
 
 
 def infer_q8_0(tensor: TensorInfo) -> list[tuple[str, tuple[int, ...]]]:
     """Output metadata of `quantize_q8_0`."""
-    if not tensor.shape or tensor.shape[-1] % Q8_BLOCK:
-        raise MapperError(f"Cannot quantise {tensor.name!r} {list(tensor.shape)} to Q8_0: its rows are not whole blocks of 32. "
-                          "Keep it F16.", tensor=tensor.name)
-    return [("U8", q8_shape(tuple(tensor.shape)))]
+    return infer_quantize(tensor, kind="Q8_0")
 
 
 @dataclass(frozen=True)
@@ -104,7 +123,7 @@ def _config_get(config: Any, key: str, default: Any = None) -> Any:
 def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | None = None) -> tuple[Mapper, dict[str, GgufTensor], str]:
     """The mapper from an HF Llama-family checkpoint (`source`: its catalog) to llama.cpp's tensors, the
     GGUF type and shape of every output, and llama.cpp's architecture name. `dtype`: the GGUF type of
-    matrices (F32, F16, BF16, Q8_0). `before`: a user mapper applied first (its outputs must be HF names)."""
+    matrices (F32, F16, BF16, Q8_0, Q4_0). `before`: a user mapper applied first (its outputs must be HF names)."""
     model_type = _config_get(config, "model_type")
     if model_type not in ARCHITECTURES:
         raise MapperError(f"Cannot map model_type {model_type!r} to GGUF: the workbench writes GGUF for "
@@ -136,6 +155,9 @@ def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | No
         if kind == "Q8_0":
             stage4.append(Function("workbench.mapper.gguf_preset:quantize_q8_0", (out,), (out,),
                                    infer="workbench.mapper.gguf_preset:infer_q8_0"))
+        elif kind in QUANTIZED:
+            stage4.append(Function("workbench.mapper.gguf_preset:quantize", (out,), (out,),
+                                   infer="workbench.mapper.gguf_preset:infer_quantize", params=(("kind", kind),)))
         elif info.dtype != kind:
             stage4.append(Cast(out, kind))
         planned[out] = GgufTensor(out, kind, shape, name, n_heads if permute else 0)
@@ -146,4 +168,5 @@ def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | No
 
 
 
-__all__ = ["ARCHITECTURES", "GGUF_TYPES", "GgufTensor", "gguf_name", "gguf_type", "hf_to_gguf", "infer_q8_0", "quantize_q8_0"]
+__all__ = ["ARCHITECTURES", "GGUF_TYPES", "QUANTIZED", "GgufTensor", "gguf_name", "gguf_type", "hf_to_gguf", "infer_q8_0",
+           "infer_quantize", "quantize", "quantize_q8_0", "quantized_shape"]

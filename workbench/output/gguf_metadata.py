@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import PlanError
 from .gguf_vocab import add_vocab
 
-FILE_TYPES = {"F32": 0, "F16": 1, "Q8_0": 7, "BF16": 32}  # llama.cpp's LlamaFileType for an all-of-one-type file
+FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 7, "BF16": 32}  # llama.cpp's LlamaFileType for an all-of-one-type file
 
 
 def read_config(root: Path) -> dict[str, Any]:
