@@ -30,7 +30,8 @@ def _tensors(reader) -> dict:
 
 @pytest.mark.parametrize(("family", "outtype", "tokenizer"), [
     ("llama", "f16", None), ("llama", "bf16", None), ("llama", "q8_0", None), ("llama", "f32", None), ("mistral", "q8_0", None),
-    ("qwen2", "q8_0", None), ("qwen3", "bf16", None), ("llama", "f16", "spm"), ("llama", "q8_0", "gpt2")])
+    ("qwen2", "q8_0", None), ("qwen3", "bf16", None), ("llama", "f16", "spm"), ("llama", "q8_0", "gpt2"),
+    ("mixtral", "q8_0", None)])
 def test_gguf_equals_llama_cpp_converter(family: str, outtype: str, tokenizer: str | None, tmp_path: Path) -> None:
     src = model_folder(family, tokenizer)
     wb.convert(src, tmp_path / "out", to="gguf", dtype=outtype, quiet=True)
@@ -120,7 +121,7 @@ def test_a_folder_without_config_or_with_an_unknown_dtype_is_refused(tmp_path: P
     (bare / "model.safetensors").write_bytes((model_folder("llama") / "model.safetensors").read_bytes())
     with pytest.raises(PlanError, match="config.json"):
         wb.plan(bare, to="gguf")
-    with pytest.raises(PlanError, match="model_type 'bert'.*llama, mistral, qwen2, qwen3"):
+    with pytest.raises(PlanError, match="model_type 'bert'.*llama, mistral, mixtral, qwen2, qwen3"):
         wb.plan(Path(__file__).resolve().parent.parent / "sample_checkpoints" / "tiny-bert", to="gguf")
 
 
@@ -203,3 +204,18 @@ def test_q4_0_is_the_gguf_quantiser_applied_to_the_converters_f32_tensors(tmp_pa
     assert report.verified and len(q4) == len(errors) == 16
     for name, error in errors.items():
         assert q4.loc[name, "max_abs_diff"] == pytest.approx(error, rel=1e-6), name
+
+
+def test_mixtral_experts_are_stacked_per_layer_and_verify_dequantises_the_stacks(tmp_path: Path) -> None:
+    report = wb.convert(model_folder("mixtral"), tmp_path / "out", to="gguf", dtype="q8_0", quiet=True, verify=True)
+    reader = gguf.GGUFReader(tmp_path / "out" / "model.gguf")
+    shapes = {t.name: (t.tensor_type.name, [int(d) for d in t.shape]) for t in reader.tensors}
+    # GGUF lists dims innermost first: (columns, rows, experts).
+    assert shapes["blk.0.ffn_gate_exps.weight"] == ("Q8_0", [64, 96, 4]) and shapes["blk.1.ffn_down_exps.weight"] == ("Q8_0", [96, 64, 4])
+    assert shapes["blk.0.ffn_gate_inp.weight"] == ("F32", [64, 4])
+    fields = _fields(reader)
+    assert fields["llama.expert_count"][1] == 4 and fields["llama.expert_used_count"][1] == 2
+    assert fields["general.size_label"][1] == "4x100K"
+    frame = report.verification
+    stacks = frame[frame.index.str.contains("_exps")]
+    assert report.verified and len(stacks) == 6 and (stacks.check == "compute+dequantised").all() and (stacks.max_abs_diff > 0).all()

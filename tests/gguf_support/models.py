@@ -128,6 +128,9 @@ def build(folder: Path, family: str = "llama", dtype: str = "bfloat16", tokenize
     elif family == "mistral":
         config = transformers.MistralConfig(**common, head_dim=16)
         cls = transformers.MistralForCausalLM
+    elif family == "mixtral":
+        config = transformers.MixtralConfig(**common, head_dim=16, num_local_experts=4, num_experts_per_tok=2)
+        cls = transformers.MixtralForCausalLM
     elif family == "qwen2":
         config = transformers.Qwen2Config(**common)
         cls = transformers.Qwen2ForCausalLM

@@ -9,6 +9,7 @@ their GGUF bytes, a U8 tensor of shape (rows, blocks * 34) or (rows, blocks * 18
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,7 @@ from ..errors import MapperError
 from .base import Mapper
 from .compose import Parallel, Sequential
 from .function import Function
-from .ops import Cast, Rename, Reshape, Transpose
+from .ops import Cast, Rename, Reshape, Stack, Transpose
 
 LAYERS = "model.layers.{i}"
 GGUF_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0")
@@ -26,7 +27,12 @@ Q8_BLOCK, Q8_BYTES = 32, 34  # elements per Q8_0 block, bytes per block (an f16 
 QUANTIZED = {"Q8_0": (Q8_BLOCK, Q8_BYTES), "Q4_0": (32, 18)}
 
 # llama.cpp's architecture name per HF model_type, and whether it permutes q/k rows.
-ARCHITECTURES = {"llama": ("llama", True), "mistral": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False)}
+ARCHITECTURES = {"llama": ("llama", True), "mistral": ("llama", True), "mixtral": ("llama", True), "qwen2": ("qwen2", False),
+                 "qwen3": ("qwen3", False)}
+# Mixtral's experts, as transformers saves them (one tensor per expert): llama.cpp stacks each layer's experts
+# into one (experts, rows, columns) tensor per projection, w1 -> gate, w2 -> down, w3 -> up.
+_EXPERT = re.compile(r"model\.layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\.(w[123])\.weight")
+_EXPERT_NAMES = (("w1", "ffn_gate_exps.weight"), ("w2", "ffn_down_exps.weight"), ("w3", "ffn_up_exps.weight"))
 
 _TOP = (("model.embed_tokens.weight", "token_embd.weight"), ("model.norm.weight", "output_norm.weight"),
         ("lm_head.weight", "output.weight"))
@@ -38,6 +44,7 @@ _LAYER = (
     ("self_attn.v_proj.bias", "attn_v.bias"), ("self_attn.q_norm.weight", "attn_q_norm.weight"),
     ("self_attn.k_norm.weight", "attn_k_norm.weight"),
     ("mlp.gate_proj.weight", "ffn_gate.weight"), ("mlp.up_proj.weight", "ffn_up.weight"), ("mlp.down_proj.weight", "ffn_down.weight"),
+    ("block_sparse_moe.gate.weight", "ffn_gate_inp.weight"),
 )
 
 
@@ -114,6 +121,17 @@ class GgufTensor:
     shape: tuple[int, ...]
     source: str = ""  # the HF tensor it is made from
     heads: int = 0  # heads of the q/k row permutation applied to it (0: none)
+    stacked: tuple[str, ...] = ()  # the HF tensors stacked into it (MoE experts), when not one `source`
+
+
+def _typed(out: str, kind: str, dtype: str) -> list[Mapper]:
+    """The op that gives output `out` its GGUF type `kind` (nothing when it already has it)."""
+    if kind == "Q8_0":
+        return [Function("workbench.mapper.gguf_preset:quantize_q8_0", (out,), (out,), infer="workbench.mapper.gguf_preset:infer_q8_0")]
+    if kind in QUANTIZED:
+        return [Function("workbench.mapper.gguf_preset:quantize", (out,), (out,), infer="workbench.mapper.gguf_preset:infer_quantize",
+                         params=(("kind", kind),))]
+    return [Cast(out, kind)] if dtype != kind else []
 
 
 def _config_get(config: Any, key: str, default: Any = None) -> Any:
@@ -138,7 +156,24 @@ def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | No
     stage3: list[Mapper] = []
     stage4: list[Mapper] = []
     planned: dict[str, GgufTensor] = {}
+    n_experts = int(_config_get(config, "num_local_experts") or 0)
+    experts: dict[int, dict[tuple[str, int], str]] = {}
     for name in source.tensors:
+        expert = _EXPERT.fullmatch(name)
+        if expert is not None and n_experts:
+            layer = experts.setdefault(int(expert.group(1)), {})
+            layer[(expert.group(3), int(expert.group(2)))] = name
+            if len(layer) == 3 * n_experts:  # llama.cpp writes a layer's stacks once its last expert tensor is read
+                for wid, suffix in _EXPERT_NAMES:
+                    parts = tuple(layer[(wid, e)] for e in range(n_experts))
+                    out = f"blk.{expert.group(1)}.{suffix}"
+                    info = source[parts[0]]
+                    shape = (n_experts, *info.shape)
+                    stage1.append(Stack(parts, out))
+                    kind = gguf_type(out, shape, dtype)
+                    stage4.extend(_typed(out, kind, info.dtype))
+                    planned[out] = GgufTensor(out, kind, shape, parts[0], 0, parts)
+            continue
         out = gguf_name(name)
         if out is None:
             continue
@@ -152,14 +187,7 @@ def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | No
         else:
             stage1.append(Rename(name, out))
         kind = gguf_type(out, shape, dtype)
-        if kind == "Q8_0":
-            stage4.append(Function("workbench.mapper.gguf_preset:quantize_q8_0", (out,), (out,),
-                                   infer="workbench.mapper.gguf_preset:infer_q8_0"))
-        elif kind in QUANTIZED:
-            stage4.append(Function("workbench.mapper.gguf_preset:quantize", (out,), (out,),
-                                   infer="workbench.mapper.gguf_preset:infer_quantize", params=(("kind", kind),)))
-        elif info.dtype != kind:
-            stage4.append(Cast(out, kind))
+        stage4.extend(_typed(out, kind, info.dtype))
         planned[out] = GgufTensor(out, kind, shape, name, n_heads if permute else 0)
     stages = [Parallel(*ops) for ops in (stage1, stage2, stage3, stage4) if ops]
     if before is not None:

@@ -141,7 +141,7 @@ class GgufOutput(OutputFormat):
         return DTYPE_NAMES[key]
 
     def prepare(self, catalog: Any, mapper: Any, options: Any, preset: Any = None) -> tuple[Any, OutputFormat, Any]:
-        from .gguf_metadata import kv_metadata, read_config
+        from .gguf_metadata import kv_metadata, parameter_counts, read_config
 
         try:
             import gguf  # noqa: F401
@@ -155,10 +155,10 @@ class GgufOutput(OutputFormat):
         config = read_config(root if root.is_dir() else root.parent)
         wanted = options.dtype or "F16"
         combined, planned, arch = preset(config, catalog, wanted, before=mapper)
-        total = sum(_numel(t.shape) for t in planned.values())
+        counts = parameter_counts({name: tuple(t.shape) for name, t in planned.items()})
         kinds = {t.type for t in planned.values() if len(t.shape) > 1}
         file_type = wanted if wanted in kinds or not kinds else sorted(kinds)[0]
-        spec = GgufSpec(arch, kv_metadata(root if root.is_dir() else root.parent, arch, config, file_type, total), planned)
+        spec = GgufSpec(arch, kv_metadata(root if root.is_dir() else root.parent, arch, config, file_type, counts), planned)
         return combined, GgufOutput(spec), dataclasses.replace(options, rest="drop", extras=False)
 
     def file_name(self, k: int, n: int) -> str:
@@ -214,12 +214,15 @@ class GgufOutput(OutputFormat):
         for name, planned in self.spec.tensors.items():
             if planned.type not in QUANTIZED_TYPES or name not in written:
                 continue
-            info = source[planned.source]
-            raw = torch.frombuffer(bytearray(source.read_bytes(planned.source)), dtype=to_torch(info.dtype)).reshape(info.shape)
-            expected = raw.to(torch.float32)
+            parts = []
+            for part in planned.stacked or (planned.source,):
+                info = source[part]
+                raw = torch.frombuffer(bytearray(source.read_bytes(part)), dtype=to_torch(info.dtype)).reshape(info.shape)
+                parts.append(raw.to(torch.float32))
+            expected = torch.stack(parts) if planned.stacked else parts[0]
             if planned.heads:
                 rows = expected.shape[0]  # llama.cpp's q/k order: per head (2, half) rows -> (half, 2)
-                expected = expected.reshape(planned.heads, 2, rows // planned.heads // 2, -1).transpose(1, 2).reshape(info.shape)
+                expected = expected.reshape(planned.heads, 2, rows // planned.heads // 2, -1).transpose(1, 2).reshape(expected.shape)
             stored = np.frombuffer(written.read_bytes(name), dtype=np.uint8).reshape(written[name].shape)
             values = torch.from_numpy(gguf.quants.dequantize(stored, gguf.GGMLQuantizationType[planned.type]).copy())
             errors[name] = float((values.reshape(expected.shape) - expected).abs().max()) if expected.numel() else 0.0
@@ -252,13 +255,6 @@ def open_written_gguf(dest: Path, layouts: Sequence[FileLayout]) -> Any:
                                       f"{(kind, shape, slot.begin)}. Convert again.", tensor=slot.name)
             infos.append(slot)
     return slot_catalog(dest, "gguf", infos)
-
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 __all__ = ["ALIGNMENT", "GgufFileLayout", "GgufOutput", "GgufSpec", "gguf_file_name", "layout_gguf_file"]

@@ -48,13 +48,36 @@ def _model_parameters(writer: Any, config: dict[str, Any]) -> int:
     if theta is not None:
         writer.add_rope_freq_base(float(theta))
     writer.add_layer_norm_rms_eps(float(config["rms_norm_eps"]))
+    if config.get("num_local_experts") is not None:
+        writer.add_expert_count(int(config["num_local_experts"]))
+    if config.get("num_experts_per_tok") is not None:
+        writer.add_expert_used_count(int(config["num_experts_per_tok"]))
     if "head_dim" in config and config["head_dim"]:
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
     return head_dim
 
 
-def kv_metadata(root: Path, arch: str, config: dict[str, Any], gguf_type: str, total_params: int) -> dict[str, Any]:
+def parameter_counts(shapes: dict[str, tuple[int, ...]]) -> tuple[int, int, int, int]:
+    """(total, shared, per-expert, experts) parameters of the planned tensors, counted as llama.cpp's writer counts
+    them for the size label: a `*_exps.*` tensor of 3 or more dims holds experts along its third-last dim."""
+    total = shared = expert = expert_sum = n_expert_tensors = 0
+    for name, shape in shapes.items():
+        size = 1
+        for d in shape:
+            size *= d
+        if "_exps." in name and len(shape) >= 3:
+            count = shape[-2 if ".bias" in name else -3]
+            expert += size // count
+            expert_sum += count
+            n_expert_tensors += 1
+        else:
+            shared += size
+        total += size
+    return total, shared, expert, expert_sum // n_expert_tensors if n_expert_tensors else 0
+
+
+def kv_metadata(root: Path, arch: str, config: dict[str, Any], gguf_type: str, counts: tuple[int, int, int, int]) -> dict[str, Any]:
     """Every key/value pair, in llama.cpp's order, as the `gguf` package's `GGUFValue`s."""
     import logging
 
@@ -63,9 +86,9 @@ def kv_metadata(root: Path, arch: str, config: dict[str, Any], gguf_type: str, t
     logging.getLogger("gguf").setLevel(logging.WARNING)
     writer = gguf.GGUFWriter(None, arch)
     writer.add_type(gguf.GGUFType.MODEL)
-    meta = gguf.Metadata.load(None, root, None, total_params)
-    if meta.size_label is None and total_params > 0:
-        meta.size_label = gguf.size_label(total_params, 0, 0, 0)
+    meta = gguf.Metadata.load(None, root, None, counts[0])
+    if meta.size_label is None and counts[0] > 0:
+        meta.size_label = gguf.size_label(*counts)
     meta.set_gguf_meta_model(writer)
     head_dim = _model_parameters(writer, config)
     writer.add_file_type(FILE_TYPES[gguf_type])
@@ -97,4 +120,4 @@ def _count_tokens(root: Path) -> int:
     return add_vocab(writer, root, "llama", None)
 
 
-__all__ = ["FILE_TYPES", "kv_metadata", "read_config"]
+__all__ = ["FILE_TYPES", "kv_metadata", "parameter_counts", "read_config"]
