@@ -28,11 +28,16 @@ QUANTIZED = {"Q8_0": (Q8_BLOCK, Q8_BYTES), "Q4_0": (32, 18)}
 
 # llama.cpp's architecture name per HF model_type, and whether it permutes q/k rows.
 ARCHITECTURES = {"llama": ("llama", True), "mistral": ("llama", True), "mixtral": ("llama", True), "qwen2": ("qwen2", False),
-                 "qwen3": ("qwen3", False)}
-# Mixtral's experts, as transformers saves them (one tensor per expert): llama.cpp stacks each layer's experts
-# into one (experts, rows, columns) tensor per projection, w1 -> gate, w2 -> down, w3 -> up.
-_EXPERT = re.compile(r"model\.layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\.(w[123])\.weight")
-_EXPERT_NAMES = (("w1", "ffn_gate_exps.weight"), ("w2", "ffn_down_exps.weight"), ("w3", "ffn_up_exps.weight"))
+                 "qwen3": ("qwen3", False), "qwen2_moe": ("qwen2moe", False)}
+# MoE experts as transformers saves them (one tensor per expert): llama.cpp stacks each layer's experts into one
+# (experts, rows, columns) tensor per projection, in the order each converter emits them.
+_EXPERTS = {
+    "mixtral": (re.compile(r"model\.layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\.(w[123])\.weight"),
+                (("w1", "ffn_gate_exps.weight"), ("w2", "ffn_down_exps.weight"), ("w3", "ffn_up_exps.weight"))),
+    "qwen2_moe": (re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(\w+_proj)\.weight"),
+                  (("down_proj", "ffn_down_exps.weight"), ("gate_proj", "ffn_gate_exps.weight"), ("up_proj", "ffn_up_exps.weight"))),
+}
+_F32_MATRICES = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")  # MoE routers: llama.cpp keeps them F32
 
 _TOP = (("model.embed_tokens.weight", "token_embd.weight"), ("model.norm.weight", "output_norm.weight"),
         ("lm_head.weight", "output.weight"))
@@ -44,7 +49,9 @@ _LAYER = (
     ("self_attn.v_proj.bias", "attn_v.bias"), ("self_attn.q_norm.weight", "attn_q_norm.weight"),
     ("self_attn.k_norm.weight", "attn_k_norm.weight"),
     ("mlp.gate_proj.weight", "ffn_gate.weight"), ("mlp.up_proj.weight", "ffn_up.weight"), ("mlp.down_proj.weight", "ffn_down.weight"),
-    ("block_sparse_moe.gate.weight", "ffn_gate_inp.weight"),
+    ("block_sparse_moe.gate.weight", "ffn_gate_inp.weight"), ("mlp.gate.weight", "ffn_gate_inp.weight"),
+    ("mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"), ("mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"),
+    ("mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"), ("mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"),
 )
 
 
@@ -65,7 +72,7 @@ def gguf_name(hf: str) -> str | None:
 def gguf_type(name: str, shape: tuple[int, ...], wanted: str) -> str:
     """llama.cpp's type for one output tensor: vectors and norms stay F32; a block-quantised type needs rows of
     whole blocks (else F16, as the converter falls back)."""
-    if len(shape) <= 1 or name.endswith("_norm.weight") or name.endswith("ffn_gate_inp.weight"):
+    if len(shape) <= 1 or name.endswith("_norm.weight") or name.endswith(_F32_MATRICES):
         return "F32"
     if wanted in QUANTIZED and shape[-1] % QUANTIZED[wanted][0]:
         return "F16"
@@ -156,15 +163,16 @@ def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | No
     stage3: list[Mapper] = []
     stage4: list[Mapper] = []
     planned: dict[str, GgufTensor] = {}
-    n_experts = int(_config_get(config, "num_local_experts") or 0)
+    n_experts = int(_config_get(config, "num_local_experts") or _config_get(config, "num_experts") or 0)
+    expert_pattern, expert_names = _EXPERTS.get(model_type, (None, ()))
     experts: dict[int, dict[tuple[str, int], str]] = {}
     for name in source.tensors:
-        expert = _EXPERT.fullmatch(name)
+        expert = expert_pattern.fullmatch(name) if expert_pattern is not None else None
         if expert is not None and n_experts:
             layer = experts.setdefault(int(expert.group(1)), {})
             layer[(expert.group(3), int(expert.group(2)))] = name
             if len(layer) == 3 * n_experts:  # llama.cpp writes a layer's stacks once its last expert tensor is read
-                for wid, suffix in _EXPERT_NAMES:
+                for wid, suffix in expert_names:
                     parts = tuple(layer[(wid, e)] for e in range(n_experts))
                     out = f"blk.{expert.group(1)}.{suffix}"
                     info = source[parts[0]]

@@ -48,8 +48,9 @@ def _model_parameters(writer: Any, config: dict[str, Any]) -> int:
     if theta is not None:
         writer.add_rope_freq_base(float(theta))
     writer.add_layer_norm_rms_eps(float(config["rms_norm_eps"]))
-    if config.get("num_local_experts") is not None:
-        writer.add_expert_count(int(config["num_local_experts"]))
+    experts = config.get("num_local_experts", config.get("num_experts"))
+    if experts is not None:
+        writer.add_expert_count(int(experts))
     if config.get("num_experts_per_tok") is not None:
         writer.add_expert_used_count(int(config["num_experts_per_tok"]))
     if "head_dim" in config and config["head_dim"]:
@@ -92,6 +93,11 @@ def kv_metadata(root: Path, arch: str, config: dict[str, Any], gguf_type: str, c
     meta.set_gguf_meta_model(writer)
     head_dim = _model_parameters(writer, config)
     writer.add_file_type(FILE_TYPES[gguf_type])
+    if arch == "qwen2moe":  # llama.cpp's Qwen2-MoE converter adds the expert widths after the common keys
+        if config.get("moe_intermediate_size") is not None:
+            writer.add_expert_feed_forward_length(int(config["moe_intermediate_size"]))
+        if config.get("shared_expert_intermediate_size") is not None:
+            writer.add_expert_shared_feed_forward_length(int(config["shared_expert_intermediate_size"]))
     vocab_size = int(config["vocab_size"]) if config.get("vocab_size") else None
     if arch == "llama":  # llama.cpp's Llama converter (also Mistral) adds these two; Qwen's does not
         writer.add_vocab_size(vocab_size or _count_tokens(root))
