@@ -1,7 +1,7 @@
 """Peak RSS and wall time of `workbench convert --to gguf` next to llama.cpp's convert_hf_to_gguf.py on the same folder.
 
 Usage:
-    python benchmarks/gguf_vs_llama_cpp.py --size 1GiB [--size 2GiB] [--outtype q8_0] [--work /tmp/gguf-bench]
+    python benchmarks/gguf_vs_llama_cpp.py --size 1GiB [--size 2GiB] [--outtype q8_0] [--vocab 128256] [--work /tmp/gguf-bench]
     python benchmarks/gguf_vs_llama_cpp.py --src HF_FOLDER [--outtype f16]
 
 `--size` builds (once, reused while its stamp matches) a BF16 Llama of about that many bytes under `--work`:
@@ -49,19 +49,22 @@ def _bf16(values: np.ndarray) -> np.ndarray:
     return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
 
 
-def make_bf16_llama(folder: Path, size_bytes: int, seed: int = 0) -> Path:
-    """A BF16 Llama of about `size_bytes` with the GGUF tests' tokenizer, written once (stamped) into `folder`."""
+def make_bf16_llama(folder: Path, size_bytes: int, seed: int = 0, vocab: int = 0) -> Path:
+    """A BF16 Llama of about `size_bytes` with the GGUF tests' tokenizer, written once (stamped) into `folder`.
+    `vocab`: rows of the embedding and lm_head (default: the tokenizer's size); a Llama 3 size (128256) makes the
+    largest single tensors 0.5 GB each, which is what a tool's peak follows."""
     from gguf_support.models import _tokenizer
     from make_llama_like import GIB, STAMP, LlamaShape, _fresh, _stamp_matches, write_sharded
 
     base = LlamaShape()
-    layers = max(1, round(size_bytes / (base.layer_elements() * 2)))
-    stamp = {"kind": "gguf-bench-llama", "layers": layers, "seed": seed, "version": 1}
+    embeddings = 2 * vocab * base.hidden * 2
+    layers = max(1, round((size_bytes - embeddings) / (base.layer_elements() * 2)))
+    stamp = {"kind": "gguf-bench-llama", "layers": layers, "seed": seed, "version": 1, **({"vocab": vocab} if vocab else {})}
     if _stamp_matches(folder, stamp):
         return folder
     _fresh(folder)
     n_vocab = _tokenizer(folder)
-    shape = LlamaShape(layers=layers, vocab=n_vocab)
+    shape = LlamaShape(layers=layers, vocab=vocab or n_vocab)
     rng = np.random.default_rng(seed)
 
     def fill(info):
@@ -114,12 +117,15 @@ def main() -> None:
     parser.add_argument("--src", help="an HF folder to convert (instead of --size)")
     parser.add_argument("--size", action="append", default=[], help="build a BF16 Llama of this size (repeatable), e.g. 1GiB")
     parser.add_argument("--outtype", default="q8_0")
+    parser.add_argument("--vocab", type=int, default=0, help="embedding rows (default: the tokenizer's); 128256 = Llama 3's")
     parser.add_argument("--work", default="/tmp/gguf-bench")
     args = parser.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{EXTRA}"}
-    inputs = [Path(args.src)] if args.src else [make_bf16_llama(work / f"llama-{s}", parse_bytes(s)) for s in args.size or ["1GiB"]]
+    suffix = f"-v{args.vocab}" if args.vocab else ""
+    sizes = args.size or ["1GiB"]
+    inputs = [Path(args.src)] if args.src else [make_bf16_llama(work / f"llama-{s}{suffix}", parse_bytes(s), vocab=args.vocab) for s in sizes]
     print(f"| input ({args.outtype}, one run each) | tool | seconds | peak RSS MiB | RSS ratio | time ratio |")
     print("|---|---|---:|---:|---:|---:|")
     for src in inputs:
@@ -127,7 +133,7 @@ def main() -> None:
         rows = compare(src, args.outtype, work, env)
         (_, t_ours, m_ours), (_, t_ref, m_ref) = rows
         for k, (tool, seconds, rss) in enumerate(rows):
-            label = f"{size:,.0f} MiB BF16 Llama" if k == 0 else ""
+            label = f"{size:,.0f} MiB BF16 Llama{f', vocab {args.vocab:,}' if args.vocab else ''}" if k == 0 else ""
             ratios = f"{m_ours / m_ref:.2f} | {t_ours / t_ref:.2f}" if k == 0 else " | "
             print(f"| {label} | {tool} | {seconds:.1f} | {rss:,.0f} | {ratios} |", flush=True)
     print(f"\n(`python benchmarks/gguf_vs_llama_cpp.py {' '.join(sys.argv[1:])}`; ratios are workbench / script; "

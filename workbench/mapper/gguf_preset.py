@@ -90,14 +90,25 @@ def q8_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     return quantized_shape(shape, "Q8_0")
 
 
+QUANTIZE_CHUNK = 1 << 22  # elements quantised at a time: the float32 copy and the quantiser's scratch stay ~100 MB
+
+
 def quantize(tensor: Any, *, kind: str = "Q8_0") -> Any:
-    """`kind` (Q8_0, Q4_0) bytes of `tensor`, computed in float32 by the `gguf` package's own quantiser, as a U8 tensor."""
+    """`kind` (Q8_0, Q4_0) bytes of `tensor`, computed in float32 by the `gguf` package's own quantiser, as a U8 tensor.
+    Blocks lie within rows, so rows are quantised a chunk at a time (a 2 GB embedding never becomes 4 GB of float32)."""
     import gguf
     import numpy as np
     import torch
 
-    data = tensor.detach().to(torch.float32).contiguous().numpy()
-    return torch.from_numpy(np.ascontiguousarray(gguf.quants.quantize(data, gguf.GGMLQuantizationType[kind])))
+    kind_id = gguf.GGMLQuantizationType[kind]
+    shape = tuple(tensor.shape)
+    rows = tensor.detach().reshape(-1, shape[-1]) if shape else tensor.detach().reshape(1, 1)
+    out = np.empty(quantized_shape((rows.shape[0], rows.shape[1]), kind), dtype=np.uint8)
+    step = max(1, QUANTIZE_CHUNK // max(1, rows.shape[1]))
+    for start in range(0, rows.shape[0], step):
+        chunk = rows[start:start + step].to(torch.float32).contiguous().numpy()
+        out[start:start + step] = gguf.quants.quantize(chunk, kind_id)
+    return torch.from_numpy(out.reshape(quantized_shape(shape, kind)))
 
 
 def infer_quantize(tensor: TensorInfo, *, kind: str = "Q8_0") -> list[tuple[str, tuple[int, ...]]]:
