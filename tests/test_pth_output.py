@@ -113,7 +113,14 @@ def test_a_llama3_size_vocabulary_splits_the_embedding_by_rows() -> None:
     assert embedding_split_dim({"vocab_size": 32000}) == 1  # Llama 2: ParallelEmbedding
 
 
-def test_nproc_mp_that_does_not_divide_the_heads_or_another_format_is_refused(llama_sample: Path) -> None:
+def test_nproc_mp_that_does_not_divide_the_heads_or_another_format_is_refused(llama_sample: Path, tmp_path: Path) -> None:
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for path in llama_sample.iterdir():
+        if path.name != "config.json":
+            (bare / path.name).write_bytes(path.read_bytes())
+    with pytest.raises(wb.PlanError, match="no config.json"):
+        wb.plan(bare, to="pth", nproc_mp=2)
     with pytest.raises(wb.PlanError, match=r"num_key_value_heads \(2\) is not a multiple of 4"):
         wb.plan(llama_sample, to="pth", nproc_mp=4)
     with pytest.raises(wb.PlanError, match="nproc_mp=2 for safetensors output.*to='pth'"):

@@ -268,6 +268,10 @@ class PthOutput(OutputFormat):
         root = Path(catalog.root)
         folder = root if root.is_dir() else root.parent
         params: dict[str, Any] = {}
+        if options.nproc_mp > 1 and not (folder / "config.json").is_file():
+            raise PlanError(f"Cannot split {folder} into {options.nproc_mp} model-parallel files: it has no config.json "
+                            "(heads and sizes decide the split). Convert an HF model folder, or pass a mapper that names "
+                            "outputs mp<r>/<name>.")
         if (folder / "config.json").is_file():
             config = read_config(folder)
             if preset is not None and (mapper is None or options.nproc_mp > 1):
