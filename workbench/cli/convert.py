@@ -37,7 +37,8 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
                              "order (each built on what the previous ones make); with --mapper, the presets run first")
     parser.add_argument("--shard-size", default=None, help="largest shard, e.g. 5GB (decimal) or 500MiB (default 5GB; one file for --to gguf)")
     parser.add_argument("--dtype", help="store every floating-point tensor in this floating-point dtype (bf16, fp16, fp32, "
-                                        "fp64, fp8, F8_E5M2 ...); integer and bool tensors are never cast")
+                                        "fp64, fp8, F8_E5M2 ...); integer and bool tensors are never cast; with --to gguf the type of "
+                                        "matrices: f32, f16, bf16, q8_0, q4_0 (norms stay F32)")
     parser.add_argument("--nproc", type=int, default=1, help="processes to run on (torchrun workers when > 1)")
     parser.add_argument("--rest", choices=("keep", "drop", "error"), default="keep",
                         help="what happens to tensors the mapper does not mention (default keep)")
