@@ -31,7 +31,7 @@ def _tensors(reader) -> dict:
 @pytest.mark.parametrize(("family", "outtype", "tokenizer"), [
     ("llama", "f16", None), ("llama", "bf16", None), ("llama", "q8_0", None), ("llama", "f32", None), ("mistral", "q8_0", None),
     ("qwen2", "q8_0", None), ("qwen3", "bf16", None), ("llama", "f16", "spm"), ("llama", "q8_0", "gpt2"),
-    ("mixtral", "q8_0", None), ("qwen2_moe", "q8_0", None)])
+    ("mixtral", "q8_0", None), ("qwen2_moe", "q8_0", None), ("llama", "f16", "llama3")])
 def test_gguf_equals_llama_cpp_converter(family: str, outtype: str, tokenizer: str | None, tmp_path: Path) -> None:
     src = model_folder(family, tokenizer)
     wb.convert(src, tmp_path / "out", to="gguf", dtype=outtype, quiet=True)
@@ -64,6 +64,8 @@ def test_each_tokenizer_route_writes_the_converters_vocabulary_keys(tmp_path: Pa
     assert len(gpt2["tokenizer.ggml.merges"][1]) == 50000 and "tokenizer.ggml.scores" not in gpt2
     qwen = _fields(gguf.GGUFReader(reference_gguf("qwen2", "q8_0")))
     assert (qwen["tokenizer.ggml.model"][1], qwen["tokenizer.ggml.pre"][1]) == ("gpt2", "qwen2")
+    llama3 = _fields(gguf.GGUFReader(reference_gguf("llama", "f16", "llama3")))
+    assert (llama3["tokenizer.ggml.pre"][1], llama3["tokenizer.ggml.add_bos_token"][1]) == ("llama-bpe", True)
     # A byte-level BPE whose pre-tokenizer the workbench cannot name for llama.cpp is refused, not guessed.
     odd = tmp_path / "odd"
     odd.mkdir()

@@ -40,12 +40,15 @@ def _tokenizer(folder: Path) -> None:
     return len(tok.get_vocab())
 
 
+LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+                r"|\s+(?!\S)|\s+")
 QWEN2_REGEX = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 
 
-def _byte_level_tokenizer(folder: Path, vocab_gguf: Path, qwen2: bool) -> int:
-    """A real byte-level BPE rebuilt from a vocabulary llama.cpp ships: GPT-2's (ggml-vocab-gpt-2.gguf) or Qwen2's
-    (ggml-vocab-qwen2.gguf, with Qwen2's split regex), saved as tokenizer.json; its config vocabulary size."""
+def _byte_level_tokenizer(folder: Path, vocab_gguf: Path, kind: str) -> int:
+    """A real byte-level BPE rebuilt from a vocabulary llama.cpp ships: GPT-2's (ggml-vocab-gpt-2.gguf), Qwen2's
+    (ggml-vocab-qwen2.gguf, Qwen2's split regex) or Llama 3's (ggml-vocab-llama-bpe.gguf, its regex, merges
+    ignored for whole-word tokens, BOS added by a template), saved as tokenizer.json; its vocabulary size."""
     import gguf
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
@@ -56,21 +59,32 @@ def _byte_level_tokenizer(folder: Path, vocab_gguf: Path, qwen2: bool) -> int:
     end = tokens[int(reader.fields["tokenizer.ggml.eos_token_id"].contents())]
     normal = {t: k for k, (t, kind) in enumerate(zip(tokens, types, strict=True)) if kind == 1}
     control = [t for t, kind in zip(tokens, types, strict=True) if kind == 3]
-    tok = Tokenizer(models.BPE(vocab=normal, merges=merges, ignore_merges=False))
-    if qwen2:
+    tok = Tokenizer(models.BPE(vocab=normal, merges=merges, ignore_merges=kind == "llama3"))
+    regex = {"qwen2": QWEN2_REGEX, "llama3": LLAMA3_REGEX}.get(kind)
+    if regex is not None:
         tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(QWEN2_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     else:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
+    if kind == "llama3":
+        bos = tokens[int(reader.fields["tokenizer.ggml.bos_token_id"].contents())]
+        tok.post_processor = processors.Sequence([
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
+                                          special_tokens=[(bos, normal.get(bos, tokens.index(bos)))])])
+    else:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
     tok.save(str(folder / "tokenizer.json"))
+    qwen2 = kind == "qwen2"
     config = {"bos_token": None if qwen2 else end, "eos_token": end, "unk_token": None if qwen2 else end, "model_max_length": 1024,
-              "tokenizer_class": "Qwen2Tokenizer" if qwen2 else "GPT2Tokenizer"}
+              "tokenizer_class": {"qwen2": "Qwen2Tokenizer", "llama3": "PreTrainedTokenizerFast"}.get(kind, "GPT2Tokenizer")}
     if qwen2:
         config["pad_token"] = end
+    if kind == "llama3":
+        config.update(bos_token=bos, unk_token=None)
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     return len(tokens)
 
@@ -107,14 +121,14 @@ def _sentencepiece_tokenizer(folder: Path, train: Callable[[Path], None]) -> int
 
 def build(folder: Path, family: str = "llama", dtype: str = "bfloat16", tokenizer: str = "fallback",
           vocab_gguf: Path | None = None, train: Callable[[Path], None] | None = None) -> Path:
-    """Write a tiny random `family` model (untied embeddings, GQA) with a `tokenizer` ("fallback", "gpt2" or "qwen2"
-    rebuilt from `vocab_gguf`, or "spm" trained by `train`) into `folder`."""
+    """Write a tiny random `family` model (untied embeddings, GQA) with a `tokenizer` ("fallback", "gpt2", "qwen2" or
+    "llama3" rebuilt from `vocab_gguf`, or "spm" trained by `train`) into `folder`."""
     import torch
     import transformers
 
     folder.mkdir(parents=True, exist_ok=True)
-    if tokenizer in ("gpt2", "qwen2"):
-        n_vocab = _byte_level_tokenizer(folder, vocab_gguf, tokenizer == "qwen2")
+    if tokenizer in ("gpt2", "qwen2", "llama3"):
+        n_vocab = _byte_level_tokenizer(folder, vocab_gguf, tokenizer)
     elif tokenizer == "spm":
         n_vocab = _sentencepiece_tokenizer(folder, train)
     else:

@@ -58,7 +58,7 @@ def _train_sentencepiece(prefix: Path) -> None:
 
 def model_folder(family: str, tokenizer: str | None = None) -> Path:
     """A cached tiny random `family` HF model with a tokenizer: "fallback" (byte-fallback BPE), "spm" (SentencePiece)
-    "gpt2" (GPT-2's byte-level BPE) or "qwen2" (Qwen2's); the family's usual kind by default. Built once per seed."""
+    "gpt2" (GPT-2's byte-level BPE), "qwen2" (Qwen2's) or "llama3" (Llama 3's); the family's usual kind by default. Built once per seed."""
     from gguf_support.models import SEED, build
 
     kind = tokenizer or DEFAULT_TOKENIZERS[family]
@@ -66,7 +66,7 @@ def model_folder(family: str, tokenizer: str | None = None) -> Path:
     if not (folder / "model.safetensors").is_file():
         if kind != "fallback":
             converter()  # the sdist holds the GPT-2 vocabulary and the sentencepiece trainer
-        vocab = SCRIPT.parent / "models" / f"ggml-vocab-{'qwen2' if kind == 'qwen2' else 'gpt-2'}.gguf"
+        vocab = SCRIPT.parent / "models" / f"ggml-vocab-{ {'qwen2': 'qwen2', 'llama3': 'llama-bpe'}.get(kind, 'gpt-2')}.gguf"
         build(folder, family, tokenizer=kind, vocab_gguf=vocab,
               train=_train_sentencepiece)
     return folder

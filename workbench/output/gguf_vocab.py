@@ -232,16 +232,22 @@ def add_vocab(writer: Any, root: Path, arch: str, vocab_size: int | None) -> int
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     special = gguf.SpecialVocab(root, load_merges=True)
-    if _has_byte_level_post_processor(root):  # llama.cpp's gguf-py (after 0.19.0): such a tokenizer adds neither
-        special.add_special_token.setdefault("bos", False)
-        special.add_special_token.setdefault("eos", False)
+    special.add_special_token = _with_byte_level_flags(root, special.add_special_token)
     special.add_to_gguf(writer)
     return len(tokens)
 
 
-def _has_byte_level_post_processor(root: Path) -> bool:
+def _with_byte_level_flags(root: Path, flags: dict[str, bool]) -> dict[str, bool]:
+    """llama.cpp's gguf-py (newer than PyPI's 0.19.0) reads a ByteLevel post-processor as adding neither BOS nor EOS
+    unless a later step says otherwise; the flags in the order it records them (a ByteLevel step first: bos, eos)."""
     post = (_json_file(root / "tokenizer.json") or {}).get("post_processor") or {}
-    return any(step.get("type") == "ByteLevel" for step in post.get("processors", [post]))
+    kinds = [step.get("type") for step in post.get("processors", [post])]
+    if "ByteLevel" not in kinds:
+        return flags
+    templates = [k for k, kind in enumerate(kinds) if kind in ("TemplateProcessing", "RobertaProcessing")]
+    if templates and templates[0] < kinds.index("ByteLevel"):
+        return {**flags, "bos": flags.get("bos", False), "eos": flags.get("eos", False)}
+    return {"bos": flags.get("bos", False), "eos": flags.get("eos", False), **flags}
 
 
 __all__ = ["PRE_TOKENIZERS", "add_vocab", "gpt2_vocab", "pre_tokenizer_name", "sentencepiece_pieces", "sentencepiece_vocab"]
