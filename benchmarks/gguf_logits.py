@@ -4,7 +4,7 @@ Usage:
     PYTHONPATH=.:LLAMA_CPP_SITE python benchmarks/gguf_logits.py [--family llama] [--outtype f32 --outtype q8_0 ...]
 
 LLAMA_CPP_SITE is a folder where llama-cpp-python is installed (built from the sdist the tests cache, e.g.
-`pip install --target /tmp/llama-site .cache/fixtures/llama_cpp_python-0.3.36.tar.gz`, ~20+ min on 2 shared
+`pip install --target /tmp/llama-site .cache/fixtures/llama_cpp_python-0.3.36.tar.gz`, ~25 min on 2 shared
 cores, so it is not part of `make test`). Once its libllama.so is built, the sdist's own `llama_cpp/` package
 (plus `diskcache`) on PYTHONPATH with LLAMA_CPP_LIB_PATH=<folder of the .so files> is enough. For each type the tiny test model (tests/gguf_support) is converted with
 `wb.convert(..., to="gguf")`, loaded by llama.cpp, and evaluated on the same token ids as transformers in
