@@ -3,6 +3,7 @@ shapes, bytes and metadata, for every type the dtype policy offers."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -27,13 +28,16 @@ def _tensors(reader) -> dict:
             for t in reader.tensors}
 
 
-@pytest.mark.parametrize(("family", "outtype"), [("llama", "f16"), ("llama", "bf16"), ("llama", "q8_0"), ("llama", "f32"),
-                                                 ("mistral", "q8_0"), ("qwen2", "q8_0"), ("qwen3", "bf16")])
-def test_gguf_equals_llama_cpp_converter(family: str, outtype: str, tmp_path: Path) -> None:
-    src = model_folder(family)
+@pytest.mark.parametrize(("family", "outtype", "tokenizer"), [
+    ("llama", "f16", None), ("llama", "bf16", None), ("llama", "q8_0", None), ("llama", "f32", None), ("mistral", "q8_0", None),
+    ("qwen2", "q8_0", None), ("qwen3", "bf16", None), ("llama", "f16", "spm"), ("llama", "q8_0", "gpt2"),
+    ("mixtral", "q8_0", None), ("qwen2_moe", "q8_0", None), ("llama", "f16", "llama3")])
+def test_gguf_equals_llama_cpp_converter(family: str, outtype: str, tokenizer: str | None, tmp_path: Path) -> None:
+    src = model_folder(family, tokenizer)
     wb.convert(src, tmp_path / "out", to="gguf", dtype=outtype, quiet=True)
     ours = gguf.GGUFReader(tmp_path / "out" / "model.gguf")
-    ref = gguf.GGUFReader(reference_gguf(family, outtype))
+    reference = reference_gguf(family, outtype, tokenizer)
+    ref = gguf.GGUFReader(reference)
     assert list(_fields(ours)) == list(_fields(ref))
     assert _fields(ours) == _fields(ref)
     mine, theirs = _tensors(ours), _tensors(ref)
@@ -42,7 +46,38 @@ def test_gguf_equals_llama_cpp_converter(family: str, outtype: str, tmp_path: Pa
         assert mine[name][:2] == theirs[name][:2], name
         assert mine[name][2] == theirs[name][2], name
     assert {t for t, _, _ in mine.values()} == ({"F32", outtype.upper()} if outtype != "f32" else {"F32"})
-    assert (tmp_path / "out" / "model.gguf").read_bytes() == reference_gguf(family, outtype).read_bytes()
+    assert (tmp_path / "out" / "model.gguf").read_bytes() == reference.read_bytes()
+
+
+def test_each_tokenizer_route_writes_the_converters_vocabulary_keys(tmp_path: Path) -> None:
+    """The three routes llama.cpp's converter takes, seen in the files both write (equal above)."""
+    spm = _fields(gguf.GGUFReader(reference_gguf("llama", "f16", "spm")))
+    assert spm["tokenizer.ggml.model"][1] == "llama" and spm["tokenizer.ggml.pre"][1] == "default"
+    kinds = spm["tokenizer.ggml.token_type"][1]
+    tokens = spm["tokenizer.ggml.tokens"][1]
+    assert set(kinds) == {1, 3, 4, 5, 6}  # normal, control, user-defined, padding, byte pieces
+    assert kinds[0] == 3  # <unk>: tokenizer_config marks it special, which makes it a control token
+    assert tokens[-1] == f"[PAD{len(tokens) - 1}]" and kinds[-1] == 5 and tokens[-4] == "<extra_0>" and " plain" in tokens and kinds[tokens.index("<|tool_call|>")] == 3
+    assert "tokenizer.ggml.merges" not in spm and len(spm["tokenizer.ggml.scores"][1]) == len(tokens)
+    gpt2 = _fields(gguf.GGUFReader(reference_gguf("llama", "q8_0", "gpt2")))
+    assert (gpt2["tokenizer.ggml.model"][1], gpt2["tokenizer.ggml.pre"][1]) == ("gpt2", "gpt-2")
+    assert len(gpt2["tokenizer.ggml.merges"][1]) == 50000 and "tokenizer.ggml.scores" not in gpt2
+    qwen = _fields(gguf.GGUFReader(reference_gguf("qwen2", "q8_0")))
+    assert (qwen["tokenizer.ggml.model"][1], qwen["tokenizer.ggml.pre"][1]) == ("gpt2", "qwen2")
+    llama3 = _fields(gguf.GGUFReader(reference_gguf("llama", "f16", "llama3")))
+    assert (llama3["tokenizer.ggml.pre"][1], llama3["tokenizer.ggml.add_bos_token"][1]) == ("llama-bpe", True)
+    # A byte-level BPE whose pre-tokenizer the workbench cannot name for llama.cpp is refused, not guessed.
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer_config.json"):
+        (odd / name).write_bytes((model_folder("llama", "gpt2") / name).read_bytes())
+    tokenizer = json.loads((model_folder("llama", "gpt2") / "tokenizer.json").read_text())
+    tokenizer["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": r"\p{L}+"}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+    (odd / "tokenizer.json").write_text(json.dumps(tokenizer))
+    with pytest.raises(PlanError, match="pre-tokenizer is not one the workbench names.*convert_hf_to_gguf.py"):
+        wb.plan(odd, to="gguf")
 
 
 def test_the_plan_lists_gguf_types_sizes_and_metadata_before_anything_is_written(tmp_path: Path) -> None:
@@ -88,7 +123,7 @@ def test_a_folder_without_config_or_with_an_unknown_dtype_is_refused(tmp_path: P
     (bare / "model.safetensors").write_bytes((model_folder("llama") / "model.safetensors").read_bytes())
     with pytest.raises(PlanError, match="config.json"):
         wb.plan(bare, to="gguf")
-    with pytest.raises(PlanError, match="model_type 'bert'.*llama, mistral, qwen2, qwen3"):
+    with pytest.raises(PlanError, match="model_type 'bert'.*llama, mistral, mixtral, qwen2, qwen2_moe, qwen3"):
         wb.plan(Path(__file__).resolve().parent.parent / "sample_checkpoints" / "tiny-bert", to="gguf")
 
 
@@ -141,3 +176,48 @@ def test_an_interrupted_split_gguf_resumes_keeping_the_finished_files(tmp_path: 
     for name in names:
         merged.update(_tensors(gguf.GGUFReader(out / name)))
     assert merged == _tensors(gguf.GGUFReader(reference_gguf("llama", "f16")))
+
+
+def test_q4_0_is_the_gguf_quantiser_applied_to_the_converters_f32_tensors(tmp_path: Path) -> None:
+    """llama.cpp's converter writes no Q4_0 (its --outtype stops at q8_0): the reference is its F32 file, quantised
+    by the gguf package's own Q4_0 quantiser; metadata equal but for general.file_type (2, MOSTLY_Q4_0)."""
+    report = wb.convert(model_folder("llama"), tmp_path / "out", to="gguf", dtype="q4_0", quiet=True, verify=True)
+    ours = gguf.GGUFReader(tmp_path / "out" / "model.gguf")
+    f32 = gguf.GGUFReader(reference_gguf("llama", "f32"))
+    mine, theirs = _fields(ours), _fields(f32)
+    assert mine.pop("general.file_type")[1] == 2 and theirs.pop("general.file_type")[1] == 0
+    assert mine == theirs
+    source = {t.name: np.asarray(t.data) for t in f32.tensors}
+    errors = {}
+    for t in ours.tensors:
+        if t.tensor_type.name == "F32":
+            assert np.array_equal(np.asarray(t.data), source[t.name]), t.name
+            continue
+        assert t.tensor_type.name == "Q4_0", t.name
+        expected = gguf.quants.quantize(source[t.name], gguf.GGMLQuantizationType.Q4_0)
+        assert bytes(np.asarray(t.data)) == bytes(expected), t.name
+        back = gguf.quants.dequantize(np.asarray(t.data), gguf.GGMLQuantizationType.Q4_0).reshape(source[t.name].shape)
+        blocks = np.abs(source[t.name]).reshape(-1, 32).max(axis=1)
+        # Q4_0 keeps 16 levels of step amax/8 per block: every value is within one step.
+        assert (np.abs(back - source[t.name]).reshape(-1, 32).max(axis=1) <= blocks / 8 * 1.001).all(), t.name
+        errors[t.name] = float(np.abs(back - source[t.name]).max())
+    frame = report.verification
+    q4 = frame[frame.check == "compute+dequantised"]
+    assert report.verified and len(q4) == len(errors) == 16
+    for name, error in errors.items():
+        assert q4.loc[name, "max_abs_diff"] == pytest.approx(error, rel=1e-6), name
+
+
+def test_mixtral_experts_are_stacked_per_layer_and_verify_dequantises_the_stacks(tmp_path: Path) -> None:
+    report = wb.convert(model_folder("mixtral"), tmp_path / "out", to="gguf", dtype="q8_0", quiet=True, verify=True)
+    reader = gguf.GGUFReader(tmp_path / "out" / "model.gguf")
+    shapes = {t.name: (t.tensor_type.name, [int(d) for d in t.shape]) for t in reader.tensors}
+    # GGUF lists dims innermost first: (columns, rows, experts).
+    assert shapes["blk.0.ffn_gate_exps.weight"] == ("Q8_0", [64, 96, 4]) and shapes["blk.1.ffn_down_exps.weight"] == ("Q8_0", [96, 64, 4])
+    assert shapes["blk.0.ffn_gate_inp.weight"] == ("F32", [64, 4])
+    fields = _fields(reader)
+    assert fields["llama.expert_count"][1] == 4 and fields["llama.expert_used_count"][1] == 2
+    assert fields["general.size_label"][1] == "4x100K"
+    frame = report.verification
+    stacks = frame[frame.index.str.contains("_exps")]
+    assert report.verified and len(stacks) == 6 and (stacks.check == "compute+dequantised").all() and (stacks.max_abs_diff > 0).all()

@@ -125,6 +125,7 @@ def convert(
     launcher: Launcher = "auto",
     on_overflow: OnOverflow = "warn",
     page_align: bool = True,
+    nproc_mp: int = 1,
 ) -> RunReport:
     """Convert `source` into HF safetensors shards in `dest`, exactly as `wb.plan` describes.
 
@@ -143,10 +144,13 @@ def convert(
     (`report.overflow`, a `CastOverflowWarning`); `on_overflow="error"` fails the run on the first such value
     instead (a `CastOverflowError`, before the index is written). `page_align=False`: minimal headers, byte-identical
     to `safetensors.save_file` (see `wb.plan`).
+    `to='pth', nproc_mp=N` writes Meta's `consolidated.00 .. 0{N-1}.pth`, each tensor split along the dim Meta's
+    model-parallel layers expect (norms replicated); `to='gguf'` writes llama.cpp's GGUF (see docs/gguf.md).
     Returns a `RunReport` (predicted next to measured); raises `PlanError` when the plan has errors
     or a rank fails (naming the rank and the cause; no index is written then).
     """
-    options = make_options(shard_size, nproc, rest, dtype, extras, overwrite, chunk_size, to, on_overflow, page_align)
+    options = make_options(shard_size, nproc, rest, dtype, extras, overwrite, chunk_size, to, on_overflow,
+                           page_align=page_align, nproc_mp=nproc_mp)
     check_launcher(launcher)
     if under_torchrun():
         report = convert_in_place(source, dest, mapper, options, quiet=quiet, on_progress=on_progress)

@@ -1,8 +1,12 @@
-"""Tiny random HF checkpoints (Llama, Qwen2, Qwen3) with a byte-fallback BPE tokenizer llama.cpp accepts."""
+"""Tiny random HF checkpoints (Llama, Mistral, Qwen2, Qwen3) with one of three real tokenizer kinds llama.cpp reads:
+a Llama-style byte-fallback BPE `tokenizer.json`, a SentencePiece `tokenizer.model` trained here, or GPT-2's own
+byte-level BPE rebuilt from the vocabulary llama.cpp ships (`models/ggml-vocab-gpt-2.gguf`), which the converter
+recognises by its pre-tokenizer hash."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 SEED = 1234
@@ -36,13 +40,99 @@ def _tokenizer(folder: Path) -> None:
     return len(tok.get_vocab())
 
 
-def build(folder: Path, family: str = "llama", dtype: str = "bfloat16") -> Path:
-    """Write a tiny random `family` model (untied embeddings, GQA) with its tokenizer into `folder`."""
+LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+                r"|\s+(?!\S)|\s+")
+QWEN2_REGEX = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+
+
+def _byte_level_tokenizer(folder: Path, vocab_gguf: Path, kind: str) -> int:
+    """A real byte-level BPE rebuilt from a vocabulary llama.cpp ships: GPT-2's (ggml-vocab-gpt-2.gguf), Qwen2's
+    (ggml-vocab-qwen2.gguf, Qwen2's split regex) or Llama 3's (ggml-vocab-llama-bpe.gguf, its regex, merges
+    ignored for whole-word tokens, BOS added by a template), saved as tokenizer.json; its vocabulary size."""
+    import gguf
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    reader = gguf.GGUFReader(vocab_gguf)
+    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
+    types = reader.fields["tokenizer.ggml.token_type"].contents()
+    merges = [tuple(m.split(" ", 1)) for m in reader.fields["tokenizer.ggml.merges"].contents()]
+    end = tokens[int(reader.fields["tokenizer.ggml.eos_token_id"].contents())]
+    normal = {t: k for k, (t, kind) in enumerate(zip(tokens, types, strict=True)) if kind == 1}
+    control = [t for t, kind in zip(tokens, types, strict=True) if kind == 3]
+    tok = Tokenizer(models.BPE(vocab=normal, merges=merges, ignore_merges=kind == "llama3"))
+    regex = {"qwen2": QWEN2_REGEX, "llama3": LLAMA3_REGEX}.get(kind)
+    if regex is not None:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
+    if kind == "llama3":
+        bos = tokens[int(reader.fields["tokenizer.ggml.bos_token_id"].contents())]
+        tok.post_processor = processors.Sequence([
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
+                                          special_tokens=[(bos, normal.get(bos, tokens.index(bos)))])])
+    else:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.save(str(folder / "tokenizer.json"))
+    qwen2 = kind == "qwen2"
+    config = {"bos_token": None if qwen2 else end, "eos_token": end, "unk_token": None if qwen2 else end, "model_max_length": 1024,
+              "tokenizer_class": {"qwen2": "Qwen2Tokenizer", "llama3": "PreTrainedTokenizerFast"}.get(kind, "GPT2Tokenizer")}
+    if qwen2:
+        config["pad_token"] = end
+    if kind == "llama3":
+        config.update(bos_token=bos, unk_token=None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return len(tokens)
+
+
+TRAIN_SENTENCEPIECE = """
+import sys
+import sentencepiece as spm
+text, prefix = sys.argv[1], sys.argv[2]
+lines = [line for line in open(text, encoding="utf-8").read().splitlines() if line.strip()]
+spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=prefix, vocab_size=400, model_type="bpe",
+                               byte_fallback=True, character_coverage=1.0, user_defined_symbols=["<tool>"], unk_id=0,
+                               bos_id=1, eos_id=2, pad_id=-1, num_threads=1, minloglevel=2)
+"""
+
+
+def _sentencepiece_tokenizer(folder: Path, train: Callable[[Path], None]) -> int:
+    """A SentencePiece BPE `tokenizer.model` (trained by `train(prefix)`), an added token and Llama 2's
+    tokenizer_config; the config's vocabulary is 4 longer than the model's, so the converter pads it."""
+    train(folder / "tokenizer")
+    from workbench.output.gguf_vocab import sentencepiece_pieces
+
+    n_pieces = len(sentencepiece_pieces(folder / "tokenizer.model"))
+    (folder / "added_tokens.json").write_text(json.dumps({"<extra_0>": n_pieces}))
+    specials = {"0": "<unk>", "1": "<s>", "2": "</s>"}
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+        "add_bos_token": True, "add_eos_token": False, "model_max_length": 128,
+        "added_tokens_decoder": {**{k: {"content": v, "special": True} for k, v in specials.items()},
+                                 str(n_pieces + 1): {"content": "<|tool_call|>", "special": False},
+                                 str(n_pieces + 2): {"content": "▁plain", "special": False}},
+    }))
+    return n_pieces + 4
+
+
+def build(folder: Path, family: str = "llama", dtype: str = "bfloat16", tokenizer: str = "fallback",
+          vocab_gguf: Path | None = None, train: Callable[[Path], None] | None = None) -> Path:
+    """Write a tiny random `family` model (untied embeddings, GQA) with a `tokenizer` ("fallback", "gpt2", "qwen2" or
+    "llama3" rebuilt from `vocab_gguf`, or "spm" trained by `train`) into `folder`."""
     import torch
     import transformers
 
     folder.mkdir(parents=True, exist_ok=True)
-    n_vocab = _tokenizer(folder)
+    if tokenizer in ("gpt2", "qwen2", "llama3"):
+        n_vocab = _byte_level_tokenizer(folder, vocab_gguf, tokenizer)
+    elif tokenizer == "spm":
+        n_vocab = _sentencepiece_tokenizer(folder, train)
+    else:
+        n_vocab = _tokenizer(folder)
     common = dict(vocab_size=n_vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False, rms_norm_eps=1e-5,
                   bos_token_id=1, eos_token_id=2)
@@ -52,6 +142,13 @@ def build(folder: Path, family: str = "llama", dtype: str = "bfloat16") -> Path:
     elif family == "mistral":
         config = transformers.MistralConfig(**common, head_dim=16)
         cls = transformers.MistralForCausalLM
+    elif family == "mixtral":
+        config = transformers.MixtralConfig(**common, head_dim=16, num_local_experts=4, num_experts_per_tok=2)
+        cls = transformers.MixtralForCausalLM
+    elif family == "qwen2_moe":
+        config = transformers.Qwen2MoeConfig(**common, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                             shared_expert_intermediate_size=64)
+        cls = transformers.Qwen2MoeForCausalLM
     elif family == "qwen2":
         config = transformers.Qwen2Config(**common)
         cls = transformers.Qwen2ForCausalLM

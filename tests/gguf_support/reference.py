@@ -44,26 +44,43 @@ def converter() -> Path:
     return SCRIPT
 
 
-def model_folder(family: str) -> Path:
-    """A cached tiny random `family` HF model with a tokenizer (built once per seed)."""
+DEFAULT_TOKENIZERS = {"llama": "fallback", "mistral": "fallback", "mixtral": "fallback", "qwen2": "qwen2", "qwen3": "qwen2", "qwen2_moe": "qwen2"}
+
+
+def _train_sentencepiece(prefix: Path) -> None:
+    """Train a tiny SentencePiece BPE on llama.cpp's README with the sentencepiece installed beside the sdist."""
+    from gguf_support.models import TRAIN_SENTENCEPIECE
+
+    text = SCRIPT.parent / "README.md"
+    subprocess.run([sys.executable, "-c", TRAIN_SENTENCEPIECE, str(text), str(prefix)], check=True, capture_output=True,
+                   timeout=300, env={**os.environ, "PYTHONPATH": str(EXTRA)})
+
+
+def model_folder(family: str, tokenizer: str | None = None) -> Path:
+    """A cached tiny random `family` HF model with a tokenizer: "fallback" (byte-fallback BPE), "spm" (SentencePiece)
+    "gpt2" (GPT-2's byte-level BPE), "qwen2" (Qwen2's) or "llama3" (Llama 3's); the family's usual kind by default. Built once per seed."""
     from gguf_support.models import SEED, build
 
-    folder = CACHE / "gguf-models" / f"{family}-{SEED}"
+    kind = tokenizer or DEFAULT_TOKENIZERS[family]
+    folder = CACHE / "gguf-models" / (f"{family}-{SEED}" if kind == "fallback" else f"{family}-{kind}-{SEED}")
     if not (folder / "model.safetensors").is_file():
-        build(folder, family)
+        if kind != "fallback":
+            converter()  # the sdist holds the GPT-2 vocabulary and the sentencepiece trainer
+        vocab = SCRIPT.parent / "models" / f"ggml-vocab-{ {'qwen2': 'qwen2', 'llama3': 'llama-bpe'}.get(kind, 'gpt-2')}.gguf"
+        build(folder, family, tokenizer=kind, vocab_gguf=vocab,
+              train=_train_sentencepiece)
     return folder
 
 
-def reference_gguf(family: str, outtype: str) -> Path:
-    """What llama.cpp's converter writes for `model_folder(family)` with `--outtype outtype` (cached)."""
+def reference_gguf(family: str, outtype: str, tokenizer: str | None = None) -> Path:
+    """What llama.cpp's converter writes for `model_folder(family, tokenizer)` with `--outtype outtype` (cached)."""
     script = converter()
-    folder = model_folder(family)
+    folder = model_folder(family, tokenizer)
     out = ROOT / "references" / f"{folder.name}-{outtype}.gguf"
     if not out.is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PYTHONPATH": str(EXTRA)}
-        runner = [sys.executable, str(Path(__file__).with_name("run_converter.py"))] if family.startswith("qwen") else [sys.executable]
-        done = subprocess.run([*runner, str(script), str(folder), "--outtype", outtype, "--outfile", str(out) + ".tmp"],
+        done = subprocess.run([sys.executable, str(script), str(folder), "--outtype", outtype, "--outfile", str(out) + ".tmp"],
                               env=env, capture_output=True, text=True, timeout=300)
         if done.returncode:
             raise AssertionError(f"convert_hf_to_gguf.py failed:\n{done.stderr[-3000:]}")

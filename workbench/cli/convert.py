@@ -37,7 +37,8 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
                              "order (each built on what the previous ones make); with --mapper, the presets run first")
     parser.add_argument("--shard-size", default=None, help="largest shard, e.g. 5GB (decimal) or 500MiB (default 5GB; one file for --to gguf)")
     parser.add_argument("--dtype", help="store every floating-point tensor in this floating-point dtype (bf16, fp16, fp32, "
-                                        "fp64, fp8, F8_E5M2 ...); integer and bool tensors are never cast")
+                                        "fp64, fp8, F8_E5M2 ...); integer and bool tensors are never cast; with --to gguf the type of "
+                                        "matrices: f32, f16, bf16, q8_0, q4_0 (norms stay F32)")
     parser.add_argument("--nproc", type=int, default=1, help="processes to run on (worker processes when > 1, see --launcher)")
     parser.add_argument("--rest", choices=("keep", "drop", "error"), default="keep",
                         help="what happens to tensors the mapper does not mention (default keep)")
@@ -48,7 +49,9 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
                              "padding them so kernel copies are page-congruent")
     parser.add_argument("--to", default="safetensors", metavar="FORMAT",
                         help="output format, one of workbench.output.OUTPUT_FORMATS: safetensors (HF shards, default) "
-                             "or dcp (a torch.distributed.checkpoint folder)")
+                             "or dcp (a torch.distributed.checkpoint folder), gguf (llama.cpp), pth (Meta consolidated.NN.pth)")
+    parser.add_argument("--nproc-mp", type=int, default=1, metavar="N",
+                        help="with --to pth: Meta's N model-parallel files consolidated.00 .. NN.pth (default 1)")
     parser.add_argument("--source", action="append", default=[], metavar="NAME=PATH", dest="sources",
                         help="another checkpoint to read from, its tensors named NAME::tensor (SRC is source 'base')")
     parser.add_argument("--adapter", metavar="DIR",
@@ -157,7 +160,7 @@ def _plan(args: argparse.Namespace, dest: str | None):
     return plan(
         _source(args), mapper, shard_size=args.shard_size, nproc=args.nproc, rest=rest, dest=dest,
         dtype=args.dtype, extras=not args.no_extras, overwrite=args.overwrite, to=args.to,
-        on_overflow=getattr(args, "on_overflow", "warn"), page_align=args.page_align,
+        on_overflow=getattr(args, "on_overflow", "warn"), page_align=args.page_align, nproc_mp=args.nproc_mp,
     )
 
 
@@ -187,7 +190,8 @@ def run_convert(args: argparse.Namespace) -> int:
         with _overflow_in_the_report():
             report = convert(_source(args), args.dest, mapper, shard_size=args.shard_size, rest=rest, dtype=args.dtype,
                              extras=not args.no_extras, overwrite=args.overwrite, quiet=args.quiet, to=args.to,
-                             verify=args.verify, on_overflow=args.on_overflow, page_align=args.page_align)
+                             verify=args.verify, on_overflow=args.on_overflow, page_align=args.page_align,
+                             nproc_mp=args.nproc_mp)
         if int(os.environ.get("RANK", "0")) == 0:
             print(report.summary())
         return _verdict(report)

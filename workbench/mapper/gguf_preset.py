@@ -3,12 +3,13 @@
 The names, the permutation (Llama and Mistral store q/k rows per head as [first halves, second halves];
 llama.cpp interleaves them, like Meta's layout) and the per-tensor types are the facts llama.cpp's
 `convert_hf_to_gguf.py` applies; they are restated here as a workbench mapper so the planner can show
-and schedule them. Q8_0 tensors are produced by `quantize_q8_0` (the `gguf` package's own quantiser) as
-their GGUF bytes, a U8 tensor of shape (rows, blocks * 34).
+and schedule them. Q8_0 / Q4_0 tensors are produced by `quantize` (the `gguf` package's own quantiser) as
+their GGUF bytes, a U8 tensor of shape (rows, blocks * 34) or (rows, blocks * 18).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,14 +18,26 @@ from ..errors import MapperError
 from .base import Mapper
 from .compose import Parallel, Sequential
 from .function import Function
-from .ops import Cast, Rename, Reshape, Transpose
+from .ops import Cast, Rename, Reshape, Stack, Transpose
 
 LAYERS = "model.layers.{i}"
-GGUF_TYPES = ("F32", "F16", "BF16", "Q8_0")
+GGUF_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0")
 Q8_BLOCK, Q8_BYTES = 32, 34  # elements per Q8_0 block, bytes per block (an f16 scale + 32 int8)
+# Block-quantised types: (elements per block, bytes per block). Q4_0: an f16 scale + 32 4-bit values.
+QUANTIZED = {"Q8_0": (Q8_BLOCK, Q8_BYTES), "Q4_0": (32, 18)}
 
 # llama.cpp's architecture name per HF model_type, and whether it permutes q/k rows.
-ARCHITECTURES = {"llama": ("llama", True), "mistral": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False)}
+ARCHITECTURES = {"llama": ("llama", True), "mistral": ("llama", True), "mixtral": ("llama", True), "qwen2": ("qwen2", False),
+                 "qwen3": ("qwen3", False), "qwen2_moe": ("qwen2moe", False)}
+# MoE experts as transformers saves them (one tensor per expert): llama.cpp stacks each layer's experts into one
+# (experts, rows, columns) tensor per projection, in the order each converter emits them.
+_EXPERTS = {
+    "mixtral": (re.compile(r"model\.layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\.(w[123])\.weight"),
+                (("w1", "ffn_gate_exps.weight"), ("w2", "ffn_down_exps.weight"), ("w3", "ffn_up_exps.weight"))),
+    "qwen2_moe": (re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(\w+_proj)\.weight"),
+                  (("down_proj", "ffn_down_exps.weight"), ("gate_proj", "ffn_gate_exps.weight"), ("up_proj", "ffn_up_exps.weight"))),
+}
+_F32_MATRICES = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")  # MoE routers: llama.cpp keeps them F32
 
 _TOP = (("model.embed_tokens.weight", "token_embd.weight"), ("model.norm.weight", "output_norm.weight"),
         ("lm_head.weight", "output.weight"))
@@ -36,6 +49,9 @@ _LAYER = (
     ("self_attn.v_proj.bias", "attn_v.bias"), ("self_attn.q_norm.weight", "attn_q_norm.weight"),
     ("self_attn.k_norm.weight", "attn_k_norm.weight"),
     ("mlp.gate_proj.weight", "ffn_gate.weight"), ("mlp.up_proj.weight", "ffn_up.weight"), ("mlp.down_proj.weight", "ffn_down.weight"),
+    ("block_sparse_moe.gate.weight", "ffn_gate_inp.weight"), ("mlp.gate.weight", "ffn_gate_inp.weight"),
+    ("mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"), ("mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"),
+    ("mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"), ("mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"),
 )
 
 
@@ -54,36 +70,64 @@ def gguf_name(hf: str) -> str | None:
 
 
 def gguf_type(name: str, shape: tuple[int, ...], wanted: str) -> str:
-    """llama.cpp's type for one output tensor: vectors and norms stay F32; Q8_0 needs rows of whole blocks
-    (else F16, as the converter falls back)."""
-    if len(shape) <= 1 or name.endswith("_norm.weight"):
+    """llama.cpp's type for one output tensor: vectors and norms stay F32; a block-quantised type needs rows of
+    whole blocks (else F16, as the converter falls back)."""
+    if len(shape) <= 1 or name.endswith("_norm.weight") or name.endswith(_F32_MATRICES):
         return "F32"
-    if wanted == "Q8_0" and shape[-1] % Q8_BLOCK:
+    if wanted in QUANTIZED and shape[-1] % QUANTIZED[wanted][0]:
         return "F16"
     return wanted
 
 
+def quantized_shape(shape: tuple[int, ...], kind: str = "Q8_0") -> tuple[int, ...]:
+    """Byte shape of a `kind` (Q8_0, Q4_0) tensor of logical `shape`."""
+    block, size = QUANTIZED[kind]
+    return (*shape[:-1], shape[-1] // block * size)
+
+
 def q8_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     """Byte shape of a Q8_0 tensor of logical `shape`."""
-    return (*shape[:-1], shape[-1] // Q8_BLOCK * Q8_BYTES)
+    return quantized_shape(shape, "Q8_0")
 
 
-def quantize_q8_0(tensor: Any) -> Any:
-    """Q8_0 bytes of `tensor` (computed in float32 by the `gguf` package's quantiser), as a U8 tensor."""
+QUANTIZE_CHUNK = 1 << 22  # elements quantised at a time: the float32 copy and the quantiser's scratch stay ~100 MB
+
+
+def quantize(tensor: Any, *, kind: str = "Q8_0") -> Any:
+    """`kind` (Q8_0, Q4_0) bytes of `tensor`, computed in float32 by the `gguf` package's own quantiser, as a U8 tensor.
+    Blocks lie within rows, so rows are quantised a chunk at a time (a 2 GB embedding never becomes 4 GB of float32)."""
     import gguf
     import numpy as np
     import torch
 
-    data = tensor.detach().to(torch.float32).contiguous().numpy()
-    return torch.from_numpy(np.ascontiguousarray(gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)))
+    kind_id = gguf.GGMLQuantizationType[kind]
+    shape = tuple(tensor.shape)
+    rows = tensor.detach().reshape(-1, shape[-1]) if shape else tensor.detach().reshape(1, 1)
+    out = np.empty(quantized_shape((rows.shape[0], rows.shape[1]), kind), dtype=np.uint8)
+    step = max(1, QUANTIZE_CHUNK // max(1, rows.shape[1]))
+    for start in range(0, rows.shape[0], step):
+        chunk = rows[start:start + step].to(torch.float32).contiguous().numpy()
+        out[start:start + step] = gguf.quants.quantize(chunk, kind_id)
+    return torch.from_numpy(out.reshape(quantized_shape(shape, kind)))
+
+
+def infer_quantize(tensor: TensorInfo, *, kind: str = "Q8_0") -> list[tuple[str, tuple[int, ...]]]:
+    """Output metadata of `quantize`."""
+    block = QUANTIZED[kind][0]
+    if not tensor.shape or tensor.shape[-1] % block:
+        raise MapperError(f"Cannot quantise {tensor.name!r} {list(tensor.shape)} to {kind}: its rows are not whole blocks of "
+                          f"{block}. Keep it F16.", tensor=tensor.name)
+    return [("U8", quantized_shape(tuple(tensor.shape), kind))]
+
+
+def quantize_q8_0(tensor: Any) -> Any:
+    """Q8_0 bytes of `tensor` (see `quantize`)."""
+    return quantize(tensor, kind="Q8_0")
 
 
 def infer_q8_0(tensor: TensorInfo) -> list[tuple[str, tuple[int, ...]]]:
     """Output metadata of `quantize_q8_0`."""
-    if not tensor.shape or tensor.shape[-1] % Q8_BLOCK:
-        raise MapperError(f"Cannot quantise {tensor.name!r} {list(tensor.shape)} to Q8_0: its rows are not whole blocks of 32. "
-                          "Keep it F16.", tensor=tensor.name)
-    return [("U8", q8_shape(tuple(tensor.shape)))]
+    return infer_quantize(tensor, kind="Q8_0")
 
 
 @dataclass(frozen=True)
@@ -95,6 +139,17 @@ class GgufTensor:
     shape: tuple[int, ...]
     source: str = ""  # the HF tensor it is made from
     heads: int = 0  # heads of the q/k row permutation applied to it (0: none)
+    stacked: tuple[str, ...] = ()  # the HF tensors stacked into it (MoE experts), when not one `source`
+
+
+def _typed(out: str, kind: str, dtype: str) -> list[Mapper]:
+    """The op that gives output `out` its GGUF type `kind` (nothing when it already has it)."""
+    if kind == "Q8_0":
+        return [Function("workbench.mapper.gguf_preset:quantize_q8_0", (out,), (out,), infer="workbench.mapper.gguf_preset:infer_q8_0")]
+    if kind in QUANTIZED:
+        return [Function("workbench.mapper.gguf_preset:quantize", (out,), (out,), infer="workbench.mapper.gguf_preset:infer_quantize",
+                         params=(("kind", kind),))]
+    return [Cast(out, kind)] if dtype != kind else []
 
 
 def _config_get(config: Any, key: str, default: Any = None) -> Any:
@@ -104,7 +159,7 @@ def _config_get(config: Any, key: str, default: Any = None) -> Any:
 def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | None = None) -> tuple[Mapper, dict[str, GgufTensor], str]:
     """The mapper from an HF Llama-family checkpoint (`source`: its catalog) to llama.cpp's tensors, the
     GGUF type and shape of every output, and llama.cpp's architecture name. `dtype`: the GGUF type of
-    matrices (F32, F16, BF16, Q8_0). `before`: a user mapper applied first (its outputs must be HF names)."""
+    matrices (F32, F16, BF16, Q8_0, Q4_0). `before`: a user mapper applied first (its outputs must be HF names)."""
     model_type = _config_get(config, "model_type")
     if model_type not in ARCHITECTURES:
         raise MapperError(f"Cannot map model_type {model_type!r} to GGUF: the workbench writes GGUF for "
@@ -119,7 +174,25 @@ def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | No
     stage3: list[Mapper] = []
     stage4: list[Mapper] = []
     planned: dict[str, GgufTensor] = {}
+    n_experts = int(_config_get(config, "num_local_experts") or _config_get(config, "num_experts") or 0)
+    expert_pattern, expert_names = _EXPERTS.get(model_type, (None, ()))
+    experts: dict[int, dict[tuple[str, int], str]] = {}
     for name in source.tensors:
+        expert = expert_pattern.fullmatch(name) if expert_pattern is not None else None
+        if expert is not None and n_experts:
+            layer = experts.setdefault(int(expert.group(1)), {})
+            layer[(expert.group(3), int(expert.group(2)))] = name
+            if len(layer) == 3 * n_experts:  # llama.cpp writes a layer's stacks once its last expert tensor is read
+                for wid, suffix in expert_names:
+                    parts = tuple(layer[(wid, e)] for e in range(n_experts))
+                    out = f"blk.{expert.group(1)}.{suffix}"
+                    info = source[parts[0]]
+                    shape = (n_experts, *info.shape)
+                    stage1.append(Stack(parts, out))
+                    kind = gguf_type(out, shape, dtype)
+                    stage4.extend(_typed(out, kind, info.dtype))
+                    planned[out] = GgufTensor(out, kind, shape, parts[0], 0, parts)
+            continue
         out = gguf_name(name)
         if out is None:
             continue
@@ -133,11 +206,7 @@ def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | No
         else:
             stage1.append(Rename(name, out))
         kind = gguf_type(out, shape, dtype)
-        if kind == "Q8_0":
-            stage4.append(Function("workbench.mapper.gguf_preset:quantize_q8_0", (out,), (out,),
-                                   infer="workbench.mapper.gguf_preset:infer_q8_0"))
-        elif info.dtype != kind:
-            stage4.append(Cast(out, kind))
+        stage4.extend(_typed(out, kind, info.dtype))
         planned[out] = GgufTensor(out, kind, shape, name, n_heads if permute else 0)
     stages = [Parallel(*ops) for ops in (stage1, stage2, stage3, stage4) if ops]
     if before is not None:
@@ -146,4 +215,5 @@ def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | No
 
 
 
-__all__ = ["ARCHITECTURES", "GGUF_TYPES", "GgufTensor", "gguf_name", "gguf_type", "hf_to_gguf", "infer_q8_0", "quantize_q8_0"]
+__all__ = ["ARCHITECTURES", "GGUF_TYPES", "QUANTIZED", "GgufTensor", "gguf_name", "gguf_type", "hf_to_gguf", "infer_q8_0",
+           "infer_quantize", "quantize", "quantize_q8_0", "quantized_shape"]

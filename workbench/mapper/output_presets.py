@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..catalog import TensorInfo
+from ..errors import MapperError
 from .base import Mapper
 from .compose import Parallel, Sequential
 from .function import Function
@@ -17,17 +18,20 @@ from .model_shape import attention_shape
 from .ops import Split
 from .presets import hf_to_meta
 
-OUTPUT_PRESETS = {"gguf": hf_to_gguf, "pth": hf_to_meta}
-
-# Meta's model-parallel layers: column-parallel weights split their rows (dim 0), row-parallel ones their
-# columns (dim 1), the embedding its columns (ParallelEmbedding); norms are replicated in every file.
-_MP_DIMS = (
-    ("tok_embeddings.weight", 1), ("output.weight", 0),
+# Meta's model-parallel layers (fairscale): column-parallel weights split their rows (dim 0), row-parallel ones
+# their columns (dim 1); column-parallel biases split with their rows, row-parallel biases and norms are
+# replicated in every file. The embedding splits its columns (Llama 2's ParallelEmbedding) or its rows
+# (Llama 3's VocabParallelEmbedding), see `embedding_split_dim`.
+_MP_SPLIT = (
+    ("output.weight", 0),
     ("layers.{i}.attention.wq.weight", 0), ("layers.{i}.attention.wk.weight", 0), ("layers.{i}.attention.wv.weight", 0),
     ("layers.{i}.attention.wo.weight", 1), ("layers.{i}.feed_forward.w1.weight", 0),
     ("layers.{i}.feed_forward.w3.weight", 0), ("layers.{i}.feed_forward.w2.weight", 1),
 )
+_MP_SPLIT_BIASES = (("layers.{i}.attention.wq.bias", 0), ("layers.{i}.attention.wk.bias", 0), ("layers.{i}.attention.wv.bias", 0))
+_MP_MLP_BIASES = (("layers.{i}.feed_forward.w1.bias", 0), ("layers.{i}.feed_forward.w3.bias", 0))
 _MP_REPLICATED = ("norm.weight", "layers.{i}.attention_norm.weight", "layers.{i}.ffn_norm.weight")
+LLAMA3_VOCAB = 128000  # Llama 3's tokenizer has 128,256 entries; Llama 2's 32,000
 
 
 def replicate(tensor: Any, *, n: int) -> list[Any]:
@@ -40,17 +44,72 @@ def infer_replicate(tensor: TensorInfo, *, n: int) -> list[tuple[str, tuple[int,
     return [(tensor.dtype, tuple(tensor.shape))] * n
 
 
-def hf_to_meta_mp(config: Any, nproc_mp: int) -> Mapper:
-    """HF Llama -> Meta's `consolidated.NN.pth` layout split over `nproc_mp` model-parallel files: outputs are
-    named `mp<r>/<meta name>` (the `.pth` output puts them in `consolidated.<r>.pth` under `<meta name>`)."""
+def _get(config: Any, key: str, default: Any = None) -> Any:
+    return config.get(key, default) if isinstance(config, dict) else getattr(config, key, default)
+
+
+def embedding_split_dim(config: Any) -> int:
+    """The dim Meta's code splits `tok_embeddings` along: 0 (rows, Llama 3's VocabParallelEmbedding) for a
+    Llama-3-size vocabulary, else 1 (columns, Llama 2's ParallelEmbedding)."""
+    return 0 if int(_get(config, "vocab_size") or 0) >= LLAMA3_VOCAB else 1
+
+
+def _check_divisible(config: Any, nproc_mp: int, embedding_dim: int) -> None:
     shape = attention_shape(config)
-    names = [n for n, _ in _MP_DIMS if not (n == "output.weight" and shape.tie_word_embeddings)]
-    dims = dict(_MP_DIMS)
-    parts = [Split(name, [f"mp{r}/{name}" for r in range(nproc_mp)], dim=dims[name]) for name in names]
+    sizes = {"num_attention_heads": shape.num_heads, "num_key_value_heads": shape.num_kv_heads,
+             "intermediate_size": _get(config, "intermediate_size")}
+    if embedding_dim == 1:
+        sizes["hidden_size"] = _get(config, "hidden_size")
+    if embedding_dim == 0 or not shape.tie_word_embeddings:
+        sizes["vocab_size"] = _get(config, "vocab_size")
+    for key, size in sizes.items():
+        if size is not None and int(size) % nproc_mp:
+            raise MapperError(f"Cannot split the Meta layout {nproc_mp} ways: {key} ({size}) is not a multiple of {nproc_mp}, "
+                              "and Meta's model-parallel layers give every rank an equal part. Choose an nproc_mp that divides it.")
+
+
+def meta_mp_split(config: Any, nproc_mp: int, embedding_dim: int | None = None) -> Mapper:
+    """Meta-layout tensors -> Meta's `nproc_mp` model-parallel parts, named `mp<r>/<meta name>` (the `.pth` output
+    puts them in `consolidated.<r>.pth` under `<meta name>`). `embedding_dim`: see `embedding_split_dim` (default)."""
+    if isinstance(nproc_mp, bool) or not isinstance(nproc_mp, int) or nproc_mp < 1:
+        raise MapperError(f"Cannot split the Meta layout with nproc_mp={nproc_mp!r}: give a whole number of files, at least 1.")
+    shape = attention_shape(config)
+    embedding_dim = embedding_split_dim(config) if embedding_dim is None else embedding_dim
+    _check_divisible(config, nproc_mp, embedding_dim)
+    split = [("tok_embeddings.weight", embedding_dim), *_MP_SPLIT]
+    if shape.tie_word_embeddings:
+        split = [item for item in split if item[0] != "output.weight"]
+    replicated = list(_MP_REPLICATED)
+    if shape.qkv_bias:
+        split += _MP_SPLIT_BIASES
+    if shape.o_bias:
+        replicated.append("layers.{i}.attention.wo.bias")
+    if shape.mlp_bias:
+        split += _MP_MLP_BIASES
+        replicated.append("layers.{i}.feed_forward.w2.bias")
+    if shape.qk_norm:
+        replicated += ["layers.{i}.attention.q_norm.weight", "layers.{i}.attention.k_norm.weight"]
+    parts: list[Mapper] = [Split(name, [f"mp{r}/{name}" for r in range(nproc_mp)], dim=dim) for name, dim in split]
     parts += [Function("workbench.mapper.output_presets:replicate", (name,), tuple(f"mp{r}/{name}" for r in range(nproc_mp)),
                        infer="workbench.mapper.output_presets:infer_replicate", params=(("n", nproc_mp),))
-              for name in _MP_REPLICATED]
-    return Sequential(hf_to_meta(config), Parallel(*parts))
+              for name in replicated]
+    return Parallel(*parts)
 
 
-__all__ = ["OUTPUT_PRESETS", "hf_to_meta_mp", "infer_replicate", "replicate"]
+def hf_to_meta_mp(config: Any, nproc_mp: int, embedding_dim: int | None = None) -> Mapper:
+    """HF Llama -> Meta's `consolidated.NN.pth` layout split over `nproc_mp` model-parallel files (see `meta_mp_split`)."""
+    return Sequential(hf_to_meta(config), meta_mp_split(config, nproc_mp, embedding_dim))
+
+
+def meta_pth(config: Any, nproc_mp: int = 1, before: Mapper | None = None) -> Mapper:
+    """The `.pth` output's preset: HF -> Meta names (`before`, a user mapper producing Meta names, replaces that
+    rename), split over `nproc_mp` model-parallel files when it is above 1."""
+    first = hf_to_meta(config) if before is None else before
+    return first if nproc_mp == 1 else Sequential(first, meta_mp_split(config, nproc_mp))
+
+
+OUTPUT_PRESETS = {"gguf": hf_to_gguf, "pth": meta_pth}
+
+
+__all__ = ["LLAMA3_VOCAB", "OUTPUT_PRESETS", "embedding_split_dim", "hf_to_meta_mp", "infer_replicate", "meta_mp_split", "meta_pth",
+           "replicate"]

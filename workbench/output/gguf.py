@@ -32,7 +32,8 @@ from .slots import slot_catalog
 ALIGNMENT = 32  # GGUF's default data alignment
 _SPLIT_NAME = re.compile(r"model-(\d{5})-of-(\d{5})\.gguf")
 DTYPE_NAMES = {"f32": "F32", "float32": "F32", "f16": "F16", "float16": "F16", "half": "F16", "bf16": "BF16",
-               "bfloat16": "BF16", "q8_0": "Q8_0", "q8": "Q8_0"}
+               "bfloat16": "BF16", "q8_0": "Q8_0", "q8": "Q8_0", "q4_0": "Q4_0"}
+QUANTIZED_TYPES = ("Q8_0", "Q4_0")  # arrive as their GGUF bytes (U8 slots)
 
 
 def gguf_file_name(k: int, n: int) -> str:
@@ -96,7 +97,7 @@ def layout_gguf_file(file: str, tensors: Sequence[TensorInfo], spec: GgufSpec, s
             raise PlanError(f"Cannot lay out {file}: tensor {t.name!r} has no place in a llama.cpp {spec.arch} model. "
                             "Drop it (rest='drop') or map it to a GGUF name.", tensor=t.name)
         kind = gguf.GGMLQuantizationType[planned.type]
-        expected = planned.type if planned.type != "Q8_0" else "U8"
+        expected = "U8" if planned.type in QUANTIZED_TYPES else planned.type
         if t.dtype != expected:
             raise PlanError(f"Cannot lay out {file}: tensor {t.name!r} arrives as {t.dtype}, but GGUF type {planned.type} "
                             f"needs {expected}. The GGUF mapper and the plan disagree.", tensor=t.name)
@@ -135,12 +136,12 @@ class GgufOutput(OutputFormat):
     def policy(self, dtype: Any) -> str:
         key = str(dtype).lower().removeprefix("torch.")
         if key not in DTYPE_NAMES:
-            raise PlanError(f"Cannot write GGUF with dtype={dtype!r}: choose 'f32', 'f16', 'bf16' or 'q8_0' "
+            raise PlanError(f"Cannot write GGUF with dtype={dtype!r}: choose 'f32', 'f16', 'bf16', 'q8_0' or 'q4_0' "
                             "(vectors and norms always stay F32, as in llama.cpp).")
         return DTYPE_NAMES[key]
 
     def prepare(self, catalog: Any, mapper: Any, options: Any, preset: Any = None) -> tuple[Any, OutputFormat, Any]:
-        from .gguf_metadata import kv_metadata, read_config
+        from .gguf_metadata import kv_metadata, parameter_counts, read_config
 
         try:
             import gguf  # noqa: F401
@@ -154,10 +155,10 @@ class GgufOutput(OutputFormat):
         config = read_config(root if root.is_dir() else root.parent)
         wanted = options.dtype or "F16"
         combined, planned, arch = preset(config, catalog, wanted, before=mapper)
-        total = sum(_numel(t.shape) for t in planned.values())
+        counts = parameter_counts({name: tuple(t.shape) for name, t in planned.items()})
         kinds = {t.type for t in planned.values() if len(t.shape) > 1}
         file_type = wanted if wanted in kinds or not kinds else sorted(kinds)[0]
-        spec = GgufSpec(arch, kv_metadata(root if root.is_dir() else root.parent, arch, config, file_type, total), planned)
+        spec = GgufSpec(arch, kv_metadata(root if root.is_dir() else root.parent, arch, config, file_type, counts), planned)
         return combined, GgufOutput(spec), dataclasses.replace(options, rest="drop", extras=False)
 
     def file_name(self, k: int, n: int) -> str:
@@ -200,7 +201,7 @@ class GgufOutput(OutputFormat):
                 ("GGUF metadata (first file)", ["key", "value"], metadata)]
 
     def lossy_errors(self, source: Any, written: Any) -> dict[str, float]:
-        """Q8_0 tensors de-quantised (by the `gguf` package) against the source, permuted as planned, in float32."""
+        """Q8_0 / Q4_0 tensors de-quantised (by the `gguf` package) against the source, permuted as planned, in float32."""
         import gguf
         import numpy as np
         import torch
@@ -211,16 +212,19 @@ class GgufOutput(OutputFormat):
         if self.spec is None:
             return errors
         for name, planned in self.spec.tensors.items():
-            if planned.type != "Q8_0" or name not in written:
+            if planned.type not in QUANTIZED_TYPES or name not in written:
                 continue
-            info = source[planned.source]
-            raw = torch.frombuffer(bytearray(source.read_bytes(planned.source)), dtype=to_torch(info.dtype)).reshape(info.shape)
-            expected = raw.to(torch.float32)
+            parts = []
+            for part in planned.stacked or (planned.source,):
+                info = source[part]
+                raw = torch.frombuffer(bytearray(source.read_bytes(part)), dtype=to_torch(info.dtype)).reshape(info.shape)
+                parts.append(raw.to(torch.float32))
+            expected = torch.stack(parts) if planned.stacked else parts[0]
             if planned.heads:
                 rows = expected.shape[0]  # llama.cpp's q/k order: per head (2, half) rows -> (half, 2)
-                expected = expected.reshape(planned.heads, 2, rows // planned.heads // 2, -1).transpose(1, 2).reshape(info.shape)
+                expected = expected.reshape(planned.heads, 2, rows // planned.heads // 2, -1).transpose(1, 2).reshape(expected.shape)
             stored = np.frombuffer(written.read_bytes(name), dtype=np.uint8).reshape(written[name].shape)
-            values = torch.from_numpy(gguf.quants.dequantize(stored, gguf.GGMLQuantizationType.Q8_0).copy())
+            values = torch.from_numpy(gguf.quants.dequantize(stored, gguf.GGMLQuantizationType[planned.type]).copy())
             errors[name] = float((values.reshape(expected.shape) - expected).abs().max()) if expected.numel() else 0.0
         return errors
 
@@ -251,13 +255,6 @@ def open_written_gguf(dest: Path, layouts: Sequence[FileLayout]) -> Any:
                                       f"{(kind, shape, slot.begin)}. Convert again.", tensor=slot.name)
             infos.append(slot)
     return slot_catalog(dest, "gguf", infos)
-
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 __all__ = ["ALIGNMENT", "GgufFileLayout", "GgufOutput", "GgufSpec", "gguf_file_name", "layout_gguf_file"]

@@ -1,7 +1,7 @@
 """The key/value metadata of a GGUF file for an HF Llama-family folder, as llama.cpp's converter writes it.
 
-Model parameters come from `config.json`; the tokenizer from the folder's tokenizer files through the
-`gguf` package's own vocabulary readers (`LlamaHfVocab`, `SpecialVocab`); name and size label through its
+Model parameters come from `config.json`; the tokenizer from the folder's tokenizer files (`gguf_vocab`: the
+converter's SentencePiece, byte-fallback BPE and GPT-2 BPE routes); name and size label through the `gguf` package's
 `Metadata` heuristics. Values are collected in a `GGUFWriter` (never opened) so their GGUF types are
 exactly the ones llama.cpp's writer would give them.
 """
@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PlanError
+from .gguf_vocab import add_vocab
 
-FILE_TYPES = {"F32": 0, "F16": 1, "Q8_0": 7, "BF16": 32}  # llama.cpp's LlamaFileType for an all-of-one-type file
+FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 7, "BF16": 32}  # llama.cpp's LlamaFileType for an all-of-one-type file
 
 
 def read_config(root: Path) -> dict[str, Any]:
@@ -47,13 +48,37 @@ def _model_parameters(writer: Any, config: dict[str, Any]) -> int:
     if theta is not None:
         writer.add_rope_freq_base(float(theta))
     writer.add_layer_norm_rms_eps(float(config["rms_norm_eps"]))
+    experts = config.get("num_local_experts", config.get("num_experts"))
+    if experts is not None:
+        writer.add_expert_count(int(experts))
+    if config.get("num_experts_per_tok") is not None:
+        writer.add_expert_used_count(int(config["num_experts_per_tok"]))
     if "head_dim" in config and config["head_dim"]:
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
     return head_dim
 
 
-def kv_metadata(root: Path, arch: str, config: dict[str, Any], gguf_type: str, total_params: int) -> dict[str, Any]:
+def parameter_counts(shapes: dict[str, tuple[int, ...]]) -> tuple[int, int, int, int]:
+    """(total, shared, per-expert, experts) parameters of the planned tensors, counted as llama.cpp's writer counts
+    them for the size label: a `*_exps.*` tensor of 3 or more dims holds experts along its third-last dim."""
+    total = shared = expert = expert_sum = n_expert_tensors = 0
+    for name, shape in shapes.items():
+        size = 1
+        for d in shape:
+            size *= d
+        if "_exps." in name and len(shape) >= 3:
+            count = shape[-2 if ".bias" in name else -3]
+            expert += size // count
+            expert_sum += count
+            n_expert_tensors += 1
+        else:
+            shared += size
+        total += size
+    return total, shared, expert, expert_sum // n_expert_tensors if n_expert_tensors else 0
+
+
+def kv_metadata(root: Path, arch: str, config: dict[str, Any], gguf_type: str, counts: tuple[int, int, int, int]) -> dict[str, Any]:
     """Every key/value pair, in llama.cpp's order, as the `gguf` package's `GGUFValue`s."""
     import logging
 
@@ -62,26 +87,26 @@ def kv_metadata(root: Path, arch: str, config: dict[str, Any], gguf_type: str, t
     logging.getLogger("gguf").setLevel(logging.WARNING)
     writer = gguf.GGUFWriter(None, arch)
     writer.add_type(gguf.GGUFType.MODEL)
-    meta = gguf.Metadata.load(None, root, None, total_params)
-    if meta.size_label is None and total_params > 0:
-        meta.size_label = gguf.size_label(total_params, 0, 0, 0)
+    meta = gguf.Metadata.load(None, root, None, counts[0])
+    if meta.size_label is None and counts[0] > 0:
+        meta.size_label = gguf.size_label(*counts)
     meta.set_gguf_meta_model(writer)
     head_dim = _model_parameters(writer, config)
     writer.add_file_type(FILE_TYPES[gguf_type])
-    tokens, scores, types = _vocab(root)
+    if arch == "qwen2moe":  # llama.cpp's Qwen2-MoE converter adds the expert widths after the common keys
+        if config.get("moe_intermediate_size") is not None:
+            writer.add_expert_feed_forward_length(int(config["moe_intermediate_size"]))
+        if config.get("shared_expert_intermediate_size") is not None:
+            writer.add_expert_shared_feed_forward_length(int(config["shared_expert_intermediate_size"]))
+    vocab_size = int(config["vocab_size"]) if config.get("vocab_size") else None
     if arch == "llama":  # llama.cpp's Llama converter (also Mistral) adds these two; Qwen's does not
-        writer.add_vocab_size(int(config.get("vocab_size") or len(tokens)))
+        writer.add_vocab_size(vocab_size or _count_tokens(root))
         writer.add_rope_dimension_count(head_dim)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     prefix_space = _tokenizer_config(root).get("add_prefix_space")
     if arch == "llama" and prefix_space is not None:
         writer.add_add_space_prefix(bool(prefix_space))
-    writer.add_tokenizer_model("llama")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_scores(scores)
-    writer.add_token_types(types)
-    gguf.SpecialVocab(root, n_vocab=len(tokens)).add_to_gguf(writer)
+    add_vocab(writer, root, arch, vocab_size)
     return dict(writer.kv_data[0])
 
 
@@ -93,23 +118,12 @@ def _tokenizer_config(root: Path) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
-def _vocab(root: Path) -> tuple[list[Any], list[float], list[int]]:
+def _count_tokens(root: Path) -> int:
+    """Tokens of the folder's tokenizer, for a config without vocab_size."""
     import gguf
 
-    if not (root / "tokenizer.json").is_file():
-        raise PlanError(f"Cannot write GGUF for {root}: it has no tokenizer.json. The workbench reads HF byte-fallback "
-                        "BPE (Llama-style) tokenizers; copy the model's tokenizer files into the folder.")
-    try:
-        vocab = gguf.LlamaHfVocab(root)
-    except Exception as exc:  # the gguf package rejects tokenizers it does not read
-        raise PlanError(f"Cannot write GGUF for {root}: its tokenizer.json is not a byte-fallback BPE tokenizer the workbench "
-                        f"reads ({type(exc).__name__}: {exc}). Use llama.cpp's convert_hf_to_gguf.py for this model.") from None
-    tokens, scores, types = [], [], []
-    for text, score, kind in vocab.all_tokens():
-        tokens.append(text)
-        scores.append(score)
-        types.append(kind)
-    return tokens, scores, types
+    writer = gguf.GGUFWriter(None, "llama")
+    return add_vocab(writer, root, "llama", None)
 
 
-__all__ = ["FILE_TYPES", "kv_metadata", "read_config"]
+__all__ = ["FILE_TYPES", "kv_metadata", "parameter_counts", "read_config"]

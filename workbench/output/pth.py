@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import pickle
 import re
@@ -185,15 +186,64 @@ def open_written_pth(dest: Path, layouts: Sequence[FileLayout]) -> Any:
     return slot_catalog(dest, "pth", slots)
 
 
+# Meta's releases chose these (multiple_of, ffn_dim_multiplier) pairs: Llama 2 7B/13B (256, none), Llama 2/3 70B
+# (4096, 1.3), Llama 3 8B (1024, 1.3), Llama 3.1 405B (4096, 1.2). Tried in this order, those models get their own
+# values back (Llama 3.2's smaller ones get another pair that gives the same width).
+_MULTIPLIERS = (None, 1.3, 1.2, 1.5, 2.0)
+_MULTIPLES = (4096, 1024, 256)
+ROPE_THETA_LLAMA2 = 10000.0  # Llama 2's code has no rope_theta argument; it always uses this base
+
+
+def meta_ffn_hidden(dim: int, multiple_of: int, ffn_dim_multiplier: float | None) -> int:
+    """The feed-forward width Meta's `FeedForward` computes from `dim` (its formula, restated)."""
+    hidden = int(2 * (4 * dim) / 3)
+    if ffn_dim_multiplier is not None:
+        hidden = int(ffn_dim_multiplier * hidden)
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+
+
+def meta_ffn_arguments(dim: int, intermediate_size: int) -> tuple[int, float | None]:
+    """`(multiple_of, ffn_dim_multiplier)` from which Meta's formula gives exactly `intermediate_size`: the first of
+    Meta's usual pairs that fits, else a multiplier of intermediate / int(8 * dim / 3) and the largest power of two
+    (up to 256) dividing the width."""
+    for multiplier in _MULTIPLIERS:
+        for multiple in _MULTIPLES:
+            if meta_ffn_hidden(dim, multiple, multiplier) == intermediate_size:
+                return multiple, multiplier
+    base = int(2 * (4 * dim) / 3)
+    multiple = 1
+    while multiple < 256 and intermediate_size % (multiple * 2) == 0:
+        multiple *= 2
+    multiplier = intermediate_size / base
+    while int(multiplier * base) < intermediate_size:  # float rounding may land just below the width
+        multiplier = math.nextafter(multiplier, math.inf)
+    if meta_ffn_hidden(dim, multiple, multiplier) != intermediate_size:
+        raise PlanError(f"Cannot write Meta's params.json: no multiple_of / ffn_dim_multiplier gives intermediate_size "
+                        f"{intermediate_size} for dim {dim} in Meta's FeedForward formula.")
+    return multiple, multiplier
+
+
 def meta_params(config: Mapping[str, Any]) -> dict[str, Any]:
-    """Meta's `params.json` model arguments from an HF Llama `config.json`."""
-    rope = config.get("rope_parameters") or {}
-    params = {
-        "dim": config["hidden_size"], "n_layers": config["num_hidden_layers"], "n_heads": config["num_attention_heads"],
+    """Meta's `params.json` model arguments from an HF Llama `config.json`, with the keys Meta's `ModelArgs` takes
+    (it refuses unknown ones): dim, n_layers, n_heads, n_kv_heads, vocab_size, multiple_of, ffn_dim_multiplier
+    (when one is needed), norm_eps, and rope_theta (Llama 3 style, only when it is not Llama 2's fixed 10000) with
+    use_scaled_rope for Llama 3.1's rope scaling."""
+    rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    theta = float(rope.get("rope_theta", config.get("rope_theta", ROPE_THETA_LLAMA2)))
+    dim = int(config["hidden_size"])
+    multiple_of, multiplier = meta_ffn_arguments(dim, int(config["intermediate_size"]))
+    params: dict[str, Any] = {
+        "dim": dim, "n_layers": config["num_hidden_layers"], "n_heads": config["num_attention_heads"],
         "n_kv_heads": config.get("num_key_value_heads") or config["num_attention_heads"], "vocab_size": config["vocab_size"],
-        "norm_eps": config["rms_norm_eps"], "rope_theta": rope.get("rope_theta", config.get("rope_theta", 10000.0)),
-        "hidden_dim": config["intermediate_size"],
+        "multiple_of": multiple_of,
     }
+    if multiplier is not None:
+        params["ffn_dim_multiplier"] = multiplier
+    params["norm_eps"] = config["rms_norm_eps"]
+    if theta != ROPE_THETA_LLAMA2:
+        params["rope_theta"] = theta
+    if rope.get("rope_type") == "llama3":
+        params["use_scaled_rope"] = True
     return params
 
 
@@ -206,6 +256,7 @@ class PthOutput(OutputFormat):
     keeps_header_metadata = False
     copies_extras = False
     default_shard_size = 1 << 62
+    model_parallel = True
 
     def __init__(self, params: Mapping[str, Any] | None = None, mp: int = 1) -> None:
         self.params = dict(params or {})
@@ -217,10 +268,14 @@ class PthOutput(OutputFormat):
         root = Path(catalog.root)
         folder = root if root.is_dir() else root.parent
         params: dict[str, Any] = {}
+        if options.nproc_mp > 1 and not (folder / "config.json").is_file():
+            raise PlanError(f"Cannot split {folder} into {options.nproc_mp} model-parallel files: it has no config.json "
+                            "(heads and sizes decide the split). Convert an HF model folder, or pass a mapper that names "
+                            "outputs mp<r>/<name>.")
         if (folder / "config.json").is_file():
             config = read_config(folder)
-            if mapper is None and preset is not None:
-                mapper = preset(config)
+            if preset is not None and (mapper is None or options.nproc_mp > 1):
+                mapper = preset(config, options.nproc_mp, before=mapper)
             try:
                 params = meta_params(config)
             except KeyError:
@@ -251,4 +306,4 @@ class PthOutput(OutputFormat):
         return True
 
 
-__all__ = ["PARAMS_NAME", "PthOutput", "dict_pickle", "layout_pth_file", "meta_params", "mp_rank", "pth_file_name", "stored_name"]
+__all__ = ["PARAMS_NAME", "PthOutput", "dict_pickle", "layout_pth_file", "meta_ffn_arguments", "meta_ffn_hidden", "meta_params", "mp_rank", "pth_file_name", "stored_name"]

@@ -94,7 +94,7 @@ ON_OVERFLOW = ("warn", "error")
 
 def make_options(shard_size: int | str | None, nproc: int, rest: str, dtype: Any, extras: bool, overwrite: bool,
                  chunk_size: int | str, to: str = "safetensors", on_overflow: str = "warn",
-                 page_align: bool = True) -> PlanOptions:
+                 page_align: bool = True, nproc_mp: int = 1) -> PlanOptions:
     """Validate and normalise the user's options (a dtype policy must name a float dtype the engine produces)."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise PlanError(f"Cannot plan with nproc={nproc!r}: it must be a whole number of processes, at least 1.")
@@ -102,6 +102,11 @@ def make_options(shard_size: int | str | None, nproc: int, rest: str, dtype: Any
     if on_overflow not in ON_OVERFLOW:
         raise PlanError(f"Cannot plan with on_overflow={on_overflow!r}: choose 'warn' (count overflowing values and "
                         "report them) or 'error' (fail the run before its index is written).")
+    if isinstance(nproc_mp, bool) or not isinstance(nproc_mp, int) or nproc_mp < 1:
+        raise PlanError(f"Cannot plan with nproc_mp={nproc_mp!r}: it must be a whole number of model-parallel files, at least 1.")
+    if nproc_mp > 1 and not output.model_parallel:
+        raise PlanError(f"Cannot plan with nproc_mp={nproc_mp} for {output.title} output: model-parallel files are Meta's "
+                        "consolidated.NN.pth layout. Write it with to='pth', or leave nproc_mp at 1.")
     code = None if dtype is None else output.policy(dtype)
     return PlanOptions(
         shard_size=parse_size(output.default_shard_size if shard_size is None else shard_size),
@@ -114,6 +119,7 @@ def make_options(shard_size: int | str | None, nproc: int, rest: str, dtype: Any
         to=output.name,
         on_overflow=on_overflow,
         page_align=bool(page_align),
+        nproc_mp=nproc_mp,
     )
 
 
@@ -233,6 +239,7 @@ def plan(
     to: OutputName = "safetensors",
     on_overflow: OnOverflow = "warn",
     page_align: bool = True,
+    nproc_mp: int = 1,
 ) -> Plan:
     """Dry-run a conversion from metadata only; no tensor data is read.
 
@@ -248,8 +255,10 @@ def plan(
     of this plan does when a cast meets values its dtype cannot hold ('warn': count and report, 'error': fail).
     `page_align=False` keeps every safetensors header minimal, byte-identical to `safetensors.save_file`
     (by default a file filled by kernel copies gets up to 4 KiB of header spaces so the copies run page-congruent).
+    `nproc_mp` (with to='pth'): Meta's model-parallel files, consolidated.00 .. NN.pth, split as Meta's code expects.
     """
-    options = make_options(shard_size, nproc, rest, dtype, extras, overwrite, chunk_size, to, on_overflow, page_align)
+    options = make_options(shard_size, nproc, rest, dtype, extras, overwrite, chunk_size, to, on_overflow,
+                           page_align=page_align, nproc_mp=nproc_mp)
     with gc_paused():
         return build_plan(resolve_catalog(source), mapper, options, dest)
 

@@ -44,6 +44,7 @@ class PlanOptions:
     to: str = "safetensors"  # output format: 'safetensors' (HF shards + index) or 'dcp' (torch.distributed.checkpoint)
     on_overflow: str = "warn"  # a cast meeting values its dtype cannot hold: 'warn' (count and report) or 'error' (fail the run)
     page_align: bool = True  # pad safetensors headers so kernel copies are page-congruent (planning.page_align)
+    nproc_mp: int = 1  # model-parallel files of a Meta `.pth` output (consolidated.00 .. NN)
 
 
 class Plan:

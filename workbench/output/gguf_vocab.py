@@ -1,0 +1,253 @@
+"""The tokenizer part of a GGUF header (`tokenizer.ggml.*`), read from an HF folder as llama.cpp's converter reads it.
+
+Three routes, chosen as `convert_hf_to_gguf.py` chooses them for the Llama family:
+- SentencePiece (`tokenizer.model`, Llama 2 / Mistral): model "llama", pre "default", pieces, scores and types.
+  The protobuf is parsed here (pieces are fields 1/2/3 of each `pieces` entry), so no `sentencepiece` install is
+  needed; `added_tokens.json`, `tokenizer_config.json`'s `added_tokens_decoder` and padding to `vocab_size`
+  follow the converter's rules.
+- HF byte-fallback BPE (`tokenizer.json`, Llama-style): the `gguf` package's `LlamaHfVocab`.
+- GPT-2 byte-level BPE (`tokenizer.json`; Llama 3, Qwen2/3): model "gpt2", tokens and types from transformers'
+  tokenizer, merges by the `gguf` package, and the pre-tokenizer named after the `tokenizer.json` pre-tokenizer
+  (the converter hashes the tokenization of a probe text; the regex is what that hash stands for).
+Qwen2/3 try SentencePiece then GPT-2; Llama and Mistral try SentencePiece, byte-fallback BPE, then GPT-2.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+from ..errors import PlanError
+
+# SentencePiece piece types (its protobuf enum) as llama.cpp records them: a user-defined piece is NORMAL there.
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+_SP_TYPES = {NORMAL: NORMAL, UNKNOWN: UNKNOWN, CONTROL: CONTROL, USER_DEFINED: NORMAL, UNUSED: UNUSED, BYTE: BYTE}
+_PAD_SCORE, _ADDED_SCORE = -10000.0, -1000.0
+
+# The GPT-2 family's pre-tokenizer regexes (as tokenizer.json holds them) -> llama.cpp's pre-tokenizer names.
+LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+                r"|\s+(?!\S)|\s+")
+QWEN2_REGEX = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+PRE_TOKENIZERS = {LLAMA3_REGEX: "llama-bpe", QWEN2_REGEX: "qwen2"}
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if at >= len(data):
+            raise ValueError("a varint runs past the end")
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, at
+        shift += 7
+        if shift > 63:
+            raise ValueError("a varint is longer than 10 bytes")
+
+
+def _fields(data: bytes) -> list[tuple[int, int, Any]]:
+    """(field number, wire type, value) of one protobuf message; length-delimited values as bytes."""
+    out, at = [], 0
+    while at < len(data):
+        key, at = _varint(data, at)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, at = _varint(data, at)
+        elif wire == 1:
+            value, at = data[at:at + 8], at + 8
+        elif wire == 2:
+            length, at = _varint(data, at)
+            value, at = data[at:at + length], at + length
+        elif wire == 5:
+            value, at = data[at:at + 4], at + 4
+        else:
+            raise ValueError(f"wire type {wire} of field {number} is not a protobuf type")
+        if at > len(data):
+            raise ValueError(f"field {number} runs past the end")
+        out.append((number, wire, value))
+    return out
+
+
+def sentencepiece_pieces(path: Path) -> list[tuple[bytes, float, int]]:
+    """(piece, score, type) of every piece of a SentencePiece `tokenizer.model`, in id order."""
+    try:
+        pieces = []
+        for number, wire, entry in _fields(path.read_bytes()):
+            if number != 1 or wire != 2:
+                continue
+            piece, score, kind = b"", 0.0, NORMAL
+            for field, field_wire, value in _fields(entry):
+                if field == 1 and field_wire == 2:
+                    piece = bytes(value)
+                elif field == 2 and field_wire == 5:
+                    score = struct.unpack("<f", value)[0]
+                elif field == 3 and field_wire == 0:
+                    kind = value
+            pieces.append((piece, score, kind))
+    except (OSError, ValueError) as exc:
+        raise PlanError(f"Cannot read the SentencePiece model {path}: {exc}. Copy the model's own tokenizer.model.") from None
+    if not pieces:
+        raise PlanError(f"Cannot read the SentencePiece model {path}: it holds no pieces. Copy the model's own tokenizer.model.")
+    return pieces
+
+
+def _json_file(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise PlanError(f"Cannot read {path}: {exc}. Fix the file.") from None
+
+
+def _looks_special(text: str) -> bool:
+    """llama.cpp's test for added tokens that are control tokens though not marked special."""
+    return (text in ("<pad>", "<mask>", "<2mass>", "[@BOS@]") or (text.startswith("<|") and text.endswith("|>"))
+            or (text.startswith("<｜") and text.endswith("｜>")) or (text.startswith("<unused") and text.endswith(">")))
+
+
+def sentencepiece_vocab(root: Path, vocab_size: int | None) -> tuple[list[bytes], list[float], list[int]]:
+    """Tokens, scores and types of `root/tokenizer.model` as llama.cpp's converter lists them."""
+    pieces = sentencepiece_pieces(root / "tokenizer.model")
+    size = vocab_size or len(pieces)
+    tokens = [f"[PAD{i}]".encode() for i in range(size)]
+    scores = [_PAD_SCORE] * size
+    types = [UNUSED] * size
+    for k, (piece, score, kind) in enumerate(pieces[:size]):
+        tokens[k], scores[k], types[k] = piece, score, _SP_TYPES.get(kind, NORMAL)
+    added = _json_file(root / "added_tokens.json") or {}
+    for text, k in added.items():
+        if k < size:
+            tokens[k], scores[k], types[k] = text.encode(), _ADDED_SCORE, USER_DEFINED
+    config = _json_file(root / "tokenizer_config.json") or {}
+    for key, entry in (config.get("added_tokens_decoder") or {}).items():
+        k, text = int(key), entry["content"]
+        if k >= size:
+            continue
+        if entry.get("special") or _looks_special(text):
+            types[k] = CONTROL
+        else:
+            text = text.replace("\u2581", " ")
+            types[k] = USER_DEFINED
+        scores[k], tokens[k] = _ADDED_SCORE, text.encode()
+    return tokens, scores, types
+
+
+def pre_tokenizer_name(root: Path) -> str:
+    """llama.cpp's name for the pre-tokenizer of a byte-level BPE `tokenizer.json`; PlanError if it is not one
+    the workbench knows (Llama 3, Qwen2/3, GPT-2)."""
+    found = _json_file(root / "tokenizer.json") or {}
+    pre = found.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    regexes = [s.get("pattern", {}).get("Regex") for s in steps if s.get("type") == "Split"]
+    byte_level = [s for s in steps if s.get("type") == "ByteLevel"]
+    if len(regexes) == 1 and regexes[0] in PRE_TOKENIZERS and byte_level and not byte_level[0].get("use_regex", True):
+        return PRE_TOKENIZERS[regexes[0]]
+    if not regexes and len(byte_level) == 1 and byte_level[0].get("use_regex", True) and not byte_level[0].get("add_prefix_space"):
+        return "gpt-2"
+    raise PlanError(f"Cannot write GGUF for {root}: its tokenizer.json pre-tokenizer is not one the workbench names for "
+                    "llama.cpp (Llama 3, Qwen2/3 or GPT-2 byte-level BPE). Use llama.cpp's convert_hf_to_gguf.py for this model.")
+
+
+def gpt2_vocab(root: Path, vocab_size: int | None) -> tuple[list[str], list[int]]:
+    """Tokens and types of a byte-level BPE tokenizer, as llama.cpp's converter lists them (through transformers)."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise PlanError(f"Cannot write GGUF for {root}: reading its byte-level BPE tokenizer needs transformers. "
+                        "Install it: pip install transformers.") from None
+    tokenizer = AutoTokenizer.from_pretrained(root, local_files_only=True)
+    vocab = tokenizer.vocab
+    size = vocab_size or len(vocab)
+    if max(vocab.values()) >= size:
+        raise PlanError(f"Cannot write GGUF for {root}: its tokenizer has token id {max(vocab.values())}, beyond vocab_size "
+                        f"{size} in config.json. Fix the config or the tokenizer.")
+    by_id = {k: text for text, k in vocab.items()}
+    added = tokenizer.get_added_vocab()
+    decoder = tokenizer.added_tokens_decoder
+    tokens, types = [], []
+    for k in range(size):
+        if k not in by_id:
+            tokens.append(f"[PAD{k}]")
+            types.append(UNUSED)
+            continue
+        text = by_id[k]
+        if text in added:
+            if not decoder[k].normalized:  # llama.cpp expects added tokens pre-normalised
+                text = tokenizer.decode(tokenizer.encode(text, add_special_tokens=False))
+            if decoder[k].special or _looks_special(text):
+                types.append(CONTROL)
+            else:
+                text = text.replace("\u2581", " ")
+                types.append(USER_DEFINED)
+        else:
+            types.append(NORMAL)
+        tokens.append(text)
+    return tokens, types
+
+
+def _llama_hf_vocab(root: Path) -> tuple[list[Any], list[float], list[int]] | None:
+    import gguf
+
+    try:
+        vocab = gguf.LlamaHfVocab(root)
+    except (FileNotFoundError, TypeError):  # not a byte-fallback BPE: the converter goes on to GPT-2
+        return None
+    tokens, scores, types = [], [], []
+    for text, score, kind in vocab.all_tokens():
+        tokens.append(text)
+        scores.append(score)
+        types.append(kind)
+    return tokens, scores, types
+
+
+def add_vocab(writer: Any, root: Path, arch: str, vocab_size: int | None) -> int:
+    """Add the tokenizer keys of `root` to a `gguf.GGUFWriter`, by the converter's route for `arch`; the token count."""
+    import gguf
+
+    if (root / "tokenizer.model").is_file():
+        tokens, scores, types = sentencepiece_vocab(root, vocab_size)
+        found: tuple[Any, ...] | None = (tokens, scores, types)
+    elif not (root / "tokenizer.json").is_file():
+        raise PlanError(f"Cannot write GGUF for {root}: it has neither tokenizer.model nor tokenizer.json. Copy the model's "
+                        "tokenizer files into the folder.")
+    else:
+        found = _llama_hf_vocab(root) if arch == "llama" else None
+    if found is not None:
+        tokens, scores, types = found
+        writer.add_tokenizer_model("llama")
+        writer.add_tokenizer_pre("default")
+        writer.add_token_list(tokens)
+        writer.add_token_scores(scores)
+        writer.add_token_types(types)
+        gguf.SpecialVocab(root, n_vocab=len(tokens)).add_to_gguf(writer)
+        return len(tokens)
+    pre = pre_tokenizer_name(root)
+    tokens, types = gpt2_vocab(root, vocab_size)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    special = gguf.SpecialVocab(root, load_merges=True)
+    special.add_special_token = _with_byte_level_flags(root, special.add_special_token)
+    special.add_to_gguf(writer)
+    return len(tokens)
+
+
+def _with_byte_level_flags(root: Path, flags: dict[str, bool]) -> dict[str, bool]:
+    """llama.cpp's gguf-py (newer than PyPI's 0.19.0) reads a ByteLevel post-processor as adding neither BOS nor EOS
+    unless a later step says otherwise; the flags in the order it records them (a ByteLevel step first: bos, eos)."""
+    post = (_json_file(root / "tokenizer.json") or {}).get("post_processor") or {}
+    kinds = [step.get("type") for step in post.get("processors", [post])]
+    if "ByteLevel" not in kinds:
+        return flags
+    templates = [k for k, kind in enumerate(kinds) if kind in ("TemplateProcessing", "RobertaProcessing")]
+    if templates and templates[0] < kinds.index("ByteLevel"):
+        return {**flags, "bos": flags.get("bos", False), "eos": flags.get("eos", False)}
+    return {"bos": flags.get("bos", False), "eos": flags.get("eos", False), **flags}
+
+
+__all__ = ["PRE_TOKENIZERS", "add_vocab", "gpt2_vocab", "pre_tokenizer_name", "sentencepiece_pieces", "sentencepiece_vocab"]
