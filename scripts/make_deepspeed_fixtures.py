@@ -9,6 +9,11 @@ dict DeepSpeed's own `get_fp32_state_dict_from_zero_checkpoint` returns) and `li
 (what DeepSpeed's `safe_get_full_fp32_param` / `safe_get_full_optimizer_state` gathered from the live
 engine: fp32 masters and Adam moments by parameter name). Re-running is a no-op
 when the `done` marker exists. Usage: python scripts/make_deepspeed_fixtures.py [--print-root]
+
+`--sample DIR` instead trains the notebook's tiny ZeRO-3 run (hidden 16, one layer, bf16, 2 ranks) and writes
+the run folder (`latest`, `global_step2/`, config.json; not the zero_to_fp32.py DeepSpeed drops beside it) to
+DIR, with DeepSpeed's own `get_fp32_state_dict_from_zero_checkpoint` output next to it as
+`DIR_expected.safetensors` (`sample_checkpoints/training/zero3_tiny`).
 """
 
 from __future__ import annotations
@@ -179,7 +184,35 @@ def build(root: Path) -> Path:
     return root
 
 
+def build_sample(dest: Path) -> None:
+    """Train the notebook's tiny ZeRO-3 run with DeepSpeed and copy the run folder and its reference to `dest`."""
+    import shutil
+    import tempfile
+
+    py = build_venv(fixture_root())
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        (work / "train.py").write_text(TRAIN)
+        (work / "reference.py").write_text(REFERENCE)
+        run = work / "run"
+        env = _env(work)
+        _run([str(py), "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29631",
+              str(work / "train.py"), "3", str(run), "16", "1", "bf16"], env=env, cwd=work)
+        _run([str(py), str(work / "reference.py"), str(run), str(work / "expected.safetensors")], env=env, cwd=work)
+        if dest.exists():
+            shutil.rmtree(dest)
+        dest.mkdir(parents=True)
+        tag = (run / "latest").read_text().strip()
+        for name in ("latest", "config.json"):
+            shutil.copy(run / name, dest / name)
+        shutil.copytree(run / tag, dest / tag)
+        shutil.copy(work / "expected.safetensors", dest.parent / f"{dest.name}_expected.safetensors")
+
+
 def main() -> int:
+    if "--sample" in sys.argv:
+        build_sample(Path(sys.argv[sys.argv.index("--sample") + 1]).resolve())
+        return 0
     root = fixture_root()
     if "--print-root" in sys.argv:
         print(root)
