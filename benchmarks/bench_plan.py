@@ -11,7 +11,8 @@ data, ~17 MB, written once by make_llama_like.py) is opened, planned and convert
 and a Llama-3.1-405B-shaped index (191 sparse shards from make_sparse.py: real headers, data as holes)
 is opened and planned (identity and fuse; converting it would write 811 GB, so it is not converted).
 Each case runs `--repeat` times in this process after one warm-up, and the table shows the minimum
-per phase (the machine these run on is shared, so the minimum is the least disturbed figure).
+per phase, wall and (in brackets) CPU seconds of this process: on a shared machine the minimum is the
+least disturbed figure, and CPU seconds say what the work costs when other processes take turns.
 Interpreter start-up and imports are not counted; `run.py` measures whole processes.
 
 Usage: python benchmarks/bench_plan.py [--dir DIR] [--repeat 5] [--only identity,bf16] [--json]
@@ -48,22 +49,31 @@ CASES: dict[str, tuple[Callable[[dict], object], object]] = {
 }
 
 
+def _now() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
+
+
 def measure(source: Path, config: dict, case: str, dest: Path | None) -> dict[str, float]:
-    """Wall seconds of open, plan and (when `dest` is given) convert of one run."""
+    """Wall and CPU seconds of open, plan and (when `dest` is given) convert of one run."""
     make_mapper, dtype = CASES[case]
     gc.collect()  # the previous run's garbage is not this run's cost
-    start = time.perf_counter()
+    marks = [_now()]
     catalog = open_catalog(source)
-    opened = time.perf_counter()
+    marks.append(_now())
     plan = wb.plan(catalog, make_mapper(config), dest=dest, dtype=dtype)
-    planned = time.perf_counter()
+    marks.append(_now())
     if not plan.ok:
         raise SystemExit(f"{case}: the plan has errors: {[p.message for p in plan.problems if p.severity == 'error'][:3]}")
-    times = {"tensors": len(catalog), "open_s": opened - start, "plan_s": planned - opened}
+    phases = ["open", "plan"]
     if dest is not None:
         execute(plan, quiet=True)
-        times["convert_s"] = time.perf_counter() - planned
+        marks.append(_now())
+        phases.append("convert")
         shutil.rmtree(dest)
+    times = {"tensors": len(catalog)}
+    for phase, (wall0, cpu0), (wall1, cpu1) in zip(phases, marks, marks[1:], strict=False):
+        times[f"{phase}_s"] = wall1 - wall0
+        times[f"{phase}_cpu_s"] = cpu1 - cpu0
     del plan, catalog
     return times
 
@@ -72,22 +82,24 @@ def bench(label: str, source: Path, config: dict, case: str, dest: Path | None, 
     """The minimum per phase over `repeat` runs after one warm-up."""
     runs = [measure(source, config, case, dest) for _ in range(repeat + 1)][1:]
     row: dict = {"checkpoint": label, "case": case, "tensors": runs[0]["tensors"]}
-    for phase in ("open_s", "plan_s", "convert_s"):
-        if phase in runs[0]:
-            row[phase] = min(r[phase] for r in runs)
-    row["total_s"] = min(sum(v for k, v in r.items() if k.endswith("_s")) for r in runs)
+    for phase in ("open", "plan", "convert"):
+        for unit in ("s", "cpu_s"):
+            if f"{phase}_{unit}" in runs[0]:
+                row[f"{phase}_{unit}"] = min(r[f"{phase}_{unit}"] for r in runs)
+    for unit in ("s", "cpu_s"):
+        row[f"total_{unit}"] = min(sum(r[f"{p}_{unit}"] for p in ("open", "plan", "convert") if f"{p}_{unit}" in r) for r in runs)
     return row
 
 
 def print_table(rows: list[dict], repeat: int) -> None:
-    """The rows as a markdown table."""
-    print(f"min of {repeat} runs in one process (after a warm-up), wall seconds")
+    """The rows as a markdown table: wall seconds, and in brackets this process's CPU seconds."""
+    print(f"min of {repeat} runs in one process (after a warm-up): wall seconds (CPU seconds of the process)")
     print()
     print("| checkpoint | case | tensors | open s | plan s | convert s | total s |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for r in rows:
-        convert = f"{r['convert_s']:.3f}" if "convert_s" in r else "-"
-        print(f"| {r['checkpoint']} | {r['case']} | {r['tensors']:,} | {r['open_s']:.3f} | {r['plan_s']:.3f} | {convert} | {r['total_s']:.3f} |")
+        cells = [f"{r[f'{p}_s']:.3f} ({r[f'{p}_cpu_s']:.3f})" if f"{p}_s" in r else "-" for p in ("open", "plan", "convert", "total")]
+        print(f"| {r['checkpoint']} | {r['case']} | {r['tensors']:,} | " + " | ".join(cells) + " |")
 
 
 def run(folder: Path, repeat: int, only: list[str]) -> list[dict]:

@@ -149,10 +149,18 @@ def build_steps(groups: list[Group], access: SourceAccess, chunk_bytes: int) -> 
             ordered.append((where, begin, index, group))
     ordered.sort()  # indexes are unique, so groups themselves are never compared
     steps = []
+    located = access.located
     for index, (_, _, _, group) in enumerate(ordered):
-        kind = step_kind(group)
         outputs = group.outputs
         bytes_out = outputs[0].nbytes if len(outputs) == 1 else sum(t.nbytes for t in outputs)
+        recipe = group.recipe
+        if recipe is not None and len(recipe) == 1 and len(group.inputs) == 1:  # step_cost of a one-slice copy, inlined
+            (pieces,) = recipe.values()
+            first = group.inputs[0]
+            if len(pieces) == 1 and pieces[0].source == first.name and located(first):
+                steps.append(Step(index, group, COPY, 0, {first.file: pieces[0].end - pieces[0].begin}, bytes_out))
+                continue
+        kind = step_kind(group)
         held, reads = step_cost(group, kind, bytes_out, access, chunk_bytes)
         steps.append(Step(index, group, kind, held, reads, bytes_out))
     return steps

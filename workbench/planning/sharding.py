@@ -82,30 +82,34 @@ def assign_shards(steps: list[Step], limit: int) -> tuple[list[list[TensorInfo]]
             shards.append([])
         filled = 0
 
+    current = (0,)  # the shard being filled, as a step's shard numbers (one tuple shared by its steps)
     for step in steps:
         outputs = step.group.outputs
         size = step.bytes_out
-        used: list[int] = []
         if size <= limit:
             if filled + size > limit:
                 start_shard()
             shards[-1].extend(outputs)
             filled += size
-            used.append(len(shards) - 1)
-        else:  # the group cannot fit one shard: place its tensors one by one
-            for info in outputs:
-                if info.nbytes > limit:
-                    oversized.append(info)
-                    start_shard()
-                    shards[-1].append(info)
-                    used.append(len(shards) - 1)
-                    start_shard()
-                    continue
-                if filled + info.nbytes > limit:
-                    start_shard()
+            if current[0] != len(shards) - 1:
+                current = (len(shards) - 1,)
+            step_shards.append(current)
+            continue
+        used: list[int] = []
+        # the group cannot fit one shard: place its tensors one by one
+        for info in outputs:
+            if info.nbytes > limit:
+                oversized.append(info)
+                start_shard()
                 shards[-1].append(info)
-                filled += info.nbytes
                 used.append(len(shards) - 1)
+                start_shard()
+                continue
+            if filled + info.nbytes > limit:
+                start_shard()
+            shards[-1].append(info)
+            filled += info.nbytes
+            used.append(len(shards) - 1)
         step_shards.append(tuple(dict.fromkeys(used)))
     if not shards[-1]:
         shards.pop()
@@ -132,7 +136,8 @@ def layout_outputs(
     `output` names and lays out each file (see `workbench.output`); `metadata` maps the source files feeding
     a shard to its header `__metadata__` where the format keeps one (default `{"format": "pt"}`).
     """
-    if any(output.shard_of(t.name) is not None for s in steps for t in s.group.outputs):
+    decides = type(output).shard_of is not OutputFormat.shard_of  # else every answer is None: no call per tensor
+    if decides and any(output.shard_of(t.name) is not None for s in steps for t in s.group.outputs):
         shards, step_shards, warnings = assign_by_format(steps, output)
     else:
         shards, step_shards, warnings = assign_shards(steps, limit)
@@ -141,11 +146,15 @@ def layout_outputs(
     if metadata is not None and output.keeps_header_metadata:
         from .header_metadata import shard_sources
 
-        feeds = shard_sources((((t.file for t in s.group.inputs), n) for s, n in zip(steps, step_shards, strict=True)), len(shards))
+        feeds = shard_sources(zip((s.group.inputs for s in steps), step_shards, strict=True), len(shards))
         metas = [metadata(f) for f in feeds]
     files = [OutputFile(name, output.layout_file(name, tensors, meta)) for name, tensors, meta in zip(names, shards, metas, strict=True)]
+    file_names: dict[tuple[int, ...], tuple[str, ...]] = {}  # shard numbers -> names, built once per distinct tuple
     for step, numbers in zip(steps, step_shards, strict=True):
-        step.files = tuple(names[k] for k in numbers)
+        named = file_names.get(numbers)
+        if named is None:
+            named = file_names[numbers] = tuple(names[k] for k in numbers)
+        step.files = named
         for k in numbers:
             files[k].steps.append(step.index)
     return files, warnings
