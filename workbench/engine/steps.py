@@ -143,16 +143,17 @@ def _copy_one_slice(ctx: RankContext, info: TensorInfo, recipe: Mapping[str, tup
     ((out_name, pieces),) = recipe.items()
     if len(pieces) != 1:
         return False
-    target = ctx.target(out_name)
-    if target is None:
+    file, dst = ctx._placement[out_name]  # ctx.target and ctx.locate, inlined: this runs once per tensor
+    writer = ctx.writers.get(file)
+    if writer is None:
         return True
     piece = pieces[0]
     length = piece.end - piece.begin
     if length > 0:
-        where = ctx.locate(info)
+        where = ctx._locate(info) if ctx._locate is not None else None
         if where is None:
             return False
-        ctx.queue.add(target[0], target[1], out_name, 0, where[0], where[1] + piece.begin, length)
+        ctx.queue.add(writer, dst, out_name, 0, ctx.sources.fd(where[0]), where[1] + piece.begin, length)
     ctx.done_bytes += length
     return True
 

@@ -59,7 +59,7 @@ def build_binding(binder: Any, rest: Rest) -> Binding:
             if shape.cacheable:
                 recipe, chunk_cast = tracer.shared_recipe(signature, instances, op, inputs, outs)
             else:
-                recipe, chunk_cast = tracer.direct_recipe(op, inputs, outs)
+                recipe, chunk_cast = tracer.direct_recipe(op, inputs, outs, leafless=shape.op is not None)
         except MapperError as exc:
             binder.problem(exc.message, op, outs[0].name)
             continue
