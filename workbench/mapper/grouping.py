@@ -25,7 +25,7 @@ def _keep_group(info: TensorInfo) -> Group:
     nbytes = info.nbytes
     recipe = {info.name: (ByteSlice(info.name, 0, nbytes),) if nbytes else ()}
     op = build_unchecked(Identity, name=info.name)
-    return Group((info,), (info.meta(),), op, recipe, None, "keep")
+    return Group((info,), (TensorInfo(info.name, info.dtype, info.shape),), op, recipe, None, "keep")
 
 
 def build_binding(binder: Any, rest: Rest) -> Binding:
