@@ -162,10 +162,11 @@ def run_cast(ctx: RankContext, step: Step) -> None:
     """Convert one tensor to another dtype chunk by chunk (bounded memory whatever its size)."""
     src, out = step.group.inputs[0], step.group.outputs[0]
     target = ctx.target(out.name)
-    if target is None or src.numel == 0:
+    numel = src.numel
+    if target is None or numel == 0:
         return
     writer, _ = target
-    per, need = cast_chunk(src.numel, src.dtype, out.dtype, ctx.plan.options.chunk_bytes)
+    per, need = cast_chunk(numel, src.dtype, out.dtype, ctx.plan.options.chunk_bytes)
     where = ctx.locate(src)
     if where is None:
         ctx.cast.release()  # this step holds the whole input instead (see planning.schedule.step_cost)
@@ -177,8 +178,8 @@ def run_cast(ctx: RankContext, step: Step) -> None:
     convert = buffers.converter(src.dtype, out.dtype)
     counted = may_overflow(src.dtype, out.dtype)
     fd, begin = where
-    for start in range(0, src.numel, piece):
-        count = min(piece, src.numel - start)
+    for start in range(0, numel, piece):
+        count = min(piece, numel - start)
         n_in = nbytes_of(src.dtype, count)
         data = buffers.input(n_in)
         read_into(fd, data, begin + nbytes_of(src.dtype, start))

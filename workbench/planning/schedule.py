@@ -9,6 +9,7 @@ memory is the measured one.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -38,6 +39,7 @@ class Step:
         return sum(self.reads.values())
 
 
+@functools.lru_cache(maxsize=4096)  # asked per cast step by the planner and the engine; few distinct answers
 def cast_chunk(numel: int, src_dtype: str, dst_dtype: str, chunk_bytes: int) -> tuple[int, int]:
     """Elements per chunk of a chunked cast and the bytes held for one chunk (input + output buffers)."""
     bits = dtype_bits(src_dtype)
