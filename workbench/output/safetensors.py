@@ -333,7 +333,13 @@ class SafetensorsWriter:
 
     def missing(self) -> dict[str, int]:
         """Tensors not yet fully written, with the bytes still owed."""
-        return {n: self._by_name[n].nbytes - w for n, w in self._written.items() if w != self._by_name[n].nbytes}
+        owed = {}
+        by_name = self._by_name
+        for name, written in self._written.items():  # once per tensor at every commit: each size computed once
+            size = by_name[name].nbytes
+            if written != size:
+                owed[name] = size - written
+        return owed
 
     def commit(self, *, sync_dir: bool = True) -> Path:
         """Check completeness, fsync, rename to the final name; returns the final path."""
