@@ -1,17 +1,26 @@
 """What keeps planning and running 100k-tensor checkpoints fast: no garbage collection passes over the
-plan's million objects, and a schedule built with one sort, in the order the rules say."""
+plan's million objects (nor right after it), a schedule built with one sort, in the order the rules say,
+headers spelled out without a dict per tensor (still the reference writer's bytes), one op shared by
+every group of a rename. Timings themselves live in benchmarks/bench_plan.py."""
 
 from __future__ import annotations
 
 import gc
+import pickle
+from dataclasses import FrozenInstanceError, replace
 from pathlib import Path
 
+import numpy as np
 import pytest
+from safetensors.numpy import save
 
 import workbench as wb
 from workbench.catalog import Catalog, TensorInfo
 from workbench.engine import rank as rank_module
+from workbench.mapper import presets
 from workbench.mapper.groups import Binding, ByteSlice, Group
+from workbench.output.safetensors import layout_file
+from workbench.planning.gc_pause import gc_paused
 from workbench.planning.schedule import COPY, SourceAccess, build_steps
 from workbench.planning.sources import passthrough_binding
 
@@ -82,3 +91,64 @@ def test_schedule_follows_the_earliest_input_then_binding_order() -> None:
     assert [s.index for s in steps] == [0, 1, 2, 3] and {s.kind for s in steps} == {COPY}
     spans = steps[1]
     assert spans.reads == {a.file: 16, b.file: 16} and spans.held_bytes == 0 and spans.bytes_out == 32
+
+
+def test_objects_made_while_paused_go_to_the_oldest_generation() -> None:
+    class Made:
+        pass
+
+    with gc_paused():
+        made = [Made() for _ in range(1000)]
+    assert gc.isenabled()
+    young = {id(o) for o in gc.get_objects(generation=0)} | {id(o) for o in gc.get_objects(generation=1)}
+    assert not any(id(o) in young for o in made)  # the next collections do not walk them
+    assert any(o is made[0] for o in gc.get_objects(generation=2))
+
+
+def test_paused_collection_leaves_an_applications_frozen_objects_frozen() -> None:
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with gc_paused():
+            pass
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+
+
+NAMES = ['q"uote', "back\\slash", "ctl\x01\x1f", "tab\tnl\n", "ünï.日本.😀", "line\u2028sep", "z", "A.10", "A.9", "/slash"]
+
+
+@pytest.mark.parametrize("metadata", [None, {"format": 'ü"\\\x02 😀'}])  # one key: the reference's key order is a hash map's
+def test_headers_are_the_reference_writers_bytes_for_awkward_names(metadata: dict | None) -> None:
+    dtypes = [np.float32, np.float16, np.int8, np.float64, np.uint8, np.int64, np.int32, np.bool_, np.int16]
+    arrays = {name: np.zeros((k % 3, 2) if k % 4 else (), dtype=dtypes[k % len(dtypes)]) for k, name in enumerate(NAMES)}
+    reference = save(arrays, metadata={"format": "pt"} if metadata is None else metadata)
+    n = int.from_bytes(reference[:8], "little")
+    codes = {"float32": "F32", "float16": "F16", "int8": "I8", "float64": "F64", "uint8": "U8", "int64": "I64",
+             "int32": "I32", "bool": "BOOL", "int16": "I16"}
+    infos = [TensorInfo(name, codes[a.dtype.name], a.shape) for name, a in arrays.items()]
+    layout = layout_file("model.safetensors", infos, metadata)
+    assert layout.header == reference[: 8 + n]
+    assert layout.size == len(reference)
+
+
+def test_tensor_infos_stay_frozen_values() -> None:
+    info = TensorInfo("w", "F32", (2, 3), "a.safetensors", 8, 32)
+    assert info == TensorInfo(name="w", dtype="F32", shape=(2, 3), file="a.safetensors", begin=8, end=32)
+    assert hash(info) == hash(replace(info)) and pickle.loads(pickle.dumps(info)) == info
+    assert replace(info, name="v").name == "v" and TensorInfo("w", "F32", (2,)).file == "" and info.nbytes == 24
+    with pytest.raises(FrozenInstanceError):
+        info.name = "v"  # type: ignore[misc]
+    with pytest.raises(FrozenInstanceError):
+        ByteSlice("w", 0, 4).end = 8  # type: ignore[misc]
+
+
+def test_a_rename_shares_one_op_across_its_groups() -> None:
+    catalog = Catalog.from_infos([TensorInfo(f"model.layers.{k}.weight", "F32", (4,), "m.safetensors", 16 * k, 16 * k + 16)
+                                  for k in range(50)])
+    binding = presets.strip_prefix("model.").bind(catalog)
+    assert binding.ok and len(binding.groups) == 50
+    assert len({id(g.op) for g in binding.groups}) == 1
+    assert [t.name for g in binding.groups for t in g.outputs] == [f"layers.{k}.weight" for k in range(50)]
+    assert binding.groups[7].recipe == {"layers.7.weight": (ByteSlice("model.layers.7.weight", 0, 16),)}

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from .dtypes import nbytes_of
+from .dtypes import DTYPE_BITS
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +38,7 @@ class TensorInfo:
 
     @property
     def nbytes(self) -> int:
-        return nbytes_of(self.dtype, self.numel)
+        return (math.prod(self.shape) * DTYPE_BITS[self.dtype] + 7) // 8  # dtypes.nbytes_of, inlined: called per tensor
 
     def with_name(self, name: str) -> TensorInfo:
         return TensorInfo(name, self.dtype, self.shape, self.file, self.begin, self.end)
@@ -46,6 +46,29 @@ class TensorInfo:
     def meta(self) -> TensorInfo:
         """The same tensor without a location (what a mapper output looks like)."""
         return TensorInfo(self.name, self.dtype, self.shape)
+
+
+def _slot_filling_init():  # noqa: ANN202 - returns TensorInfo's __init__
+    set_name, set_dtype, set_shape, set_file, set_begin, set_end = (
+        TensorInfo.__dict__[name].__set__ for name in ("name", "dtype", "shape", "file", "begin", "end")
+    )
+
+    def __init__(self: TensorInfo, name: str, dtype: str, shape: tuple[int, ...], file: str = "", begin: int = 0, end: int = 0) -> None:
+        set_name(self, name)
+        set_dtype(self, dtype)
+        set_shape(self, shape)
+        set_file(self, file)
+        set_begin(self, begin)
+        set_end(self, end)
+
+    __init__.__qualname__ = "TensorInfo.__init__"
+    return __init__
+
+
+# The generated __init__ of a frozen dataclass calls object.__setattr__ per field, which made constructing the
+# 100k+ infos of a big checkpoint (opened, bound, laid out) a visible share of planning. Filling the slots
+# through their descriptors is ~2x faster; instances stay frozen, equal and hashable as before.
+TensorInfo.__init__ = _slot_filling_init()  # type: ignore[method-assign]
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,9 +16,13 @@ class SourceFiles:
 
     def __init__(self) -> None:
         self._fds: dict[str, int] = {}
+        self._by_given: dict[str | os.PathLike, int] = {}  # the path as given (a reader's cached Path): no fspath per call
 
     def fd(self, path: str | os.PathLike) -> int:
         """The descriptor of `path`, opening it on first use."""
+        fd = self._by_given.get(path)
+        if fd is not None:
+            return fd
         key = os.fspath(path)
         fd = self._fds.get(key)
         if fd is None:
@@ -30,6 +34,7 @@ class SourceFiles:
                     file=key,
                 ) from None
             self._fds[key] = fd
+        self._by_given[path] = fd
         return fd
 
     def close(self) -> None:
@@ -37,3 +42,4 @@ class SourceFiles:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+        self._by_given.clear()

@@ -6,6 +6,7 @@ the `HeldBytes` ledger exactly as the planner's cost rules predict (see `plannin
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from ..catalog import Catalog, TensorInfo
 from ..dtypes import nbytes_of, to_torch
 from ..errors import CastOverflowError, PlanError
 from ..iostats import read_into
+from ..mapper.groups import ByteSlice
 from ..output.safetensors import SafetensorsWriter
 from ..overflow import OverflowCounts, attributed, collect, count_torch, describe, may_overflow
 from ..planning.model import Plan
@@ -42,6 +44,10 @@ class RankContext:
 
     def __post_init__(self) -> None:
         self.cast = CastBuffers(self.held)
+        # Asked once per output tensor and per input tensor (100k times on big checkpoints): looked up once here.
+        self._placement = self.plan.placement
+        reader = self.plan.source.reader
+        self._locate = reader.locate if reader is not None else None
 
     @property
     def catalog(self) -> Catalog:
@@ -56,7 +62,7 @@ class RankContext:
 
     def target(self, name: str) -> tuple[SafetensorsWriter, int] | None:
         """The open writer and absolute offset of output tensor `name`; None when its file is kept."""
-        file, begin = self.plan.placement[name]
+        file, begin = self._placement[name]
         writer = self.writers.get(file)
         return None if writer is None else (writer, begin)
 
@@ -75,8 +81,7 @@ class RankContext:
 
     def locate(self, info: TensorInfo) -> tuple[int, int] | None:
         """(descriptor, absolute offset) of a source tensor's raw bytes, or None when not raw on disk."""
-        reader = self.catalog.reader
-        where = reader.locate(info) if reader is not None else None
+        where = self._locate(info) if self._locate is not None else None
         if where is None:
             return None
         path, begin, _ = where
@@ -99,6 +104,8 @@ def run_copy(ctx: RankContext, step: Step) -> None:
     """Queue kernel copies for every output piece; unlocated inputs are read once and written."""
     group = step.group
     single = group.inputs[0] if len(group.inputs) == 1 else None
+    if single is not None and len(group.recipe) == 1 and _copy_one_slice(ctx, single, group.recipe):
+        return
     inputs = {} if single is not None else {t.name: t for t in group.inputs}
     whole: dict[str, bytearray] = {}
     try:
@@ -130,14 +137,36 @@ def run_copy(ctx: RankContext, step: Step) -> None:
         ctx.held.release(sum(len(d) for d in whole.values()))
 
 
+def _copy_one_slice(ctx: RankContext, info: TensorInfo, recipe: Mapping[str, tuple[ByteSlice, ...]]) -> bool:
+    """The common copy (one output made of one slice of one located input) without the general loop's
+    bookkeeping; False when the recipe is not of that kind or the input is not raw on disk."""
+    ((out_name, pieces),) = recipe.items()
+    if len(pieces) != 1:
+        return False
+    file, dst = ctx._placement[out_name]  # ctx.target and ctx.locate, inlined: this runs once per tensor
+    writer = ctx.writers.get(file)
+    if writer is None:
+        return True
+    piece = pieces[0]
+    length = piece.end - piece.begin
+    if length > 0:
+        where = ctx._locate(info) if ctx._locate is not None else None
+        if where is None:
+            return False
+        ctx.queue.add(writer, dst, out_name, 0, ctx.sources.fd(where[0]), where[1] + piece.begin, length)
+    ctx.done_bytes += length
+    return True
+
+
 def run_cast(ctx: RankContext, step: Step) -> None:
     """Convert one tensor to another dtype chunk by chunk (bounded memory whatever its size)."""
     src, out = step.group.inputs[0], step.group.outputs[0]
     target = ctx.target(out.name)
-    if target is None or src.numel == 0:
+    numel = src.numel
+    if target is None or numel == 0:
         return
     writer, _ = target
-    per, need = cast_chunk(src.numel, src.dtype, out.dtype, ctx.plan.options.chunk_bytes)
+    per, need = cast_chunk(numel, src.dtype, out.dtype, ctx.plan.options.chunk_bytes)
     where = ctx.locate(src)
     if where is None:
         ctx.cast.release()  # this step holds the whole input instead (see planning.schedule.step_cost)
@@ -149,8 +178,8 @@ def run_cast(ctx: RankContext, step: Step) -> None:
     convert = buffers.converter(src.dtype, out.dtype)
     counted = may_overflow(src.dtype, out.dtype)
     fd, begin = where
-    for start in range(0, src.numel, piece):
-        count = min(piece, src.numel - start)
+    for start in range(0, numel, piece):
+        count = min(piece, numel - start)
         n_in = nbytes_of(src.dtype, count)
         data = buffers.input(n_in)
         read_into(fd, data, begin + nbytes_of(src.dtype, start))

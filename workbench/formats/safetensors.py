@@ -6,17 +6,15 @@ refuse is refused here with a message naming the file, the tensor and the fault.
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import struct
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from operator import itemgetter
 from pathlib import Path
 
 from ..catalog import FileInfo, TensorInfo
+from ..collector import gc_paused  # a 100k-tensor header makes ~1M acyclic objects: see there
 from ..display import format_shape
 from ..dtypes import DTYPE_BITS
 from ..errors import CannotRead, CheckpointError
@@ -101,19 +99,6 @@ def read_header(path: str | os.PathLike, *, rel: str | None = None, fd: int | No
             os.close(fd)
     tensors, metadata = parse_header_bytes(raw, spath, rel if rel is not None else os.path.basename(spath), 8 + n, file_size)
     return SafetensorsHeader(tensors, metadata, 8 + n, file_size)
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector: a 100k-tensor header makes ~1M acyclic objects, and the
-    collections they trigger would cost a third of the parse time for nothing."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def parse_header_bytes(

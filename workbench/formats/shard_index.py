@@ -8,7 +8,8 @@ its shard, is an error; tensors the index does not list are ignored with a warni
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from itertools import repeat
 
 from ..catalog import TensorInfo
 from ..errors import CannotRead, CheckpointError
@@ -41,9 +42,17 @@ def check_shard_present(where: str, index_name: str, rel: str, state: str | None
                 users[0] if users else None, fix=fix)
 
 
-def check_claims(where: str, index_name: str, shard_of: Mapping[str, str], held: Mapping[str, Iterable[TensorInfo]]) -> tuple[dict[str, TensorInfo], list[str]]:
+def check_claims(where: str, index_name: str, shard_of: Mapping[str, str], held: Mapping[str, Sequence[TensorInfo]]) -> tuple[dict[str, TensorInfo], list[str]]:
     """The tensors the index lists, each from the shard that holds it (`held`: shard -> its tensors), and
     warnings; raises when a tensor is in two shards or not where the index says."""
+    # The usual case, checked with whole-dict operations: every tensor is in one shard, as the index says.
+    every: dict[str, str] = {}
+    count = 0
+    for rel, infos in held.items():
+        every.update(zip([info.name for info in infos], repeat(rel)))
+        count += len(infos)
+    if count == len(every) and every == shard_of:
+        return {info.name: info for infos in held.values() for info in infos}, []
     tensors: dict[str, TensorInfo] = {}
     home: dict[str, str] = {}
     unlisted: list[str] = []

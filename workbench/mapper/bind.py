@@ -215,15 +215,24 @@ class Binder:
         inner = State(dict(before))
         self.run(scope.mapper, inner, path + (0,))
         effect = Effect(self)
+        consumed, produced, after = effect.consumed, effect.produced, inner.nodes
         for local, node in before.items():
-            if inner.nodes.get(local) is not node:
+            if after.get(local) is not node:
                 effect.consume(source + local, node, scope)
-            elif source != target:
-                effect.consume(source + local, node, scope)
+            elif source != target:  # renamed by the scope alone: once per tensor, Effect's checks inlined
+                name = source + local
+                if name in consumed:
+                    effect.consume(name, node, scope)
+                else:
+                    consumed[name] = (node, scope)
                 comp = self.comp_of(node)
                 self.seq += 1
                 comp.steps.append((self.seq, path, None))
-                effect.produce(target + local, Node(node.meta, comp), scope)
+                name = target + local
+                if name in produced:
+                    effect.produce(name, Node(node.meta, comp), scope)
+                else:
+                    produced[name] = (Node(node.meta, comp), scope)
         for local, node in inner.nodes.items():
             if before.get(local) is not node:
                 effect.produce(target + local, node, scope)

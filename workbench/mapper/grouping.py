@@ -25,7 +25,7 @@ def _keep_group(info: TensorInfo) -> Group:
     nbytes = info.nbytes
     recipe = {info.name: (ByteSlice(info.name, 0, nbytes),) if nbytes else ()}
     op = build_unchecked(Identity, name=info.name)
-    return Group((info,), (info.meta(),), op, recipe, None, "keep")
+    return Group((info,), (TensorInfo(info.name, info.dtype, info.shape),), op, recipe, None, "keep")
 
 
 def build_binding(binder: Any, rest: Rest) -> Binding:
@@ -59,7 +59,7 @@ def build_binding(binder: Any, rest: Rest) -> Binding:
             if shape.cacheable:
                 recipe, chunk_cast = tracer.shared_recipe(signature, instances, op, inputs, outs)
             else:
-                recipe, chunk_cast = tracer.direct_recipe(op, inputs, outs)
+                recipe, chunk_cast = tracer.direct_recipe(op, inputs, outs, leafless=shape.op is not None)
         except MapperError as exc:
             binder.problem(exc.message, op, outs[0].name)
             continue

@@ -30,6 +30,21 @@ class ByteSlice:
         return self.end - self.begin
 
 
+def _byte_slice_init():  # noqa: ANN202 - returns ByteSlice's __init__
+    set_source, set_begin, set_end = (ByteSlice.__dict__[name].__set__ for name in ("source", "begin", "end"))
+
+    def __init__(self: ByteSlice, source: str, begin: int, end: int) -> None:
+        set_source(self, source)
+        set_begin(self, begin)
+        set_end(self, end)
+
+    __init__.__qualname__ = "ByteSlice.__init__"
+    return __init__
+
+
+ByteSlice.__init__ = _byte_slice_init()  # type: ignore[method-assign]  # one per copied tensor: see catalog.TensorInfo
+
+
 @dataclass(frozen=True)
 class Group:
     """A connected unit of work: these source tensors in, these tensors out.
@@ -47,6 +62,12 @@ class Group:
     recipe: Mapping[str, tuple[ByteSlice, ...]] | None = None
     chunk_cast: str | None = None
     label: str = ""
+
+    def __init__(self, inputs: tuple[TensorInfo, ...], outputs: tuple[TensorInfo, ...], op: Any,
+                 recipe: Mapping[str, tuple[ByteSlice, ...]] | None = None, chunk_cast: str | None = None, label: str = "") -> None:
+        # Filled through __dict__: the generated frozen __init__ (object.__setattr__ per field) made binding
+        # 100k-tensor checkpoints measurably slower. Instances stay frozen.
+        self.__dict__.update(inputs=inputs, outputs=outputs, op=op, recipe=recipe, chunk_cast=chunk_cast, label=label)
 
     @property
     def bytes_in(self) -> int:

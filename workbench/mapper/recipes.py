@@ -129,11 +129,14 @@ class Tracer:
             return LazyRecipe({info.name: tokens[info.name] for info in outputs}, shared, list(tokens)), None
         return None, outputs[0].dtype if chunk else None
 
-    def direct_recipe(self, op: Mapper, inputs: tuple[TensorInfo, ...], outputs: list[TensorInfo]) -> tuple[dict[str, tuple[ByteSlice, ...]] | None, str | None]:
-        if len(inputs) == 1 and len(outputs) == 1 and not any(True for _ in op.leaves()):
+    def direct_recipe(self, op: Mapper, inputs: tuple[TensorInfo, ...], outputs: list[TensorInfo], *, leafless: bool = False,
+                      ) -> tuple[dict[str, tuple[ByteSlice, ...]] | None, str | None]:
+        """The recipe of one group traced on its own; `leafless=True` says the op has no operation leaves (known to the caller)."""
+        if len(inputs) == 1 and len(outputs) == 1 and (leafless or not any(True for _ in op.leaves())):
             # A pure prefix rename: the output is the input's bytes.
             info = inputs[0]
-            return {outputs[0].name: (ByteSlice(info.name, 0, info.nbytes),) if info.nbytes else ()}, None
+            nbytes = info.nbytes
+            return {outputs[0].name: (ByteSlice(info.name, 0, nbytes),) if nbytes else ()}, None
         syms = self.trace(op, inputs, outputs)
         if all(sym.slices is not None for sym in syms):
             return {info.name: sym.slices for info, sym in zip(outputs, syms, strict=True)}, None  # type: ignore[misc]

@@ -47,6 +47,14 @@ def _build(skeleton: tuple[Any, ...], instances: dict[Path, list[Op]]) -> Mapper
     return PrefixScope(_build(inner, instances) if inner is not None else Sequential(), skeleton[1], skeleton[2])
 
 
+def _has_leaf(skeleton: tuple[Any, ...]) -> bool:
+    if skeleton[0] == "leaf":
+        return True
+    if skeleton[0] == "scope":
+        return skeleton[3] is not None and _has_leaf(skeleton[3])
+    return any(_has_leaf(child) for child in skeleton[2])
+
+
 def _has_scope(skeleton: tuple[Any, ...]) -> bool:
     if skeleton[0] == "scope":
         return True
@@ -56,12 +64,15 @@ def _has_scope(skeleton: tuple[Any, ...]) -> bool:
 class GroupShape:
     """What every group over the same set of leaf paths shares: tree shape, label, recipe cacheability."""
 
-    __slots__ = ("skeleton", "label", "cacheable")
+    __slots__ = ("skeleton", "label", "cacheable", "op")
 
-    def __init__(self, skeleton: tuple[Any, ...], label: str, cacheable: bool) -> None:
+    def __init__(self, skeleton: tuple[Any, ...], label: str, cacheable: bool, op: Mapper | None = None) -> None:
         self.skeleton = skeleton
         self.label = label
         self.cacheable = cacheable
+        # Without operation leaves (a prefix rename) the op is the same for every group of this shape: built once
+        # and shared (mappers are immutable), not rebuilt 100k times for a renamed checkpoint.
+        self.op = op
 
 
 class Restrictor:
@@ -77,7 +88,9 @@ class Restrictor:
             prefixes = {path[:k] for path in signature for k in range(len(path) + 1)}
             skeleton = _skeleton(self.mapper, (), set(signature), prefixes)
             op = _build(skeleton, instances)  # type: ignore[arg-type]
-            found = self._shapes[signature] = GroupShape(skeleton, label_of(op), not _has_scope(skeleton))  # type: ignore[arg-type]
+            found = self._shapes[signature] = GroupShape(
+                skeleton, label_of(op), not _has_scope(skeleton), None if _has_leaf(skeleton) else op  # type: ignore[arg-type]
+            )
         return found
 
     def op_for(self, steps: list[tuple[int, Path, Any]]) -> tuple[Mapper, GroupShape, dict[Path, list[Op]], tuple[Path, ...]]:
@@ -87,7 +100,8 @@ class Restrictor:
             instances = {path: [] if instance is None else [instance]}
             signature: tuple[Path, ...] = (path,)
             shape = self._shapes.get(signature) or self.shape(signature, instances)
-            return _build(shape.skeleton, instances), shape, instances, signature
+            op = shape.op if shape.op is not None else _build(shape.skeleton, instances)
+            return op, shape, instances, signature
         instances = {}
         for _, path, instance in sorted(steps, key=lambda step: step[0]) if len(steps) > 1 else steps:
             found = instances.get(path)
@@ -97,7 +111,7 @@ class Restrictor:
                 found.append(instance)
         signature = tuple(sorted(instances)) if len(instances) > 1 else tuple(instances)
         shape = self.shape(signature, instances)
-        return _build(shape.skeleton, instances), shape, instances, signature
+        return shape.op if shape.op is not None else _build(shape.skeleton, instances), shape, instances, signature
 
 
 def label_of(op: Mapper) -> str:

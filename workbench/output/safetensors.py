@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import functools
 import json
+import operator
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -50,7 +51,16 @@ def tensor_meta(tensor: Any) -> tuple[str, tuple[int, ...]]:
 
 def reference_order(tensors: Iterable[TensorInfo]) -> list[TensorInfo]:
     """The order the reference writer stores tensors in: dtype rank descending, then name."""
-    return sorted(tensors, key=lambda t: (-_RANK.get(t.dtype, 0), t.name))
+    by_rank: dict[int, list[TensorInfo]] = {}
+    for t in tensors:  # one name sort per dtype rank: no key tuple per tensor (100k-tensor shards)
+        by_rank.setdefault(_RANK.get(t.dtype, 0), []).append(t)
+    ordered: list[TensorInfo] = []
+    for rank in sorted(by_rank, reverse=True):
+        ordered += sorted(by_rank[rank], key=_name)
+    return ordered
+
+
+_name = operator.attrgetter("name")
 
 
 def layout_file(
@@ -72,24 +82,12 @@ def layout_file(
     if data_residue is not None and (data_residue % 8 or not 0 <= data_residue < PAGE):
         raise ValueError(f"data_residue must be a multiple of 8 in [0, {PAGE}), not {data_residue}")
     ordered = reference_order(tensors) if order == "reference" else list(tensors)
-    names = set()
-    entries: dict[str, Any] = {"__metadata__": dict(DEFAULT_METADATA if metadata is None else metadata)}
-    if not entries["__metadata__"]:
-        del entries["__metadata__"]
-    offset = 0
-    for t in ordered:
-        if t.name in names or t.name == "__metadata__":
-            raise PlanError(f"Cannot lay out {file}: tensor name {t.name!r} appears twice or is reserved. Rename it.", tensor=t.name)
-        names.add(t.name)
-        bits = t.numel * DTYPE_BITS[t.dtype] if t.dtype in DTYPE_BITS else 1
-        if bits % 8:
-            cause = f"unknown dtype {t.dtype!r}" if t.dtype not in DTYPE_BITS else f"{t.numel} elements of {t.dtype} do not fill whole bytes"
-            raise PlanError(f"Cannot lay out {file}: tensor {t.name!r} has {cause}, which safetensors cannot store.", tensor=t.name)
-        entries[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [offset, offset + bits // 8]}
-        offset += bits // 8
+    _check_names(file, ordered)
+    meta = dict(DEFAULT_METADATA if metadata is None else metadata)
     # Raw UTF-8 like the reference writer (which escapes only quotes, backslashes and control characters).
     try:
-        body = json.dumps(entries, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        text, sizes, offset = _header_text(file, ordered, meta)
+        body = text.encode("utf-8")
     except UnicodeEncodeError:
         bad = next((t.name for t in ordered if _unencodable(t.name)), None)
         what = f"tensor name {bad!r}" if bad is not None else "the metadata"
@@ -100,10 +98,53 @@ def layout_file(
     header = len(body).to_bytes(8, "little") + body
     start = len(header)
     placed = []
-    for t in ordered:
-        first, last = entries[t.name]["data_offsets"]
-        placed.append(TensorInfo(t.name, t.dtype, tuple(t.shape), file, start + first, start + last))
+    at = start
+    for t, size in zip(ordered, sizes, strict=True):
+        placed.append(TensorInfo(t.name, t.dtype, tuple(t.shape), file, at, at + size))
+        at += size
     return FileLayout(file, header, tuple(placed), start + offset)
+
+
+def _check_names(file: str, ordered: Sequence[TensorInfo]) -> None:
+    """Raise for the first tensor whose name repeats an earlier one or is the reserved `__metadata__` (or, before
+    it, one whose dtype safetensors cannot store: problems are reported in file order)."""
+    names = {t.name for t in ordered}
+    if len(names) == len(ordered) and "__metadata__" not in names:
+        return
+    seen: set[str] = set()
+    for t in ordered:
+        if t.name in seen or t.name == "__metadata__":
+            raise PlanError(f"Cannot lay out {file}: tensor name {t.name!r} appears twice or is reserved. Rename it.", tensor=t.name)
+        seen.add(t.name)
+        _header_text(file, [t], {})  # raises for a dtype it cannot store
+
+
+def _header_text(file: str, ordered: Sequence[TensorInfo], meta: Mapping[str, str]) -> tuple[str, list[int], int]:
+    """The header JSON exactly as `json.dumps(..., separators=(",", ":"), ensure_ascii=False)` writes it, each
+    tensor's byte size, and the data size. Spelled out per tensor (with one shape text per distinct dtype and
+    shape) because building a dict per tensor for json.dumps dominated the layout of 100k-tensor files."""
+    parts = [json.dumps({"__metadata__": meta}, separators=(",", ":"), ensure_ascii=False)[1:-1]] if meta else []
+    kinds: dict[tuple[str, tuple[int, ...]], tuple[int, str]] = {}
+    sizes = []
+    offset = 0
+    for t in ordered:
+        shape = t.shape if type(t.shape) is tuple else tuple(t.shape)
+        kind = kinds.get((t.dtype, shape))
+        if kind is None:
+            bits = t.numel * DTYPE_BITS[t.dtype] if t.dtype in DTYPE_BITS else 1
+            if bits % 8:
+                cause = f"unknown dtype {t.dtype!r}" if t.dtype not in DTYPE_BITS else f"{t.numel} elements of {t.dtype} do not fill whole bytes"
+                raise PlanError(f"Cannot lay out {file}: tensor {t.name!r} has {cause}, which safetensors cannot store.", tensor=t.name)
+            dims = ",".join(str(int(d)) for d in shape)
+            kind = kinds[(t.dtype, shape)] = (bits // 8, f':{{"dtype":{_json_text(t.dtype)},"shape":[{dims}],"data_offsets":[')
+        size, prefix = kind
+        parts.append(f"{_json_text(t.name)}{prefix}{offset},{offset + size}]}}")
+        sizes.append(size)
+        offset += size
+    return "{" + ",".join(parts) + "}", sizes, offset
+
+
+_json_text = json.encoder.encode_basestring  # a JSON string literal, non-ASCII kept as it is (what ensure_ascii=False writes)
 
 
 def _unencodable(text: str) -> bool:
@@ -301,7 +342,13 @@ class SafetensorsWriter:
 
     def missing(self) -> dict[str, int]:
         """Tensors not yet fully written, with the bytes still owed."""
-        return {n: self._by_name[n].nbytes - w for n, w in self._written.items() if w != self._by_name[n].nbytes}
+        owed = {}
+        by_name = self._by_name
+        for name, written in self._written.items():  # once per tensor at every commit: each size computed once
+            size = by_name[name].nbytes
+            if written != size:
+                owed[name] = size - written
+        return owed
 
     def commit(self, *, sync_dir: bool = True) -> Path:
         """Check completeness, fsync, rename to the final name; returns the final path."""

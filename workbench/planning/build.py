@@ -33,6 +33,9 @@ DEFAULT_CHUNK = "32MiB"
 
 
 def _duplicate_outputs(binding: Binding) -> list[Problem]:
+    names = [t.name for group in binding.groups for t in group.outputs]
+    if len(set(names)) == len(names):  # the usual answer, found without a Python step per name
+        return []
     seen: set[str] = set()
     problems = []
     for group in binding.groups:
@@ -196,7 +199,7 @@ def _build_plan(
     committed: list[str] = []  # files written at commit beside the shards (DCP: objects file, .metadata)
     objects, object_warnings = output.carried_objects(catalog.reader, options.rest)
     problems += [Problem("warning", w) for w in object_warnings]
-    outputs = {t.name for step in steps for t in step.group.outputs}
+    outputs = {t.name for step in steps for t in step.group.outputs} if objects else set()
     for name in sorted({o.name for o in objects} & outputs):
         problems.append(Problem("error", f"Cannot write {output.title} entry {name!r}: it is both an output tensor and a "
                                          "non-tensor entry of the source. Rename the tensor, or drop the entries with rest='drop'.",

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..catalog import TensorInfo
 from ..dtypes import CAST_SOURCES, is_float, policy_dtype
-from ..mapper.groups import Binding, ByteSlice, Group, Problem
+from ..mapper.groups import Binding, Group, Problem
 from ..overflow import cast
 
 
@@ -46,7 +46,10 @@ def _whole_copy(group: Group) -> bool:
     if src.dtype != out.dtype or (src.shape != out.shape and src.numel != out.numel):  # same shape: same numel
         return False
     slices = group.recipe.get(out.name, ())
-    return len(slices) == 1 and slices[0] == ByteSlice(src.name, 0, src.nbytes)
+    if len(slices) != 1:
+        return False
+    piece = slices[0]  # compared field by field: no ByteSlice built per group
+    return piece.source == src.name and piece.begin == 0 and piece.end == src.nbytes
 
 
 def _cast_here(dtype: str, target: str) -> bool:

@@ -41,16 +41,25 @@ def layout_fingerprint(catalog: Catalog, steps: list[Step], files: list[OutputFi
     for rel, info in sorted(catalog.files.items()):
         digest.update(f"\nsrc {rel} {info.size} {_mtime_ns(catalog, rel)}".encode())
     lines: list[str] = []
+    shapes: dict[tuple[int, ...], str] = {}  # str(shape), once per distinct shape
     for step in steps:
         group = step.group
         inputs = group.inputs
+        recipe = group.recipe
         if len(inputs) == 1:  # the common case, spelled out: this loop runs once per tensor
             t = inputs[0]
-            ins = f"{t.name}|{t.dtype}|{t.shape}|{t.file}|{t.begin}|{t.end}"
+            shape = shapes.get(t.shape) if type(t.shape) is tuple else None
+            if shape is None:
+                shape = str(t.shape)
+                if type(t.shape) is tuple:
+                    shapes[t.shape] = shape
+            text = "" if recipe is None else _recipe_text(recipe)
+            lines.append(f"\nstep {step.kind} {group.chunk_cast} {type(group.op).__name__} {group.label} "
+                         f"<{t.name}|{t.dtype}|{shape}|{t.file}|{t.begin}|{t.end}> <{text}>")
         else:
             ins = ";".join(f"{t.name}|{t.dtype}|{t.shape}|{t.file}|{t.begin}|{t.end}" for t in inputs)
-        recipe = "" if group.recipe is None else _recipe_text(group.recipe)
-        lines.append(f"\nstep {step.kind} {group.chunk_cast} {type(group.op).__name__} {group.label} <{ins}> <{recipe}>")
+            text = "" if recipe is None else _recipe_text(recipe)
+            lines.append(f"\nstep {step.kind} {group.chunk_cast} {type(group.op).__name__} {group.label} <{ins}> <{text}>")
         if len(lines) >= _BATCH:
             digest.update("".join(lines).encode())
             lines.clear()

@@ -24,6 +24,8 @@ def file_clusters(files: list[OutputFile], steps: list[Step]) -> list[list[int]]
         return k
 
     for step in steps:
+        if len(step.files) < 2:  # writes one file: joins nothing
+            continue
         ks = [position[name] for name in step.files]
         for k in ks[1:]:
             a, b = root(ks[0]), root(k)
@@ -93,8 +95,12 @@ def assign_ranks(files: list[OutputFile], steps: list[Step], nproc: int) -> list
     clusters = file_clusters(files, steps)
     loads = []
     for cluster in clusters:
-        step_ids = sorted({s for k in cluster for s in files[k].steps})
-        loads.append(sum(steps[s].bytes_read + steps[s].bytes_out for s in step_ids) or 1)
+        step_ids = files[cluster[0]].steps if len(cluster) == 1 else sorted({s for k in cluster for s in files[k].steps})
+        load = 0
+        for s in step_ids:
+            step = steps[s]
+            load += sum(step.reads.values()) + step.bytes_out
+        loads.append(load or 1)
     runs = balanced_runs(loads, nproc)
     for rank, run in enumerate(runs):
         for c in run:

@@ -9,6 +9,7 @@ memory is the measured one.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -38,6 +39,7 @@ class Step:
         return sum(self.reads.values())
 
 
+@functools.lru_cache(maxsize=4096)  # asked per cast step by the planner and the engine; few distinct answers
 def cast_chunk(numel: int, src_dtype: str, dst_dtype: str, chunk_bytes: int) -> tuple[int, int]:
     """Elements per chunk of a chunked cast and the bytes held for one chunk (input + output buffers)."""
     bits = dtype_bits(src_dtype)
@@ -149,10 +151,18 @@ def build_steps(groups: list[Group], access: SourceAccess, chunk_bytes: int) -> 
             ordered.append((where, begin, index, group))
     ordered.sort()  # indexes are unique, so groups themselves are never compared
     steps = []
+    located = access.located
     for index, (_, _, _, group) in enumerate(ordered):
-        kind = step_kind(group)
         outputs = group.outputs
         bytes_out = outputs[0].nbytes if len(outputs) == 1 else sum(t.nbytes for t in outputs)
+        recipe = group.recipe
+        if recipe is not None and len(recipe) == 1 and len(group.inputs) == 1:  # step_cost of a one-slice copy, inlined
+            (pieces,) = recipe.values()
+            first = group.inputs[0]
+            if len(pieces) == 1 and pieces[0].source == first.name and located(first):
+                steps.append(Step(index, group, COPY, 0, {first.file: pieces[0].end - pieces[0].begin}, bytes_out))
+                continue
+        kind = step_kind(group)
         held, reads = step_cost(group, kind, bytes_out, access, chunk_bytes)
         steps.append(Step(index, group, kind, held, reads, bytes_out))
     return steps

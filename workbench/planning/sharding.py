@@ -83,30 +83,34 @@ def assign_shards(steps: list[Step], limit: int) -> tuple[list[list[TensorInfo]]
             shards.append([])
         filled = 0
 
+    current = (0,)  # the shard being filled, as a step's shard numbers (one tuple shared by its steps)
     for step in steps:
         outputs = step.group.outputs
         size = step.bytes_out
-        used: list[int] = []
         if size <= limit:
             if filled + size > limit:
                 start_shard()
             shards[-1].extend(outputs)
             filled += size
-            used.append(len(shards) - 1)
-        else:  # the group cannot fit one shard: place its tensors one by one
-            for info in outputs:
-                if info.nbytes > limit:
-                    oversized.append(info)
-                    start_shard()
-                    shards[-1].append(info)
-                    used.append(len(shards) - 1)
-                    start_shard()
-                    continue
-                if filled + info.nbytes > limit:
-                    start_shard()
+            if current[0] != len(shards) - 1:
+                current = (len(shards) - 1,)
+            step_shards.append(current)
+            continue
+        used: list[int] = []
+        # the group cannot fit one shard: place its tensors one by one
+        for info in outputs:
+            if info.nbytes > limit:
+                oversized.append(info)
+                start_shard()
                 shards[-1].append(info)
-                filled += info.nbytes
                 used.append(len(shards) - 1)
+                start_shard()
+                continue
+            if filled + info.nbytes > limit:
+                start_shard()
+            shards[-1].append(info)
+            filled += info.nbytes
+            used.append(len(shards) - 1)
         step_shards.append(tuple(dict.fromkeys(used)))
     if not shards[-1]:
         shards.pop()
@@ -136,7 +140,8 @@ def layout_outputs(
     `source_offset` (where a source tensor's raw bytes start) a format that pads its header places each
     file's data start so its kernel copies are page-congruent (`planning.page_align`).
     """
-    if any(output.shard_of(t.name) is not None for s in steps for t in s.group.outputs):
+    decides = type(output).shard_of is not OutputFormat.shard_of  # else every answer is None: no call per tensor
+    if decides and any(output.shard_of(t.name) is not None for s in steps for t in s.group.outputs):
         shards, step_shards, warnings = assign_by_format(steps, output)
     else:
         shards, step_shards, warnings = assign_shards(steps, limit)
@@ -145,11 +150,15 @@ def layout_outputs(
     if metadata is not None and output.keeps_header_metadata:
         from .header_metadata import shard_sources
 
-        feeds = shard_sources((((t.file for t in s.group.inputs), n) for s, n in zip(steps, step_shards, strict=True)), len(shards))
+        feeds = shard_sources(zip((s.group.inputs for s in steps), step_shards, strict=True), len(shards))
         metas = [metadata(f) for f in feeds]
     files = [OutputFile(name, output.layout_file(name, tensors, meta)) for name, tensors, meta in zip(names, shards, metas, strict=True)]
+    file_names: dict[tuple[int, ...], tuple[str, ...]] = {}  # shard numbers -> names, built once per distinct tuple
     for step, numbers in zip(steps, step_shards, strict=True):
-        step.files = tuple(names[k] for k in numbers)
+        named = file_names.get(numbers)
+        if named is None:
+            named = file_names[numbers] = tuple(names[k] for k in numbers)
+        step.files = named
         for k in numbers:
             files[k].steps.append(step.index)
     if source_offset is not None and output.pads_header:

@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ..catalog import Catalog
+from ..catalog import Catalog, TensorInfo
 from ..errors import PlanError
 from ..mapper.groups import Binding, ByteSlice, Group
 from .gc_pause import gc_paused
@@ -58,7 +58,7 @@ class PassThrough:
 def passthrough_binding(catalog: Catalog) -> Binding:
     """One byte-copy group per source tensor, in catalog order."""
     groups = [
-        Group((info,), (info.meta(),), PassThrough(name), {name: (ByteSlice(name, 0, info.nbytes),)}, None, "copy")
+        Group((info,), (TensorInfo(name, info.dtype, info.shape),), PassThrough(name), {name: (ByteSlice(name, 0, info.nbytes),)}, None, "copy")
         for name, info in catalog.tensors.items()
     ]
     return Binding(groups)
