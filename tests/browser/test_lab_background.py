@@ -39,8 +39,8 @@ explorer.task.confirm_above = 128 << 20  # this 256 MiB read asks first, as one 
 explorer.select("model.big.weight")
 explorer''',
     '''source = "../sample_checkpoints/tiny-llama"
-# a bf16 cast in 64-byte chunks: slow enough (seconds) to watch it copy
-panel = RunPanel(source, "out-local", nproc=2, launcher="local", dtype="bf16", chunk_size="64B", shard_size="100KB")
+# a bf16 cast in 8-byte chunks: slow enough (~1.5 s of copying per rank on an idle machine) to see time left
+panel = RunPanel(source, "out-local", nproc=2, launcher="local", dtype="bf16", chunk_size="8B", shard_size="100KB")
 panel''',
     '''mapper_graph_figure(presets.hf_to_fused(source + "/config.json"), wb.open_checkpoint(source))''',
 ]
