@@ -291,6 +291,11 @@ class RemoteReader:
         """Never a local file: the engine reads every tensor through `read_bytes`."""
         return None
 
+    def raw_offset(self, info: TensorInfo) -> int:
+        """Where the tensor's bytes start in its remote file, as they would on disk: the plan places output
+        data starts from it (`planning.page_align`), so a URL gives the same output bytes as a local copy."""
+        return info.begin
+
     def file_state(self, rel: str) -> tuple[int, str] | None:
         """(size, version tag) listed at open: what the source guard and the plan fingerprint compare."""
         file = self.store.file(rel)

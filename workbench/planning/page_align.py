@@ -78,7 +78,12 @@ def choose_residue(steps: Iterable[Step], layout: FileLayout, source_offset: Sou
 
 
 def reader_offsets(reader: object | None) -> SourceOffset | None:
-    """`source_offset` for a catalog's reader: the start of a tensor's raw bytes in its file, via `locate`."""
+    """`source_offset` for a catalog's reader: the start of a tensor's raw bytes in its file — the reader's
+    `raw_offset` where it has one (remote readers: the bytes are not local, the layout is the same), else
+    via `locate`. The choice depends on the source's layout only, never on where the files are."""
+    raw_offset = getattr(reader, "raw_offset", None)
+    if raw_offset is not None:
+        return raw_offset
     locate = getattr(reader, "locate", None)
     if locate is None:
         return None
