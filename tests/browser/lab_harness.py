@@ -139,3 +139,56 @@ def browser_available() -> str | None:
     if shutil.which("jupyter-lab") is None and not (Path(sys.executable).parent / "jupyter-lab").exists():
         return "jupyterlab is not installed"
     return None
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+# The open notebook's kernel is started, connected and idle (the toolbar's indicator says idle too early).
+KERNEL_READY = """() => {
+  const panel = window.galata.app.shell.currentWidget;
+  const context = panel && panel.sessionContext;
+  const kernel = context && context.isReady && context.session && context.session.kernel;
+  return !!kernel && kernel.connectionStatus === 'connected' && kernel.status === 'idle';
+}"""
+# Every code cell of the open notebook has an execution count and the kernel is idle. Read from the notebook
+# model, not the DOM: JupyterLab renders cells lazily, so the DOM may hold only the cells in view.
+ALL_RAN = """() => {
+  const panel = window.galata.app.shell.currentWidget;
+  const model = panel && panel.content && panel.content.model;
+  if (!model) return false;
+  const counts = [];
+  for (let k = 0; k < model.cells.length; k++) { const cell = model.cells.get(k); if (cell.type === 'code') counts.push(cell.executionCount); }
+  const kernel = panel.sessionContext.session && panel.sessionContext.session.kernel;
+  return counts.length > 0 && counts.every(c => c !== null && c !== undefined) && kernel && kernel.status === 'idle';
+}"""
+
+
+def code_notebook(cells: list[str]) -> dict:
+    """An nbformat 4 notebook (as JSON data) of code cells with the python3 kernel."""
+    return {"cells": [{"cell_type": "code", "execution_count": None, "id": f"cell-{k}", "metadata": {}, "outputs": [],
+                       "source": source} for k, source in enumerate(cells)],
+            "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+            "nbformat": 4, "nbformat_minor": 5}
+
+
+@contextmanager
+def serve_lab(tmp_path_factory: object, notebooks: dict[str, dict], samples: tuple[str, ...] = ("tiny-llama",)) -> Iterator[JupyterLab]:
+    """A JupyterLab server whose root holds `notebooks` (relative path -> notebook data) and copies of the
+    named sample checkpoints under `sample_checkpoints/`; stopped on exit."""
+    root = tmp_path_factory.mktemp("lab-root")  # type: ignore[attr-defined]
+    for rel, notebook in notebooks.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(json.dumps(notebook))
+    for sample in samples:
+        shutil.copytree(REPO / "sample_checkpoints" / sample, root / "sample_checkpoints" / sample)
+    server = JupyterLab(root, tmp_path_factory.mktemp("lab-state"))  # type: ignore[attr-defined]
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def set_theme(page: object, theme: str) -> None:
+    """Switch JupyterLab to `theme` ("JupyterLab Light" / "JupyterLab Dark") and wait until the page shows it."""
+    page.evaluate(f"() => window.galata.app.commands.execute('apputils:change-theme', {{theme: {json.dumps(theme)}}})")  # type: ignore[attr-defined]
+    page.wait_for_function(f"() => document.body.dataset.jpThemeName === {json.dumps(theme)}", timeout=30_000)  # type: ignore[attr-defined]

@@ -10,7 +10,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lab_harness import PANEL, JupyterLab, browser_available, launched_chromium, open_notebook, screenshot_dir
+from lab_harness import (
+    ALL_RAN,
+    KERNEL_READY,
+    PANEL,
+    JupyterLab,
+    browser_available,
+    open_notebook,
+    screenshot_dir,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 UNAVAILABLE = browser_available()
@@ -22,27 +30,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.skipif(UNAVAILABLE is not None, r
 RUN_ALL = """async () => {
   await window.galata.app.commands.execute('notebook:clear-all-cell-outputs');
   window.galata.app.commands.execute('notebook:run-all-cells');
-}"""
-# Every code cell of the open notebook has an execution count and the kernel is idle. Read from the notebook
-# model, not the DOM: JupyterLab renders cells lazily, so the DOM may hold only the cells in view.
-# The open notebook's kernel is started, connected and idle (the toolbar's indicator says idle too early).
-KERNEL_READY = """() => {
-  const panel = window.galata.app.shell.currentWidget;
-  const context = panel && panel.sessionContext;
-  const kernel = context && context.isReady && context.session && context.session.kernel;
-  return !!kernel && kernel.connectionStatus === 'connected' && kernel.status === 'idle';
-}"""
-ALL_RAN = """() => {
-  const panel = window.galata.app.shell.currentWidget;
-  const model = panel && panel.content && panel.content.model;
-  if (!model) return false;
-  const counts = [];
-  for (let k = 0; k < model.cells.length; k++) {
-    const cell = model.cells.get(k);
-    if (cell.type === 'code') counts.push(cell.executionCount);
-  }
-  const kernel = panel.sessionContext.session && panel.sessionContext.session.kernel;
-  return counts.length > 0 && counts.every(c => c !== null && c !== undefined) && kernel && kernel.status === 'idle';
 }"""
 
 
@@ -61,11 +48,6 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterLab]:
     yield server
     server.stop()
 
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    with launched_chromium() as chromium:
-        yield chromium
 
 
 def run_notebook(browser: object, lab: JupyterLab, notebook: str) -> object:

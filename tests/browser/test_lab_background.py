@@ -6,13 +6,20 @@ whose boxes carry shapes. Screenshots in light and dark themes go to the screens
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-import nbformat
 import pytest
-from lab_harness import PANEL, JupyterLab, browser_available, launched_chromium, open_notebook, screenshot_dir
+from lab_harness import (
+    PANEL,
+    JupyterLab,
+    browser_available,
+    code_notebook,
+    open_notebook,
+    screenshot_dir,
+    serve_lab,
+    set_theme,
+)
 from test_lab_convert import run_all_cells
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,26 +66,9 @@ BAR_WIDTH = """() => { const fill = document.querySelector('.jp-NotebookPanel:no
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterLab]:
-    root = tmp_path_factory.mktemp("lab-root")
-    (root / "notebooks").mkdir()
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code) for code in CELLS])
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(notebook, root / "notebooks" / "background.ipynb")
-    shutil.copytree(REPO / "sample_checkpoints" / "tiny-llama", root / "sample_checkpoints" / "tiny-llama")
-    server = JupyterLab(root, tmp_path_factory.mktemp("lab-state"))
-    yield server
-    server.stop()
+    with serve_lab(tmp_path_factory, {"notebooks/background.ipynb": code_notebook(CELLS)}) as server:
+        yield server
 
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    with launched_chromium() as chromium:
-        yield chromium
-
-
-def set_theme(page: object, theme: str) -> None:
-    page.evaluate(f"() => window.galata.app.commands.execute('apputils:change-theme', {{theme: '{theme}'}})")  # type: ignore[attr-defined]
-    page.wait_for_function(f"() => document.body.dataset.jpThemeName === '{theme}'", timeout=20_000)  # type: ignore[attr-defined]
 
 
 def shoot(page: object, selector: str, name: str) -> None:

@@ -9,12 +9,20 @@ docs/)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lab_harness import PANEL, JupyterLab, browser_available, launched_chromium, open_notebook, screenshot_dir
+from lab_harness import (
+    KERNEL_READY,
+    PANEL,
+    JupyterLab,
+    browser_available,
+    open_notebook,
+    screenshot_dir,
+    serve_lab,
+    set_theme,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 UNAVAILABLE = browser_available()
@@ -32,12 +40,6 @@ NOTEBOOK = {
     "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
     "nbformat": 4, "nbformat_minor": 5,
 }
-KERNEL_READY = """() => {
-  const panel = window.galata.app.shell.currentWidget;
-  const context = panel && panel.sessionContext;
-  const kernel = context && context.isReady && context.session && context.session.kernel;
-  return !!kernel && kernel.connectionStatus === 'connected' && kernel.status === 'idle';
-}"""
 # Text colour and the first non-transparent background behind an element, as [r, g, b] each.
 COLOURS = """(element) => {
   const rgb = (text) => (text.match(/[\\d.]+/g) || []).slice(0, 4).map(Number);
@@ -93,21 +95,8 @@ class Clicks:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterLab]:
-    import shutil
-
-    root = tmp_path_factory.mktemp("lab-root")
-    state = tmp_path_factory.mktemp("lab-state")
-    (root / "builder_clicks.ipynb").write_text(json.dumps(NOTEBOOK))
-    shutil.copytree(REPO / "sample_checkpoints" / "tiny-llama", root / "sample_checkpoints" / "tiny-llama")
-    server = JupyterLab(root, state)
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    with launched_chromium() as chromium:
-        yield chromium
+    with serve_lab(tmp_path_factory, {"builder_clicks.ipynb": NOTEBOOK}) as server:
+        yield server
 
 
 def message(builder: object, text: str) -> None:
@@ -150,8 +139,7 @@ def test_fuse_strip_and_cast_in_ten_clicks(browser: object, lab: JupyterLab, the
     page = browser.new_page(viewport={"width": 1500, "height": 1600})  # type: ignore[attr-defined]
     try:
         open_notebook(page, lab, "builder_clicks.ipynb")
-        page.evaluate(f"() => window.galata.app.commands.execute('apputils:change-theme', {{theme: {theme!r}}})")
-        page.wait_for_function(f"() => document.body.dataset.jpThemeName === {theme!r}", timeout=30_000)
+        set_theme(page, theme)
         page.wait_for_function(KERNEL_READY, timeout=60_000)
         page.evaluate("() => { window.galata.app.commands.execute('notebook:run-all-cells'); }")
         builder = page.locator(f"{PANEL} .wb-builder")
@@ -221,8 +209,7 @@ def test_names_problems_fix_and_folded_target_by_clicking(browser: object, lab: 
     page = browser.new_page(viewport={"width": 1500, "height": 1600})  # type: ignore[attr-defined]
     try:
         open_notebook(page, lab, "builder_clicks.ipynb")
-        page.evaluate("() => window.galata.app.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")
-        page.wait_for_function("() => document.body.dataset.jpThemeName === 'JupyterLab Dark'", timeout=30_000)
+        set_theme(page, "JupyterLab Dark")
         page.wait_for_function(KERNEL_READY, timeout=60_000)
         page.evaluate("() => { window.galata.app.commands.execute('notebook:run-all-cells'); }")
         builder = page.locator(f"{PANEL} .wb-builder")

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lab_harness import PANEL, JupyterLab, browser_available, launched_chromium, open_notebook, screenshot_dir
+from lab_harness import PANEL, JupyterLab, browser_available, open_notebook, screenshot_dir
 
 REPO = Path(__file__).resolve().parents[2]
 UNAVAILABLE = browser_available()
@@ -75,11 +75,6 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterLab]:
     yield server
     server.stop()
 
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    with launched_chromium() as chromium:
-        yield chromium
 
 
 def test_run_panel_bars_reach_done_in_jupyterlab(browser: object, lab: JupyterLab) -> None:

@@ -6,12 +6,21 @@ the screenshot folder (`make screenshots` refreshes docs/)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lab_harness import PANEL, JupyterLab, browser_available, launched_chromium, open_notebook, screenshot_dir
+from lab_harness import (
+    PANEL,
+    JupyterLab,
+    browser_available,
+    code_notebook,
+    launched_chromium,
+    open_notebook,
+    screenshot_dir,
+    serve_lab,
+    set_theme,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 UNAVAILABLE = browser_available()
@@ -58,20 +67,10 @@ CONTRAST = """(el) => {
 }"""
 
 
-def notebook() -> dict:
-    cell = {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": SETUP}
-    return {"cells": [cell], "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-            "nbformat": 4, "nbformat_minor": 5}
-
-
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterLab]:
-    root = tmp_path_factory.mktemp("lab-plan-root")
-    state = tmp_path_factory.mktemp("lab-plan-state")
-    (root / "plan.ipynb").write_text(json.dumps(notebook()))
-    server = JupyterLab(root, state)
-    yield server
-    server.stop()
+    with serve_lab(tmp_path_factory, {"plan.ipynb": code_notebook([SETUP])}, samples=()) as server:
+        yield server
 
 
 @pytest.mark.parametrize("theme", ["JupyterLab Light", "JupyterLab Dark"])
@@ -80,9 +79,7 @@ def test_plan_panel_headline_is_readable_in_both_themes(lab: JupyterLab, theme: 
         page = chromium.new_page(viewport={"width": 1400, "height": 1400})
         try:
             open_notebook(page, lab, "plan.ipynb")
-            page.evaluate(f"() => window.galata.app.commands.execute('apputils:change-theme', {{theme: {json.dumps(theme)}}})")
-            page.wait_for_function(
-                f"() => document.body.dataset.jpThemeName === {json.dumps(theme)}", timeout=30_000)
+            set_theme(page, theme)
             page.wait_for_function(
                 "() => { const p = window.galata.app.shell.currentWidget; const k = p && p.sessionContext.session"
                 " && p.sessionContext.session.kernel; return k && k.status === 'idle'; }", timeout=60_000)

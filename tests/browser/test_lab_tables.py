@@ -6,13 +6,22 @@ puts its name on the clipboard. Screenshots explorer-light.png / explorer-dark.p
 
 from __future__ import annotations
 
-import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lab_harness import PANEL, JupyterLab, browser_available, launched_chromium, open_notebook, screenshot_dir
+from lab_harness import (
+    ALL_RAN,
+    KERNEL_READY,
+    PANEL,
+    JupyterLab,
+    browser_available,
+    code_notebook,
+    open_notebook,
+    screenshot_dir,
+    serve_lab,
+    set_theme,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 UNAVAILABLE = browser_available()
@@ -52,21 +61,6 @@ TRANSPARENT_CORNER = """(img) => {
   context.drawImage(img, 0, 0);
   return context.getImageData(1, 1, 1, 1).data[3];
 }"""
-KERNEL_READY = """() => {
-  const panel = window.galata.app.shell.currentWidget;
-  const context = panel && panel.sessionContext;
-  const kernel = context && context.isReady && context.session && context.session.kernel;
-  return !!kernel && kernel.connectionStatus === 'connected' && kernel.status === 'idle';
-}"""
-ALL_RAN = """() => {
-  const panel = window.galata.app.shell.currentWidget;
-  const model = panel && panel.content && panel.content.model;
-  if (!model) return false;
-  const counts = [];
-  for (let k = 0; k < model.cells.length; k++) { const cell = model.cells.get(k); if (cell.type === 'code') counts.push(cell.executionCount); }
-  const kernel = panel.sessionContext.session && panel.sessionContext.session.kernel;
-  return counts.length > 0 && counts.every(c => c !== null && c !== undefined) && kernel && kernel.status === 'idle';
-}"""
 TABLE = f"{PANEL} .wb-explorer .wb-explorer-table"
 DOM_TABLE = ".jp-NotebookPanel:not(.lm-mod-hidden) .wb-explorer .wb-explorer-table"  # the same, for querySelector
 SIZES = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
@@ -74,23 +68,8 @@ SIZES = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterLab]:
-    root = tmp_path_factory.mktemp("lab-root")
-    state = tmp_path_factory.mktemp("lab-state")
-    (root / "notebooks").mkdir()
-    cells = [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": s} for s in NOTEBOOK_CELLS]
-    notebook = {"cells": cells, "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-                "nbformat": 4, "nbformat_minor": 5}
-    (root / "notebooks" / "tables.ipynb").write_text(json.dumps(notebook))
-    shutil.copytree(REPO / "sample_checkpoints" / "tiny-llama", root / "sample_checkpoints" / "tiny-llama")
-    server = JupyterLab(root, state)
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    with launched_chromium() as chromium:
-        yield chromium
+    with serve_lab(tmp_path_factory, {"notebooks/tables.ipynb": code_notebook(NOTEBOOK_CELLS)}) as server:
+        yield server
 
 
 def open_explorer(browser: object, lab: JupyterLab, theme: str) -> tuple[object, object]:
@@ -98,8 +77,7 @@ def open_explorer(browser: object, lab: JupyterLab, theme: str) -> tuple[object,
     context = browser.new_context(viewport={"width": 1400, "height": 1300}, permissions=["clipboard-read", "clipboard-write"])  # type: ignore[attr-defined]
     page = context.new_page()
     open_notebook(page, lab, "notebooks/tables.ipynb")
-    page.evaluate(f"() => window.galata.app.commands.execute('apputils:change-theme', {{theme: {THEMES[theme]!r}}})")
-    page.wait_for_function(f"() => document.body.dataset.jpThemeLight === {'true' if theme == 'light' else 'false'!r}", timeout=30_000)
+    set_theme(page, THEMES[theme])
     page.wait_for_function(KERNEL_READY, timeout=60_000)
     page.evaluate("() => { window.galata.app.commands.execute('notebook:run-all-cells'); }")
     page.wait_for_function(ALL_RAN, timeout=120_000)
