@@ -192,3 +192,22 @@ def set_theme(page: object, theme: str) -> None:
     """Switch JupyterLab to `theme` ("JupyterLab Light" / "JupyterLab Dark") and wait until the page shows it."""
     page.evaluate(f"() => window.galata.app.commands.execute('apputils:change-theme', {{theme: {json.dumps(theme)}}})")  # type: ignore[attr-defined]
     page.wait_for_function(f"() => document.body.dataset.jpThemeName === {json.dumps(theme)}", timeout=30_000)  # type: ignore[attr-defined]
+
+# WCAG contrast of an element's text colour against the first opaque background behind it: {ratio, fg, bg}.
+CONTRAST = """(el) => {
+  const rgb = (s) => (s.match(/[\\d.]+/g) || []).map(Number);
+  const lum = ([r, g, b]) => {
+    const f = (c) => { c /= 255; return c <= 0.03928 ? c / 12.92 : Math.pow((c + 0.055) / 1.055, 2.4); };
+    return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+  };
+  let node = el, bg = null;
+  while (node && node.nodeType === 1) {
+    const c = rgb(getComputedStyle(node).backgroundColor);
+    if (c.length >= 3 && (c.length < 4 || c[3] > 0.5)) { bg = c; break; }
+    node = node.parentElement;
+  }
+  bg = bg || [255, 255, 255];
+  const fg = rgb(getComputedStyle(el).color);
+  const [a, b] = [lum(fg), lum(bg)].sort((x, y) => y - x);
+  return {ratio: (a + 0.05) / (b + 0.05), fg: getComputedStyle(el).color, bg: bg.join(',')};
+}"""

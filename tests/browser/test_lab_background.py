@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from lab_harness import (
+    CONTRAST,
     PANEL,
     JupyterLab,
     browser_available,
@@ -45,7 +46,9 @@ with open(big, "wb") as fh:
 explorer.task.confirm_above = 128 << 20  # this 256 MiB read asks first, as one over 1 GiB does by default
 explorer.select("model.big.weight")
 explorer''',
-    '''source = "../sample_checkpoints/tiny-llama"
+    '''import shutil
+source = "../sample_checkpoints/tiny-llama"
+shutil.rmtree("out-local", ignore_errors=True)  # each page (theme) runs the conversion afresh
 # a bf16 cast in 8-byte chunks: slow enough (~1.5 s of copying per rank on an idle machine) to see time left
 panel = RunPanel(source, "out-local", nproc=2, launcher="local", dtype="bf16", chunk_size="8B", shard_size="100KB")
 panel''',
@@ -79,10 +82,13 @@ def shoot(page: object, selector: str, name: str) -> None:
     assert path.stat().st_size > 5_000
 
 
-def test_cancel_a_read_watch_a_run_and_read_the_graph(browser: object, lab: JupyterLab) -> None:
+@pytest.mark.parametrize("theme", ["JupyterLab Light", "JupyterLab Dark"])
+def test_cancel_a_read_watch_a_run_and_read_the_graph(browser: object, lab: JupyterLab, theme: str) -> None:
     page = browser.new_page(viewport={"width": 1500, "height": 1300})  # type: ignore[attr-defined]
+    suffix = "_dark" if "Dark" in theme else ""
     try:
         open_notebook(page, lab, "notebooks/background.ipynb")
+        set_theme(page, theme)
         page.wait_for_selector(f"{PANEL} .jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
         run_all_cells(page)
         notebook = page.locator(PANEL)
@@ -100,7 +106,9 @@ def test_cancel_a_read_watch_a_run_and_read_the_graph(browser: object, lab: Jupy
         page.wait_for_function(f"() => ({BAR_WIDTH})() > {first}", timeout=60_000)  # the bar moves
         text = explorer.locator(".wb-explorer-task .wb-task-text").inner_text()
         assert "Reading value stats of model.big.weight" in text and "of 256.0 MiB" in text and "/s" in text
-        shoot(page, f"{PANEL} .wb-explorer-task", "background_read.png")
+        readable = page.evaluate(CONTRAST, explorer.locator(".wb-explorer-task .wb-task-text").element_handle())
+        assert readable["ratio"] >= 3, readable  # the bar's text can be read in this theme
+        shoot(page, f"{PANEL} .wb-explorer-task", f"background_read{suffix}.png")
         explorer.locator(".wb-explorer-task .wb-task-cancel").click()
         page.wait_for_function("() => [...document.querySelectorAll('.wb-task-text')].some(e => e.innerText.includes('Cancelled reading'))",
                                timeout=20_000)
@@ -123,6 +131,9 @@ def test_cancel_a_read_watch_a_run_and_read_the_graph(browser: object, lab: Jupy
         assert any("of 2 up" in p for p in phases), phases
         assert any("left" in t for t in timings) and any(t.startswith("elapsed") for t in timings), timings
         assert "mod-primary" not in (run.locator(".wb-run-start").get_attribute("class") or "")
+        for part in (".wb-run-status", ".wb-run-timing"):
+            readable = page.evaluate(CONTRAST, run.locator(part).element_handle())
+            assert readable["ratio"] >= 3, (part, readable)
         cancel = run.locator(".wb-run-cancel")
         assert cancel.is_disabled() and "mod-warning" not in (cancel.get_attribute("class") or "")
         run.locator(".wb-run-verify").click()
@@ -134,7 +145,7 @@ def test_cancel_a_read_watch_a_run_and_read_the_graph(browser: object, lab: Jupy
         run.locator(".wb-explorer .wb-explorer-verify").click()  # the Explorer's own Verify: headers, index, sizes
         page.wait_for_function("() => [...document.querySelectorAll('.wb-run .wb-explorer-verified')].some(e => e.innerText.includes(': OK'))",
                                timeout=60_000)
-        shoot(page, f"{PANEL} .wb-run", "run_panel_done.png")
+        shoot(page, f"{PANEL} .wb-run", f"run_panel_done{suffix}.png")
 
         # 3. the graph: an SVG whose boxes say shapes and dtypes, folded ×4
         graph = notebook.locator("svg.wbg").first
@@ -143,11 +154,10 @@ def test_cancel_a_read_watch_a_run_and_read_the_graph(browser: object, lab: Jupy
         assert "F32 [128, 64]" in texts and any(t.endswith("×4") for t in texts), texts[:10]
         box = graph.bounding_box()
         assert box is not None and box["width"] > 600  # drawn at its own size, not shrunk into a thumbnail
-        shoot(page, f"{PANEL} .wb-graph", "mapper_graph.png")
-
-        set_theme(page, "JupyterLab Dark")
+        shoot(page, f"{PANEL} .wb-graph", f"mapper_graph{suffix}.png")
+        if not suffix:
+            return
         title_color = page.evaluate("() => getComputedStyle(document.querySelector('svg.wbg text.title')).fill")
         assert title_color not in ("rgb(34, 34, 34)", "rgb(0, 0, 0)"), title_color  # the title follows the theme
-        shoot(page, f"{PANEL} .wb-graph", "mapper_graph_dark.png")
     finally:
         page.close()  # type: ignore[attr-defined]
