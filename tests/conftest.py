@@ -9,7 +9,7 @@ from __future__ import annotations
 import filecmp
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -183,3 +183,12 @@ def tiny_checkpoint(tmp_path: Path) -> Callable[..., Path]:
 def tiny_tensors() -> Callable[..., dict[str, Any]]:
     """The default state-dict builder of `tiny_checkpoint`: tiny_tensors(layers=2, hidden=8, dtype=None, seed=0)."""
     return llama_like_tensors
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    """One headless chromium per browser-test module (tests/browser/, whose folder holds lab_harness)."""
+    from lab_harness import launched_chromium
+
+    with launched_chromium() as chromium:
+        yield chromium
