@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from lab_harness import (
+    CONTRAST,
     PANEL,
     JupyterLab,
     browser_available,
@@ -46,26 +47,6 @@ for k in range(48):
 (src / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
 plan = wb.plan(src, shard_size="40KB", nproc=8, dtype="bf16")
 PlanPanel(plan)"""
-
-# WCAG contrast of an element's text colour against the first opaque background behind it.
-CONTRAST = """(el) => {
-  const rgb = (s) => (s.match(/[\\d.]+/g) || []).map(Number);
-  const lum = ([r, g, b]) => {
-    const f = (c) => { c /= 255; return c <= 0.03928 ? c / 12.92 : Math.pow((c + 0.055) / 1.055, 2.4); };
-    return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
-  };
-  let node = el, bg = null;
-  while (node && node.nodeType === 1) {
-    const c = rgb(getComputedStyle(node).backgroundColor);
-    if (c.length >= 3 && (c.length < 4 || c[3] > 0.5)) { bg = c; break; }
-    node = node.parentElement;
-  }
-  bg = bg || [255, 255, 255];
-  const fg = rgb(getComputedStyle(el).color);
-  const [a, b] = [lum(fg), lum(bg)].sort((x, y) => y - x);
-  return {ratio: (a + 0.05) / (b + 0.05), fg: getComputedStyle(el).color, bg: bg.join(',')};
-}"""
-
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterLab]:

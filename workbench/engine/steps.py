@@ -19,8 +19,8 @@ from ..mapper.groups import ByteSlice
 from ..output.safetensors import SafetensorsWriter
 from ..overflow import OverflowCounts, attributed, collect, count_torch, describe, may_overflow
 from ..planning.model import Plan
+from ..planning.rss import NUMPY, TORCH, libraries_for
 from ..planning.schedule import CAST, COPY, Step, cast_chunk
-from .bf16 import numpy_castable
 from .cast_buffers import CastBuffers
 from .copier import CopyQueue
 from .memory import HeldBytes
@@ -264,25 +264,15 @@ def _record_overflow(ctx: RankContext, group: Any, found: OverflowCounts) -> Non
 
 
 def preload_libraries(plan: Plan, steps: list[Step]) -> None:
-    """Import what `steps` will use: torch for tensor ops and for casts numpy does not do, else numpy for casts.
+    """Import what `steps` will use (`planning.rss.libraries_for`: torch, numpy or neither).
 
     Called before a rank measures its memory baseline, so a library's own RSS is not counted as the run's;
     byte copies import neither, and a rank whose casts are all float32 -> bfloat16 never imports torch.
     """
-    reader = plan.source.reader
-    numpy_casts = False
-    for step in steps:
-        if step.kind == COPY:
-            continue
-        if step.kind == CAST:
-            src, out = step.group.inputs[0], step.group.outputs[0]
-            if numpy_castable(src.dtype, out.dtype) and reader is not None and reader.locate(src) is not None:
-                numpy_casts = True
-                continue
+    needed = libraries_for(plan, steps)
+    if needed == TORCH:
         import torch  # noqa: F401
-
-        return
-    if numpy_casts:
+    elif needed == NUMPY:
         import numpy  # noqa: F401
 
 

@@ -58,9 +58,16 @@ def rank_libraries(plan: Plan, rank: int) -> str:
 
 
 def _libraries(plan: Plan, rank: int) -> str:
+    return libraries_for(plan, plan.rank_steps(rank))
+
+
+def libraries_for(plan: Plan, steps: list[Step]) -> str:
+    """The heaviest library `steps` import: 'torch' for tensor ops and casts numpy does not do, 'numpy' when every
+    cast is one numpy does on raw bytes (float32 -> bfloat16 ...), 'none' for byte copies alone. The engine
+    imports exactly this before measuring its baseline (`engine.steps.preload_libraries`)."""
     reader = plan.source.reader
     found = NONE
-    for step in plan.rank_steps(rank):
+    for step in steps:
         if step.kind == COPY:
             continue
         if step.kind == CAST:
