@@ -13,6 +13,13 @@ checkpoints (so their tensor bytes are negligible), as the kernel's peak RSS of 
     torch         workbench convert --mapper transpose.py (torch ops)  - the byte-copy run
     worker        a worker's peak RSS in a 2-process byte-copy run     - interpreter - metadata
 
+A library's resident pages depend on how the kernel holds its files in the page cache: where the file
+cache uses large folios (ext4 on Linux >= 6.16, xfs, btrfs), a library read sequentially (a fresh pip
+install, a copy, a backup) is mapped a whole folio per fault, and torch then costs ~75 MB more than when
+the loader paged its files in by faults. Each library is measured in both states (its files evicted
+with posix_fadvise, then optionally read through once, no root needed); the larger is the constant,
+the difference is LIBRARY_SPREAD.
+
 Each run is repeated (--repeat, median kept). Usage:
     python scripts/calibrate_rss.py            # print the measured constants next to the current ones
     python scripts/calibrate_rss.py --write    # and rewrite workbench/planning/rss_calibration.py
@@ -52,6 +59,31 @@ def peak_rss(argv: list[str]) -> int:
     if proc.returncode != 0:
         raise SystemExit(f"Cannot calibrate: {' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     return int(proc.stderr.strip().splitlines()[-1]) * 1024
+
+
+def library_files(name: str) -> list[Path]:
+    """The shared objects of an installed library (what the loader maps when it is imported)."""
+    from importlib.util import find_spec
+
+    spec = find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(f"Cannot calibrate: {name} is not installed in {sys.executable}.")
+    package = Path(next(iter(spec.submodule_search_locations)))
+    roots = [package, package.parent / f"{name}.libs"]
+    return sorted(f for root in roots if root.is_dir() for f in root.rglob("*.so*") if f.is_file())
+
+
+def set_page_cache(files: list[Path], sequential: bool) -> None:
+    """Evict `files` from the page cache (pages no process maps); with `sequential`, read each through once."""
+    for file in files:
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            if sequential:
+                while os.read(fd, 1 << 20):
+                    pass
+        finally:
+            os.close(fd)
 
 
 def median_of(repeat: int, measure) -> int:
@@ -100,8 +132,15 @@ def measure(repeat: int) -> dict:
         interpreter = median_of(repeat, lambda: peak_rss([sys.executable, "-c", "pass"]))
         copy_small = median_of(repeat, lambda: peak_rss(convert_argv(small, out)))
         copy_large = median_of(repeat, lambda: peak_rss(convert_argv(large, out)))
-        numpy_cast = median_of(repeat, lambda: peak_rss(convert_argv(small, out, "--dtype", "bf16")))
-        torch_ops = median_of(repeat, lambda: peak_rss(convert_argv(small, out, "--mapper", str(transpose))))
+        runs = {"numpy": convert_argv(small, out, "--dtype", "bf16"), "torch": convert_argv(small, out, "--mapper", str(transpose))}
+        library: dict[str, int] = {}
+        spread: dict[str, int] = {}
+        for name, argv in runs.items():
+            states = []
+            for sequential in (False, True):
+                set_page_cache(library_files(name), sequential)
+                states.append(median_of(repeat, lambda argv=argv: peak_rss(argv)) - copy_small)
+            library[name], spread[name] = max(0, max(states)), abs(states[1] - states[0])
         worker = median_of(repeat, lambda: worker_peak(small, out))
     per_tensor = max(0, (copy_large - copy_small) // (N_LARGE - N_SMALL))
     return {
@@ -110,7 +149,8 @@ def measure(repeat: int) -> dict:
             "cli": copy_small - interpreter - per_tensor * N_SMALL,
             "worker": worker - interpreter - per_tensor * N_SMALL,
         },
-        "LIBRARY": {"numpy": max(0, numpy_cast - copy_small), "torch": max(0, torch_ops - copy_small)},
+        "LIBRARY": library,
+        "LIBRARY_SPREAD": spread,
         "PER_TENSOR": per_tensor,
     }
 
@@ -142,7 +182,8 @@ Measured {date.today().isoformat()} on {versions()}.
 
 INTERPRETER = {values["INTERPRETER"]}  # python -c pass
 WORKBENCH = {{"cli": {values["WORKBENCH"]["cli"]}, "worker": {values["WORKBENCH"]["worker"]}}}  # the entry point's modules and run state
-LIBRARY = {{"numpy": {values["LIBRARY"]["numpy"]}, "torch": {values["LIBRARY"]["torch"]}}}  # added by importing and using each
+LIBRARY = {{"numpy": {values["LIBRARY"]["numpy"]}, "torch": {values["LIBRARY"]["torch"]}}}  # added by importing and using each (the larger page-cache state)
+LIBRARY_SPREAD = {{"numpy": {values["LIBRARY_SPREAD"]["numpy"]}, "torch": {values["LIBRARY_SPREAD"]["torch"]}}}  # how much less each costs when its files were paged in by faults
 PER_TENSOR = {values["PER_TENSOR"]}  # catalog and plan, per source tensor
 MEASURED_WITH = {measured_with()!r}  # planning.rss.calibration_mismatch compares these with what is installed
 '''
@@ -163,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [("interpreter", current.INTERPRETER, values["INTERPRETER"])]
     rows += [(f"workbench ({k})", current.WORKBENCH[k], v) for k, v in values["WORKBENCH"].items()]
     rows += [(k, current.LIBRARY[k], v) for k, v in values["LIBRARY"].items()]
+    rows += [(f"{k} spread", getattr(current, "LIBRARY_SPREAD", {}).get(k, 0), v) for k, v in values["LIBRARY_SPREAD"].items()]
     rows.append(("per tensor (bytes)", current.PER_TENSOR, values["PER_TENSOR"]))
     print("| constant | current | measured now |\n|---|---:|---:|")
     for name, old, new in rows:

@@ -14,6 +14,10 @@ A conversion process's resident memory is the sum of parts that are each either 
     intermediates what torch makes on the way in a compute step: an op followed by a cast (a fusion with
                   `dtype=`) first builds the op's result in the input dtype, then the cast output
 
+A library's resident pages depend on the page cache: where it uses large folios (ext4 on Linux >= 6.16,
+xfs), torch's files read whole (a fresh pip install, a copy) are mapped a folio per fault, ~75 MB more than
+when the loader paged them in. The prediction counts the larger, a bound to provision.
+
 The prediction is for a fresh process (`workbench convert` or a worker); inside a notebook the
 kernel's own memory comes on top. A numpy cast falls back to torch for a chunk holding NaN, which
 imports torch there: data the plan cannot see, so the numpy-only prediction is then low by torch's share.
@@ -135,7 +139,10 @@ def _parts(plan: Plan, rank: int) -> list[RssPart]:
     elif libraries == NUMPY:
         parts.append(RssPart("imports", calibrated.LIBRARY[NUMPY], f"numpy: casts numpy does, torch is not imported ({measured})"))
     else:
-        parts.append(RssPart("imports", calibrated.LIBRARY[TORCH], f"torch: tensor ops or casts numpy does not do ({measured})"))
+        spread = getattr(calibrated, "LIBRARY_SPREAD", {}).get(TORCH, 0)
+        parts.append(RssPart("imports", calibrated.LIBRARY[TORCH],
+                             f"torch: tensor ops or casts numpy does not do ({measured}; up to {spread / 2**20:.0f} MiB less "
+                             "when the kernel paged torch's files in by faults rather than reading them whole)"))
     parts.append(RssPart("metadata", calibrated.PER_TENSOR * tensors,
                          f"catalog and plan: {tensors:,} tensors × {calibrated.PER_TENSOR:,} bytes ({measured})"))
     detail = f"output headers {headers:,} bytes"
