@@ -149,6 +149,10 @@ def build(folder: Path, family: str = "llama", dtype: str = "bfloat16", tokenize
         config = transformers.Qwen2MoeConfig(**common, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                                              shared_expert_intermediate_size=64)
         cls = transformers.Qwen2MoeForCausalLM
+    elif family == "qwen3_moe":
+        config = transformers.Qwen3MoeConfig(**common, head_dim=16, num_experts=4, num_experts_per_tok=2,
+                                             moe_intermediate_size=32)
+        cls = transformers.Qwen3MoeForCausalLM
     elif family == "qwen2":
         config = transformers.Qwen2Config(**common)
         cls = transformers.Qwen2ForCausalLM

@@ -93,7 +93,7 @@ def kv_metadata(root: Path, arch: str, config: dict[str, Any], gguf_type: str, c
     meta.set_gguf_meta_model(writer)
     head_dim = _model_parameters(writer, config)
     writer.add_file_type(FILE_TYPES[gguf_type])
-    if arch == "qwen2moe":  # llama.cpp's Qwen2-MoE converter adds the expert widths after the common keys
+    if arch in ("qwen2moe", "qwen3moe"):  # llama.cpp's Qwen2-MoE converter (Qwen3-MoE's too) adds the expert widths last
         if config.get("moe_intermediate_size") is not None:
             writer.add_expert_feed_forward_length(int(config["moe_intermediate_size"]))
         if config.get("shared_expert_intermediate_size") is not None:
