@@ -31,7 +31,8 @@ def _tensors(reader) -> dict:
 @pytest.mark.parametrize(("family", "outtype", "tokenizer"), [
     ("llama", "f16", None), ("llama", "bf16", None), ("llama", "q8_0", None), ("llama", "f32", None), ("mistral", "q8_0", None),
     ("qwen2", "q8_0", None), ("qwen3", "bf16", None), ("llama", "f16", "spm"), ("llama", "q8_0", "gpt2"),
-    ("mixtral", "q8_0", None), ("qwen2_moe", "q8_0", None), ("qwen3_moe", "q8_0", None), ("llama", "f16", "llama3")])
+    ("mixtral", "q8_0", None), ("qwen2_moe", "q8_0", None), ("qwen3_moe", "q8_0", None), ("olmoe", "q8_0", None),
+    ("llama", "f16", "llama3")])
 def test_gguf_equals_llama_cpp_converter(family: str, outtype: str, tokenizer: str | None, tmp_path: Path) -> None:
     src = model_folder(family, tokenizer)
     wb.convert(src, tmp_path / "out", to="gguf", dtype=outtype, quiet=True)
@@ -123,7 +124,7 @@ def test_a_folder_without_config_or_with_an_unknown_dtype_is_refused(tmp_path: P
     (bare / "model.safetensors").write_bytes((model_folder("llama") / "model.safetensors").read_bytes())
     with pytest.raises(PlanError, match="config.json"):
         wb.plan(bare, to="gguf")
-    with pytest.raises(PlanError, match="model_type 'bert'.*llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe"):
+    with pytest.raises(PlanError, match="model_type 'bert'.*llama, mistral, mixtral, olmoe, qwen2, qwen2_moe, qwen3, qwen3_moe"):
         wb.plan(Path(__file__).resolve().parent.parent / "sample_checkpoints" / "tiny-bert", to="gguf")
 
 

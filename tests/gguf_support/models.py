@@ -153,6 +153,9 @@ def build(folder: Path, family: str = "llama", dtype: str = "bfloat16", tokenize
         config = transformers.Qwen3MoeConfig(**common, head_dim=16, num_experts=4, num_experts_per_tok=2,
                                              moe_intermediate_size=32)
         cls = transformers.Qwen3MoeForCausalLM
+    elif family == "olmoe":
+        config = transformers.OlmoeConfig(**{**common, "rms_norm_eps": 1e-6}, num_experts=4, num_experts_per_tok=2)
+        cls = transformers.OlmoeForCausalLM
     elif family == "qwen2":
         config = transformers.Qwen2Config(**common)
         cls = transformers.Qwen2ForCausalLM

@@ -44,7 +44,7 @@ def converter() -> Path:
     return SCRIPT
 
 
-DEFAULT_TOKENIZERS = {"llama": "fallback", "mistral": "fallback", "mixtral": "fallback", "qwen2": "qwen2", "qwen3": "qwen2", "qwen2_moe": "qwen2", "qwen3_moe": "qwen2"}
+DEFAULT_TOKENIZERS = {"llama": "fallback", "mistral": "fallback", "mixtral": "fallback", "qwen2": "qwen2", "qwen3": "qwen2", "qwen2_moe": "qwen2", "qwen3_moe": "qwen2", "olmoe": "gpt2"}
 
 
 def _train_sentencepiece(prefix: Path) -> None:

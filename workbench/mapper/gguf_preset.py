@@ -28,7 +28,8 @@ QUANTIZED = {"Q8_0": (Q8_BLOCK, Q8_BYTES), "Q4_0": (32, 18)}
 
 # llama.cpp's architecture name per HF model_type, and whether it permutes q/k rows.
 ARCHITECTURES = {"llama": ("llama", True), "mistral": ("llama", True), "mixtral": ("llama", True), "qwen2": ("qwen2", False),
-                 "qwen3": ("qwen3", False), "qwen2_moe": ("qwen2moe", False), "qwen3_moe": ("qwen3moe", False)}
+                 "qwen3": ("qwen3", False), "qwen2_moe": ("qwen2moe", False), "qwen3_moe": ("qwen3moe", False),
+                 "olmoe": ("olmoe", False)}
 # MoE experts as transformers saves them (one tensor per expert): llama.cpp stacks each layer's experts into one
 # (experts, rows, columns) tensor per projection, in the order each converter emits them.
 _EXPERTS = {
@@ -38,6 +39,7 @@ _EXPERTS = {
                   (("down_proj", "ffn_down_exps.weight"), ("gate_proj", "ffn_gate_exps.weight"), ("up_proj", "ffn_up_exps.weight"))),
 }
 _EXPERTS["qwen3_moe"] = _EXPERTS["qwen2_moe"]  # llama.cpp converts Qwen3-MoE with its Qwen2-MoE converter
+_EXPERTS["olmoe"] = _EXPERTS["qwen2_moe"]  # and stacks OLMoE's experts the same way
 _F32_MATRICES = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")  # MoE routers: llama.cpp keeps them F32
 
 _TOP = (("model.embed_tokens.weight", "token_embd.weight"), ("model.norm.weight", "output_norm.weight"),

@@ -47,7 +47,8 @@ def _model_parameters(writer: Any, config: dict[str, Any]) -> int:
     theta = rope.get("rope_theta", config.get("rope_theta"))
     if theta is not None:
         writer.add_rope_freq_base(float(theta))
-    writer.add_layer_norm_rms_eps(float(config["rms_norm_eps"]))
+    # llama.cpp's OLMoE converter writes 1e-5 whatever the config says (OLMoE's own value)
+    writer.add_layer_norm_rms_eps(1e-5 if config.get("model_type") == "olmoe" else float(config["rms_norm_eps"]))
     experts = config.get("num_local_experts", config.get("num_experts"))
     if experts is not None:
         writer.add_expert_count(int(experts))
