@@ -3,11 +3,12 @@
 The sdist is fetched once with pip into `.cache/fixtures/llama_cpp_python-<version>/` (ignored by git);
 `sentencepiece`, which the converter imports for Llama models, goes into a folder beside it (`extra-site`)
 rather than into the shared venv. Reference GGUFs are cached there keyed by the tool version and the
-fixture's seed, so the suite converts each model once.
+fixture's seed and recipe (a digest of models.py), so the suite converts each model once.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -62,7 +63,8 @@ def model_folder(family: str, tokenizer: str | None = None) -> Path:
     from gguf_support.models import SEED, build
 
     kind = tokenizer or DEFAULT_TOKENIZERS[family]
-    folder = CACHE / "gguf-models" / (f"{family}-{SEED}" if kind == "fallback" else f"{family}-{kind}-{SEED}")
+    recipe = hashlib.sha256((Path(__file__).parent / "models.py").read_bytes()).hexdigest()[:8]  # a changed recipe is a new model
+    folder = CACHE / "gguf-models" / (f"{family}-{SEED}-{recipe}" if kind == "fallback" else f"{family}-{kind}-{SEED}-{recipe}")
     if not (folder / "model.safetensors").is_file():
         if kind != "fallback":
             converter()  # the sdist holds the GPT-2 vocabulary and the sentencepiece trainer
