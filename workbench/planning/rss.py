@@ -31,7 +31,7 @@ from weakref import WeakKeyDictionary
 
 from ..dtypes import numpy_castable
 from . import rss_calibration as calibrated
-from .schedule import CAST, COMPUTE, COPY, Step
+from .schedule import CAST, COMPUTE, COPY, ROWS, Step
 
 if TYPE_CHECKING:  # pragma: no cover
     from .model import Plan
@@ -67,12 +67,16 @@ def _libraries(plan: Plan, rank: int) -> str:
 
 def libraries_for(plan: Plan, steps: list[Step]) -> str:
     """The heaviest library `steps` import: 'torch' for tensor ops and casts numpy does not do, 'numpy' when every
-    cast is one numpy does on raw bytes (float32 -> bfloat16 ...), 'none' for byte copies alone. The engine
+    cast is one numpy does on raw bytes (float32 -> bfloat16 ...) and for GGUF row conversions, 'none' for byte
+    copies alone. The engine
     imports exactly this before measuring its baseline (`engine.steps.preload_libraries`)."""
     reader = plan.source.reader
     found = NONE
     for step in steps:
         if step.kind == COPY:
+            continue
+        if step.kind == ROWS:  # GGUF tensors: numpy, ml_dtypes and the gguf package's quantisers
+            found = NUMPY
             continue
         if step.kind == CAST:
             src, out = step.group.inputs[0], step.group.outputs[0]
