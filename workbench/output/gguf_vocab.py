@@ -5,7 +5,8 @@ Three routes, chosen as `convert_hf_to_gguf.py` chooses them for the Llama famil
   The protobuf is parsed here (pieces are fields 1/2/3 of each `pieces` entry), so no `sentencepiece` install is
   needed; `added_tokens.json`, `tokenizer_config.json`'s `added_tokens_decoder` and padding to `vocab_size`
   follow the converter's rules.
-- HF byte-fallback BPE (`tokenizer.json`, Llama-style): the `gguf` package's `LlamaHfVocab`.
+- HF byte-fallback BPE (`tokenizer.json`, Llama-style): listed as the `gguf` package's `LlamaHfVocab` lists it, read
+  from the JSON files (`gguf_hf_vocab`; `LlamaHfVocab` itself, through transformers, for unknown tokenizer classes).
 - GPT-2 byte-level BPE (`tokenizer.json`; Llama 3, Qwen2/3): model "gpt2", tokens and types from transformers'
   tokenizer, merges by the `gguf` package, and the pre-tokenizer named after the `tokenizer.json` pre-tokenizer
   (the converter hashes the tokenization of a probe text; the regex is what that hash stands for).
@@ -190,6 +191,11 @@ def gpt2_vocab(root: Path, vocab_size: int | None) -> tuple[list[str], list[int]
 
 
 def _llama_hf_vocab(root: Path) -> tuple[list[Any], list[float], list[int]] | None:
+    from . import gguf_hf_vocab
+
+    found = gguf_hf_vocab.read(root)  # from the JSON files: transformers (and the torch it imports) is not needed
+    if found is not None:
+        return found
     import gguf
 
     try:
