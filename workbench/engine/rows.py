@@ -12,14 +12,14 @@ from __future__ import annotations
 from ..dtypes import nbytes_of
 from ..errors import PlanError
 from ..iostats import read_into
-from ..mapper.gguf_rows import convert_rows, numpy_dtype, row_bytes, row_job
+from ..mapper.gguf_rows import convert_rows, numpy_dtype, row_budget, row_bytes, row_job
 from ..overflow import may_overflow
 from ..planning.schedule import Step
 from .steps import RankContext
 
 
 def run_rows(ctx: RankContext, step: Step) -> None:
-    """Convert the step's GGUF tensor in row chunks of at most the plan's budget (options.chunk_bytes)."""
+    """Convert the step's GGUF tensor in row chunks holding at most `row_budget(options.chunk_bytes)` bytes."""
     import numpy as np
 
     job = row_job(step.group)
@@ -30,7 +30,7 @@ def run_rows(ctx: RankContext, step: Step) -> None:
     if target is None or not job.rows:
         return
     writer = target[0]
-    per = job.chunk_rows(ctx.plan.options.chunk_bytes)
+    per = job.chunk_rows(row_budget(ctx.plan.options.chunk_bytes))
     src_dtype = job.inputs[0].dtype
     in_row, out_row = nbytes_of(src_dtype, job.cols), row_bytes(job.cols, job.kind)
     counted = may_overflow(src_dtype, job.kind)
