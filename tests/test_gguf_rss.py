@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import workbench as wb
-from workbench.mapper.gguf_rows import ROW_BUDGET, RowJob, convert_rows, numpy_dtype, row_bytes
 from workbench.catalog import TensorInfo
+from workbench.mapper.gguf_rows import ROW_BUDGET, RowJob, convert_rows, numpy_dtype, row_bytes
 from workbench.planning.rss import rank_libraries, rss_parts
 from workbench.planning.schedule import COPY, ROWS
 
