@@ -64,3 +64,37 @@ def test_the_legacy_special_tokens_map_overrides_the_config(tmp_path: Path) -> N
 def test_an_unknown_tokenizer_class_leaving_names_out_is_left_to_transformers(tmp_path: Path) -> None:
     root = _with_added_tokens(tmp_path / "tok", {"tokenizer_class": "SomeOtherTokenizerFast"})
     assert gguf_hf_vocab.read(root) is None
+
+
+def _byte_level_folder(tmp_path: Path, tokenizer: str) -> Path:
+    """A copy of the GGUF tests' `tokenizer` files with two non-normalised added tokens whose decoding differs
+    from their text (byte-level characters) and one looking like a control token."""
+    import shutil
+
+    from gguf_support.reference import model_folder
+    from tokenizers import AddedToken, Tokenizer
+
+    source = model_folder("qwen2" if tokenizer == "qwen2" else "llama", tokenizer)
+    root = tmp_path / tokenizer
+    root.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json"):
+        shutil.copy(source / name, root / name)
+    tok = Tokenizer.from_file(str(root / "tokenizer.json"))
+    tok.add_tokens([AddedToken("helloĠworld", normalized=False), AddedToken("<|odd|>", normalized=False)])
+    tok.add_tokens([AddedToken("plain added", normalized=True)])
+    tok.save(str(root / "tokenizer.json"))
+    return root
+
+
+@pytest.mark.parametrize("tokenizer", ["qwen2", "llama3", "gpt2"])
+def test_byte_level_vocabulary_equals_transformers_listing(tmp_path: Path, tokenizer: str) -> None:
+    from workbench.output import gguf_bpe_vocab
+    from workbench.output.gguf_vocab import _looks_special, gpt2_vocab
+
+    root = _byte_level_folder(tmp_path, tokenizer)
+    size = json.loads((root / "config.json").read_text()).get("vocab_size") if tokenizer == "qwen2" else None  # Qwen2: padded
+    mine = gguf_bpe_vocab.read(root, size, _looks_special)
+    reference = gpt2_vocab(root, size)
+    assert mine is not None
+    assert mine[0] == reference[0] and mine[1] == reference[1]
+    assert "hello world" in mine[0] and "<|odd|>" in mine[0]  # the round trip decoded the byte-level character
