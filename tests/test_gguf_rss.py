@@ -86,7 +86,7 @@ def test_a_128_mib_embedding_converts_in_row_chunks_without_torch_as_the_plan_pr
     peak RSS (VmHWM) is within 15 % of plan.rss_bytes (a whole embedding held would add 128 MiB and more)."""
     plan = wb.plan(wide_vocab_llama, to="gguf", dtype="q8_0", dest=tmp_path / "planned")
     assert {s.kind for s in plan.steps} == {ROWS}
-    assert rank_libraries(plan, 0) == "numpy"
+    assert rank_libraries(plan, 0) == "numpy" and not plan.needs_torch and "no torch" in plan.summary()
     assert 1 * MIB < plan.peak_bytes <= ROW_BUDGET
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
