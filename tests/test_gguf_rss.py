@@ -116,3 +116,20 @@ def test_same_dtype_tensors_stay_byte_copies_and_a_user_mapper_ahead_keeps_torch
                      dest="/tmp/unused")
     assert {s.group.outputs[0].name: s.kind for s in scaled.steps}["blk.0.ffn_up.weight"] == "compute"
     assert rank_libraries(scaled, 0) == "torch"
+
+
+def test_values_beyond_f16_are_counted_on_the_row_path_and_in_whole_tensor_verification() -> None:
+    """bfloat16 values beyond float16's range become inf in an F16 GGUF tensor: counted (so on_overflow applies)
+    by the engine's row conversion and by `to_gguf` on whole tensors (verification), the same way."""
+    import torch
+
+    from workbench.mapper.gguf_rows import to_gguf
+    from workbench.overflow import collect
+
+    values = np.array([[1.0, -7e4, 3e5, 2.0] * 8] * 2, dtype=np.float32)
+    _, count, largest = convert_rows(values.astype(ml_dtypes.bfloat16), "F16", counted=True)
+    assert (count, largest) == (32, float(ml_dtypes.bfloat16(3e5)))  # two per group of four, 16 groups
+    with collect() as found:
+        whole = to_gguf(torch.tensor(values, dtype=torch.bfloat16), kind="F16")
+    assert whole.dtype == torch.float16 and torch.isinf(whole).sum() == 32
+    assert sum(entry[0] for entry in found.counts.values()) == 32

@@ -54,7 +54,7 @@ def run_rows(ctx: RankContext, step: Step) -> None:
                 rows = np.frombuffer(view, dtype=dtype).reshape(n, job.cols)
                 heads = n // job.unit if job.heads else 0
                 data, count, largest = convert_rows(rows, job.kind, heads, scratch, counted)
-                ctx.overflowed(out.name, out.dtype if job.kind not in ("F16", "BF16") else job.kind, count, largest)
+                ctx.overflowed(out.name, job.kind, count, largest)
                 writer.write(out.name, data.data, at)
                 at += n * out_row
                 ctx.done_bytes += n * out_row

@@ -274,6 +274,9 @@ def preload_libraries(plan: Plan, steps: list[Step]) -> None:
         import torch  # noqa: F401
     elif needed == NUMPY:
         import numpy  # noqa: F401
+    if any(step.kind == ROWS for step in steps):  # GGUF row conversions (counted in planning.rss's imports part)
+        import gguf  # noqa: F401
+        import ml_dtypes  # noqa: F401
 
 
 def run_step(ctx: RankContext, step: Step) -> None:

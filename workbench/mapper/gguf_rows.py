@@ -187,7 +187,8 @@ def convert_rows(rows: Any, kind: str, heads: int = 0, scratch: Any = None, coun
     import numpy as np
 
     values = permuted_float32(rows, heads, scratch)
-    converted = gguf.quants.quantize(values, gguf.GGMLQuantizationType[kind])
+    with np.errstate(over="ignore"):  # values beyond F16 become inf, as in llama.cpp; they are counted below
+        converted = gguf.quants.quantize(values, gguf.GGMLQuantizationType[kind])
     count, largest = _overflowed(values, converted, kind) if counted and kind in ("F16", "BF16") else (0, 0.0)
     return np.ascontiguousarray(converted).reshape(-1).view(np.uint8), count, largest
 
