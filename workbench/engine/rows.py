@@ -15,7 +15,7 @@ from ..iostats import read_into
 from ..mapper.gguf_rows import convert_rows, numpy_dtype, row_budget, row_bytes, row_job
 from ..overflow import may_overflow
 from ..planning.schedule import Step
-from .steps import RankContext
+from .steps import WRITEBACK_PIECE, RankContext
 
 
 def run_rows(ctx: RankContext, step: Step) -> None:
@@ -56,6 +56,8 @@ def run_rows(ctx: RankContext, step: Step) -> None:
                 data, count, largest = convert_rows(rows, job.kind, heads, scratch, counted)
                 ctx.overflowed(out.name, job.kind, count, largest)
                 writer.write(out.name, data.data, at)
+                if data.nbytes >= WRITEBACK_PIECE:  # on its way to disk before the commit's fsync
+                    writer.start_writeback(out.name, at, data.nbytes)
                 at += n * out_row
                 ctx.done_bytes += n * out_row
     finally:

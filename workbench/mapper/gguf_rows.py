@@ -21,6 +21,7 @@ from typing import Any
 from ..catalog import TensorInfo
 from ..dtypes import nbytes_of
 from ..errors import MapperError
+from .compose import Sequential
 from .function import Function
 
 ROWS_FN = "workbench.mapper.gguf_rows:to_gguf"
@@ -140,7 +141,7 @@ class RowJob:
 def row_job(group: Any) -> RowJob | None:
     """The row-wise GGUF conversion `group` is, or None (any other op, or extra ops around it)."""
     op = group.op
-    while type(op).__name__ == "Sequential" and len(op.mappers) == 1:
+    while isinstance(op, Sequential) and len(op.mappers) == 1:
         op = op.mappers[0]
     if not isinstance(op, Function) or op.fn != ROWS_FN or len(group.outputs) != 1:
         return None
