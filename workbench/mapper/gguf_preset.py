@@ -20,14 +20,12 @@ from ..errors import MapperError
 from .base import Mapper
 from .compose import Parallel, Sequential
 from .function import Function
-from .gguf_rows import SOURCE_TYPES, gguf_function
+from .gguf_rows import QUANTIZED, SOURCE_TYPES, gguf_function  # QUANTIZED: (elements, bytes) per block
 from .ops import Cast, Rename, Reshape, Stack, Transpose
 
 LAYERS = "model.layers.{i}"
 GGUF_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0")
 Q8_BLOCK, Q8_BYTES = 32, 34  # elements per Q8_0 block, bytes per block (an f16 scale + 32 int8)
-# Block-quantised types: (elements per block, bytes per block). Q4_0: an f16 scale + 32 4-bit values.
-QUANTIZED = {"Q8_0": (Q8_BLOCK, Q8_BYTES), "Q4_0": (32, 18)}
 
 # llama.cpp's architecture name per HF model_type, and whether it permutes q/k rows.
 ARCHITECTURES = {"llama": ("llama", True), "mistral": ("llama", True), "mixtral": ("llama", True), "qwen2": ("qwen2", False),

@@ -26,7 +26,8 @@ from .function import Function
 
 ROWS_FN = "workbench.mapper.gguf_rows:to_gguf"
 INFER_FN = "workbench.mapper.gguf_rows:infer_to_gguf"
-QUANTIZED = {"Q8_0": (32, 34), "Q4_0": (32, 18)}  # elements per block, bytes per block
+# Block-quantised types: (elements per block, bytes per block): an f16 scale + 32 int8 (Q8_0) or 4-bit (Q4_0) values.
+QUANTIZED = {"Q8_0": (32, 34), "Q4_0": (32, 18)}
 OUTPUT_TYPES = ("F32", "F16", "BF16", *QUANTIZED)
 SOURCE_TYPES = ("BF16", "F16", "F32")  # read by numpy (bfloat16 through ml_dtypes)
 # The gguf quantiser works through a chunk 16-31 rows at a time (`_apply_over_grouped_rows`), making a few
