@@ -44,9 +44,10 @@ def measure(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
 
 
 def _bf16(values: np.ndarray) -> np.ndarray:
-    """float32 -> bfloat16 bits (round to nearest even), as uint16."""
-    bits = values.view(np.uint32)
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    """float32 -> bfloat16 (ml_dtypes: round to nearest even) bits, as uint16."""
+    import ml_dtypes
+
+    return values.astype(ml_dtypes.bfloat16).view(np.uint16)
 
 
 def make_bf16_llama(folder: Path, size_bytes: int, seed: int = 0, vocab: int = 0) -> Path:

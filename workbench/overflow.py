@@ -222,4 +222,11 @@ def cast(tensor: Any, code: str, name: str = UNNAMED) -> Any:
     return tensor.to(to_torch(code))
 
 
-__all__ = ["OverflowCounts", "attributed", "cast", "collect", "count_torch", "describe", "largest_finite", "limits", "may_overflow", "replacement"]
+def report(count: int, largest: float, code: str, name: str = UNNAMED) -> None:
+    """Count values a conversion outside `cast` (numpy) could not fit into `code`, in the active ledger, if any."""
+    ledger = _ACTIVE.get()
+    if ledger is not None and count:
+        ledger.add(name, count, largest, code)
+
+
+__all__ = ["OverflowCounts", "attributed", "cast", "collect", "count_torch", "describe", "largest_finite", "limits", "may_overflow", "replacement", "report"]

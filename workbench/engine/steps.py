@@ -1,4 +1,4 @@
-"""Running one scheduled step: byte copy, chunked cast, or tensor compute.
+"""Running one scheduled step: byte copy, chunked cast, tensor compute, or row-chunked GGUF conversion (`engine.rows`).
 
 Each runner reads only the byte ranges its group needs, writes only into planned slots, and keeps
 the `HeldBytes` ledger exactly as the planner's cost rules predict (see `planning.schedule`).
@@ -20,7 +20,7 @@ from ..output.safetensors import SafetensorsWriter
 from ..overflow import OverflowCounts, attributed, collect, count_torch, describe, may_overflow
 from ..planning.model import Plan
 from ..planning.rss import NUMPY, TORCH, libraries_for
-from ..planning.schedule import CAST, COPY, Step, cast_chunk
+from ..planning.schedule import CAST, COPY, ROWS, Step, cast_chunk
 from .cast_buffers import CastBuffers
 from .copier import CopyQueue
 from .memory import HeldBytes
@@ -274,6 +274,9 @@ def preload_libraries(plan: Plan, steps: list[Step]) -> None:
         import torch  # noqa: F401
     elif needed == NUMPY:
         import numpy  # noqa: F401
+    if any(step.kind == ROWS for step in steps):  # GGUF row conversions (counted in planning.rss's imports part)
+        import gguf  # noqa: F401
+        import ml_dtypes  # noqa: F401
 
 
 def run_step(ctx: RankContext, step: Step) -> None:
@@ -286,5 +289,9 @@ def run_step(ctx: RankContext, step: Step) -> None:
         run_copy(ctx, step)
     elif step.kind == CAST:
         run_cast(ctx, step)
+    elif step.kind == ROWS:
+        from .rows import run_rows
+
+        run_rows(ctx, step)
     else:
         run_compute(ctx, step)

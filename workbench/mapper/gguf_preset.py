@@ -3,8 +3,10 @@
 The names, the permutation (Llama and Mistral store q/k rows per head as [first halves, second halves];
 llama.cpp interleaves them, like Meta's layout) and the per-tensor types are the facts llama.cpp's
 `convert_hf_to_gguf.py` applies; they are restated here as a workbench mapper so the planner can show
-and schedule them. Q8_0 / Q4_0 tensors are produced by `quantize` (the `gguf` package's own quantiser) as
-their GGUF bytes, a U8 tensor of shape (rows, blocks * 34) or (rows, blocks * 18).
+and schedule them. A tensor whose type changes (a cast, Q8_0 / Q4_0 blocks, with the permutation or the stacking of
+experts) is one `gguf_rows.to_gguf` op, which the engine runs a few rows at a time with numpy alone; quantised
+tensors arrive as their GGUF bytes, a U8 tensor of shape (rows, blocks * 34) or (rows, blocks * 18). Tensors kept
+in their dtype are renamed, stacked or permuted as byte copies.
 """
 
 from __future__ import annotations
@@ -18,13 +20,12 @@ from ..errors import MapperError
 from .base import Mapper
 from .compose import Parallel, Sequential
 from .function import Function
+from .gguf_rows import QUANTIZED, SOURCE_TYPES, gguf_function  # QUANTIZED: (elements, bytes) per block
 from .ops import Cast, Rename, Reshape, Stack, Transpose
 
 LAYERS = "model.layers.{i}"
 GGUF_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0")
 Q8_BLOCK, Q8_BYTES = 32, 34  # elements per Q8_0 block, bytes per block (an f16 scale + 32 int8)
-# Block-quantised types: (elements per block, bytes per block). Q4_0: an f16 scale + 32 4-bit values.
-QUANTIZED = {"Q8_0": (Q8_BLOCK, Q8_BYTES), "Q4_0": (32, 18)}
 
 # llama.cpp's architecture name per HF model_type, and whether it permutes q/k rows.
 ARCHITECTURES = {"llama": ("llama", True), "mistral": ("llama", True), "mixtral": ("llama", True), "qwen2": ("qwen2", False),
@@ -191,9 +192,12 @@ def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | No
                     out = f"blk.{expert.group(1)}.{suffix}"
                     info = source[parts[0]]
                     shape = (n_experts, *info.shape)
-                    stage1.append(Stack(parts, out))
                     kind = gguf_type(out, shape, dtype)
-                    stage4.extend(_typed(out, kind, info.dtype))
+                    if kind != info.dtype and info.dtype in SOURCE_TYPES:  # stacked and converted row chunk by row chunk
+                        stage1.append(gguf_function(parts, out, kind))
+                    else:
+                        stage1.append(Stack(parts, out))
+                        stage4.extend(_typed(out, kind, info.dtype))
                     planned[out] = GgufTensor(out, kind, shape, parts[0], 0, parts)
             continue
         out = gguf_name(name)
@@ -202,15 +206,19 @@ def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | No
         info = source[name]
         shape = tuple(info.shape)
         n_heads = heads if out.endswith("attn_q.weight") else kv_heads if out.endswith("attn_k.weight") else 0
-        if permute and n_heads:
+        n_heads = n_heads if permute else 0
+        kind = gguf_type(out, shape, dtype)
+        if kind != info.dtype and info.dtype in SOURCE_TYPES:  # converted row chunk by row chunk, numpy alone
+            stage1.append(gguf_function((name,), out, kind, n_heads))
+        elif n_heads:  # the bytes stay as they are: the permutation is a copy of row slices
             stage1.append(Reshape(name, [n_heads, 2, shape[0] // n_heads // 2, *shape[1:]], dst=out))
             stage2.append(Transpose(out, 1, 2))
             stage3.append(Reshape(out, list(shape)))
+            stage4.extend(_typed(out, kind, info.dtype))
         else:
             stage1.append(Rename(name, out))
-        kind = gguf_type(out, shape, dtype)
-        stage4.extend(_typed(out, kind, info.dtype))
-        planned[out] = GgufTensor(out, kind, shape, name, n_heads if permute else 0)
+            stage4.extend(_typed(out, kind, info.dtype))
+        planned[out] = GgufTensor(out, kind, shape, name, n_heads)
     stages = [Parallel(*ops) for ops in (stage1, stage2, stage3, stage4) if ops]
     if before is not None:
         stages.insert(0, before)

@@ -5,9 +5,11 @@ Three routes, chosen as `convert_hf_to_gguf.py` chooses them for the Llama famil
   The protobuf is parsed here (pieces are fields 1/2/3 of each `pieces` entry), so no `sentencepiece` install is
   needed; `added_tokens.json`, `tokenizer_config.json`'s `added_tokens_decoder` and padding to `vocab_size`
   follow the converter's rules.
-- HF byte-fallback BPE (`tokenizer.json`, Llama-style): the `gguf` package's `LlamaHfVocab`.
-- GPT-2 byte-level BPE (`tokenizer.json`; Llama 3, Qwen2/3): model "gpt2", tokens and types from transformers'
-  tokenizer, merges by the `gguf` package, and the pre-tokenizer named after the `tokenizer.json` pre-tokenizer
+- HF byte-fallback BPE (`tokenizer.json`, Llama-style): listed as the `gguf` package's `LlamaHfVocab` lists it, read
+  from the JSON files (`gguf_hf_vocab`; `LlamaHfVocab` itself, through transformers, for unknown tokenizer classes).
+- GPT-2 byte-level BPE (`tokenizer.json`; Llama 3, Qwen2/3): model "gpt2", tokens and types as transformers'
+  tokenizer lists them, read from the JSON files (`gguf_bpe_vocab`; transformers itself when the config asks to
+  clean up tokenization spaces), merges by the `gguf` package, and the pre-tokenizer named after the `tokenizer.json` pre-tokenizer
   (the converter hashes the tokenization of a probe text; the regex is what that hash stands for).
 Qwen2/3 try SentencePiece then GPT-2; Llama and Mistral try SentencePiece, byte-fallback BPE, then GPT-2.
 """
@@ -190,6 +192,11 @@ def gpt2_vocab(root: Path, vocab_size: int | None) -> tuple[list[str], list[int]
 
 
 def _llama_hf_vocab(root: Path) -> tuple[list[Any], list[float], list[int]] | None:
+    from . import gguf_hf_vocab
+
+    found = gguf_hf_vocab.read(root)  # from the JSON files: transformers (and the torch it imports) is not needed
+    if found is not None:
+        return found
     import gguf
 
     try:
@@ -226,7 +233,10 @@ def add_vocab(writer: Any, root: Path, arch: str, vocab_size: int | None) -> int
         gguf.SpecialVocab(root, n_vocab=len(tokens)).add_to_gguf(writer)
         return len(tokens)
     pre = pre_tokenizer_name(root)
-    tokens, types = gpt2_vocab(root, vocab_size)
+    from . import gguf_bpe_vocab
+
+    found_bpe = gguf_bpe_vocab.read(root, vocab_size, _looks_special)  # without transformers (and the torch it imports)
+    tokens, types = found_bpe if found_bpe is not None else gpt2_vocab(root, vocab_size)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)

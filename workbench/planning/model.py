@@ -23,7 +23,7 @@ from ..mapper.groups import Binding, Problem
 from ..output import OutputFormat, output_format
 from .extras import COPIED, SKIPPED, UPDATED, Extra
 from .header_metadata import HeaderMetadata
-from .schedule import CAST, COMPUTE, COPY, Step
+from .schedule import CAST, COMPUTE, COPY, ROWS, Step
 from .sharding import OutputFile
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -258,7 +258,7 @@ class Plan:
         return any(self._step_needs_torch(s) for steps in self._steps_by_rank.values() for s in steps)
 
     def _step_needs_torch(self, step: Step) -> bool:
-        if step.kind == COPY:
+        if step.kind in (COPY, ROWS):  # ROWS: GGUF tensors by numpy and the gguf package
             return False
         if step.kind == CAST:
             src, out = step.group.inputs[0], step.group.outputs[0]
@@ -271,6 +271,8 @@ class Plan:
         """Which libraries the run imports, for the summary: start-up of torch costs seconds per process."""
         if self.needs_torch:
             return "torch needed"
+        if any(s.kind == ROWS for s in self.steps):
+            return "GGUF tensors by numpy in row chunks (no torch)"
         if any(s.kind != COPY for s in self.steps):
             return "casts by numpy (torch only for chunks holding NaN)"
         return "byte copies only (no torch)"

@@ -7,7 +7,8 @@ A conversion process's resident memory is the sum of parts that are each either 
     workbench     the modules the entry point imports (the CLI for one process, the worker for several)
                   and the small state every run keeps (progress, the I/O ledger)
     imports       the libraries this rank's steps import: none for byte copies, numpy for casts it can
-                  do (float32 -> bfloat16 ...), torch for tensor ops and other casts
+                  do (float32 -> bfloat16 ...), numpy with ml_dtypes and gguf for GGUF tensors converted by
+                  rows, torch for tensor ops and other casts
     metadata      the catalog and the plan, in proportion to the number of source tensors
     buffers       the remote reader's prefetch window for URL sources, the output headers
     tensor peak   the plan's own peak of tensor bytes (cast arena, inputs and outputs of a compute step)
@@ -31,12 +32,16 @@ from weakref import WeakKeyDictionary
 
 from ..dtypes import numpy_castable
 from . import rss_calibration as calibrated
-from .schedule import CAST, COMPUTE, COPY, Step
+from .schedule import CAST, COMPUTE, COPY, ROWS, Step
 
 if TYPE_CHECKING:  # pragma: no cover
     from .model import Plan
 
 NONE, NUMPY, TORCH = "none", "numpy", "torch"
+# ml_dtypes and the gguf package imported and used (a Q8_0 quantisation) on top of numpy: VmHWM 7.7-7.8 MiB more
+# (3 runs, CPython 3.11, numpy 2.4, gguf 0.19, ml_dtypes 0.6; not in rss_calibration, which scripts/calibrate_rss.py
+# writes for the libraries every conversion may import).
+GGUF_LIBRARIES = 8_110_000
 CLI, WORKER = "cli", "worker"
 # A plan does not change once built: each rank's parts are worked out once (a panel asks for them several times,
 # and on a 100k-tensor plan one pass over the steps takes a tenth of a second).
@@ -67,12 +72,16 @@ def _libraries(plan: Plan, rank: int) -> str:
 
 def libraries_for(plan: Plan, steps: list[Step]) -> str:
     """The heaviest library `steps` import: 'torch' for tensor ops and casts numpy does not do, 'numpy' when every
-    cast is one numpy does on raw bytes (float32 -> bfloat16 ...), 'none' for byte copies alone. The engine
+    cast is one numpy does on raw bytes (float32 -> bfloat16 ...) and for GGUF row conversions, 'none' for byte
+    copies alone. The engine
     imports exactly this before measuring its baseline (`engine.steps.preload_libraries`)."""
     reader = plan.source.reader
     found = NONE
     for step in steps:
         if step.kind == COPY:
+            continue
+        if step.kind == ROWS:  # GGUF tensors: numpy, ml_dtypes and the gguf package's quantisers
+            found = NUMPY
             continue
         if step.kind == CAST:
             src, out = step.group.inputs[0], step.group.outputs[0]
@@ -136,6 +145,10 @@ def _parts(plan: Plan, rank: int) -> list[RssPart]:
     ]
     if libraries == NONE:
         parts.append(RssPart("imports", 0, "none: byte copies need neither numpy nor torch"))
+    elif libraries == NUMPY and any(s.kind == ROWS for s in plan.rank_steps(rank)):
+        parts.append(RssPart("imports", calibrated.LIBRARY[NUMPY] + GGUF_LIBRARIES,
+                             f"numpy ({measured}), ml_dtypes and the gguf package: GGUF tensors converted by rows, torch is "
+                             "not imported"))
     elif libraries == NUMPY:
         parts.append(RssPart("imports", calibrated.LIBRARY[NUMPY], f"numpy: casts numpy does, torch is not imported ({measured})"))
     else:

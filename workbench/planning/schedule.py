@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 from ..catalog import TensorInfo
 from ..dtypes import dtype_bits, nbytes_of
+from ..mapper.gguf_rows import row_job
 from ..mapper.groups import ByteSlice, Group
 
-COPY, CAST, COMPUTE = "copy", "cast", "compute"
+COPY, CAST, COMPUTE, ROWS = "copy", "cast", "compute", "rows"
 
 
 @dataclass(slots=True)
@@ -26,7 +27,8 @@ class Step:
 
     index: int
     group: Group
-    kind: str  # COPY (bytes moved, no tensors), CAST (chunked elementwise cast), COMPUTE (tensors in, op, out)
+    kind: str  # COPY (bytes moved, no tensors), CAST (chunked elementwise cast), COMPUTE (tensors in, op, out),
+    # ROWS (a GGUF tensor converted a few rows at a time with numpy: mapper.gguf_rows)
     held_bytes: int  # tensor bytes the engine holds at the peak of this step
     reads: dict[str, int]  # source file (relative) -> bytes read from it
     bytes_out: int  # tensor bytes of the group's outputs
@@ -50,12 +52,15 @@ def cast_chunk(numel: int, src_dtype: str, dst_dtype: str, chunk_bytes: int) -> 
     return per, nbytes_of(src_dtype, per) + nbytes_of(dst_dtype, per)
 
 
-def step_kind(group: Group) -> str:
-    """How the engine runs a group: byte copy, chunked cast, or tensor compute."""
+def step_kind(group: Group, access: SourceAccess | None = None) -> str:
+    """How the engine runs a group: byte copy, chunked cast, row-chunked GGUF conversion (inputs raw on disk),
+    or tensor compute."""
     if group.recipe is not None:
         return COPY
     if group.chunk_cast is not None and len(group.inputs) == 1 and len(group.outputs) == 1:
         return CAST
+    if access is not None and row_job(group) is not None and all(access.located(t) for t in group.inputs):
+        return ROWS
     return COMPUTE
 
 
@@ -109,6 +114,10 @@ def step_cost(group: Group, kind: str, bytes_out: int, access: SourceAccess, chu
     for info in group.inputs:
         bytes_in += info.nbytes
         access.add_whole_read(reads, info)
+    if kind == ROWS:
+        job = row_job(group)
+        assert job is not None
+        return job.held_bytes(chunk_bytes), reads
     if kind == CAST:
         src, out = group.inputs[0], group.outputs[0]
         per, held = cast_chunk(src.numel, src.dtype, out.dtype, chunk_bytes)
@@ -162,7 +171,7 @@ def build_steps(groups: list[Group], access: SourceAccess, chunk_bytes: int) -> 
             if len(pieces) == 1 and pieces[0].source == first.name and located(first):
                 steps.append(Step(index, group, COPY, 0, {first.file: pieces[0].end - pieces[0].begin}, bytes_out))
                 continue
-        kind = step_kind(group)
+        kind = step_kind(group, access)
         held, reads = step_cost(group, kind, bytes_out, access, chunk_bytes)
         steps.append(Step(index, group, kind, held, reads, bytes_out))
     return steps
