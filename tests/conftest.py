@@ -7,8 +7,12 @@ package's own), so tests compare the workbench against an independent implementa
 from __future__ import annotations
 
 import filecmp
+import importlib.util
 import json
 import os
+import signal
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +22,32 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "sample_checkpoints"
 INDEX_NAME = "model.safetensors.index.json"
+
+
+_PREBUILD: list[subprocess.Popen] = []
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """When GGUF tests will run, build their llama.cpp references in the background meanwhile (see
+    tests/gguf_support/prebuild.py: it fills the core the rest of the suite leaves idle)."""
+    if session.config.option.collectonly or importlib.util.find_spec("gguf") is None:
+        return
+    if not any("test_gguf" in item.nodeid for item in session.items):
+        return
+    log = REPO / ".cache" / "fixtures" / "gguf-prebuild.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    with open(log, "w") as out:
+        _PREBUILD.append(subprocess.Popen(["nice", "-n", "10", sys.executable, str(REPO / "tests" / "gguf_support" / "prebuild.py")],
+                                          stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Stop a pre-build still running (what it finished stays cached; what it was building is rebuilt next time)."""
+    for process in _PREBUILD:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=60)
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import output_names
-from gguf_support.reference import model_folder, reference_gguf
+from gguf_support.reference import CASES, model_folder, reference_gguf
 
 import workbench as wb
 from workbench.cli.commands import main as cli_main
@@ -28,11 +28,7 @@ def _tensors(reader) -> dict:
             for t in reader.tensors}
 
 
-@pytest.mark.parametrize(("family", "outtype", "tokenizer"), [
-    ("llama", "f16", None), ("llama", "bf16", None), ("llama", "q8_0", None), ("llama", "f32", None), ("mistral", "q8_0", None),
-    ("qwen2", "q8_0", None), ("qwen3", "bf16", None), ("llama", "f16", "spm"), ("llama", "q8_0", "gpt2"),
-    ("mixtral", "q8_0", None), ("qwen2_moe", "q8_0", None), ("qwen3_moe", "q8_0", None), ("olmoe", "q8_0", None),
-    ("llama", "f16", "llama3")])
+@pytest.mark.parametrize(("family", "outtype", "tokenizer"), CASES)
 def test_gguf_equals_llama_cpp_converter(family: str, outtype: str, tokenizer: str | None, tmp_path: Path) -> None:
     src = model_folder(family, tokenizer)
     wb.convert(src, tmp_path / "out", to="gguf", dtype=outtype, quiet=True)

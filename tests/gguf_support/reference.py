@@ -4,15 +4,23 @@ The sdist is fetched once with pip into `.cache/fixtures/llama_cpp_python-<versi
 `sentencepiece`, which the converter imports for Llama models, goes into a folder beside it (`extra-site`)
 rather than into the shared venv. Reference GGUFs are cached there keyed by the tool version and the
 fixture's seed and recipe (a digest of models.py), so the suite converts each model once.
+
+Each cached thing is built under an exclusive lock and appears whole (built aside, then renamed), so the
+suite and its background pre-build (`prebuild.py`, started by conftest) can ask for the same one: whoever
+comes first builds it, the other waits and reads it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -24,12 +32,36 @@ SCRIPT = ROOT / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
 EXTRA = ROOT / "extra-site"
 
 
+# Every (family, outtype, tokenizer) compared with the converter: the tests' parameters and the pre-build's list.
+CASES = [
+    ("llama", "f16", None), ("llama", "bf16", None), ("llama", "q8_0", None), ("llama", "f32", None), ("mistral", "q8_0", None),
+    ("qwen2", "q8_0", None), ("qwen3", "bf16", None), ("llama", "f16", "spm"), ("llama", "q8_0", "gpt2"),
+    ("mixtral", "q8_0", None), ("qwen2_moe", "q8_0", None), ("qwen3_moe", "q8_0", None), ("olmoe", "q8_0", None),
+    ("llama", "f16", "llama3")]
+
+
+@contextmanager
+def building(target: Path) -> Iterator[None]:
+    """Hold the build lock of one cached `target` (a file or folder) across processes."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def _pip(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "pip", "-q", *args], check=True, capture_output=True, timeout=600)
 
 
 def converter() -> Path:
     """Path of convert_hf_to_gguf.py, fetching the sdist once; skips the test when it cannot be fetched."""
+    if SCRIPT.is_file() and (EXTRA / "sentencepiece").is_dir():
+        return SCRIPT
+    with building(ROOT):
+        return _fetch_converter()
+
+
+def _fetch_converter() -> Path:
     if SCRIPT.is_file() and (EXTRA / "sentencepiece").is_dir():
         return SCRIPT
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -65,12 +97,18 @@ def model_folder(family: str, tokenizer: str | None = None) -> Path:
     kind = tokenizer or DEFAULT_TOKENIZERS[family]
     recipe = hashlib.sha256((Path(__file__).parent / "models.py").read_bytes()).hexdigest()[:8]  # a changed recipe is a new model
     folder = CACHE / "gguf-models" / (f"{family}-{SEED}-{recipe}" if kind == "fallback" else f"{family}-{kind}-{SEED}-{recipe}")
-    if not (folder / "model.safetensors").is_file():
-        if kind != "fallback":
-            converter()  # the sdist holds the GPT-2 vocabulary and the sentencepiece trainer
-        vocab = SCRIPT.parent / "models" / f"ggml-vocab-{ {'qwen2': 'qwen2', 'llama3': 'llama-bpe'}.get(kind, 'gpt-2')}.gguf"
-        build(folder, family, tokenizer=kind, vocab_gguf=vocab,
-              train=_train_sentencepiece)
+    if (folder / "model.safetensors").is_file():
+        return folder
+    if kind != "fallback":
+        converter()  # the sdist holds the GPT-2 vocabulary and the sentencepiece trainer
+    with building(folder):
+        if not (folder / "model.safetensors").is_file():
+            vocab = SCRIPT.parent / "models" / f"ggml-vocab-{ {'qwen2': 'qwen2', 'llama3': 'llama-bpe'}.get(kind, 'gpt-2')}.gguf"
+            aside = folder.with_name(f"{folder.name}.building")
+            shutil.rmtree(aside, ignore_errors=True)
+            build(aside, family, tokenizer=kind, vocab_gguf=vocab, train=_train_sentencepiece)
+            shutil.rmtree(folder, ignore_errors=True)
+            os.replace(aside, folder)
     return folder
 
 
@@ -79,12 +117,18 @@ def reference_gguf(family: str, outtype: str, tokenizer: str | None = None) -> P
     script = converter()
     folder = model_folder(family, tokenizer)
     out = ROOT / "references" / f"{folder.name}-{outtype}.gguf"
-    if not out.is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PYTHONPATH": str(EXTRA)}
-        done = subprocess.run([sys.executable, str(script), str(folder), "--outtype", outtype, "--outfile", str(out) + ".tmp"],
-                              env=env, capture_output=True, text=True, timeout=300)
-        if done.returncode:
-            raise AssertionError(f"convert_hf_to_gguf.py failed:\n{done.stderr[-3000:]}")
-        os.replace(str(out) + ".tmp", out)
+    if out.is_file():
+        return out
+    with building(out):
+        if not out.is_file():
+            _run_converter(script, folder, outtype, out)
     return out
+
+
+def _run_converter(script: Path, folder: Path, outtype: str, out: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(EXTRA)}
+    done = subprocess.run([sys.executable, str(script), str(folder), "--outtype", outtype, "--outfile", str(out) + ".tmp"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode:
+        raise AssertionError(f"convert_hf_to_gguf.py failed:\n{done.stderr[-3000:]}")
+    os.replace(str(out) + ".tmp", out)
