@@ -306,17 +306,7 @@ class SafetensorsWriter:
         range that starts at absolute `file_offset`; coalescing adjacent pieces into one copy is what
         makes checkpoints of many small tensors fast.
         """
-        position = file_offset
-        for name, at, length in parts:
-            info = self._slot(name, at, length)
-            if info.begin + at != position:
-                raise PlanError(
-                    f"Cannot copy into {self.layout.file}: the pieces of one copy are not contiguous at tensor {name!r}.",
-                    file=self.layout.file,
-                    tensor=name,
-                )
-            position += length
-        total = position - file_offset
+        total = self._span(file_offset, parts, "copy")
         assert self._fd is not None
         done = 0
         try:
@@ -339,6 +329,34 @@ class SafetensorsWriter:
             self._written[name] += length
         if total >= WRITEBACK_MIN:  # 2 GiB re-shard: 2.0 s -> 1.4 s, the commit's fsync finding most bytes on disk
             start_writeback(self._fd, file_offset, total)
+
+    def write_span(self, file_offset: int, data: bytes | bytearray | memoryview, parts: Sequence[tuple[str, int, int]]) -> None:
+        """Write `data`, bytes that fill several planned pieces at once, from absolute `file_offset`.
+
+        `parts` are (tensor, offset within it, length) in file order; they must tile exactly the bytes of
+        `data` (small casts converted together are written with one call, see `planning.cast_batches`).
+        """
+        if self._span(file_offset, parts, "write") != memoryview(data).nbytes:
+            raise PlanError(f"Cannot write into {self.layout.file}: the pieces of one write do not add up to its bytes.",
+                            file=self.layout.file)
+        self._pwrite(data, file_offset)
+        written = self._written
+        for name, _, length in parts:
+            written[name] += length
+
+    def _span(self, file_offset: int, parts: Sequence[tuple[str, int, int]], what: str) -> int:
+        """Bytes of `parts` after checking that they tile the file from `file_offset` without a gap."""
+        position = file_offset
+        for name, at, length in parts:
+            info = self._slot(name, at, length)
+            if info.begin + at != position:
+                raise PlanError(
+                    f"Cannot {what} into {self.layout.file}: the pieces of one {what} are not contiguous at tensor {name!r}.",
+                    file=self.layout.file,
+                    tensor=name,
+                )
+            position += length
+        return position - file_offset
 
     def missing(self) -> dict[str, int]:
         """Tensors not yet fully written, with the bytes still owed."""

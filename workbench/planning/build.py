@@ -16,6 +16,7 @@ from ..mapper.files import code_digest
 from ..mapper.groups import Binding, Problem
 from ..mapper.output_presets import OUTPUT_PRESETS
 from ..output import OutputFormat, output_format
+from .cast_batches import batch_casts
 from .destination import check_destination
 from .dtype_policy import apply_dtype
 from .extras import layout_change, scan_extras, with_config_dtype, with_layout_note
@@ -181,6 +182,7 @@ def _build_plan(
     problems += warnings + _metadata_problems(header_metadata, options, output)
     if files:
         problems += assign_ranks(files, steps, options.nproc)
+        batch_casts(steps, files, catalog.reader, options.chunk_bytes)
     exported = mapper_json(mapper)
     layout_fp = layout_fingerprint(catalog, steps, files, exported)
     dest_path = Path(os.path.abspath(dest)) if dest is not None else None

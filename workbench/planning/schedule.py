@@ -32,6 +32,9 @@ class Step:
     bytes_out: int  # tensor bytes of the group's outputs
     files: tuple[str, ...] = ()  # output files this step writes
     rank: int = 0
+    # Small casts run together (`planning.cast_batches`): on a batch's first step the groups of all its steps,
+    # on the others () (their work is done by the first); None for a step that runs on its own.
+    batch: tuple[Group, ...] | None = None
 
     @property
     def bytes_read(self) -> int:
