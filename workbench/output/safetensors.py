@@ -105,6 +105,22 @@ def layout_file(
     return FileLayout(file, header, tuple(placed), start + offset)
 
 
+def pad_layout(layout: FileLayout, data_residue: int) -> FileLayout:
+    """`layout` with spaces added to its header until its data starts at `data_residue` within a page: what
+    `layout_file(..., data_residue=data_residue)` gives for the same tensors, without ordering them and
+    spelling out their header again (the planner pads a file once it knows its tensors' offsets)."""
+    if data_residue % 8 or not 0 <= data_residue < PAGE:
+        raise ValueError(f"data_residue must be a multiple of 8 in [0, {PAGE}), not {data_residue}")
+    body = layout.header[8:].rstrip(b" ")
+    body += b" " * (-len(body) % 8)
+    body += b" " * ((data_residue - 8 - len(body)) % PAGE)
+    header = len(body).to_bytes(8, "little") + body
+    shift = len(header) - len(layout.header)
+    file = layout.file
+    tensors = tuple([TensorInfo(t.name, t.dtype, t.shape, file, t.begin + shift, t.end + shift) for t in layout.tensors])
+    return FileLayout(file, header, tensors, layout.size + shift)
+
+
 def _check_names(file: str, ordered: Sequence[TensorInfo]) -> None:
     """Raise for the first tensor whose name repeats an earlier one or is the reserved `__metadata__` (or, before
     it, one whose dtype safetensors cannot store: problems are reported in file order)."""
@@ -457,6 +473,9 @@ class SafetensorsOutput(OutputFormat):
         self, name: str, tensors: Sequence[TensorInfo], metadata: Mapping[str, str] | None = None, *, data_residue: int | None = None,
     ) -> FileLayout:
         return layout_file(name, tensors, metadata, data_residue=data_residue)
+
+    def pad_layout(self, layout: FileLayout, data_residue: int) -> FileLayout:
+        return pad_layout(layout, data_residue)
 
     def open_writer(self, folder: str | os.PathLike, layout: FileLayout) -> SafetensorsWriter:
         return SafetensorsWriter(folder, layout)

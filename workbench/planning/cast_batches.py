@@ -27,67 +27,51 @@ def batch_casts(steps: list[Step], files: list[OutputFile], reader: object | Non
     if locate is None or sum(1 for s in steps if s.kind == CAST) < 2:
         return
     out_begin = {t.name: t.begin for f in files for t in f.layout.tensors}
-    runs: dict[int, _Run] = {}  # rank -> the run being extended
-    for step in steps:
+    runs: dict[int, list | None] = {}  # rank -> [output file, source path, source end, output end, held, source bytes, steps]
+    castable: dict[tuple[str, str], bool] = {}
+    for step in steps:  # once per tensor of a big checkpoint: spelled out
         run = runs.get(step.rank)
-        entry = _entry(step, locate, out_begin, chunk_bytes)
-        if run is not None and entry is not None and run.extends(entry, chunk_bytes):
-            run.add(step, entry)
+        where = begin = None
+        if step.kind == CAST and len(step.files) == 1:
+            group = step.group
+            src, out = group.inputs[0], group.outputs[0]
+            pair = (src.dtype, out.dtype)
+            ok = castable.get(pair)
+            if ok is None:
+                ok = castable[pair] = numpy_castable(*pair)
+            n_out = step.bytes_out
+            if ok and n_out and n_out * 3 <= BATCH_BYTES:  # float32 in, bfloat16 out: 3x the output bytes held
+                where = locate(src)
+                begin = out_begin.get(out.name) if where is not None else None
+        if begin is None:
+            if run is not None:
+                _close(run)
+                runs[step.rank] = None
+            continue
+        path, src_begin, src_end = where
+        n_in = src_end - src_begin
+        file = step.files[0]
+        if (run is not None and run[2] == src_begin and run[3] == begin and run[0] == file and (run[1] is path or run[1] == path)
+                and run[4] + n_in + n_out <= BATCH_BYTES and run[5] + n_in <= chunk_bytes):
+            run[2], run[3] = src_end, begin + n_out
+            run[4] += n_in + n_out
+            run[5] += n_in
+            run[6].append(step)
             continue
         if run is not None:
-            run.close()
-        runs[step.rank] = _Run(step, entry) if entry is not None else None
+            _close(run)
+        runs[step.rank] = [file, path, src_end, begin + n_out, n_in + n_out, n_in, [step]] if n_in <= chunk_bytes else None
     for run in runs.values():
         if run is not None:
-            run.close()
+            _close(run)
 
 
-def _entry(step: Step, locate, out_begin: dict[str, int], chunk_bytes: int) -> tuple | None:
-    """(output file, source path, source begin, source end, output begin, output end, held bytes) of a
-    batchable step, or None."""
-    if step.kind != CAST or len(step.files) != 1:
-        return None
-    group = step.group
-    src, out = group.inputs[0], group.outputs[0]
-    held = src.nbytes + out.nbytes
-    if not src.nbytes or held > BATCH_BYTES or src.nbytes > chunk_bytes or not numpy_castable(src.dtype, out.dtype):
-        return None
-    where = locate(src)
-    begin = out_begin.get(out.name)
-    if where is None or begin is None:
-        return None
-    path, src_begin, src_end = where
-    return step.files[0], path, src_begin, src_end, begin, begin + out.nbytes, held
-
-
-class _Run:
-    """Consecutive batchable steps of one rank, adjacent in source and output."""
-
-    def __init__(self, step: Step, entry: tuple) -> None:
-        self.steps = [step]
-        self.file, self.path, _, self.src_end, _, self.out_end, self.held = entry
-        self.src_bytes = entry[3] - entry[2]
-
-    def extends(self, entry: tuple, chunk_bytes: int) -> bool:
-        """True when the step of `entry` continues this run within the batch's bounds."""
-        file, path, src_begin, src_end, out_begin, _, held = entry
-        return (file == self.file and path == self.path and src_begin == self.src_end and out_begin == self.out_end
-                and self.held + held <= BATCH_BYTES and self.src_bytes + src_end - src_begin <= chunk_bytes)
-
-    def add(self, step: Step, entry: tuple) -> None:
-        """Append the step of `entry` (it `extends` the run)."""
-        self.steps.append(step)
-        self.src_bytes += entry[3] - entry[2]
-        self.src_end, self.out_end = entry[3], entry[5]
-        self.held += entry[6]
-
-    def close(self) -> None:
-        """Mark the run's steps as one batch when it has more than one step."""
-        if len(self.steps) < 2:
-            return
-        first = self.steps[0]
-        first.batch = tuple(s.group for s in self.steps)
-        for step in self.steps:
-            step.held_bytes = self.held
-            if step is not first:
-                step.batch = ()
+def _close(run: list) -> None:
+    """Mark a run's steps as one batch when it has more than one step."""
+    held, batch = run[4], run[6]
+    if len(batch) < 2:
+        return
+    for step in batch:
+        step.held_bytes = held
+        step.batch = ()
+    batch[0].batch = tuple(s.group for s in batch)

@@ -38,10 +38,25 @@ def congruent_bytes(steps: Iterable[Step], layout: FileLayout, source_offset: So
     placed = layout.by_name()
     weights: dict[int, int] = {}
     for step in steps:
-        recipe = step.group.recipe
+        group = step.group
+        recipe = group.recipe
         if step.kind != COPY or recipe is None:
             continue
-        inputs = {t.name: t for t in step.group.inputs}
+        if len(recipe) == 1 and len(group.inputs) == 1:  # one output, one input (once per tensor): spelled out
+            ((out_name, pieces),) = recipe.items()
+            source = group.inputs[0]
+            if len(pieces) == 1 and pieces[0].source == source.name:
+                info = placed.get(out_name)
+                piece = pieces[0]
+                length = piece.end - piece.begin
+                if info is not None and length > 0:
+                    begin = source_offset(source)
+                    if begin is not None:
+                        residue = (begin + piece.begin - info.begin + data_start) % PAGE
+                        if residue % 8 == 0:
+                            weights[residue] = weights.get(residue, 0) + length
+                continue
+        inputs = {t.name: t for t in group.inputs}
         offsets: dict[str, int | None] = {}
         for out_name, pieces in recipe.items():
             info = placed.get(out_name)

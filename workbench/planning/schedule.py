@@ -165,6 +165,12 @@ def build_steps(groups: list[Group], access: SourceAccess, chunk_bytes: int) -> 
             if len(pieces) == 1 and pieces[0].source == first.name and located(first):
                 steps.append(Step(index, group, COPY, 0, {first.file: pieces[0].end - pieces[0].begin}, bytes_out))
                 continue
+        elif recipe is None and group.chunk_cast is not None and len(group.inputs) == 1 and len(outputs) == 1:
+            first = group.inputs[0]  # step_cost of a chunked cast of a located input, inlined
+            if located(first):
+                held = cast_chunk(first.numel, first.dtype, outputs[0].dtype, chunk_bytes)[1]
+                steps.append(Step(index, group, CAST, held, {first.file: first.nbytes}, bytes_out))
+                continue
         kind = step_kind(group)
         held, reads = step_cost(group, kind, bytes_out, access, chunk_bytes)
         steps.append(Step(index, group, kind, held, reads, bytes_out))

@@ -163,8 +163,8 @@ def layout_outputs(
             files[k].steps.append(step.index)
     if source_offset is not None and output.pads_header:
         by_index = {step.index: step for step in steps}
-        for file, tensors, meta in zip(files, shards, metas, strict=True):
+        for file in files:
             residue = choose_residue((by_index[i] for i in file.steps), file.layout, source_offset)
             if residue is not None:
-                file.layout = output.layout_file(file.name, tensors, meta, data_residue=residue)
+                file.layout = output.pad_layout(file.layout, residue)
     return files, warnings
