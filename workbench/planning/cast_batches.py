@@ -27,11 +27,19 @@ def batch_casts(steps: list[Step], files: list[OutputFile], reader: object | Non
     if locate is None or sum(1 for s in steps if s.kind == CAST) < 2:
         return
     out_begin = {t.name: t.begin for f in files for t in f.layout.tensors}
-    runs: dict[int, list | None] = {}  # rank -> [output file, source path, source end, output end, held, source bytes, steps]
+    ranks = {s.rank for s in steps}
+    for rank in sorted(ranks):
+        _batch_rank(steps if len(ranks) == 1 else [s for s in steps if s.rank == rank], locate, out_begin, chunk_bytes)
+
+
+def _batch_rank(steps: list[Step], locate, out_begin: dict[str, int], chunk_bytes: int) -> None:  # noqa: ANN001
+    """Mark the batches among one rank's steps (once per tensor of a big checkpoint: spelled out with locals)."""
+    run: list[Step] = []  # the batch being extended
+    file = path = None
+    src_end = out_end = held = src_bytes = 0
     castable: dict[tuple[str, str], bool] = {}
-    for step in steps:  # once per tensor of a big checkpoint: spelled out
-        run = runs.get(step.rank)
-        where = begin = None
+    for step in steps:
+        begin = None
         if step.kind == CAST and len(step.files) == 1:
             group = step.group
             src, out = group.inputs[0], group.outputs[0]
@@ -42,36 +50,32 @@ def batch_casts(steps: list[Step], files: list[OutputFile], reader: object | Non
             n_out = step.bytes_out
             if ok and n_out and n_out * 3 <= BATCH_BYTES:  # float32 in, bfloat16 out: 3x the output bytes held
                 where = locate(src)
-                begin = out_begin.get(out.name) if where is not None else None
+                if where is not None:
+                    begin = out_begin.get(out.name)
         if begin is None:
-            if run is not None:
-                _close(run)
-                runs[step.rank] = None
+            _close(run, held)
+            run = []
             continue
-        path, src_begin, src_end = where
-        n_in = src_end - src_begin
-        file = step.files[0]
-        if (run is not None and run[2] == src_begin and run[3] == begin and run[0] == file and (run[1] is path or run[1] == path)
-                and run[4] + n_in + n_out <= BATCH_BYTES and run[5] + n_in <= chunk_bytes):
-            run[2], run[3] = src_end, begin + n_out
-            run[4] += n_in + n_out
-            run[5] += n_in
-            run[6].append(step)
-            continue
-        if run is not None:
-            _close(run)
-        runs[step.rank] = [file, path, src_end, begin + n_out, n_in + n_out, n_in, [step]] if n_in <= chunk_bytes else None
-    for run in runs.values():
-        if run is not None:
-            _close(run)
+        step_path, src_begin, step_end = where
+        n_in = step_end - src_begin
+        if (run and src_begin == src_end and begin == out_end and step.files[0] == file and (step_path is path or step_path == path)
+                and held + n_in + n_out <= BATCH_BYTES and src_bytes + n_in <= chunk_bytes):
+            run.append(step)
+            held += n_in + n_out
+            src_bytes += n_in
+        else:
+            _close(run, held)
+            run = [step] if n_in <= chunk_bytes else []
+            file, path, held, src_bytes = step.files[0], step_path, n_in + n_out, n_in
+        src_end, out_end = step_end, begin + n_out
+    _close(run, held)
 
 
-def _close(run: list) -> None:
-    """Mark a run's steps as one batch when it has more than one step."""
-    held, batch = run[4], run[6]
-    if len(batch) < 2:
+def _close(run: list[Step], held: int) -> None:
+    """Mark a run's steps as one batch (holding `held` bytes) when it has more than one step."""
+    if len(run) < 2:
         return
-    for step in batch:
+    for step in run:
         step.held_bytes = held
         step.batch = ()
-    batch[0].batch = tuple(s.group for s in batch)
+    run[0].batch = tuple(s.group for s in run)
