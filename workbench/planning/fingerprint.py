@@ -53,7 +53,13 @@ def layout_fingerprint(catalog: Catalog, steps: list[Step], files: list[OutputFi
                 shape = str(t.shape)
                 if type(t.shape) is tuple:
                     shapes[t.shape] = shape
-            text = "" if recipe is None else _recipe_text(recipe)
+            if recipe is None:
+                text = ""
+            elif len(recipe) == 1 and len(pieces := next(iter(recipe.values()))) == 1:  # _recipe_text's common case, inlined
+                p = pieces[0]
+                text = f"{next(iter(recipe))}={p.source}[{p.begin}:{p.end}]"
+            else:
+                text = _recipe_text(recipe)
             lines.append(f"\nstep {step.kind} {group.chunk_cast} {type(group.op).__name__} {group.label} "
                          f"<{t.name}|{t.dtype}|{shape}|{t.file}|{t.begin}|{t.end}> <{text}>")
         else:
