@@ -42,7 +42,7 @@ class OutputFormat:
     copies_extras: bool = True  # whether config, tokenizer and other non-weight files are copied beside the output
     default_shard_size: int | str = "5GB"  # the split size when the user names none
     applies_dtype_policy: bool = True  # whether the planner casts float outputs to `dtype=` (False: `prepare` uses it)
-    pads_header: bool = False  # whether `layout_file` takes `data_residue=` (a data start placed within a page) and `pad_layout` works
+    pads_header: bool = False  # whether `layout_file` takes `data_residue=` (a data start placed within a page, or a function choosing it)
     model_parallel: bool = False  # whether `nproc_mp=` (Meta's model-parallel files) means something for this format
 
     def policy(self, dtype: Any) -> str:
@@ -64,11 +64,6 @@ class OutputFormat:
 
     def layout_file(self, name: str, tensors: Sequence[TensorInfo], metadata: Mapping[str, str] | None = None) -> FileLayout:
         """Place `tensors` (in schedule order) in the data file `name`: its header bytes and every offset."""
-        raise NotImplementedError
-
-    def pad_layout(self, layout: FileLayout, data_residue: int) -> FileLayout:
-        """`layout` with its data start moved to `data_residue` within a page, tensors in place (asked only of
-        formats that `pads_header`; same result as `layout_file(..., data_residue=)` for its tensors)."""
         raise NotImplementedError
 
     def open_writer(self, folder: str | os.PathLike, layout: FileLayout) -> Writer:

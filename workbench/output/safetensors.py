@@ -13,7 +13,7 @@ import functools
 import json
 import operator
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +69,7 @@ def layout_file(
     metadata: Mapping[str, str] | None = None,
     *,
     order: str = "reference",
-    data_residue: int | None = None,
+    data_residue: int | Callable[[dict[str, int]], int | None] | None = None,
 ) -> FileLayout:
     """Place `tensors` in one file: header bytes and absolute offsets, identical to the reference writer.
 
@@ -77,10 +77,12 @@ def layout_file(
     `order='given'` keeps the caller's order. `data_residue` (a multiple of 8 below `PAGE`) pads the header
     with more trailing spaces, as the format allows, until the data starts at that offset within a page:
     kernel copies from a source run at the same offset within its page move whole pages (see
-    `planning.page_align`). None keeps the reference writer's minimal padding.
+    `planning.page_align`). None keeps the reference writer's minimal padding. A function as `data_residue` is
+    given each tensor's offset from the data start (name -> bytes) and returns the residue (or None): the
+    planner chooses it from where the tensors fall, with the tensors ordered and the header spelled out once.
     """
-    if data_residue is not None and (data_residue % 8 or not 0 <= data_residue < PAGE):
-        raise ValueError(f"data_residue must be a multiple of 8 in [0, {PAGE}), not {data_residue}")
+    if data_residue is not None and not callable(data_residue):
+        _check_residue(data_residue)
     ordered = reference_order(tensors) if order == "reference" else list(tensors)
     _check_names(file, ordered)
     meta = dict(DEFAULT_METADATA if metadata is None else metadata)
@@ -93,6 +95,15 @@ def layout_file(
         what = f"tensor name {bad!r}" if bad is not None else "the metadata"
         raise PlanError(f"Cannot lay out {file}: {what} is not valid Unicode text (lone surrogate). Fix it.", tensor=bad) from None
     body += b" " * (-len(body) % 8)
+    if callable(data_residue):
+        relative: dict[str, int] = {}
+        at = 0
+        for t, size in zip(ordered, sizes, strict=True):
+            relative[t.name] = at
+            at += size
+        data_residue = data_residue(relative)
+        if data_residue is not None:
+            _check_residue(data_residue)
     if data_residue is not None:
         body += b" " * ((data_residue - 8 - len(body)) % PAGE)
     header = len(body).to_bytes(8, "little") + body
@@ -105,20 +116,9 @@ def layout_file(
     return FileLayout(file, header, tuple(placed), start + offset)
 
 
-def pad_layout(layout: FileLayout, data_residue: int) -> FileLayout:
-    """`layout` with spaces added to its header until its data starts at `data_residue` within a page: what
-    `layout_file(..., data_residue=data_residue)` gives for the same tensors, without ordering them and
-    spelling out their header again (the planner pads a file once it knows its tensors' offsets)."""
+def _check_residue(data_residue: int) -> None:
     if data_residue % 8 or not 0 <= data_residue < PAGE:
         raise ValueError(f"data_residue must be a multiple of 8 in [0, {PAGE}), not {data_residue}")
-    body = layout.header[8:].rstrip(b" ")
-    body += b" " * (-len(body) % 8)
-    body += b" " * ((data_residue - 8 - len(body)) % PAGE)
-    header = len(body).to_bytes(8, "little") + body
-    shift = len(header) - len(layout.header)
-    file = layout.file
-    tensors = tuple([TensorInfo(t.name, t.dtype, t.shape, file, t.begin + shift, t.end + shift) for t in layout.tensors])
-    return FileLayout(file, header, tensors, layout.size + shift)
 
 
 def _check_names(file: str, ordered: Sequence[TensorInfo]) -> None:
@@ -470,12 +470,10 @@ class SafetensorsOutput(OutputFormat):
         return shard_file_name(k + 1, n)
 
     def layout_file(
-        self, name: str, tensors: Sequence[TensorInfo], metadata: Mapping[str, str] | None = None, *, data_residue: int | None = None,
+        self, name: str, tensors: Sequence[TensorInfo], metadata: Mapping[str, str] | None = None, *,
+        data_residue: int | Callable[[dict[str, int]], int | None] | None = None,
     ) -> FileLayout:
         return layout_file(name, tensors, metadata, data_residue=data_residue)
-
-    def pad_layout(self, layout: FileLayout, data_residue: int) -> FileLayout:
-        return pad_layout(layout, data_residue)
 
     def open_writer(self, folder: str | os.PathLike, layout: FileLayout) -> SafetensorsWriter:
         return SafetensorsWriter(folder, layout)
