@@ -52,9 +52,14 @@ def _whole_copy(group: Group) -> bool:
     return piece.source == src.name and piece.begin == 0 and piece.end == src.nbytes
 
 
-def _cast_here(dtype: str, target: str) -> bool:
+def policy_casts(dtype: str, target: str) -> bool:
     """True when the policy casts an output of `dtype`: a float other than `target` the engine can read as values."""
     return dtype != target and dtype in CAST_SOURCES
+
+
+def policy_keeps(dtype: str, target: str) -> bool:
+    """True for a float dtype the policy cannot cast (F4, F6): such outputs keep it, with a warning (`kept_warnings`)."""
+    return is_float(dtype) and dtype != target and dtype not in CAST_SOURCES
 
 
 def cast_group(group: Group, dtype: str) -> Group:
@@ -62,7 +67,7 @@ def cast_group(group: Group, dtype: str) -> Group:
 
     Integer, bool and complex outputs are never cast; F4/F6 outputs (which no converter reads) are kept as they are.
     """
-    names = frozenset(o.name for o in group.outputs if _cast_here(o.dtype, dtype))
+    names = frozenset(o.name for o in group.outputs if policy_casts(o.dtype, dtype))
     if not names:
         return group
     outputs = tuple(TensorInfo(o.name, dtype, o.shape) if o.name in names else o for o in group.outputs)
@@ -75,7 +80,7 @@ def cast_group(group: Group, dtype: str) -> Group:
     return Group(group.inputs, outputs, op, None, chunk_cast, label)
 
 
-def _kept_as_they_are(kept: dict[str, list[str]], code: str) -> list[Problem]:
+def kept_warnings(kept: dict[str, list[str]], code: str) -> list[Problem]:
     """A warning per float dtype the policy cannot cast (F4, F6; `kept`: dtype -> output names): those keep their dtype."""
     return [
         Problem("warning", f"Cannot cast {len(names)} {kind} tensor{'s' if len(names) != 1 else ''} to {code} (e.g. "
@@ -98,8 +103,8 @@ def apply_dtype(binding: Binding, dtype: Any) -> Binding:
         for out in outputs:
             here = cast_here.get(out.dtype)
             if here is None:
-                here = cast_here[out.dtype] = _cast_here(out.dtype, code)
-                if is_float(out.dtype) and out.dtype != code and out.dtype not in CAST_SOURCES:
+                here = cast_here[out.dtype] = policy_casts(out.dtype, code)
+                if policy_keeps(out.dtype, code):
                     kept[out.dtype] = []
             if not here and out.dtype in kept:
                 kept[out.dtype].append(out.name)
@@ -123,5 +128,5 @@ def apply_dtype(binding: Binding, dtype: Any) -> Binding:
                 whole = _whole_copy(group)
         groups.append(Group(group.inputs, (TensorInfo(out.name, code, out.shape),), CastOutputs(group.op, code, frozenset((out.name,))),
                             None, code if whole else None, (group.label or "group") + suffix))
-    problems = list(binding.problems) + _kept_as_they_are(kept, code)
+    problems = list(binding.problems) + kept_warnings(kept, code)
     return Binding(groups, problems, list(binding.dropped))
