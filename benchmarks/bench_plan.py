@@ -5,7 +5,7 @@ data, ~17 MB, written once by make_llama_like.py) is opened, planned and convert
 
 - `identity`     no mapper: every tensor copied (pass-through re-shard),
 - `strip`        `presets.strip_prefix("model.")` (a rename of every tensor),
-- `bf16`         `dtype="bf16"` (a chunked cast of every tensor),
+- `bf16`         `dtype="bf16"` (a cast of every tensor; adjacent small ones batched),
 - `fuse`         `presets.hf_to_fused` (q/k/v and gate/up concatenated),
 
 and a Llama-3.1-405B-shaped index (191 sparse shards from make_sparse.py: real headers, data as holes)

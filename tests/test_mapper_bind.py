@@ -260,3 +260,33 @@ def test_group_order_does_not_depend_on_hash_seed():
         env = dict(os.environ, PYTHONHASHSEED=seed)
         runs.append(json.loads(subprocess.run([sys.executable, "-c", SEED_SCRIPT], env=env, capture_output=True, text=True, check=True).stdout))
     assert runs[0] == runs[1] and len(runs[0]) == 12
+
+
+@pytest.mark.parametrize("rest", ["keep", "drop", "error"])
+@pytest.mark.parametrize(("mapper", "clash"), [
+    (M.presets.strip_prefix("model."), False),
+    (M.presets.add_prefix("base."), False),
+    (M.PrefixScope(M.Parallel(), source_prefix="model.layers.", target_prefix="blocks."), False),
+    (M.presets.strip_prefix("model."), True),  # 'model.norm.weight' -> 'norm.weight', already there: the walk reports it
+])
+def test_a_bare_prefix_rename_binds_as_the_walk_does(mapper, clash: bool, rest: str) -> None:
+    from workbench.mapper.bind import bind, run_binder, source_infos
+    from workbench.mapper.grouping import rename_binding
+
+    infos = list(llama_like(2).tensors.values())
+    end = infos[-1].end
+    extra = [TensorInfo("lm_head.weight", "F32", (3, 4), "model.safetensors", end, end + 48),
+             TensorInfo("model.empty", "F32", (0,), "model.safetensors", end + 48, end + 48)]
+    if clash:
+        extra += [TensorInfo("model.norm.weight", "F32", (2,), "model.safetensors", end + 48, end + 56),
+                  TensorInfo("norm.weight", "F32", (2,), "model.safetensors", end + 56, end + 64)]
+    catalog = Catalog.from_infos(infos + extra)
+    fast, walked = bind(mapper, catalog, rest), run_binder(mapper, catalog, rest)[0]
+    assert [(g.inputs, g.outputs, dict(g.recipe or {}), g.chunk_cast, g.label, repr(g.op)) for g in fast.groups] == \
+           [(g.inputs, g.outputs, dict(g.recipe or {}), g.chunk_cast, g.label, repr(g.op)) for g in walked.groups]
+    assert fast.problems == walked.problems and fast.dropped == walked.dropped
+    untouched = any(not i.name.startswith(mapper.source_prefix) for i in catalog.tensors.values())
+    assert bool(fast.problems) == (clash or (rest == "error" and untouched))
+    assert (rename_binding(mapper, source_infos(catalog), rest) is None) == (clash or rest == "error")  # the walk only then
+    renamed = [g for g in fast.groups if g.label != "keep"]
+    assert renamed and len({id(g.op) for g in renamed}) == 1  # one op shared by every renamed group

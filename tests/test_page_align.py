@@ -80,8 +80,14 @@ def test_layout_padding_places_the_data_start_and_keeps_the_reference_header() -
         assert len(padded.header) % PAGE == residue and len(padded.header) < len(minimal.header) + PAGE
         assert padded.header[8:].rstrip(b" ") == minimal.header[8:].rstrip(b" ")  # only spaces were added
         assert [t.begin - len(padded.header) for t in padded.tensors] == [t.begin - len(minimal.header) for t in minimal.tensors]
+        seen = []
+        chosen = layout_file("m.safetensors", tensors, data_residue=lambda offsets, seen=seen, residue=residue: seen.append(offsets) or residue)
+        assert chosen == padded and seen == [{t.name: t.begin - len(minimal.header) for t in minimal.tensors}]
+    assert layout_file("m.safetensors", tensors, data_residue=lambda offsets: None) == minimal
     with pytest.raises(ValueError, match="multiple of 8"):
         layout_file("m.safetensors", tensors, data_residue=12)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        layout_file("m.safetensors", tensors, data_residue=lambda offsets: 12)
 
 
 def test_each_output_file_starts_its_data_congruent_with_its_source(two_sources: Path, tmp_path: Path) -> None:

@@ -158,3 +158,24 @@ def test_a_rename_shares_one_op_across_its_groups() -> None:
     assert len({id(g.op) for g in binding.groups}) == 1
     assert [t.name for g in binding.groups for t in g.outputs] == [f"layers.{k}.weight" for k in range(50)]
     assert binding.groups[7].recipe == {"layers.7.weight": (ByteSlice("model.layers.7.weight", 0, 16),)}
+
+
+def test_a_dtype_policy_without_a_mapper_builds_the_cast_groups_apply_dtype_would() -> None:
+    from workbench.planning.dtype_policy import apply_dtype
+
+    infos, at = [], 64
+    for name, dtype, shape in [("a", "F32", (3, 4)), ("b", "BF16", (4,)), ("c", "F16", (2, 2)), ("d", "I64", (3,)),
+                               ("e", "F4", (8,)), ("f", "F32", (0,)), ("g", "F64", (2,)), ("h", "F4", (4,))]:
+        info = TensorInfo(name, dtype, shape)
+        infos.append(TensorInfo(name, dtype, shape, "model.safetensors", at, at + info.nbytes))
+        at += info.nbytes
+    catalog = Catalog.from_infos(infos)
+    direct, applied = passthrough_binding(catalog, "BF16"), apply_dtype(passthrough_binding(catalog), "BF16")
+
+    def described(binding: Binding) -> list[tuple]:
+        return [(g.inputs, g.outputs, dict(g.recipe) if g.recipe is not None else None, g.chunk_cast, g.label, repr(g.op),
+                 getattr(g.op, "names", None)) for g in binding.groups]
+
+    assert described(direct) == described(applied)
+    assert direct.problems == applied.problems and len(direct.problems) == 1 and "2 F4 tensors" in direct.problems[0].message
+    assert [g.chunk_cast for g in direct.groups] == ["BF16", None, "BF16", None, None, "BF16", "BF16", None]

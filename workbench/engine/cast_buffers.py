@@ -81,6 +81,11 @@ class CastBuffers:
         when torch converts: it cannot, or torch is imported already (then torch is faster: 2 GiB in 0.4 s vs 0.8 s)."""
         if not numpy_castable(src_dtype, out_dtype) or (PREFER_TORCH_ONCE_IMPORTED and "torch" in sys.modules):
             return None
+        return self.bf16_converter()
+
+    def bf16_converter(self) -> Callable[[memoryview, memoryview, int], tuple[int, float] | None]:
+        """The numpy float32 -> bfloat16 conversion whether or not torch is imported (bit for bit torch's on
+        values that are not NaN): a batch of small casts is converted by one call (`engine.cast_batch`)."""
         if self._bf16 is None:
             self._bf16 = Float32ToBFloat16()
         return self._bf16.convert

@@ -15,12 +15,13 @@ from ..catalog import Catalog, TensorInfo
 from ..dtypes import nbytes_of, to_torch
 from ..errors import CastOverflowError, PlanError
 from ..iostats import read_into
-from ..mapper.groups import ByteSlice
+from ..mapper.groups import ByteSlice, Group
 from ..output.safetensors import SafetensorsWriter
 from ..overflow import OverflowCounts, attributed, collect, count_torch, describe, may_overflow
 from ..planning.model import Plan
 from ..planning.rss import NUMPY, TORCH, libraries_for
 from ..planning.schedule import CAST, COPY, ROWS, Step, cast_chunk
+from .cast_batch import run_cast_batch
 from .cast_buffers import CastBuffers
 from .copier import CopyQueue
 from .memory import HeldBytes
@@ -159,8 +160,17 @@ def _copy_one_slice(ctx: RankContext, info: TensorInfo, recipe: Mapping[str, tup
 
 
 def run_cast(ctx: RankContext, step: Step) -> None:
-    """Convert one tensor to another dtype chunk by chunk (bounded memory whatever its size)."""
-    src, out = step.group.inputs[0], step.group.outputs[0]
+    """Convert one tensor to another dtype chunk by chunk (bounded memory whatever its size); a batch of
+    small casts at once (`engine.cast_batch`)."""
+    if step.batch is None:
+        cast_one(ctx, step.group)
+    else:
+        run_cast_batch(ctx, step.batch, cast_one)
+
+
+def cast_one(ctx: RankContext, group: Group) -> None:
+    """Convert one group's tensor to another dtype chunk by chunk."""
+    src, out = group.inputs[0], group.outputs[0]
     target = ctx.target(out.name)
     numel = src.numel
     if target is None or numel == 0:

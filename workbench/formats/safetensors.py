@@ -236,6 +236,11 @@ class FileReader:
                 tensor=info.name,
             ) from None
 
+    def raw_offset(self, info: TensorInfo) -> int:
+        """Where the tensor's bytes start in its file (`locate`'s offset without its path: asked per tensor by
+        `planning.page_align`)."""
+        return info.begin
+
     def locate(self, info: TensorInfo) -> tuple[Path, int, int]:
         """Safetensors data is always raw and contiguous: the file and the absolute byte range."""
         path = self._paths.get(info.file)

@@ -449,6 +449,12 @@ class Binder:
 
 def bind(mapper: Mapper, source: Any, rest: Rest = "keep") -> Binding:
     """Bind `mapper` to `source`; see `Mapper.bind`."""
+    if type(mapper) is PrefixScope:  # a bare prefix rename binds without the walk where it can
+        from .grouping import rename_binding
+
+        found = rename_binding(mapper, source_infos(source), rest)
+        if found is not None:
+            return found
     return run_binder(mapper, source, rest)[0]
 
 

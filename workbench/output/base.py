@@ -42,7 +42,7 @@ class OutputFormat:
     copies_extras: bool = True  # whether config, tokenizer and other non-weight files are copied beside the output
     default_shard_size: int | str = "5GB"  # the split size when the user names none
     applies_dtype_policy: bool = True  # whether the planner casts float outputs to `dtype=` (False: `prepare` uses it)
-    pads_header: bool = False  # whether `layout_file` takes `data_residue=` (a data start placed within a page)
+    pads_header: bool = False  # whether `layout_file` takes `data_residue=` (a data start placed within a page, or a function choosing it)
     model_parallel: bool = False  # whether `nproc_mp=` (Meta's model-parallel files) means something for this format
 
     def policy(self, dtype: Any) -> str:

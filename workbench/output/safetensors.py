@@ -13,7 +13,7 @@ import functools
 import json
 import operator
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +69,7 @@ def layout_file(
     metadata: Mapping[str, str] | None = None,
     *,
     order: str = "reference",
-    data_residue: int | None = None,
+    data_residue: int | Callable[[dict[str, int]], int | None] | None = None,
 ) -> FileLayout:
     """Place `tensors` in one file: header bytes and absolute offsets, identical to the reference writer.
 
@@ -77,10 +77,12 @@ def layout_file(
     `order='given'` keeps the caller's order. `data_residue` (a multiple of 8 below `PAGE`) pads the header
     with more trailing spaces, as the format allows, until the data starts at that offset within a page:
     kernel copies from a source run at the same offset within its page move whole pages (see
-    `planning.page_align`). None keeps the reference writer's minimal padding.
+    `planning.page_align`). None keeps the reference writer's minimal padding. A function as `data_residue` is
+    given each tensor's offset from the data start (name -> bytes) and returns the residue (or None): the
+    planner chooses it from where the tensors fall, with the tensors ordered and the header spelled out once.
     """
-    if data_residue is not None and (data_residue % 8 or not 0 <= data_residue < PAGE):
-        raise ValueError(f"data_residue must be a multiple of 8 in [0, {PAGE}), not {data_residue}")
+    if data_residue is not None and not callable(data_residue):
+        _check_residue(data_residue)
     ordered = reference_order(tensors) if order == "reference" else list(tensors)
     _check_names(file, ordered)
     meta = dict(DEFAULT_METADATA if metadata is None else metadata)
@@ -93,6 +95,15 @@ def layout_file(
         what = f"tensor name {bad!r}" if bad is not None else "the metadata"
         raise PlanError(f"Cannot lay out {file}: {what} is not valid Unicode text (lone surrogate). Fix it.", tensor=bad) from None
     body += b" " * (-len(body) % 8)
+    if callable(data_residue):
+        relative: dict[str, int] = {}
+        at = 0
+        for t, size in zip(ordered, sizes, strict=True):
+            relative[t.name] = at
+            at += size
+        data_residue = data_residue(relative)
+        if data_residue is not None:
+            _check_residue(data_residue)
     if data_residue is not None:
         body += b" " * ((data_residue - 8 - len(body)) % PAGE)
     header = len(body).to_bytes(8, "little") + body
@@ -103,6 +114,11 @@ def layout_file(
         placed.append(TensorInfo(t.name, t.dtype, tuple(t.shape), file, at, at + size))
         at += size
     return FileLayout(file, header, tuple(placed), start + offset)
+
+
+def _check_residue(data_residue: int) -> None:
+    if data_residue % 8 or not 0 <= data_residue < PAGE:
+        raise ValueError(f"data_residue must be a multiple of 8 in [0, {PAGE}), not {data_residue}")
 
 
 def _check_names(file: str, ordered: Sequence[TensorInfo]) -> None:
@@ -306,17 +322,7 @@ class SafetensorsWriter:
         range that starts at absolute `file_offset`; coalescing adjacent pieces into one copy is what
         makes checkpoints of many small tensors fast.
         """
-        position = file_offset
-        for name, at, length in parts:
-            info = self._slot(name, at, length)
-            if info.begin + at != position:
-                raise PlanError(
-                    f"Cannot copy into {self.layout.file}: the pieces of one copy are not contiguous at tensor {name!r}.",
-                    file=self.layout.file,
-                    tensor=name,
-                )
-            position += length
-        total = position - file_offset
+        total = self._span(file_offset, parts, "copy")
         assert self._fd is not None
         done = 0
         try:
@@ -339,6 +345,34 @@ class SafetensorsWriter:
             self._written[name] += length
         if total >= WRITEBACK_MIN:  # 2 GiB re-shard: 2.0 s -> 1.4 s, the commit's fsync finding most bytes on disk
             start_writeback(self._fd, file_offset, total)
+
+    def write_span(self, file_offset: int, data: bytes | bytearray | memoryview, parts: Sequence[tuple[str, int, int]]) -> None:
+        """Write `data`, bytes that fill several planned pieces at once, from absolute `file_offset`.
+
+        `parts` are (tensor, offset within it, length) in file order; they must tile exactly the bytes of
+        `data` (small casts converted together are written with one call, see `planning.cast_batches`).
+        """
+        if self._span(file_offset, parts, "write") != memoryview(data).nbytes:
+            raise PlanError(f"Cannot write into {self.layout.file}: the pieces of one write do not add up to its bytes.",
+                            file=self.layout.file)
+        self._pwrite(data, file_offset)
+        written = self._written
+        for name, _, length in parts:
+            written[name] += length
+
+    def _span(self, file_offset: int, parts: Sequence[tuple[str, int, int]], what: str) -> int:
+        """Bytes of `parts` after checking that they tile the file from `file_offset` without a gap."""
+        position = file_offset
+        for name, at, length in parts:
+            info = self._slot(name, at, length)
+            if info.begin + at != position:
+                raise PlanError(
+                    f"Cannot {what} into {self.layout.file}: the pieces of one {what} are not contiguous at tensor {name!r}.",
+                    file=self.layout.file,
+                    tensor=name,
+                )
+            position += length
+        return position - file_offset
 
     def missing(self) -> dict[str, int]:
         """Tensors not yet fully written, with the bytes still owed."""
@@ -436,7 +470,8 @@ class SafetensorsOutput(OutputFormat):
         return shard_file_name(k + 1, n)
 
     def layout_file(
-        self, name: str, tensors: Sequence[TensorInfo], metadata: Mapping[str, str] | None = None, *, data_residue: int | None = None,
+        self, name: str, tensors: Sequence[TensorInfo], metadata: Mapping[str, str] | None = None, *,
+        data_residue: int | Callable[[dict[str, int]], int | None] | None = None,
     ) -> FileLayout:
         return layout_file(name, tensors, metadata, data_residue=data_residue)
 

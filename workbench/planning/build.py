@@ -16,8 +16,8 @@ from ..mapper.files import code_digest
 from ..mapper.groups import Binding, Problem
 from ..mapper.output_presets import OUTPUT_PRESETS
 from ..output import OutputFormat, output_format
+from .cast_batches import batch_casts
 from .destination import check_destination
-from .dtype_policy import apply_dtype
 from .extras import layout_change, scan_extras, with_config_dtype, with_layout_note
 from .fingerprint import layout_fingerprint, run_fingerprint
 from .gc_pause import gc_paused
@@ -163,9 +163,7 @@ def _build_plan(
         mapper, output, options = output.prepare(catalog, mapper, options, OUTPUT_PRESETS.get(output.name))
     except WorkbenchError as exc:
         raise PlanError(exc.message if hasattr(exc, "message") else str(exc)) from None
-    binding = bind(catalog, mapper, options.rest)
-    if options.dtype is not None and output.applies_dtype_policy:
-        binding = apply_dtype(binding, options.dtype)
+    binding = bind(catalog, mapper, options.rest, options.dtype if output.applies_dtype_policy else None)
     problems = list(binding.problems) + _duplicate_outputs(binding) + _scoped_outputs(binding, catalog)
     steps = build_steps(binding.groups, SourceAccess(catalog.reader), options.chunk_bytes)
     if not steps:
@@ -181,6 +179,7 @@ def _build_plan(
     problems += warnings + _metadata_problems(header_metadata, options, output)
     if files:
         problems += assign_ranks(files, steps, options.nproc)
+        batch_casts(steps, files, catalog.reader, options.chunk_bytes)
     exported = mapper_json(mapper)
     layout_fp = layout_fingerprint(catalog, steps, files, exported)
     dest_path = Path(os.path.abspath(dest)) if dest is not None else None

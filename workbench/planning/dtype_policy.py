@@ -52,9 +52,14 @@ def _whole_copy(group: Group) -> bool:
     return piece.source == src.name and piece.begin == 0 and piece.end == src.nbytes
 
 
-def _cast_here(dtype: str, target: str) -> bool:
+def policy_casts(dtype: str, target: str) -> bool:
     """True when the policy casts an output of `dtype`: a float other than `target` the engine can read as values."""
     return dtype != target and dtype in CAST_SOURCES
+
+
+def policy_keeps(dtype: str, target: str) -> bool:
+    """True for a float dtype the policy cannot cast (F4, F6): such outputs keep it, with a warning (`kept_warnings`)."""
+    return is_float(dtype) and dtype != target and dtype not in CAST_SOURCES
 
 
 def cast_group(group: Group, dtype: str) -> Group:
@@ -62,7 +67,7 @@ def cast_group(group: Group, dtype: str) -> Group:
 
     Integer, bool and complex outputs are never cast; F4/F6 outputs (which no converter reads) are kept as they are.
     """
-    names = frozenset(o.name for o in group.outputs if _cast_here(o.dtype, dtype))
+    names = frozenset(o.name for o in group.outputs if policy_casts(o.dtype, dtype))
     if not names:
         return group
     outputs = tuple(TensorInfo(o.name, dtype, o.shape) if o.name in names else o for o in group.outputs)
@@ -75,18 +80,13 @@ def cast_group(group: Group, dtype: str) -> Group:
     return Group(group.inputs, outputs, op, None, chunk_cast, label)
 
 
-def _kept_as_they_are(groups: list[Group], code: str) -> list[Problem]:
-    """A warning per float dtype the policy cannot cast (F4, F6): those outputs keep their dtype."""
-    kept: dict[str, list[str]] = {}
-    for group in groups:
-        for out in group.outputs:
-            if is_float(out.dtype) and out.dtype != code and out.dtype not in CAST_SOURCES:
-                kept.setdefault(out.dtype, []).append(out.name)
+def kept_warnings(kept: dict[str, list[str]], code: str) -> list[Problem]:
+    """A warning per float dtype the policy cannot cast (F4, F6; `kept`: dtype -> output names): those keep their dtype."""
     return [
         Problem("warning", f"Cannot cast {len(names)} {kind} tensor{'s' if len(names) != 1 else ''} to {code} (e.g. "
                            f"{names[0]!r}): the engine cannot read {kind} values. They are copied as {kind}, unchanged.",
                 tensor=names[0])
-        for kind, names in sorted(kept.items())
+        for kind, names in sorted(kept.items()) if names
     ]
 
 
@@ -94,5 +94,39 @@ def apply_dtype(binding: Binding, dtype: Any) -> Binding:
     """A binding whose floating-point outputs are all `dtype` (a code, alias or torch dtype of a float the engine
     produces; anything else is a PlanError listing the accepted names)."""
     code = policy_dtype(dtype)
-    problems = list(binding.problems) + _kept_as_they_are(binding.groups, code)
-    return Binding([cast_group(g, code) for g in binding.groups], problems, list(binding.dropped))
+    groups: list[Group] = []
+    cast_here: dict[str, bool] = {}  # output dtype -> cast by the policy
+    kept: dict[str, list[str]] = {}  # float dtype the policy cannot cast -> output names
+    suffix = f" -> {code}"
+    for group in binding.groups:  # cast_group, spelled out for the common one-output group: 100k times on big checkpoints
+        outputs = group.outputs
+        for out in outputs:
+            here = cast_here.get(out.dtype)
+            if here is None:
+                here = cast_here[out.dtype] = policy_casts(out.dtype, code)
+                if policy_keeps(out.dtype, code):
+                    kept[out.dtype] = []
+            if not here and out.dtype in kept:
+                kept[out.dtype].append(out.name)
+        if len(outputs) != 1 or type(group) is not Group:
+            groups.append(cast_group(group, code))
+            continue
+        out = outputs[0]
+        if not cast_here[out.dtype]:
+            groups.append(group)
+            continue
+        recipe = group.recipe
+        whole = False
+        if recipe is not None and len(group.inputs) == 1:
+            src = group.inputs[0]
+            if src.dtype == out.dtype and src.shape == out.shape:  # _whole_copy without counting elements twice
+                slices = recipe.get(out.name, ())
+                if len(slices) == 1:
+                    piece = slices[0]
+                    whole = piece.source == src.name and piece.begin == 0 and piece.end == src.nbytes
+            else:
+                whole = _whole_copy(group)
+        groups.append(Group(group.inputs, (TensorInfo(out.name, code, out.shape),), CastOutputs(group.op, code, frozenset((out.name,))),
+                            None, code if whole else None, (group.label or "group") + suffix))
+    problems = list(binding.problems) + kept_warnings(kept, code)
+    return Binding(groups, problems, list(binding.dropped))

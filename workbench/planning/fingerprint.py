@@ -53,11 +53,25 @@ def layout_fingerprint(catalog: Catalog, steps: list[Step], files: list[OutputFi
                 shape = str(t.shape)
                 if type(t.shape) is tuple:
                     shapes[t.shape] = shape
-            text = "" if recipe is None else _recipe_text(recipe)
+            if recipe is None:
+                text = ""
+            elif len(recipe) == 1 and len(pieces := next(iter(recipe.values()))) == 1:  # _recipe_text's common case, inlined
+                p = pieces[0]
+                text = f"{next(iter(recipe))}={p.source}[{p.begin}:{p.end}]"
+            else:
+                text = _recipe_text(recipe)
             lines.append(f"\nstep {step.kind} {group.chunk_cast} {type(group.op).__name__} {group.label} "
                          f"<{t.name}|{t.dtype}|{shape}|{t.file}|{t.begin}|{t.end}> <{text}>")
         else:
-            ins = ";".join(f"{t.name}|{t.dtype}|{t.shape}|{t.file}|{t.begin}|{t.end}" for t in inputs)
+            texts = []
+            for t in inputs:
+                shape = shapes.get(t.shape) if type(t.shape) is tuple else None
+                if shape is None:
+                    shape = str(t.shape)
+                    if type(t.shape) is tuple:
+                        shapes[t.shape] = shape
+                texts.append(f"{t.name}|{t.dtype}|{shape}|{t.file}|{t.begin}|{t.end}")
+            ins = ";".join(texts)
             text = "" if recipe is None else _recipe_text(recipe)
             lines.append(f"\nstep {step.kind} {group.chunk_cast} {type(group.op).__name__} {group.label} <{ins}> <{text}>")
         if len(lines) >= _BATCH:

@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 
 from ..catalog import TensorInfo
-from ..output.base import FileLayout
 from ..output.safetensors import PAGE
 from .schedule import COPY, Step
 
@@ -31,23 +30,36 @@ ALIGN_MIN_BYTES = 1 << 20  # below this, copies cost microseconds: keep the mini
 SourceOffset = Callable[[TensorInfo], "int | None"]
 
 
-def congruent_bytes(steps: Iterable[Step], layout: FileLayout, source_offset: SourceOffset) -> dict[int, int]:
-    """For each data-start offset within a page (multiples of 8), the bytes of `layout`'s kernel copies it
-    makes congruent with their source; in the order the residues first occur in `steps` (deterministic)."""
-    data_start = len(layout.header)
-    placed = layout.by_name()
+def congruent_bytes(steps: Iterable[Step], placed: Mapping[str, int], source_offset: SourceOffset) -> dict[int, int]:
+    """For each data-start offset within a page (multiples of 8), the bytes of one file's kernel copies it
+    makes congruent with their source (`placed`: the file's tensors, name -> offset from its data start);
+    in the order the residues first occur in `steps` (deterministic)."""
     weights: dict[int, int] = {}
     for step in steps:
-        recipe = step.group.recipe
+        group = step.group
+        recipe = group.recipe
         if step.kind != COPY or recipe is None:
             continue
-        inputs = {t.name: t for t in step.group.inputs}
+        if len(recipe) == 1 and len(group.inputs) == 1:  # one output, one input (once per tensor): spelled out
+            ((out_name, pieces),) = recipe.items()
+            source = group.inputs[0]
+            if len(pieces) == 1 and pieces[0].source == source.name:
+                at = placed.get(out_name)
+                piece = pieces[0]
+                length = piece.end - piece.begin
+                if at is not None and length > 0:
+                    begin = source_offset(source)
+                    if begin is not None:
+                        residue = (begin + piece.begin - at) % PAGE
+                        if residue % 8 == 0:
+                            weights[residue] = weights.get(residue, 0) + length
+                continue
+        inputs = {t.name: t for t in group.inputs}
         offsets: dict[str, int | None] = {}
         for out_name, pieces in recipe.items():
-            info = placed.get(out_name)
-            if info is None:  # written to another file
+            at = placed.get(out_name)  # where the tensor starts, relative to the data start
+            if at is None:  # written to another file
                 continue
-            at = info.begin - data_start  # where the tensor starts, relative to the data start
             for piece in pieces:
                 if piece.length > 0:
                     if piece.source not in offsets:
@@ -69,12 +81,10 @@ def best_residue(weights: Mapping[int, int]) -> int | None:
     return residue if weights[residue] >= ALIGN_MIN_BYTES else None
 
 
-def choose_residue(steps: Iterable[Step], layout: FileLayout, source_offset: SourceOffset) -> int | None:
-    """The data-start offset within a page for `layout`'s file, or None to keep the minimal header."""
-    residue = best_residue(congruent_bytes(steps, layout, source_offset))
-    if residue is None or residue == len(layout.header) % PAGE:
-        return None
-    return residue
+def choose_residue(steps: Iterable[Step], placed: Mapping[str, int], source_offset: SourceOffset) -> int | None:
+    """The data-start offset within a page for one file (`placed`: its tensors' offsets from its data start),
+    or None to keep the minimal header."""
+    return best_residue(congruent_bytes(steps, placed, source_offset))
 
 
 def reader_offsets(reader: object | None) -> SourceOffset | None:

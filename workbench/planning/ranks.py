@@ -92,6 +92,12 @@ def balanced_runs(loads: list[int], nproc: int) -> list[list[int]]:
 
 def assign_ranks(files: list[OutputFile], steps: list[Step], nproc: int) -> list[Problem]:
     """Set `rank` on every output file and step; returns warnings (e.g. ranks left without work)."""
+    if nproc == 1:  # one rank does everything: no loads to balance
+        for file in files:
+            file.rank = 0
+        for step in steps:
+            step.rank = 0
+        return []
     clusters = file_clusters(files, steps)
     loads = []
     for cluster in clusters:

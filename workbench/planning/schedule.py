@@ -34,6 +34,9 @@ class Step:
     bytes_out: int  # tensor bytes of the group's outputs
     files: tuple[str, ...] = ()  # output files this step writes
     rank: int = 0
+    # Small casts run together (`planning.cast_batches`): on a batch's first step the groups of all its steps,
+    # on the others () (their work is done by the first); None for a step that runs on its own.
+    batch: tuple[Group, ...] | None = None
 
     @property
     def bytes_read(self) -> int:
@@ -170,6 +173,12 @@ def build_steps(groups: list[Group], access: SourceAccess, chunk_bytes: int) -> 
             first = group.inputs[0]
             if len(pieces) == 1 and pieces[0].source == first.name and located(first):
                 steps.append(Step(index, group, COPY, 0, {first.file: pieces[0].end - pieces[0].begin}, bytes_out))
+                continue
+        elif recipe is None and group.chunk_cast is not None and len(group.inputs) == 1 and len(outputs) == 1:
+            first = group.inputs[0]  # step_cost of a chunked cast of a located input, inlined
+            if located(first):
+                held = cast_chunk(first.numel, first.dtype, outputs[0].dtype, chunk_bytes)[1]
+                steps.append(Step(index, group, CAST, held, {first.file: first.nbytes}, bytes_out))
                 continue
         kind = step_kind(group, access)
         held, reads = step_cost(group, kind, bytes_out, access, chunk_bytes)

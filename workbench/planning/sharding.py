@@ -152,7 +152,7 @@ def layout_outputs(
 
         feeds = shard_sources(zip((s.group.inputs for s in steps), step_shards, strict=True), len(shards))
         metas = [metadata(f) for f in feeds]
-    files = [OutputFile(name, output.layout_file(name, tensors, meta)) for name, tensors, meta in zip(names, shards, metas, strict=True)]
+    step_lists: list[list[Step]] = [[] for _ in shards]
     file_names: dict[tuple[int, ...], tuple[str, ...]] = {}  # shard numbers -> names, built once per distinct tuple
     for step, numbers in zip(steps, step_shards, strict=True):
         named = file_names.get(numbers)
@@ -160,11 +160,16 @@ def layout_outputs(
             named = file_names[numbers] = tuple(names[k] for k in numbers)
         step.files = named
         for k in numbers:
-            files[k].steps.append(step.index)
-    if source_offset is not None and output.pads_header:
-        by_index = {step.index: step for step in steps}
-        for file, tensors, meta in zip(files, shards, metas, strict=True):
-            residue = choose_residue((by_index[i] for i in file.steps), file.layout, source_offset)
-            if residue is not None:
-                file.layout = output.layout_file(file.name, tensors, meta, data_residue=residue)
+            step_lists[k].append(step)
+    align = source_offset is not None and output.pads_header
+    files = []
+    for name, tensors, meta, file_steps in zip(names, shards, metas, step_lists, strict=True):
+        if align:
+            def chooser(offsets: dict[str, int], file_steps: list[Step] = file_steps) -> int | None:
+                return choose_residue(file_steps, offsets, source_offset)  # type: ignore[arg-type]
+
+            layout = output.layout_file(name, tensors, meta, data_residue=chooser)
+        else:
+            layout = output.layout_file(name, tensors, meta)
+        files.append(OutputFile(name, layout, [step.index for step in file_steps]))
     return files, warnings

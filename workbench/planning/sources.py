@@ -11,8 +11,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..catalog import Catalog, TensorInfo
+from ..dtypes import policy_dtype
 from ..errors import PlanError
 from ..mapper.groups import Binding, ByteSlice, Group
+from .dtype_policy import CastOutputs, apply_dtype, kept_warnings, policy_casts, policy_keeps
 from .gc_pause import gc_paused
 
 RESTS = ("keep", "drop", "error")
@@ -55,30 +57,57 @@ class PassThrough:
         return f"PassThrough({self.name!r})"
 
 
-def passthrough_binding(catalog: Catalog) -> Binding:
-    """One byte-copy group per source tensor, in catalog order."""
-    groups = [
-        Group((info,), (TensorInfo(name, info.dtype, info.shape),), PassThrough(name), {name: (ByteSlice(name, 0, info.nbytes),)}, None, "copy")
-        for name, info in catalog.tensors.items()
-    ]
-    return Binding(groups)
+def passthrough_binding(catalog: Catalog, dtype: str | None = None) -> Binding:
+    """One byte-copy group per source tensor, in catalog order.
+
+    With `dtype` (a policy's code): what `apply_dtype` makes of those groups, built directly, so that a
+    mapper-less conversion to bf16 does not first make 100k copy groups only to replace them.
+    """
+    if dtype is None:
+        groups = [
+            Group((info,), (TensorInfo(name, info.dtype, info.shape),), PassThrough(name), {name: (ByteSlice(name, 0, info.nbytes),)}, None, "copy")
+            for name, info in catalog.tensors.items()
+        ]
+        return Binding(groups)
+    code = policy_dtype(dtype)
+    label = f"copy -> {code}"
+    cast: dict[str, bool] = {}  # source dtype -> cast by the policy
+    kept: dict[str, list[str]] = {}  # float dtype the policy cannot cast -> tensor names
+    groups = []
+    for name, info in catalog.tensors.items():
+        here = cast.get(info.dtype)
+        if here is None:
+            here = cast[info.dtype] = policy_casts(info.dtype, code)
+            if policy_keeps(info.dtype, code):
+                kept[info.dtype] = []
+        if here:  # a whole copy cast: chunked
+            op = CastOutputs(PassThrough(name), code, frozenset((name,)))
+            groups.append(Group((info,), (TensorInfo(name, code, info.shape),), op, None, code, label))
+            continue
+        if info.dtype in kept:
+            kept[info.dtype].append(name)
+        groups.append(Group((info,), (TensorInfo(name, info.dtype, info.shape),), PassThrough(name),
+                            {name: (ByteSlice(name, 0, info.nbytes),)}, None, "copy"))
+    return Binding(groups, kept_warnings(kept, code))
 
 
-def bind(catalog: Catalog, mapper: Any, rest: str) -> Binding:
-    """Bind `mapper` to `catalog` with the given rest policy; None copies everything."""
+def bind(catalog: Catalog, mapper: Any, rest: str, dtype: str | None = None) -> Binding:
+    """Bind `mapper` to `catalog` with the given rest policy; None copies everything. With `dtype` (a policy's
+    code) every floating-point output is stored as `dtype` (`planning.dtype_policy`)."""
     if rest not in RESTS:
         raise PlanError(f"Cannot plan with rest={rest!r}: it must be one of {', '.join(map(repr, RESTS))}.")
     if mapper is None:
-        return passthrough_binding(catalog)
+        return passthrough_binding(catalog, dtype)
     if isinstance(mapper, Binding):
-        return mapper
+        return mapper if dtype is None else apply_dtype(mapper, dtype)
     binder = getattr(mapper, "bind", None)
     if binder is None:
         raise PlanError(
             f"Cannot plan with mapper {type(mapper).__name__}: it has no bind(). Pass a mapper from "
             "workbench.mapper, a Binding, or None to copy every tensor."
         )
-    return binder(catalog, rest=rest)
+    binding = binder(catalog, rest=rest)
+    return binding if dtype is None else apply_dtype(binding, dtype)
 
 
 def mapper_json(mapper: Any) -> str | None:

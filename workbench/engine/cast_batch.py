@@ -1,0 +1,61 @@
+"""Running a batch of small float32 -> bfloat16 casts as one read, one conversion and one write.
+
+The planner marks the batches (`planning.cast_batches`): consecutive cast steps whose inputs are
+adjacent in one source file and whose outputs are adjacent in one output file. The batch's bytes
+go through the rank's cast arena like one chunk of a larger cast, so the memory held is what the
+plan counted for each of its steps. A batch holding a NaN or a value that overflows bfloat16 is cast
+tensor by tensor instead (torch encodes NaN, overflow is reported per tensor): output bytes never
+depend on how tensors were batched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..iostats import read_into
+from ..mapper.groups import Group
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .steps import RankContext
+
+
+def run_cast_batch(ctx: RankContext, groups: tuple[Group, ...], cast_one: Callable[[RankContext, Group], None]) -> None:
+    """Cast the batch `groups` (a batch's first step) or nothing (its other steps: `groups` is empty)."""
+    if not groups:
+        return
+    first_in, first_out = groups[0].inputs[0], groups[0].outputs[0]
+    target = ctx.target(first_out.name)
+    where = ctx.locate(first_in)
+    if target is None or where is None:
+        for group in groups:
+            cast_one(ctx, group)
+        return
+    writer, file_offset = target
+    fd, begin = where
+    n_in = n_out = count = 0
+    parts = []
+    for group in groups:
+        src, out = group.inputs[0], group.outputs[0]
+        n_in += src.nbytes
+        n_out += out.nbytes
+        count += src.numel
+        parts.append((out.name, 0, out.nbytes))
+    buffers = ctx.cast
+    buffers.reserve(n_in + n_out)
+    data = buffers.input(n_in)
+    read_into(fd, data, begin)
+    _, slot = buffers.output(n_out, n_in)
+    if buffers.bf16_converter()(data, slot, count) != (0, 0.0):  # a NaN, or values beyond bfloat16: tensor by tensor
+        for group in groups:
+            cast_one(ctx, group)
+        return
+    write_span = getattr(writer, "write_span", None)
+    if write_span is not None:
+        write_span(file_offset, slot, parts)
+    else:
+        at = 0
+        for name, _, length in parts:
+            writer.write(name, slot[at : at + length])
+            at += length
+    ctx.done_bytes += n_out
