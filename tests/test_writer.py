@@ -16,6 +16,7 @@ from workbench.errors import PlanError
 from workbench.formats.safetensors import read_header
 from workbench.output.safetensors import (
     PARTIAL_SUFFIX,
+    WRITE_CALL_MAX,
     SafetensorsWriter,
     layout_file,
     save_tensors,
@@ -91,6 +92,23 @@ def test_writes_in_any_order_and_in_pieces(tmp_path: Path) -> None:
         path = writer.commit()
     assert _read_back(path) == data
     assert leftovers(tmp_path) == ["out.safetensors"]
+
+
+def test_a_write_larger_than_one_system_call_lands_whole(tmp_path: Path) -> None:
+    # The writer splits writes into calls of WRITE_CALL_MAX bytes (small page-cache folios): a tensor of
+    # 2.5 calls plus an odd tail, written from a non-zero offset, must still come out byte for byte as safetensors'.
+    tensor = torch.arange(WRITE_CALL_MAX * 5 // 4 + 3, dtype=torch.int16)
+    tensors = {"big": tensor, "small": torch.ones(3)}
+    ours = save_tensors(tmp_path / "ours.safetensors", tensors)
+    save_file(tensors, str(tmp_path / "ref.safetensors"), metadata={"format": "pt"})
+    assert ours.read_bytes() == (tmp_path / "ref.safetensors").read_bytes()
+    layout = layout_file("pieces.safetensors", [TensorInfo("big", "I16", tuple(tensor.shape))])
+    raw = tensor.numpy().tobytes()
+    with SafetensorsWriter(tmp_path, layout) as writer:
+        writer.write("big", raw[1:], at=1)
+        writer.write("big", raw[:1])
+        path = writer.commit()
+    assert load_file(str(path))["big"].equal(tensor)
 
 
 def test_copy_from_moves_bytes_from_a_source_file(tmp_path: Path) -> None:

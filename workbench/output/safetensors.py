@@ -173,6 +173,11 @@ def preallocate(fd: int, size: int) -> None:
         os.ftruncate(fd, size)
 
 
+# Largest single write(): the kernel sizes the page-cache folios a write allocates by the call's length, and
+# large folios (1 MiB and up) cost up to 10x more system time to allocate here than small ones (512 MiB in 12 MiB
+# calls: 0.9-1.1 s; in 256 KiB calls: 0.07-0.10 s, as a kernel copy, whose splice writes 64 KiB at a time). On a VM
+# that hands free memory back to its host, high-order blocks are the ones handed back.
+WRITE_CALL_MAX = 256 << 10
 _SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty pages, do not wait
 WRITEBACK_MIN = 8 << 20  # kernel copies at least this large start their writeback at once
 
@@ -239,10 +244,11 @@ class SafetensorsWriter:
     def _pwrite(self, data: bytes | memoryview, offset: int) -> None:
         assert self._fd is not None
         view = memoryview(data).cast("B")
+        total = len(view)
         done = 0
-        while done < len(view):
-            done += os.pwrite(self._fd, view[done:], offset + done)
-        IO.add_written(len(view))
+        while done < total:  # in calls of WRITE_CALL_MAX bytes: see its comment
+            done += os.pwrite(self._fd, view[done : done + WRITE_CALL_MAX], offset + done)
+        IO.add_written(total)
 
     def write(self, name: str, data: bytes | bytearray | memoryview, at: int = 0) -> None:
         """Write `data` as bytes [at, at+len) of tensor `name`."""
