@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from ..dtypes import dtype_bits, to_torch
 from ..output.safetensors import SafetensorsWriter
 from ..overflow import count_torch
 from .bf16 import Float32ToBFloat16, numpy_castable
 from .memory import HeldBytes
+
+if TYPE_CHECKING:  # pragma: no cover
+    from concurrent.futures import Future, ThreadPoolExecutor
 
 PREFER_TORCH_ONCE_IMPORTED = True  # when both can, torch converts 2x faster than numpy
 WRITE_BEHIND_MIN = 1 << 20  # smaller pieces are written at once: a thread hand-off would cost more than it saves
@@ -115,6 +118,8 @@ class CastBuffers:
             return
         self.wait()
         if self._executor is None:
+            from concurrent.futures import ThreadPoolExecutor  # only runs with large casts import it
+
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="workbench-cast-write")
         self._pending = self._executor.submit(_write_through, writer, name, view, at)
         self._pending_span = (offset, offset + len(view))
