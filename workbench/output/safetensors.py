@@ -213,6 +213,8 @@ class SafetensorsWriter:
     that every declared byte was written, syncs, and renames to the final name.
     """
 
+    _buffer: memoryview | None = None  # copies that are not page-congruent go through it (WRITE_CALL_MAX bytes)
+
     def __init__(self, folder: str | os.PathLike, layout: FileLayout) -> None:
         self.folder = Path(folder)
         self.layout = layout
@@ -325,6 +327,12 @@ class SafetensorsWriter:
         total = position - file_offset
         assert self._fd is not None
         done = 0
+        if (src_offset - file_offset) % PAGE:
+            # Source and destination pages do not line up: a kernel copy then costs more system time than reading
+            # and writing through a small buffer (1 GiB pass-through into one file, 75 % of it not congruent:
+            # 0.41 -> 0.36 s of system CPU, 5 alternating pairs; congruent runs stay kernel copies).
+            self._copy_through_buffer(src_fd, src_offset, file_offset, total)
+            done = total
         try:
             while done < total:
                 n = os.copy_file_range(src_fd, self._fd, total - done, src_offset + done, file_offset + done)
@@ -332,19 +340,27 @@ class SafetensorsWriter:
                     raise PlanError(f"Cannot copy into {self.layout.file}: the source file ended early. It changed during the conversion.")
                 done += n
         except OSError:  # filesystems without copy_file_range: fall back to read + write
-            while done < total:
-                chunk = os.pread(src_fd, min(total - done, 64 << 20), src_offset + done)
-                if not chunk:
-                    raise PlanError(f"Cannot copy into {self.layout.file}: the source file ended early.") from None
-                written = 0
-                while written < len(chunk):
-                    written += os.pwrite(self._fd, chunk[written:], file_offset + done + written)
-                done += len(chunk)
+            self._copy_through_buffer(src_fd, src_offset + done, file_offset + done, total - done)
         IO.add_written(total)
         for name, _, length in parts:
             self._written[name] += length
         if total >= WRITEBACK_MIN:  # 2 GiB re-shard: 2.0 s -> 1.4 s, the commit's fsync finding most bytes on disk
             start_writeback(self._fd, file_offset, total)
+
+    def _copy_through_buffer(self, src_fd: int, src_offset: int, file_offset: int, length: int) -> None:
+        """Copy `length` bytes by reading and writing WRITE_CALL_MAX bytes at a time through one reused buffer."""
+        assert self._fd is not None
+        if self._buffer is None:
+            self._buffer = memoryview(bytearray(WRITE_CALL_MAX))
+        done = 0
+        while done < length:
+            got = os.preadv(src_fd, [self._buffer[: min(WRITE_CALL_MAX, length - done)]], src_offset + done)
+            if got == 0:
+                raise PlanError(f"Cannot copy into {self.layout.file}: the source file ended early. It changed during the conversion.")
+            written = 0
+            while written < got:
+                written += os.pwrite(self._fd, self._buffer[written:got], file_offset + done + written)
+            done += got
 
     def missing(self) -> dict[str, int]:
         """Tensors not yet fully written, with the bytes still owed."""
