@@ -29,7 +29,7 @@ def torch_bits(values: np.ndarray) -> np.ndarray:
     return torch.from_numpy(values).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
 
 
-def test_numpy_bf16_matches_torch_bit_for_bit_except_nan() -> None:
+def test_numpy_bf16_matches_torch_bit_for_bit_except_nan(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     patterns = np.concatenate([
         rng.integers(0, 2**32, 300_000, dtype=np.uint64).astype(np.uint32),  # every kind of float, NaN excluded below
@@ -48,6 +48,18 @@ def test_numpy_bf16_matches_torch_bit_for_bit_except_nan() -> None:
     with_nan[len(values) // 2] = np.nan
     assert bf16.Float32ToBFloat16().convert(with_nan.tobytes(), bytearray(2 * len(values)), len(values)) is None
     assert bf16.numpy_castable("F32", "BF16") and not bf16.numpy_castable("F16", "BF16")
+    # The engine's form: values read from a file (at an offset that is not a multiple of 4) block by block.
+    path = tmp_path / "values.bin"
+    path.write_bytes(b"xyz" + values.tobytes() + with_nan.tobytes())
+    staging = memoryview(bytearray(4 * bf16.BLOCK))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        from_file = bytearray(2 * len(values))
+        assert bf16.Float32ToBFloat16().convert_file(fd, 3, staging, from_file, len(values)) == overflowed
+        assert from_file == out
+        assert bf16.Float32ToBFloat16().convert_file(fd, 3 + 4 * len(values), staging, from_file, len(values)) is None
+    finally:
+        os.close(fd)
 
 
 @pytest.fixture
@@ -73,8 +85,8 @@ def test_cast_is_bytewise_torch_and_peak_is_predicted(mixed_source: Path, tmp_pa
     monkeypatch.setattr(cast_buffers, "WRITE_BEHIND_MIN", write_behind_min)  # 0: every piece written in the background
     monkeypatch.setattr(cast_buffers, "PREFER_TORCH_ONCE_IMPORTED", not numpy_first)  # pytest has imported torch
     outcomes: list[bool] = []
-    convert = bf16.Float32ToBFloat16.convert
-    monkeypatch.setattr(bf16.Float32ToBFloat16, "convert",
+    convert = bf16.Float32ToBFloat16.convert_file  # the engine reads and converts block by block
+    monkeypatch.setattr(bf16.Float32ToBFloat16, "convert_file",
                         lambda self, *a: outcomes.append(convert(self, *a)) or outcomes[-1])
     threads = torch.get_num_threads()
     dest = tmp_path / "out"

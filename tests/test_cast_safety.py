@@ -146,8 +146,8 @@ def test_cast_overflow_is_counted_reported_and_verified(tiny_checkpoint, tmp_pat
                                                         dtype: str, big: float, numpy_first: bool) -> None:
     monkeypatch.setattr(cast_buffers, "PREFER_TORCH_ONCE_IMPORTED", not numpy_first)
     used = []
-    convert = bf16.Float32ToBFloat16.convert
-    monkeypatch.setattr(bf16.Float32ToBFloat16, "convert", lambda self, *a: used.append(1) or convert(self, *a))
+    convert = bf16.Float32ToBFloat16.convert_file
+    monkeypatch.setattr(bf16.Float32ToBFloat16, "convert_file", lambda self, *a: used.append(1) or convert(self, *a))
     source = _overflow_source(tiny_checkpoint, big)
     with pytest.warns(wb.CastOverflowWarning, match="overflow"):
         report = wb.convert(source, tmp_path / "out", dtype=dtype, chunk_size="4KB", quiet=True, verify=True)

@@ -44,6 +44,27 @@ def test_convert_from_the_shell_without_torch(llama_sample: Path, tmp_path: Path
     assert (dest / "config.json").exists() and "Traceback" not in done.stderr
 
 
+# What a byte-copy `workbench convert` process must not import: tensor libraries, the pandas tables, the mapper
+# presets and GGUF layout (an output format's preset is imported when that format is written), and the standard
+# library's package metadata reader (the RSS calibration check reads dist-info folder names instead). Each is
+# start-up time that a copy measured against `cp -r` pays on every run (benchmarks/paired.py).
+NOT_IMPORTED_BY_A_BYTE_COPY = ("torch", "numpy", "pandas", "workbench.mapper.presets", "workbench.mapper.gguf_preset",
+                               "workbench.mapper.ops", "importlib.metadata", "concurrent.futures", "csv")
+
+
+def test_a_byte_copy_convert_imports_only_what_it_uses(llama_sample: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "out"
+    code = (
+        "import json, sys\nfrom workbench.cli import main\n"
+        f"rc = main(['convert', {str(llama_sample)!r}, {str(dest)!r}, '--shard-size', '300KB', '--quiet'])\n"
+        f"print('EXIT', rc, json.dumps(sorted(m for m in {NOT_IMPORTED_BY_A_BYTE_COPY!r} if m in sys.modules)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "EXIT 0 []" in done.stdout, done.stdout[-2000:]
+    assert "byte copies only" in done.stdout and "files opened match the plan: yes" in done.stdout
+    assert len(open_catalog(dest)) == len(open_catalog(llama_sample))
+
+
 def test_plan_command_prints_the_dry_run(llama_sample: Path, mapper_file: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["plan", str(llama_sample), "--mapper", str(mapper_file), "--shard-size", "300KB", "--nproc", "2"]) == 0
     out = capsys.readouterr().out

@@ -15,7 +15,9 @@ from workbench.catalog import TensorInfo
 from workbench.errors import PlanError
 from workbench.formats.safetensors import read_header
 from workbench.output.safetensors import (
+    PAGE,
     PARTIAL_SUFFIX,
+    WRITE_CALL_MAX,
     SafetensorsWriter,
     layout_file,
     save_tensors,
@@ -91,6 +93,48 @@ def test_writes_in_any_order_and_in_pieces(tmp_path: Path) -> None:
         path = writer.commit()
     assert _read_back(path) == data
     assert leftovers(tmp_path) == ["out.safetensors"]
+
+
+def test_a_write_larger_than_one_system_call_lands_whole(tmp_path: Path) -> None:
+    # The writer splits writes into calls of WRITE_CALL_MAX bytes (small page-cache folios): a tensor of
+    # 2.5 calls plus an odd tail, written from a non-zero offset, must still come out byte for byte as safetensors'.
+    tensor = torch.arange(WRITE_CALL_MAX * 5 // 4 + 3, dtype=torch.int16)
+    tensors = {"big": tensor, "small": torch.ones(3)}
+    ours = save_tensors(tmp_path / "ours.safetensors", tensors)
+    save_file(tensors, str(tmp_path / "ref.safetensors"), metadata={"format": "pt"})
+    assert ours.read_bytes() == (tmp_path / "ref.safetensors").read_bytes()
+    layout = layout_file("pieces.safetensors", [TensorInfo("big", "I16", tuple(tensor.shape))])
+    raw = tensor.numpy().tobytes()
+    with SafetensorsWriter(tmp_path, layout) as writer:
+        writer.write("big", raw[1:], at=1)
+        writer.write("big", raw[:1])
+        path = writer.commit()
+    assert load_file(str(path))["big"].equal(tensor)
+
+
+@pytest.mark.parametrize("congruent", [True, False])
+def test_copy_span_moves_bytes_whether_or_not_pages_line_up(tmp_path: Path, congruent: bool) -> None:
+    # Page-congruent runs are kernel copies; the others go through the writer's buffer, WRITE_CALL_MAX bytes a call.
+    tensors = {"a": torch.arange(WRITE_CALL_MAX + 5, dtype=torch.int16), "b": torch.arange(WRITE_CALL_MAX // 3, dtype=torch.int32)}
+    layout = layout_file("out.safetensors", [TensorInfo(n, "I16" if n == "a" else "I32", tuple(t.shape)) for n, t in tensors.items()])
+    slots = sorted(layout.by_name().values(), key=lambda info: info.begin)  # the file's order (safetensors sorts)
+    data = b"".join(tensors[info.name].numpy().tobytes() for info in slots)
+    begin = slots[0].begin
+    skip = begin % PAGE if congruent else begin % PAGE + 3
+    source = tmp_path / "source.bin"
+    source.write_bytes(b"x" * skip + data + b"tail")
+    fd = os.open(source, os.O_RDONLY)
+    try:
+        with SafetensorsWriter(tmp_path, layout) as writer:
+            writer.copy_span(fd, skip, begin, [(info.name, 0, info.nbytes) for info in slots])
+            path = writer.commit()
+    finally:
+        os.close(fd)
+    assert (skip - begin) % PAGE == 0 if congruent else (skip - begin) % PAGE
+    loaded = load_file(str(path))
+    assert all(loaded[n].equal(t) for n, t in tensors.items())
+    save_file(tensors, str(tmp_path / "ref.safetensors"), metadata={"format": "pt"})
+    assert path.read_bytes() == (tmp_path / "ref.safetensors").read_bytes()
 
 
 def test_copy_from_moves_bytes_from_a_source_file(tmp_path: Path) -> None:

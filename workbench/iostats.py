@@ -115,8 +115,9 @@ def read_at(fd: int, length: int, offset: int) -> bytes:
     return data
 
 
-def read_into(fd: int, buffer: memoryview, offset: int) -> None:
-    """Fill `buffer` from the file at `offset` without an intermediate copy."""
+def read_into(fd: int, buffer: memoryview, offset: int, *, counted: bool = True) -> None:
+    """Fill `buffer` from the file at `offset` without an intermediate copy (added to the bytes read unless not
+    `counted`: a caller that may read the same bytes again counts them once itself)."""
     length = len(buffer)
     got = 0
     while got < length:
@@ -124,4 +125,5 @@ def read_into(fd: int, buffer: memoryview, offset: int) -> None:
         if n == 0:
             raise EOFError(f"wanted {length} bytes at offset {offset}, file ended after {got}")
         got += n
-    IO.add_read(length)
+    if counted:
+        IO.add_read(length)

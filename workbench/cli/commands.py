@@ -14,7 +14,6 @@ tables of `workbench.explore.checkpoint`, and only `diff --values` reads tensor 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import sys
@@ -50,6 +49,8 @@ class Subcommand:
 
 def write_csv(stream: TextIO, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
     """Rows as CSV with a header line."""
+    import csv
+
     writer = csv.writer(stream, lineterminator="\n")
     writer.writerow(columns)
     writer.writerows(rows)

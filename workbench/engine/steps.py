@@ -191,11 +191,12 @@ def cast_one(ctx: RankContext, group: Group) -> None:
     for start in range(0, numel, piece):
         count = min(piece, numel - start)
         n_in = nbytes_of(src.dtype, count)
-        data = buffers.input(n_in)
-        read_into(fd, data, begin + nbytes_of(src.dtype, start))
+        position = begin + nbytes_of(src.dtype, start)
         offset, slot = buffers.output(nbytes_of(out.dtype, count), n_in)
-        found = None if convert is None else convert(data, slot, count)
+        found = None if convert is None else convert(fd, position, slot, count)  # reads as it converts
         if found is None:
+            data = buffers.input(n_in)
+            read_into(fd, data, position)
             found = buffers.torch_cast(data, src.dtype, slot, out.dtype, count, counted=counted)
         ctx.overflowed(out.name, out.dtype, *found)
         buffers.write(writer, out.name, offset, slot, nbytes_of(out.dtype, start))

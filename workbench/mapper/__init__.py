@@ -11,21 +11,41 @@ Names may hold `{placeholder}` segments (one dotted segment each); binding expan
 source. Everything here is metadata-only and torch-free until tensors are actually computed.
 """
 
-from . import presets
-from .base import Mapper
-from .claim import Claim
-from .compose import Parallel, PrefixScope, Sequential
-from .export import from_json
-from .from_module import check_module, from_module
-from .function import Function
-from .groups import Binding, ByteSlice, Group, Problem
-from .op import Op
-from .ops import Cast, Concat, Drop, Identity, Rename, Reshape, Split, Stack, Transpose, Unstack
-from .target import TargetReport, check_target
-from .unsupported import Unsupported
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+# Public name -> the submodule defining it. Resolved on first use, so that the planner and the engine, which
+# import `workbench.mapper.groups` and friends, do not pay for every preset and op module (a byte-copy
+# `workbench convert` imports about half of them).
+_LAZY = {
+    "Mapper": "base", "Claim": "claim", "Parallel": "compose", "PrefixScope": "compose", "Sequential": "compose",
+    "from_json": "export", "check_module": "from_module", "from_module": "from_module", "Function": "function",
+    "Binding": "groups", "ByteSlice": "groups", "Group": "groups", "Problem": "groups", "Op": "op",
+    "Cast": "ops", "Concat": "ops", "Drop": "ops", "Identity": "ops", "Rename": "ops", "Reshape": "ops", "Split": "ops",
+    "Stack": "ops", "Transpose": "ops", "Unstack": "ops", "TargetReport": "target", "check_target": "target",
+    "Unsupported": "unsupported",
+}
 
 __all__ = [
     "Binding", "ByteSlice", "Cast", "Claim", "Concat", "Drop", "Function", "Group", "Identity", "Mapper", "Op",
     "Parallel", "PrefixScope", "Problem", "Rename", "Reshape", "Sequential", "Split", "Stack", "TargetReport",
     "Transpose", "Unstack", "Unsupported", "check_module", "check_target", "from_json", "from_module", "presets",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "presets":
+        return import_module(".presets", __name__)
+    try:
+        module = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'workbench.mapper' has no attribute {name!r}") from None
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -11,12 +11,10 @@ from typing import Any
 from ..catalog import TensorInfo
 from ..errors import MapperError
 from .base import Mapper
-from .compose import Parallel, Sequential
-from .function import Function
-from .gguf_preset import hf_to_gguf
 from .model_shape import attention_shape
-from .ops import Split
-from .presets import hf_to_meta
+
+# The planner imports this module for every conversion; the presets, ops and the GGUF layout it refers to are
+# imported when a pth or GGUF output uses them (a safetensors conversion does not).
 
 # Meta's model-parallel layers (fairscale): column-parallel weights split their rows (dim 0), row-parallel ones
 # their columns (dim 1); column-parallel biases split with their rows, row-parallel biases and norms are
@@ -89,6 +87,10 @@ def meta_mp_split(config: Any, nproc_mp: int, embedding_dim: int | None = None) 
         replicated.append("layers.{i}.feed_forward.w2.bias")
     if shape.qk_norm:
         replicated += ["layers.{i}.attention.q_norm.weight", "layers.{i}.attention.k_norm.weight"]
+    from .compose import Parallel
+    from .function import Function
+    from .ops import Split
+
     parts: list[Mapper] = [Split(name, [f"mp{r}/{name}" for r in range(nproc_mp)], dim=dim) for name, dim in split]
     parts += [Function("workbench.mapper.output_presets:replicate", (name,), tuple(f"mp{r}/{name}" for r in range(nproc_mp)),
                        infer="workbench.mapper.output_presets:infer_replicate", params=(("n", nproc_mp),))
@@ -98,14 +100,27 @@ def meta_mp_split(config: Any, nproc_mp: int, embedding_dim: int | None = None) 
 
 def hf_to_meta_mp(config: Any, nproc_mp: int, embedding_dim: int | None = None) -> Mapper:
     """HF Llama -> Meta's `consolidated.NN.pth` layout split over `nproc_mp` model-parallel files (see `meta_mp_split`)."""
+    from .compose import Sequential
+    from .presets import hf_to_meta
+
     return Sequential(hf_to_meta(config), meta_mp_split(config, nproc_mp, embedding_dim))
 
 
 def meta_pth(config: Any, nproc_mp: int = 1, before: Mapper | None = None) -> Mapper:
     """The `.pth` output's preset: HF -> Meta names (`before`, a user mapper producing Meta names, replaces that
     rename), split over `nproc_mp` model-parallel files when it is above 1."""
+    from .compose import Sequential
+    from .presets import hf_to_meta
+
     first = hf_to_meta(config) if before is None else before
     return first if nproc_mp == 1 else Sequential(first, meta_mp_split(config, nproc_mp))
+
+
+def hf_to_gguf(*args: Any, **kwargs: Any) -> Any:
+    """`gguf_preset.hf_to_gguf` (imported on first use)."""
+    from .gguf_preset import hf_to_gguf as build
+
+    return build(*args, **kwargs)
 
 
 OUTPUT_PRESETS = {"gguf": hf_to_gguf, "pth": meta_pth}

@@ -189,6 +189,11 @@ def preallocate(fd: int, size: int) -> None:
         os.ftruncate(fd, size)
 
 
+# Largest single write(): the kernel sizes the page-cache folios a write allocates by the call's length, and
+# large folios (1 MiB and up) cost up to 10x more system time to allocate here than small ones (512 MiB in 12 MiB
+# calls: 0.9-1.1 s; in 256 KiB calls: 0.07-0.10 s, as a kernel copy, whose splice writes 64 KiB at a time). On a VM
+# that hands free memory back to its host, high-order blocks are the ones handed back.
+WRITE_CALL_MAX = 256 << 10
 _SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty pages, do not wait
 WRITEBACK_MIN = 8 << 20  # kernel copies at least this large start their writeback at once
 
@@ -224,6 +229,8 @@ class SafetensorsWriter:
     that every declared byte was written, syncs, and renames to the final name.
     """
 
+    _buffer: memoryview | None = None  # copies that are not page-congruent go through it (WRITE_CALL_MAX bytes)
+
     def __init__(self, folder: str | os.PathLike, layout: FileLayout) -> None:
         self.folder = Path(folder)
         self.layout = layout
@@ -255,10 +262,11 @@ class SafetensorsWriter:
     def _pwrite(self, data: bytes | memoryview, offset: int) -> None:
         assert self._fd is not None
         view = memoryview(data).cast("B")
+        total = len(view)
         done = 0
-        while done < len(view):
-            done += os.pwrite(self._fd, view[done:], offset + done)
-        IO.add_written(len(view))
+        while done < total:  # in calls of WRITE_CALL_MAX bytes: see its comment
+            done += os.pwrite(self._fd, view[done : done + WRITE_CALL_MAX], offset + done)
+        IO.add_written(total)
 
     def write(self, name: str, data: bytes | bytearray | memoryview, at: int = 0) -> None:
         """Write `data` as bytes [at, at+len) of tensor `name`."""
@@ -325,6 +333,12 @@ class SafetensorsWriter:
         total = self._span(file_offset, parts, "copy")
         assert self._fd is not None
         done = 0
+        if (src_offset - file_offset) % PAGE:
+            # Source and destination pages do not line up: a kernel copy then costs more system time than reading
+            # and writing through a small buffer (1 GiB pass-through into one file, 75 % of it not congruent:
+            # 0.41 -> 0.36 s of system CPU, 5 alternating pairs; congruent runs stay kernel copies).
+            self._copy_through_buffer(src_fd, src_offset, file_offset, total)
+            done = total
         try:
             while done < total:
                 n = os.copy_file_range(src_fd, self._fd, total - done, src_offset + done, file_offset + done)
@@ -332,14 +346,7 @@ class SafetensorsWriter:
                     raise PlanError(f"Cannot copy into {self.layout.file}: the source file ended early. It changed during the conversion.")
                 done += n
         except OSError:  # filesystems without copy_file_range: fall back to read + write
-            while done < total:
-                chunk = os.pread(src_fd, min(total - done, 64 << 20), src_offset + done)
-                if not chunk:
-                    raise PlanError(f"Cannot copy into {self.layout.file}: the source file ended early.") from None
-                written = 0
-                while written < len(chunk):
-                    written += os.pwrite(self._fd, chunk[written:], file_offset + done + written)
-                done += len(chunk)
+            self._copy_through_buffer(src_fd, src_offset + done, file_offset + done, total - done)
         IO.add_written(total)
         for name, _, length in parts:
             self._written[name] += length
@@ -373,6 +380,21 @@ class SafetensorsWriter:
                 )
             position += length
         return position - file_offset
+
+    def _copy_through_buffer(self, src_fd: int, src_offset: int, file_offset: int, length: int) -> None:
+        """Copy `length` bytes by reading and writing WRITE_CALL_MAX bytes at a time through one reused buffer."""
+        assert self._fd is not None
+        if self._buffer is None:
+            self._buffer = memoryview(bytearray(WRITE_CALL_MAX))
+        done = 0
+        while done < length:
+            got = os.preadv(src_fd, [self._buffer[: min(WRITE_CALL_MAX, length - done)]], src_offset + done)
+            if got == 0:
+                raise PlanError(f"Cannot copy into {self.layout.file}: the source file ended early. It changed during the conversion.")
+            written = 0
+            while written < got:
+                written += os.pwrite(self._fd, self._buffer[written:got], file_offset + done + written)
+            done += got
 
     def missing(self) -> dict[str, int]:
         """Tensors not yet fully written, with the bytes still owed."""

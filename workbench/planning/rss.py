@@ -26,6 +26,9 @@ imports torch there: data the plan cannot see, so the numpy-only prediction is t
 
 from __future__ import annotations
 
+import functools
+import os
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from weakref import WeakKeyDictionary
@@ -95,17 +98,41 @@ def libraries_for(plan: Plan, steps: list[Step]) -> str:
 def calibration_mismatch() -> str | None:
     """Which measured version differs from the installed one ('torch 2.13.0+cpu, installed 2.14.0'), or None:
     the constants then hold for another build, and `scripts/calibrate_rss.py --write` re-measures them."""
-    import platform
-    from importlib.metadata import PackageNotFoundError, version
-
     for name, measured in getattr(calibrated, "MEASURED_WITH", {}).items():
-        try:
-            installed = platform.python_version() if name == "python" else version(name)
-        except PackageNotFoundError:
-            continue
-        if installed != measured:
+        installed = sys.version.split()[0] if name == "python" else installed_version(name)
+        if installed is not None and installed != measured:
             return f"{name} {measured}, installed {installed}"
     return None
+
+
+@functools.cache
+def _calibration_mismatch() -> str | None:
+    return calibration_mismatch()
+
+
+def installed_version(name: str) -> str | None:
+    """The installed version of distribution `name`, or None when it is not installed.
+
+    Read from the name of its `NAME-VERSION.dist-info` folder on sys.path (as pip installs it), which costs a
+    directory listing; `importlib.metadata`, the fallback for other layouts, costs ~30 ms of imports and scanning
+    in every `workbench convert` process."""
+    prefix = name.lower().replace("-", "_") + "-"
+    for entry in sys.path:
+        if not entry or not os.path.isdir(entry):
+            continue
+        try:
+            names = os.listdir(entry)
+        except OSError:
+            continue
+        for folder in names:
+            if folder.endswith(".dist-info") and folder.lower().startswith(prefix):
+                return folder[len(prefix) : -len(".dist-info")]
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
 
 
 def entry_point(plan: Plan) -> str:
@@ -137,7 +164,8 @@ def _parts(plan: Plan, rank: int) -> list[RssPart]:
     tensors = len(plan.source)
     prefetch = prefetch_bytes(plan, rank)
     headers = sum(len(f.layout.header) for f in plan.rank_files(rank))
-    measured = "measured" if _MISMATCH is None else f"measured with {_MISMATCH}: re-run scripts/calibrate_rss.py"
+    mismatch = _calibration_mismatch()
+    measured = "measured" if mismatch is None else f"measured with {mismatch}: re-run scripts/calibrate_rss.py"
     parts = [
         RssPart("interpreter", calibrated.INTERPRETER, f"a bare python process ({measured})"),
         RssPart("workbench", calibrated.WORKBENCH[entry],
@@ -202,8 +230,6 @@ def peak_step(plan: Plan, rank: int | None = None):
                 best = step
     return best
 
-
-_MISMATCH = calibration_mismatch()
 
 
 def rank_rss_bytes(plan: Plan, rank: int) -> int:
