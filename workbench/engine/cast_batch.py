@@ -2,7 +2,7 @@
 
 The planner marks the batches (`planning.cast_batches`): consecutive cast steps whose inputs are
 adjacent in one source file and whose outputs are adjacent in one output file. The batch's bytes
-go through the rank's cast arena like one chunk of a larger cast, so the memory held is what the
+go through the rank's cast arena like one chunk of a larger cast (read and converted a block at a time), so the memory held is what the
 plan counted for each of its steps. A batch holding a NaN or a value that overflows bfloat16 is cast
 tensor by tensor instead (torch encodes NaN, overflow is reported per tensor): output bytes never
 depend on how tensors were batched.
@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..iostats import read_into
 from ..mapper.groups import Group
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -43,10 +42,8 @@ def run_cast_batch(ctx: RankContext, groups: tuple[Group, ...], cast_one: Callab
         parts.append((out.name, 0, out.nbytes))
     buffers = ctx.cast
     buffers.reserve(n_in + n_out)
-    data = buffers.input(n_in)
-    read_into(fd, data, begin)
-    _, slot = buffers.output(n_out, n_in)
-    if buffers.bf16_converter()(data, slot, count) != (0, 0.0):  # a NaN, or values beyond bfloat16: tensor by tensor
+    _, slot = buffers.output(n_out, n_in)  # beyond the input's bytes, where the converter stages what it reads
+    if buffers.bf16_converter()(fd, begin, slot, count) != (0, 0.0):  # a NaN, or values beyond bfloat16: tensor by tensor
         for group in groups:
             cast_one(ctx, group)
         return
