@@ -26,6 +26,7 @@ from typing import Any
 from ..catalog import TensorInfo
 from ..errors import PlanError
 from .base import OutputFormat
+from .gguf_packed import PackedArray
 from .safetensors import FileLayout, SafetensorsWriter
 from .slots import slot_catalog
 
@@ -54,7 +55,7 @@ class GgufSpec:
     """What the planner decided for a GGUF output: the metadata and each tensor's GGUF type and shape."""
 
     arch: str
-    kv: Mapping[str, Any]  # key -> gguf.GGUFValue, in writing order
+    kv: Mapping[str, Any]  # key -> gguf.GGUFValue (or a PackedArray for vocabulary arrays), in writing order
     tensors: Mapping[str, Any]  # output name -> GgufTensor
 
 
@@ -65,8 +66,18 @@ def _pack_kv(kv: Mapping[str, Any]) -> bytes:
     out = bytearray()
     for key, val in kv.items():
         out += packer._pack_val(key, gguf.GGUFValueType.STRING, add_vtype=False)
-        out += packer._pack_val(val.value, val.type, add_vtype=True, sub_type=val.sub_type)
+        if isinstance(val, PackedArray):  # a vocabulary array, kept packed since it was read
+            out += val.packed()
+        else:
+            out += packer._pack_val(val.value, val.type, add_vtype=True, sub_type=val.sub_type)
     return bytes(out)
+
+
+def _shown(value: Any) -> Any:
+    """A key's value for plans and reports: long arrays as their length."""
+    if isinstance(value, PackedArray):
+        return f"[{value.count} values]"
+    return value.value if not isinstance(value.value, list) or len(value.value) <= 8 else f"[{len(value.value)} values]"
 
 
 def _pack_string(text: str) -> bytes:
@@ -113,8 +124,7 @@ def layout_gguf_file(file: str, tensors: Sequence[TensorInfo], spec: GgufSpec, s
     start = len(header)
     slots = tuple(TensorInfo(t.name, t.dtype, tuple(t.shape), file, start + at, start + at + t.nbytes)
                   for t, at in zip(tensors, relative, strict=True))
-    shown = tuple((k, v.value if not isinstance(v.value, list) or len(v.value) <= 8 else f"[{len(v.value)} values]")
-                  for k, v in kv.items())
+    shown = tuple((k, _shown(v)) for k, v in kv.items())
     return GgufFileLayout(file, header, slots, start + offset, tuple(types), shown)
 
 

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PlanError
+from . import gguf_packed as packed
+from .gguf_packed import add_packed
 
 # SentencePiece piece types (its protobuf enum) as llama.cpp records them: a user-defined piece is NORMAL there.
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -138,10 +140,11 @@ def sentencepiece_vocab(root: Path, vocab_size: int | None) -> tuple[list[bytes]
     return tokens, scores, types
 
 
-def pre_tokenizer_name(root: Path) -> str:
-    """llama.cpp's name for the pre-tokenizer of a byte-level BPE `tokenizer.json`; PlanError if it is not one
-    the workbench knows (Llama 3, Qwen2/3, GPT-2)."""
-    found = _json_file(root / "tokenizer.json") or {}
+def pre_tokenizer_name(root: Path, tokenizer: Any = None) -> str:
+    """llama.cpp's name for the pre-tokenizer of a byte-level BPE `tokenizer.json` (`tokenizer`: already parsed);
+    PlanError if it is not one the workbench knows (Llama 3, Qwen2/3, GPT-2)."""
+    found = _json_file(root / "tokenizer.json") if tokenizer is None else tokenizer
+    found = found if isinstance(found, dict) else {}
     pre = found.get("pre_tokenizer") or {}
     steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
     regexes = [s.get("pattern", {}).get("Regex") for s in steps if s.get("type") == "Split"]
@@ -212,9 +215,12 @@ def _llama_hf_vocab(root: Path) -> tuple[list[Any], list[float], list[int]] | No
 
 
 def add_vocab(writer: Any, root: Path, arch: str, vocab_size: int | None) -> int:
-    """Add the tokenizer keys of `root` to a `gguf.GGUFWriter`, by the converter's route for `arch`; the token count."""
+    """Add the tokenizer keys of `root` to a `gguf.GGUFWriter`, by the converter's route for `arch`; the token count.
+    The long arrays (tokens, scores, types, merges) go in packed (`gguf_packed`): the writer's key/values, and the
+    plan holding them, keep a few bytes per token rather than Python objects."""
     import gguf
 
+    keys = gguf.Keys.Tokenizer
     if (root / "tokenizer.model").is_file():
         tokens, scores, types = sentencepiece_vocab(root, vocab_size)
         found: tuple[Any, ...] | None = (tokens, scores, types)
@@ -225,32 +231,46 @@ def add_vocab(writer: Any, root: Path, arch: str, vocab_size: int | None) -> int
         found = _llama_hf_vocab(root) if arch == "llama" else None
     if found is not None:
         tokens, scores, types = found
+        count = len(tokens)
         writer.add_tokenizer_model("llama")
         writer.add_tokenizer_pre("default")
-        writer.add_token_list(tokens)
-        writer.add_token_scores(scores)
-        writer.add_token_types(types)
-        gguf.SpecialVocab(root, n_vocab=len(tokens)).add_to_gguf(writer)
-        return len(tokens)
-    pre = pre_tokenizer_name(root)
+        add_packed(writer, keys.LIST, packed.strings(tokens))
+        add_packed(writer, keys.SCORES, packed.float32s(scores))
+        add_packed(writer, keys.TOKEN_TYPE, packed.int32s(types))
+        del found, tokens, scores, types
+        gguf.SpecialVocab(root, n_vocab=count).add_to_gguf(writer)
+        return count
     from . import gguf_bpe_vocab
 
-    found_bpe = gguf_bpe_vocab.read(root, vocab_size, _looks_special)  # without transformers (and the torch it imports)
+    # SpecialVocab parses tokenizer.json on its own: before ours, so that two parsed copies never coexist
+    special = gguf.SpecialVocab(root, load_merges=False)
+    tokenizer = gguf_bpe_vocab.load(root)
+    pre = pre_tokenizer_name(root, tokenizer)
+    merges = gguf_bpe_vocab.merges(root, tokenizer)
+    if merges is None:  # none in tokenizer.json: the gguf package reads merges.txt
+        special = gguf.SpecialVocab(root, load_merges=True)
+    flags = _with_byte_level_flags(root, special.add_special_token, tokenizer)
+    found_bpe = gguf_bpe_vocab.read(root, vocab_size, _looks_special, tokenizer)  # without transformers (and torch)
+    del tokenizer
     tokens, types = found_bpe if found_bpe is not None else gpt2_vocab(root, vocab_size)
+    count = len(tokens)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(pre)
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    special = gguf.SpecialVocab(root, load_merges=True)
-    special.add_special_token = _with_byte_level_flags(root, special.add_special_token)
+    add_packed(writer, keys.LIST, packed.strings(tokens))
+    add_packed(writer, keys.TOKEN_TYPE, packed.int32s(types))
+    del found_bpe, tokens, types
+    if merges is not None:
+        add_packed(writer, keys.MERGES, merges)  # where SpecialVocab.add_to_gguf puts them: before the special ids
+    special.add_special_token = flags
     special.add_to_gguf(writer)
-    return len(tokens)
+    return count
 
 
-def _with_byte_level_flags(root: Path, flags: dict[str, bool]) -> dict[str, bool]:
+def _with_byte_level_flags(root: Path, flags: dict[str, bool], tokenizer: Any = None) -> dict[str, bool]:
     """llama.cpp's gguf-py (newer than PyPI's 0.19.0) reads a ByteLevel post-processor as adding neither BOS nor EOS
     unless a later step says otherwise; the flags in the order it records them (a ByteLevel step first: bos, eos)."""
-    post = (_json_file(root / "tokenizer.json") or {}).get("post_processor") or {}
+    found = _json_file(root / "tokenizer.json") if tokenizer is None else tokenizer
+    post = (found if isinstance(found, dict) else {}).get("post_processor") or {}
     kinds = [step.get("type") for step in post.get("processors", [post])]
     if "ByteLevel" not in kinds:
         return flags
