@@ -57,6 +57,7 @@ class GgufSpec:
     arch: str
     kv: Mapping[str, Any]  # key -> gguf.GGUFValue (or a PackedArray for vocabulary arrays), in writing order
     tensors: Mapping[str, Any]  # output name -> GgufTensor
+    tokenizer_bytes: int = 0  # size of the tokenizer.json read for the vocabulary (planning.rss counts its cost)
 
 
 def _pack_kv(kv: Mapping[str, Any]) -> bytes:
@@ -128,6 +129,16 @@ def layout_gguf_file(file: str, tensors: Sequence[TensorInfo], spec: GgufSpec, s
     return GgufFileLayout(file, header, slots, start + offset, tuple(types), shown)
 
 
+def _tokenizer_json_bytes(folder: Path) -> int:
+    """Bytes of the tokenizer.json the vocabulary is read from (0 when tokenizer.model is read instead)."""
+    if (folder / "tokenizer.model").is_file():
+        return 0
+    try:
+        return (folder / "tokenizer.json").stat().st_size
+    except OSError:
+        return 0
+
+
 class GgufOutput(OutputFormat):
     """llama.cpp GGUF: `model.gguf` (or `model-0000k-of-0000N.gguf` splits), tensors named, permuted, typed and
     described exactly as llama.cpp's converter does for the same HF folder."""
@@ -168,7 +179,8 @@ class GgufOutput(OutputFormat):
         counts = parameter_counts({name: tuple(t.shape) for name, t in planned.items()})
         kinds = {t.type for t in planned.values() if len(t.shape) > 1}
         file_type = wanted if wanted in kinds or not kinds else sorted(kinds)[0]
-        spec = GgufSpec(arch, kv_metadata(root if root.is_dir() else root.parent, arch, config, file_type, counts), planned)
+        folder = root if root.is_dir() else root.parent
+        spec = GgufSpec(arch, kv_metadata(folder, arch, config, file_type, counts), planned, _tokenizer_json_bytes(folder))
         return combined, GgufOutput(spec), dataclasses.replace(options, rest="drop", extras=False)
 
     def file_name(self, k: int, n: int) -> str:

@@ -7,9 +7,7 @@ tokenizer decodes from encoding it. The texts and flags are in the JSON files; t
 library's (the Rust tokenizer transformers wraps). A tokenizer_config.json asking to clean up tokenization spaces
 after decoding returns None here: the caller then goes through transformers.
 
-The file is parsed once (`load`) for the token list, the merges and the pre- and post-processor the caller reads,
-and the merges are packed straight into their GGUF bytes (`merges`), as the `gguf` package's `SpecialVocab` lists
-them: a parsed 128k-token tokenizer.json is ~100 MiB of Python objects, so it is never held twice.
+tokenizer.json is read once by the caller (`gguf_tokenizer_json`, merges packed on the way) and handed in.
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PlanError
-from .gguf_packed import PackedArray, strings
+from . import gguf_tokenizer_json
 
 NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5  # gguf.TokenType values
 
@@ -33,32 +31,13 @@ def _json(path: Path) -> Any:
         raise PlanError(f"Cannot read {path}: {exc}. Fix the file.") from None
 
 
-def load(root: Path) -> Any:
-    """`root/tokenizer.json` parsed (None when there is none); PlanError when it is not JSON."""
-    return _json(root / "tokenizer.json")
-
-
-def merges(root: Path, tokenizer: Any) -> PackedArray | None:
-    """The merges of a parsed tokenizer.json as the GGUF string array `gguf.SpecialVocab` makes of them: "a b"
-    strings kept, [a, b] pairs (transformers >= 4.45) joined by a space with spaces inside encoded as U+0120;
-    None when the file has none (the converter then reads merges.txt)."""
-    found = ((tokenizer or {}).get("model") or {}).get("merges") if isinstance(tokenizer, dict) else None
-    if not isinstance(found, list) or not found:
-        return None
-    if isinstance(found[0], str):
-        return strings(found)
-    if isinstance(found[0], list) and len(found[0]) == 2 and isinstance(found[0][0], str):
-        return strings(" ".join(part.replace(" ", "\u0120") for part in pair) for pair in found)
-    raise PlanError(f"Cannot read {root / 'tokenizer.json'}: its merges are neither \"a b\" strings nor [a, b] pairs. "
-                    "Fix the file.")
-
-
 def read(root: Path, vocab_size: int | None, looks_special: Any, tokenizer: Any = None) -> tuple[list[str], list[int]] | None:
     """(tokens, types) as the converter lists them for `root`'s byte-level BPE; None when transformers is needed.
     `looks_special(text)`: llama.cpp's test for added tokens that are control tokens though not marked special;
-    `tokenizer`: tokenizer.json already parsed (`load`), read here otherwise."""
+    `tokenizer`: tokenizer.json's document already read (`gguf_tokenizer_json.load`), read here otherwise."""
     if tokenizer is None:
-        tokenizer = load(root)
+        loaded = gguf_tokenizer_json.load(root / "tokenizer.json")
+        tokenizer = loaded.document if loaded is not None else None
     config = _json(root / "tokenizer_config.json") or {}
     if not isinstance(tokenizer, dict) or (tokenizer.get("model") or {}).get("type") != "BPE" or config.get("clean_up_tokenization_spaces"):
         return None
@@ -116,4 +95,4 @@ def _round_trip(root: Path, tokenizer: dict) -> Any:
     return lambda text: small.decode(small.encode(text, add_special_tokens=False).ids, skip_special_tokens=False)
 
 
-__all__ = ["load", "merges", "read"]
+__all__ = ["read"]

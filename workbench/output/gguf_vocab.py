@@ -194,10 +194,12 @@ def gpt2_vocab(root: Path, vocab_size: int | None) -> tuple[list[str], list[int]
     return tokens, types
 
 
-def _llama_hf_vocab(root: Path) -> tuple[list[Any], list[float], list[int]] | None:
+def _llama_hf_vocab(root: Path, tokenizer: dict) -> tuple[list[Any], list[float], list[int]] | None:
     from . import gguf_hf_vocab
 
-    found = gguf_hf_vocab.read(root)  # from the JSON files: transformers (and the torch it imports) is not needed
+    if not gguf_hf_vocab.is_byte_fallback_bpe(tokenizer):  # LlamaHfVocab refuses it: the converter goes on to GPT-2
+        return None
+    found = gguf_hf_vocab.read(root, tokenizer)  # from the JSON files: transformers (and the torch it imports) is not needed
     if found is not None:
         return found
     import gguf
@@ -216,19 +218,25 @@ def _llama_hf_vocab(root: Path) -> tuple[list[Any], list[float], list[int]] | No
 
 def add_vocab(writer: Any, root: Path, arch: str, vocab_size: int | None) -> int:
     """Add the tokenizer keys of `root` to a `gguf.GGUFWriter`, by the converter's route for `arch`; the token count.
-    The long arrays (tokens, scores, types, merges) go in packed (`gguf_packed`): the writer's key/values, and the
-    plan holding them, keep a few bytes per token rather than Python objects."""
+
+    tokenizer.json is read once (`gguf_tokenizer_json`: merges packed as they are met) and `gguf.SpecialVocab` reads
+    it without vocabulary and merges (`SlimFolder`); the long arrays (tokens, scores, types, merges) go in packed
+    (`gguf_packed`), so the writer's key/values, and the plan holding them, keep a few bytes per token."""
     import gguf
 
+    from .gguf_tokenizer_json import SlimFolder, load
+
     keys = gguf.Keys.Tokenizer
+    loaded = None
     if (root / "tokenizer.model").is_file():
         tokens, scores, types = sentencepiece_vocab(root, vocab_size)
         found: tuple[Any, ...] | None = (tokens, scores, types)
-    elif not (root / "tokenizer.json").is_file():
-        raise PlanError(f"Cannot write GGUF for {root}: it has neither tokenizer.model nor tokenizer.json. Copy the model's "
-                        "tokenizer files into the folder.")
     else:
-        found = _llama_hf_vocab(root) if arch == "llama" else None
+        loaded = load(root / "tokenizer.json")
+        if loaded is None:
+            raise PlanError(f"Cannot write GGUF for {root}: it has neither tokenizer.model nor tokenizer.json. Copy the model's "
+                            "tokenizer files into the folder.")
+        found = _llama_hf_vocab(root, loaded.document) if arch == "llama" else None
     if found is not None:
         tokens, scores, types = found
         count = len(tokens)
@@ -238,20 +246,21 @@ def add_vocab(writer: Any, root: Path, arch: str, vocab_size: int | None) -> int
         add_packed(writer, keys.SCORES, packed.float32s(scores))
         add_packed(writer, keys.TOKEN_TYPE, packed.int32s(types))
         del found, tokens, scores, types
-        gguf.SpecialVocab(root, n_vocab=count).add_to_gguf(writer)
+        if loaded is None:
+            gguf.SpecialVocab(root, n_vocab=count).add_to_gguf(writer)
+        else:
+            with SlimFolder(loaded) as folder:
+                gguf.SpecialVocab(folder, n_vocab=count).add_to_gguf(writer)
         return count
+    assert loaded is not None
     from . import gguf_bpe_vocab
 
-    # SpecialVocab parses tokenizer.json on its own: before ours, so that two parsed copies never coexist
-    special = gguf.SpecialVocab(root, load_merges=False)
-    tokenizer = gguf_bpe_vocab.load(root)
-    pre = pre_tokenizer_name(root, tokenizer)
-    merges = gguf_bpe_vocab.merges(root, tokenizer)
-    if merges is None:  # none in tokenizer.json: the gguf package reads merges.txt
-        special = gguf.SpecialVocab(root, load_merges=True)
-    flags = _with_byte_level_flags(root, special.add_special_token, tokenizer)
-    found_bpe = gguf_bpe_vocab.read(root, vocab_size, _looks_special, tokenizer)  # without transformers (and torch)
-    del tokenizer
+    document = loaded.document
+    pre = pre_tokenizer_name(root, document)
+    with SlimFolder(loaded) as folder:  # without merges in tokenizer.json, SpecialVocab reads merges.txt as the converter does
+        special = gguf.SpecialVocab(folder, load_merges=loaded.merges is None)
+    flags = _with_byte_level_flags(root, special.add_special_token, document)
+    found_bpe = gguf_bpe_vocab.read(root, vocab_size, _looks_special, document)  # without transformers (and torch)
     tokens, types = found_bpe if found_bpe is not None else gpt2_vocab(root, vocab_size)
     count = len(tokens)
     writer.add_tokenizer_model("gpt2")
@@ -259,8 +268,8 @@ def add_vocab(writer: Any, root: Path, arch: str, vocab_size: int | None) -> int
     add_packed(writer, keys.LIST, packed.strings(tokens))
     add_packed(writer, keys.TOKEN_TYPE, packed.int32s(types))
     del found_bpe, tokens, types
-    if merges is not None:
-        add_packed(writer, keys.MERGES, merges)  # where SpecialVocab.add_to_gguf puts them: before the special ids
+    if loaded.merges is not None:
+        add_packed(writer, keys.MERGES, loaded.merges)  # where SpecialVocab.add_to_gguf puts them: before the special ids
     special.add_special_token = flags
     special.add_to_gguf(writer)
     return count
