@@ -150,7 +150,7 @@ def test_a_128k_token_vocabulary_is_read_without_torch_within_the_predicted_rss(
     src = model_folder("llama", "llama3")
     plan = wb.plan(src, to="gguf", dtype="q8_0", dest=tmp_path / "planned")
     parts = {p.part: p.bytes for p in rss_parts(plan, 0)}
-    assert parts["vocabulary"] > 40 * MIB
+    assert parts["vocabulary"] > 30 * MIB
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, "-c", WHOLE_PROCESS, "convert", str(src), str(tmp_path / "out"), "--to", "gguf",
                            "--dtype", "q8_0", "--quiet"], env=env, capture_output=True, text=True, timeout=300)

@@ -58,6 +58,7 @@ class GgufSpec:
     kv: Mapping[str, Any]  # key -> gguf.GGUFValue (or a PackedArray for vocabulary arrays), in writing order
     tensors: Mapping[str, Any]  # output name -> GgufTensor
     tokenizer_bytes: int = 0  # size of the tokenizer.json read for the vocabulary (planning.rss counts its cost)
+    tokenizer_tokens: int = 0  # tokens listed from it
 
 
 def _pack_kv(kv: Mapping[str, Any]) -> bytes:
@@ -180,7 +181,9 @@ class GgufOutput(OutputFormat):
         kinds = {t.type for t in planned.values() if len(t.shape) > 1}
         file_type = wanted if wanted in kinds or not kinds else sorted(kinds)[0]
         folder = root if root.is_dir() else root.parent
-        spec = GgufSpec(arch, kv_metadata(folder, arch, config, file_type, counts), planned, _tokenizer_json_bytes(folder))
+        kv = kv_metadata(folder, arch, config, file_type, counts)
+        tokens = kv.get("tokenizer.ggml.tokens")
+        spec = GgufSpec(arch, kv, planned, _tokenizer_json_bytes(folder), len(tokens) if isinstance(tokens, PackedArray) else 0)
         return combined, GgufOutput(spec), dataclasses.replace(options, rest="drop", extras=False)
 
     def file_name(self, k: int, n: int) -> str:
