@@ -5,8 +5,8 @@ the vocabulary, and for the merges 560k strings in 280k lists, which GGUF only n
 strings. Here the document is walked with the `json` module's own scanner (same strings, numbers, duplicate-key
 rule), the merges are packed one by one into their GGUF bytes as they are met (`gguf.SpecialVocab`'s rules:
 strings kept, [a, b] pairs joined by a space, a space inside encoded as U+0120), and everything else is kept as
-`json.loads` would give it. `slim` writes the document without vocabulary and merges into a shadow folder
-beside links to the other tokenizer files, for readers (`gguf.SpecialVocab`) that only need the rest.
+`json.loads` would give it. `SlimFolder` writes the document without vocabulary and merges into a temporary
+folder beside links to the other tokenizer files, for readers (`gguf.SpecialVocab`) that only need the rest.
 """
 
 from __future__ import annotations
@@ -104,13 +104,15 @@ def load(path: Path) -> TokenizerJson | None:
         raise PlanError(f"Cannot read {path}: {exc}. Fix the file.") from None
     packed: list[PackedArray] = []
 
-    def merges(text: str, at: int) -> tuple[list, int]:
+    def merges(text: str, at: int) -> tuple[Any, int]:
+        if text[at:at + 1] != "[":  # not a list: no merges, as SpecialVocab reads it
+            return _DECODER.raw_decode(text, at)
         found, end = _merges(text, at)
         packed.append(found)
         return [], end
 
-    def model(text: str, at: int) -> tuple[dict, int]:
-        return _object(text, at, {"merges": merges})
+    def model(text: str, at: int) -> tuple[Any, int]:
+        return _object(text, at, {"merges": merges}) if text[at:at + 1] == "{" else _DECODER.raw_decode(text, at)
 
     try:
         at = _skip(text, 0)
