@@ -1,14 +1,18 @@
 """Peak RSS and wall time of `workbench convert --to gguf` next to llama.cpp's convert_hf_to_gguf.py on the same folder.
 
 Usage:
-    python benchmarks/gguf_vs_llama_cpp.py --size 1GiB [--size 2GiB] [--outtype q8_0] [--vocab 128256] [--work /tmp/gguf-bench]
+    python benchmarks/gguf_vs_llama_cpp.py --size 1GiB [--size 2GiB] [--outtype q8_0] [--vocab 128256] [--tokenizer llama3]
+        [--work /tmp/gguf-bench]
     python benchmarks/gguf_vs_llama_cpp.py --src HF_FOLDER [--outtype f16]
 
 `--size` builds (once, reused while its stamp matches) a BF16 Llama of about that many bytes under `--work`:
 TinyLlama widths (hidden 2048, intermediate 5632, 32 heads, 4 kv heads), layers filling the size, and the tiny
-byte-fallback tokenizer of the GGUF tests (so the script accepts it). Several sizes show whether the peak stays
+byte-fallback tokenizer of the GGUF tests (so the script accepts it), or with `--tokenizer llama3` Llama 3's real
+vocabulary (128,256 tokens, 280k merges; a 17 MB tokenizer.json rebuilt, as the tests do, from llama.cpp's own
+`models/ggml-vocab-llama-bpe.gguf`; the embedding then has 128,256 rows). Several sizes show whether the peak stays
 flat as the model grows. Each tool runs in a child process of its own; its peak RSS is that child's ru_maxrss
-(the largest single process). The converter is the one the tests fetch (llama-cpp-python sdist, cached under
+(the largest single process). The workbench's engine resets the kernel's high-water mark when its run starts (to
+report the run's own peak), which would hide the planning (the tokenizer read): it runs here with that reset off. The converter is the one the tests fetch (llama-cpp-python sdist, cached under
 .cache/fixtures/). Prints a markdown table.
 """
 
@@ -20,7 +24,6 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -50,21 +53,36 @@ def _bf16(values: np.ndarray) -> np.ndarray:
     return values.astype(ml_dtypes.bfloat16).view(np.uint16)
 
 
-def make_bf16_llama(folder: Path, size_bytes: int, seed: int = 0, vocab: int = 0) -> Path:
-    """A BF16 Llama of about `size_bytes` with the GGUF tests' tokenizer, written once (stamped) into `folder`.
-    `vocab`: rows of the embedding and lm_head (default: the tokenizer's size); a Llama 3 size (128256) makes the
-    largest single tensors 0.5 GB each, which is what a tool's peak follows."""
-    from gguf_support.models import _tokenizer
+LLAMA3_VOCAB = 128256
+
+
+def _write_tokenizer(folder: Path, tokenizer: str) -> int:
+    """The tests' byte-fallback tokenizer ("fallback") or Llama 3's real one ("llama3"); its vocabulary size."""
+    from gguf_support.models import _byte_level_tokenizer, _tokenizer
+
+    if tokenizer == "fallback":
+        return _tokenizer(folder)
+    from gguf_support.reference import converter
+
+    return _byte_level_tokenizer(folder, converter().parent / "models" / "ggml-vocab-llama-bpe.gguf", tokenizer)
+
+
+def make_bf16_llama(folder: Path, size_bytes: int, seed: int = 0, vocab: int = 0, tokenizer: str = "fallback") -> Path:
+    """A BF16 Llama of about `size_bytes` with the GGUF tests' tokenizer (or Llama 3's: `tokenizer="llama3"`),
+    written once (stamped) into `folder`. `vocab`: rows of the embedding and lm_head (default: the tokenizer's size);
+    a Llama 3 size (128256) makes the largest single tensors 0.5 GB each, which is what a tool's peak follows."""
     from make_llama_like import GIB, STAMP, LlamaShape, _fresh, _stamp_matches, write_sharded
 
     base = LlamaShape()
+    vocab = vocab or (LLAMA3_VOCAB if tokenizer == "llama3" else 0)
     embeddings = 2 * vocab * base.hidden * 2
     layers = max(1, round((size_bytes - embeddings) / (base.layer_elements() * 2)))
-    stamp = {"kind": "gguf-bench-llama", "layers": layers, "seed": seed, "version": 1, **({"vocab": vocab} if vocab else {})}
+    stamp = {"kind": "gguf-bench-llama", "layers": layers, "seed": seed, "version": 1, **({"vocab": vocab} if vocab else {}),
+             **({"tokenizer": tokenizer} if tokenizer != "fallback" else {})}
     if _stamp_matches(folder, stamp):
         return folder
     _fresh(folder)
-    n_vocab = _tokenizer(folder)
+    n_vocab = _write_tokenizer(folder, tokenizer)
     shape = LlamaShape(layers=layers, vocab=vocab or n_vocab)
     rng = np.random.default_rng(seed)
 
@@ -80,7 +98,7 @@ def make_bf16_llama(folder: Path, size_bytes: int, seed: int = 0, vocab: int = 0
     config = {**shape.hf_config(), "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2, "head_dim": shape.head_dim,
               "rope_theta": 10000.0}
     (folder / "config.json").write_text(json.dumps(config, indent=2))
-    (folder / STAMP).write_text(json.dumps({**stamp, "shape": asdict(shape)}))
+    (folder / STAMP).write_text(json.dumps(stamp))  # the shape follows from it (a stamp with the shape never matched)
     return folder
 
 
@@ -94,12 +112,17 @@ def parse_bytes(text: str) -> int:
     return int(low)
 
 
+# `workbench convert` with the engine's high-water-mark reset off, so ru_maxrss covers planning too.
+_WHOLE_PROCESS = ("import runpy, sys, workbench.engine.rank as rank; rank.reset_rss_peak = lambda: False; "
+                  "sys.argv = ['workbench', *sys.argv[1:]]; runpy.run_module('workbench', run_name='__main__', alter_sys=True)")
+
+
 def compare(src: Path, outtype: str, work: Path, env: dict[str, str]) -> list[tuple[str, float, float]]:
     """Run both tools once on `src`; (tool, seconds, peak RSS MiB) rows. Outputs are deleted after each run."""
     from gguf_support.reference import converter
 
     ours_out, ref_out = work / "wb-out", work / "ref.gguf"
-    ours = [sys.executable, "-m", "workbench", "convert", str(src), str(ours_out), "--to", "gguf", "--dtype", outtype, "--overwrite", "--quiet"]
+    ours = [sys.executable, "-c", _WHOLE_PROCESS, "convert", str(src), str(ours_out), "--to", "gguf", "--dtype", outtype, "--overwrite", "--quiet"]
     theirs = [sys.executable, str(converter()), str(src), "--outtype", outtype, "--outfile", str(ref_out)]
     rows = [("workbench `--to gguf`", *measure(ours, env))]
     rows.append(("`convert_hf_to_gguf.py`", *measure(theirs, env)))
@@ -119,14 +142,17 @@ def main() -> None:
     parser.add_argument("--size", action="append", default=[], help="build a BF16 Llama of this size (repeatable), e.g. 1GiB")
     parser.add_argument("--outtype", default="q8_0")
     parser.add_argument("--vocab", type=int, default=0, help="embedding rows (default: the tokenizer's); 128256 = Llama 3's")
+    parser.add_argument("--tokenizer", choices=["fallback", "llama3"], default="fallback",
+                        help="the tests' tiny byte-fallback tokenizer, or Llama 3's real one (128,256 tokens)")
     parser.add_argument("--work", default="/tmp/gguf-bench")
     args = parser.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{EXTRA}"}
-    suffix = f"-v{args.vocab}" if args.vocab else ""
+    suffix = (f"-v{args.vocab}" if args.vocab else "") + (f"-{args.tokenizer}" if args.tokenizer != "fallback" else "")
     sizes = args.size or ["1GiB"]
-    inputs = [Path(args.src)] if args.src else [make_bf16_llama(work / f"llama-{s}{suffix}", parse_bytes(s), vocab=args.vocab) for s in sizes]
+    inputs = [Path(args.src)] if args.src else [make_bf16_llama(work / f"llama-{s}{suffix}", parse_bytes(s), vocab=args.vocab,
+                                                                   tokenizer=args.tokenizer) for s in sizes]
     print(f"| input ({args.outtype}, one run each) | tool | seconds | peak RSS MiB | RSS ratio | time ratio |")
     print("|---|---|---:|---:|---:|---:|")
     for src in inputs:
@@ -134,7 +160,9 @@ def main() -> None:
         rows = compare(src, args.outtype, work, env)
         (_, t_ours, m_ours), (_, t_ref, m_ref) = rows
         for k, (tool, seconds, rss) in enumerate(rows):
-            label = f"{size:,.0f} MiB BF16 Llama{f', vocab {args.vocab:,}' if args.vocab else ''}" if k == 0 else ""
+            vocab = f", vocab {args.vocab:,}" if args.vocab else ""
+            vocab += ", Llama 3 tokenizer" if args.tokenizer == "llama3" else ""
+            label = f"{size:,.0f} MiB BF16 Llama{vocab}" if k == 0 else ""
             ratios = f"{m_ours / m_ref:.2f} | {t_ours / t_ref:.2f}" if k == 0 else " | "
             print(f"| {label} | {tool} | {seconds:.1f} | {rss:,.0f} | {ratios} |", flush=True)
     print(f"\n(`python benchmarks/gguf_vs_llama_cpp.py {' '.join(sys.argv[1:])}`; ratios are workbench / script; "

@@ -98,3 +98,41 @@ def test_byte_level_vocabulary_equals_transformers_listing(tmp_path: Path, token
     assert mine is not None
     assert mine[0] == reference[0] and mine[1] == reference[1]
     assert "hello world" in mine[0] and "<|odd|>" in mine[0]  # the round trip decoded the byte-level character
+
+
+@pytest.mark.parametrize("merges", [[["a b", "c"], ["Ġt", "he"]], ["a c", "Ġt he"]], ids=["pairs", "strings"])
+def test_tokenizer_json_read_once_equals_json_and_special_vocab_merges(tmp_path: Path, merges: list) -> None:
+    """`gguf_tokenizer_json.load` gives json.load's document (merges aside) and the merges packed as the gguf
+    package's SpecialVocab lists them (a space inside a pair part encoded as U+0120); its slim copy gives
+    SpecialVocab the same special tokens and flags without vocabulary and merges."""
+    from workbench.output.gguf_packed import strings
+    from workbench.output.gguf_tokenizer_json import SlimFolder, load
+
+    root = tmp_path / "tok"
+    root.mkdir()
+    document = {"version": "1.0", "added_tokens": [{"id": 3, "content": "<|end|>", "special": True}],
+                "post_processor": {"type": "ByteLevel", "trim_offsets": False}, "extra": {"x": [1, 2.5, None]},
+                "model": {"type": "BPE", "vocab": {"a": 0, "c": 1, "Ġt": 2, "<|end|>": 3, "\"q\\u00e9": 4}, "merges": merges}}
+    (root / "tokenizer.json").write_text(json.dumps(document, indent=2, ensure_ascii=False))
+    (root / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|end|>", "add_bos_token": False}))
+    loaded = load(root / "tokenizer.json")
+    assert loaded.document == {**document, "model": {**document["model"], "merges": []}}
+    reference = gguf.SpecialVocab(root, load_merges=True)
+    assert loaded.merges == strings(reference.merges)
+    with SlimFolder(loaded) as folder:
+        slim = gguf.SpecialVocab(folder, load_merges=False)
+        assert json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"] == {}
+    assert (slim.special_token_ids, slim.add_special_token) == (reference.special_token_ids, reference.add_special_token)
+    assert not folder.exists()
+
+
+def test_a_broken_tokenizer_json_is_refused_naming_the_file(tmp_path: Path) -> None:
+    from workbench.errors import PlanError
+    from workbench.output.gguf_tokenizer_json import load
+
+    (tmp_path / "tokenizer.json").write_text('{"model": {"merges": [["a", "b"], 7]}}')
+    with pytest.raises(PlanError, match=r"Cannot read .*tokenizer.json: its merges are neither"):
+        load(tmp_path / "tokenizer.json")
+    (tmp_path / "tokenizer.json").write_text('{"model": {"vocab": {"a": 0}} trailing')
+    with pytest.raises(PlanError, match="tokenizer.json"):
+        load(tmp_path / "tokenizer.json")

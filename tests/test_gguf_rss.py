@@ -37,6 +37,10 @@ with open("/proc/self/status") as fh:  # this process's own high-water mark (not
 """
 
 
+# The engine resets the high-water mark when its run starts; this keeps the whole process's peak (planning included).
+WHOLE_PROCESS = "import workbench.engine.rank as rank\nrank.reset_rss_peak = lambda: False\n" + MEASURE
+
+
 @pytest.fixture(scope="module")
 def wide_vocab_llama(tmp_path_factory) -> Path:
     """A one-layer BF16 Llama (hidden 1024, 16 heads, 4 kv heads) whose embedding and lm_head are 128 MiB each."""
@@ -90,7 +94,7 @@ def test_a_128_mib_embedding_converts_in_row_chunks_without_torch_as_the_plan_pr
     assert 1 * MIB < plan.peak_bytes <= ROW_BUDGET
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", MEASURE, "convert", str(wide_vocab_llama), str(out), "--to", "gguf", "--dtype",
+    done = subprocess.run([sys.executable, "-c", WHOLE_PROCESS, "convert", str(wide_vocab_llama), str(out), "--to", "gguf", "--dtype",
                            "q8_0", "--quiet"], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     torch_imported, transformers_imported, measured = done.stdout.split()[-3:]
@@ -133,3 +137,25 @@ def test_values_beyond_f16_are_counted_on_the_row_path_and_in_whole_tensor_verif
         whole = to_gguf(torch.tensor(values, dtype=torch.bfloat16), kind="F16")
     assert whole.dtype == torch.float16 and torch.isinf(whole).sum() == 32
     assert sum(entry[0] for entry in found.counts.values()) == 32
+
+
+def test_a_128k_token_vocabulary_is_read_without_torch_within_the_predicted_rss(tmp_path: Path) -> None:
+    """A tiny Llama with Llama 3's real vocabulary (128,256 tokens, 280k merges, a 17 MB tokenizer.json rebuilt from
+    llama.cpp's own ggml-vocab-llama-bpe.gguf): the whole process's peak RSS (planning's tokenizer read included)
+    is within 15 % of plan.rss_bytes, which counts the read ("vocabulary"), and neither torch nor transformers is
+    imported. Reading it with json.load (the vocabulary as lists) peaked near 245 MiB, twice the prediction."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from gguf_support.reference import model_folder
+
+    src = model_folder("llama", "llama3")
+    plan = wb.plan(src, to="gguf", dtype="q8_0", dest=tmp_path / "planned")
+    parts = {p.part: p.bytes for p in rss_parts(plan, 0)}
+    assert parts["vocabulary"] > 30 * MIB
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", WHOLE_PROCESS, "convert", str(src), str(tmp_path / "out"), "--to", "gguf",
+                           "--dtype", "q8_0", "--quiet"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    torch_imported, transformers_imported, measured = done.stdout.split()[-3:]
+    assert (torch_imported, transformers_imported) == ("False", "False")
+    assert abs(plan.rss_bytes - int(measured)) <= 0.15 * int(measured), json.dumps(
+        {"predicted": plan.rss_bytes, "measured": int(measured), "parts": parts})

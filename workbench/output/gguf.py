@@ -26,6 +26,7 @@ from typing import Any
 from ..catalog import TensorInfo
 from ..errors import PlanError
 from .base import OutputFormat
+from .gguf_packed import PackedArray
 from .safetensors import FileLayout, SafetensorsWriter
 from .slots import slot_catalog
 
@@ -54,8 +55,10 @@ class GgufSpec:
     """What the planner decided for a GGUF output: the metadata and each tensor's GGUF type and shape."""
 
     arch: str
-    kv: Mapping[str, Any]  # key -> gguf.GGUFValue, in writing order
+    kv: Mapping[str, Any]  # key -> gguf.GGUFValue (or a PackedArray for vocabulary arrays), in writing order
     tensors: Mapping[str, Any]  # output name -> GgufTensor
+    tokenizer_bytes: int = 0  # size of the tokenizer.json read for the vocabulary (planning.rss counts its cost)
+    tokenizer_tokens: int = 0  # tokens listed from it
 
 
 def _pack_kv(kv: Mapping[str, Any]) -> bytes:
@@ -65,8 +68,18 @@ def _pack_kv(kv: Mapping[str, Any]) -> bytes:
     out = bytearray()
     for key, val in kv.items():
         out += packer._pack_val(key, gguf.GGUFValueType.STRING, add_vtype=False)
-        out += packer._pack_val(val.value, val.type, add_vtype=True, sub_type=val.sub_type)
+        if isinstance(val, PackedArray):  # a vocabulary array, kept packed since it was read
+            out += val.packed()
+        else:
+            out += packer._pack_val(val.value, val.type, add_vtype=True, sub_type=val.sub_type)
     return bytes(out)
+
+
+def _shown(value: Any) -> Any:
+    """A key's value for plans and reports: long arrays as their length."""
+    if isinstance(value, PackedArray):
+        return f"[{value.count} values]"
+    return value.value if not isinstance(value.value, list) or len(value.value) <= 8 else f"[{len(value.value)} values]"
 
 
 def _pack_string(text: str) -> bytes:
@@ -113,9 +126,18 @@ def layout_gguf_file(file: str, tensors: Sequence[TensorInfo], spec: GgufSpec, s
     start = len(header)
     slots = tuple(TensorInfo(t.name, t.dtype, tuple(t.shape), file, start + at, start + at + t.nbytes)
                   for t, at in zip(tensors, relative, strict=True))
-    shown = tuple((k, v.value if not isinstance(v.value, list) or len(v.value) <= 8 else f"[{len(v.value)} values]")
-                  for k, v in kv.items())
+    shown = tuple((k, _shown(v)) for k, v in kv.items())
     return GgufFileLayout(file, header, slots, start + offset, tuple(types), shown)
+
+
+def _tokenizer_json_bytes(folder: Path) -> int:
+    """Bytes of the tokenizer.json the vocabulary is read from (0 when tokenizer.model is read instead)."""
+    if (folder / "tokenizer.model").is_file():
+        return 0
+    try:
+        return (folder / "tokenizer.json").stat().st_size
+    except OSError:
+        return 0
 
 
 class GgufOutput(OutputFormat):
@@ -158,7 +180,10 @@ class GgufOutput(OutputFormat):
         counts = parameter_counts({name: tuple(t.shape) for name, t in planned.items()})
         kinds = {t.type for t in planned.values() if len(t.shape) > 1}
         file_type = wanted if wanted in kinds or not kinds else sorted(kinds)[0]
-        spec = GgufSpec(arch, kv_metadata(root if root.is_dir() else root.parent, arch, config, file_type, counts), planned)
+        folder = root if root.is_dir() else root.parent
+        kv = kv_metadata(folder, arch, config, file_type, counts)
+        tokens = kv.get("tokenizer.ggml.tokens")
+        spec = GgufSpec(arch, kv, planned, _tokenizer_json_bytes(folder), len(tokens) if isinstance(tokens, PackedArray) else 0)
         return combined, GgufOutput(spec), dataclasses.replace(options, rest="drop", extras=False)
 
     def file_name(self, k: int, n: int) -> str:

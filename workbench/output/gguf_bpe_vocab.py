@@ -6,6 +6,8 @@ looking like a control token) or USER_DEFINED, and an added token that is not `n
 tokenizer decodes from encoding it. The texts and flags are in the JSON files; the round trip is the `tokenizers`
 library's (the Rust tokenizer transformers wraps). A tokenizer_config.json asking to clean up tokenization spaces
 after decoding returns None here: the caller then goes through transformers.
+
+tokenizer.json is read once by the caller (`gguf_tokenizer_json`, merges packed on the way) and handed in.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PlanError
+from . import gguf_tokenizer_json
 
 NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5  # gguf.TokenType values
 
@@ -28,10 +31,13 @@ def _json(path: Path) -> Any:
         raise PlanError(f"Cannot read {path}: {exc}. Fix the file.") from None
 
 
-def read(root: Path, vocab_size: int | None, looks_special: Any) -> tuple[list[str], list[int]] | None:
+def read(root: Path, vocab_size: int | None, looks_special: Any, tokenizer: Any = None) -> tuple[list[str], list[int]] | None:
     """(tokens, types) as the converter lists them for `root`'s byte-level BPE; None when transformers is needed.
-    `looks_special(text)`: llama.cpp's test for added tokens that are control tokens though not marked special."""
-    tokenizer = _json(root / "tokenizer.json")
+    `looks_special(text)`: llama.cpp's test for added tokens that are control tokens though not marked special;
+    `tokenizer`: tokenizer.json's document already read (`gguf_tokenizer_json.load`), read here otherwise."""
+    if tokenizer is None:
+        loaded = gguf_tokenizer_json.load(root / "tokenizer.json")
+        tokenizer = loaded.document if loaded is not None else None
     config = _json(root / "tokenizer_config.json") or {}
     if not isinstance(tokenizer, dict) or (tokenizer.get("model") or {}).get("type") != "BPE" or config.get("clean_up_tokenization_spaces"):
         return None

@@ -85,10 +85,12 @@ def special_tokens(root: Path, config: dict) -> list[str] | None:
     return found
 
 
-def read(root: Path) -> tuple[list[bytes], list[float], list[int]] | None:
+def read(root: Path, tokenizer: Any = None) -> tuple[list[bytes], list[float], list[int]] | None:
     """(tokens, scores, types) as `gguf.LlamaHfVocab(root).all_tokens()` lists them; None when `root` holds no
-    byte-fallback BPE tokenizer.json (the converter goes on to other routes) or its special tokens need transformers."""
-    tokenizer = _json(root / "tokenizer.json")
+    byte-fallback BPE tokenizer.json (the converter goes on to other routes) or its special tokens need transformers.
+    `tokenizer`: tokenizer.json's document already read, read here otherwise."""
+    if tokenizer is None:
+        tokenizer = _json(root / "tokenizer.json")
     if not isinstance(tokenizer, dict) or not is_byte_fallback_bpe(tokenizer):
         return None
     config = _json(root / "tokenizer_config.json") or {}

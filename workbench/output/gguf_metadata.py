@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PlanError
+from .gguf_tokenizer_json import give_back_freed_heap
 from .gguf_vocab import add_vocab
 
 FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 7, "BF16": 32}  # llama.cpp's LlamaFileType for an all-of-one-type file
@@ -108,6 +109,7 @@ def kv_metadata(root: Path, arch: str, config: dict[str, Any], gguf_type: str, c
     if arch == "llama" and prefix_space is not None:
         writer.add_add_space_prefix(bool(prefix_space))
     add_vocab(writer, root, arch, vocab_size)
+    give_back_freed_heap()  # what reading tokenizer.json freed: not resident for the whole run
     return dict(writer.kv_data[0])
 
 

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PlanError
+from . import gguf_packed as packed
+from .gguf_packed import add_packed
 
 # SentencePiece piece types (its protobuf enum) as llama.cpp records them: a user-defined piece is NORMAL there.
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -138,10 +140,11 @@ def sentencepiece_vocab(root: Path, vocab_size: int | None) -> tuple[list[bytes]
     return tokens, scores, types
 
 
-def pre_tokenizer_name(root: Path) -> str:
-    """llama.cpp's name for the pre-tokenizer of a byte-level BPE `tokenizer.json`; PlanError if it is not one
-    the workbench knows (Llama 3, Qwen2/3, GPT-2)."""
-    found = _json_file(root / "tokenizer.json") or {}
+def pre_tokenizer_name(root: Path, tokenizer: Any = None) -> str:
+    """llama.cpp's name for the pre-tokenizer of a byte-level BPE `tokenizer.json` (`tokenizer`: already parsed);
+    PlanError if it is not one the workbench knows (Llama 3, Qwen2/3, GPT-2)."""
+    found = _json_file(root / "tokenizer.json") if tokenizer is None else tokenizer
+    found = found if isinstance(found, dict) else {}
     pre = found.get("pre_tokenizer") or {}
     steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
     regexes = [s.get("pattern", {}).get("Regex") for s in steps if s.get("type") == "Split"]
@@ -191,10 +194,12 @@ def gpt2_vocab(root: Path, vocab_size: int | None) -> tuple[list[str], list[int]
     return tokens, types
 
 
-def _llama_hf_vocab(root: Path) -> tuple[list[Any], list[float], list[int]] | None:
+def _llama_hf_vocab(root: Path, tokenizer: dict) -> tuple[list[Any], list[float], list[int]] | None:
     from . import gguf_hf_vocab
 
-    found = gguf_hf_vocab.read(root)  # from the JSON files: transformers (and the torch it imports) is not needed
+    if not gguf_hf_vocab.is_byte_fallback_bpe(tokenizer):  # LlamaHfVocab refuses it: the converter goes on to GPT-2
+        return None
+    found = gguf_hf_vocab.read(root, tokenizer)  # from the JSON files: transformers (and the torch it imports) is not needed
     if found is not None:
         return found
     import gguf
@@ -212,45 +217,69 @@ def _llama_hf_vocab(root: Path) -> tuple[list[Any], list[float], list[int]] | No
 
 
 def add_vocab(writer: Any, root: Path, arch: str, vocab_size: int | None) -> int:
-    """Add the tokenizer keys of `root` to a `gguf.GGUFWriter`, by the converter's route for `arch`; the token count."""
+    """Add the tokenizer keys of `root` to a `gguf.GGUFWriter`, by the converter's route for `arch`; the token count.
+
+    tokenizer.json is read once (`gguf_tokenizer_json`: merges packed as they are met) and `gguf.SpecialVocab` reads
+    it without vocabulary and merges (`SlimFolder`); the long arrays (tokens, scores, types, merges) go in packed
+    (`gguf_packed`), so the writer's key/values, and the plan holding them, keep a few bytes per token."""
     import gguf
 
+    from .gguf_tokenizer_json import SlimFolder, load
+
+    keys = gguf.Keys.Tokenizer
+    loaded = None
     if (root / "tokenizer.model").is_file():
         tokens, scores, types = sentencepiece_vocab(root, vocab_size)
         found: tuple[Any, ...] | None = (tokens, scores, types)
-    elif not (root / "tokenizer.json").is_file():
-        raise PlanError(f"Cannot write GGUF for {root}: it has neither tokenizer.model nor tokenizer.json. Copy the model's "
-                        "tokenizer files into the folder.")
     else:
-        found = _llama_hf_vocab(root) if arch == "llama" else None
+        loaded = load(root / "tokenizer.json")
+        if loaded is None:
+            raise PlanError(f"Cannot write GGUF for {root}: it has neither tokenizer.model nor tokenizer.json. Copy the model's "
+                            "tokenizer files into the folder.")
+        found = _llama_hf_vocab(root, loaded.document) if arch == "llama" else None
     if found is not None:
         tokens, scores, types = found
+        count = len(tokens)
         writer.add_tokenizer_model("llama")
         writer.add_tokenizer_pre("default")
-        writer.add_token_list(tokens)
-        writer.add_token_scores(scores)
-        writer.add_token_types(types)
-        gguf.SpecialVocab(root, n_vocab=len(tokens)).add_to_gguf(writer)
-        return len(tokens)
-    pre = pre_tokenizer_name(root)
+        add_packed(writer, keys.LIST, packed.strings(tokens))
+        add_packed(writer, keys.SCORES, packed.float32s(scores))
+        add_packed(writer, keys.TOKEN_TYPE, packed.int32s(types))
+        del found, tokens, scores, types
+        if loaded is None:
+            gguf.SpecialVocab(root, n_vocab=count).add_to_gguf(writer)
+        else:
+            with SlimFolder(loaded) as folder:
+                gguf.SpecialVocab(folder, n_vocab=count).add_to_gguf(writer)
+        return count
+    assert loaded is not None
     from . import gguf_bpe_vocab
 
-    found_bpe = gguf_bpe_vocab.read(root, vocab_size, _looks_special)  # without transformers (and the torch it imports)
+    document = loaded.document
+    pre = pre_tokenizer_name(root, document)
+    with SlimFolder(loaded) as folder:  # without merges in tokenizer.json, SpecialVocab reads merges.txt as the converter does
+        special = gguf.SpecialVocab(folder, load_merges=loaded.merges is None)
+    flags = _with_byte_level_flags(root, special.add_special_token, document)
+    found_bpe = gguf_bpe_vocab.read(root, vocab_size, _looks_special, document)  # without transformers (and torch)
     tokens, types = found_bpe if found_bpe is not None else gpt2_vocab(root, vocab_size)
+    count = len(tokens)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(pre)
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    special = gguf.SpecialVocab(root, load_merges=True)
-    special.add_special_token = _with_byte_level_flags(root, special.add_special_token)
+    add_packed(writer, keys.LIST, packed.strings(tokens))
+    add_packed(writer, keys.TOKEN_TYPE, packed.int32s(types))
+    del found_bpe, tokens, types
+    if loaded.merges is not None:
+        add_packed(writer, keys.MERGES, loaded.merges)  # where SpecialVocab.add_to_gguf puts them: before the special ids
+    special.add_special_token = flags
     special.add_to_gguf(writer)
-    return len(tokens)
+    return count
 
 
-def _with_byte_level_flags(root: Path, flags: dict[str, bool]) -> dict[str, bool]:
+def _with_byte_level_flags(root: Path, flags: dict[str, bool], tokenizer: Any = None) -> dict[str, bool]:
     """llama.cpp's gguf-py (newer than PyPI's 0.19.0) reads a ByteLevel post-processor as adding neither BOS nor EOS
     unless a later step says otherwise; the flags in the order it records them (a ByteLevel step first: bos, eos)."""
-    post = (_json_file(root / "tokenizer.json") or {}).get("post_processor") or {}
+    found = _json_file(root / "tokenizer.json") if tokenizer is None else tokenizer
+    post = (found if isinstance(found, dict) else {}).get("post_processor") or {}
     kinds = [step.get("type") for step in post.get("processors", [post])]
     if "ByteLevel" not in kinds:
         return flags

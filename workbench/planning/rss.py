@@ -45,6 +45,14 @@ NONE, NUMPY, TORCH = "none", "numpy", "torch"
 # (3 runs, CPython 3.11, numpy 2.4, gguf 0.19, ml_dtypes 0.6; not in rss_calibration, which scripts/calibrate_rss.py
 # writes for the libraries every conversion may import).
 GGUF_LIBRARIES = 8_110_000
+# A GGUF vocabulary read from tokenizer.json (output.gguf_tokenizer_json): the process's peak (the file's text as a
+# str, 2 bytes a character once one is beyond Latin-1, and the vocabulary dict while it is walked) lies this much
+# above the other parts: bytes per byte of the file plus bytes per token. Fitted (least squares, rounded up) to VmHWM
+# of `workbench convert --to gguf` (high-water mark not reset at the run's start; 3 runs each) on llama.cpp's Llama 3
+# and Qwen2 vocabularies rebuilt as tokenizer.json (tests/gguf_support) and Llama 3's with "a b" merges:
+# 17.2 MB / 128,256 tokens +38.2 MiB, 11.4 MB / 151,936 +26.9 MiB, 6.6 MB / 128,256 +28.1 MiB; the fit is within
+# +7.5 / -2.8 MiB of those. CPython 3.11, glibc.
+GGUF_TOKENIZER_PER_BYTE, GGUF_TOKENIZER_PER_TOKEN = 1.3, 140
 CLI, WORKER = "cli", "worker"
 # A plan does not change once built: each rank's parts are worked out once (a panel asks for them several times,
 # and on a 100k-tensor plan one pass over the steps takes a tenth of a second).
@@ -184,6 +192,12 @@ def _parts(plan: Plan, rank: int) -> list[RssPart]:
         parts.append(RssPart("imports", calibrated.LIBRARY[TORCH],
                              f"torch: tensor ops or casts numpy does not do ({measured}; up to {spread / 2**20:.0f} MiB less "
                              "when the kernel paged torch's files in by faults rather than reading them whole)"))
+    spec = getattr(plan.output_format, "spec", None)
+    file_bytes, tokens = getattr(spec, "tokenizer_bytes", 0), getattr(spec, "tokenizer_tokens", 0)
+    if file_bytes and entry == CLI:  # a worker gets the packed vocabulary in its header bytes (buffers), not the file
+        parts.append(RssPart("vocabulary", int(GGUF_TOKENIZER_PER_BYTE * file_bytes + GGUF_TOKENIZER_PER_TOKEN * tokens),
+                             f"GGUF tokenizer read from tokenizer.json while planning: {file_bytes:,} bytes × "
+                             f"{GGUF_TOKENIZER_PER_BYTE} + {tokens:,} tokens × {GGUF_TOKENIZER_PER_TOKEN} (measured)"))
     parts.append(RssPart("metadata", calibrated.PER_TENSOR * tensors,
                          f"catalog and plan: {tensors:,} tensors × {calibrated.PER_TENSOR:,} bytes ({measured})"))
     detail = f"output headers {headers:,} bytes"
