@@ -6,9 +6,9 @@ Python, numpy or torch upgrade, or on a new platform.
 Measured 2026-11-24 on Linux x86_64, CPython 3.11.7, numpy 2.4.6, torch 2.13.0+cpu.
 """
 
-INTERPRETER = 11063296  # python -c pass
-WORKBENCH = {"cli": 21353240, "worker": 17318680}  # the entry point's modules and run state
-LIBRARY = {"numpy": 12767232, "torch": 287899648}  # added by importing and using each (the larger page-cache state)
-LIBRARY_SPREAD = {"numpy": 294912, "torch": 81256448}  # how much less each costs when its files were paged in by faults
-PER_TENSOR = 2597  # catalog and plan, per source tensor
+INTERPRETER = 11042816  # python -c pass
+WORKBENCH = {"cli": 20339848, "worker": 14605448}  # the entry point's modules and run state
+LIBRARY = {"numpy": 13017088, "torch": 289009664}  # added by importing and using each (the larger page-cache state)
+LIBRARY_SPREAD = {"numpy": 90112, "torch": 81240064}  # how much less each costs when its files were paged in by faults
+PER_TENSOR = 2503  # catalog and plan, per source tensor
 MEASURED_WITH = {'python': '3.11.7', 'numpy': '2.4.6', 'torch': '2.13.0+cpu'}  # planning.rss.calibration_mismatch compares these with what is installed
