@@ -290,3 +290,15 @@ def test_a_bare_prefix_rename_binds_as_the_walk_does(mapper, clash: bool, rest: 
     assert (rename_binding(mapper, source_infos(catalog), rest) is None) == (clash or rest == "error")  # the walk only then
     renamed = [g for g in fast.groups if g.label != "keep"]
     assert renamed and len({id(g.op) for g in renamed}) == 1  # one op shared by every renamed group
+
+
+def test_no_public_mapper_name_is_also_a_submodule_name() -> None:
+    """Importing such a submodule (e.g. through another lazily resolved name) would turn `M.<name>` into a module."""
+    import pkgutil
+
+    import workbench.mapper as package
+
+    submodules = {m.name for m in pkgutil.iter_modules(package.__path__)}
+    assert not (set(package.__all__) - {"presets"}) & submodules
+    package.check_module  # resolving a neighbour first must leave the function in place  # noqa: B018
+    assert callable(package.from_module) and not hasattr(package.from_module, "__path__")

@@ -21,7 +21,7 @@ from typing import Any
 # `workbench convert` imports about half of them).
 _LAZY = {
     "Mapper": "base", "Claim": "claim", "Parallel": "compose", "PrefixScope": "compose", "Sequential": "compose",
-    "from_json": "export", "check_module": "from_module", "from_module": "from_module", "Function": "function",
+    "from_json": "export", "check_module": "module_mapper", "from_module": "module_mapper", "Function": "function",
     "Binding": "groups", "ByteSlice": "groups", "Group": "groups", "Problem": "groups", "Op": "op",
     "Cast": "ops", "Concat": "ops", "Drop": "ops", "Identity": "ops", "Rename": "ops", "Reshape": "ops", "Split": "ops",
     "Stack": "ops", "Transpose": "ops", "Unstack": "ops", "TargetReport": "target", "check_target": "target",
@@ -33,6 +33,9 @@ __all__ = [
     "Parallel", "PrefixScope", "Problem", "Rename", "Reshape", "Sequential", "Split", "Stack", "TargetReport",
     "Transpose", "Unstack", "Unsupported", "check_module", "check_target", "from_json", "from_module", "presets",
 ]
+
+
+# No public name may also name a submodule: importing the submodule would rebind the package attribute to it.
 
 
 def __getattr__(name: str) -> Any:
