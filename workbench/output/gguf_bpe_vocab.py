@@ -18,17 +18,9 @@ from typing import Any
 
 from ..errors import PlanError
 from . import gguf_tokenizer_json
+from .gguf_tokenizer_json import json_file
 
 NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5  # gguf.TokenType values
-
-
-def _json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise PlanError(f"Cannot read {path}: {exc}. Fix the file.") from None
 
 
 def read(root: Path, vocab_size: int | None, looks_special: Any, tokenizer: Any = None) -> tuple[list[str], list[int]] | None:
@@ -38,7 +30,7 @@ def read(root: Path, vocab_size: int | None, looks_special: Any, tokenizer: Any 
     if tokenizer is None:
         loaded = gguf_tokenizer_json.load(root / "tokenizer.json")
         tokenizer = loaded.document if loaded is not None else None
-    config = _json(root / "tokenizer_config.json") or {}
+    config = json_file(root / "tokenizer_config.json") or {}
     if not isinstance(tokenizer, dict) or (tokenizer.get("model") or {}).get("type") != "BPE" or config.get("clean_up_tokenization_spaces"):
         return None
     added: dict[int, tuple[str, bool, bool]] = {}  # id -> (content, special, normalized)

@@ -19,12 +19,12 @@ leaves a name out, `read` returns None and the caller goes through transformers 
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
 from ..errors import PlanError
+from .gguf_tokenizer_json import json_file
 
 NAMED = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 CLASS_DEFAULTS = {"LlamaTokenizer": {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"},
@@ -32,15 +32,6 @@ CLASS_DEFAULTS = {"LlamaTokenizer": {"unk_token": "<unk>", "bos_token": "<s>", "
 NORMAL, CONTROL, USER_DEFINED, BYTE = 1, 3, 4, 6  # gguf.TokenType values
 SCORE = -1000.0
 _BYTE = re.compile(rb"<0x[0-9A-Fa-f]{2}>")
-
-
-def _json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise PlanError(f"Cannot read {path}: {exc}. Fix the file.") from None
 
 
 def _text(value: Any) -> str | None:
@@ -63,7 +54,7 @@ def special_tokens(root: Path, config: dict) -> list[str] | None:
     values = {key: config[key] for key in NAMED if key in config}
     extra = list(config.get("extra_special_tokens") or config.get("additional_special_tokens") or [])
     if "added_tokens_decoder" not in config:  # transformers then reads the legacy special_tokens_map.json over the config
-        legacy = _json(root / "special_tokens_map.json") or {}
+        legacy = json_file(root / "special_tokens_map.json") or {}
         for key, value in legacy.items():
             if key in NAMED:
                 values[key] = value
@@ -90,10 +81,10 @@ def read(root: Path, tokenizer: Any = None) -> tuple[list[bytes], list[float], l
     byte-fallback BPE tokenizer.json (the converter goes on to other routes) or its special tokens need transformers.
     `tokenizer`: tokenizer.json's document already read, read here otherwise."""
     if tokenizer is None:
-        tokenizer = _json(root / "tokenizer.json")
+        tokenizer = json_file(root / "tokenizer.json")
     if not isinstance(tokenizer, dict) or not is_byte_fallback_bpe(tokenizer):
         return None
-    config = _json(root / "tokenizer_config.json") or {}
+    config = json_file(root / "tokenizer_config.json") or {}
     specials = special_tokens(root, config)
     if specials is None:
         return None

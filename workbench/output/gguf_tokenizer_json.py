@@ -30,6 +30,17 @@ _SPACE = re.compile(r"[ \t\n\r]*")
 _GLYPH_SPACE = "\u0120"  # how SpecialVocab encodes a space inside a merge part
 
 
+def json_file(path: Path) -> Any:
+    """A tokenizer folder's small JSON file (tokenizer_config.json, added_tokens.json ...) as data, None when it is
+    absent; a file that cannot be read or parsed is refused naming it."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise PlanError(f"Cannot read {path}: {exc}. Fix the file.") from None
+
+
 @dataclass
 class TokenizerJson:
     """A parsed tokenizer.json: `document` as json.loads gives it but for `model.merges` (an empty list),

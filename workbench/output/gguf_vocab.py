@@ -16,7 +16,6 @@ Qwen2/3 try SentencePiece then GPT-2; Llama and Mistral try SentencePiece, byte-
 
 from __future__ import annotations
 
-import json
 import struct
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 from ..errors import PlanError
 from . import gguf_packed as packed
 from .gguf_packed import add_packed
+from .gguf_tokenizer_json import json_file
 
 # SentencePiece piece types (its protobuf enum) as llama.cpp records them: a user-defined piece is NORMAL there.
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -98,15 +98,6 @@ def sentencepiece_pieces(path: Path) -> list[tuple[bytes, float, int]]:
     return pieces
 
 
-def _json_file(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise PlanError(f"Cannot read {path}: {exc}. Fix the file.") from None
-
-
 def _looks_special(text: str) -> bool:
     """llama.cpp's test for added tokens that are control tokens though not marked special."""
     return (text in ("<pad>", "<mask>", "<2mass>", "[@BOS@]") or (text.startswith("<|") and text.endswith("|>"))
@@ -122,11 +113,11 @@ def sentencepiece_vocab(root: Path, vocab_size: int | None) -> tuple[list[bytes]
     types = [UNUSED] * size
     for k, (piece, score, kind) in enumerate(pieces[:size]):
         tokens[k], scores[k], types[k] = piece, score, _SP_TYPES.get(kind, NORMAL)
-    added = _json_file(root / "added_tokens.json") or {}
+    added = json_file(root / "added_tokens.json") or {}
     for text, k in added.items():
         if k < size:
             tokens[k], scores[k], types[k] = text.encode(), _ADDED_SCORE, USER_DEFINED
-    config = _json_file(root / "tokenizer_config.json") or {}
+    config = json_file(root / "tokenizer_config.json") or {}
     for key, entry in (config.get("added_tokens_decoder") or {}).items():
         k, text = int(key), entry["content"]
         if k >= size:
@@ -143,7 +134,7 @@ def sentencepiece_vocab(root: Path, vocab_size: int | None) -> tuple[list[bytes]
 def pre_tokenizer_name(root: Path, tokenizer: Any = None) -> str:
     """llama.cpp's name for the pre-tokenizer of a byte-level BPE `tokenizer.json` (`tokenizer`: already parsed);
     PlanError if it is not one the workbench knows (Llama 3, Qwen2/3, GPT-2)."""
-    found = _json_file(root / "tokenizer.json") if tokenizer is None else tokenizer
+    found = json_file(root / "tokenizer.json") if tokenizer is None else tokenizer
     found = found if isinstance(found, dict) else {}
     pre = found.get("pre_tokenizer") or {}
     steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
@@ -278,7 +269,7 @@ def add_vocab(writer: Any, root: Path, arch: str, vocab_size: int | None) -> int
 def _with_byte_level_flags(root: Path, flags: dict[str, bool], tokenizer: Any = None) -> dict[str, bool]:
     """llama.cpp's gguf-py (newer than PyPI's 0.19.0) reads a ByteLevel post-processor as adding neither BOS nor EOS
     unless a later step says otherwise; the flags in the order it records them (a ByteLevel step first: bos, eos)."""
-    found = _json_file(root / "tokenizer.json") if tokenizer is None else tokenizer
+    found = json_file(root / "tokenizer.json") if tokenizer is None else tokenizer
     post = (found if isinstance(found, dict) else {}).get("post_processor") or {}
     kinds = [step.get("type") for step in post.get("processors", [post])]
     if "ByteLevel" not in kinds:
