@@ -50,6 +50,33 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             process.wait(timeout=60)
 
 
+_MEASURED_CLI = """
+import json, runpy, sys
+if sys.argv[1] == "whole":  # keep the planning's peak: the engine resets the high-water mark when its run starts
+    import workbench.engine.rank as rank
+    rank.reset_rss_peak = lambda: False
+sys.argv = ["workbench", *sys.argv[2:]]
+try:
+    runpy.run_module("workbench", run_name="__main__", alter_sys=True)
+except SystemExit as exit:
+    assert not exit.code, exit.code
+with open("/proc/self/status") as fh:  # this process's own high-water mark (ru_maxrss would include pytest's, inherited by fork)
+    peak = next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:")) * 1024
+print(json.dumps({"imported": [m for m in ("numpy", "torch", "transformers") if m in sys.modules], "peak": peak}))
+"""
+
+
+def run_cli_measured(args: list[str], whole_process: bool = False) -> tuple[set[str], int]:
+    """Run `workbench ARGS` in a fresh process: (which of numpy, torch, transformers it imported, its peak RSS).
+    `whole_process`: the peak includes planning, not only the run the engine measures."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", _MEASURED_CLI, "whole" if whole_process else "run", *args], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return set(result["imported"]), int(result["peak"])
+
+
 @pytest.fixture(scope="session")
 def samples_dir() -> Path:
     """The folder holding the committed sample checkpoints."""

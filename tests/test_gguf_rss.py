@@ -4,14 +4,13 @@ row chunk at a time (`mapper.gguf_rows`, `engine.rows`), and the plan predicts t
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import tracemalloc
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_cli_measured
 
 import workbench as wb
 from workbench.catalog import TensorInfo
@@ -24,21 +23,6 @@ MIB = 1 << 20
 pytest.importorskip("gguf")
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
-MEASURE = """
-import runpy, sys
-sys.argv = ["workbench", *sys.argv[1:]]
-try:
-    runpy.run_module("workbench", run_name="__main__", alter_sys=True)
-except SystemExit as exit:
-    assert not exit.code, exit.code
-print("torch" in sys.modules, "transformers" in sys.modules)
-with open("/proc/self/status") as fh:  # this process's own high-water mark (not pytest's, inherited by fork)
-    print(next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:")) * 1024)
-"""
-
-
-# The engine resets the high-water mark when its run starts; this keeps the whole process's peak (planning included).
-WHOLE_PROCESS = "import workbench.engine.rank as rank\nrank.reset_rss_peak = lambda: False\n" + MEASURE
 
 
 @pytest.fixture(scope="module")
@@ -93,14 +77,11 @@ def test_a_128_mib_embedding_converts_in_row_chunks_without_torch_as_the_plan_pr
     assert rank_libraries(plan, 0) == "numpy" and not plan.needs_torch and "no torch" in plan.summary()
     assert 1 * MIB < plan.peak_bytes <= ROW_BUDGET
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", WHOLE_PROCESS, "convert", str(wide_vocab_llama), str(out), "--to", "gguf", "--dtype",
-                           "q8_0", "--quiet"], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    torch_imported, transformers_imported, measured = done.stdout.split()[-3:]
-    assert (torch_imported, transformers_imported) == ("False", "False")
-    assert abs(plan.rss_bytes - int(measured)) <= 0.15 * int(measured), json.dumps(
-        {"predicted": plan.rss_bytes, "measured": int(measured), "parts": {p.part: p.bytes for p in rss_parts(plan, 0)}})
+    imported, measured = run_cli_measured(["convert", str(wide_vocab_llama), str(out), "--to", "gguf", "--dtype", "q8_0", "--quiet"],
+                                          whole_process=True)
+    assert not imported & {"torch", "transformers"}
+    assert abs(plan.rss_bytes - measured) <= 0.15 * measured, json.dumps(
+        {"predicted": plan.rss_bytes, "measured": measured, "parts": {p.part: p.bytes for p in rss_parts(plan, 0)}})
     import gguf
 
     written = {t.name: t.tensor_type.name for t in gguf.GGUFReader(out / "model.gguf").tensors}
@@ -151,11 +132,8 @@ def test_a_128k_token_vocabulary_is_read_without_torch_within_the_predicted_rss(
     plan = wb.plan(src, to="gguf", dtype="q8_0", dest=tmp_path / "planned")
     parts = {p.part: p.bytes for p in rss_parts(plan, 0)}
     assert parts["vocabulary"] > 30 * MIB
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", WHOLE_PROCESS, "convert", str(src), str(tmp_path / "out"), "--to", "gguf",
-                           "--dtype", "q8_0", "--quiet"], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    torch_imported, transformers_imported, measured = done.stdout.split()[-3:]
-    assert (torch_imported, transformers_imported) == ("False", "False")
-    assert abs(plan.rss_bytes - int(measured)) <= 0.15 * int(measured), json.dumps(
-        {"predicted": plan.rss_bytes, "measured": int(measured), "parts": parts})
+    imported, measured = run_cli_measured(["convert", str(src), str(tmp_path / "out"), "--to", "gguf", "--dtype", "q8_0", "--quiet"],
+                                          whole_process=True)
+    assert not imported & {"torch", "transformers"}
+    assert abs(plan.rss_bytes - measured) <= 0.15 * measured, json.dumps(
+        {"predicted": plan.rss_bytes, "measured": measured, "parts": parts})

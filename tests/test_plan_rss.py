@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_cli_measured
 
 import workbench as wb
 from workbench import mapper as M
@@ -113,17 +112,6 @@ def _synthetic_llama(folder: Path) -> Path:
     return folder
 
 
-MEASURE = """
-import runpy, sys
-sys.argv = ["workbench", *sys.argv[1:]]
-try:
-    runpy.run_module("workbench", run_name="__main__", alter_sys=True)
-except SystemExit as exit:
-    assert not exit.code, exit.code
-print("imported", "torch" if "torch" in sys.modules else "numpy" if "numpy" in sys.modules else "none")
-with open("/proc/self/status") as fh:  # this process's own high-water mark (ru_maxrss would include pytest's, inherited by fork)
-    print("VmHWM", next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:")) * 1024)
-"""
 
 
 def _one_large_tensor(folder: Path) -> Path:
@@ -154,17 +142,13 @@ def test_a_real_conversion_peaks_within_15_percent_of_the_prediction(tmp_path_fa
         mapper_file.write_text("from workbench import mapper as M\nmapper = M.Transpose('model.embed_tokens.weight')\n")
         args = ["convert", str(source), str(out), "--mapper", str(mapper_file)]
         plan = wb.plan(source, M.Transpose("model.embed_tokens.weight"))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    # A torch process's RSS includes pages of its shared libraries, and how many of those the kernel maps per
-    # fault depends on the page cache (fault-around): one run in a full suite measured 60 MB more than its
-    # reruns. That noise only adds, so the smallest of up to three runs is what the process itself needs.
+    # Small noise only adds to a process's RSS (the allocator's state, the page cache): the smallest of up to three
+    # runs is what the process itself needs.
     measured = None
     for _ in range(3):
-        done = subprocess.run([sys.executable, "-c", MEASURE, *args], env=env, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-2000:]
-        lines = done.stdout.strip().splitlines()
-        assert lines[-2] == f"imported {rank_libraries(plan, 0)}"  # the run imported what the plan said: numpy alone for the cast
-        run = int(lines[-1].split()[1])
+        imported, run = run_cli_measured(args)
+        expected = rank_libraries(plan, 0)  # the run imported what the plan said: numpy alone for the cast
+        assert ("torch" if "torch" in imported else "numpy" if "numpy" in imported else "none") == expected
         measured = run if measured is None else min(measured, run)
         if abs(plan.rss_bytes - measured) <= 0.15 * measured:
             break
