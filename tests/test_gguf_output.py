@@ -120,7 +120,7 @@ def test_a_folder_without_config_or_with_an_unknown_dtype_is_refused(tmp_path: P
     (bare / "model.safetensors").write_bytes((model_folder("llama") / "model.safetensors").read_bytes())
     with pytest.raises(PlanError, match="config.json"):
         wb.plan(bare, to="gguf")
-    with pytest.raises(PlanError, match="model_type 'bert'.*llama, mistral, mixtral, olmoe, qwen2, qwen2_moe, qwen3, qwen3_moe"):
+    with pytest.raises(PlanError, match="model_type 'bert'.*deepseek_v3, llama, mistral, mixtral, olmoe, qwen2, qwen2_moe, qwen3, qwen3_moe"):
         wb.plan(Path(__file__).resolve().parent.parent / "sample_checkpoints" / "tiny-bert", to="gguf")
 
 
@@ -218,3 +218,32 @@ def test_mixtral_experts_are_stacked_per_layer_and_verify_dequantises_the_stacks
     frame = report.verification
     stacks = frame[frame.index.str.contains("_exps")]
     assert report.verified and len(stacks) == 6 and (stacks.check == "compute+dequantised").all() and (stacks.max_abs_diff > 0).all()
+
+
+def test_deepseek_v3_mla_is_split_per_head_and_extra_layers_are_left_out(tmp_path: Path) -> None:
+    """llama.cpp's absorbed MLA: kv_b_proj becomes attn_k_b (per head, the qk_nope rows, transposed) and attn_v_b (the
+    v rows); --verify de-quantises both against those rows of the source. A layer past num_hidden_layers (DeepSeek's
+    multi-token prediction) has no place in the file."""
+    from safetensors.torch import load_file, save_file
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for item in model_folder("deepseek_v3").iterdir():
+        (src / item.name).write_bytes(item.read_bytes())
+    tensors = load_file(src / "model.safetensors")
+    tensors["model.layers.2.input_layernorm.weight"] = tensors["model.layers.1.input_layernorm.weight"].clone()
+    save_file(tensors, src / "model.safetensors", metadata={"format": "pt"})
+    report = wb.convert(src, tmp_path / "out", to="gguf", dtype="q8_0", quiet=True, verify=True)
+    reader = gguf.GGUFReader(tmp_path / "out" / "model.gguf")
+    shapes = {t.name: (t.tensor_type.name, [int(d) for d in t.shape]) for t in reader.tensors}
+    assert not any(name.startswith("blk.2.") for name in shapes)
+    # heads 4, kv_lora_rank 64, qk_nope_head_dim 32, v_head_dim 32; GGUF lists dims innermost first
+    assert shapes["blk.1.attn_k_b.weight"] == ("Q8_0", [32, 64, 4]) and shapes["blk.1.attn_v_b.weight"] == ("Q8_0", [64, 32, 4])
+    assert shapes["blk.1.exp_probs_b.bias"] == ("F32", [4]) and "blk.0.ffn_gate_exps.weight" not in shapes
+    fields = _fields(reader)
+    assert fields["deepseek2.attention.head_count_kv"][1] == 1 and fields["deepseek2.leading_dense_block_count"][1] == 1
+    assert fields["deepseek2.attention.key_length"][1] == 64 + 16 and fields["deepseek2.attention.key_length_mla"][1] == 32 + 16
+    frame = report.verification
+    split = frame[frame.index.str.contains("attn_[kv]_b")]
+    assert report.verified and len(split) == 4 and (split.check == "compute+dequantised").all()
+    assert (split.max_abs_diff > 0).all() and (split.max_abs_diff < 0.05).all()

@@ -156,6 +156,15 @@ def build(folder: Path, family: str = "llama", dtype: str = "bfloat16", tokenize
     elif family == "olmoe":
         config = transformers.OlmoeConfig(**{**common, "rms_norm_eps": 1e-6}, num_experts=4, num_experts_per_tok=2)
         cls = transformers.OlmoeForCausalLM
+    elif family == "deepseek_v3":  # MLA (both LoRA ranks), one dense layer then 4 routed + 1 shared expert, YaRN as V3 has it;
+        # distinct widths so every MLA length llama.cpp writes is told apart; scoring_func is in V3's own config
+        config = transformers.DeepseekV3Config(
+            **{**common, "num_key_value_heads": 4}, moe_intermediate_size=32, n_routed_experts=4, n_shared_experts=1,
+            num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=64,
+            qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32, scoring_func="sigmoid",
+            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32,
+                             "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0})
+        cls = transformers.DeepseekV3ForCausalLM
     elif family == "qwen2":
         config = transformers.Qwen2Config(**common)
         cls = transformers.Qwen2ForCausalLM

@@ -21,7 +21,7 @@ from .base import Mapper
 from .compose import Parallel, Sequential
 from .function import Function
 from .gguf_rows import QUANTIZED, SOURCE_TYPES, gguf_function  # QUANTIZED: (elements, bytes) per block
-from .ops import Cast, Rename, Reshape, Stack, Transpose
+from .ops import Cast, Rename, Reshape, Split, Stack, Transpose
 
 LAYERS = "model.layers.{i}"
 GGUF_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0")
@@ -30,7 +30,7 @@ Q8_BLOCK, Q8_BYTES = 32, 34  # elements per Q8_0 block, bytes per block (an f16 
 # llama.cpp's architecture name per HF model_type, and whether it permutes q/k rows.
 ARCHITECTURES = {"llama": ("llama", True), "mistral": ("llama", True), "mixtral": ("llama", True), "qwen2": ("qwen2", False),
                  "qwen3": ("qwen3", False), "qwen2_moe": ("qwen2moe", False), "qwen3_moe": ("qwen3moe", False),
-                 "olmoe": ("olmoe", False)}
+                 "olmoe": ("olmoe", False), "deepseek_v3": ("deepseek2", False)}
 # MoE experts as transformers saves them (one tensor per expert): llama.cpp stacks each layer's experts into one
 # (experts, rows, columns) tensor per projection, in the order each converter emits them.
 _EXPERTS = {
@@ -41,6 +41,7 @@ _EXPERTS = {
 }
 _EXPERTS["qwen3_moe"] = _EXPERTS["qwen2_moe"]  # llama.cpp converts Qwen3-MoE with its Qwen2-MoE converter
 _EXPERTS["olmoe"] = _EXPERTS["qwen2_moe"]  # and stacks OLMoE's experts the same way
+_EXPERTS["deepseek_v3"] = _EXPERTS["qwen2_moe"]  # as does its DeepSeek-V2 converter (V3 too)
 _F32_MATRICES = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")  # MoE routers: llama.cpp keeps them F32
 
 _TOP = (("model.embed_tokens.weight", "token_embd.weight"), ("model.norm.weight", "output_norm.weight"),
@@ -56,7 +57,14 @@ _LAYER = (
     ("block_sparse_moe.gate.weight", "ffn_gate_inp.weight"), ("mlp.gate.weight", "ffn_gate_inp.weight"),
     ("mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"), ("mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"),
     ("mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"), ("mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"),
+    # DeepSeek's multi-head latent attention (MLA), its router bias and its shared experts
+    ("self_attn.q_a_proj.weight", "attn_q_a.weight"), ("self_attn.q_a_layernorm.weight", "attn_q_a_norm.weight"),
+    ("self_attn.q_b_proj.weight", "attn_q_b.weight"), ("self_attn.kv_a_proj_with_mqa.weight", "attn_kv_a_mqa.weight"),
+    ("self_attn.kv_a_layernorm.weight", "attn_kv_a_norm.weight"), ("mlp.gate.e_score_correction_bias", "exp_probs_b.bias"),
+    ("mlp.shared_experts.gate_proj.weight", "ffn_gate_shexp.weight"), ("mlp.shared_experts.up_proj.weight", "ffn_up_shexp.weight"),
+    ("mlp.shared_experts.down_proj.weight", "ffn_down_shexp.weight"),
 )
+_KV_B = "self_attn.kv_b_proj.weight"  # MLA's joint K/V up-projection: llama.cpp splits it per head into k_b (transposed), v_b
 
 
 def gguf_name(hf: str) -> str | None:
@@ -144,6 +152,8 @@ class GgufTensor:
     source: str = ""  # the HF tensor it is made from
     heads: int = 0  # heads of the q/k row permutation applied to it (0: none)
     stacked: tuple[str, ...] = ()  # the HF tensors stacked into it (MoE experts), when not one `source`
+    # (heads, first row, rows, transposed): the rows of each head of `source` it holds (MLA's split kv_b_proj), if a part
+    part: tuple[int, int, int, bool] | tuple[()] = ()
 
 
 def _typed(out: str, kind: str, dtype: str) -> list[Mapper]:
@@ -158,6 +168,28 @@ def _typed(out: str, kind: str, dtype: str) -> list[Mapper]:
 
 def _config_get(config: Any, key: str, default: Any = None) -> Any:
     return config.get(key, default) if isinstance(config, dict) else getattr(config, key, default)
+
+
+def _split_kv_b(config: Any, info: TensorInfo, block: str, dtype: str) -> tuple[list[list[Mapper]], dict[str, GgufTensor]]:
+    """The ops (one list per stage) splitting MLA's kv_b_proj as llama.cpp does for its absorbed attention: per head,
+    the first qk_nope_head_dim rows become attn_k_b (transposed: heads, kv_lora_rank, qk_nope_head_dim), the
+    v_head_dim rows after them attn_v_b (heads, v_head_dim, kv_lora_rank); and the two planned tensors."""
+    nope, v_dim = int(_config_get(config, "qk_nope_head_dim")), int(_config_get(config, "v_head_dim"))
+    heads = int(_config_get(config, "num_key_value_heads") or _config_get(config, "num_attention_heads"))
+    rows, rank = tuple(info.shape)
+    if rows != heads * (nope + v_dim):
+        raise MapperError(f"Cannot split {info.name!r} {[rows, rank]} into llama.cpp's attn_k_b / attn_v_b: it should have "
+                          f"{heads} heads x (qk_nope_head_dim {nope} + v_head_dim {v_dim}) rows. Check config.json.", tensor=info.name)
+    joined, k_b, v_b = f"{block}.attn_kv_b.weight", f"{block}.attn_k_b.weight", f"{block}.attn_v_b.weight"
+    shapes = {k_b: (heads, rank, nope), v_b: (heads, v_dim, rank)}
+    kinds = {out: gguf_type(out, shape, dtype) for out, shape in shapes.items()}
+    # both parts are rewritten in the third step, k_b first: the file lists them in the order they were last written
+    ops: list[list[Mapper]] = [[Reshape(info.name, [heads, nope + v_dim, rank], dst=joined)],
+                               [Split(joined, (f"{k_b}.part", f"{v_b}.part"), (nope, v_dim), dim=1)],
+                               [Transpose(f"{k_b}.part", 1, 2, dst=k_b), Rename(f"{v_b}.part", v_b)],
+                               [op for out in shapes for op in _typed(out, kinds[out], info.dtype)]]
+    parts = {k_b: (heads, 0, nope, True), v_b: (heads, nope, v_dim, False)}
+    return ops, {out: GgufTensor(out, kinds[out], shape, info.name, part=parts[out]) for out, shape in shapes.items()}
 
 
 def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | None = None) -> tuple[Mapper, dict[str, GgufTensor], str]:
@@ -178,7 +210,9 @@ def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | No
     stage3: list[Mapper] = []
     stage4: list[Mapper] = []
     planned: dict[str, GgufTensor] = {}
-    n_experts = int(_config_get(config, "num_local_experts") or _config_get(config, "num_experts") or 0)
+    n_experts = int(_config_get(config, "num_local_experts") or _config_get(config, "num_experts")
+                    or _config_get(config, "n_routed_experts") or 0)
+    n_layers = int(_config_get(config, "num_hidden_layers") or 1 << 30)
     expert_pattern, expert_names = _EXPERTS.get(model_type, (None, ()))
     experts: dict[int, dict[tuple[str, int], str]] = {}
     for name in source.tensors:
@@ -199,6 +233,15 @@ def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | No
                         stage1.append(Stack(parts, out))
                         stage4.extend(_typed(out, kind, info.dtype))
                     planned[out] = GgufTensor(out, kind, shape, parts[0], 0, parts)
+            continue
+        layer_index = name.split(".")[2] if name.startswith("model.layers.") else ""
+        if layer_index.isdecimal() and int(layer_index) >= n_layers:  # extra layers (DeepSeek's multi-token prediction)
+            continue
+        if name.endswith(_KV_B) and model_type == "deepseek_v3":
+            ops, made = _split_kv_b(config, source[name], f"blk.{layer_index}", dtype)
+            for stage, op in zip((stage1, stage2, stage3, stage4), ops, strict=True):
+                stage.extend(op)
+            planned.update(made)
             continue
         out = gguf_name(name)
         if out is None:

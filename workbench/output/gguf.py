@@ -245,6 +245,10 @@ class GgufOutput(OutputFormat):
                 raw = torch.frombuffer(bytearray(source.read_bytes(part)), dtype=to_torch(info.dtype)).reshape(info.shape)
                 parts.append(raw.to(torch.float32))
             expected = torch.stack(parts) if planned.stacked else parts[0]
+            if planned.part:  # per head, some rows of the source (transposed for MLA's k_b)
+                heads, first, rows, transposed = planned.part
+                expected = expected.reshape(heads, -1, expected.shape[-1])[:, first:first + rows]
+                expected = expected.transpose(1, 2) if transposed else expected
             if planned.heads:
                 rows = expected.shape[0]  # llama.cpp's q/k order: per head (2, half) rows -> (half, 2)
                 expected = expected.reshape(planned.heads, 2, rows // planned.heads // 2, -1).transpose(1, 2).reshape(expected.shape)

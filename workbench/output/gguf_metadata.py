@@ -35,6 +35,8 @@ def read_config(root: Path) -> dict[str, Any]:
 
 
 def _model_parameters(writer: Any, config: dict[str, Any]) -> int:
+    import gguf
+
     heads = int(config["num_attention_heads"])
     hidden = int(config["hidden_size"])
     head_dim = int(config.get("head_dim") or hidden // heads)
@@ -43,22 +45,91 @@ def _model_parameters(writer: Any, config: dict[str, Any]) -> int:
     writer.add_embedding_length(hidden)
     writer.add_feed_forward_length(int(config["intermediate_size"]))
     writer.add_head_count(heads)
-    writer.add_head_count_kv(int(config.get("num_key_value_heads") or heads))
-    rope = config.get("rope_parameters") or {}
+    deepseek = config.get("model_type") == "deepseek_v3"  # MLA is written as MQA: one K/V head
+    writer.add_head_count_kv(1 if deepseek else int(config.get("num_key_value_heads") or heads))
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    rope = rope.get("full_attention", rope)
+    _rope_scaling(writer, rope, config.get("original_max_position_embeddings"))
     theta = rope.get("rope_theta", config.get("rope_theta"))
     if theta is not None:
         writer.add_rope_freq_base(float(theta))
     # llama.cpp's OLMoE converter writes 1e-5 whatever the config says (OLMoE's own value)
-    writer.add_layer_norm_rms_eps(1e-5 if config.get("model_type") == "olmoe" else float(config["rms_norm_eps"]))
-    experts = config.get("num_local_experts", config.get("num_experts"))
+    writer.add_layer_norm_rms_eps(1e-5 if config.get("model_type") == "olmoe" else float(config.get("rms_norm_eps", 1e-6)))
+    experts = _first(config, "num_local_experts", "num_experts", "n_routed_experts")
     if experts is not None:
         writer.add_expert_count(int(experts))
     if config.get("num_experts_per_tok") is not None:
         writer.add_expert_used_count(int(config["num_experts_per_tok"]))
+    if config.get("n_group") is not None:
+        writer.add_expert_group_count(int(config["n_group"]))
+    if config.get("topk_group") is not None:
+        writer.add_expert_group_used_count(int(config["topk_group"]))
+    score = _first(config, "score_function", "scoring_func", "score_func")
+    if score is not None:  # the router's scoring function, as llama.cpp's expert gating function
+        gating = {kind.name.lower(): kind for kind in gguf.ExpertGatingFuncType}
+        if str(score) not in gating:
+            raise PlanError(f"Cannot write GGUF: the router's scoring function {score!r} is not one the gguf package "
+                            f"names ({', '.join(gating)}). Fix config.json or use llama.cpp's convert_hf_to_gguf.py.")
+        writer.add_expert_gating_func(gating[str(score)])
     if "head_dim" in config and config["head_dim"]:
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
     return head_dim
+
+
+def _rope_scaling(writer: Any, rope: dict[str, Any], original_context: Any) -> None:
+    """The RoPE scaling keys llama.cpp's converter writes for linear and YaRN scaling (other kinds write none here).
+    `original_context`: config.json's original_max_position_embeddings, for a YaRN block without it."""
+    import gguf
+
+    kind, factor = rope.get("rope_type", rope.get("type")), rope.get("factor")
+    if kind not in ("linear", "yarn") or factor is None:
+        return
+    writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR if kind == "linear" else gguf.RopeScalingType.YARN)
+    writer.add_rope_scaling_factor(factor)
+    if kind == "yarn":
+        writer.add_rope_scaling_orig_ctx_len(int(rope.get("original_max_position_embeddings", original_context)))
+        for key, add in (("extrapolation_factor", writer.add_rope_scaling_yarn_ext_factor),
+                         ("attention_factor", writer.add_rope_scaling_yarn_attn_factor),
+                         ("beta_fast", writer.add_rope_scaling_yarn_beta_fast), ("beta_slow", writer.add_rope_scaling_yarn_beta_slow)):
+            value = rope.get(key, rope.get("attn_factor")) if key == "attention_factor" else rope.get(key)
+            if value is not None:
+                add(value)
+
+
+def _first(config: dict[str, Any], *keys: str) -> Any:
+    """The value of the first of `keys` present (not None) in `config`, as llama.cpp's converter looks hyperparameters up."""
+    return next((config[k] for k in keys if config.get(k) is not None), None)
+
+
+def _deepseek_parameters(writer: Any, config: dict[str, Any]) -> None:
+    """What llama.cpp's DeepSeek-V2 converter (V3's too) adds after the file type: dense leading layers, MLA's ranks
+    and head widths (the cache holds kv_lora_rank + qk_rope_head_dim wide keys), shared experts and routing scale."""
+    routed = config.get("n_routed_experts")
+    dense = config.get("first_k_dense_replace")
+    writer.add_leading_dense_block_count(int(dense if dense is not None else 0 if routed is not None else config["num_hidden_layers"]))
+    kv_lora_rank = int(config.get("kv_lora_rank", 512))
+    writer.add_vocab_size(int(config["vocab_size"]))
+    if config.get("q_lora_rank") is not None:
+        writer.add_q_lora_rank(int(config["q_lora_rank"]))
+    rope_dim = int(config["qk_rope_head_dim"])
+    writer.add_kv_lora_rank(kv_lora_rank)
+    writer.add_key_length(kv_lora_rank + rope_dim)
+    writer.add_value_length(kv_lora_rank)
+    writer.add_key_length_mla(int(config["qk_nope_head_dim"]) + rope_dim)
+    writer.add_value_length_mla(int(config["v_head_dim"]))
+    writer.add_expert_feed_forward_length(int(_first(config, "moe_intermediate_size", "intermediate_size")))
+    if routed is not None:
+        writer.add_expert_count(int(routed))
+    writer.add_expert_shared_count(int(config.get("n_shared_experts", 0)))
+    if config.get("routed_scaling_factor") is not None:
+        writer.add_expert_weights_scale(float(config["routed_scaling_factor"]))
+    if config.get("norm_topk_prob"):
+        writer.add_expert_weights_norm(bool(config["norm_topk_prob"]))
+    writer.add_rope_dimension_count(rope_dim)
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if rope.get("mscale_all_dim") is not None:  # llama.cpp's DeepSeek-2 YaRN factor, 0.1 x mscale_all_dim
+        writer.add_rope_scaling_yarn_log_mul(0.1 * float(rope["mscale_all_dim"]))
 
 
 def parameter_counts(shapes: dict[str, tuple[int, ...]]) -> tuple[int, int, int, int]:
@@ -95,6 +166,10 @@ def kv_metadata(root: Path, arch: str, config: dict[str, Any], gguf_type: str, c
     meta.set_gguf_meta_model(writer)
     head_dim = _model_parameters(writer, config)
     writer.add_file_type(FILE_TYPES[gguf_type])
+    if arch == "deepseek2":  # it rewrites key/value lengths and the expert count in place, as the converter does
+        logging.getLogger("gguf").setLevel(logging.ERROR)  # (the writer warns of each rewritten key)
+        _deepseek_parameters(writer, config)
+        logging.getLogger("gguf").setLevel(logging.WARNING)
     if arch in ("qwen2moe", "qwen3moe"):  # llama.cpp's Qwen2-MoE converter (Qwen3-MoE's too) adds the expert widths last
         if config.get("moe_intermediate_size") is not None:
             writer.add_expert_feed_forward_length(int(config["moe_intermediate_size"]))
