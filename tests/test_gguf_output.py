@@ -122,6 +122,17 @@ def test_a_folder_without_config_or_with_an_unknown_dtype_is_refused(tmp_path: P
         wb.plan(bare, to="gguf")
     with pytest.raises(PlanError, match="model_type 'bert'.*deepseek_v3, llama, mistral, mixtral, olmoe, qwen2, qwen2_moe, qwen3, qwen3_moe"):
         wb.plan(Path(__file__).resolve().parent.parent / "sample_checkpoints" / "tiny-bert", to="gguf")
+    llama31 = tmp_path / "llama31"  # a rope the converter adds a generated tensor for: refused, not written without it
+    llama31.mkdir()
+    for file in model_folder("llama").iterdir():
+        (llama31 / file.name).write_bytes(file.read_bytes())
+    config = json.loads((llama31 / "config.json").read_text())
+    config["rope_theta"] = config.pop("rope_parameters", {}).get("rope_theta", 10000.0)  # as Llama 3.1's hub config spells it
+    config["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                              "original_max_position_embeddings": 64}
+    (llama31 / "config.json").write_text(json.dumps(config))
+    with pytest.raises(PlanError, match="RoPE scaling type 'llama3'.*convert_hf_to_gguf.py"):
+        wb.plan(llama31, to="gguf")
 
 
 def test_verify_rereads_gguf_through_its_own_header_and_catches_a_flipped_byte(tmp_path: Path) -> None:

@@ -83,6 +83,10 @@ def _rope_scaling(writer: Any, rope: dict[str, Any], original_context: Any) -> N
     import gguf
 
     kind, factor = rope.get("rope_type", rope.get("type")), rope.get("factor")
+    if kind not in (None, "default", "linear", "yarn"):  # llama3 adds a rope_freqs tensor, longrope its factors
+        raise PlanError(f"Cannot write GGUF: config.json's RoPE scaling type {kind!r} needs what llama.cpp's converter "
+                        "generates for it (Llama 3's rope_freqs tensor, LongRoPE's factors), which the workbench does not "
+                        "write yet. Convert this model with llama.cpp's convert_hf_to_gguf.py.")
     if kind not in ("linear", "yarn") or factor is None:
         return
     writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR if kind == "linear" else gguf.RopeScalingType.YARN)
