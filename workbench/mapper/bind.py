@@ -294,9 +294,18 @@ class Binder:
             op = leaf.fill_names(dict(zip(order, key, strict=True)))
             names = op.inputs
             found_nodes = [nodes[name] for name in names]
-            outputs = cache.get((path, tuple([node.meta for node in found_nodes])))  # type: ignore[arg-type]
-            if (outputs is None or any(node.comp is not None for node in found_nodes) or any(name in consumed for name in names)
-                    or any(name in produced for name in op.outputs)):
+            metas = tuple([node.meta for node in found_nodes])
+            outputs = cache.get((path, metas))  # type: ignore[arg-type]
+            general = outputs is None
+            if not general:
+                for name, node in zip(names, found_nodes, strict=True):
+                    if node.comp is not None or name in consumed:
+                        general = True
+                        break
+                for name in op.outputs:
+                    if name in produced:
+                        general = True
+            if general:
                 self.instance(op, state, path, effect, reported=False)
                 continue
             # What comp_of + union make of fresh components: one, holding the sources in input order.
@@ -309,7 +318,7 @@ class Binder:
             self.seq += 1
             comp.steps.append((self.seq, path, op))
             if records is not None:
-                records.setdefault(path, []).append((op, tuple([node.meta for node in found_nodes])))  # type: ignore[arg-type]
+                records.setdefault(path, []).append((op, metas))  # type: ignore[arg-type]
             for name, node in zip(names, found_nodes, strict=True):
                 consumed[name] = (node, op)
             for index, name in enumerate(op.outputs):
