@@ -107,7 +107,8 @@ class CopyQueue:
         window_end = window_bytes = 0
         for run in runs + [[]]:
             if run:
-                first, length = run[0], sum(p.length for p in run)
+                first = run[0]
+                length = first.length if len(run) == 1 else sum(p.length for p in run)
                 if (window and first.writer_order == window[0][0].writer_order and first.dst == window_end
                         and window_bytes + length <= WRITE_CALL_MAX):
                     window.append(run)
@@ -120,10 +121,11 @@ class CopyQueue:
                 reads, parts, at = [], [], 0
                 for piece_run in window:
                     head = piece_run[0]
-                    length = sum(p.length for p in piece_run)
-                    reads.append((head.src_fd, head.src_offset, at, length))
-                    parts.extend((p.name, p.at, p.length) for p in piece_run)
-                    at += length
+                    start = at
+                    for p in piece_run:
+                        parts.append((p.name, p.at, p.length))
+                        at += p.length
+                    reads.append((head.src_fd, head.src_offset, start, at - start))
                 self._writers[window[0][0].writer_order].gather_span(window[0][0].dst, reads, parts)
                 self.copy_calls += 1
                 total += at
