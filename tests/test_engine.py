@@ -145,6 +145,36 @@ def test_many_tiny_tensors_are_copied_in_few_calls(tiny_checkpoint, tmp_path: Pa
     assert report.ranks[0].copy_calls <= 2 * len(shards)  # runs adjacent in source and output are merged
 
 
+@pytest.mark.parametrize("window", [None, 1000])
+def test_fused_tiny_tensors_are_assembled_in_few_calls(tiny_checkpoint, tmp_path: Path, window, monkeypatch) -> None:
+    # q/k/v sit apart in the source (k, o, q, v in name order) but side by side in each fused output: the tiny
+    # runs are gathered per output window (a few reads, one write) rather than copied one by one.
+    import torch
+
+    from workbench.engine import copier
+
+    if window is not None:  # many windows: each one's size and end are counted afresh
+        monkeypatch.setattr(copier, "WRITE_CALL_MAX", window)
+
+    layers = 400
+    tensors = {}
+    for i in range(layers):
+        for part, rows in (("k", 2), ("o", 4), ("q", 4), ("v", 2)):
+            tensors[f"layers.{i}.{part}_proj.weight"] = torch.arange(rows * 4, dtype=torch.float32).reshape(rows, 4) + 1000 * i
+    src = tiny_checkpoint(tensors, shards=2)
+    mapper = M.Concat([f"layers.{{i}}.{p}_proj.weight" for p in "qkv"], "layers.{i}.qkv_proj.weight")
+    report = wb.convert(src, tmp_path / "out", mapper, shard_size="40KB", quiet=True)
+    expected = {n: t for n, t in tensors.items() if ".o_proj" in n}
+    for i in range(layers):
+        expected[f"layers.{i}.qkv_proj.weight"] = torch.cat([tensors[f"layers.{i}.{p}_proj.weight"] for p in "qkv"])
+    shards = assert_equals_save_file(tmp_path / "out", expected, tmp_path)
+    calls = report.ranks[0].copy_calls
+    if window is None:
+        assert len(shards) > 1 and calls <= 4 * len(shards)  # 4 * layers one by one
+    else:  # 76.8 KB of output in windows of at most 1000 bytes: about one call per 1000 bytes
+        assert 76_800 // window <= calls <= 2 * 76_800 // window
+
+
 def test_byte_level_conversion_never_imports_torch(llama_sample: Path, tmp_path: Path) -> None:
     code = (
         "import sys, workbench as wb\nfrom workbench.mapper import presets\n"

@@ -302,3 +302,40 @@ def test_no_public_mapper_name_is_also_a_submodule_name() -> None:
     assert not (set(package.__all__) - {"presets"}) & submodules
     package.check_module  # resolving a neighbour first must leave the function in place  # noqa: B018
     assert callable(package.from_module) and not hasattr(package.from_module, "__path__")
+
+
+@pytest.mark.parametrize("case", ["plain", "partial", "renamed_first", "read_twice", "stepwise"])
+def test_joined_templates_bind_as_the_general_expansion_does(case: str, monkeypatch) -> None:
+    """Several whole-segment templates (q/k/v -> qkv) take a fused path; it must equal `expand` + `instance`."""
+    from workbench.mapper.bind import Binder, bind, bind_steps
+
+    catalog = llama_like(3, missing=("model.layers.1.self_attn.v_proj.weight",) if case == "partial" else ())
+    concat = M.Concat(QKV, FUSED)
+    mapper = {
+        "renamed_first": M.Sequential(M.Rename("model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.q_proj.weight.x"),
+                                      M.Rename("model.layers.0.self_attn.q_proj.weight.x", "model.layers.0.self_attn.q_proj.weight"),
+                                      concat),
+        "read_twice": M.Parallel(concat, M.Cast("model.layers.{i}.self_attn.k_proj.weight", "F32")),
+    }.get(case, concat)
+
+    def outcome():
+        if case == "stepwise":
+            steps = bind_steps([M.Rename("model.layers.2.input_layernorm.weight", "norm2"), concat], catalog)
+            binding, extra = steps.binding, [[repr(op) for op in ops] for ops in steps.instances]
+        else:
+            binding, extra = bind(mapper, catalog), None
+        groups = [(g.inputs, g.outputs, dict(g.recipe or {}), g.chunk_cast, g.label, repr(g.op)) for g in binding.groups]
+        return groups, binding.problems, binding.dropped, extra
+
+    general_instances = []
+    instance = Binder.instance
+    monkeypatch.setattr(Binder, "instance", lambda self, op, *a, **k: general_instances.append(op) or instance(self, op, *a, **k))
+    fast = outcome()
+    if case == "plain":  # only the first layer goes the general way (its metadata is not inferred yet)
+        assert len(general_instances) == 1
+    calls = []
+    monkeypatch.setattr(Binder, "_expand_joined", lambda self, *args: calls.append(1) or False)
+    general = outcome()
+    assert calls  # the fused path was on offer, and turned down the second time
+    assert fast == general
+    assert bool(fast[1]) == (case in ("partial", "read_twice"))

@@ -363,3 +363,35 @@ def test_a_catalog_built_in_memory_never_picks_up_the_working_folder(tmp_path: P
     monkeypatch.chdir(tmp_path)
     plan = wb.plan(Catalog.from_infos([TensorInfo("w", "F32", (4,))]))
     assert plan.extras == [] and plan.extra_files == []
+
+
+def test_shared_recipes_are_read_as_their_byte_slices(llama_sample: Path) -> None:
+    # Planning reads fused groups' shared recipes (LazyRecipe.spans) without making ByteSlices: the step reads,
+    # page-alignment weights and fingerprint must equal those of the same recipes as plain dicts.
+    import dataclasses
+
+    from workbench.mapper.recipes import LazyRecipe
+    from workbench.planning.fingerprint import layout_fingerprint
+    from workbench.planning.page_align import congruent_bytes
+    from workbench.planning.schedule import SourceAccess, step_cost, step_kind
+
+    catalog = open_catalog(llama_sample)
+    plan = wb.plan(catalog, M.presets.hf_to_fused(llama_sample / "config.json"))
+    shared = [s for s in plan.steps if isinstance(s.group.recipe, LazyRecipe) and len(s.group.inputs) > 1]
+    assert shared
+    access = SourceAccess(catalog.reader)
+    for step in shared:
+        kind = step_kind(step.group, access)
+        plain = dataclasses.replace(step.group, recipe=dict(step.group.recipe))
+        assert (step.kind, step.held_bytes, step.reads) == (kind, *step_cost(plain, kind, step.bytes_out, access, plan.options.chunk_bytes))
+    flat = [dataclasses.replace(s, group=dataclasses.replace(s.group, recipe=dict(s.group.recipe))) if s.group.recipe else s for s in plan.steps]
+    assert layout_fingerprint(catalog, plan.steps, plan.output_file_list, None) == layout_fingerprint(catalog, flat, plan.output_file_list, None)
+    placed = {t.name: t.begin - plan.output_file_list[0].layout.tensors[0].begin for t in plan.output_file_list[0].layout.tensors}
+    locate = catalog.reader.locate
+
+    def offset(info):
+        where = locate(info)
+        return None if where is None else where[1]
+
+    weights = congruent_bytes(plan.steps, placed, offset)
+    assert weights and weights == congruent_bytes(flat, placed, offset)

@@ -137,6 +137,47 @@ def test_copy_span_moves_bytes_whether_or_not_pages_line_up(tmp_path: Path, cong
     assert path.read_bytes() == (tmp_path / "ref.safetensors").read_bytes()
 
 
+def test_gather_span_assembles_scattered_source_runs_in_one_write(tmp_path: Path, monkeypatch) -> None:
+    # The output's tensors come from runs of the source in another order; runs adjacent in the source are
+    # read by one scattering preadv (short reads continued), the window is written once.
+    from workbench.output import safetensors as writer_module
+
+    tensors = {n: torch.arange(k * 7, k * 7 + 5 + k, dtype=torch.float32) for k, n in enumerate(["a", "b", "c", "d"])}
+    layout = layout_file("out.safetensors", [TensorInfo(n, "F32", tuple(t.shape)) for n, t in tensors.items()])
+    slots = sorted(layout.by_name().values(), key=lambda info: info.begin)
+    raw = {n: t.numpy().tobytes() for n, t in tensors.items()}
+    # c+d and a+b are adjacent in the source, a gap between: two scattering reads (each continued when short)
+    source = tmp_path / "source.bin"
+    source.write_bytes(b"head" + raw["c"] + raw["d"] + b"gap" + raw["a"] + raw["b"])
+    where = {"c": 4, "d": 4 + len(raw["c"])}
+    where["a"] = where["d"] + len(raw["d"]) + 3
+    where["b"] = where["a"] + len(raw["a"])
+    calls = []
+    real = os.preadv
+
+    def short_preadv(fd, views, at):  # at most 9 bytes a call: the loop must continue short reads
+        calls.append(len(views))
+        return real(fd, [views[0][:9]], at)
+
+    fd = os.open(source, os.O_RDONLY)
+    try:
+        with SafetensorsWriter(tmp_path, layout) as writer:
+            reads, at = [], 0
+            for info in slots:
+                reads.append((fd, where[info.name], at, info.nbytes))
+                at += info.nbytes
+            with pytest.raises(PlanError, match="do not add up"):
+                writer.gather_span(slots[0].begin, reads[:-1], [(i.name, 0, i.nbytes) for i in slots])
+            monkeypatch.setattr(writer_module.os, "preadv", short_preadv)
+            writer.gather_span(slots[0].begin, reads, [(i.name, 0, i.nbytes) for i in slots])
+            path = writer.commit()
+    finally:
+        os.close(fd)
+    assert calls[0] == 2 and len(calls) > 4  # the first call asks for two tensors at once; short reads go on
+    save_file(tensors, str(tmp_path / "ref.safetensors"), metadata={"format": "pt"})
+    assert path.read_bytes() == (tmp_path / "ref.safetensors").read_bytes()
+
+
 def test_copy_from_moves_bytes_from_a_source_file(tmp_path: Path) -> None:
     layout, data = _layout_and_data()
     source = tmp_path / "source.bin"

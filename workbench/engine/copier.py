@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..output.safetensors import SafetensorsWriter
+from ..output.safetensors import WRITE_CALL_MAX, SafetensorsWriter
 
 FLUSH_PIECES = 65536
 FLUSH_BYTES = 256 << 20
+GATHER_RUN = 64 << 10  # runs shorter than this are assembled with their neighbours in the output (`_gather`)
 
 
 @dataclass(slots=True)
@@ -59,7 +60,9 @@ class CopyQueue:
             return 0
         pieces = sorted(self._pieces, key=lambda p: (p.writer_order, p.src_fd, p.src_offset))
         total = 0
+        small: list[list[Piece]] = []  # runs left to `_gather`
         run: list[Piece] = [pieces[0]]
+        run_bytes = pieces[0].length
         for piece in pieces[1:]:
             last = run[-1]
             if (
@@ -69,10 +72,20 @@ class CopyQueue:
                 and piece.dst == last.dst + last.length
             ):
                 run.append(piece)
+                run_bytes += piece.length
             else:
-                total += self._copy(run)
+                if run_bytes < GATHER_RUN:
+                    small.append(run)
+                else:
+                    total += self._copy(run)
                 run = [piece]
-        total += self._copy(run)
+                run_bytes = piece.length
+        if run_bytes < GATHER_RUN:
+            small.append(run)
+        else:
+            total += self._copy(run)
+        if small:
+            total += self._gather(small)
         self.clear()
         self.copied_bytes += total
         return total
@@ -84,6 +97,42 @@ class CopyQueue:
         )
         self.copy_calls += 1
         return sum(p.length for p in run)
+
+    def _gather(self, runs: list[list[Piece]]) -> int:
+        """Write small runs that are adjacent in the output (not in the source) in windows of up to WRITE_CALL_MAX
+        bytes, each assembled in the writer's buffer (`gather_span`); a run with no such neighbour is copied alone."""
+        runs.sort(key=lambda r: (r[0].writer_order, r[0].dst))
+        total = 0
+        window: list[list[Piece]] = []
+        window_end = window_bytes = 0
+        for run in runs + [[]]:
+            if run:
+                first = run[0]
+                length = first.length if len(run) == 1 else sum(p.length for p in run)
+                if (window and first.writer_order == window[0][0].writer_order and first.dst == window_end
+                        and window_bytes + length <= WRITE_CALL_MAX):
+                    window.append(run)
+                    window_bytes += length
+                    window_end += length
+                    continue
+            if len(window) == 1:
+                total += self._copy(window[0])
+            elif window:
+                reads, parts, at = [], [], 0
+                for piece_run in window:
+                    head = piece_run[0]
+                    start = at
+                    for p in piece_run:
+                        parts.append((p.name, p.at, p.length))
+                        at += p.length
+                    reads.append((head.src_fd, head.src_offset, start, at - start))
+                self._writers[window[0][0].writer_order].gather_span(window[0][0].dst, reads, parts)
+                self.copy_calls += 1
+                total += at
+            if run:
+                window, window_bytes = [run], length
+                window_end = first.dst + length
+        return total
 
     def clear(self) -> None:
         """Drop queued copies (after a failure, or once flushed)."""

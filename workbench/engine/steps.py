@@ -108,6 +108,8 @@ def run_copy(ctx: RankContext, step: Step) -> None:
     if single is not None and len(group.recipe) == 1 and _copy_one_slice(ctx, single, group.recipe):
         return
     inputs = {} if single is not None else {t.name: t for t in group.inputs}
+    if single is None and _copy_spans(ctx, group.recipe, inputs):
+        return
     whole: dict[str, bytearray] = {}
     try:
         for out_name, pieces in group.recipe.items():
@@ -136,6 +138,38 @@ def run_copy(ctx: RankContext, step: Step) -> None:
             ctx.done_bytes += at
     finally:
         ctx.held.release(sum(len(d) for d in whole.values()))
+
+
+def _copy_spans(ctx: RankContext, recipe: Mapping[str, tuple[ByteSlice, ...]], inputs: dict[str, TensorInfo]) -> bool:
+    """A shared recipe (`LazyRecipe`, e.g. a fused q/k/v) whose inputs all lie raw on disk, queued from its spans
+    without making ByteSlices; False (nothing queued) otherwise, for the general loop."""
+    spans = getattr(recipe, "spans", None)
+    if spans is None or ctx._locate is None:
+        return False
+    where = {name: ctx._locate(info) for name, info in inputs.items()}
+    if None in where.values():
+        return False
+    fd = ctx.sources.fd
+    located: dict[str, tuple[int, int]] = {}  # descriptors opened on first use, as `locate` does
+    add = ctx.queue.add
+    for out_name in recipe:
+        target = ctx.target(out_name)
+        if target is None:
+            continue
+        writer, begin = target
+        at = 0
+        for source, piece_begin, piece_end in spans(out_name):
+            length = piece_end - piece_begin
+            if length > 0:
+                found = located.get(source)
+                if found is None:
+                    path, offset, _ = where[source]  # type: ignore[misc]
+                    found = located[source] = (fd(path), offset)
+                src_fd, src_offset = found
+                add(writer, begin + at, out_name, at, src_fd, src_offset + piece_begin, length)
+            at += length
+        ctx.done_bytes += at
+    return True
 
 
 def _copy_one_slice(ctx: RankContext, info: TensorInfo, recipe: Mapping[str, tuple[ByteSlice, ...]]) -> bool:

@@ -257,9 +257,73 @@ class Binder:
         if len(templates) == 1 and templates[0].simple is not None and len(leaf.outputs) == 1:
             self._expand_one_to_one(leaf, templates[0], state, path, effect)
             return effect
+        joinable = len(templates) > 1 and all(template.simple is not None for template in templates)
+        if joinable and self._expand_joined(leaf, state, path, effect):
+            return effect
         for instance, reported in self.expand(leaf, state, path):
             self.instance(instance, state, path, effect, reported=reported)
         return effect
+
+    def _expand_joined(self, leaf: Op, state: State, path: Path, effect: Effect) -> bool:
+        """`expand` + `instance` fused for several inputs whose placeholders are whole segments (q/k/v -> qkv).
+
+        Returns False, having changed nothing, unless every match is complete (then `expand` reports the
+        partial ones). Instances whose inputs clash, already belong to a component, or whose metadata is
+        not inferred yet take the general `instance`; the rest are recorded inline with exactly its effects.
+        """
+        order, templates = self._compiled(leaf, path)
+        nodes = state.nodes
+        matches: list[dict[tuple[str, ...], str]] = []
+        for template in templates:
+            at = dict((name, pos) for pos, name in template.simple)  # type: ignore[union-attr]
+            positions = [at[name] for name in order]
+            found: dict[tuple[str, ...], str] = {}
+            for name in state.candidates(template):
+                if name in nodes:
+                    segments = name.split(".")
+                    found[tuple([segments[pos] for pos in positions])] = name
+            if not found:
+                return False
+            matches.append(found)
+        first, others = matches[0], matches[1:]
+        if any(len(found) != len(first) for found in others) or any(key not in found for found in others for key in first):
+            return False
+        consumed, produced = effect.consumed, effect.produced
+        cache, records, comps = self._infer_cache, self.records, self.comps
+        for key in first:
+            op = leaf.fill_names(dict(zip(order, key, strict=True)))
+            names = op.inputs
+            found_nodes = [nodes[name] for name in names]
+            metas = tuple([node.meta for node in found_nodes])
+            outputs = cache.get((path, metas))  # type: ignore[arg-type]
+            general = outputs is None
+            if not general:
+                for name, node in zip(names, found_nodes, strict=True):
+                    if node.comp is not None or name in consumed:
+                        general = True
+                        break
+                for name in op.outputs:
+                    if name in produced:
+                        general = True
+            if general:
+                self.instance(op, state, path, effect, reported=False)
+                continue
+            # What comp_of + union make of fresh components: one, holding the sources in input order.
+            comp = Comp()
+            comps.append(comp)
+            sources = comp.sources
+            for node in found_nodes:
+                node.comp = comp
+                sources.append(node.source)
+            self.seq += 1
+            comp.steps.append((self.seq, path, op))
+            if records is not None:
+                records.setdefault(path, []).append((op, metas))  # type: ignore[arg-type]
+            for name, node in zip(names, found_nodes, strict=True):
+                consumed[name] = (node, op)
+            for index, name in enumerate(op.outputs):
+                produced[name] = (Node(outputs[index], comp), op)
+        return True
 
     def _expand_one_to_one(self, leaf: Op, template: Template, state: State, path: Path, effect: Effect) -> None:
         """`expand` + `instance` fused for one input, one output (renames, reshapes, casts: most of a big walk).

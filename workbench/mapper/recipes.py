@@ -38,6 +38,12 @@ class LazyRecipe(Mapping[str, tuple[ByteSlice, ...]]):
         names = self._names
         return tuple(ByteSlice(names[token], begin, end) for token, begin, end in self._shared[self._outputs[name]])
 
+    def spans(self, name: str) -> list[tuple[str, int, int]]:
+        """Output `name`'s slices as (input name, begin, end), without making ByteSlices (planning reads each
+        recipe a few times; the engine takes the ByteSlices)."""
+        names = self._names
+        return [(names[token], begin, end) for token, begin, end in self._shared[self._outputs[name]]]
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._outputs)
 

@@ -194,6 +194,7 @@ def preallocate(fd: int, size: int) -> None:
 # calls: 0.9-1.1 s; in 256 KiB calls: 0.07-0.10 s, as a kernel copy, whose splice writes 64 KiB at a time). On a VM
 # that hands free memory back to its host, high-order blocks are the ones handed back.
 WRITE_CALL_MAX = 256 << 10
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 16  # buffers one preadv may fill
 _SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty pages, do not wait
 WRITEBACK_MIN = 8 << 20  # kernel copies at least this large start their writeback at once
 
@@ -352,6 +353,51 @@ class SafetensorsWriter:
             self._written[name] += length
         if total >= WRITEBACK_MIN:  # 2 GiB re-shard: 2.0 s -> 1.4 s, the commit's fsync finding most bytes on disk
             start_writeback(self._fd, file_offset, total)
+
+    def gather_span(self, file_offset: int, reads: Sequence[tuple[int, int, int, int]], parts: Sequence[tuple[str, int, int]]) -> None:
+        """Assemble at most WRITE_CALL_MAX bytes from scattered source runs in the writer's buffer, write them at once.
+
+        `reads` are (source fd, source offset, offset in the assembled bytes, length) and `parts` (tensor, offset
+        within it, length) in file order, tiling the destination from absolute `file_offset`. Reads adjacent in the
+        source become one scattering `preadv`: a fused tensor of tiny pieces taken from far apart in the source
+        costs a few calls per window instead of a copy per piece (`engine.copier`). The buffer is the one
+        `copy_span` already uses, so nothing more is held.
+        """
+        total = self._span(file_offset, parts, "write")
+        if total > WRITE_CALL_MAX or sum(length for *_, length in reads) != total:
+            raise PlanError(f"Cannot write into {self.layout.file}: the pieces of one gathered write do not add up to its bytes.",
+                            file=self.layout.file)
+        if self._buffer is None:
+            self._buffer = memoryview(bytearray(WRITE_CALL_MAX))
+        buffer = self._buffer
+        ordered = sorted(reads)
+        start = 0
+        while start < len(ordered):
+            fd, offset, _, _ = ordered[start]
+            end, position = start, offset
+            while end < len(ordered) and end - start < _IOV_MAX and ordered[end][0] == fd and ordered[end][1] == position:
+                position += ordered[end][3]
+                end += 1
+            self._read_scattered(fd, offset, [buffer[at : at + length] for _, _, at, length in ordered[start:end]])
+            start = end
+        self._pwrite(buffer[:total], file_offset)
+        written = self._written
+        for name, _, length in parts:
+            written[name] += length
+
+    def _read_scattered(self, fd: int, offset: int, views: list[memoryview]) -> None:
+        """Fill `views` in turn from consecutive source bytes at `offset` (short reads continued)."""
+        first = 0
+        while first < len(views):
+            got = os.preadv(fd, views[first:] if first else views, offset)
+            if got == 0:
+                raise PlanError(f"Cannot copy into {self.layout.file}: the source file ended early. It changed during the conversion.")
+            offset += got
+            while first < len(views) and got >= views[first].nbytes:
+                got -= views[first].nbytes
+                first += 1
+            if got:
+                views[first] = views[first][got:]
 
     def write_span(self, file_offset: int, data: bytes | bytearray | memoryview, parts: Sequence[tuple[str, int, int]]) -> None:
         """Write `data`, bytes that fill several planned pieces at once, from absolute `file_offset`.

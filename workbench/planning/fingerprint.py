@@ -85,6 +85,9 @@ def layout_fingerprint(catalog: Catalog, steps: list[Step], files: list[OutputFi
 
 
 def _recipe_text(recipe: Mapping[str, tuple[ByteSlice, ...]]) -> str:
+    spans = getattr(recipe, "spans", None)  # a shared recipe (mapper.recipes.LazyRecipe): the same text, no ByteSlices
+    if spans is not None:
+        return ";".join(f"{o}=" + ",".join(f"{source}[{begin}:{end}]" for source, begin, end in spans(o)) for o in recipe)
     if len(recipe) == 1:
         ((out, pieces),) = recipe.items()
         if len(pieces) == 1:

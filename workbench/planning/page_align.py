@@ -56,20 +56,22 @@ def congruent_bytes(steps: Iterable[Step], placed: Mapping[str, int], source_off
                 continue
         inputs = {t.name: t for t in group.inputs}
         offsets: dict[str, int | None] = {}
-        for out_name, pieces in recipe.items():
+        spans = getattr(recipe, "spans", None)  # a shared recipe (mapper.recipes.LazyRecipe): no ByteSlices made
+        for out_name in recipe:
             at = placed.get(out_name)  # where the tensor starts, relative to the data start
             if at is None:  # written to another file
                 continue
-            for piece in pieces:
-                if piece.length > 0:
-                    if piece.source not in offsets:
-                        offsets[piece.source] = source_offset(inputs[piece.source])
-                    begin = offsets[piece.source]
+            for name, piece_begin, piece_end in spans(out_name) if spans is not None else [(p.source, p.begin, p.end) for p in recipe[out_name]]:
+                length = piece_end - piece_begin
+                if length > 0:
+                    if name not in offsets:
+                        offsets[name] = source_offset(inputs[name])
+                    begin = offsets[name]
                     if begin is not None:
-                        residue = (begin + piece.begin - at) % PAGE
+                        residue = (begin + piece_begin - at) % PAGE
                         if residue % 8 == 0:  # reachable: a data start must stay 8-byte aligned
-                            weights[residue] = weights.get(residue, 0) + piece.length
-                at += piece.length
+                            weights[residue] = weights.get(residue, 0) + length
+                at += length
     return weights
 
 

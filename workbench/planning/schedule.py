@@ -180,6 +180,17 @@ def build_steps(groups: list[Group], access: SourceAccess, chunk_bytes: int) -> 
                 held = cast_chunk(first.numel, first.dtype, outputs[0].dtype, chunk_bytes)[1]
                 steps.append(Step(index, group, CAST, held, {first.file: first.nbytes}, bytes_out))
                 continue
+        spans = getattr(recipe, "spans", None)
+        if spans is not None and len(group.inputs) > 1 and all(located(t) for t in group.inputs):
+            # step_cost of a copy from several located inputs (a fused q/k/v), read from the shared recipe
+            file_of = {t.name: t.file for t in group.inputs}
+            reads: dict[str, int] = {}
+            for out in recipe:
+                for source, begin, end in spans(out):
+                    file = file_of[source]
+                    reads[file] = reads.get(file, 0) + end - begin
+            steps.append(Step(index, group, COPY, 0, reads, bytes_out))
+            continue
         kind = step_kind(group, access)
         held, reads = step_cost(group, kind, bytes_out, access, chunk_bytes)
         steps.append(Step(index, group, kind, held, reads, bytes_out))
