@@ -104,7 +104,12 @@ def test_cancel_a_read_watch_a_run_and_read_the_graph(browser: object, lab: Jupy
         page.wait_for_function(f"() => ({BAR_WIDTH})() > 0", timeout=60_000)
         first = page.evaluate(BAR_WIDTH)
         page.wait_for_function(f"() => ({BAR_WIDTH})() > {first}", timeout=60_000)  # the bar moves
-        text = explorer.locator(".wb-explorer-task .wb-task-text").inner_text()
+        task_text = explorer.locator(".wb-explorer-task .wb-task-text")
+        for _ in range(100):  # the speed is shown once 0.2 s have passed: the bar can move before that
+            text = task_text.inner_text()
+            if "/s" in text:
+                break
+            page.wait_for_timeout(100)
         assert "Reading value stats of model.big.weight" in text and "of 256.0 MiB" in text and "/s" in text
         readable = page.evaluate(CONTRAST, explorer.locator(".wb-explorer-task .wb-task-text").element_handle())
         assert readable["ratio"] >= 3, readable  # the bar's text can be read in this theme
