@@ -195,6 +195,31 @@ def test_copy_from_moves_bytes_from_a_source_file(tmp_path: Path) -> None:
     assert _read_back(path) == data
 
 
+def test_copy_from_without_copy_file_range_reads_and_writes_and_names_a_short_source(tmp_path: Path, monkeypatch) -> None:
+    # Filesystems without copy_file_range: the same bytes through the writer's buffer; a source that ends early
+    # is refused naming the tensor.
+    def unsupported(*args):
+        raise OSError(95, "Operation not supported")
+
+    monkeypatch.setattr(os, "copy_file_range", unsupported)
+    layout, data = _layout_and_data()
+    source = tmp_path / "source.bin"
+    source.write_bytes(b"junk" + data["a"] + data["c"])
+    fd = os.open(source, os.O_RDONLY)
+    try:
+        with SafetensorsWriter(tmp_path, layout) as writer:
+            writer.copy_from("a", fd, 4, 64)
+            writer.copy_from("c", fd, 68, 5)
+            writer.write("b", data["b"])
+            path = writer.commit()
+        assert _read_back(path) == data
+        (tmp_path / "short").mkdir()
+        with SafetensorsWriter(tmp_path / "short", layout) as writer, pytest.raises(PlanError, match="tensor 'c'.*ended early"):
+            writer.copy_from("c", fd, 70, 5)
+    finally:
+        os.close(fd)
+
+
 @pytest.mark.parametrize(
     "wrong",
     [torch.zeros(8, 4, dtype=torch.float32), torch.zeros(4, 8, dtype=torch.bfloat16), torch.zeros(33, dtype=torch.bfloat16)],
