@@ -1,14 +1,18 @@
 """Byte-level steps: output bytes are runs of source bytes, moved by kernel copies without tensors.
 
-Pieces are queued and flushed in batches; a flush sorts them by source position and merges pieces
-that are adjacent both in the source and in the destination into one `copy_file_range`, so a
-checkpoint of many small tensors costs a few large copies rather than one syscall per tensor.
+Pieces are queued and flushed in batches. A flush first takes every long run that is contiguous in the
+destination (at least `direct_io.MIN_RUN` bytes, from any number of source runs) and assembles its whole pages
+in buffers written with O_DIRECT (`SafetensorsWriter.assemble_span`, `output.direct_io`): one memory copy per
+byte and no page cache for the output. The rest is sorted by source position, and pieces adjacent both in the
+source and in the destination become one `copy_file_range`, so a checkpoint of many small tensors costs a few
+large copies rather than one syscall per tensor.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..output import direct_io
 from ..output.safetensors import WRITE_CALL_MAX, SafetensorsWriter
 
 FLUSH_PIECES = 65536
@@ -39,6 +43,8 @@ class CopyQueue:
         self.queued_bytes = 0
         self.copied_bytes = 0
         self.copy_calls = 0
+        self._direct: direct_io.DirectWrites | None = None  # made on the first long run
+        self._direct_on = direct_io.enabled()
 
     def add(self, writer: SafetensorsWriter, dst: int, name: str, at: int, src_fd: int, src_offset: int, length: int) -> None:
         """Queue a copy of `length` source bytes into tensor `name` (absolute file offset `dst`)."""
@@ -58,8 +64,16 @@ class CopyQueue:
         """Run every queued copy (merged where possible); returns the bytes copied."""
         if not self._pieces:
             return 0
-        pieces = sorted(self._pieces, key=lambda p: (p.writer_order, p.src_fd, p.src_offset))
         total = 0
+        pieces = self._pieces
+        if self._direct_on:
+            pieces, total = self._assemble_long_runs(pieces)
+            if not pieces:
+                self._direct.drain()  # type: ignore[union-attr]
+                self.clear()
+                self.copied_bytes += total
+                return total
+        pieces = sorted(pieces, key=lambda p: (p.writer_order, p.src_fd, p.src_offset))
         small: list[list[Piece]] = []  # runs left to `_gather`
         run: list[Piece] = [pieces[0]]
         run_bytes = pieces[0].length
@@ -86,9 +100,55 @@ class CopyQueue:
             total += self._copy(run)
         if small:
             total += self._gather(small)
+        if self._direct is not None:
+            self._direct.drain()
         self.clear()
         self.copied_bytes += total
         return total
+
+    def _assemble_long_runs(self, pieces: list[Piece]) -> tuple[list[Piece], int]:
+        """Write every run of pieces contiguous in one destination file and at least MIN_RUN long with direct writes;
+        returns the pieces left (shorter runs, files that refuse O_DIRECT) and the bytes written."""
+        pieces = sorted(pieces, key=lambda p: (p.writer_order, p.dst))
+        left: list[Piece] = []
+        total = 0
+        start = 0
+        while start < len(pieces):
+            first = pieces[start]
+            end, position = start + 1, first.dst + first.length
+            while end < len(pieces) and pieces[end].writer_order == first.writer_order and pieces[end].dst == position:
+                position += pieces[end].length
+                end += 1
+            run = pieces[start:end]
+            if position - first.dst >= direct_io.MIN_RUN and self._assemble(run):
+                total += position - first.dst
+            else:
+                left.extend(run)
+            start = end
+        return left, total
+
+    def _assemble(self, run: list[Piece]) -> bool:
+        writer = self._writers[run[0].writer_order]
+        if not writer.takes_direct_writes():
+            return False
+        if self._direct is None:
+            self._direct = direct_io.DirectWrites()
+        origin = run[0].dst
+        reads = [(p.src_fd, p.src_offset, p.dst - origin, p.length) for p in run]
+        writer.assemble_span(self._direct, origin, reads, [(p.name, p.at, p.length) for p in run])
+        self.copy_calls += 1
+        return True
+
+    def close(self) -> None:
+        """Wait for direct writes still running (their errors ignored: the run is ending) and free their buffers.
+        Called before any writer is aborted, so no write can land in a descriptor number reused by then."""
+        if self._direct is not None:
+            try:
+                self._direct.drain()
+            except Exception:  # noqa: BLE001 - a failure is already being raised, or the run finished cleanly
+                pass
+            self._direct.close()
+            self._direct = None
 
     def _copy(self, run: list[Piece]) -> int:
         first = run[0]

@@ -117,6 +117,7 @@ def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankRes
         ctx.queue.flush()
     except BaseException as exc:
         ctx.cast.close()  # no write may still be running when the partial files are removed
+        ctx.queue.close()
         ctx.queue.clear()
         for writer in ctx.writers.values():
             writer.abort()
@@ -125,6 +126,7 @@ def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankRes
         raise
     finally:
         ctx.cast.close()
+        ctx.queue.close()
         ctx.sources.close()
         _release_source_files(plan)
         if progress is not None:

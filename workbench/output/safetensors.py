@@ -24,6 +24,7 @@ from ..files import PARTIAL_SUFFIX, atomic_write, claim_temp, fsync_dir, replace
 from ..formats.safetensors_folder import INDEX_NAME  # the commit marker of a sharded output
 from ..iostats import IO
 from .base import FileLayout, OutputFormat
+from .direct_io import DirectWrites, reopen_direct
 
 # Reference writer order: larger element types first (keeps every tensor aligned), then by name.
 _DTYPE_RANK = [
@@ -223,6 +224,44 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
         function(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
 
 
+_UNOPENED = object()
+
+
+class _ReadCursor:
+    """Fills buffers with consecutive stretches of one output run from the source runs that tile it."""
+
+    def __init__(self, writer: SafetensorsWriter, reads: Sequence[tuple[int, int, int, int]], run_offset: int) -> None:
+        self._writer = writer
+        self._reads = reads
+        self._run_offset = run_offset
+        self._index = 0  # the read holding the next byte asked for (stretches are asked for in order)
+
+    def fill(self, view: memoryview, file_offset: int) -> None:
+        """Put the run's bytes from absolute `file_offset` into `view` (its whole length)."""
+        reads, index = self._reads, self._index
+        at = file_offset - self._run_offset
+        while reads[index][2] + reads[index][3] <= at:
+            index += 1
+        filled, wanted = 0, view.nbytes
+        while filled < wanted:
+            fd, src_offset, start, length = reads[index]
+            skip = at + filled - start
+            source = src_offset + skip
+            take = min(length - skip, wanted - filled)
+            while take < wanted - filled and index + 1 < len(reads):  # the next read continues this one in the source
+                nxt = reads[index + 1]
+                if nxt[0] != fd or nxt[1] != src_offset + length:
+                    break
+                index += 1
+                src_offset, length = nxt[1], nxt[3]
+                take = min(take + length, wanted - filled)
+            self._writer._read_scattered(fd, source, [view[filled : filled + take]])
+            filled += take
+            if reads[index][2] + reads[index][3] <= at + filled:
+                index += 1
+        self._index = min(index, len(reads) - 1)
+
+
 class SafetensorsWriter:
     """Writes one safetensors file laid out in advance; data may arrive in any order and in pieces.
 
@@ -231,6 +270,7 @@ class SafetensorsWriter:
     """
 
     _buffer: memoryview | None = None  # copies that are not page-congruent go through it (WRITE_CALL_MAX bytes)
+    _direct: int | None | object = _UNOPENED  # the O_DIRECT descriptor (`assemble_span`), opened when first asked
 
     def __init__(self, folder: str | os.PathLike, layout: FileLayout) -> None:
         self.folder = Path(folder)
@@ -375,6 +415,59 @@ class SafetensorsWriter:
         self._pwrite(buffer[:total], file_offset)
         self._count(parts)
 
+    def assemble_span(self, direct: DirectWrites, file_offset: int, reads: Sequence[tuple[int, int, int, int]],
+                      parts: Sequence[tuple[str, int, int]]) -> None:
+        """Write a long contiguous run of output, gathered from source runs, with direct writes for its whole pages.
+
+        `reads` are (source fd, source offset, offset in the run, length) in run order and `parts` (tensor, offset
+        within it, length) in file order, both tiling the run from absolute `file_offset`. The run's whole pages are
+        assembled `direct.block` bytes at a time in `direct`'s buffers and written past the page cache
+        (`output.direct_io`); the partial pages at either end are written through the buffered descriptor. Only
+        for files that `takes_direct_writes()`.
+        """
+        fd = self._direct_fd()
+        assert fd is not None
+        total = self._span(file_offset, parts, "copy")
+        if sum(length for *_, length in reads) != total:
+            raise PlanError(f"Cannot write into {self.layout.file}: the pieces of one copy do not add up to its bytes.",
+                            file=self.layout.file)
+        end = file_offset + total
+        body = -(-file_offset // PAGE) * PAGE  # first whole page
+        body_end = max(body, end // PAGE * PAGE)
+        cursor = _ReadCursor(self, reads, file_offset)
+        if body > file_offset:
+            head = min(body, end) - file_offset
+            cursor.fill(self._scratch()[:head], file_offset)
+            self._pwrite(self._scratch()[:head], file_offset)
+        position = body
+        while position < body_end:
+            length = min(direct.block, body_end - position)
+            buffer = direct.buffer()
+            with memoryview(buffer) as view:
+                cursor.fill(view[:length], position)
+            direct.submit(fd, buffer, position, length)
+            position += length
+        if end > body_end >= body:
+            cursor.fill(self._scratch()[: end - body_end], body_end)
+            self._pwrite(self._scratch()[: end - body_end], body_end)
+        self._count(parts)
+
+    def takes_direct_writes(self) -> bool:
+        """Whether whole pages of this file can be written with O_DIRECT (the filesystem allows it, not turned off)."""
+        return self._direct_fd() is not None
+
+    def _direct_fd(self) -> int | None:
+        """This file's O_DIRECT descriptor, opened on first use; None when the filesystem refuses direct writes."""
+        if self._direct is _UNOPENED:
+            assert self._fd is not None
+            self._direct = reopen_direct(self._fd)
+        return self._direct  # type: ignore[return-value]
+
+    def _close_direct(self) -> None:
+        if isinstance(self._direct, int):
+            os.close(self._direct)
+        self._direct = _UNOPENED
+
     def _read_scattered(self, fd: int, offset: int, views: list[memoryview]) -> None:
         """Fill `views` in turn from consecutive source bytes at `offset` (short reads continued)."""
         first = 0
@@ -465,6 +558,7 @@ class SafetensorsWriter:
                 tensor=name,
             )
         assert self._fd is not None
+        self._close_direct()
         os.fsync(self._fd)
         os.close(self._fd)
         self._fd = None
@@ -475,6 +569,7 @@ class SafetensorsWriter:
 
     def abort(self) -> None:
         """Close and remove the partial file."""
+        self._close_direct()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

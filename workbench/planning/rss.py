@@ -158,6 +158,17 @@ def prefetch_bytes(plan: Plan, rank: int) -> int:
     return min(WINDOW_BYTES + PARALLEL * CHUNK_BYTES, sum(plan.reads(rank).values()))
 
 
+def direct_write_bytes(plan: Plan, rank: int) -> int:
+    """The buffers of the engine's direct writes (`output.direct_io`), as much of them as the rank's byte copies
+    fill: only where the destination's filesystem takes O_DIRECT and the copies are long enough to use them."""
+    from ..output import direct_io
+
+    copied = sum(s.bytes_out for s in plan.rank_steps(rank) if s.kind == COPY)
+    if copied < direct_io.MIN_RUN or plan.dest is None or not direct_io.supported(str(plan.dest)):
+        return 0
+    return min(direct_io.pool_bytes(), -(-copied // direct_io.PAGE) * direct_io.PAGE)
+
+
 def rss_parts(plan: Plan, rank: int) -> list[RssPart]:
     """The predicted RSS of `rank`, part by part (they add up to `rank_rss_bytes`)."""
     per_rank = _PARTS.setdefault(plan, {})
@@ -203,7 +214,10 @@ def _parts(plan: Plan, rank: int) -> list[RssPart]:
     detail = f"output headers {headers:,} bytes"
     if prefetch:
         detail = f"remote prefetch window {prefetch:,} bytes; " + detail
-    parts.append(RssPart("buffers", prefetch + headers, detail))
+    direct = direct_write_bytes(plan, rank)
+    if direct:
+        detail += f"; direct-write buffers {direct:,} bytes"
+    parts.append(RssPart("buffers", prefetch + headers + direct, detail))
     peak = plan.rank_peak_bytes(rank)
     parts.append(RssPart("tensor peak", peak, _peak_detail(plan, rank)))
     with_intermediates = max((s.held_bytes + intermediate_bytes(s) for s in plan.rank_steps(rank)), default=0)
