@@ -104,6 +104,8 @@ def layout_gguf_file(file: str, tensors: Sequence[TensorInfo], spec: GgufSpec, s
     types = []
     offset = 0
     relative = []
+    rank = {name: k for k, name in enumerate(spec.tensors)}  # the converter's order, whatever the schedule's
+    tensors = sorted(tensors, key=lambda t: rank.get(t.name, len(rank)))
     for t in tensors:
         planned = spec.tensors.get(t.name)
         if planned is None:
