@@ -62,10 +62,12 @@ def dequantized(source: Any, name: str, block: tuple[int, int] | None, ops: list
                             params=(("block", list(block)), ("dtype", "F32"))))
         return TensorInfo(name, "F32", tuple(info.shape))
     if info.dtype.startswith("F8") or info.dtype in ("F4", "F6_E2M3", "F6_E3M2"):
-        why = (f"no {scale!r} lies beside it" if block is not None
-               else "config.json has no quantization_config with quant_method 'fp8' and a weight_block_size")
-        raise MapperError(f"Cannot convert {name!r} ({info.dtype}) to GGUF: {why}, so its scales are unknown. Give the "
-                          "folder its FP8 quantization_config (and scales), or de-quantise it first.", tensor=name)
+        why, fix = ((f"no {scale!r} lies beside it", "Add the missing scales (is a shard of the checkpoint missing?)")
+                    if block is not None else
+                    ("config.json has no quantization_config with quant_method 'fp8' and a weight_block_size",
+                     "Give config.json the quantization_config the checkpoint was made with"))
+        raise MapperError(f"Cannot convert {name!r} ({info.dtype}) to GGUF: {why}, so its scales are unknown. {fix}, or "
+                          "de-quantise it first.", tensor=name)
     return info
 
 

@@ -245,6 +245,8 @@ class GgufOutput(OutputFormat):
             for part in planned.stacked or (planned.source,):
                 info = source[part]
                 raw = torch.frombuffer(bytearray(source.read_bytes(part)), dtype=to_torch(info.dtype)).reshape(info.shape)
+                if planned.fp8_block:  # an FP8 weight: de-quantised by its tiles' scales, as the preset does
+                    raw = _dequantized(source, part, raw, planned.fp8_block)
                 parts.append(raw.to(torch.float32))
             expected = torch.stack(parts) if planned.stacked else parts[0]
             if planned.part:  # per head, some rows of the source (transposed for MLA's k_b)
@@ -261,6 +263,19 @@ class GgufOutput(OutputFormat):
 
     def commit(self, dest: Path, layouts: Sequence[FileLayout], reader: Any, *, objects: bool) -> bool:
         return False
+
+
+def _dequantized(source: Any, name: str, weight: Any, block: tuple[int, int]) -> Any:
+    """The float32 values of FP8 `weight` (torch) times the scales `<name>_scale_inv` of `source`."""
+    import torch
+
+    from ..dtypes import to_torch
+    from ..mapper.gguf_fp8 import SCALE_SUFFIX
+    from ..mapper.quantized import dequantize_fp8_tensor
+
+    info = source[name + SCALE_SUFFIX]
+    scales = torch.frombuffer(bytearray(source.read_bytes(info.name)), dtype=to_torch(info.dtype)).reshape(info.shape)
+    return dequantize_fp8_tensor(weight, scales, block=block, dtype="F32")
 
 
 def open_written_gguf(dest: Path, layouts: Sequence[FileLayout]) -> Any:
