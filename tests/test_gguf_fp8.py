@@ -107,6 +107,14 @@ def test_float8_weights_without_their_scales_or_another_method_are_refused(tmp_p
         wb.plan(bare, to="gguf")
 
 
+def test_a_dequantising_mapper_ahead_of_the_preset_is_refused() -> None:
+    from workbench.mapper.quantized import dequantize_fp8
+
+    src = model_folder("llama-fp8")
+    with pytest.raises(WorkbenchError, match="de-quantises FP8 checkpoints itself.*without that mapper"):
+        wb.plan(src, dequantize_fp8(src), to="gguf", dtype="q8_0")
+
+
 def test_a_float8_weight_missing_its_scale_is_named(tmp_path: Path) -> None:
     from safetensors.torch import load_file, save_file
 

@@ -39,7 +39,8 @@ CASES = [
     ("mixtral", "q8_0", None), ("qwen2_moe", "q8_0", None), ("qwen3_moe", "q8_0", None), ("olmoe", "q8_0", None),
     ("llama", "f16", "llama3"), ("deepseek_v3", "q8_0", None), ("deepseek_v3", "bf16", None),
     # FP8 block-quantised copies (gguf_support/fp8.py): the converter de-quantises them first
-    ("deepseek_v3-fp8", "q8_0", None), ("deepseek_v3-fp8", "bf16", None), ("llama-fp8", "q8_0", None), ("llama-fp8", "f16", None)]
+    ("deepseek_v3-fp8", "q8_0", None), ("deepseek_v3-fp8", "bf16", None), ("llama-fp8", "q8_0", None), ("llama-fp8", "f16", None),
+    ("qwen3-fp8", "q8_0", None)]
 
 
 @contextmanager

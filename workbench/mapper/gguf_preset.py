@@ -20,7 +20,7 @@ from ..errors import MapperError
 from .base import Mapper
 from .compose import Parallel, Sequential
 from .function import Function
-from .gguf_fp8 import dequantized, fp8_block
+from .gguf_fp8 import DEQUANTIZE_FN, dequantized, fp8_block
 from .gguf_rows import QUANTIZED, SOURCE_TYPES, gguf_function  # QUANTIZED: (elements, bytes) per block
 from .ops import Cast, Rename, Reshape, Split, Stack, Transpose
 
@@ -228,6 +228,9 @@ def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | No
     heads = int(_config_get(config, "num_attention_heads"))
     kv_heads = int(_config_get(config, "num_key_value_heads") or heads)
     block = fp8_block(config)
+    if block is not None and before is not None and any(getattr(op, "fn", None) == DEQUANTIZE_FN for op in before.leaves()):
+        raise MapperError("Cannot put an FP8 de-quantisation ahead of the GGUF preset: it de-quantises FP8 checkpoints itself, "
+                          "to float32 as llama.cpp's converter does. Convert without that mapper.")
     stage0: list[Mapper] = []  # FP8 weights de-quantised to F32
     stage1: list[Mapper] = []
     stage2: list[Mapper] = []
