@@ -140,3 +140,32 @@ def test_the_dequantised_values_are_the_converters_float32(tmp_path: Path) -> No
     assert scales.shape == (2, 2) and len(np.unique(scales)) == 4
     expected = weight * np.repeat(np.repeat(scales, 32, axis=0), 48, axis=1)[:64, :96]
     assert np.array_equal(written["blk.0.ffn_down.weight"], expected)
+
+
+def test_an_fp8_row_chunk_allocates_no_more_than_the_plan_counts() -> None:
+    """The held bytes of an FP8 chunk add the de-quantised float32 rows, the scale grid and one row of scales to what
+    a chunk holds; tracemalloc sees numpy's buffers."""
+    import tracemalloc
+
+    import ml_dtypes
+
+    from workbench.catalog import TensorInfo
+    from workbench.mapper.gguf_fp8 import dequantize_rows
+    from workbench.mapper.gguf_rows import ROW_BUDGET, RowJob, convert_rows
+
+    weight, scales = TensorInfo("q", "F8_E4M3", (4096, 2048)), TensorInfo("q_scale_inv", "F32", (32, 16))
+    job = RowJob((weight,), TensorInfo("attn_q.weight", "U8", (1,)), "Q8_0", heads=32, scales=(scales,), block=(128, 128))
+    rows = job.chunk_rows(ROW_BUDGET)
+    assert rows % job.unit == 0 and 0 < job.held(rows) <= ROW_BUDGET
+    data = (np.arange(rows * job.cols, dtype=np.float32) % 97 - 48).astype(ml_dtypes.float8_e4m3fn).reshape(rows, job.cols)
+    tracemalloc.start()
+    try:
+        grid = np.full(scales.shape, 0.01, np.float32)
+        buffer = np.empty(rows * job.cols, np.float32)
+        values = dequantize_rows(data, grid, 100, job.block, buffer)  # rows 100.. cross the tile boundary at 128
+        out, _, _ = convert_rows(values, "Q8_0", rows // job.unit)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert out.nbytes == rows * 2048 // 32 * 34 and float(values[0, 1]) == float(data[0, 1].astype(np.float32)) * np.float32(0.01)
+    assert peak + data.nbytes <= job.held(rows), (peak, job.held(rows))

@@ -130,8 +130,8 @@ class RowJob:
         src = nbytes_of(self.inputs[0].dtype, rows * self.cols)
         out = rows * row_bytes(self.cols, self.kind)
         scratch = QUANTISER_GROUP_ROWS * self.cols * 4 * QUANTISER_TEMPORARIES if self.kind != "F32" else 0
-        if self.scales:  # the de-quantised float32 rows, one scale grid and one row of expanded scales
-            scratch += 4 * rows * self.cols + self.scales[0].nbytes + 4 * self.cols
+        if self.scales:  # the de-quantised float32 rows, one scale grid and one row of expanded scales (whole tiles)
+            scratch += 4 * rows * self.cols + self.scales[0].nbytes + 4 * (self.cols + self.block[1])
         return src + 4 * rows * self.cols + 2 * out + scratch
 
     def chunk_rows(self, budget: int) -> int:
