@@ -46,9 +46,9 @@ def test_the_plan_dequantises_fp8_weights_first_and_converts_by_rows_without_tor
 
 
 def test_row_chunks_that_cut_scale_tiles_give_the_same_bytes(tmp_path: Path) -> None:
-    """A chunk size that makes row chunks end inside a 32-row scale tile (and q/k heads permuted per chunk)."""
+    """A chunk size that makes row chunks end inside 32-row scale tiles and span two (and q/k heads permuted per chunk)."""
     src = model_folder("llama-fp8")
-    chunk = "56KB"
+    chunk = "60KB"  # 14 rows of ffn_gate per chunk: chunks 28-41 and 56-69 span two tiles
     plan = wb.plan(src, to="gguf", dtype="q8_0", chunk_size=chunk, dest=tmp_path / "planned")
     per = {job.output.name: job.chunk_rows(row_budget(plan.options.chunk_bytes))
            for job in (row_job(step.group) for step in plan.steps) if job.scales}

@@ -266,16 +266,17 @@ class GgufOutput(OutputFormat):
 
 
 def _dequantized(source: Any, name: str, weight: Any, block: tuple[int, int]) -> Any:
-    """The float32 values of FP8 `weight` (torch) times the scales `<name>_scale_inv` of `source`."""
+    """The float32 values of FP8 `weight` (torch, 2-D) times its tiles' scales, `<name>_scale_inv` in `source`
+    (the names `mapper.gguf_fp8` pairs); partial edge tiles use their own scale."""
     import torch
 
     from ..dtypes import to_torch
-    from ..mapper.gguf_fp8 import SCALE_SUFFIX
-    from ..mapper.quantized import dequantize_fp8_tensor
 
-    info = source[name + SCALE_SUFFIX]
+    info = source[name + "_scale_inv"]
     scales = torch.frombuffer(bytearray(source.read_bytes(info.name)), dtype=to_torch(info.dtype)).reshape(info.shape)
-    return dequantize_fp8_tensor(weight, scales, block=block, dtype="F32")
+    rows, cols = weight.shape
+    grid = scales.float().repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)[:rows, :cols]
+    return weight.float() * grid
 
 
 def open_written_gguf(dest: Path, layouts: Sequence[FileLayout]) -> Any:
