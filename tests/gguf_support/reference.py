@@ -37,7 +37,10 @@ CASES = [
     ("llama", "f16", None), ("llama", "bf16", None), ("llama", "q8_0", None), ("llama", "f32", None), ("mistral", "q8_0", None),
     ("qwen2", "q8_0", None), ("qwen3", "bf16", None), ("llama", "f16", "spm"), ("llama", "q8_0", "gpt2"),
     ("mixtral", "q8_0", None), ("qwen2_moe", "q8_0", None), ("qwen3_moe", "q8_0", None), ("olmoe", "q8_0", None),
-    ("llama", "f16", "llama3"), ("deepseek_v3", "q8_0", None), ("deepseek_v3", "bf16", None)]
+    ("llama", "f16", "llama3"), ("deepseek_v3", "q8_0", None), ("deepseek_v3", "bf16", None),
+    # FP8 block-quantised copies (gguf_support/fp8.py): the converter de-quantises them first
+    ("deepseek_v3-fp8", "q8_0", None), ("deepseek_v3-fp8", "bf16", None), ("llama-fp8", "q8_0", None), ("llama-fp8", "f16", None),
+    ("qwen3-fp8", "q8_0", None)]
 
 
 @contextmanager
@@ -91,9 +94,13 @@ def _train_sentencepiece(prefix: Path) -> None:
 
 def model_folder(family: str, tokenizer: str | None = None) -> Path:
     """A cached tiny random `family` HF model with a tokenizer: "fallback" (byte-fallback BPE), "spm" (SentencePiece)
-    "gpt2" (GPT-2's byte-level BPE), "qwen2" (Qwen2's) or "llama3" (Llama 3's); the family's usual kind by default. Built once per seed."""
+    "gpt2" (GPT-2's byte-level BPE), "qwen2" (Qwen2's) or "llama3" (Llama 3's); the family's usual kind by default. Built once per seed.
+    `family` "<family>-fp8": that model's FP8 block-quantised copy (gguf_support/fp8.py)."""
     from gguf_support.models import SEED, build
 
+    base, _, variant = family.partition("-")
+    if variant == "fp8":
+        return _fp8_folder(base, tokenizer)
     kind = tokenizer or DEFAULT_TOKENIZERS[family]
     recipe = hashlib.sha256((Path(__file__).parent / "models.py").read_bytes()).hexdigest()[:8]  # a changed recipe is a new model
     folder = CACHE / "gguf-models" / (f"{family}-{SEED}-{recipe}" if kind == "fallback" else f"{family}-{kind}-{SEED}-{recipe}")
@@ -107,6 +114,25 @@ def model_folder(family: str, tokenizer: str | None = None) -> Path:
             aside = folder.with_name(f"{folder.name}.building")
             shutil.rmtree(aside, ignore_errors=True)
             build(aside, family, tokenizer=kind, vocab_gguf=vocab, train=_train_sentencepiece)
+            shutil.rmtree(folder, ignore_errors=True)
+            os.replace(aside, folder)
+    return folder
+
+
+def _fp8_folder(family: str, tokenizer: str | None) -> Path:
+    """The cached FP8 copy of `model_folder(family, tokenizer)`, keyed by its recipe (a digest of fp8.py)."""
+    from gguf_support.fp8 import BLOCKS, build_fp8
+
+    base = model_folder(family, tokenizer)
+    recipe = hashlib.sha256((Path(__file__).parent / "fp8.py").read_bytes()).hexdigest()[:8]
+    folder = base.with_name(f"{base.name}-fp8-{recipe}")
+    if (folder / "model.safetensors").is_file():
+        return folder
+    with building(folder):
+        if not (folder / "model.safetensors").is_file():
+            aside = folder.with_name(f"{folder.name}.building")
+            shutil.rmtree(aside, ignore_errors=True)
+            build_fp8(base, aside, BLOCKS[family])
             shutil.rmtree(folder, ignore_errors=True)
             os.replace(aside, folder)
     return folder

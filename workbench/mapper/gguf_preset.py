@@ -20,6 +20,7 @@ from ..errors import MapperError
 from .base import Mapper
 from .compose import Parallel, Sequential
 from .function import Function
+from .gguf_fp8 import DEQUANTIZE_FN, dequantized, fp8_block
 from .gguf_rows import QUANTIZED, SOURCE_TYPES, gguf_function  # QUANTIZED: (elements, bytes) per block
 from .ops import Cast, Rename, Reshape, Split, Stack, Transpose
 
@@ -154,6 +155,7 @@ class GgufTensor:
     stacked: tuple[str, ...] = ()  # the HF tensors stacked into it (MoE experts), when not one `source`
     # (heads, first row, rows, transposed): the rows of each head of `source` it holds (MLA's split kv_b_proj), if a part
     part: tuple[int, int, int, bool] | tuple[()] = ()
+    fp8_block: tuple[int, int] | tuple[()] = ()  # the block its FP8 source(s) are de-quantised with (scales: `<source>_scale_inv`)
 
 
 def _typed(out: str, kind: str, dtype: str) -> list[Mapper]:
@@ -170,10 +172,12 @@ def _config_get(config: Any, key: str, default: Any = None) -> Any:
     return config.get(key, default) if isinstance(config, dict) else getattr(config, key, default)
 
 
-def _split_kv_b(config: Any, info: TensorInfo, block: str, dtype: str) -> tuple[list[list[Mapper]], dict[str, GgufTensor]]:
+def _split_kv_b(config: Any, info: TensorInfo, block: str, dtype: str,
+                fp8: tuple[int, int] | None = None) -> tuple[list[list[Mapper]], dict[str, GgufTensor]]:
     """The ops (one list per stage) splitting MLA's kv_b_proj as llama.cpp does for its absorbed attention: per head,
     the first qk_nope_head_dim rows become attn_k_b (transposed: heads, kv_lora_rank, qk_nope_head_dim), the
-    v_head_dim rows after them attn_v_b (heads, v_head_dim, kv_lora_rank); and the two planned tensors."""
+    v_head_dim rows after them attn_v_b (heads, v_head_dim, kv_lora_rank); and the two planned tensors. `fp8`: the
+    block `info` (F32) was de-quantised with, if it was."""
     nope, v_dim = int(_config_get(config, "qk_nope_head_dim")), int(_config_get(config, "v_head_dim"))
     heads = int(_config_get(config, "num_key_value_heads") or _config_get(config, "num_attention_heads"))
     rows, rank = tuple(info.shape)
@@ -189,13 +193,31 @@ def _split_kv_b(config: Any, info: TensorInfo, block: str, dtype: str) -> tuple[
                                [Transpose(f"{k_b}.part", 1, 2, dst=k_b), Rename(f"{v_b}.part", v_b)],
                                [op for out in shapes for op in _typed(out, kinds[out], info.dtype)]]
     parts = {k_b: (heads, 0, nope, True), v_b: (heads, nope, v_dim, False)}
-    return ops, {out: GgufTensor(out, kinds[out], shape, info.name, part=parts[out]) for out, shape in shapes.items()}
+    return ops, {out: GgufTensor(out, kinds[out], shape, info.name, part=parts[out], fp8_block=fp8 or ())
+                 for out, shape in shapes.items()}
+
+
+def read_order(source: Any) -> list[str]:
+    """The tensor names of `source` in the order llama.cpp's converter reads (and writes) them: files in name order,
+    and within a safetensors file its names sorted (its `SafetensorsLocal` sorts them); the catalog's order otherwise.
+    It differs from the order of the bytes when a file mixes dtypes (safetensors lays data out by dtype size first)."""
+    names = list(source.tensors)
+    files = {name: str(getattr(source[name], "file", "") or "") for name in names}
+    position = {name: k for k, name in enumerate(names)}
+
+    def key(name: str) -> tuple[str, str, int]:
+        file = files[name]
+        return (file, name, 0) if file.endswith(".safetensors") else (file, "", position[name])
+
+    return sorted(names, key=key)
 
 
 def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | None = None) -> tuple[Mapper, dict[str, GgufTensor], str]:
     """The mapper from an HF Llama-family checkpoint (`source`: its catalog) to llama.cpp's tensors, the
     GGUF type and shape of every output, and llama.cpp's architecture name. `dtype`: the GGUF type of
-    matrices (F32, F16, BF16, Q8_0, Q4_0). `before`: a user mapper applied first (its outputs must be HF names)."""
+    matrices (F32, F16, BF16, Q8_0, Q4_0). `before`: a user mapper applied first (its outputs must be HF names).
+    An FP8 checkpoint (config `quantization_config.quant_method: "fp8"`) gets a first step de-quantising its
+    weights to F32 (`gguf_fp8`), as llama.cpp's converter does before anything else."""
     model_type = _config_get(config, "model_type")
     if model_type not in ARCHITECTURES:
         raise MapperError(f"Cannot map model_type {model_type!r} to GGUF: the workbench writes GGUF for "
@@ -205,6 +227,11 @@ def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | No
     _, permute = ARCHITECTURES[model_type]
     heads = int(_config_get(config, "num_attention_heads"))
     kv_heads = int(_config_get(config, "num_key_value_heads") or heads)
+    block = fp8_block(config)
+    if block is not None and before is not None and any(getattr(op, "fn", None) == DEQUANTIZE_FN for op in before.leaves()):
+        raise MapperError("Cannot put an FP8 de-quantisation ahead of the GGUF preset: it de-quantises FP8 checkpoints itself, "
+                          "to float32 as llama.cpp's converter does. Convert without that mapper.")
+    stage0: list[Mapper] = []  # FP8 weights de-quantised to F32
     stage1: list[Mapper] = []
     stage2: list[Mapper] = []
     stage3: list[Mapper] = []
@@ -215,7 +242,7 @@ def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | No
     n_layers = int(_config_get(config, "num_hidden_layers") or 1 << 30)
     expert_pattern, expert_names = _EXPERTS.get(model_type, (None, ()))
     experts: dict[int, dict[tuple[str, int], str]] = {}
-    for name in source.tensors:
+    for name in read_order(source):
         expert = expert_pattern.fullmatch(name) if expert_pattern is not None else None
         if expert is not None and n_experts:
             layer = experts.setdefault(int(expert.group(1)), {})
@@ -224,21 +251,23 @@ def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | No
                 for wid, suffix in expert_names:
                     parts = tuple(layer[(wid, e)] for e in range(n_experts))
                     out = f"blk.{expert.group(1)}.{suffix}"
-                    info = source[parts[0]]
+                    info = [dequantized(source, part, block, stage0) for part in parts][0]
+                    fp8 = block if source[parts[0]].dtype != info.dtype else ()  # de-quantised: always by row chunks
                     shape = (n_experts, *info.shape)
                     kind = gguf_type(out, shape, dtype)
-                    if kind != info.dtype and info.dtype in SOURCE_TYPES:  # stacked and converted row chunk by row chunk
+                    if (kind != info.dtype or fp8) and info.dtype in SOURCE_TYPES:  # stacked and converted row chunk by row chunk
                         stage1.append(gguf_function(parts, out, kind))
                     else:
                         stage1.append(Stack(parts, out))
                         stage4.extend(_typed(out, kind, info.dtype))
-                    planned[out] = GgufTensor(out, kind, shape, parts[0], 0, parts)
+                    planned[out] = GgufTensor(out, kind, shape, parts[0], 0, parts, fp8_block=fp8)
             continue
         layer_index = name.split(".")[2] if name.startswith("model.layers.") else ""
         if layer_index.isdecimal() and int(layer_index) >= n_layers:  # extra layers (DeepSeek's multi-token prediction)
             continue
         if name.endswith(_KV_B) and model_type == "deepseek_v3":
-            ops, made = _split_kv_b(config, source[name], f"blk.{layer_index}", dtype)
+            info = dequantized(source, name, block, stage0)
+            ops, made = _split_kv_b(config, info, f"blk.{layer_index}", dtype, block if source[name].dtype != info.dtype else None)
             for stage, op in zip((stage1, stage2, stage3, stage4), ops, strict=True):
                 stage.extend(op)
             planned.update(made)
@@ -246,12 +275,13 @@ def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | No
         out = gguf_name(name)
         if out is None:
             continue
-        info = source[name]
+        info = dequantized(source, name, block, stage0)
+        fp8 = block if source[name].dtype != info.dtype else ()
         shape = tuple(info.shape)
         n_heads = heads if out.endswith("attn_q.weight") else kv_heads if out.endswith("attn_k.weight") else 0
         n_heads = n_heads if permute else 0
         kind = gguf_type(out, shape, dtype)
-        if kind != info.dtype and info.dtype in SOURCE_TYPES:  # converted row chunk by row chunk, numpy alone
+        if (kind != info.dtype or fp8) and info.dtype in SOURCE_TYPES:  # converted row chunk by row chunk, numpy alone
             stage1.append(gguf_function((name,), out, kind, n_heads))
         elif n_heads:  # the bytes stay as they are: the permutation is a copy of row slices
             stage1.append(Reshape(name, [n_heads, 2, shape[0] // n_heads // 2, *shape[1:]], dst=out))
@@ -261,8 +291,8 @@ def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | No
         else:
             stage1.append(Rename(name, out))
             stage4.extend(_typed(out, kind, info.dtype))
-        planned[out] = GgufTensor(out, kind, shape, name, n_heads)
-    stages = [Parallel(*ops) for ops in (stage1, stage2, stage3, stage4) if ops]
+        planned[out] = GgufTensor(out, kind, shape, name, n_heads, fp8_block=fp8)
+    stages = [Parallel(*ops) for ops in (stage0, stage1, stage2, stage3, stage4) if ops]
     if before is not None:
         stages.insert(0, before)
     return Sequential(*stages), planned, ARCHITECTURES[model_type][0]

@@ -9,7 +9,9 @@ and never imports torch. The conversion is the `gguf` package's own (`gguf.quant
 reads are ml_dtypes', so the bytes are the converter's.
 
 The preset (`mapper.gguf_preset`) emits one `Function` naming `to_gguf` per such tensor; `row_job` recognises
-it in a bound group (and nothing else: a user mapper composed ahead of it makes a group computed by torch).
+it in a bound group (and nothing else: a user mapper composed ahead of it makes a group computed by torch), alone
+or after the preset's FP8 de-quantisation of its inputs (`gguf_fp8`): then each chunk of float8 rows is first
+multiplied by its tiles' scales in float32, as llama.cpp's converter de-quantises.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 from ..catalog import TensorInfo
 from ..dtypes import nbytes_of
 from ..errors import MapperError
-from .compose import Sequential
+from .compose import Parallel, Sequential
 from .function import Function
 
 ROWS_FN = "workbench.mapper.gguf_rows:to_gguf"
@@ -104,6 +106,8 @@ class RowJob:
     output: TensorInfo
     kind: str
     heads: int
+    scales: tuple[TensorInfo, ...] = ()  # FP8 inputs: each one's float32 scale grid (read whole), in input order
+    block: tuple[int, int] = (0, 0)  # FP8 inputs: the (rows, cols) tile of one scale
 
     @property
     def rows(self) -> int:
@@ -126,6 +130,8 @@ class RowJob:
         src = nbytes_of(self.inputs[0].dtype, rows * self.cols)
         out = rows * row_bytes(self.cols, self.kind)
         scratch = QUANTISER_GROUP_ROWS * self.cols * 4 * QUANTISER_TEMPORARIES if self.kind != "F32" else 0
+        if self.scales:  # the de-quantised float32 rows, one scale grid and one row of expanded scales (whole tiles)
+            scratch += 4 * rows * self.cols + self.scales[0].nbytes + 4 * (self.cols + self.block[1])
         return src + 4 * rows * self.cols + 2 * out + scratch
 
     def chunk_rows(self, budget: int) -> int:
@@ -140,27 +146,44 @@ class RowJob:
 
 
 def row_job(group: Any) -> RowJob | None:
-    """The row-wise GGUF conversion `group` is, or None (any other op, or extra ops around it)."""
+    """The row-wise GGUF conversion `group` is, or None (any other op, or extra ops around it). The conversion
+    may follow the FP8 de-quantisation (to F32, in place) of every one of its inputs, with one block."""
+    from .gguf_fp8 import dequant_params
+
     op = group.op
     while isinstance(op, Sequential) and len(op.mappers) == 1:
         op = op.mappers[0]
+    dequant: dict[str, tuple[str, tuple[int, int]]] = {}
+    if isinstance(op, Sequential):
+        *first, op = op.mappers
+        for step in (leaf for part in first for leaf in (part.mappers if isinstance(part, Parallel) else (part,))):
+            found = dequant_params(step)
+            if found is None:
+                return None
+            dequant[found[0]] = found[1:]
     if not isinstance(op, Function) or op.fn != ROWS_FN or len(group.outputs) != 1:
         return None
     by_name = {t.name: t for t in group.inputs}
-    if set(by_name) != set(op.inputs):
+    scale_names = [dequant[n][0] for n in op.inputs if n in dequant]
+    blocks = {dequant[n][1] for n in op.inputs if n in dequant}
+    if set(by_name) != set(op.inputs) | set(scale_names) or set(dequant) - set(op.inputs) or len(blocks) > 1:
         return None
+    if dequant and (len(dequant) != len(op.inputs) or len({by_name[s].nbytes for s in scale_names}) != 1
+                    or any(len(by_name[n].shape) != 2 for n in op.inputs)):
+        return None  # de-quantised inputs are all or none, 2-D, with scale grids alike
     params = dict(op.params)
-    return RowJob(tuple(by_name[n] for n in op.inputs), group.outputs[0], params["kind"], int(params.get("heads", 0)))
+    return RowJob(tuple(by_name[n] for n in op.inputs), group.outputs[0], params["kind"], int(params.get("heads", 0)),
+                  tuple(by_name[s] for s in scale_names), next(iter(blocks)) if blocks else (0, 0))
 
 
 def numpy_dtype(code: str) -> Any:
     """The numpy dtype of a source code (bfloat16: ml_dtypes')."""
     import numpy as np
 
-    if code == "BF16":
+    if code in ("BF16", "F8_E4M3", "F8_E5M2"):  # FP8: a de-quantised input's stored values
         import ml_dtypes
 
-        return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype({"BF16": ml_dtypes.bfloat16, "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}[code])
     return np.dtype({"F16": np.float16, "F32": np.float32}[code])
 
 

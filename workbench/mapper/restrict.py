@@ -115,10 +115,12 @@ class Restrictor:
 
 
 def label_of(op: Mapper) -> str:
-    """A short human label: the kinds of operations the group runs, e.g. 'Concat' or 'Reshape+Transpose'."""
+    """A short human label: the kinds of operations the group runs, e.g. 'Concat' or 'Reshape+Transpose'; a
+    `Function` by its function's name (e.g. 'dequantize_fp8_tensor+to_gguf')."""
     kinds: list[str] = []
     for leaf in op.leaves():
-        kind = type(leaf).__name__
+        fn = getattr(leaf, "fn", None)
+        kind = fn.rpartition(":")[2] if type(leaf).__name__ == "Function" and isinstance(fn, str) else type(leaf).__name__
         if not kinds or kinds[-1] != kind:
             kinds.append(kind)
     return "+".join(kinds) or "Rename"

@@ -104,6 +104,8 @@ def layout_gguf_file(file: str, tensors: Sequence[TensorInfo], spec: GgufSpec, s
     types = []
     offset = 0
     relative = []
+    rank = {name: k for k, name in enumerate(spec.tensors)}  # the converter's order, whatever the schedule's
+    tensors = sorted(tensors, key=lambda t: rank.get(t.name, len(rank)))
     for t in tensors:
         planned = spec.tensors.get(t.name)
         if planned is None:
@@ -243,6 +245,8 @@ class GgufOutput(OutputFormat):
             for part in planned.stacked or (planned.source,):
                 info = source[part]
                 raw = torch.frombuffer(bytearray(source.read_bytes(part)), dtype=to_torch(info.dtype)).reshape(info.shape)
+                if planned.fp8_block:  # an FP8 weight: de-quantised by its tiles' scales, as the preset does
+                    raw = _dequantized(source, part, raw, planned.fp8_block)
                 parts.append(raw.to(torch.float32))
             expected = torch.stack(parts) if planned.stacked else parts[0]
             if planned.part:  # per head, some rows of the source (transposed for MLA's k_b)
@@ -259,6 +263,20 @@ class GgufOutput(OutputFormat):
 
     def commit(self, dest: Path, layouts: Sequence[FileLayout], reader: Any, *, objects: bool) -> bool:
         return False
+
+
+def _dequantized(source: Any, name: str, weight: Any, block: tuple[int, int]) -> Any:
+    """The float32 values of FP8 `weight` (torch, 2-D) times its tiles' scales, `<name>_scale_inv` in `source`
+    (the names `mapper.gguf_fp8` pairs); partial edge tiles use their own scale."""
+    import torch
+
+    from ..dtypes import to_torch
+
+    info = source[name + "_scale_inv"]
+    scales = torch.frombuffer(bytearray(source.read_bytes(info.name)), dtype=to_torch(info.dtype)).reshape(info.shape)
+    rows, cols = weight.shape
+    grid = scales.float().repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)[:rows, :cols]
+    return weight.float() * grid
 
 
 def open_written_gguf(dest: Path, layouts: Sequence[FileLayout]) -> Any:
