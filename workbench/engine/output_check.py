@@ -232,6 +232,7 @@ def check_outputs(plan, on_read: Callable[[int], None] | None = None) -> OutputC
                 continue
             check = _check_copy if step.kind == COPY else _check_cast if step.kind == CAST else _check_compute
             check(group, source, output, out_catalog, result.rows)
+        result.rows += plan.output_format.check_generated([f.layout for f in plan.output_file_list], out_catalog)
         lossy = plan.output_format.lossy_errors(plan.source, out_catalog)
         result.rows = [(r[0], r[1] + "+dequantised", r[2], lossy[r[0]], *r[4:]) if r[0] in lossy else r for r in result.rows]
     finally:
