@@ -257,12 +257,10 @@ class GgufOutput(OutputFormat):
                 ("GGUF metadata (first file)", ["key", "value"], metadata)]
 
     def lossy_errors(self, source: Any, written: Any) -> dict[str, float]:
-        """Q8_0 / Q4_0 tensors de-quantised (by the `gguf` package) against the source, permuted as planned, in float32."""
+        """Q8_0 / Q4_0 tensors de-quantised (by the `gguf` package) against the source, permuted as planned, in float32.
+        numpy alone (ml_dtypes for bfloat16), as the conversion: `--verify` of a GGUF output does not import torch."""
         import gguf
         import numpy as np
-        import torch
-
-        from ..dtypes import to_torch
 
         errors: dict[str, float] = {}
         if self.spec is None:
@@ -270,22 +268,18 @@ class GgufOutput(OutputFormat):
         for name, planned in self.spec.tensors.items():
             if planned.type not in QUANTIZED_TYPES or name not in written:
                 continue
-            parts = []
-            for part in planned.stacked or (planned.source,):
-                info = source[part]
-                raw = torch.frombuffer(bytearray(source.read_bytes(part)), dtype=to_torch(info.dtype)).reshape(info.shape)
-                parts.append(raw.to(torch.float32))
-            expected = torch.stack(parts) if planned.stacked else parts[0]
+            parts = [_float32(source, part) for part in planned.stacked or (planned.source,)]
+            expected = np.stack(parts) if planned.stacked else parts[0]
             if planned.part:  # per head, some rows of the source (transposed for MLA's k_b)
                 heads, first, rows, transposed = planned.part
                 expected = expected.reshape(heads, -1, expected.shape[-1])[:, first:first + rows]
-                expected = expected.transpose(1, 2) if transposed else expected
+                expected = expected.swapaxes(1, 2) if transposed else expected
             if planned.heads:
                 rows = expected.shape[0]  # llama.cpp's q/k order: per head (2, half) rows -> (half, 2)
-                expected = expected.reshape(planned.heads, 2, rows // planned.heads // 2, -1).transpose(1, 2).reshape(expected.shape)
+                expected = expected.reshape(planned.heads, 2, rows // planned.heads // 2, -1).swapaxes(1, 2).reshape(expected.shape)
             stored = np.frombuffer(written.read_bytes(name), dtype=np.uint8).reshape(written[name].shape)
-            values = torch.from_numpy(gguf.quants.dequantize(stored, gguf.GGMLQuantizationType[planned.type]).copy())
-            errors[name] = float((values.reshape(expected.shape) - expected).abs().max()) if expected.numel() else 0.0
+            values = gguf.quants.dequantize(stored, gguf.GGMLQuantizationType[planned.type])
+            errors[name] = float(np.abs(values.reshape(expected.shape) - expected).max()) if expected.size else 0.0
         return errors
 
     def check_generated(self, layouts: Sequence[FileLayout], written: Any) -> list[tuple[str, str, str, float | None, int, str]]:
@@ -305,6 +299,24 @@ class GgufOutput(OutputFormat):
 
     def commit(self, dest: Path, layouts: Sequence[FileLayout], reader: Any, *, objects: bool) -> bool:
         return False
+
+
+def _float32(catalog: Any, name: str) -> Any:
+    """Source tensor `name` as a float32 numpy array: BF16 / F16 / F32 read by numpy (bfloat16: ml_dtypes), any other
+    dtype (a quantised tensor a user mapper made from, say, FP8) through torch."""
+    import numpy as np
+
+    from ..mapper.gguf_rows import SOURCE_TYPES, numpy_dtype
+
+    info = catalog[name]
+    raw = catalog.read_bytes(name)
+    if info.dtype in SOURCE_TYPES:
+        return np.frombuffer(raw, dtype=numpy_dtype(info.dtype)).astype(np.float32).reshape(info.shape)
+    import torch
+
+    from ..dtypes import to_torch
+
+    return torch.frombuffer(bytearray(raw), dtype=to_torch(info.dtype)).reshape(info.shape).to(torch.float32).numpy()
 
 
 def open_written_gguf(dest: Path, layouts: Sequence[FileLayout]) -> Any:
