@@ -37,7 +37,9 @@ CASES = [
     ("llama", "f16", None), ("llama", "bf16", None), ("llama", "q8_0", None), ("llama", "f32", None), ("mistral", "q8_0", None),
     ("qwen2", "q8_0", None), ("qwen3", "bf16", None), ("llama", "f16", "spm"), ("llama", "q8_0", "gpt2"),
     ("mixtral", "q8_0", None), ("qwen2_moe", "q8_0", None), ("qwen3_moe", "q8_0", None), ("olmoe", "q8_0", None),
-    ("llama", "f16", "llama3"), ("deepseek_v3", "q8_0", None), ("deepseek_v3", "bf16", None)]
+    ("llama", "f16", "llama3"), ("deepseek_v3", "q8_0", None), ("deepseek_v3", "bf16", None),
+    ("llama31", "f16", None), ("llama31", "q8_0", None), ("llama31", "bf16", None), ("llama31", "f32", None),
+    ("llama32", "q8_0", None), ("llama32", "f16", None)]
 
 
 @contextmanager
@@ -77,7 +79,7 @@ def _fetch_converter() -> Path:
     return SCRIPT
 
 
-DEFAULT_TOKENIZERS = {"llama": "fallback", "mistral": "fallback", "mixtral": "fallback", "qwen2": "qwen2", "qwen3": "qwen2", "qwen2_moe": "qwen2", "qwen3_moe": "qwen2", "olmoe": "gpt2", "deepseek_v3": "gpt2"}
+DEFAULT_TOKENIZERS = {"llama": "fallback", "llama31": "fallback", "llama32": "fallback", "mistral": "fallback", "mixtral": "fallback", "qwen2": "qwen2", "qwen3": "qwen2", "qwen2_moe": "qwen2", "qwen3_moe": "qwen2", "olmoe": "gpt2", "deepseek_v3": "gpt2"}
 
 
 def _train_sentencepiece(prefix: Path) -> None:
