@@ -126,6 +126,17 @@ def to_torch(code: str):
     return getattr(torch, name)
 
 
+def numpy_dtype(code: str) -> Any:
+    """The numpy dtype of a float code numpy reads without torch: F32, F16, BF16 (ml_dtypes' bfloat16)."""
+    import numpy as np
+
+    if code == "BF16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype({"F16": np.float16, "F32": np.float32}[code])
+
+
 def from_torch(dtype) -> str:
     """The safetensors code of a torch.dtype."""
     return normalize_dtype(dtype)

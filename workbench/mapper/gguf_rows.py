@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..catalog import TensorInfo
-from ..dtypes import nbytes_of
+from ..dtypes import nbytes_of, numpy_dtype  # numpy_dtype: exported here too (engine.rows)
 from ..errors import MapperError
 from .compose import Sequential
 from .function import Function
@@ -151,17 +151,6 @@ def row_job(group: Any) -> RowJob | None:
         return None
     params = dict(op.params)
     return RowJob(tuple(by_name[n] for n in op.inputs), group.outputs[0], params["kind"], int(params.get("heads", 0)))
-
-
-def numpy_dtype(code: str) -> Any:
-    """The numpy dtype of a source code (bfloat16: ml_dtypes')."""
-    import numpy as np
-
-    if code == "BF16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype({"F16": np.float16, "F32": np.float32}[code])
 
 
 def permuted_float32(rows: Any, heads: int, out: Any = None) -> Any:

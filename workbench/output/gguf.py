@@ -306,11 +306,11 @@ def _float32(catalog: Any, name: str) -> Any:
     dtype (a quantised tensor a user mapper made from, say, FP8) through torch."""
     import numpy as np
 
-    from ..mapper.gguf_rows import SOURCE_TYPES, numpy_dtype
+    from ..dtypes import numpy_dtype
 
     info = catalog[name]
     raw = catalog.read_bytes(name)
-    if info.dtype in SOURCE_TYPES:
+    if info.dtype in ("BF16", "F16", "F32"):
         return np.frombuffer(raw, dtype=numpy_dtype(info.dtype)).astype(np.float32).reshape(info.shape)
     import torch
 
