@@ -122,17 +122,21 @@ def test_a_folder_without_config_or_with_an_unknown_dtype_is_refused(tmp_path: P
         wb.plan(bare, to="gguf")
     with pytest.raises(PlanError, match="model_type 'bert'.*deepseek_v3, llama, mistral, mixtral, olmoe, qwen2, qwen2_moe, qwen3, qwen3_moe"):
         wb.plan(Path(__file__).resolve().parent.parent / "sample_checkpoints" / "tiny-bert", to="gguf")
-    llama31 = tmp_path / "llama31"  # a rope the converter adds a generated tensor for: refused, not written without it
-    llama31.mkdir()
+    phi = tmp_path / "longrope"  # LongRoPE (Phi-3): llama.cpp generates its factor tensors in a family not mapped here
+    phi.mkdir()
     for file in model_folder("llama").iterdir():
-        (llama31 / file.name).write_bytes(file.read_bytes())
-    config = json.loads((llama31 / "config.json").read_text())
-    config["rope_theta"] = config.pop("rope_parameters", {}).get("rope_theta", 10000.0)  # as Llama 3.1's hub config spells it
-    config["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                              "original_max_position_embeddings": 64}
-    (llama31 / "config.json").write_text(json.dumps(config))
-    with pytest.raises(PlanError, match="RoPE scaling type 'llama3'.*convert_hf_to_gguf.py"):
-        wb.plan(llama31, to="gguf")
+        (phi / file.name).write_bytes(file.read_bytes())
+    config = json.loads((phi / "config.json").read_text())
+    config.pop("rope_parameters", None)  # Phi-3's hub config.json spells it rope_scaling
+    config["rope_scaling"] = {"type": "longrope", "long_factor": [1.0] * 8, "short_factor": [1.0] * 8}
+    (phi / "config.json").write_text(json.dumps(config))
+    with pytest.raises(PlanError, match="RoPE scaling type 'longrope' \\(LongRoPE, Phi-3's\\).*convert_hf_to_gguf.py"):
+        wb.plan(phi, to="gguf")
+    config["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0}
+    config["model_type"] = "qwen2"  # llama.cpp's Qwen2 converter has no rope_freqs: refused rather than dropped
+    (phi / "config.json").write_text(json.dumps(config))
+    with pytest.raises(PlanError, match="rope_type 'llama3'.*'qwen2' model"):
+        wb.plan(phi, to="gguf")
 
 
 def test_verify_rereads_gguf_through_its_own_header_and_catches_a_flipped_byte(tmp_path: Path) -> None:
@@ -258,3 +262,147 @@ def test_deepseek_v3_mla_is_split_per_head_and_extra_layers_are_left_out(tmp_pat
     split = frame[frame.index.str.contains("attn_[kv]_b")]
     assert report.verified and len(split) == 4 and (split.check == "compute+dequantised").all()
     assert (split.max_abs_diff > 0).all() and (split.max_abs_diff < 0.05).all()
+
+
+def _converter_rope_factors(grid: list[dict], **env: str) -> list[bytes]:
+    """llama.cpp's own `LlamaModel.generate_extra_tensors` (imported from the sdist, run unmodified on a stand-in
+    model object) for each rope block of `grid` (with a head_dim): the bytes of its rope_freqs tensor."""
+    import os
+    import subprocess
+    import sys
+
+    from gguf_support.reference import EXTRA, converter
+
+    root = converter().parent
+    code = """
+import json, sys, types
+from conversion.llama import LlamaModel
+out = []
+for case in json.loads(sys.argv[1]):
+    head_dim = case.pop("head_dim")
+    model = types.SimpleNamespace(rope_parameters=case, hparams={"head_dim": head_dim}, format_tensor_name=lambda kind: "rope_freqs.weight")
+    (name, tensor), = LlamaModel.generate_extra_tensors(model)
+    out.append(tensor.numpy().tobytes().hex())
+print(json.dumps(out))
+"""
+    path = os.pathsep.join(map(str, (EXTRA, root, root / "gguf-py")))
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(grid)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": path, **env})
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [bytes.fromhex(h) for h in json.loads(done.stdout.strip().splitlines()[-1])]
+
+
+def _ours(case: dict) -> bytes:
+    from workbench.output.gguf_rope import generated_tensors
+
+    config = {"num_attention_heads": 1, "hidden_size": case["head_dim"], "rope_parameters": {k: v for k, v in case.items() if k != "head_dim"}}
+    (made,) = generated_tensors(config, "llama")
+    assert made.shape == (case["head_dim"] // 2,) and made.type == "F32"
+    return made.data
+
+
+ROPE_BLOCKS = [{"rope_type": "llama3", "rope_theta": theta, "factor": factor, "low_freq_factor": low, "high_freq_factor": high,
+                "original_max_position_embeddings": context}
+               for theta in (500000.0, 10000.0) for factor, low, high, context in ((8.0, 1.0, 4.0, 8192), (32.0, 1.0, 4.0, 8192),
+                                                                                   (16.0, 2.0, 8.0, 1024), (8.0, 1.0, 4.0, 64))]
+
+
+def test_rope_factors_equal_the_converters_for_llama_head_dims_and_thetas() -> None:
+    """The numpy float32 factors against llama.cpp's torch code itself, for head dims 32, 64, 128 (Llama 3.2 1B, 3.1 8B)
+    and thetas 500000 / 10000: equal bytes here, whatever torch's CPU kernels (SIMD or not)."""
+    grid = [{**block, "head_dim": dim} for dim in (32, 64, 128) for block in ROPE_BLOCKS]
+    expected = _converter_rope_factors([dict(case) for case in grid])
+    assert [_ours(case) for case in grid] == expected
+    assert len({e for e in expected}) > len(ROPE_BLOCKS)  # not all ones: the blocks give different factors
+
+
+def test_rope_factors_are_the_correctly_rounded_ones_torch_computes_without_simd() -> None:
+    """With torch's CPU kernels set to plain C++ (ATEN_CPU_CAPABILITY=default: `powf`, correctly rounded), every head
+    dim and theta agrees; its SIMD `powf` (SLEEF, within 1 ulp) may differ by an ulp for some (see `llama3_rope_factors`)."""
+    grid = [{**block, "rope_theta": theta, "head_dim": dim} for dim in (16, 48, 80, 96, 256) for theta in (1e6, 1e5, 10000.0)
+            for block in ROPE_BLOCKS[:4]]
+    assert [_ours(case) for case in grid] == _converter_rope_factors([dict(case) for case in grid], ATEN_CPU_CAPABILITY="default")
+
+
+def test_llama31_split_output_starts_with_rope_freqs_resumes_and_two_ranks_write_the_same_bytes(tmp_path: Path) -> None:
+    src = model_folder("llama31")
+    out = tmp_path / "out"
+    plan = wb.plan(src, to="gguf", dtype="f16", shard_size="40KB", dest=out)
+    wb.convert(src, out, to="gguf", dtype="f16", shard_size="40KB", quiet=True)
+    names = output_names(out)
+    ref = _tensors(gguf.GGUFReader(reference_gguf("llama31", "f16")))
+    assert len(names) > 2 and next(iter(ref)) == "rope_freqs.weight"
+    merged = {}
+    for k, name in enumerate(names):
+        reader = gguf.GGUFReader(out / name)
+        fields = _fields(reader)
+        assert fields["split.tensors.count"][1] == len(ref)
+        tensors = _tensors(reader)
+        assert ("rope_freqs.weight" in tensors) == (k == 0)
+        merged.update(tensors)
+    assert list(merged)[0] == "rope_freqs.weight" and merged == ref
+    first, layout = gguf.GGUFReader(out / names[0]).tensors[0], plan.output_file_list[0].layout
+    assert first.name == "rope_freqs.weight" and int(first.data_offset) == layout.generated[0].begin
+    assert layout.generated[0].end == len(layout.header) == layout.tensors[0].begin  # its bytes end the planned header
+    # resume: the file holding rope_freqs is the one lost; kept files are recognised by their header (rope bytes included)
+    saved = {name: (out / name).read_bytes() for name in names}
+    (out / names[0]).unlink()
+    from workbench.planning.destination import write_manifest
+
+    write_manifest(out, plan.layout_fingerprint, plan.output_file_list)
+    report = wb.convert(src, out, to="gguf", dtype="f16", shard_size="40KB", quiet=True, verify=True)
+    assert report.kept == names[1:] and report.verified
+    assert {name: (out / name).read_bytes() for name in names} == saved
+    wb.convert(src, tmp_path / "two", to="gguf", dtype="f16", shard_size="40KB", nproc=2, launcher="local", quiet=True)
+    assert {name: (tmp_path / "two" / name).read_bytes() for name in output_names(tmp_path / "two")} == saved
+
+
+def test_llama31_plan_lists_rope_freqs_and_verify_recomputes_it(tmp_path: Path) -> None:
+    src = model_folder("llama31")
+    plan = wb.plan(src, to="gguf", dtype="q8_0", dest=tmp_path / "out")
+    layout = plan.output_file_list[0].layout
+    assert layout.types[0] == ("rope_freqs.weight", "F32", (8,))
+    tables = dict((title, rows) for title, _, rows in plan.output_details)
+    row = tables["GGUF tensors"][0]
+    assert row[:5] == ("rope_freqs.weight", "F32", "8", "32 B", "model.gguf") and "generated from config.json" in row[5]
+    assert "llama.rope.scaling.type" not in dict(layout.kv)  # llama.cpp writes no scaling keys for llama3
+    assert re.search(r"rope_freqs\.weight +F32 +8 ", plan.summary())
+    report = wb.convert(src, tmp_path / "out", to="gguf", dtype="q8_0", quiet=True, verify=True)
+    assert report.verified and report.verification.loc["rope_freqs.weight", "check"] == "generated"
+    path = tmp_path / "out" / "model.gguf"
+    (slot,) = layout.generated
+    data = bytearray(path.read_bytes())
+    data[slot.begin + 1] ^= 0x40
+    path.write_bytes(bytes(data))
+    from workbench.engine.output_check import check_outputs
+
+    assert check_outputs(plan).mismatches == ["rope_freqs.weight"]
+
+
+def test_llama31_hub_spelling_of_the_rope_block_gives_the_same_tensors(tmp_path: Path) -> None:
+    """Llama 3.1's hub config.json says `rope_scaling` (and rope_theta beside it), transformers v5 `rope_parameters`."""
+    src = tmp_path / "hub"
+    src.mkdir()
+    for file in model_folder("llama31").iterdir():
+        (src / file.name).write_bytes(file.read_bytes())
+    config = json.loads((src / "config.json").read_text())
+    block = config.pop("rope_parameters")
+    config["rope_theta"] = block.pop("rope_theta")
+    config["rope_scaling"] = block
+    (src / "config.json").write_text(json.dumps(config))
+    wb.convert(src, tmp_path / "out", to="gguf", dtype="f16", quiet=True)
+    ours, ref = gguf.GGUFReader(tmp_path / "out" / "model.gguf"), gguf.GGUFReader(reference_gguf("llama31", "f16"))
+    assert _tensors(ours) == _tensors(ref)
+    mine, theirs = _fields(ours), _fields(ref)
+    assert {k: v for k, v in mine.items() if not k.startswith("general.")} == {k: v for k, v in theirs.items() if not k.startswith("general.")}
+
+
+def test_gguf_convert_and_verify_in_a_fresh_process_import_neither_torch_nor_transformers(tmp_path: Path) -> None:
+    """--verify re-applies the row conversions and de-quantises with numpy and the gguf package, as the run converts."""
+    from conftest import run_cli_measured
+
+    out = tmp_path / "out"
+    imported, _ = run_cli_measured(["convert", str(model_folder("llama31")), str(out), "--to", "gguf", "--dtype", "q8_0",
+                                    "--verify", "--quiet"])
+    assert "numpy" in imported and not imported & {"torch", "transformers"}
+    assert (out / "model.gguf").read_bytes() == reference_gguf("llama31", "q8_0").read_bytes()

@@ -126,6 +126,17 @@ def to_torch(code: str):
     return getattr(torch, name)
 
 
+def numpy_dtype(code: str) -> Any:
+    """The numpy dtype of a float code numpy reads without torch: F32, F16, BF16 and the FP8 codes (ml_dtypes')."""
+    import numpy as np
+
+    if code in ("BF16", "F8_E4M3", "F8_E5M2"):
+        import ml_dtypes
+
+        return np.dtype({"BF16": ml_dtypes.bfloat16, "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}[code])
+    return np.dtype({"F16": np.float16, "F32": np.float32}[code])
+
+
 def from_torch(dtype) -> str:
     """The safetensors code of a torch.dtype."""
     return normalize_dtype(dtype)

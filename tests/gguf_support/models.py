@@ -1,4 +1,4 @@
-"""Tiny random HF checkpoints (Llama, Mistral, Qwen2, Qwen3) with one of three real tokenizer kinds llama.cpp reads:
+"""Tiny random HF checkpoints (Llama, Llama 3.1 / 3.2 RoPE, Mistral, Qwen2, Qwen3, MoE) with one of three real tokenizer kinds llama.cpp reads:
 a Llama-style byte-fallback BPE `tokenizer.json`, a SentencePiece `tokenizer.model` trained here, or GPT-2's own
 byte-level BPE rebuilt from the vocabulary llama.cpp ships (`models/ggml-vocab-gpt-2.gguf`), which the converter
 recognises by its pre-tokenizer hash."""
@@ -119,6 +119,11 @@ def _sentencepiece_tokenizer(folder: Path, train: Callable[[Path], None]) -> int
     return n_pieces + 4
 
 
+# Llama 3.1-3.3's rope block (config.json's rope_scaling, transformers v5's rope_parameters) but for the factor.
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+
+
 def build(folder: Path, family: str = "llama", dtype: str = "bfloat16", tokenizer: str = "fallback",
           vocab_gguf: Path | None = None, train: Callable[[Path], None] | None = None) -> Path:
     """Write a tiny random `family` model (untied embeddings, GQA) with a `tokenizer` ("fallback", "gpt2", "qwen2" or
@@ -138,6 +143,14 @@ def build(folder: Path, family: str = "llama", dtype: str = "bfloat16", tokenize
                   bos_token_id=1, eos_token_id=2)
     if family == "llama":
         config = transformers.LlamaConfig(**common, head_dim=16)
+        cls = transformers.LlamaForCausalLM
+    elif family == "llama31":  # Llama 3.1's RoPE scaling (llama.cpp generates rope_freqs.weight), one factor band value
+        config = transformers.LlamaConfig(**{**common, "max_position_embeddings": 131072}, head_dim=16,
+                                          rope_parameters=dict(LLAMA3_ROPE, factor=8.0))
+        cls = transformers.LlamaForCausalLM
+    elif family == "llama32":  # Llama 3.2 1B's shape of it: tied embeddings, factor 32, head_dim 64
+        config = transformers.LlamaConfig(**{**common, "tie_word_embeddings": True, "max_position_embeddings": 131072}, head_dim=64,
+                                          rope_parameters=dict(LLAMA3_ROPE, factor=32.0))
         cls = transformers.LlamaForCausalLM
     elif family == "mistral":
         config = transformers.MistralConfig(**common, head_dim=16)

@@ -40,7 +40,9 @@ CASES = [
     ("llama", "f16", "llama3"), ("deepseek_v3", "q8_0", None), ("deepseek_v3", "bf16", None),
     # FP8 block-quantised copies (gguf_support/fp8.py): the converter de-quantises them first
     ("deepseek_v3-fp8", "q8_0", None), ("deepseek_v3-fp8", "bf16", None), ("llama-fp8", "q8_0", None), ("llama-fp8", "f16", None),
-    ("qwen3-fp8", "q8_0", None)]
+    ("qwen3-fp8", "q8_0", None),
+    ("llama31", "f16", None), ("llama31", "q8_0", None), ("llama31", "bf16", None), ("llama31", "f32", None),
+    ("llama32", "q8_0", None), ("llama32", "f16", None)]
 
 
 @contextmanager
@@ -80,7 +82,7 @@ def _fetch_converter() -> Path:
     return SCRIPT
 
 
-DEFAULT_TOKENIZERS = {"llama": "fallback", "mistral": "fallback", "mixtral": "fallback", "qwen2": "qwen2", "qwen3": "qwen2", "qwen2_moe": "qwen2", "qwen3_moe": "qwen2", "olmoe": "gpt2", "deepseek_v3": "gpt2"}
+DEFAULT_TOKENIZERS = {"llama": "fallback", "llama31": "fallback", "llama32": "fallback", "mistral": "fallback", "mixtral": "fallback", "qwen2": "qwen2", "qwen3": "qwen2", "qwen2_moe": "qwen2", "qwen3_moe": "qwen2", "olmoe": "gpt2", "deepseek_v3": "gpt2"}
 
 
 def _train_sentencepiece(prefix: Path) -> None:

@@ -4,7 +4,8 @@
 validated too) and, group by group: byte-level outputs must equal the source byte ranges their recipe
 names (compared by SHA-256 in bounded chunks); cast outputs must equal a fresh cast of the source (bit
 for bit, i.e. within the dtype's rounding of the source values, whose largest absolute difference is
-reported); computed outputs must equal the group's op re-applied to the source tensors. Source values
+reported); computed outputs must equal the group's op re-applied to the source tensors (GGUF row conversions re-applied
+by row chunks with numpy, as the engine ran them: no torch). Source values
 the output's dtype cannot hold are counted again, independently of the run (the `overflow` column): such
 an output matches its planned cast yet is not the source's values. The result is one row per output
 tensor: `OutputCheck.frame()` is the DataFrame `RunReport.verification` holds.
@@ -19,10 +20,10 @@ from typing import Any
 
 from ..catalog import Catalog, TensorInfo
 from ..digest import tensor_sha256
-from ..dtypes import DTYPE_BITS, is_float, to_torch
+from ..dtypes import DTYPE_BITS, is_float, nbytes_of, to_torch
 from ..errors import WorkbenchError
 from ..overflow import attributed, collect, count_torch, may_overflow
-from ..planning.schedule import CAST, COPY
+from ..planning.schedule import CAST, COPY, ROWS
 from .sources import SourceFiles
 
 CHUNK_BYTES = 16 << 20
@@ -200,6 +201,50 @@ def _check_compute(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, 
                      overflowed.get(planned.name, 0), "" if same else "differs from the op re-applied to the source"))
 
 
+def _check_rows(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, rows: list) -> None:
+    """A GGUF tensor the engine converted by row chunks, converted again the same way (numpy and the gguf package, no
+    torch) a chunk at a time and compared byte for byte; a "compute" row like any op re-applied to the source."""
+    import numpy as np
+
+    from ..mapper.gguf_rows import QUANTIZED, convert_rows, numpy_dtype, row_bytes, row_job
+
+    job = row_job(group)
+    if job is None:  # the planner made a ROWS step of it, so it is one; anything else is re-applied by torch
+        _check_compute(group, source, output, out_catalog, rows)
+        return
+    got = out_catalog[job.output.name]
+    per = job.chunk_rows(CHUNK_BYTES)
+    in_row, out_row = nbytes_of(job.inputs[0].dtype, job.cols), row_bytes(job.cols, job.kind)
+    same, worst, overflowed, at = True, 0.0, 0, 0
+    for k, info in enumerate(job.inputs):
+        counted = may_overflow("F32" if job.scales else info.dtype, job.kind)
+        scales = None
+        if job.scales:  # an FP8 weight: de-quantised by its tiles' scales first, as the engine did (mapper.gguf_fp8)
+            grid = job.scales[k]
+            scales = np.frombuffer(source.read(grid, 0, grid.nbytes), dtype=np.float32).reshape(-1, grid.shape[-1])
+        for first in range(0, job.rows, per):
+            n = min(per, job.rows - first)
+            values = np.frombuffer(source.read(info, first * in_row, (first + n) * in_row), dtype=numpy_dtype(info.dtype))
+            values = values.reshape(n, job.cols)
+            if scales is not None:
+                from ..mapper.gguf_fp8 import dequantize_rows
+
+                values = dequantize_rows(values, scales, first, job.block, np.empty(n * job.cols, np.float32))
+            data, count, _ = convert_rows(values, job.kind, n // job.unit if job.heads else 0, counted=counted)
+            written = output.read(got, at, at + n * out_row)
+            overflowed += count
+            if data.tobytes() != written:
+                same = False
+                if job.kind not in QUANTIZED:  # how far the written values are from the conversion's
+                    kind = numpy_dtype(job.kind)
+                    delta = np.abs(np.frombuffer(written, kind).astype(np.float64) - data.view(kind).astype(np.float64))
+                    worst = max(worst, float(np.nanmax(delta)) if delta.size else 0.0)
+            at += n * out_row
+    diff = 0.0 if same else worst if job.kind not in QUANTIZED else None
+    rows.append((got.name, "compute", "ok" if same else "mismatch", diff, overflowed,
+                 "" if same else "differs from the op re-applied to the source"))
+
+
 def check_bytes(plan) -> int:
     """About how many bytes `check_outputs(plan)` reads: every group's inputs and outputs (for a progress bar)."""
     return sum(t.nbytes for step in plan.steps for t in (*step.group.inputs, *step.group.outputs))
@@ -230,8 +275,9 @@ def check_outputs(plan, on_read: Callable[[int], None] | None = None) -> OutputC
                 result.rows.append((t.name, step.kind, "missing" if found is None else "mismatch", None, 0, detail))
             if absent:
                 continue
-            check = _check_copy if step.kind == COPY else _check_cast if step.kind == CAST else _check_compute
+            check = {COPY: _check_copy, CAST: _check_cast, ROWS: _check_rows}.get(step.kind, _check_compute)
             check(group, source, output, out_catalog, result.rows)
+        result.rows += plan.output_format.check_generated([f.layout for f in plan.output_file_list], out_catalog)
         lossy = plan.output_format.lossy_errors(plan.source, out_catalog)
         result.rows = [(r[0], r[1] + "+dequantised", r[2], lossy[r[0]], *r[4:]) if r[0] in lossy else r for r in result.rows]
     finally:

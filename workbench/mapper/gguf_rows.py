@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..catalog import TensorInfo
-from ..dtypes import nbytes_of
+from ..dtypes import nbytes_of, numpy_dtype  # numpy_dtype: exported here too (engine.rows)
 from ..errors import MapperError
 from .compose import Parallel, Sequential
 from .function import Function
@@ -174,17 +174,6 @@ def row_job(group: Any) -> RowJob | None:
     params = dict(op.params)
     return RowJob(tuple(by_name[n] for n in op.inputs), group.outputs[0], params["kind"], int(params.get("heads", 0)),
                   tuple(by_name[s] for s in scale_names), next(iter(blocks)) if blocks else (0, 0))
-
-
-def numpy_dtype(code: str) -> Any:
-    """The numpy dtype of a source code (bfloat16: ml_dtypes')."""
-    import numpy as np
-
-    if code in ("BF16", "F8_E4M3", "F8_E5M2"):  # FP8: a de-quantised input's stored values
-        import ml_dtypes
-
-        return np.dtype({"BF16": ml_dtypes.bfloat16, "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}[code])
-    return np.dtype({"F16": np.float16, "F32": np.float32}[code])
 
 
 def permuted_float32(rows: Any, heads: int, out: Any = None) -> Any:

@@ -99,6 +99,11 @@ class OutputFormat:
         (quantised), read back from `written` and de-quantised; empty for exact formats."""
         return {}
 
+    def check_generated(self, layouts: Sequence[FileLayout], written: Any) -> list[tuple[str, str, str, float | None, int, str]]:
+        """For `--verify`: rows (tensor, check, status, max_abs_diff, overflow, detail) for tensors the format writes
+        without a plan step (e.g. GGUF's rope_freqs, made from config.json), read back from `written`; none by default."""
+        return []
+
     def open_written(self, dest: Path, layouts: Sequence[FileLayout]) -> Any:
         """A catalog of the finished output for `--verify`, or None when the workbench reads the format itself."""
         return None

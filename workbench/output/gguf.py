@@ -27,6 +27,7 @@ from ..catalog import TensorInfo
 from ..errors import PlanError
 from .base import OutputFormat
 from .gguf_packed import PackedArray
+from .gguf_rope import GeneratedTensor
 from .safetensors import FileLayout, SafetensorsWriter
 from .slots import slot_catalog
 
@@ -46,8 +47,11 @@ def gguf_file_name(k: int, n: int) -> str:
 class GgufFileLayout(FileLayout):
     """A GGUF file laid out in advance: `tensors` are the data slots; `types` the GGUF type and logical shape of each."""
 
-    types: tuple[tuple[str, str, tuple[int, ...]], ...] = ()  # (name, GGUF type, logical shape)
+    types: tuple[tuple[str, str, tuple[int, ...]], ...] = ()  # (name, GGUF type, logical shape), generated tensors first
     kv: tuple[tuple[str, Any], ...] = ()  # (key, value) as written, for plans and reports
+    # Tensors generated from config.json (Llama 3's rope_freqs) placed at the start of the data: their bytes end the
+    # `header` (written with it), so they need no step; file, begin and end as for `tensors`.
+    generated: tuple[TensorInfo, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,7 @@ class GgufSpec:
     tensors: Mapping[str, Any]  # output name -> GgufTensor
     tokenizer_bytes: int = 0  # size of the tokenizer.json read for the vocabulary (planning.rss counts its cost)
     tokenizer_tokens: int = 0  # tokens listed from it
+    generated: tuple[GeneratedTensor, ...] = ()  # tensors made from config.json, written first in the first file
 
 
 def _pack_kv(kv: Mapping[str, Any]) -> bytes:
@@ -92,7 +97,11 @@ def _pad(n: int) -> int:
 
 
 def layout_gguf_file(file: str, tensors: Sequence[TensorInfo], spec: GgufSpec, split: tuple[int, int, int] | None) -> GgufFileLayout:
-    """Header bytes and every tensor's data offset of one GGUF file. `split`: (index, count, total tensors) when split."""
+    """Header bytes and every tensor's data offset of one GGUF file. `split`: (index, count, total tensors) when split.
+
+    The first file starts with the spec's generated tensors, as llama.cpp's converter writes them before the model's:
+    their records come first (the first at offset 0) and their bytes, known now, follow the header's padding inside
+    the planned `header` bytes, so the writer puts them down with it; the tensors' slots follow them."""
     import gguf
 
     kv = dict(spec.kv)
@@ -106,6 +115,15 @@ def layout_gguf_file(file: str, tensors: Sequence[TensorInfo], spec: GgufSpec, s
     relative = []
     rank = {name: k for k, name in enumerate(spec.tensors)}  # the converter's order, whatever the schedule's
     tensors = sorted(tensors, key=lambda t: rank.get(t.name, len(rank)))
+    made = spec.generated if split is None or split[0] == 0 else ()
+    constant = bytearray()
+    for g in made:
+        records += _pack_string(g.name) + struct.pack("<I", len(g.shape))
+        records += b"".join(struct.pack("<Q", d) for d in reversed(g.shape))
+        records += struct.pack("<IQ", int(gguf.GGMLQuantizationType[g.type]), offset)
+        types.append((g.name, g.type, tuple(g.shape)))
+        constant += g.data + bytes(_pad(g.nbytes))
+        offset += g.nbytes + _pad(g.nbytes)
     for t in tensors:
         planned = spec.tensors.get(t.name)
         if planned is None:
@@ -123,13 +141,19 @@ def layout_gguf_file(file: str, tensors: Sequence[TensorInfo], spec: GgufSpec, s
         relative.append(offset)
         types.append((t.name, planned.type, tuple(shape)))
         offset += t.nbytes + _pad(t.nbytes)
-    head = struct.pack("<IIQQ", gguf.GGUF_MAGIC, gguf.GGUF_VERSION, len(tensors), len(kv)) + _pack_kv(kv) + bytes(records)
-    header = head + bytes(_pad(len(head)))
-    start = len(header)
+    count = len(made) + len(tensors)
+    head = struct.pack("<IIQQ", gguf.GGUF_MAGIC, gguf.GGUF_VERSION, count, len(kv)) + _pack_kv(kv) + bytes(records)
+    start = len(head) + _pad(len(head))
+    at = start
+    placed = []
+    for g in made:
+        placed.append(TensorInfo(g.name, g.type, tuple(g.shape), file, at, at + g.nbytes))
+        at += g.nbytes + _pad(g.nbytes)
+    header = head + bytes(_pad(len(head))) + bytes(constant)
     slots = tuple(TensorInfo(t.name, t.dtype, tuple(t.shape), file, start + at, start + at + t.nbytes)
                   for t, at in zip(tensors, relative, strict=True))
     shown = tuple((k, _shown(v)) for k, v in kv.items())
-    return GgufFileLayout(file, header, slots, start + offset, tuple(types), shown)
+    return GgufFileLayout(file, header, slots, start + offset, tuple(types), shown, tuple(placed))
 
 
 def _tokenizer_json_bytes(folder: Path) -> int:
@@ -166,6 +190,7 @@ class GgufOutput(OutputFormat):
 
     def prepare(self, catalog: Any, mapper: Any, options: Any, preset: Any = None) -> tuple[Any, OutputFormat, Any]:
         from .gguf_metadata import kv_metadata, parameter_counts, read_config
+        from .gguf_rope import generated_tensors
 
         try:
             import gguf  # noqa: F401
@@ -179,13 +204,14 @@ class GgufOutput(OutputFormat):
         config = read_config(root if root.is_dir() else root.parent)
         wanted = options.dtype or "F16"
         combined, planned, arch = preset(config, catalog, wanted, before=mapper)
-        counts = parameter_counts({name: tuple(t.shape) for name, t in planned.items()})
+        made = generated_tensors(config, arch)  # counted among the parameters too, as llama.cpp's writer counts them
+        counts = parameter_counts({**{g.name: g.shape for g in made}, **{name: tuple(t.shape) for name, t in planned.items()}})
         kinds = {t.type for t in planned.values() if len(t.shape) > 1}
         file_type = wanted if wanted in kinds or not kinds else sorted(kinds)[0]
         folder = root if root.is_dir() else root.parent
         kv = kv_metadata(folder, arch, config, file_type, counts)
         tokens = kv.get("tokenizer.ggml.tokens")
-        spec = GgufSpec(arch, kv, planned, _tokenizer_json_bytes(folder), len(tokens) if isinstance(tokens, PackedArray) else 0)
+        spec = GgufSpec(arch, kv, planned, _tokenizer_json_bytes(folder), len(tokens) if isinstance(tokens, PackedArray) else 0, made)
         return combined, GgufOutput(spec), dataclasses.replace(options, rest="drop", extras=False)
 
     def file_name(self, k: int, n: int) -> str:
@@ -202,8 +228,8 @@ class GgufOutput(OutputFormat):
 
     @property
     def split_total(self) -> int:
-        """Tensors across all split files (every planned tensor is written)."""
-        return len(self.spec.tensors) if self.spec is not None else 0
+        """Tensors across all split files (every planned tensor is written, and the generated ones)."""
+        return len(self.spec.tensors) + len(self.spec.generated) if self.spec is not None else 0
 
     def open_writer(self, folder: str | os.PathLike, layout: FileLayout) -> SafetensorsWriter:
         return SafetensorsWriter(folder, layout)
@@ -218,22 +244,25 @@ class GgufOutput(OutputFormat):
         from ..display import format_bytes
 
         tensors, metadata = [], []
+        origins = {g.name: f"generated from {g.origin}" for g in self.spec.generated} if self.spec is not None else {}
+        planned = self.spec.tensors if self.spec is not None else {}
         for layout in layouts:
-            slots = layout.by_name()
+            slots = {**{t.name: t for t in getattr(layout, "generated", ())}, **layout.by_name()}
             for name, kind, shape in getattr(layout, "types", ()):
-                tensors.append((name, kind, "x".join(map(str, shape)), format_bytes(slots[name].nbytes), layout.file))
+                made = planned.get(name)
+                origin = origins.get(name) or (f"{len(made.stacked)} experts from {made.stacked[0]}" if made is not None and made.stacked
+                                               else made.source if made is not None else "")
+                tensors.append((name, kind, "x".join(map(str, shape)), format_bytes(slots[name].nbytes), layout.file, origin))
             if not metadata:
                 metadata = [(key, str(value)[:80]) for key, value in getattr(layout, "kv", ())]
-        return [("GGUF tensors", ["tensor", "type", "shape", "size", "file"], tensors),
+        return [("GGUF tensors", ["tensor", "type", "shape", "size", "file", "from"], tensors),
                 ("GGUF metadata (first file)", ["key", "value"], metadata)]
 
     def lossy_errors(self, source: Any, written: Any) -> dict[str, float]:
-        """Q8_0 / Q4_0 tensors de-quantised (by the `gguf` package) against the source, permuted as planned, in float32."""
+        """Q8_0 / Q4_0 tensors de-quantised (by the `gguf` package) against the source, permuted as planned, in float32.
+        numpy alone (ml_dtypes for bfloat16), as the conversion: `--verify` of a GGUF output does not import torch."""
         import gguf
         import numpy as np
-        import torch
-
-        from ..dtypes import to_torch
 
         errors: dict[str, float] = {}
         if self.spec is None:
@@ -243,40 +272,69 @@ class GgufOutput(OutputFormat):
                 continue
             parts = []
             for part in planned.stacked or (planned.source,):
-                info = source[part]
-                raw = torch.frombuffer(bytearray(source.read_bytes(part)), dtype=to_torch(info.dtype)).reshape(info.shape)
+                values = _float32(source, part)
                 if planned.fp8_block:  # an FP8 weight: de-quantised by its tiles' scales, as the preset does
-                    raw = _dequantized(source, part, raw, planned.fp8_block)
-                parts.append(raw.to(torch.float32))
-            expected = torch.stack(parts) if planned.stacked else parts[0]
+                    values = _dequantized(source, part, values, planned.fp8_block)
+                parts.append(values)
+            expected = np.stack(parts) if planned.stacked else parts[0]
             if planned.part:  # per head, some rows of the source (transposed for MLA's k_b)
                 heads, first, rows, transposed = planned.part
                 expected = expected.reshape(heads, -1, expected.shape[-1])[:, first:first + rows]
-                expected = expected.transpose(1, 2) if transposed else expected
+                expected = expected.swapaxes(1, 2) if transposed else expected
             if planned.heads:
                 rows = expected.shape[0]  # llama.cpp's q/k order: per head (2, half) rows -> (half, 2)
-                expected = expected.reshape(planned.heads, 2, rows // planned.heads // 2, -1).transpose(1, 2).reshape(expected.shape)
+                expected = expected.reshape(planned.heads, 2, rows // planned.heads // 2, -1).swapaxes(1, 2).reshape(expected.shape)
             stored = np.frombuffer(written.read_bytes(name), dtype=np.uint8).reshape(written[name].shape)
-            values = torch.from_numpy(gguf.quants.dequantize(stored, gguf.GGMLQuantizationType[planned.type]).copy())
-            errors[name] = float((values.reshape(expected.shape) - expected).abs().max()) if expected.numel() else 0.0
+            values = gguf.quants.dequantize(stored, gguf.GGMLQuantizationType[planned.type])
+            errors[name] = float(np.abs(values.reshape(expected.shape) - expected).max()) if expected.size else 0.0
         return errors
+
+    def check_generated(self, layouts: Sequence[FileLayout], written: Any) -> list[tuple[str, str, str, float | None, int, str]]:
+        """For `--verify`: each generated tensor (Llama 3's rope_freqs) computed again from its config parameters and
+        compared with the bytes the written file's own header points at."""
+        made = {g.name: g for g in self.spec.generated} if self.spec is not None else {}
+        rows = []
+        for layout in layouts:
+            for slot in getattr(layout, "generated", ()):
+                if slot.name not in written:
+                    rows.append((slot.name, "generated", "missing", None, 0, "not in the output"))
+                    continue
+                same = written.read_bytes(slot.name) == made[slot.name].compute()
+                rows.append((slot.name, "generated", "ok" if same else "mismatch", 0.0 if same else None, 0,
+                             "" if same else f"differs from the values computed from {made[slot.name].origin}"))
+        return rows
 
     def commit(self, dest: Path, layouts: Sequence[FileLayout], reader: Any, *, objects: bool) -> bool:
         return False
 
 
 def _dequantized(source: Any, name: str, weight: Any, block: tuple[int, int]) -> Any:
-    """The float32 values of FP8 `weight` (torch, 2-D) times its tiles' scales, `<name>_scale_inv` in `source`
-    (the names `mapper.gguf_fp8` pairs); partial edge tiles use their own scale."""
+    """The float32 values of FP8 `weight` (numpy, 2-D) times its tiles' scales, `<name>_scale_inv` in `source`
+    (the names `mapper.gguf_fp8` pairs); partial edge tiles use their own scale. One float32 multiplication per
+    value, as the preset de-quantises."""
+    import numpy as np
+
+    scales = _float32(source, name + "_scale_inv")
+    rows, cols = weight.shape
+    return weight * np.repeat(np.repeat(scales, block[0], 0), block[1], 1)[:rows, :cols]
+
+
+def _float32(catalog: Any, name: str) -> Any:
+    """Source tensor `name` as a float32 numpy array: BF16 / F16 / F32 / FP8 read by numpy (ml_dtypes for bfloat16 and float8), any other
+    dtype (a quantised tensor a user mapper made from, say, FP8) through torch."""
+    import numpy as np
+
+    from ..dtypes import numpy_dtype
+
+    info = catalog[name]
+    raw = catalog.read_bytes(name)
+    if info.dtype in ("BF16", "F16", "F32", "F8_E4M3", "F8_E5M2"):
+        return np.frombuffer(raw, dtype=numpy_dtype(info.dtype)).astype(np.float32).reshape(info.shape)
     import torch
 
     from ..dtypes import to_torch
 
-    info = source[name + "_scale_inv"]
-    scales = torch.frombuffer(bytearray(source.read_bytes(info.name)), dtype=to_torch(info.dtype)).reshape(info.shape)
-    rows, cols = weight.shape
-    grid = scales.float().repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)[:rows, :cols]
-    return weight.float() * grid
+    return torch.frombuffer(bytearray(raw), dtype=to_torch(info.dtype)).reshape(info.shape).to(torch.float32).numpy()
 
 
 def open_written_gguf(dest: Path, layouts: Sequence[FileLayout]) -> Any:
@@ -295,7 +353,7 @@ def open_written_gguf(dest: Path, layouts: Sequence[FileLayout]) -> Any:
             raise CheckpointError(f"Cannot verify {path}: the gguf package does not read it ({exc}). Convert again.") from None
         found = {t.name: (t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)), int(t.data_offset)) for t in reader.tensors}
         types = {name: (kind, shape) for name, kind, shape in getattr(layout, "types", ())}
-        for slot in layout.tensors:
+        for slot in (*getattr(layout, "generated", ()), *layout.tensors):
             kind, shape = types.get(slot.name, ("", ()))
             if found.get(slot.name) != (kind, shape, slot.begin):
                 raise CheckpointError(f"Cannot verify {path}: tensor {slot.name!r} is {found.get(slot.name)} in the file, planned "

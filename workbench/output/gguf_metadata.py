@@ -78,15 +78,19 @@ def _model_parameters(writer: Any, config: dict[str, Any]) -> int:
 
 
 def _rope_scaling(writer: Any, rope: dict[str, Any], original_context: Any) -> None:
-    """The RoPE scaling keys llama.cpp's converter writes for linear and YaRN scaling (other kinds write none here).
-    `original_context`: config.json's original_max_position_embeddings, for a YaRN block without it."""
+    """The RoPE scaling keys llama.cpp's converter writes for linear and YaRN scaling (none for Llama 3's `llama3`,
+    whose factors are the generated `rope_freqs.weight` tensor: `gguf_rope`). `original_context`: config.json's
+    original_max_position_embeddings, for a YaRN block without it."""
     import gguf
 
     kind, factor = rope.get("rope_type", rope.get("type")), rope.get("factor")
-    if kind not in (None, "default", "linear", "yarn"):  # llama3 adds a rope_freqs tensor, longrope its factors
-        raise PlanError(f"Cannot write GGUF: config.json's RoPE scaling type {kind!r} needs what llama.cpp's converter "
-                        "generates for it (Llama 3's rope_freqs tensor, LongRoPE's factors), which the workbench does not "
-                        "write yet. Convert this model with llama.cpp's convert_hf_to_gguf.py.")
+    if kind in ("su", "longrope"):
+        raise PlanError(f"Cannot write GGUF: config.json's RoPE scaling type {kind!r} (LongRoPE, Phi-3's) needs the "
+                        "rope_factors_long / rope_factors_short tensors llama.cpp's Phi-3 converter generates, and Phi-3 is "
+                        "not a family the workbench maps to GGUF. Convert this model with llama.cpp's convert_hf_to_gguf.py.")
+    if kind not in (None, "default", "linear", "yarn") and str(kind).lower() != "llama3":
+        raise PlanError(f"Cannot write GGUF: config.json's RoPE scaling type {kind!r} is not one the workbench writes "
+                        "(linear, yarn, llama3). Convert this model with llama.cpp's convert_hf_to_gguf.py.")
     if kind not in ("linear", "yarn") or factor is None:
         return
     writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR if kind == "linear" else gguf.RopeScalingType.YARN)
