@@ -24,10 +24,10 @@ MAX_REST_PROBLEMS = 100
 
 def keep_group(info: TensorInfo) -> Group:
     """The group of a source tensor no operation mentions, under rest='keep': its bytes copied as they are."""
+    name = info.name
     nbytes = info.nbytes
-    recipe = {info.name: (ByteSlice(info.name, 0, nbytes),) if nbytes else ()}
-    op = build_unchecked(Identity, name=info.name)
-    return Group((info,), (TensorInfo(info.name, info.dtype, info.shape),), op, recipe, None, "keep")
+    recipe = {name: (ByteSlice(name, 0, nbytes),) if nbytes else ()}
+    return Group((info,), (TensorInfo(name, info.dtype, info.shape),), build_unchecked(Identity, name=name), recipe, None, "keep")
 
 
 def build_binding(binder: Any, rest: Rest) -> Binding:

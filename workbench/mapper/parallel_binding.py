@@ -82,8 +82,8 @@ def _picker(positions: list[int] | tuple[int, ...]) -> Callable[[list[str]], Key
     return lambda segments: ()
 
 
-def _match(leaves: list[_Leaf], infos: list[TensorInfo]) -> list[list[dict[Key, int]]] | None:
-    """For each leaf and each of its templates: placeholder values -> index of the source tensor it matches.
+def _match(leaves: list[_Leaf], infos: list[TensorInfo]) -> list[dict[Key, list[int]]] | None:
+    """For each leaf: placeholder values -> the index of the source tensor each of its templates matches (-1: none).
 
     None when a source tensor matches two templates (the walk reports it read twice).
     """
@@ -99,7 +99,7 @@ def _match(leaves: list[_Leaf], infos: list[TensorInfo]) -> list[list[dict[Key, 
             by_positions[template.positions][1].setdefault(template.literal_key, []).append((number, slot))
             at = {name: pos for pos, name in template.simple}  # type: ignore[union-attr]
             key_of[number].append(_picker([at[name] for name in leaf.order]))
-    matched: list[list[dict[Key, int]]] = [[{} for _ in leaf.templates] for leaf in leaves]
+    matched: list[dict[Key, list[int]]] = [{} for _ in leaves]
     for index, info in enumerate(infos):
         segments = info.name.split(".")
         by_positions = tables.get(len(segments))
@@ -114,14 +114,17 @@ def _match(leaves: list[_Leaf], infos: list[TensorInfo]) -> list[list[dict[Key, 
                 hit = found[0]
         if hit is not None:
             number, slot = hit
-            matched[number][slot][key_of[number][slot](segments)] = index
+            key = key_of[number][slot](segments)
+            found = matched[number].get(key)
+            if found is None:
+                found = matched[number][key] = [-1] * len(key_of[number])
+            found[slot] = index
     return matched
 
 
-def _complete(found: list[dict[Key, int]]) -> bool:
-    """Every template of a leaf matched, and for exactly the same placeholder values."""
-    first = found[0]
-    return bool(first) and all(len(other) == len(first) and all(key in other for key in first) for other in found[1:])
+def _complete(found: dict[Key, list[int]]) -> bool:
+    """A leaf matched, and every one of its templates for the same placeholder values."""
+    return bool(found) and not any(-1 in indexes for indexes in found.values())
 
 
 def parallel_binding(mapper: Mapper, infos: list[TensorInfo], rest: Rest) -> Binding | None:
@@ -143,9 +146,8 @@ def parallel_binding(mapper: Mapper, infos: list[TensorInfo], rest: Rest) -> Bin
     for leaf, found in zip(leaves, matched, strict=True):
         inferred: dict[tuple[Meta, ...], list[Meta]] = {}
         op = leaf.op
-        for key in found[0]:
+        for key, indexes in found.items():
             instance = op.fill_names(dict(zip(leaf.order, key, strict=True)))
-            indexes = [by_key[key] for by_key in found]
             metas = tuple([(infos[index].dtype, tuple(infos[index].shape)) for index in indexes])
             outputs = inferred.get(metas)
             try:
