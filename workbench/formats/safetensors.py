@@ -218,8 +218,9 @@ def looks_like_safetensors(path: Path) -> bool:
 class FileReader:
     """Reads tensor byte ranges from the files of one checkpoint, keeping their descriptors open."""
 
-    # `locate` never answers None here (safetensors data is raw): planners may skip asking it per tensor.
-    locates_every_tensor = True
+    # Every tensor's bytes lie raw at [begin, end) of its `file`: `locate(info)` is always (the file's path, begin, end),
+    # so planners and the engine may skip asking it per tensor.
+    raw_in_place = True
 
     def __init__(self, root: Path) -> None:
         self.root = root

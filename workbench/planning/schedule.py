@@ -78,8 +78,8 @@ class SourceAccess:
         self._locate = getattr(reader, "locate", None)
         self._sources_of = getattr(reader, "sources_of", None)
         # True when `located` answers True for every tensor, so per-tensor loops need not ask
-        # (a reader without `locate`, or one saying it finds every tensor: safetensors).
-        self.all_located = self._locate is None or getattr(reader, "locates_every_tensor", False) is True
+        # (a reader without `locate`, or one whose tensors all lie raw in their files: safetensors).
+        self.all_located = self._locate is None or getattr(reader, "raw_in_place", False) is True
 
     def located(self, info: TensorInfo) -> bool:
         """True when the tensor's bytes lie raw and contiguous in one file."""
