@@ -300,6 +300,7 @@ _PARALLEL_CASES = {  # name -> (mapper, extra source tensors, bound without the 
     "split_and_rename": (M.Parallel(M.Split(_Q, ["model.layers.{i}.q_a", "model.layers.{i}.q_b"]),
                                     M.Rename("model.layers.{i}.input_layernorm.weight", "norm.{i}")), (), True),
     "in_place": (M.Parallel(M.Concat(QKV, _Q)), (), True),  # writes the name of an input it reads
+    "cast": (M.Sequential(M.Parallel(M.Cast(_Q, "F32"), M.Concat(QKV[1:], "model.layers.{i}.kv")), _QKV_CLAIM), (), True),
     "partial": (M.Parallel(M.Concat(QKV, FUSED)), ("model.layers.1.self_attn.v_proj.weight",), False),
     "read_twice": (M.Parallel(M.Concat(QKV, FUSED), M.Cast(QKV[1], "F32")), (), False),
     "lands_on_kept": (M.Parallel(M.Rename(_Q, "model.layers.{i}.input_layernorm.weight")), (), False),
