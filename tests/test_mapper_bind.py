@@ -292,6 +292,47 @@ def test_a_bare_prefix_rename_binds_as_the_walk_does(mapper, clash: bool, rest: 
     assert renamed and len({id(g.op) for g in renamed}) == 1  # one op shared by every renamed group
 
 
+_QKV_CLAIM = M.Claim("q/k/v", r"model\.layers\.[^.]+\.self_attn\..*")
+_Q = "model.layers.{i}.self_attn.q_proj.weight"
+_PARALLEL_CASES = {  # name -> (mapper, extra source tensors, bound without the walk)
+    "fused": (M.Sequential(M.Parallel(M.Concat(QKV, FUSED)), _QKV_CLAIM), (), True),
+    "claimed": (M.Sequential(M.Parallel(M.Concat(QKV, FUSED)), _QKV_CLAIM), ("model.layers.0.self_attn.q_proj.bias",), True),
+    "split_and_rename": (M.Parallel(M.Split(_Q, ["model.layers.{i}.q_a", "model.layers.{i}.q_b"]),
+                                    M.Rename("model.layers.{i}.input_layernorm.weight", "norm.{i}")), (), True),
+    "in_place": (M.Parallel(M.Concat(QKV, _Q)), (), True),  # writes the name of an input it reads
+    "cast": (M.Sequential(M.Parallel(M.Cast(_Q, "F32"), M.Concat(QKV[1:], "model.layers.{i}.kv")), _QKV_CLAIM), (), True),
+    "partial": (M.Parallel(M.Concat(QKV, FUSED)), ("model.layers.1.self_attn.v_proj.weight",), False),
+    "read_twice": (M.Parallel(M.Concat(QKV, FUSED), M.Cast(QKV[1], "F32")), (), False),
+    "lands_on_kept": (M.Parallel(M.Rename(_Q, "model.layers.{i}.input_layernorm.weight")), (), False),
+    "two_write_one": (M.Parallel(M.Rename(QKV[0], "x.{i}"), M.Rename(QKV[1], "x.{i}")), (), False),
+    "no_match": (M.Parallel(M.Concat(QKV, FUSED), M.Rename("nothing.{i}", "x.{i}")), (), False),
+    "part_of_a_segment": (M.Parallel(M.Rename("model.layers.{i}.self_attn.{p}_proj.weight", "x.{i}.{p}")), (), False),
+    "infer_error": (M.Parallel(M.Concat(QKV, FUSED, dim=1)), (), False),  # q is 8 rows, k 4: not joinable along dim 1
+    "claim_first": (M.Sequential(_QKV_CLAIM, M.Parallel(M.Concat(QKV, FUSED))), (), False),
+}
+
+
+@pytest.mark.parametrize("rest", ["keep", "drop", "error"])
+@pytest.mark.parametrize("case", sorted(_PARALLEL_CASES))
+def test_a_parallel_of_templates_binds_as_the_walk_does(case: str, rest: str) -> None:
+    """`parallel_binding` (hf_to_fused's shape, without the walk) gives the walk's groups, problems and drops."""
+    from workbench.mapper.bind import bind, run_binder, source_infos
+    from workbench.mapper.parallel_binding import parallel_binding
+
+    mapper, extra, fast_path = _PARALLEL_CASES[case]
+    catalog = llama_like(3, missing=extra if case == "partial" else ())
+    if case != "partial":
+        infos = list(catalog.tensors.values())
+        catalog = Catalog.from_infos(infos + [TensorInfo(name, "BF16", (8,), "model.safetensors", 0, 16) for name in extra])
+    fast, walked = bind(mapper, catalog, rest), run_binder(mapper, catalog, rest)[0]
+    assert [(g.inputs, g.outputs, dict(g.recipe or {}), g.chunk_cast, g.label, repr(g.op)) for g in fast.groups] == \
+           [(g.inputs, g.outputs, dict(g.recipe or {}), g.chunk_cast, g.label, repr(g.op)) for g in walked.groups]
+    assert fast.problems == walked.problems and fast.dropped == walked.dropped
+    assert (parallel_binding(mapper, source_infos(catalog), rest) is not None) == (fast_path and rest != "error")
+    reported = {"claimed", "partial", "read_twice", "lands_on_kept", "two_write_one", "no_match", "infer_error", "claim_first"}
+    assert bool(walked.problems) == (case in reported or rest == "error")
+
+
 def test_no_public_mapper_name_is_also_a_submodule_name() -> None:
     """Importing such a submodule (e.g. through another lazily resolved name) would turn `M.<name>` into a module."""
     import pkgutil

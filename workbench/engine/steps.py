@@ -49,6 +49,9 @@ class RankContext:
         self._placement = self.plan.placement
         reader = self.plan.source.reader
         self._locate = reader.locate if reader is not None else None
+        # A reader whose tensors lie raw at their `begin` in their `file`: a descriptor per file name, no `locate` per tensor.
+        self._raw_in_place = getattr(reader, "raw_in_place", False) is True and self._locate is not None
+        self._fd_of_file: dict[str, int] = {}
 
     @property
     def catalog(self) -> Catalog:
@@ -82,6 +85,11 @@ class RankContext:
 
     def locate(self, info: TensorInfo) -> tuple[int, int] | None:
         """(descriptor, absolute offset) of a source tensor's raw bytes, or None when not raw on disk."""
+        if self._raw_in_place:
+            fd = self._fd_of_file.get(info.file)
+            if fd is None:
+                fd = self._fd_of_file[info.file] = self.sources.fd(self._locate(info)[0])  # type: ignore[misc]
+            return fd, info.begin
         where = self._locate(info) if self._locate is not None else None
         if where is None:
             return None
@@ -146,11 +154,9 @@ def _copy_spans(ctx: RankContext, recipe: Mapping[str, tuple[ByteSlice, ...]], i
     spans = getattr(recipe, "spans", None)
     if spans is None or ctx._locate is None:
         return False
-    where = {name: ctx._locate(info) for name, info in inputs.items()}
-    if None in where.values():
+    if not ctx._raw_in_place and any(ctx._locate(info) is None for info in inputs.values()):
         return False
-    fd = ctx.sources.fd
-    located: dict[str, tuple[int, int]] = {}  # descriptors opened on first use, as `locate` does
+    located: dict[str, tuple[int, int]] = {}  # descriptors opened on first use
     add = ctx.queue.add
     for out_name in recipe:
         target = ctx.target(out_name)
@@ -163,8 +169,7 @@ def _copy_spans(ctx: RankContext, recipe: Mapping[str, tuple[ByteSlice, ...]], i
             if length > 0:
                 found = located.get(source)
                 if found is None:
-                    path, offset, _ = where[source]  # type: ignore[misc]
-                    found = located[source] = (fd(path), offset)
+                    found = located[source] = ctx.locate(inputs[source])  # type: ignore[assignment]
                 src_fd, src_offset = found
                 add(writer, begin + at, out_name, at, src_fd, src_offset + piece_begin, length)
             at += length
@@ -185,10 +190,10 @@ def _copy_one_slice(ctx: RankContext, info: TensorInfo, recipe: Mapping[str, tup
     piece = pieces[0]
     length = piece.end - piece.begin
     if length > 0:
-        where = ctx._locate(info) if ctx._locate is not None else None
+        where = ctx.locate(info)
         if where is None:
             return False
-        ctx.queue.add(writer, dst, out_name, 0, ctx.sources.fd(where[0]), where[1] + piece.begin, length)
+        ctx.queue.add(writer, dst, out_name, 0, where[0], where[1] + piece.begin, length)
     ctx.done_bytes += length
     return True
 

@@ -10,7 +10,7 @@ import json
 import os
 import struct
 from dataclasses import dataclass
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from pathlib import Path
 
 from ..catalog import FileInfo, TensorInfo
@@ -218,6 +218,10 @@ def looks_like_safetensors(path: Path) -> bool:
 class FileReader:
     """Reads tensor byte ranges from the files of one checkpoint, keeping their descriptors open."""
 
+    # Every tensor's bytes lie raw at [begin, end) of its `file`: `locate(info)` is always (the file's path, begin, end),
+    # so planners and the engine may skip asking it per tensor.
+    raw_in_place = True
+
     def __init__(self, root: Path) -> None:
         self.root = root
         self._paths: dict[str, Path] = {}
@@ -236,10 +240,9 @@ class FileReader:
                 tensor=info.name,
             ) from None
 
-    def raw_offset(self, info: TensorInfo) -> int:
-        """Where the tensor's bytes start in its file (`locate`'s offset without its path: asked per tensor by
-        `planning.page_align`)."""
-        return info.begin
+    # Where a tensor's bytes start in its file (`locate`'s offset without its path), asked per tensor by
+    # `planning.page_align`: its `begin`, read without a Python call.
+    raw_offset = staticmethod(attrgetter("begin"))
 
     def locate(self, info: TensorInfo) -> tuple[Path, int, int]:
         """Safetensors data is always raw and contiguous: the file and the absolute byte range."""

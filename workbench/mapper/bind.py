@@ -519,6 +519,18 @@ def bind(mapper: Mapper, source: Any, rest: Rest = "keep") -> Binding:
         found = rename_binding(mapper, source_infos(source), rest)
         if found is not None:
             return found
+    if type(mapper) in (Sequential, Parallel):  # a Parallel of templated operations binds without the walk where it can
+        from .parallel_binding import parallel_binding
+
+        collecting = gc.isenabled()
+        gc.disable()  # as in run_binder: many small acyclic objects
+        try:
+            found = parallel_binding(mapper, source_infos(source), rest)
+        finally:
+            if collecting:
+                gc.enable()
+        if found is not None:
+            return found
     return run_binder(mapper, source, rest)[0]
 
 

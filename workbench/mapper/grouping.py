@@ -22,11 +22,12 @@ from .state import find
 MAX_REST_PROBLEMS = 100
 
 
-def _keep_group(info: TensorInfo) -> Group:
+def keep_group(info: TensorInfo) -> Group:
+    """The group of a source tensor no operation mentions, under rest='keep': its bytes copied as they are."""
+    name = info.name
     nbytes = info.nbytes
-    recipe = {info.name: (ByteSlice(info.name, 0, nbytes),) if nbytes else ()}
-    op = build_unchecked(Identity, name=info.name)
-    return Group((info,), (TensorInfo(info.name, info.dtype, info.shape),), op, recipe, None, "keep")
+    recipe = {name: (ByteSlice(name, 0, nbytes),) if nbytes else ()}
+    return Group((info,), (TensorInfo(name, info.dtype, info.shape),), build_unchecked(Identity, name=name), recipe, None, "keep")
 
 
 def build_binding(binder: Any, rest: Rest) -> Binding:
@@ -70,7 +71,7 @@ def build_binding(binder: Any, rest: Rest) -> Binding:
     for index in untouched:
         info = infos[index]
         if rest == "keep":
-            ordered.append((index, _keep_group(info)))
+            ordered.append((index, keep_group(info)))
         elif rest == "drop":
             dropped.append(index)
         else:
@@ -125,7 +126,7 @@ def rename_binding(mapper: Mapper, infos: list[TensorInfo], rest: Rest) -> Bindi
             recipe = {out: (ByteSlice(name, 0, nbytes),) if nbytes else ()}
             groups.append(Group((info,), (TensorInfo(out, info.dtype, tuple(info.shape)),), op, recipe, None, label))
         elif rest == "keep":
-            groups.append(_keep_group(info))
+            groups.append(keep_group(info))
         else:
             dropped.append(name)
     return Binding(groups, [], dropped)

@@ -121,8 +121,7 @@ class Op(Mapper):
 def build_unchecked(cls: type[Op], **fields: Any) -> Op:
     """Construct a leaf from already valid fields, skipping validation (hot paths: binding 100k names)."""
     op = object.__new__(cls)
-    for key, value in fields.items():
-        object.__setattr__(op, key, value)
+    op.__dict__.update(fields)  # leaves are frozen dataclasses without slots (see `rename_all`): what object.__setattr__ does
     return op
 
 

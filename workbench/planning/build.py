@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ from ..errors import PlanError, WorkbenchError
 from ..mapper.base import Mapper
 from ..mapper.files import code_digest
 from ..mapper.groups import Binding, Problem
+from ..mapper.op import Op
 from ..mapper.output_presets import OUTPUT_PRESETS
 from ..output import OutputFormat, output_format
 from .cast_batches import batch_casts
@@ -86,10 +87,21 @@ def _quantisation_changes(binding: Binding) -> dict | None:
     """What the mapper's (de)quantisation ops change in config.json (see `mapper.quantized.config_changes`)."""
     from ..mapper.quantized import config_changes
 
-    # A Binding may carry any op with `apply`; only mapper ops (and the dtype policy's wrapper) have leaves.
-    ops = (leaf for group in binding.groups if group.op is not None
-           for leaf in (group.op.leaves() if hasattr(group.op, "leaves") else (group.op,)))
-    return config_changes(ops, (t for group in binding.groups for t in group.outputs))
+    return config_changes(_leaves(binding), (t for group in binding.groups for t in group.outputs))
+
+
+def _leaves(binding: Binding) -> Iterator[Any]:
+    """Every operation leaf of the binding's groups. A Binding may carry any op with `apply`; only mapper ops (and
+    the dtype policy's wrapper) have leaves. A leaf operation is its own only leaf: yielded without a generator
+    per group (one per tensor of a fused checkpoint)."""
+    for group in binding.groups:
+        op = group.op
+        if op is None:
+            continue
+        if isinstance(op, Op) or not hasattr(op, "leaves"):
+            yield op
+        else:
+            yield from op.leaves()
 
 
 ON_OVERFLOW = ("warn", "error")

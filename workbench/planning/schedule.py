@@ -77,10 +77,13 @@ class SourceAccess:
     def __init__(self, reader: object | None) -> None:
         self._locate = getattr(reader, "locate", None)
         self._sources_of = getattr(reader, "sources_of", None)
+        # True when `located` answers True for every tensor, so per-tensor loops need not ask
+        # (a reader without `locate`, or one whose tensors all lie raw in their files: safetensors).
+        self.all_located = self._locate is None or getattr(reader, "raw_in_place", False) is True
 
     def located(self, info: TensorInfo) -> bool:
         """True when the tensor's bytes lie raw and contiguous in one file."""
-        return self._locate is None or self._locate(info) is not None
+        return self.all_located or self._locate(info) is not None  # type: ignore[misc]
 
     def add_whole_read(self, reads: dict[str, int], info: TensorInfo) -> None:
         """Count reading the whole tensor into `reads` (file -> bytes)."""
@@ -164,26 +167,28 @@ def build_steps(groups: list[Group], access: SourceAccess, chunk_bytes: int) -> 
     ordered.sort()  # indexes are unique, so groups themselves are never compared
     steps = []
     located = access.located
+    everywhere = access.all_located  # no need to ask per tensor
     for index, (_, _, _, group) in enumerate(ordered):
         outputs = group.outputs
         bytes_out = outputs[0].nbytes if len(outputs) == 1 else sum(t.nbytes for t in outputs)
         recipe = group.recipe
-        if recipe is not None and len(recipe) == 1 and len(group.inputs) == 1:  # step_cost of a one-slice copy, inlined
+        inputs = group.inputs
+        if recipe is not None and len(recipe) == 1 and len(inputs) == 1:  # step_cost of a one-slice copy, inlined
             (pieces,) = recipe.values()
-            first = group.inputs[0]
-            if len(pieces) == 1 and pieces[0].source == first.name and located(first):
+            first = inputs[0]
+            if len(pieces) == 1 and pieces[0].source == first.name and (everywhere or located(first)):
                 steps.append(Step(index, group, COPY, 0, {first.file: pieces[0].end - pieces[0].begin}, bytes_out))
                 continue
-        elif recipe is None and group.chunk_cast is not None and len(group.inputs) == 1 and len(outputs) == 1:
-            first = group.inputs[0]  # step_cost of a chunked cast of a located input, inlined
-            if located(first):
+        elif recipe is None and group.chunk_cast is not None and len(inputs) == 1 and len(outputs) == 1:
+            first = inputs[0]  # step_cost of a chunked cast of a located input, inlined
+            if everywhere or located(first):
                 held = cast_chunk(first.numel, first.dtype, outputs[0].dtype, chunk_bytes)[1]
                 steps.append(Step(index, group, CAST, held, {first.file: first.nbytes}, bytes_out))
                 continue
         spans = getattr(recipe, "spans", None)
-        if spans is not None and len(group.inputs) > 1 and all(located(t) for t in group.inputs):
+        if spans is not None and len(inputs) > 1 and (everywhere or all(located(t) for t in inputs)):
             # step_cost of a copy from several located inputs (a fused q/k/v), read from the shared recipe
-            file_of = {t.name: t.file for t in group.inputs}
+            file_of = {t.name: t.file for t in inputs}
             reads: dict[str, int] = {}
             for out in recipe:
                 for source, begin, end in spans(out):
