@@ -37,6 +37,15 @@ def sharded(tiny_checkpoint) -> Path:
     return folder
 
 
+@pytest.fixture(autouse=True)
+def direct_on(monkeypatch) -> None:
+    """Direct writes are opt-in (`WORKBENCH_DIRECT_IO=1`): on for every test here unless a test turns them off."""
+    monkeypatch.setenv("WORKBENCH_DIRECT_IO", "1")
+    direct_io.supported.cache_clear()
+    yield
+    direct_io.supported.cache_clear()
+
+
 @pytest.fixture
 def submitted(monkeypatch) -> list[tuple[int, int]]:
     """(offset, length) of every direct write the run submits."""
@@ -155,3 +164,11 @@ def test_the_read_cursor_assembles_any_tiling_of_scattered_sources(tmp_path: Pat
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def test_direct_writes_are_off_unless_asked(sharded: Path, tmp_path: Path, submitted, monkeypatch) -> None:
+    monkeypatch.delenv("WORKBENCH_DIRECT_IO")
+    direct_io.supported.cache_clear()
+    assert "direct-write" not in wb.plan(sharded, dest=tmp_path / "out", shard_size="5GB").rss_breakdown.loc["buffers", "detail"]
+    wb.convert(sharded, tmp_path / "out", shard_size="5GB")
+    assert submitted == []
