@@ -64,15 +64,20 @@ class CopyQueue:
         """Run every queued copy (merged where possible); returns the bytes copied."""
         if not self._pieces:
             return 0
-        total = 0
-        pieces = self._pieces
+        total, pieces = 0, self._pieces
         if self._direct_on:
             pieces, total = self._assemble_long_runs(pieces)
-            if not pieces:
-                self._direct.drain()  # type: ignore[union-attr]
-                self.clear()
-                self.copied_bytes += total
-                return total
+        if pieces:
+            total += self._copy_runs(pieces)
+        if self._direct is not None:
+            self._direct.drain()
+        self.clear()
+        self.copied_bytes += total
+        return total
+
+    def _copy_runs(self, pieces: list[Piece]) -> int:
+        """Kernel-copy pieces adjacent in both source and destination as one run each; short runs are gathered."""
+        total = 0
         pieces = sorted(pieces, key=lambda p: (p.writer_order, p.src_fd, p.src_offset))
         small: list[list[Piece]] = []  # runs left to `_gather`
         run: list[Piece] = [pieces[0]]
@@ -100,10 +105,6 @@ class CopyQueue:
             total += self._copy(run)
         if small:
             total += self._gather(small)
-        if self._direct is not None:
-            self._direct.drain()
-        self.clear()
-        self.copied_bytes += total
         return total
 
     def _assemble_long_runs(self, pieces: list[Piece]) -> tuple[list[Piece], int]:

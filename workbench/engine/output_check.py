@@ -206,6 +206,7 @@ def _check_rows(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, row
     torch) a chunk at a time and compared byte for byte; a "compute" row like any op re-applied to the source."""
     import numpy as np
 
+    from ..mapper.gguf_fp8 import dequantize_rows
     from ..mapper.gguf_rows import QUANTIZED, convert_rows, numpy_dtype, row_bytes, row_job
 
     job = row_job(group)
@@ -227,8 +228,6 @@ def _check_rows(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, row
             values = np.frombuffer(source.read(info, first * in_row, (first + n) * in_row), dtype=numpy_dtype(info.dtype))
             values = values.reshape(n, job.cols)
             if scales is not None:
-                from ..mapper.gguf_fp8 import dequantize_rows
-
                 values = dequantize_rows(values, scales, first, job.block, np.empty(n * job.cols, np.float32))
             data, count, _ = convert_rows(values, job.kind, n // job.unit if job.heads else 0, counted=counted)
             written = output.read(got, at, at + n * out_row)
