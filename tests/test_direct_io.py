@@ -69,13 +69,14 @@ def _needs_direct(folder: Path) -> None:
 def test_direct_writes_give_the_bytes_of_buffered_copies(sharded: Path, tmp_path: Path, submitted, monkeypatch, case: str) -> None:
     _needs_direct(tmp_path)
     mapper = presets.hf_to_fused(sharded / "config.json") if case == "fuse" else None
-    wb.convert(sharded, tmp_path / "direct", mapper=mapper, shard_size="5GB")
+    direct = wb.convert(sharded, tmp_path / "direct", mapper=mapper, shard_size="5GB")
     assert submitted, "no run was long enough for direct writes"
     assert all(offset % 4096 == 0 and length % 4096 == 0 for offset, length in submitted)
     monkeypatch.setenv("WORKBENCH_DIRECT_IO", "0")
     count = len(submitted)
-    wb.convert(sharded, tmp_path / "buffered", mapper=mapper, shard_size="5GB")
+    buffered = wb.convert(sharded, tmp_path / "buffered", mapper=mapper, shard_size="5GB")
     assert len(submitted) == count  # the switch turns them off
+    assert direct.ranks[0].bytes_written == buffered.ranks[0].bytes_written > 0  # direct writes are counted too
     assert_same_folder(tmp_path / "buffered", tmp_path / "direct")
     got = load_safetensors_folder(tmp_path / "direct")
     source = load_safetensors_folder(sharded)

@@ -446,6 +446,7 @@ class SafetensorsWriter:
             with memoryview(buffer) as view:
                 cursor.fill(view[:length], position)
             direct.submit(fd, buffer, position, length)
+            IO.add_written(length)
             position += length
         if end > body_end >= body:
             cursor.fill(self._scratch()[: end - body_end], body_end)
