@@ -1,7 +1,8 @@
 """One rank's share of a plan: run its steps in schedule order, commit each file after its last step.
 
 Writers open at a file's first step and commit (fsync + rename) right after its last one, so at
-most the files being filled are open and every committed file is complete. The rank measures what
+most the files being filled are open and every committed file is complete (commits run on a background
+thread, `committer`, so the next file's copies overlap the last one's fsync). The rank measures what
 it does: time, bytes, source files opened (through the counted I/O layer), tensor bytes held, RSS.
 """
 
@@ -16,6 +17,7 @@ from ..errors import PlanError, WorkbenchError
 from ..iostats import IO
 from ..planning.gc_pause import gc_paused
 from ..planning.model import Plan
+from .committer import Committer
 from .memory import reset_rss_peak, rss_bytes, rss_peak_bytes
 from .progress import Progress
 from .report import RankResult
@@ -87,6 +89,7 @@ def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankRes
         plan.source.reader.take_counts()  # the run's counts start here
         announce([info for step in steps for info in step.group.inputs])
     started = time.perf_counter()
+    committer = Committer()
     try:
         if last_file is None:
             _injected_failure(rank, "(no file)")
@@ -109,15 +112,16 @@ def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankRes
                     if name == last_file:
                         _injected_failure(rank, name)
                     source.check(plan.dest, f"committing {name}")
-                    ctx.writers.pop(name).commit(sync_dir=False)
-                    result.files_written.append(name)
+                    committer.submit(name, ctx.writers.pop(name))
             if progress is not None:
                 progress.update(ctx.done_bytes)
         ctx.cast.wait()
         ctx.queue.flush()
+        result.files_written.extend(committer.finish())
     except BaseException as exc:
         ctx.cast.close()  # no write may still be running when the partial files are removed
         ctx.queue.close()
+        committer.close()
         ctx.queue.clear()
         for writer in ctx.writers.values():
             writer.abort()
@@ -127,6 +131,7 @@ def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankRes
     finally:
         ctx.cast.close()
         ctx.queue.close()
+        committer.close()
         ctx.sources.close()
         _release_source_files(plan)
         if progress is not None:
