@@ -9,7 +9,8 @@ commit has finished (`finish`).
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+import queue
+import threading
 from typing import Protocol
 
 
@@ -19,12 +20,30 @@ class Committable(Protocol):
     def abort(self) -> None: ...
 
 
-def _commit(writer: Committable) -> None:
-    try:
-        writer.commit(sync_dir=False)
-    except BaseException:
-        writer.abort()  # a failed fsync or rename leaves no partial file behind (a no-op when commit removed it)
-        raise
+class _Job:
+    __slots__ = ("name", "writer", "done", "error")
+
+    def __init__(self, name: str, writer: Committable) -> None:
+        self.name, self.writer = name, writer
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.writer.commit(sync_dir=False)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            self.error = exc
+            try:
+                self.writer.abort()  # a failed fsync or rename leaves no partial file (a no-op when commit removed it)
+            except BaseException:  # noqa: BLE001 - the commit's own error is the one to report
+                pass
+        finally:
+            self.done.set()
+
+
+def _serve(jobs: queue.SimpleQueue) -> None:
+    while (job := jobs.get()) is not None:
+        job.run()
 
 
 class Committer:
@@ -32,15 +51,19 @@ class Committer:
     at its next `submit` or at `finish`."""
 
     def __init__(self) -> None:
-        self._pool: ThreadPoolExecutor | None = None
-        self._pending: list[tuple[str, Future]] = []
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None  # started with the first commit
+        self._pending: list[_Job] = []
         self.committed: list[str] = []
 
     def submit(self, name: str, writer: Committable) -> None:
         """Commit `writer` (whose file is complete) while the caller goes on with other files."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="workbench-commit")
-        self._pending.append((name, self._pool.submit(_commit, writer)))
+        if self._thread is None:
+            self._thread = threading.Thread(target=_serve, args=(self._jobs,), name="workbench-commit", daemon=True)
+            self._thread.start()
+        job = _Job(name, writer)
+        self._pending.append(job)
+        self._jobs.put(job)
         self._collect(wait=False)
 
     def finish(self) -> list[str]:
@@ -51,18 +74,18 @@ class Committer:
     def close(self) -> None:
         """Wait for commits still running (a failure is already being raised, so theirs are dropped) and stop
         the thread. Called before the remaining writers are aborted."""
-        for _, future in self._pending:
-            try:
-                future.result()
-            except BaseException:  # noqa: BLE001 - the run is failing already; that file was aborted by `_commit`
-                pass
+        for job in self._pending:
+            job.done.wait()
         self._pending = []
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join()
+            self._thread = None
 
     def _collect(self, *, wait: bool) -> None:
-        while self._pending and (wait or self._pending[0][1].done()):
-            name, future = self._pending.pop(0)
-            future.result()
-            self.committed.append(name)
+        while self._pending and (wait or self._pending[0].done.is_set()):
+            job = self._pending.pop(0)
+            job.done.wait()
+            if job.error is not None:
+                raise job.error
+            self.committed.append(job.name)

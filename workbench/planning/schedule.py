@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 from ..catalog import TensorInfo
 from ..dtypes import dtype_bits, nbytes_of
-from ..mapper.gguf_rows import row_job
 from ..mapper.groups import ByteSlice, Group
 
 COPY, CAST, COMPUTE, ROWS = "copy", "cast", "compute", "rows"
@@ -62,7 +61,11 @@ def step_kind(group: Group, access: SourceAccess | None = None) -> str:
         return COPY
     if group.chunk_cast is not None and len(group.inputs) == 1 and len(group.outputs) == 1:
         return CAST
-    if access is not None and row_job(group) is not None and all(access.located(t) for t in group.inputs):
+    if access is None:
+        return COMPUTE
+    from ..mapper.gguf_rows import row_job  # here: byte copies and casts never import the GGUF row code
+
+    if row_job(group) is not None and all(access.located(t) for t in group.inputs):
         return ROWS
     return COMPUTE
 
@@ -121,6 +124,8 @@ def step_cost(group: Group, kind: str, bytes_out: int, access: SourceAccess, chu
         bytes_in += info.nbytes
         access.add_whole_read(reads, info)
     if kind == ROWS:
+        from ..mapper.gguf_rows import row_job
+
         job = row_job(group)
         assert job is not None
         return job.held_bytes(chunk_bytes), reads
