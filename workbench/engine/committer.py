@@ -54,29 +54,33 @@ class Committer:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None  # started with the first commit
         self._pending: list[_Job] = []
+        self._lock = threading.Lock()  # copy lanes submit from two threads
         self.committed: list[str] = []
 
     def submit(self, name: str, writer: Committable) -> None:
         """Commit `writer` (whose file is complete) while the caller goes on with other files."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=_serve, args=(self._jobs,), name="workbench-commit", daemon=True)
-            self._thread.start()
-        job = _Job(name, writer)
-        self._pending.append(job)
-        self._jobs.put(job)
-        self._collect(wait=False)
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=_serve, args=(self._jobs,), name="workbench-commit", daemon=True)
+                self._thread.start()
+            job = _Job(name, writer)
+            self._pending.append(job)
+            self._jobs.put(job)
+            self._collect(wait=False)
 
     def finish(self) -> list[str]:
         """Wait for every commit; raises the first failure. Returns the committed file names in order."""
-        self._collect(wait=True)
+        with self._lock:
+            self._collect(wait=True)
         return self.committed
 
     def close(self) -> None:
         """Wait for commits still running (a failure is already being raised, so theirs are dropped) and stop
         the thread. Called before the remaining writers are aborted."""
-        for job in self._pending:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for job in pending:
             job.done.wait()
-        self._pending = []
         if self._thread is not None:
             self._jobs.put(None)
             self._thread.join()

@@ -11,12 +11,15 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import threading
 import time
 
 from ..errors import PlanError, WorkbenchError
 from ..iostats import IO
 from ..planning.gc_pause import gc_paused
+from ..planning.lanes import rank_lanes
 from ..planning.model import Plan
+from ..planning.schedule import Step
 from .committer import Committer
 from .memory import reset_rss_peak, rss_bytes, rss_peak_bytes
 from .progress import Progress
@@ -67,33 +70,20 @@ def _release_source_files(plan: Plan) -> None:
         close()
 
 
-@gc_paused()  # a step's objects are freed by reference counting; collections only walked the plan's million objects
-def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankResult:
-    """Execute `rank`'s steps of `plan` into `plan.dest`; raises on failure after removing partial files."""
-    assert plan.dest is not None
-    result = RankResult(rank, predicted_files=plan.source_paths(rank), predicted_peak_bytes=plan.rank_peak_bytes(rank),
-                        predicted_rss_bytes=plan.rank_rss_bytes(rank))
-    steps = plan.rank_steps(rank)
-    files = {f.name: f for f in plan.rank_files(rank)}
-    last_step = {name: step.index for step in steps for name in step.files if name in files}
-    last_file = max(files, key=lambda n: last_step.get(n, -1), default=None)
-    preload_libraries(plan, steps)  # before the baseline: a library's RSS is not the run's
-    source = snapshot_for(plan)
-    reset_rss_peak()
-    result.rss_baseline = rss_bytes()
-    _release_source_files(plan)
-    IO.reset()
-    ctx = RankContext(plan)
-    announce = getattr(plan.source.reader, "will_read", None)
-    if announce is not None:  # a remote reader fetches ahead, in large ranges, what these steps read
-        plan.source.reader.take_counts()  # the run's counts start here
-        announce([info for step in steps for info in step.group.inputs])
-    started = time.perf_counter()
-    committer = Committer()
+class _Stopped(Exception):
+    """The other lane failed: this one stops at its next step (the other lane's error is the one raised)."""
+
+
+def _run_lane(ctx: RankContext, steps: list[Step], files: dict, last_step: dict[str, int], last_file: str | None,
+              rank: int, committer: Committer, source, stop: threading.Event, progress: Progress | None = None,
+              done_elsewhere=lambda: 0) -> None:
+    """Run `steps` in order, opening each file's writer at its first step and handing it to `committer` after its
+    last. On failure its own writers are aborted (after its copies have stopped) and the error is raised."""
+    plan = ctx.plan
     try:
-        if last_file is None:
-            _injected_failure(rank, "(no file)")
         for step in steps:
+            if stop.is_set():
+                raise _Stopped()
             for name in step.files:
                 if name in files and name not in ctx.writers:
                     ctx.writers[name] = plan.output_format.open_writer(plan.dest, files[name].layout)
@@ -114,28 +104,99 @@ def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankRes
                     source.check(plan.dest, f"committing {name}")
                     committer.submit(name, ctx.writers.pop(name))
             if progress is not None:
-                progress.update(ctx.done_bytes)
+                progress.update(ctx.done_bytes + done_elsewhere())
         ctx.cast.wait()
         ctx.queue.flush()
-        result.files_written.extend(committer.finish())
-    except BaseException as exc:
+    except BaseException:
+        stop.set()
         ctx.cast.close()  # no write may still be running when the partial files are removed
         ctx.queue.close()
-        committer.close()
         ctx.queue.clear()
         for writer in ctx.writers.values():
             writer.abort()
-        if isinstance(exc, OSError):
-            raise write_failure(plan.dest, exc) from exc
+        ctx.writers.clear()
         raise
     finally:
         ctx.cast.close()
         ctx.queue.close()
+
+
+def _run_lanes(plan: Plan, lanes: list[list[Step]], files: dict, last_step: dict[str, int], last_file: str | None,
+               rank: int, committer: Committer, source, progress: Progress | None) -> list[RankContext]:
+    """Run the lanes on threads of their own (the first on this one); raises the first lane's real failure."""
+    contexts = [RankContext(plan) for _ in lanes]
+    stop = threading.Event()
+    errors: list[BaseException | None] = [None] * len(lanes)
+
+    def lane(k: int) -> None:
+        try:
+            _run_lane(contexts[k], lanes[k], files, last_step, last_file, rank, committer, source, stop)
+        except BaseException as exc:  # noqa: BLE001 - raised on the rank's thread below
+            errors[k] = exc
+
+    threads = [threading.Thread(target=lane, args=(k,), name=f"workbench-lane-{k}", daemon=True) for k in range(1, len(lanes))]
+    for thread in threads:
+        thread.start()
+    others = contexts[1:]
+    try:
+        _run_lane(contexts[0], lanes[0], files, last_step, last_file, rank, committer, source, stop, progress,
+                  lambda: sum(c.done_bytes for c in others))
+    except BaseException as exc:  # noqa: BLE001 - raised below, after the other lanes have stopped
+        errors[0] = exc
+    finally:
+        for thread in threads:
+            thread.join()
+    real = [e for e in errors if e is not None and not isinstance(e, _Stopped)]
+    if real:
+        raise real[0]
+    return contexts
+
+
+@gc_paused()  # a step's objects are freed by reference counting; collections only walked the plan's million objects
+def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankResult:
+    """Execute `rank`'s steps of `plan` into `plan.dest`; raises on failure after removing partial files."""
+    assert plan.dest is not None
+    result = RankResult(rank, predicted_files=plan.source_paths(rank), predicted_peak_bytes=plan.rank_peak_bytes(rank),
+                        predicted_rss_bytes=plan.rank_rss_bytes(rank))
+    steps = plan.rank_steps(rank)
+    files = {f.name: f for f in plan.rank_files(rank)}
+    last_step = {name: step.index for step in steps for name in step.files if name in files}
+    last_file = max(files, key=lambda n: last_step.get(n, -1), default=None)
+    preload_libraries(plan, steps)  # before the baseline: a library's RSS is not the run's
+    source = snapshot_for(plan)
+    reset_rss_peak()
+    result.rss_baseline = rss_bytes()
+    _release_source_files(plan)
+    IO.reset()
+    ctx = RankContext(plan)
+    lanes = rank_lanes(plan, rank)
+    announce = getattr(plan.source.reader, "will_read", None)
+    if announce is not None:  # a remote reader fetches ahead, in large ranges, what these steps read
+        plan.source.reader.take_counts()  # the run's counts start here
+        announce([info for step in steps for info in step.group.inputs])
+    started = time.perf_counter()
+    committer = Committer()
+    contexts = [ctx]
+    try:
+        if last_file is None:
+            _injected_failure(rank, "(no file)")
+        if lanes is None:
+            _run_lane(ctx, steps, files, last_step, last_file, rank, committer, source, threading.Event(), progress)
+        else:
+            contexts = _run_lanes(plan, lanes, files, last_step, last_file, rank, committer, source, progress)
+        result.files_written.extend(committer.finish())
+    except BaseException as exc:
         committer.close()
-        ctx.sources.close()
+        if isinstance(exc, OSError):
+            raise write_failure(plan.dest, exc) from exc
+        raise
+    finally:
+        committer.close()
+        for context in {id(c): c for c in [ctx, *contexts]}.values():
+            context.sources.close()
         _release_source_files(plan)
         if progress is not None:
-            progress.update(ctx.done_bytes, force=True)
+            progress.update(sum(c.done_bytes for c in contexts), force=True)
     if result.files_written:
         fd = os.open(plan.dest, os.O_RDONLY)
         try:
@@ -149,11 +210,11 @@ def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankRes
     io["bytes_read"] += remote_bytes
     result.seconds = time.perf_counter() - started
     result.steps = len(steps)
-    result.bytes_read = io["bytes_read"] + ctx.queue.copied_bytes
+    result.bytes_read = io["bytes_read"] + sum(c.queue.copied_bytes for c in contexts)
     result.bytes_written = io["bytes_written"]
-    result.copy_calls = ctx.queue.copy_calls
+    result.copy_calls = sum(c.queue.copy_calls for c in contexts)
     result.files_opened = io["files_opened"]
-    result.peak_tensor_bytes = ctx.held.peak
-    result.overflow = ctx.overflow.counts
+    result.peak_tensor_bytes = max(c.held.peak for c in contexts)
+    result.overflow = contexts[0].overflow.counts  # lanes run byte copies only: no casts, no overflow
     result.rss_peak = rss_peak_bytes()
     return result

@@ -169,6 +169,15 @@ def direct_write_bytes(plan: Plan, rank: int) -> int:
     return min(direct_io.pool_bytes(), -(-copied // direct_io.PAGE) * direct_io.PAGE)
 
 
+def lane_buffer_bytes(plan: Plan, rank: int) -> int:
+    """The copy buffer of each copy lane beyond the first (`planning.lanes`): each lane writes through its own."""
+    from ..output.safetensors import WRITE_CALL_MAX
+    from .lanes import rank_lanes
+
+    lanes = rank_lanes(plan, rank)
+    return 0 if lanes is None else (len(lanes) - 1) * WRITE_CALL_MAX
+
+
 def rss_parts(plan: Plan, rank: int) -> list[RssPart]:
     """The predicted RSS of `rank`, part by part (they add up to `rank_rss_bytes`)."""
     per_rank = _PARTS.setdefault(plan, {})
@@ -217,7 +226,10 @@ def _parts(plan: Plan, rank: int) -> list[RssPart]:
     direct = direct_write_bytes(plan, rank)
     if direct:
         detail += f"; direct-write buffers {direct:,} bytes"
-    parts.append(RssPart("buffers", prefetch + headers + direct, detail))
+    lane_buffers = lane_buffer_bytes(plan, rank)
+    if lane_buffers:
+        detail += f"; a second copy lane's buffer {lane_buffers:,} bytes"
+    parts.append(RssPart("buffers", prefetch + headers + direct + lane_buffers, detail))
     peak = plan.rank_peak_bytes(rank)
     parts.append(RssPart("tensor peak", peak, _peak_detail(plan, rank)))
     with_intermediates = max((s.held_bytes + intermediate_bytes(s) for s in plan.rank_steps(rank)), default=0)
