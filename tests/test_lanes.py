@@ -47,6 +47,7 @@ def _partials(folder: Path) -> list[str]:
 
 
 def test_split_gives_whole_files_to_lanes_balanced_and_in_order(llama_sample: Path, monkeypatch) -> None:
+    real_cpus = lanes.available_cpus
     monkeypatch.setattr(lanes, "available_cpus", lambda: 2)
     plan = wb.plan(llama_sample, shard_size=SHARD_SIZE)
     steps, files = plan.rank_steps(0), {f.name: f for f in plan.rank_files(0)}
@@ -64,6 +65,10 @@ def test_split_gives_whole_files_to_lanes_balanced_and_in_order(llama_sample: Pa
     first = next(iter(files))
     assert lanes.split_lanes([s for s in steps if s.files == (first,)], {first: files[first]}, local_raw=True) is None
     monkeypatch.setattr(lanes, "available_cpus", lambda: 1)
+    assert lanes.split_lanes(steps, files, local_raw=True) is None
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two ranks on a 2-processor machine: a processor each
+    monkeypatch.setattr(lanes, "available_cpus", real_cpus)
+    monkeypatch.setattr(lanes.os, "sched_getaffinity", lambda pid: {0, 1})
     assert lanes.split_lanes(steps, files, local_raw=True) is None
     monkeypatch.setattr(lanes, "available_cpus", lambda: 2)
     monkeypatch.setattr(lanes, "LANE_MIN_BYTES", 1 << 40)

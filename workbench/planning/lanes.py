@@ -24,11 +24,17 @@ LANE_MIN_BYTES = 64 << 20  # below this in a lane the second thread costs more t
 
 
 def available_cpus() -> int:
-    """The processors this process may run on."""
+    """The processors this process may count on: those it may run on, shared with the other ranks on this machine
+    (LOCAL_WORLD_SIZE, set by torchrun and the local launcher)."""
     try:
-        return len(os.sched_getaffinity(0))
+        cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        cpus = os.cpu_count() or 1
+    try:
+        local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local_ranks = 1
+    return cpus // local_ranks
 
 
 def split_lanes(steps: Sequence[Step], files: Mapping[str, OutputFile], *, local_raw: bool) -> list[list[Step]] | None:
