@@ -24,7 +24,7 @@ INDEX = "model.safetensors.index.json"
 def lanes_on(monkeypatch) -> list[int]:
     """Lanes for any size on any machine; the list counts the runs that used them."""
     monkeypatch.setattr(lanes, "LANE_MIN_BYTES", 0)
-    monkeypatch.setattr(lanes, "available_cpus", lambda: 2)
+    monkeypatch.setattr(lanes, "available_cpus", lambda ranks_here=1: 2)
     used: list[int] = []
     real = rank._run_lanes
 
@@ -48,7 +48,7 @@ def _partials(folder: Path) -> list[str]:
 
 def test_split_gives_whole_files_to_lanes_balanced_and_in_order(llama_sample: Path, monkeypatch) -> None:
     real_cpus = lanes.available_cpus
-    monkeypatch.setattr(lanes, "available_cpus", lambda: 2)
+    monkeypatch.setattr(lanes, "available_cpus", lambda ranks_here=1: 2)
     plan = wb.plan(llama_sample, shard_size=SHARD_SIZE)
     steps, files = plan.rank_steps(0), {f.name: f for f in plan.rank_files(0)}
     monkeypatch.setattr(lanes, "LANE_MIN_BYTES", 0)
@@ -64,13 +64,16 @@ def test_split_gives_whole_files_to_lanes_balanced_and_in_order(llama_sample: Pa
     assert lanes.split_lanes(steps, files, local_raw=False) is None  # a reader in between (remote, pickled ...)
     first = next(iter(files))
     assert lanes.split_lanes([s for s in steps if s.files == (first,)], {first: files[first]}, local_raw=True) is None
-    monkeypatch.setattr(lanes, "available_cpus", lambda: 1)
+    monkeypatch.setattr(lanes, "available_cpus", lambda ranks_here=1: 1)
     assert lanes.split_lanes(steps, files, local_raw=True) is None
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two ranks on a 2-processor machine: a processor each
     monkeypatch.setattr(lanes, "available_cpus", real_cpus)
     monkeypatch.setattr(lanes.os, "sched_getaffinity", lambda pid: {0, 1})
     assert lanes.split_lanes(steps, files, local_raw=True) is None
-    monkeypatch.setattr(lanes, "available_cpus", lambda: 2)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")  # planned for two local ranks, before any launcher
+    assert lanes.split_lanes(steps, files, local_raw=True, ranks_here=2) is None
+    assert lanes.split_lanes(steps, files, local_raw=True, ranks_here=1) is not None
+    monkeypatch.setattr(lanes, "available_cpus", lambda ranks_here=1: 2)
     monkeypatch.setattr(lanes, "LANE_MIN_BYTES", 1 << 40)
     assert lanes.split_lanes(steps, files, local_raw=True) is None
     cast = wb.plan(llama_sample, shard_size=SHARD_SIZE, dtype="bf16")

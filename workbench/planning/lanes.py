@@ -23,24 +23,25 @@ LANES = 2
 LANE_MIN_BYTES = 64 << 20  # below this in a lane the second thread costs more than it saves
 
 
-def available_cpus() -> int:
-    """The processors this process may count on: those it may run on, shared with the other ranks on this machine
-    (LOCAL_WORLD_SIZE, set by torchrun and the local launcher)."""
+def available_cpus(ranks_here: int = 1) -> int:
+    """The processors each of `ranks_here` ranks on this machine may count on (those this process may run on,
+    shared out). Under a launcher, LOCAL_WORLD_SIZE (torchrun, the local launcher) says how many ranks share them."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
     try:
-        local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        ranks_here = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", ranks_here)))
     except ValueError:
-        local_ranks = 1
-    return cpus // local_ranks
+        pass
+    return cpus // max(1, ranks_here)
 
 
-def split_lanes(steps: Sequence[Step], files: Mapping[str, OutputFile], *, local_raw: bool) -> list[list[Step]] | None:
+def split_lanes(steps: Sequence[Step], files: Mapping[str, OutputFile], *, local_raw: bool,
+                ranks_here: int = 1) -> list[list[Step]] | None:
     """The rank's steps in two lanes of whole files, or None when one lane is the better choice: steps that are not
     all byte copies of raw local bytes (`local_raw`), fewer than two files, one processor, or too little to copy."""
-    if not local_raw or len(files) < LANES or available_cpus() < LANES:
+    if not local_raw or len(files) < LANES or available_cpus(ranks_here) < LANES:
         return None
     if any(step.kind != COPY for step in steps):
         return None
@@ -70,4 +71,5 @@ def rank_lanes(plan: Plan, rank: int) -> list[list[Step]] | None:
     local_raw = getattr(reader, "raw_in_place", False) is True and getattr(reader, "locate", None) is not None
     if direct_io.enabled():
         return None
-    return split_lanes(plan.rank_steps(rank), {f.name: f for f in plan.rank_files(rank)}, local_raw=local_raw)
+    return split_lanes(plan.rank_steps(rank), {f.name: f for f in plan.rank_files(rank)}, local_raw=local_raw,
+                       ranks_here=plan.nproc)  # a local launch; a launcher's LOCAL_WORLD_SIZE says better

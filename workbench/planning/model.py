@@ -275,7 +275,10 @@ class Plan:
             return "GGUF tensors by numpy in row chunks (no torch)"
         if any(s.kind != COPY for s in self.steps):
             return "casts by numpy (torch only for chunks holding NaN)"
-        return "byte copies only (no torch)"
+        from .lanes import rank_lanes
+
+        lanes = max((len(lanes) for r in range(self.nproc) if (lanes := rank_lanes(self, r)) is not None), default=1)
+        return "byte copies only (no torch)" + (f", {lanes} copy lanes per rank" if lanes > 1 else "")
 
     @property
     def total_size(self) -> int:
