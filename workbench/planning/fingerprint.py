@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 from ..catalog import Catalog
 from ..mapper.groups import ByteSlice
+from ..mapper.recipes import LazyRecipe
 from .schedule import Step
 from .sharding import OutputFile
 
@@ -85,9 +86,8 @@ def layout_fingerprint(catalog: Catalog, steps: list[Step], files: list[OutputFi
 
 
 def _recipe_text(recipe: Mapping[str, tuple[ByteSlice, ...]]) -> str:
-    spans = getattr(recipe, "spans", None)  # a shared recipe (mapper.recipes.LazyRecipe): the same text, no ByteSlices
-    if spans is not None:
-        return ";".join(f"{o}=" + ",".join(f"{source}[{begin}:{end}]" for source, begin, end in spans(o)) for o in recipe)
+    if type(recipe) is LazyRecipe:  # a shared recipe: the same text from a format made once per shape, no ByteSlices
+        return recipe.text()
     if len(recipe) == 1:
         ((out, pieces),) = recipe.items()
         if len(pieces) == 1:

@@ -17,6 +17,7 @@ from ..catalog import TensorInfo
 from ..dtypes import dtype_bits, nbytes_of
 from ..mapper.gguf_rows import row_job
 from ..mapper.groups import ByteSlice, Group
+from ..mapper.recipes import LazyRecipe
 
 COPY, CAST, COMPUTE, ROWS = "copy", "cast", "compute", "rows"
 
@@ -185,15 +186,13 @@ def build_steps(groups: list[Group], access: SourceAccess, chunk_bytes: int) -> 
                 held = cast_chunk(first.numel, first.dtype, outputs[0].dtype, chunk_bytes)[1]
                 steps.append(Step(index, group, CAST, held, {first.file: first.nbytes}, bytes_out))
                 continue
-        spans = getattr(recipe, "spans", None)
-        if spans is not None and len(inputs) > 1 and (everywhere or all(located(t) for t in inputs)):
-            # step_cost of a copy from several located inputs (a fused q/k/v), read from the shared recipe
+        if type(recipe) is LazyRecipe and len(inputs) > 1 and (everywhere or all(located(t) for t in inputs)):
+            # step_cost of a copy from several located inputs (a fused q/k/v): bytes per input from the shared recipe
             file_of = {t.name: t.file for t in inputs}
             reads: dict[str, int] = {}
-            for out in recipe:
-                for source, begin, end in spans(out):
-                    file = file_of[source]
-                    reads[file] = reads.get(file, 0) + end - begin
+            for source, n in recipe.input_bytes():
+                file = file_of[source]
+                reads[file] = reads.get(file, 0) + n
             steps.append(Step(index, group, COPY, 0, reads, bytes_out))
             continue
         kind = step_kind(group, access)
