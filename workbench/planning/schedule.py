@@ -171,16 +171,19 @@ def build_steps(groups: list[Group], access: SourceAccess, chunk_bytes: int) -> 
     everywhere = access.all_located  # no need to ask per tensor
     for index, (_, _, _, group) in enumerate(ordered):
         outputs = group.outputs
-        bytes_out = outputs[0].nbytes if len(outputs) == 1 else sum(t.nbytes for t in outputs)
         recipe = group.recipe
         inputs = group.inputs
         if recipe is not None and len(recipe) == 1 and len(inputs) == 1:  # step_cost of a one-slice copy, inlined
             (pieces,) = recipe.values()
             first = inputs[0]
             if len(pieces) == 1 and pieces[0].source == first.name and (everywhere or located(first)):
-                steps.append(Step(index, group, COPY, 0, {first.file: pieces[0].end - pieces[0].begin}, bytes_out))
+                # the one output is that slice's bytes (a recipe's output is the concatenation of its slices)
+                piece = pieces[0]
+                size = piece.end - piece.begin
+                steps.append(Step(index, group, COPY, 0, {first.file: size}, size))
                 continue
-        elif recipe is None and group.chunk_cast is not None and len(inputs) == 1 and len(outputs) == 1:
+        bytes_out = outputs[0].nbytes if len(outputs) == 1 else sum(t.nbytes for t in outputs)
+        if recipe is None and group.chunk_cast is not None and len(inputs) == 1 and len(outputs) == 1:
             first = inputs[0]  # step_cost of a chunked cast of a located input, inlined
             if everywhere or located(first):
                 held = cast_chunk(first.numel, first.dtype, outputs[0].dtype, chunk_bytes)[1]
