@@ -55,8 +55,12 @@ def congruent_bytes(steps: Iterable[Step], placed: Mapping[str, int], source_off
                         if residue % 8 == 0:
                             weights[residue] = weights.get(residue, 0) + length
                 continue
-        inputs = {t.name: t for t in group.inputs}
-        offsets: dict[str, int | None] = {t.name: t.begin for t in group.inputs} if raw else {}
+        if raw:
+            inputs = None
+            offsets: dict[str, int | None] = {t.name: t.begin for t in group.inputs}
+        else:
+            inputs = {t.name: t for t in group.inputs}
+            offsets = {}
         spans = getattr(recipe, "spans", None)  # a shared recipe (mapper.recipes.LazyRecipe): no ByteSlices made
         for out_name in recipe:
             at = placed.get(out_name)  # where the tensor starts, relative to the data start
@@ -66,7 +70,7 @@ def congruent_bytes(steps: Iterable[Step], placed: Mapping[str, int], source_off
                 length = piece_end - piece_begin
                 if length > 0:
                     if name not in offsets:
-                        offsets[name] = source_offset(inputs[name])
+                        offsets[name] = source_offset(inputs[name])  # type: ignore[index]
                     begin = offsets[name]
                     if begin is not None:
                         residue = (begin + piece_begin - at) % PAGE
@@ -96,17 +100,18 @@ def raw_begin(info: TensorInfo) -> int:
 
 
 def reader_offsets(reader: object | None) -> SourceOffset | None:
-    """`source_offset` for a catalog's reader: the start of a tensor's raw bytes in its file — the reader's
+    """`source_offset` for a catalog's reader: the start of a tensor's raw bytes in its file — `raw_begin` for a
+    reader whose tensors lie raw in place (`raw_in_place`: spelled out by `congruent_bytes`), the reader's
     `raw_offset` where it has one (remote readers: the bytes are not local, the layout is the same), else
     via `locate`. The choice depends on the source's layout only, never on where the files are."""
+    if getattr(reader, "raw_in_place", False) is True:  # every tensor lies raw at its own `begin` (safetensors)
+        return raw_begin
     raw_offset = getattr(reader, "raw_offset", None)
     if raw_offset is not None:
         return raw_offset
     locate = getattr(reader, "locate", None)
     if locate is None:
         return None
-    if getattr(reader, "raw_in_place", False) is True:  # every tensor lies raw at its own `begin` (safetensors)
-        return raw_begin
 
     def offset(info: TensorInfo) -> int | None:
         where = locate(info)
