@@ -380,3 +380,33 @@ def test_joined_templates_bind_as_the_general_expansion_does(case: str, monkeypa
     assert calls  # the fused path was on offer, and turned down the second time
     assert fast == general
     assert bool(fast[1]) == (case in ("partial", "read_twice"))
+
+
+@pytest.mark.parametrize("case", ["fused", "cast", "split_and_rename"])
+def test_shared_recipes_spell_and_count_as_their_byte_slices(case: str) -> None:
+    """A fused group's recipe text (fingerprint), bytes per input (schedule) and renamed copies (later instances of a
+    leaf) come from what its shared recipe keeps once per shape: each must equal the same from its ByteSlices."""
+    from workbench.mapper.bind import bind
+    from workbench.mapper.recipes import LazyRecipe
+    from workbench.planning.fingerprint import _recipe_text
+    from workbench.planning.schedule import COPY, SourceAccess, build_steps, step_cost
+
+    mapper = _PARALLEL_CASES[case][0]
+    binding = bind(mapper, llama_like(3), "keep")
+    shared = [g for g in binding.groups if type(g.recipe) is LazyRecipe]
+    assert len(shared) >= 3
+    for group in shared:
+        plain = dict(group.recipe)  # output -> ByteSlices
+        assert _recipe_text(group.recipe) == _recipe_text(plain) == ";".join(
+            f"{out}=" + ",".join(f"{p.source}[{p.begin}:{p.end}]" for p in pieces) for out, pieces in plain.items())
+        totals: dict[str, int] = {}
+        for pieces in plain.values():
+            for p in pieces:
+                totals[p.source] = totals.get(p.source, 0) + p.end - p.begin
+        assert group.recipe.input_bytes() == list(totals.items())
+        (step,) = build_steps([group], SourceAccess(None), 1 << 20)
+        assert step.reads == step_cost(group, COPY, step.bytes_out, SourceAccess(None), 1 << 20)[1]
+        names = [t.name for t in group.inputs] + [t.name for t in group.outputs]
+        renamed = group.recipe.renamed([f"x.{name}" for name in group.recipe._names])
+        assert {k[2:]: [(p.source[2:], p.begin, p.end) for p in v] for k, v in renamed.items()} == \
+               {k: [(p.source, p.begin, p.end) for p in v] for k, v in plain.items()} and set(names) >= set(group.recipe._names)

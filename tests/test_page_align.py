@@ -200,3 +200,14 @@ def test_an_interrupted_padded_conversion_resumes_keeping_its_finished_files(two
     assert sorted(report.kept) == ["model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors"]
     assert _header(dest / "model-00001-of-00003.safetensors")[1].endswith(b" " * 8)  # a kept file is a padded one
     assert_same_folder(clean, dest)
+
+
+def test_a_raw_in_place_reader_gives_the_offsets_locate_gives(two_sources: Path) -> None:
+    """Safetensors tensors lie raw at their `begin`: the planner reads that instead of asking `locate` per tensor."""
+    from workbench.formats import open_catalog
+    from workbench.planning.page_align import raw_begin, reader_offsets
+
+    catalog = open_catalog(two_sources)
+    offset = reader_offsets(catalog.reader)
+    assert offset is raw_begin
+    assert [offset(info) for info in catalog.tensors.values()] == [catalog.reader.locate(info)[1] for info in catalog.tensors.values()]

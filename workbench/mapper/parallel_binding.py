@@ -27,8 +27,8 @@ from .grouping import keep_group
 from .groups import Binding, Group, Problem
 from .op import Op
 from .ranges import has_ranges
-from .recipes import Tracer
-from .restrict import Restrictor
+from .recipes import LazyRecipe, Tracer
+from .restrict import GroupShape, Restrictor
 
 Path = tuple[int, ...]
 Key = tuple[str, ...]  # placeholder values in the leaf's placeholder order
@@ -144,16 +144,12 @@ def parallel_binding(mapper: Mapper, infos: list[TensorInfo], rest: Rest) -> Bin
     group_at: dict[int, Group] = {}  # a group by its first (lowest) source index: where the walk's order puts it
     produced: set[str] = set()
     for leaf, found in zip(leaves, matched, strict=True):
-        inferred: dict[tuple[Meta, ...], list[Meta]] = {}
+        maker = _LeafGroups(restrictor, tracer, leaf.path)
         op = leaf.op
         for key, indexes in found.items():
             instance = op.fill_names(dict(zip(leaf.order, key, strict=True)))
-            metas = tuple([(infos[index].dtype, tuple(infos[index].shape)) for index in indexes])
-            outputs = inferred.get(metas)
             try:
-                if outputs is None:
-                    outputs = inferred[metas] = instance._infer(list(metas))
-                group = _group(restrictor, tracer, leaf.path, instance, infos, indexes, outputs)
+                group = maker.group(instance, infos, indexes)
             except MapperError:
                 return None
             for index in indexes:
@@ -174,9 +170,57 @@ def parallel_binding(mapper: Mapper, infos: list[TensorInfo], rest: Rest) -> Bin
     return _assemble(infos, consumed, group_at, rest, problems)
 
 
+class _LeafGroups:
+    """Makes the groups of one leaf's instances, working out once what they share: the group's op (the
+    instance itself when the leaf is the restricted mapper's only node), its label, and per input metadata
+    the inferred outputs and the traced recipe, which later instances take renamed (`LazyRecipe.renamed`)
+    instead of building their token pattern and cache key again. Equal to `grouping.build_binding`'s groups
+    (tests compare them); any other case takes the general path per instance (`_group`)."""
+
+    def __init__(self, restrictor: Restrictor, tracer: Tracer, path: Path) -> None:
+        self.restrictor, self.tracer, self.path = restrictor, tracer, path
+        # input metadata (template order) -> (outputs, (recipe, chunk_cast, label) to reuse or None)
+        self.known: dict[tuple[Meta, ...], tuple[list[Meta], tuple[LazyRecipe | None, str | None, str] | None]] = {}
+
+    def group(self, instance: Op, infos: list[TensorInfo], indexes: list[int]) -> Group:
+        """The group of one instance reading `infos[indexes]` (template order); raises MapperError as the walk's would."""
+        metas = tuple([(infos[index].dtype, tuple(infos[index].shape)) for index in indexes])
+        known = self.known.get(metas)
+        if known is None:
+            outputs = instance._infer(list(metas))
+            group, shape = _group(self.restrictor, self.tracer, self.path, instance, infos, indexes, outputs)
+            self.known[metas] = (outputs, self._reusable(instance, group, shape))
+            return group
+        outputs, reuse = known
+        names = instance.inputs + instance.outputs
+        if reuse is None or len(set(names)) != len(names):
+            return _group(self.restrictor, self.tracer, self.path, instance, infos, indexes, outputs)[0]
+        recipe, chunk_cast, label = reuse
+        sources = sorted(indexes)
+        inputs = tuple([infos[index] for index in sources])
+        outs = tuple([TensorInfo(name, dtype, shape) for name, (dtype, shape) in zip(instance.outputs, outputs, strict=True)])
+        return Group(inputs, outs, instance, None if recipe is None else recipe.renamed(list(names)), chunk_cast, label)
+
+    @staticmethod
+    def _reusable(instance: Op, group: Group, shape: GroupShape) -> tuple[LazyRecipe | None, str | None, str] | None:
+        """What later instances with the same input metadata can take from `group` (the first one's), or None.
+
+        Reusable when the group's op is the instance itself and its recipe came from the tracer's shared cache
+        with every name distinct (tokens = positions in inputs + outputs): then another instance with distinct
+        names has the same cache key, so the same shared recipe and chunk_cast."""
+        names = instance.inputs + instance.outputs
+        recipe = group.recipe
+        if not shape.cacheable or group.op is not instance or len(set(names)) != len(names):
+            return None
+        if recipe is not None and type(recipe) is not LazyRecipe:
+            return None
+        return recipe, group.chunk_cast, group.label
+
+
 def _group(restrictor: Restrictor, tracer: Tracer, path: Path, instance: Op, infos: list[TensorInfo],
-           indexes: list[int], outputs: list[Meta]) -> Group:
-    """What `grouping.build_binding` makes of the component of one instance (raises MapperError as its recipe does)."""
+           indexes: list[int], outputs: list[Meta]) -> tuple[Group, GroupShape]:
+    """What `grouping.build_binding` makes of the component of one instance (raises MapperError as its recipe does),
+    and the shape of its op."""
     sources = sorted(indexes)
     inputs = tuple([infos[index] for index in sources])
     outs = [TensorInfo(name, dtype, shape) for name, (dtype, shape) in zip(instance.outputs, outputs, strict=True)]
@@ -185,7 +229,7 @@ def _group(restrictor: Restrictor, tracer: Tracer, path: Path, instance: Op, inf
         recipe, chunk_cast = tracer.shared_recipe(signature, instances, op, inputs, outs)
     else:
         recipe, chunk_cast = tracer.direct_recipe(op, inputs, outs, leafless=shape.op is not None)
-    return Group(inputs, tuple(outs), op, recipe, chunk_cast, shape.label)
+    return Group(inputs, tuple(outs), op, recipe, chunk_cast, shape.label), shape
 
 
 def _assemble(infos: list[TensorInfo], consumed: bytearray, group_at: dict[int, Group], rest: Rest,

@@ -426,6 +426,17 @@ QUANTISED_NAMES = (SCALE_SUFFIX, "_blocks", "_scales", ".activation_scale")
 QUANTISED_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F4")
 
 
+def changes_config(mapper: Any) -> bool:
+    """False when no operation of `mapper` (a mapper tree: its leaves) (de)quantises, so `config_changes` of any
+    binding of it is None without looking at its groups (one op per tensor); True when it may, or is not a tree."""
+    from .base import Mapper
+
+    if not isinstance(mapper, Mapper):
+        return True
+    changing = (f"{HERE}:quantize_fp8_tensor", f"{HERE}:dequantize_fp8_tensor", f"{HERE}:dequantize_mxfp4_tensor")
+    return any(getattr(leaf, "fn", None) in changing for leaf in mapper.leaves())
+
+
 def config_changes(ops: Iterable[Any], outputs: Iterable[TensorInfo]) -> dict[str, Any] | None:
     """How config.json must change for a conversion made of `ops` producing `outputs`.
 

@@ -24,15 +24,49 @@ from .op import Op
 TokenSlices = tuple[tuple[int, int, int], ...]
 
 
+class SharedSlices(dict):
+    """token -> slices (in tokens) of one traced group shape, shared by every group of that shape; with what the
+    planner derives from them made once per shape and output order instead of once per group (22k fused q/k/v
+    groups of a 100k-tensor checkpoint): the recipe's text as a format over the group's names, and the bytes
+    copied from each input token."""
+
+    __slots__ = ("_texts", "_reads")
+
+    def __init__(self, slices: dict[int, TokenSlices]) -> None:
+        super().__init__(slices)
+        self._texts: dict[tuple[int, ...], str] = {}
+        self._reads: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+
+    def text_format(self, outputs: tuple[int, ...]) -> str:
+        """`out=src[begin:end],...;...` for the output tokens `outputs`, with `{token}` for every name (str.format)."""
+        found = self._texts.get(outputs)
+        if found is None:
+            found = self._texts[outputs] = ";".join(
+                f"{{{out}}}=" + ",".join(f"{{{token}}}[{begin}:{end}]" for token, begin, end in self[out]) for out in outputs
+            )
+        return found
+
+    def reads(self, outputs: tuple[int, ...]) -> list[tuple[int, int]]:
+        """(input token, bytes copied from it) for the output tokens `outputs`, tokens in order of first appearance."""
+        found = self._reads.get(outputs)
+        if found is None:
+            totals: dict[int, int] = {}
+            for out in outputs:
+                for token, begin, end in self[out]:
+                    totals[token] = totals.get(token, 0) + end - begin
+            found = self._reads[outputs] = list(totals.items())
+        return found
+
+
 class LazyRecipe(Mapping[str, tuple[ByteSlice, ...]]):
     """Read-only mapping output name -> ByteSlices, materialized from a shared token recipe on access."""
 
     __slots__ = ("_outputs", "_shared", "_names")
 
-    def __init__(self, outputs: dict[str, int], shared: dict[int, TokenSlices], names: list[str]) -> None:
+    def __init__(self, outputs: dict[str, int], shared: SharedSlices, names: list[str]) -> None:
         self._outputs = outputs  # output name -> token
         self._shared = shared  # token -> slices in tokens
-        self._names = names  # token -> tensor name of this group
+        self._names = names  # token -> tensor name of this group (an output's name is its token's: names[outputs[o]] == o)
 
     def __getitem__(self, name: str) -> tuple[ByteSlice, ...]:
         names = self._names
@@ -43,6 +77,21 @@ class LazyRecipe(Mapping[str, tuple[ByteSlice, ...]]):
         recipe a few times; the engine takes the ByteSlices)."""
         names = self._names
         return [(names[token], begin, end) for token, begin, end in self._shared[self._outputs[name]]]
+
+    def text(self) -> str:
+        """The recipe spelled `out=input[begin:end],input[begin:end];out2=...` (what the plan fingerprint hashes),
+        from a format made once per shared recipe."""
+        return self._shared.text_format(tuple(self._outputs.values())).format(*self._names)
+
+    def input_bytes(self) -> list[tuple[str, int]]:
+        """(input name, bytes the recipe copies from it), inputs in order of first appearance in the slices."""
+        names = self._names
+        return [(names[token], n) for token, n in self._shared.reads(tuple(self._outputs.values()))]
+
+    def renamed(self, names: list[str]) -> LazyRecipe:
+        """The same shared recipe for another group whose tensor names follow this one's token pattern
+        (`names`: its tensor name per token); what the tracer's cache would give that group."""
+        return LazyRecipe({names[token]: token for token in self._outputs.values()}, self._shared, names)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._outputs)
@@ -59,7 +108,7 @@ class Tracer:
 
     def __init__(self) -> None:
         self._function_metas: dict[Any, list[Any]] = {}
-        self._shared: dict[Any, tuple[dict[int, TokenSlices] | None, bool]] = {}
+        self._shared: dict[Any, tuple[SharedSlices | None, bool]] = {}
 
     def leaf(self, op: Op, syms: list[Sym]) -> list[Sym]:
         if isinstance(op, Function):
@@ -120,12 +169,12 @@ class Tracer:
         cached = self._shared.get(key)
         if cached is None:
             syms = self.trace(op, inputs, outputs)
-            shared: dict[int, TokenSlices] | None = None
+            shared: SharedSlices | None = None
             if all(sym.slices is not None for sym in syms):
-                shared = {
+                shared = SharedSlices({
                     tokens[info.name]: tuple((tokens[s.source], s.begin, s.end) for s in sym.slices)  # type: ignore[union-attr]
                     for info, sym in zip(outputs, syms, strict=True)
-                }
+                })
             cached = self._shared[key] = (shared, _is_chunk_cast(syms, inputs, outputs))
         shared, chunk = cached
         if shared is not None:

@@ -83,10 +83,14 @@ def _metadata_problems(header_metadata: HeaderMetadata, options: PlanOptions, ou
     ]
 
 
-def _quantisation_changes(binding: Binding) -> dict | None:
-    """What the mapper's (de)quantisation ops change in config.json (see `mapper.quantized.config_changes`)."""
-    from ..mapper.quantized import config_changes
+def _quantisation_changes(binding: Binding, mapper: Any) -> dict | None:
+    """What the mapper's (de)quantisation ops change in config.json (see `mapper.quantized.config_changes`). The
+    groups' ops are the mapper's leaves with their names filled (plus the dtype policy's casts, which never
+    quantise): a mapper without such leaves changes nothing, found without a pass over the groups."""
+    from ..mapper.quantized import changes_config, config_changes
 
+    if not changes_config(mapper):
+        return None
     return config_changes(_leaves(binding), (t for group in binding.groups for t in group.outputs))
 
 
@@ -202,7 +206,7 @@ def _build_plan(
         fetch_extras()
     on_disk = options.extras and output.copies_extras and catalog.root.is_dir() and bool(catalog.files)
     extra_files = scan_extras(catalog.root, catalog.extras, dest_path, own=catalog.files) if on_disk else []
-    quant_changes = _quantisation_changes(binding) if mapper is not None and extra_files else None
+    quant_changes = _quantisation_changes(binding, mapper) if mapper is not None and extra_files else None
     extra_files = with_config_dtype(catalog.root, extra_files, options.dtype, quant_changes)
     if mapper is not None and extra_files and quant_changes is None:
         extra_files = with_layout_note(extra_files, layout_change(binding.groups))

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 from ..catalog import Catalog
 from ..mapper.groups import ByteSlice
+from ..mapper.recipes import LazyRecipe
 from .schedule import Step
 from .sharding import OutputFile
 
@@ -42,10 +43,15 @@ def layout_fingerprint(catalog: Catalog, steps: list[Step], files: list[OutputFi
         digest.update(f"\nsrc {rel} {info.size} {_mtime_ns(catalog, rel)}".encode())
     lines: list[str] = []
     shapes: dict[tuple[int, ...], str] = {}  # str(shape), once per distinct shape
+    heads: dict[tuple[str, str | None, type, str], str] = {}  # a step line's start, once per kind, cast, op type, label
     for step in steps:
         group = step.group
         inputs = group.inputs
         recipe = group.recipe
+        key = (step.kind, group.chunk_cast, type(group.op), group.label)
+        head = heads.get(key)
+        if head is None:
+            head = heads[key] = f"\nstep {step.kind} {group.chunk_cast} {type(group.op).__name__} {group.label} <"
         if len(inputs) == 1:  # the common case, spelled out: this loop runs once per tensor
             t = inputs[0]
             shape = shapes.get(t.shape) if type(t.shape) is tuple else None
@@ -60,8 +66,7 @@ def layout_fingerprint(catalog: Catalog, steps: list[Step], files: list[OutputFi
                 text = f"{next(iter(recipe))}={p.source}[{p.begin}:{p.end}]"
             else:
                 text = _recipe_text(recipe)
-            lines.append(f"\nstep {step.kind} {group.chunk_cast} {type(group.op).__name__} {group.label} "
-                         f"<{t.name}|{t.dtype}|{shape}|{t.file}|{t.begin}|{t.end}> <{text}>")
+            lines.append(f"{head}{t.name}|{t.dtype}|{shape}|{t.file}|{t.begin}|{t.end}> <{text}>")
         else:
             texts = []
             for t in inputs:
@@ -73,7 +78,7 @@ def layout_fingerprint(catalog: Catalog, steps: list[Step], files: list[OutputFi
                 texts.append(f"{t.name}|{t.dtype}|{shape}|{t.file}|{t.begin}|{t.end}")
             ins = ";".join(texts)
             text = "" if recipe is None else _recipe_text(recipe)
-            lines.append(f"\nstep {step.kind} {group.chunk_cast} {type(group.op).__name__} {group.label} <{ins}> <{text}>")
+            lines.append(f"{head}{ins}> <{text}>")
         if len(lines) >= _BATCH:
             digest.update("".join(lines).encode())
             lines.clear()
@@ -85,9 +90,8 @@ def layout_fingerprint(catalog: Catalog, steps: list[Step], files: list[OutputFi
 
 
 def _recipe_text(recipe: Mapping[str, tuple[ByteSlice, ...]]) -> str:
-    spans = getattr(recipe, "spans", None)  # a shared recipe (mapper.recipes.LazyRecipe): the same text, no ByteSlices
-    if spans is not None:
-        return ";".join(f"{o}=" + ",".join(f"{source}[{begin}:{end}]" for source, begin, end in spans(o)) for o in recipe)
+    if type(recipe) is LazyRecipe:  # a shared recipe: the same text from a format made once per shape, no ByteSlices
+        return recipe.text()
     if len(recipe) == 1:
         ((out, pieces),) = recipe.items()
         if len(pieces) == 1:

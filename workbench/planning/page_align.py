@@ -35,6 +35,7 @@ def congruent_bytes(steps: Iterable[Step], placed: Mapping[str, int], source_off
     makes congruent with their source (`placed`: the file's tensors, name -> offset from its data start);
     in the order the residues first occur in `steps` (deterministic)."""
     weights: dict[int, int] = {}
+    raw = source_offset is raw_begin  # spelled out below: no call per tensor
     for step in steps:
         group = step.group
         recipe = group.recipe
@@ -48,14 +49,18 @@ def congruent_bytes(steps: Iterable[Step], placed: Mapping[str, int], source_off
                 piece = pieces[0]
                 length = piece.end - piece.begin
                 if at is not None and length > 0:
-                    begin = source_offset(source)
+                    begin = source.begin if raw else source_offset(source)
                     if begin is not None:
                         residue = (begin + piece.begin - at) % PAGE
                         if residue % 8 == 0:
                             weights[residue] = weights.get(residue, 0) + length
                 continue
-        inputs = {t.name: t for t in group.inputs}
-        offsets: dict[str, int | None] = {}
+        if raw:
+            inputs = None
+            offsets: dict[str, int | None] = {t.name: t.begin for t in group.inputs}
+        else:
+            inputs = {t.name: t for t in group.inputs}
+            offsets = {}
         spans = getattr(recipe, "spans", None)  # a shared recipe (mapper.recipes.LazyRecipe): no ByteSlices made
         for out_name in recipe:
             at = placed.get(out_name)  # where the tensor starts, relative to the data start
@@ -65,7 +70,7 @@ def congruent_bytes(steps: Iterable[Step], placed: Mapping[str, int], source_off
                 length = piece_end - piece_begin
                 if length > 0:
                     if name not in offsets:
-                        offsets[name] = source_offset(inputs[name])
+                        offsets[name] = source_offset(inputs[name])  # type: ignore[index]
                     begin = offsets[name]
                     if begin is not None:
                         residue = (begin + piece_begin - at) % PAGE
@@ -89,10 +94,18 @@ def choose_residue(steps: Iterable[Step], placed: Mapping[str, int], source_offs
     return best_residue(congruent_bytes(steps, placed, source_offset))
 
 
+def raw_begin(info: TensorInfo) -> int:
+    """`source_offset` of a reader whose tensors all lie raw in place: a tensor's bytes start at its `begin`."""
+    return info.begin
+
+
 def reader_offsets(reader: object | None) -> SourceOffset | None:
-    """`source_offset` for a catalog's reader: the start of a tensor's raw bytes in its file — the reader's
+    """`source_offset` for a catalog's reader: the start of a tensor's raw bytes in its file — `raw_begin` for a
+    reader whose tensors lie raw in place (`raw_in_place`: spelled out by `congruent_bytes`), the reader's
     `raw_offset` where it has one (remote readers: the bytes are not local, the layout is the same), else
     via `locate`. The choice depends on the source's layout only, never on where the files are."""
+    if getattr(reader, "raw_in_place", False) is True:  # every tensor lies raw at its own `begin` (safetensors)
+        return raw_begin
     raw_offset = getattr(reader, "raw_offset", None)
     if raw_offset is not None:
         return raw_offset

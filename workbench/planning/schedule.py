@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from ..catalog import TensorInfo
 from ..dtypes import dtype_bits, nbytes_of
 from ..mapper.groups import ByteSlice, Group
+from ..mapper.recipes import LazyRecipe
 
 COPY, CAST, COMPUTE, ROWS = "copy", "cast", "compute", "rows"
 
@@ -175,30 +176,31 @@ def build_steps(groups: list[Group], access: SourceAccess, chunk_bytes: int) -> 
     everywhere = access.all_located  # no need to ask per tensor
     for index, (_, _, _, group) in enumerate(ordered):
         outputs = group.outputs
-        bytes_out = outputs[0].nbytes if len(outputs) == 1 else sum(t.nbytes for t in outputs)
         recipe = group.recipe
         inputs = group.inputs
         if recipe is not None and len(recipe) == 1 and len(inputs) == 1:  # step_cost of a one-slice copy, inlined
             (pieces,) = recipe.values()
             first = inputs[0]
             if len(pieces) == 1 and pieces[0].source == first.name and (everywhere or located(first)):
-                steps.append(Step(index, group, COPY, 0, {first.file: pieces[0].end - pieces[0].begin}, bytes_out))
+                # the one output is that slice's bytes (a recipe's output is the concatenation of its slices)
+                piece = pieces[0]
+                size = piece.end - piece.begin
+                steps.append(Step(index, group, COPY, 0, {first.file: size}, size))
                 continue
-        elif recipe is None and group.chunk_cast is not None and len(inputs) == 1 and len(outputs) == 1:
+        bytes_out = outputs[0].nbytes if len(outputs) == 1 else sum(t.nbytes for t in outputs)
+        if recipe is None and group.chunk_cast is not None and len(inputs) == 1 and len(outputs) == 1:
             first = inputs[0]  # step_cost of a chunked cast of a located input, inlined
             if everywhere or located(first):
                 held = cast_chunk(first.numel, first.dtype, outputs[0].dtype, chunk_bytes)[1]
                 steps.append(Step(index, group, CAST, held, {first.file: first.nbytes}, bytes_out))
                 continue
-        spans = getattr(recipe, "spans", None)
-        if spans is not None and len(inputs) > 1 and (everywhere or all(located(t) for t in inputs)):
-            # step_cost of a copy from several located inputs (a fused q/k/v), read from the shared recipe
+        if type(recipe) is LazyRecipe and len(inputs) > 1 and (everywhere or all(located(t) for t in inputs)):
+            # step_cost of a copy from several located inputs (a fused q/k/v): bytes per input from the shared recipe
             file_of = {t.name: t.file for t in inputs}
             reads: dict[str, int] = {}
-            for out in recipe:
-                for source, begin, end in spans(out):
-                    file = file_of[source]
-                    reads[file] = reads.get(file, 0) + end - begin
+            for source, n in recipe.input_bytes():
+                file = file_of[source]
+                reads[file] = reads.get(file, 0) + n
             steps.append(Step(index, group, COPY, 0, reads, bytes_out))
             continue
         kind = step_kind(group, access)
