@@ -13,6 +13,7 @@ import pytest
 import workbench as wb
 from workbench.engine import rank
 from workbench.errors import PlanError
+from workbench.formats import open_catalog
 from workbench.output.safetensors import SafetensorsWriter
 from workbench.planning import lanes
 
@@ -126,3 +127,37 @@ def test_a_failed_commit_in_either_lane_fails_the_run_cleanly(llama_sample: Path
         monkeypatch.setattr(SafetensorsWriter, "commit", real_commit)
         wb.convert(llama_sample, dest, shard_size=SHARD_SIZE, quiet=True)
         _same_folders(clean, dest)
+
+
+def test_progress_counts_both_lanes_and_a_cancel_stops_them(llama_sample: Path, tmp_path: Path, lanes_on, monkeypatch) -> None:
+    import threading
+    import time
+
+    from workbench.engine.progress import Cancelled
+
+    real_copy = SafetensorsWriter.copy_span
+
+    def slow_in_second_lane(self, *args, **kwargs):
+        if threading.current_thread().name == "workbench-lane-1":
+            time.sleep(0.05)  # the first lane finishes long before the second
+        return real_copy(self, *args, **kwargs)
+
+    monkeypatch.setattr(SafetensorsWriter, "copy_span", slow_in_second_lane)
+    seen: list[int] = []
+    total = wb.convert(llama_sample, tmp_path / "full", shard_size=SHARD_SIZE, quiet=True,
+                       on_progress=lambda rank, done, total: seen.append(done)).bytes_written
+    # Reported while the slow lane went on after the first had finished (the rank's thread keeps reporting):
+    assert seen == sorted(seen) and len(seen) >= 3 and seen[-1] == open_catalog(llama_sample).total_bytes
+    assert lanes_on == [2]
+
+    calls: list[int] = []
+
+    def cancel_late(rank: int, done: int, total: int) -> bool:
+        calls.append(done)
+        return len(calls) < 3
+
+    dest = tmp_path / "cancelled"
+    with pytest.raises(Cancelled, match="cancelled"):
+        wb.convert(llama_sample, dest, shard_size=SHARD_SIZE, quiet=True, on_progress=cancel_late)
+    assert INDEX not in os.listdir(dest) and not _partials(dest)
+    assert total > 0

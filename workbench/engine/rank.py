@@ -143,6 +143,14 @@ def _run_lanes(plan: Plan, lanes: list[list[Step]], files: dict, last_step: dict
                   lambda: sum(c.done_bytes for c in others))
     except BaseException as exc:  # noqa: BLE001 - raised below, after the other lanes have stopped
         errors[0] = exc
+        stop.set()
+    try:
+        while progress is not None and errors[0] is None and any(t.is_alive() for t in threads):
+            threads[0].join(0.2)  # the first lane is done: keep reporting the others' progress (and take a cancel)
+            progress.update(sum(c.done_bytes for c in contexts))
+    except BaseException as exc:  # noqa: BLE001 - a cancel from the progress callback
+        errors[0] = exc
+        stop.set()
     finally:
         for thread in threads:
             thread.join()
