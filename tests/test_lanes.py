@@ -161,3 +161,21 @@ def test_progress_counts_both_lanes_and_a_cancel_stops_them(llama_sample: Path, 
         wb.convert(llama_sample, dest, shard_size=SHARD_SIZE, quiet=True, on_progress=cancel_late)
     assert INDEX not in os.listdir(dest) and not _partials(dest)
     assert total > 0
+
+
+def test_a_failing_lane_run_leaves_no_source_descriptor_open(llama_sample: Path, tmp_path: Path, lanes_on, monkeypatch) -> None:
+    def open_fds() -> set[str]:
+        found = set()
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                found.add(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:
+                pass
+        return found
+
+    source = str(llama_sample.resolve())
+    monkeypatch.setenv(rank.FAIL_RANK_ENV, "0")
+    with pytest.raises(PlanError, match="failure injected"):
+        wb.convert(llama_sample, tmp_path / "out", shard_size=SHARD_SIZE, quiet=True)
+    assert lanes_on == [2]
+    assert not [p for p in open_fds() if p.startswith(source)]

@@ -119,6 +119,7 @@ def _run_lane(ctx: RankContext, steps: list[Step], files: dict, last_step: dict[
     finally:
         ctx.cast.close()
         ctx.queue.close()
+        ctx.sources.close()  # its copies are done (commits read no source)
 
 
 def _run_lanes(plan: Plan, lanes: list[list[Step]], files: dict, last_step: dict[str, int], last_file: str | None,
