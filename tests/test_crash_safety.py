@@ -21,10 +21,10 @@ import pytest
 
 import workbench as wb
 from workbench.conversion import execute
+from workbench.engine.committer import Committer
 from workbench.errors import CheckpointError, PlanError
 from workbench.explore.verify import verify
 from workbench.formats import open_catalog
-from workbench.output.safetensors import SafetensorsWriter
 
 INDEX = "model.safetensors.index.json"
 MANIFEST = ".workbench-convert.json"
@@ -171,7 +171,8 @@ def test_disk_full_midway_on_a_small_filesystem(llama_sample: Path, tmp_path: Pa
 
 
 def _change_source_at_commit(monkeypatch, source_file: Path, at_commit: int, how: str) -> None:
-    real_commit = SafetensorsWriter.commit
+    # When the rank hands its file to the committer (on the rank's thread: the commit itself runs on another).
+    real_commit = Committer.submit
     commits = [0]
 
     def commit(self, *args, **kwargs):
@@ -185,7 +186,7 @@ def _change_source_at_commit(monkeypatch, source_file: Path, at_commit: int, how
                     fh.write(b"\0" * 8)
         return real_commit(self, *args, **kwargs)
 
-    monkeypatch.setattr(SafetensorsWriter, "commit", commit)
+    monkeypatch.setattr(Committer, "submit", commit)
 
 
 @pytest.mark.parametrize(("at_commit", "how", "when"), [(1, "touch", "committing"), (7, "grow", "writing the index")])
