@@ -194,15 +194,10 @@ def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankRes
         else:
             contexts = _run_lanes(plan, lanes, files, last_step, last_file, rank, committer, source, progress)
         result.files_written.extend(committer.finish())
-    except BaseException as exc:
-        committer.close()
-        if isinstance(exc, OSError):
-            raise write_failure(plan.dest, exc) from exc
-        raise
+    except OSError as exc:
+        raise write_failure(plan.dest, exc) from exc
     finally:
-        committer.close()
-        for context in {id(c): c for c in [ctx, *contexts]}.values():
-            context.sources.close()
+        committer.close()  # before the launcher removes partial files: no commit may still be running
         _release_source_files(plan)
         if progress is not None:
             progress.update(sum(c.done_bytes for c in contexts), force=True)

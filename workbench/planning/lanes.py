@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from weakref import WeakKeyDictionary
 
 from ..output import direct_io
 from .model import Plan
@@ -21,6 +22,7 @@ from .sharding import OutputFile
 
 LANES = 2
 LANE_MIN_BYTES = 64 << 20  # below this in a lane the second thread costs more than it saves
+_DECIDED: WeakKeyDictionary[Plan, dict[int, list[list[Step]] | None]] = WeakKeyDictionary()  # asked by summary, rss, engine
 
 
 def available_cpus(ranks_here: int = 1) -> int:
@@ -67,6 +69,13 @@ def split_lanes(steps: Sequence[Step], files: Mapping[str, OutputFile], *, local
 def rank_lanes(plan: Plan, rank: int) -> list[list[Step]] | None:
     """The copy lanes `rank` runs `plan`'s steps in, or None for one lane. Not with direct writes (each lane would
     hold its own buffers) nor with a reader between the files and the bytes (URLs, pickled checkpoints)."""
+    decided = _DECIDED.setdefault(plan, {})
+    if rank not in decided:
+        decided[rank] = _decide(plan, rank)
+    return decided[rank]
+
+
+def _decide(plan: Plan, rank: int) -> list[list[Step]] | None:
     reader = plan.source.reader
     local_raw = getattr(reader, "raw_in_place", False) is True and getattr(reader, "locate", None) is not None
     if direct_io.enabled():
