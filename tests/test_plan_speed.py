@@ -59,13 +59,18 @@ def test_planning_pauses_the_collector_and_restores_it(enabled_before: bool) -> 
 
 def test_a_rank_runs_with_the_collector_paused(llama_sample: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[bool] = []
-    original = rank_module.run_step
+    original, original_copies = rank_module.run_step, rank_module.run_copies
 
     def recording(ctx, step):
         seen.append(gc.isenabled())
         return original(ctx, step)
 
+    def recording_copies(ctx, steps, start, commit_at):  # copy steps run in stretches
+        seen.append(gc.isenabled())
+        return original_copies(ctx, steps, start, commit_at)
+
     monkeypatch.setattr(rank_module, "run_step", recording)
+    monkeypatch.setattr(rank_module, "run_copies", recording_copies)
     wb.convert(llama_sample, tmp_path / "out", quiet=True)
     assert seen and not any(seen) and gc.isenabled()
 

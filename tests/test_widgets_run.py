@@ -15,6 +15,7 @@ from conftest import assert_same_folder
 import workbench as wb
 from workbench import conversion
 from workbench.engine import Cancelled, progress, rank
+from workbench.engine import steps as engine_steps
 from workbench.engine.output_check import check_bytes, check_outputs
 from workbench.errors import PlanError
 from workbench.mapper import presets
@@ -44,18 +45,28 @@ def reference(llama_sample: Path, fused, tmp_path_factory: pytest.TempPathFactor
 @pytest.fixture
 def held_steps(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     """Hold a local run after its first step until the returned event is set, so a test can act mid-run."""
-    run_step = rank.run_step
+    run_step, run_copies = rank.run_step, rank.run_copies
     release = threading.Event()
     calls = []
 
-    def held(ctx, step):
+    def wait() -> None:
         if calls:  # later steps: wait for the release, then stay slow enough for progress reports (every 0.1 s)
             assert release.wait(30), "the test never released the run"
             time.sleep(0.03)
+
+    def held(ctx, step):
+        wait()
         calls.append(step)
         return run_step(ctx, step)
 
+    def held_copies(ctx, steps, start, commit_at):
+        wait()
+        calls.append(steps[start])
+        return run_copies(ctx, steps, start, commit_at)
+
     monkeypatch.setattr(rank, "run_step", held)
+    monkeypatch.setattr(rank, "run_copies", held_copies)
+    monkeypatch.setattr(engine_steps, "STRETCH_STEPS", 1)  # one copy step per call, as before stretches
     return release
 
 

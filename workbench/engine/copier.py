@@ -10,7 +10,7 @@ large copies rather than one syscall per tensor.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from operator import itemgetter
 
 from ..output import direct_io
 from ..output.safetensors import WRITE_CALL_MAX, SafetensorsWriter
@@ -20,17 +20,11 @@ FLUSH_BYTES = 256 << 20
 GATHER_RUN = 64 << 10  # runs shorter than this are assembled with their neighbours in the output (`_gather`)
 
 
-@dataclass(slots=True)
-class Piece:
-    """`length` bytes at `src_offset` of `src_fd` go to tensor `name` at byte `at` (file offset `dst`)."""
-
-    writer_order: int
-    src_fd: int
-    src_offset: int
-    dst: int
-    name: str
-    at: int
-    length: int
+# A queued piece is a plain tuple (100k of them for a checkpoint of tiny tensors; a tuple is the cheapest record to make
+# and sorts by source position as it is): `length` bytes at `src_offset` of `src_fd` go to tensor `name` at byte `at`,
+# absolute offset `dst` of the file of writer number `writer_order`.
+Piece = tuple[int, int, int, int, str, int, int]  # (writer_order, src_fd, src_offset, dst, name, at, length)
+_BY_DESTINATION = itemgetter(0, 3)
 
 
 class CopyQueue:
@@ -48,12 +42,21 @@ class CopyQueue:
 
     def add(self, writer: SafetensorsWriter, dst: int, name: str, at: int, src_fd: int, src_offset: int, length: int) -> None:
         """Queue a copy of `length` source bytes into tensor `name` (absolute file offset `dst`)."""
+        self._pieces.append((self.order_of(writer), src_fd, src_offset, dst, name, at, length))
+        self.queued_bytes += length
+
+    def order_of(self, writer: SafetensorsWriter) -> int:
+        """The number pieces for `writer` carry (see `extend`)."""
         order = self._order.get(id(writer))
         if order is None:
             order = self._order[id(writer)] = len(self._writers)
             self._writers.append(writer)
-        self._pieces.append(Piece(order, src_fd, src_offset, dst, name, at, length))
-        self.queued_bytes += length
+        return order
+
+    def extend(self, pieces: list[Piece], nbytes: int) -> None:
+        """Queue many pieces at once, made by the caller with `order_of` (a stretch of small copies, `engine.steps`)."""
+        self._pieces.extend(pieces)
+        self.queued_bytes += nbytes
 
     @property
     def full(self) -> bool:
@@ -78,29 +81,28 @@ class CopyQueue:
     def _copy_runs(self, pieces: list[Piece]) -> int:
         """Kernel-copy pieces adjacent in both source and destination as one run each; short runs are gathered."""
         total = 0
-        pieces = sorted(pieces, key=lambda p: (p.writer_order, p.src_fd, p.src_offset))
-        small: list[list[Piece]] = []  # runs left to `_gather`
-        run: list[Piece] = [pieces[0]]
-        run_bytes = pieces[0].length
+        pieces = sorted(pieces)  # by writer, source descriptor and source offset
+        small: list[tuple[list[Piece], int]] = []  # (run, its bytes) left to `_gather`
+        first = pieces[0]
+        run: list[Piece] = [first]
+        order, fd, src_end, dst_end = first[0], first[1], first[2] + first[6], first[3] + first[6]
+        run_bytes = first[6]
         for piece in pieces[1:]:
-            last = run[-1]
-            if (
-                piece.writer_order == last.writer_order
-                and piece.src_fd == last.src_fd
-                and piece.src_offset == last.src_offset + last.length
-                and piece.dst == last.dst + last.length
-            ):
+            if piece[2] == src_end and piece[3] == dst_end and piece[1] == fd and piece[0] == order:
                 run.append(piece)
-                run_bytes += piece.length
+                run_bytes += piece[6]
+                src_end += piece[6]
+                dst_end += piece[6]
+                continue
+            if run_bytes < GATHER_RUN:
+                small.append((run, run_bytes))
             else:
-                if run_bytes < GATHER_RUN:
-                    small.append(run)
-                else:
-                    total += self._copy(run)
-                run = [piece]
-                run_bytes = piece.length
+                total += self._copy(run)
+            run = [piece]
+            order, fd, src_end, dst_end = piece[0], piece[1], piece[2] + piece[6], piece[3] + piece[6]
+            run_bytes = piece[6]
         if run_bytes < GATHER_RUN:
-            small.append(run)
+            small.append((run, run_bytes))
         else:
             total += self._copy(run)
         if small:
@@ -110,33 +112,33 @@ class CopyQueue:
     def _assemble_long_runs(self, pieces: list[Piece]) -> tuple[list[Piece], int]:
         """Write every run of pieces contiguous in one destination file and at least MIN_RUN long with direct writes;
         returns the pieces left (shorter runs, files that refuse O_DIRECT) and the bytes written."""
-        pieces = sorted(pieces, key=lambda p: (p.writer_order, p.dst))
+        pieces = sorted(pieces, key=_BY_DESTINATION)
         left: list[Piece] = []
         total = 0
         start = 0
         while start < len(pieces):
             first = pieces[start]
-            end, position = start + 1, first.dst + first.length
-            while end < len(pieces) and pieces[end].writer_order == first.writer_order and pieces[end].dst == position:
-                position += pieces[end].length
+            end, position = start + 1, first[3] + first[6]
+            while end < len(pieces) and pieces[end][0] == first[0] and pieces[end][3] == position:
+                position += pieces[end][6]
                 end += 1
             run = pieces[start:end]
-            if position - first.dst >= direct_io.MIN_RUN and self._assemble(run):
-                total += position - first.dst
+            if position - first[3] >= direct_io.MIN_RUN and self._assemble(run):
+                total += position - first[3]
             else:
                 left.extend(run)
             start = end
         return left, total
 
     def _assemble(self, run: list[Piece]) -> bool:
-        writer = self._writers[run[0].writer_order]
+        writer = self._writers[run[0][0]]
         if not writer.takes_direct_writes():
             return False
         if self._direct is None:
             self._direct = direct_io.DirectWrites()
-        origin = run[0].dst
-        reads = [(p.src_fd, p.src_offset, p.dst - origin, p.length) for p in run]
-        writer.assemble_span(self._direct, origin, reads, [(p.name, p.at, p.length) for p in run])
+        origin = run[0][3]
+        reads = [(p[1], p[2], p[3] - origin, p[6]) for p in run]
+        writer.assemble_span(self._direct, origin, reads, [(p[4], p[5], p[6]) for p in run])
         self.copy_calls += 1
         return True
 
@@ -153,47 +155,47 @@ class CopyQueue:
 
     def _copy(self, run: list[Piece]) -> int:
         first = run[0]
-        self._writers[first.writer_order].copy_span(
-            first.src_fd, first.src_offset, first.dst, [(p.name, p.at, p.length) for p in run]
-        )
+        self._writers[first[0]].copy_span(first[1], first[2], first[3], [(p[4], p[5], p[6]) for p in run])
         self.copy_calls += 1
-        return sum(p.length for p in run)
+        return sum(p[6] for p in run)
 
-    def _gather(self, runs: list[list[Piece]]) -> int:
-        """Write small runs that are adjacent in the output (not in the source) in windows of up to WRITE_CALL_MAX
-        bytes, each assembled in the writer's buffer (`gather_span`); a run with no such neighbour is copied alone."""
-        runs.sort(key=lambda r: (r[0].writer_order, r[0].dst))
+    def _gather(self, runs: list[tuple[list[Piece], int]]) -> int:
+        """Write small runs (with their bytes) that are adjacent in the output (not in the source) in windows of up to
+        WRITE_CALL_MAX bytes, each assembled in the writer's buffer (`gather_span`); a run with no such neighbour is
+        copied alone."""
+        runs.sort(key=lambda r: (r[0][0][0], r[0][0][3]))
         total = 0
         window: list[list[Piece]] = []
-        window_end = window_bytes = 0
-        for run in runs + [[]]:
-            if run:
-                first = run[0]
-                length = first.length if len(run) == 1 else sum(p.length for p in run)
-                if (window and first.writer_order == window[0][0].writer_order and first.dst == window_end
-                        and window_bytes + length <= WRITE_CALL_MAX):
-                    window.append(run)
-                    window_bytes += length
-                    window_end += length
-                    continue
-            if len(window) == 1:
-                total += self._copy(window[0])
-            elif window:
-                reads, parts, at = [], [], 0
-                for piece_run in window:
-                    head = piece_run[0]
-                    start = at
-                    for p in piece_run:
-                        parts.append((p.name, p.at, p.length))
-                        at += p.length
-                    reads.append((head.src_fd, head.src_offset, start, at - start))
-                self._writers[window[0][0].writer_order].gather_span(window[0][0].dst, reads, parts)
-                self.copy_calls += 1
-                total += at
-            if run:
-                window, window_bytes = [run], length
-                window_end = first.dst + length
-        return total
+        window_order = window_end = window_bytes = 0
+        for run, length in runs:
+            first = run[0]
+            if window and first[3] == window_end and first[0] == window_order and window_bytes + length <= WRITE_CALL_MAX:
+                window.append(run)
+                window_bytes += length
+                window_end += length
+                continue
+            total += self._write_window(window, window_order)
+            window, window_bytes, window_order = [run], length, first[0]
+            window_end = first[3] + length
+        return total + self._write_window(window, window_order)
+
+    def _write_window(self, window: list[list[Piece]], order: int) -> int:
+        """One gathered write of runs adjacent in the output (a single run: a copy of its own); returns its bytes."""
+        if not window:
+            return 0
+        if len(window) == 1:
+            return self._copy(window[0])
+        reads, parts, at = [], [], 0
+        for run in window:
+            head = run[0]
+            start = at
+            for p in run:
+                parts.append((p[4], p[5], p[6]))
+                at += p[6]
+            reads.append((head[1], head[2], start, at - start))
+        self._writers[order].gather_span(window[0][0][3], reads, parts)
+        self.copy_calls += 1
+        return at
 
     def clear(self) -> None:
         """Drop queued copies (after a failure, or once flushed)."""

@@ -19,13 +19,13 @@ from ..iostats import IO
 from ..planning.gc_pause import gc_paused
 from ..planning.lanes import rank_lanes
 from ..planning.model import Plan
-from ..planning.schedule import Step
+from ..planning.schedule import COPY, Step
 from .committer import Committer
 from .memory import reset_rss_peak, rss_bytes, rss_peak_bytes
 from .progress import Progress
 from .report import RankResult
 from .source_guard import snapshot_for
-from .steps import RankContext, preload_libraries, run_step
+from .steps import RankContext, StepFailed, preload_libraries, run_copies, run_step
 
 FAIL_RANK_ENV = "WORKBENCH_FAIL_RANK"  # tests: make this rank fail just before committing its last file
 KILL_RANK_ENV = "WORKBENCH_KILL_RANK"  # tests: SIGKILL this rank there instead (it dies without a status)
@@ -80,17 +80,27 @@ def _run_lane(ctx: RankContext, steps: list[Step], files: dict, last_step: dict[
     """Run `steps` in order, opening each file's writer at its first step and handing it to `committer` after its
     last. On failure its own writers are aborted (after its copies have stopped) and the error is raised."""
     plan = ctx.plan
+    commit_at = set(last_step.values())  # steps after which a file is complete
     try:
-        for step in steps:
+        index, count = 0, len(steps)
+        while index < count:
+            step = steps[index]
             if stop.is_set():
                 raise _Stopped()
             for name in step.files:
                 if name in files and name not in ctx.writers:
                     ctx.writers[name] = plan.output_format.open_writer(plan.dest, files[name].layout)
             try:
-                run_step(ctx, step)
+                if step.kind == COPY:  # a stretch of copies into these files, queued in one call
+                    index = run_copies(ctx, steps, index, commit_at)
+                    step = steps[index - 1]
+                else:
+                    run_step(ctx, step)
+                    index += 1
             except (WorkbenchError, OSError):
                 raise
+            except StepFailed as failed:
+                raise _step_error(failed.step, failed.cause) from failed.cause
             except Exception as exc:
                 raise _step_error(step, exc) from exc
             if ctx.queue.full:

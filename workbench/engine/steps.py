@@ -13,7 +13,7 @@ from typing import Any
 
 from ..catalog import Catalog, TensorInfo
 from ..dtypes import nbytes_of, to_torch
-from ..errors import CastOverflowError, PlanError
+from ..errors import CastOverflowError, PlanError, WorkbenchError
 from ..iostats import read_into
 from ..mapper.groups import ByteSlice, Group
 from ..output.safetensors import SafetensorsWriter
@@ -23,7 +23,7 @@ from ..planning.rss import NUMPY, TORCH, libraries_for
 from ..planning.schedule import CAST, COPY, ROWS, Step, cast_chunk
 from .cast_batch import run_cast_batch
 from .cast_buffers import CastBuffers
-from .copier import CopyQueue
+from .copier import FLUSH_BYTES, CopyQueue
 from .memory import HeldBytes
 from .sources import SourceFiles
 
@@ -196,6 +196,105 @@ def _copy_one_slice(ctx: RankContext, info: TensorInfo, recipe: Mapping[str, tup
         ctx.queue.add(writer, dst, out_name, 0, where[0], where[1] + piece.begin, length)
     ctx.done_bytes += length
     return True
+
+
+STRETCH_STEPS = 4096  # copy steps queued per call of `run_copies` (the rank reports progress and flushes between calls)
+
+
+class StepFailed(Exception):
+    """An unexpected error in one step of a stretch run by `run_copies`: the rank reports it against that step."""
+
+    def __init__(self, step: Step, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.step = step
+        self.cause = cause
+
+
+def run_copies(ctx: RankContext, steps: list[Step], start: int, commit_at: set[int]) -> int:
+    """Run the copy steps from `steps[start]` that write the same files, up to the first that completes a file
+    (its index in `commit_at`), at most STRETCH_STEPS of them; returns the index after the last one run.
+
+    What `run_step` does for each, with the common copy (one slice of one input raw on disk) queued from here
+    as a plain tuple: a checkpoint of 100k tiny tensors is 100k such steps, and their per-step calls were most
+    of its conversion time.
+    """
+    ctx.cast.wait()
+    queue = ctx.queue
+    placement, writers, fd_of_file = ctx._placement, ctx.writers, ctx._fd_of_file
+    raw = ctx._raw_in_place
+    files = steps[start].files
+    batch: list[tuple[int, int, int, int, str, int, int]] = []
+    queued = done = 0
+    last_writer, last_order = None, 0
+    end = min(len(steps), start + STRETCH_STEPS)
+    index = start
+    step = steps[start]
+    try:
+        while index < end:
+            step = steps[index]
+            if step.kind != COPY or (step.files is not files and step.files != files):
+                break
+            index += 1
+            if step.held_bytes:
+                ctx.cast.release()
+            group = step.group
+            recipe = group.recipe
+            if raw and len(group.inputs) == 1 and len(recipe) == 1:
+                ((out_name, pieces),) = recipe.items()
+                if len(pieces) == 1:
+                    file, dst = placement[out_name]
+                    writer = writers.get(file)
+                    piece = pieces[0]
+                    length = piece.end - piece.begin
+                    if writer is not None and length > 0:
+                        info = group.inputs[0]
+                        fd = fd_of_file.get(info.file)
+                        if fd is None:
+                            fd = ctx.locate(info)[0]  # type: ignore[index]  # opens the file, remembered per name
+                        if writer is not last_writer:
+                            last_writer, last_order = writer, queue.order_of(writer)
+                        batch.append((last_order, fd, info.begin + piece.begin, dst, out_name, 0, length))
+                        queued += length
+                    done += length
+                    if step.index in commit_at or queued >= FLUSH_BYTES:
+                        break
+                    continue
+            spans = None if type(recipe) is dict else getattr(recipe, "spans", None)
+            if raw and spans is not None:  # a shared recipe (`LazyRecipe`, e.g. a fused q/k/v): `_copy_spans`, inlined
+                by_name = {t.name: t for t in group.inputs}
+                for out_name in recipe:
+                    file, dst = placement[out_name]
+                    writer = writers.get(file)
+                    if writer is None:
+                        continue
+                    if writer is not last_writer:
+                        last_writer, last_order = writer, queue.order_of(writer)
+                    at = 0
+                    for source, piece_begin, piece_end in spans(out_name):
+                        length = piece_end - piece_begin
+                        if length > 0:
+                            info = by_name[source]
+                            fd = fd_of_file.get(info.file)
+                            if fd is None:
+                                fd = ctx.locate(info)[0]  # type: ignore[index]
+                            batch.append((last_order, fd, info.begin + piece_begin, dst + at, out_name, at, length))
+                            queued += length
+                        at += length
+                    done += at
+                if step.index in commit_at or queued >= FLUSH_BYTES:
+                    break
+                continue
+            run_copy(ctx, step)
+            if step.index in commit_at or queue.full:
+                break
+    except (WorkbenchError, OSError):
+        raise
+    except Exception as exc:
+        raise StepFailed(step, exc) from exc
+    finally:
+        queue.extend(batch, queued)
+        ctx.done_bytes += done
+    return index
 
 
 def run_cast(ctx: RankContext, step: Step) -> None:
