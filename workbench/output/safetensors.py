@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import itertools
 import json
 import operator
 import os
@@ -97,12 +98,8 @@ def layout_file(
         raise PlanError(f"Cannot lay out {file}: {what} is not valid Unicode text (lone surrogate). Fix it.", tensor=bad) from None
     body += b" " * (-len(body) % 8)
     if callable(data_residue):
-        relative: dict[str, int] = {}
-        at = 0
-        for t, size in zip(ordered, sizes, strict=True):
-            relative[t.name] = at
-            at += size
-        data_residue = data_residue(relative)
+        starts = list(itertools.accumulate(sizes, initial=0))  # each tensor's offset from the data start
+        data_residue = data_residue(dict(zip(map(_name, ordered), starts, strict=False)))
         if data_residue is not None:
             _check_residue(data_residue)
     if data_residue is not None:
@@ -110,9 +107,11 @@ def layout_file(
     header = len(body).to_bytes(8, "little") + body
     start = len(header)
     placed = []
+    append = placed.append
     at = start
     for t, size in zip(ordered, sizes, strict=True):
-        placed.append(TensorInfo(t.name, t.dtype, tuple(t.shape), file, at, at + size))
+        shape = t.shape
+        append(TensorInfo(t.name, t.dtype, shape if type(shape) is tuple else tuple(shape), file, at, at + size))
         at += size
     return FileLayout(file, header, tuple(placed), start + offset)
 

@@ -138,6 +138,8 @@ class Plan:
 
     @cached_property
     def _steps_by_rank(self) -> dict[int, list[Step]]:
+        if not any(f.kept for f in self.output_file_list) and {f.rank for f in self.output_file_list} <= {0}:
+            return {0: list(self.steps)} if self.steps else {}  # one rank, nothing kept: every step, no walk
         by_rank: dict[int, list[Step]] = {}
         active = self._active_indexes
         for step in self.steps:
