@@ -551,8 +551,9 @@ class SafetensorsWriter:
         """Tensors not yet fully written, with the bytes still owed."""
         owed = {}
         by_name = self._by_name
-        for name, written in self._written.items():  # once per tensor at every commit: each size computed once
-            size = by_name[name].nbytes
+        for name, written in self._written.items():  # once per tensor at every commit
+            slot = by_name[name]
+            size = slot.end - slot.begin  # a planned slot holds exactly the tensor's bytes, in every output format
             if written != size:
                 owed[name] = size - written
         return owed
