@@ -82,7 +82,7 @@ class CopyQueue:
         """Kernel-copy pieces adjacent in both source and destination as one run each; short runs are gathered."""
         total = 0
         pieces = sorted(pieces)  # by writer, source descriptor and source offset
-        small: list[tuple[list[Piece], int]] = []  # (run, its bytes) left to `_gather`
+        small: list[tuple[int, int, int, list[Piece]]] = []  # (writer, destination, bytes, run) left to `_gather`
         first = pieces[0]
         run: list[Piece] = [first]
         order, fd, src_end, dst_end = first[0], first[1], first[2] + first[6], first[3] + first[6]
@@ -95,14 +95,14 @@ class CopyQueue:
                 dst_end += piece[6]
                 continue
             if run_bytes < GATHER_RUN:
-                small.append((run, run_bytes))
+                small.append((run[0][0], run[0][3], run_bytes, run))
             else:
                 total += self._copy(run)
             run = [piece]
             order, fd, src_end, dst_end = piece[0], piece[1], piece[2] + piece[6], piece[3] + piece[6]
             run_bytes = piece[6]
         if run_bytes < GATHER_RUN:
-            small.append((run, run_bytes))
+            small.append((run[0][0], run[0][3], run_bytes, run))
         else:
             total += self._copy(run)
         if small:
@@ -159,24 +159,23 @@ class CopyQueue:
         self.copy_calls += 1
         return sum(p[6] for p in run)
 
-    def _gather(self, runs: list[tuple[list[Piece], int]]) -> int:
-        """Write small runs (with their bytes) that are adjacent in the output (not in the source) in windows of up to
-        WRITE_CALL_MAX bytes, each assembled in the writer's buffer (`gather_span`); a run with no such neighbour is
-        copied alone."""
-        runs.sort(key=lambda r: (r[0][0][0], r[0][0][3]))
+    def _gather(self, runs: list[tuple[int, int, int, list[Piece]]]) -> int:
+        """Write small runs that are adjacent in the output (not in the source) in windows of up to WRITE_CALL_MAX
+        bytes, each assembled in the writer's buffer (`gather_span`); a run with no such neighbour is copied alone.
+        `runs` are (writer number, destination offset, bytes, run): they sort by where they land."""
+        runs.sort()  # no two runs share a destination, so the runs themselves are never compared
         total = 0
         window: list[list[Piece]] = []
         window_order = window_end = window_bytes = 0
-        for run, length in runs:
-            first = run[0]
-            if window and first[3] == window_end and first[0] == window_order and window_bytes + length <= WRITE_CALL_MAX:
+        for order, dst, length, run in runs:
+            if window and dst == window_end and order == window_order and window_bytes + length <= WRITE_CALL_MAX:
                 window.append(run)
                 window_bytes += length
                 window_end += length
                 continue
             total += self._write_window(window, window_order)
-            window, window_bytes, window_order = [run], length, first[0]
-            window_end = first[3] + length
+            window, window_bytes, window_order = [run], length, order
+            window_end = dst + length
         return total + self._write_window(window, window_order)
 
     def _write_window(self, window: list[list[Piece]], order: int) -> int:
