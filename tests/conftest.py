@@ -242,6 +242,16 @@ def tiny_tensors() -> Callable[..., dict[str, Any]]:
     return llama_like_tensors
 
 
+@pytest.fixture(scope="session")
+def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One JupyterLab server for every browser-test module (each works in its own folder: lab_harness.lab_folder)."""
+    from lab_harness import JupyterLab
+
+    server = JupyterLab(tmp_path_factory.mktemp("lab-root"), tmp_path_factory.mktemp("lab-state"))
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
     """One headless chromium per browser-test module (tests/browser/, whose folder holds lab_harness)."""

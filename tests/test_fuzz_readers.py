@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -42,14 +41,6 @@ EXAMPLES = {
 FUZZ_SETTINGS = settings(
     deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck), print_blob=True
 )
-
-
-@pytest.fixture(scope="module", autouse=True)
-def traced_memory():
-    """tracemalloc on for this module only (it slows allocation several-fold)."""
-    tracemalloc.start()
-    yield
-    tracemalloc.stop()
 
 
 def test_every_target_is_covered_and_its_seed_is_accepted(tmp_path: Path) -> None:

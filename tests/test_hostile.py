@@ -11,7 +11,6 @@ from __future__ import annotations
 import ast
 import os
 import time
-import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -28,13 +27,6 @@ from workbench.formats import open_catalog
 from workbench.output.safetensors import save_tensors
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def traced_memory():
-    tracemalloc.start()
-    yield
-    tracemalloc.stop()
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

@@ -10,9 +10,8 @@ import json
 import os
 import shutil
 import struct
-import subprocess
-import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,13 +20,13 @@ from remote_servers import NGINX, FaultyServer, HubServer, Nginx
 from safetensors.numpy import save_file
 
 import workbench as wb
+from workbench import cli
 from workbench.errors import CheckpointError
 from workbench.formats import remote_safetensors
 from workbench.formats.remote import RemoteError, RemoteFileChanged, is_remote
 from workbench.formats.remote_safetensors import FIRST_READ
 from workbench.mapper import Identity, Parallel
 
-ROOT = Path(__file__).resolve().parent.parent
 SHARDS = ["model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors"]
 
 
@@ -173,9 +172,13 @@ def _gets(rows, suffix: str = ".safetensors") -> list:
     return [r for r in rows if r[0] == "GET" and r[1].endswith(suffix)]
 
 
-def _cli(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), **(env_extra or {}))
-    return subprocess.run([sys.executable, "-m", "workbench", *args], capture_output=True, text=True, env=env, timeout=120)
+def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> SimpleNamespace:
+    """`workbench ARGS` run in this process (the environment the tests set is the command's): its exit status and
+    what it printed. `python -m workbench` itself is tested in test_cli.py."""
+    capsys.readouterr()
+    status = cli.main(list(args))
+    out, err = capsys.readouterr()
+    return SimpleNamespace(returncode=status, stdout=out, stderr=err)
 
 
 def _header_bytes(folder: Path) -> dict[str, int]:
@@ -185,11 +188,11 @@ def _header_bytes(folder: Path) -> dict[str, int]:
 # --- opening: only headers, few requests ---------------------------------------------------------
 
 
-def test_inspect_https_reads_only_headers(nginx, served):
+def test_inspect_https_reads_only_headers(nginx, served, capsys):
     nginx.reset()
-    out = _cli("inspect", f"{nginx.url}/llama/", "--format", "json")
+    out = _cli(capsys, "inspect", f"{nginx.url}/llama/", "--format", "json")
     assert out.returncode == 0, out.stderr
-    local = _cli("inspect", str(served / "llama"), "--format", "json")
+    local = _cli(capsys, "inspect", str(served / "llama"), "--format", "json")
     assert json.loads(out.stdout)["tensors"] == json.loads(local.stdout)["tensors"]
     rows = nginx.requests()
     gets = _gets(rows)
@@ -207,16 +210,16 @@ def test_inspect_https_reads_only_headers(nginx, served):
     assert len([r for r in rows if r[0] == "HEAD"]) == 4
 
 
-def test_inspect_hf_reads_only_headers_and_bare_repo_id(hub, served):
+def test_inspect_hf_reads_only_headers_and_bare_repo_id(hub, served, capsys):
     hub.reset()
-    out = _cli("inspect", "hf://org/llama", "--format", "json")
+    out = _cli(capsys, "inspect", "hf://org/llama", "--format", "json")
     assert out.returncode == 0, out.stderr
     rows = _hub_rows(hub)
     assert [r[1] for r in rows if r[1].startswith("/api/models")] == ["/api/models/org/llama/revision/main?blobs=true"]
     gets = _gets(rows)
     assert len(gets) == 3 and all(r[4] == f"bytes=0-{FIRST_READ - 1}" for r in gets)
     assert not [r for r in rows if r[0] == "HEAD"]  # sizes come from the listing
-    local = json.loads(_cli("inspect", str(served / "llama"), "--format", "json").stdout)
+    local = json.loads(_cli(capsys, "inspect", str(served / "llama"), "--format", "json").stdout)
     assert json.loads(out.stdout)["tensors"] == local["tensors"]
     assert is_remote("org/llama") and not is_remote(str(served / "llama"))
     assert len(wb.open_checkpoint("org/llama")) == len(local["tensors"])
@@ -224,7 +227,7 @@ def test_inspect_hf_reads_only_headers_and_bare_repo_id(hub, served):
         wb.open_checkpoint("org/missing")
 
 
-def test_inspect_s3_reads_only_headers(s3, served, caplog):
+def test_inspect_s3_reads_only_headers(s3, served, caplog, capsys):
     caplog.set_level("INFO", logger="werkzeug")  # moto's server logs every request it serves
     ck = wb.open_checkpoint("s3://ckpts/llama/")
     served_requests = [r.getMessage() for r in caplog.records if r.name == "werkzeug" and "GET /ckpts" in r.getMessage()]
@@ -232,9 +235,9 @@ def test_inspect_s3_reads_only_headers(s3, served, caplog):
     assert sum('" 206 ' in m for m in served_requests) == 4
     stats = ck.catalog.reader.store.stats.snapshot()
     assert all(stats["per_file"][s] == (1, FIRST_READ) for s in SHARDS)
-    out = _cli("inspect", "s3://ckpts/llama/", "--format", "json")
+    out = _cli(capsys, "inspect", "s3://ckpts/llama/", "--format", "json")
     assert out.returncode == 0, out.stderr
-    local = json.loads(_cli("inspect", str(served / "llama"), "--format", "json").stdout)
+    local = json.loads(_cli(capsys, "inspect", str(served / "llama"), "--format", "json").stdout)
     assert json.loads(out.stdout)["tensors"] == local["tensors"]
 
 
@@ -290,18 +293,18 @@ def test_cache_misses_when_the_file_changes(nginx, served, tmp_path):
     assert ck.catalog.read_bytes("lm_head.weight") == local.catalog.read_bytes("lm_head.weight")
 
 
-def test_cli_plan_convert_verify_diff_take_urls(nginx, served, tmp_path):
+def test_cli_plan_convert_verify_diff_take_urls(nginx, served, tmp_path, capsys):
     url = f"{nginx.url}/llama/"
-    plan = _cli("plan", url, "--dtype", "bf16")
+    plan = _cli(capsys, "plan", url, "--dtype", "bf16")
     assert plan.returncode == 0 and "downloads: " in plan.stdout and "range request(s)" in plan.stdout, plan.stderr
-    out = _cli("convert", url, str(tmp_path / "out"), "--dtype", "bf16")
+    out = _cli(capsys, "convert", url, str(tmp_path / "out"), "--dtype", "bf16")
     assert out.returncode == 0, out.stderr
-    assert _cli("verify", url).returncode == 0
-    assert _cli("verify", str(tmp_path / "out")).returncode == 0
+    assert _cli(capsys, "verify", url).returncode == 0
+    assert _cli(capsys, "verify", str(tmp_path / "out")).returncode == 0
     sums = tmp_path / "sums.json"
-    assert _cli("verify", url, "--sidecar", str(sums)).returncode == 0 and sums.exists()
-    assert _cli("verify", str(served / "llama"), "--sidecar", str(sums)).returncode == 0  # same tensors, same sums
-    diff = _cli("diff", url, str(served / "llama"))
+    assert _cli(capsys, "verify", url, "--sidecar", str(sums)).returncode == 0 and sums.exists()
+    assert _cli(capsys, "verify", str(served / "llama"), "--sidecar", str(sums)).returncode == 0  # same tensors, same sums
+    diff = _cli(capsys, "diff", url, str(served / "llama"))
     assert diff.returncode == 0 and "same 35 tensors" in diff.stdout
 
 

@@ -1,5 +1,9 @@
 """Start a throw-away JupyterLab server for browser tests (token-less, loopback only, temp state), launch
-headless chromium, and open a notebook in it the same way for every browser test."""
+headless chromium, and open a notebook in it the same way for every browser test.
+
+One server serves every browser-test module (its start-up takes seconds): each module works in its own folder
+under the server's root, with its own notebooks, sample copies and kernels (shut down when the module is done),
+and starts from the same user settings as a fresh server (see `lab_folder`)."""
 
 from __future__ import annotations
 
@@ -59,9 +63,7 @@ class JupyterLab:
         self.root = root
         self.state = state
         self.port = free_port()
-        settings = state / "settings" / "@jupyterlab" / "apputils-extension"
-        settings.mkdir(parents=True, exist_ok=True)
-        (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+        self.reset_settings()
         self.log = open(state / "server.log", "wb")  # noqa: SIM115
         env = dict(os.environ, JUPYTER_CONFIG_DIR=str(state / "config"), JUPYTER_RUNTIME_DIR=str(state / "runtime"))
         self.proc = subprocess.Popen(
@@ -92,6 +94,25 @@ class JupyterLab:
     def url(self, notebook: str) -> str:
         return f"http://127.0.0.1:{self.port}/lab/tree/{notebook}?reset"
 
+    def reset_settings(self, overrides: dict[str, dict] | None = None) -> None:
+        """Put the user settings back to a fresh server's (no news, no update checks) plus `overrides`
+        ("@jupyterlab/plugin-package/plugin" -> settings). The server reads them from disk at each request, so a
+        page opened afterwards sees them; what a test changed (the theme it chose) is gone."""
+        folder = self.state / "settings"
+        shutil.rmtree(folder, ignore_errors=True)
+        wanted = {"@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False}, **(overrides or {})}
+        for plugin, values in wanted.items():
+            path = folder / f"{plugin}.jupyterlab-settings"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(values))
+
+    def api(self, method: str, path: str) -> object:
+        """Call the server's REST API (`path` after /api/); the decoded JSON answer, or None when it has none."""
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/api/{path}", method=method)
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            body = answer.read()
+        return json.loads(body) if body else None
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -113,7 +134,7 @@ def launched_chromium() -> Iterator[object]:
         chromium.close()
 
 
-def open_notebook(page: object, lab: JupyterLab, notebook: str) -> None:
+def open_notebook(page: object, lab: JupyterLab | LabFolder, notebook: str) -> None:
     """Load `notebook` (a path under the server's root) in `page` and wait until JupyterLab shows it.
 
     The left sidebar is closed to give the notebook more room; the kernel may still be starting.
@@ -171,21 +192,44 @@ def code_notebook(cells: list[str]) -> dict:
             "nbformat": 4, "nbformat_minor": 5}
 
 
+class LabFolder:
+    """One test module's folder in the shared JupyterLab: `root` is the folder (notebooks open relative to it),
+    `url(path)` opens a notebook under it, `state` is the server's state folder (for failure screenshots)."""
+
+    def __init__(self, server: JupyterLab, name: str) -> None:
+        self.server = server
+        self.name = name
+        self.root = server.root / name
+        self.state = server.state
+
+    def url(self, notebook: str) -> str:
+        return self.server.url(f"{self.name}/{notebook}")
+
+    def shut_down_kernels(self) -> None:
+        """End the sessions (and so the kernels) of this folder's notebooks."""
+        for session in self.server.api("GET", "sessions"):  # type: ignore[union-attr]
+            if session["path"].startswith(f"{self.name}/"):
+                self.server.api("DELETE", f"sessions/{session['id']}")
+
+
 @contextmanager
-def serve_lab(tmp_path_factory: object, notebooks: dict[str, dict], samples: tuple[str, ...] = ("tiny-llama",)) -> Iterator[JupyterLab]:
-    """A JupyterLab server whose root holds `notebooks` (relative path -> notebook data) and copies of the
-    named sample checkpoints under `sample_checkpoints/`; stopped on exit."""
-    root = tmp_path_factory.mktemp("lab-root")  # type: ignore[attr-defined]
-    for rel, notebook in notebooks.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(json.dumps(notebook))
+def lab_folder(server: JupyterLab, name: str, notebooks: dict[str, dict] | None = None, samples: tuple[str, ...] = ("tiny-llama",),
+               settings: dict[str, dict] | None = None) -> Iterator[LabFolder]:
+    """A new folder `name` under the shared server's root holding `notebooks` (relative path -> notebook data) and
+    copies of the named sample checkpoints under `sample_checkpoints/`, with the user settings of a fresh server
+    plus `settings` (see `JupyterLab.reset_settings`); its kernels are shut down on exit."""
+    folder = LabFolder(server, name)
+    folder.root.mkdir()
+    for rel, notebook in (notebooks or {}).items():
+        (folder.root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder.root / rel).write_text(json.dumps(notebook))
     for sample in samples:
-        shutil.copytree(REPO / "sample_checkpoints" / sample, root / "sample_checkpoints" / sample)
-    server = JupyterLab(root, tmp_path_factory.mktemp("lab-state"))  # type: ignore[attr-defined]
+        shutil.copytree(REPO / "sample_checkpoints" / sample, folder.root / "sample_checkpoints" / sample)
+    server.reset_settings(settings)
     try:
-        yield server
+        yield folder
     finally:
-        server.stop()
+        folder.shut_down_kernels()
 
 
 def set_theme(page: object, theme: str) -> None:

@@ -15,7 +15,9 @@ from lab_harness import (
     KERNEL_READY,
     PANEL,
     JupyterLab,
+    LabFolder,
     browser_available,
+    lab_folder,
     open_notebook,
     screenshot_dir,
 )
@@ -34,23 +36,16 @@ RUN_ALL = """async () => {
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterLab]:
-    root = tmp_path_factory.mktemp("lab-root")
-    state = tmp_path_factory.mktemp("lab-state")
+def lab(lab_server: JupyterLab) -> Iterator[LabFolder]:
     # Render every cell (no lazy windowing), so widgets in late cells are in the DOM to be found and scrolled to.
-    tracker = state / "settings" / "@jupyterlab" / "notebook-extension"
-    tracker.mkdir(parents=True)
-    (tracker / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}')
-    shutil.copytree(REPO / "notebooks", root / "notebooks", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-    for sample in ("tiny-llama", "tiny-bert"):
-        shutil.copytree(REPO / "sample_checkpoints" / sample, root / "sample_checkpoints" / sample)
-    server = JupyterLab(root, state)
-    yield server
-    server.stop()
+    no_windowing = {"@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"}}
+    with lab_folder(lab_server, Path(__file__).stem, samples=("tiny-llama", "tiny-bert"), settings=no_windowing) as folder:
+        shutil.copytree(REPO / "notebooks", folder.root / "notebooks", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+        yield folder
 
 
 
-def run_notebook(browser: object, lab: JupyterLab, notebook: str) -> object:
+def run_notebook(browser: object, lab: LabFolder, notebook: str) -> object:
     """Open a notebook, wait for its kernel, run every cell and wait until all have run."""
     page = browser.new_page(viewport={"width": 1500, "height": 1500})  # type: ignore[attr-defined]
     open_notebook(page, lab, f"notebooks/{notebook}")
@@ -86,7 +81,7 @@ def screenshot(widget: object, name: str) -> Path:
     return path
 
 
-def test_explorer_filters_and_picks_in_jupyterlab(browser: object, lab: JupyterLab) -> None:
+def test_explorer_filters_and_picks_in_jupyterlab(browser: object, lab: LabFolder) -> None:
     page = run_notebook(browser, lab, "01_explore.ipynb")
     try:
         assert_rendered_as_widget(page, ".wb-explorer", "<Explorer of")
@@ -116,7 +111,7 @@ def test_explorer_filters_and_picks_in_jupyterlab(browser: object, lab: JupyterL
         page.close()  # type: ignore[attr-defined]
 
 
-def test_builder_adds_an_operation_and_exports_in_jupyterlab(browser: object, lab: JupyterLab) -> None:
+def test_builder_adds_an_operation_and_exports_in_jupyterlab(browser: object, lab: LabFolder) -> None:
     page = run_notebook(browser, lab, "02_build_mapper.ipynb")
     try:
         assert_rendered_as_widget(page, ".wb-builder", "<MapperBuilder over")

@@ -14,11 +14,12 @@ from lab_harness import (
     CONTRAST,
     PANEL,
     JupyterLab,
+    LabFolder,
     browser_available,
     code_notebook,
+    lab_folder,
     open_notebook,
     screenshot_dir,
-    serve_lab,
     set_theme,
 )
 from test_lab_convert import run_all_cells
@@ -68,9 +69,9 @@ BAR_WIDTH = """() => { const fill = document.querySelector('.jp-NotebookPanel:no
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterLab]:
-    with serve_lab(tmp_path_factory, {"notebooks/background.ipynb": code_notebook(CELLS)}) as server:
-        yield server
+def lab(lab_server: JupyterLab) -> Iterator[LabFolder]:
+    with lab_folder(lab_server, Path(__file__).stem, {"notebooks/background.ipynb": code_notebook(CELLS)}) as folder:
+        yield folder
 
 
 
@@ -83,7 +84,7 @@ def shoot(page: object, selector: str, name: str) -> None:
 
 
 @pytest.mark.parametrize("theme", ["JupyterLab Light", "JupyterLab Dark"])
-def test_cancel_a_read_watch_a_run_and_read_the_graph(browser: object, lab: JupyterLab, theme: str) -> None:
+def test_cancel_a_read_watch_a_run_and_read_the_graph(browser: object, lab: LabFolder, theme: str) -> None:
     page = browser.new_page(viewport={"width": 1500, "height": 1300})  # type: ignore[attr-defined]
     suffix = "_dark" if "Dark" in theme else ""
     try:

@@ -17,10 +17,11 @@ from lab_harness import (
     KERNEL_READY,
     PANEL,
     JupyterLab,
+    LabFolder,
     browser_available,
+    lab_folder,
     open_notebook,
     screenshot_dir,
-    serve_lab,
     set_theme,
 )
 
@@ -94,9 +95,9 @@ class Clicks:
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterLab]:
-    with serve_lab(tmp_path_factory, {"builder_clicks.ipynb": NOTEBOOK}) as server:
-        yield server
+def lab(lab_server: JupyterLab) -> Iterator[LabFolder]:
+    with lab_folder(lab_server, Path(__file__).stem, {"builder_clicks.ipynb": NOTEBOOK}) as folder:
+        yield folder
 
 
 def message(builder: object, text: str) -> None:
@@ -133,7 +134,7 @@ def code_built_mapper(sample: Path) -> object:
 
 
 @pytest.mark.parametrize("theme", THEMES)
-def test_fuse_strip_and_cast_in_ten_clicks(browser: object, lab: JupyterLab, theme: str, tmp_path: Path) -> None:
+def test_fuse_strip_and_cast_in_ten_clicks(browser: object, lab: LabFolder, theme: str, tmp_path: Path) -> None:
     import workbench as wb
 
     page = browser.new_page(viewport={"width": 1500, "height": 1600})  # type: ignore[attr-defined]
@@ -203,7 +204,7 @@ def test_fuse_strip_and_cast_in_ten_clicks(browser: object, lab: JupyterLab, the
         assert torch.equal(clicked.load(tensor), coded.load(tensor)), tensor
 
 
-def test_names_problems_fix_and_folded_target_by_clicking(browser: object, lab: JupyterLab) -> None:
+def test_names_problems_fix_and_folded_target_by_clicking(browser: object, lab: LabFolder) -> None:
     """Dark theme: after a prefix strip only the new names are offered; a fusion typed with the old names is one
     grouped problem with a fix-it that works; the target check takes a model type and folds its rows."""
     page = browser.new_page(viewport={"width": 1500, "height": 1600})  # type: ignore[attr-defined]

@@ -9,7 +9,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lab_harness import PANEL, JupyterLab, browser_available, open_notebook, screenshot_dir
+from lab_harness import (
+    PANEL,
+    JupyterLab,
+    LabFolder,
+    browser_available,
+    lab_folder,
+    open_notebook,
+    screenshot_dir,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 UNAVAILABLE = browser_available()
@@ -66,18 +74,15 @@ def run_all_cells(page: object) -> None:
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterLab]:
-    root = tmp_path_factory.mktemp("lab-root")
-    (root / "notebooks").mkdir()
-    shutil.copy(REPO / "notebooks" / "03_convert.ipynb", root / "notebooks")
-    shutil.copytree(REPO / "sample_checkpoints" / "tiny-llama", root / "sample_checkpoints" / "tiny-llama")
-    server = JupyterLab(root, tmp_path_factory.mktemp("lab-state"))
-    yield server
-    server.stop()
+def lab(lab_server: JupyterLab) -> Iterator[LabFolder]:
+    with lab_folder(lab_server, Path(__file__).stem) as folder:
+        (folder.root / "notebooks").mkdir()
+        shutil.copy(REPO / "notebooks" / "03_convert.ipynb", folder.root / "notebooks")
+        yield folder
 
 
 
-def test_run_panel_bars_reach_done_in_jupyterlab(browser: object, lab: JupyterLab) -> None:
+def test_run_panel_bars_reach_done_in_jupyterlab(browser: object, lab: LabFolder) -> None:
     page = browser.new_page(viewport={"width": 1400, "height": 1400})  # type: ignore[attr-defined]
     try:
         open_notebook(page, lab, "notebooks/03_convert.ipynb")

@@ -14,12 +14,13 @@ from lab_harness import (
     CONTRAST,
     PANEL,
     JupyterLab,
+    LabFolder,
     browser_available,
     code_notebook,
+    lab_folder,
     launched_chromium,
     open_notebook,
     screenshot_dir,
-    serve_lab,
     set_theme,
 )
 
@@ -49,13 +50,13 @@ plan = wb.plan(src, shard_size="40KB", nproc=8, dtype="bf16")
 PlanPanel(plan)"""
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterLab]:
-    with serve_lab(tmp_path_factory, {"plan.ipynb": code_notebook([SETUP])}, samples=()) as server:
-        yield server
+def lab(lab_server: JupyterLab) -> Iterator[LabFolder]:
+    with lab_folder(lab_server, Path(__file__).stem, {"plan.ipynb": code_notebook([SETUP])}, samples=()) as folder:
+        yield folder
 
 
 @pytest.mark.parametrize("theme", ["JupyterLab Light", "JupyterLab Dark"])
-def test_plan_panel_headline_is_readable_in_both_themes(lab: JupyterLab, theme: str) -> None:
+def test_plan_panel_headline_is_readable_in_both_themes(lab: LabFolder, theme: str) -> None:
     with launched_chromium() as chromium:
         page = chromium.new_page(viewport={"width": 1400, "height": 1400})
         try:

@@ -15,11 +15,12 @@ from lab_harness import (
     KERNEL_READY,
     PANEL,
     JupyterLab,
+    LabFolder,
     browser_available,
     code_notebook,
+    lab_folder,
     open_notebook,
     screenshot_dir,
-    serve_lab,
     set_theme,
 )
 
@@ -67,12 +68,12 @@ SIZES = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterLab]:
-    with serve_lab(tmp_path_factory, {"notebooks/tables.ipynb": code_notebook(NOTEBOOK_CELLS)}) as server:
-        yield server
+def lab(lab_server: JupyterLab) -> Iterator[LabFolder]:
+    with lab_folder(lab_server, Path(__file__).stem, {"notebooks/tables.ipynb": code_notebook(NOTEBOOK_CELLS)}) as folder:
+        yield folder
 
 
-def open_explorer(browser: object, lab: JupyterLab, theme: str) -> tuple[object, object]:
+def open_explorer(browser: object, lab: LabFolder, theme: str) -> tuple[object, object]:
     """A page (with clipboard access) showing the notebook's Explorer in `theme`, every cell run."""
     context = browser.new_context(viewport={"width": 1400, "height": 1300}, permissions=["clipboard-read", "clipboard-write"])  # type: ignore[attr-defined]
     page = context.new_page()
@@ -100,7 +101,7 @@ def as_bytes(text: str) -> float:
 
 
 @pytest.mark.parametrize("theme", ["light", "dark"])
-def test_explorer_tables_read_sort_select_page_and_copy(browser: object, lab: JupyterLab, theme: str) -> None:
+def test_explorer_tables_read_sort_select_page_and_copy(browser: object, lab: LabFolder, theme: str) -> None:
     context, page = open_explorer(browser, lab, theme)
     try:
         explorer = page.locator(f"{PANEL} .wb-explorer")
@@ -177,7 +178,7 @@ def test_explorer_tables_read_sort_select_page_and_copy(browser: object, lab: Ju
         context.close()  # type: ignore[attr-defined]
 
 
-def test_builder_export_has_one_copy_button_that_copies_the_code(browser: object, lab: JupyterLab) -> None:
+def test_builder_export_has_one_copy_button_that_copies_the_code(browser: object, lab: LabFolder) -> None:
     context, page = open_explorer(browser, lab, "light")
     try:
         builder = page.locator(f"{PANEL} .wb-builder")
