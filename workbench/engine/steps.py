@@ -246,16 +246,17 @@ def run_copies(ctx: RankContext, steps: list[Step], start: int, commit_at: set[i
                     writer = writers.get(file)
                     piece = pieces[0]
                     length = piece.end - piece.begin
-                    if writer is not None and length > 0:
-                        info = group.inputs[0]
-                        fd = fd_of_file.get(info.file)
-                        if fd is None:
-                            fd = ctx.locate(info)[0]  # type: ignore[index]  # opens the file, remembered per name
-                        if writer is not last_writer:
-                            last_writer, last_order = writer, queue.order_of(writer)
-                        batch.append((last_order, fd, info.begin + piece.begin, dst, out_name, 0, length))
-                        queued += length
-                    done += length
+                    if writer is not None:  # else the file is not this rank's to write
+                        if length > 0:
+                            info = group.inputs[0]
+                            fd = fd_of_file.get(info.file)
+                            if fd is None:
+                                fd = ctx.locate(info)[0]  # type: ignore[index]  # opens the file, remembered per name
+                            if writer is not last_writer:
+                                last_writer, last_order = writer, queue.order_of(writer)
+                            batch.append((last_order, fd, info.begin + piece.begin, dst, out_name, 0, length))
+                            queued += length
+                        done += length
                     if step.index in commit_at or queued >= FLUSH_BYTES:
                         break
                     continue
