@@ -39,7 +39,7 @@ def _same_folders(a: Path, b: Path) -> None:
 
 
 @pytest.mark.parametrize("mapper", [None, FUSE], ids=["copies", "fused"])
-@pytest.mark.parametrize("stretch", [1, 3, 50])
+@pytest.mark.parametrize("stretch", [0, 1, 3, 50])  # 0: still one step per call
 def test_any_stretch_length_writes_the_same_files(tiny_checkpoint, tmp_path: Path, monkeypatch, mapper, stretch) -> None:
     # Several shards, so stretches end at files' last steps as well as at their length; the default stretch
     # (longer than this whole checkpoint) is the reference.

@@ -23,7 +23,7 @@ from ..planning.rss import NUMPY, TORCH, libraries_for
 from ..planning.schedule import CAST, COPY, ROWS, Step, cast_chunk
 from .cast_batch import run_cast_batch
 from .cast_buffers import CastBuffers
-from .copier import FLUSH_BYTES, CopyQueue
+from .copier import FLUSH_BYTES, FLUSH_PIECES, CopyQueue
 from .memory import HeldBytes
 from .sources import SourceFiles
 
@@ -226,7 +226,7 @@ def run_copies(ctx: RankContext, steps: list[Step], start: int, commit_at: set[i
     batch: list[tuple[int, int, int, int, str, int, int]] = []
     queued = done = 0
     last_writer, last_order = None, 0
-    end = min(len(steps), start + STRETCH_STEPS)
+    end = min(len(steps), start + max(1, STRETCH_STEPS))  # at least one step per call, whatever a test sets
     index = start
     step = steps[start]
     try:
@@ -257,7 +257,7 @@ def run_copies(ctx: RankContext, steps: list[Step], start: int, commit_at: set[i
                             batch.append((last_order, fd, info.begin + piece.begin, dst, out_name, 0, length))
                             queued += length
                         done += length
-                    if step.index in commit_at or queued >= FLUSH_BYTES:
+                    if step.index in commit_at or queued >= FLUSH_BYTES or len(batch) >= FLUSH_PIECES:
                         break
                     continue
             spans = None if type(recipe) is dict else getattr(recipe, "spans", None)
@@ -282,7 +282,7 @@ def run_copies(ctx: RankContext, steps: list[Step], start: int, commit_at: set[i
                             queued += length
                         at += length
                     done += at
-                if step.index in commit_at or queued >= FLUSH_BYTES:
+                if step.index in commit_at or queued >= FLUSH_BYTES or len(batch) >= FLUSH_PIECES:
                     break
                 continue
             run_copy(ctx, step)
