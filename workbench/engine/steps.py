@@ -6,7 +6,6 @@ the `HeldBytes` ledger exactly as the planner's cost rules predict (see `plannin
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from ..catalog import Catalog, TensorInfo
 from ..dtypes import nbytes_of, to_torch
 from ..errors import CastOverflowError, PlanError, WorkbenchError
 from ..iostats import read_into
-from ..mapper.groups import ByteSlice, Group
+from ..mapper.groups import Group
 from ..output.safetensors import SafetensorsWriter
 from ..overflow import OverflowCounts, attributed, collect, count_torch, describe, may_overflow
 from ..planning.model import Plan
@@ -23,7 +22,7 @@ from ..planning.rss import NUMPY, TORCH, libraries_for
 from ..planning.schedule import CAST, COPY, ROWS, Step, cast_chunk
 from .cast_batch import run_cast_batch
 from .cast_buffers import CastBuffers
-from .copier import FLUSH_BYTES, FLUSH_PIECES, CopyQueue
+from .copier import FLUSH_BYTES, FLUSH_PIECES, CopyQueue, Piece
 from .memory import HeldBytes
 from .sources import SourceFiles
 
@@ -110,14 +109,11 @@ def read_buffer(ctx: RankContext, info: TensorInfo) -> bytearray:
 
 
 def run_copy(ctx: RankContext, step: Step) -> None:
-    """Queue kernel copies for every output piece; unlocated inputs are read once and written."""
+    """Queue kernel copies for every output piece of one copy step; unlocated inputs are read once and written.
+    The general path: `run_copies` queues the common copies of raw on-disk inputs itself."""
     group = step.group
     single = group.inputs[0] if len(group.inputs) == 1 else None
-    if single is not None and len(group.recipe) == 1 and _copy_one_slice(ctx, single, group.recipe):
-        return
     inputs = {} if single is not None else {t.name: t for t in group.inputs}
-    if single is None and _copy_spans(ctx, group.recipe, inputs):
-        return
     whole: dict[str, bytearray] = {}
     try:
         for out_name, pieces in group.recipe.items():
@@ -148,56 +144,6 @@ def run_copy(ctx: RankContext, step: Step) -> None:
         ctx.held.release(sum(len(d) for d in whole.values()))
 
 
-def _copy_spans(ctx: RankContext, recipe: Mapping[str, tuple[ByteSlice, ...]], inputs: dict[str, TensorInfo]) -> bool:
-    """A shared recipe (`LazyRecipe`, e.g. a fused q/k/v) whose inputs all lie raw on disk, queued from its spans
-    without making ByteSlices; False (nothing queued) otherwise, for the general loop."""
-    spans = getattr(recipe, "spans", None)
-    if spans is None or ctx._locate is None:
-        return False
-    if not ctx._raw_in_place and any(ctx._locate(info) is None for info in inputs.values()):
-        return False
-    located: dict[str, tuple[int, int]] = {}  # descriptors opened on first use
-    add = ctx.queue.add
-    for out_name in recipe:
-        target = ctx.target(out_name)
-        if target is None:
-            continue
-        writer, begin = target
-        at = 0
-        for source, piece_begin, piece_end in spans(out_name):
-            length = piece_end - piece_begin
-            if length > 0:
-                found = located.get(source)
-                if found is None:
-                    found = located[source] = ctx.locate(inputs[source])  # type: ignore[assignment]
-                src_fd, src_offset = found
-                add(writer, begin + at, out_name, at, src_fd, src_offset + piece_begin, length)
-            at += length
-        ctx.done_bytes += at
-    return True
-
-
-def _copy_one_slice(ctx: RankContext, info: TensorInfo, recipe: Mapping[str, tuple[ByteSlice, ...]]) -> bool:
-    """The common copy (one output made of one slice of one located input) without the general loop's
-    bookkeeping; False when the recipe is not of that kind or the input is not raw on disk."""
-    ((out_name, pieces),) = recipe.items()
-    if len(pieces) != 1:
-        return False
-    file, dst = ctx._placement[out_name]  # ctx.target and ctx.locate, inlined: this runs once per tensor
-    writer = ctx.writers.get(file)
-    if writer is None:
-        return True
-    piece = pieces[0]
-    length = piece.end - piece.begin
-    if length > 0:
-        where = ctx.locate(info)
-        if where is None:
-            return False
-        ctx.queue.add(writer, dst, out_name, 0, where[0], where[1] + piece.begin, length)
-    ctx.done_bytes += length
-    return True
-
-
 STRETCH_STEPS = 4096  # copy steps queued per call of `run_copies` (the rank reports progress and flushes between calls)
 
 
@@ -223,7 +169,7 @@ def run_copies(ctx: RankContext, steps: list[Step], start: int, commit_at: set[i
     placement, writers, fd_of_file = ctx._placement, ctx.writers, ctx._fd_of_file
     raw = ctx._raw_in_place
     files = steps[start].files
-    batch: list[tuple[int, int, int, int, str, int, int]] = []
+    batch: list[Piece] = []
     queued = done = 0
     last_writer, last_order = None, 0
     end = min(len(steps), start + max(1, STRETCH_STEPS))  # at least one step per call, whatever a test sets
@@ -261,7 +207,7 @@ def run_copies(ctx: RankContext, steps: list[Step], start: int, commit_at: set[i
                         break
                     continue
             spans = None if type(recipe) is dict else getattr(recipe, "spans", None)
-            if raw and spans is not None:  # a shared recipe (`LazyRecipe`, e.g. a fused q/k/v): `_copy_spans`, inlined
+            if raw and spans is not None:  # a shared recipe (`LazyRecipe`, e.g. a fused q/k/v): its spans, no ByteSlices
                 by_name = {t.name: t for t in group.inputs}
                 for out_name in recipe:
                     file, dst = placement[out_name]

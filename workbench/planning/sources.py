@@ -64,14 +64,10 @@ def passthrough_binding(catalog: Catalog, dtype: str | None = None) -> Binding:
     mapper-less conversion to bf16 does not first make 100k copy groups only to replace them.
     """
     if dtype is None:
-        if getattr(catalog.reader, "raw_in_place", False) is True:  # each tensor's bytes are [begin, end) of its file
-            return Binding([
-                Group((info,), (TensorInfo(name, info.dtype, info.shape),), PassThrough(name),
-                      {name: (ByteSlice(name, 0, info.end - info.begin),)}, None, "copy")
-                for name, info in catalog.tensors.items()
-            ])
+        raw = getattr(catalog.reader, "raw_in_place", False) is True  # each tensor's bytes are [begin, end) of its file
         groups = [
-            Group((info,), (TensorInfo(name, info.dtype, info.shape),), PassThrough(name), {name: (ByteSlice(name, 0, info.nbytes),)}, None, "copy")
+            Group((info,), (TensorInfo(name, info.dtype, info.shape),), PassThrough(name),
+                  {name: (ByteSlice(name, 0, info.end - info.begin if raw else info.nbytes),)}, None, "copy")
             for name, info in catalog.tensors.items()
         ]
         return Binding(groups)
