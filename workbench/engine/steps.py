@@ -17,6 +17,7 @@ from ..iostats import read_into
 from ..mapper.groups import Group
 from ..output.safetensors import SafetensorsWriter
 from ..overflow import OverflowCounts, attributed, collect, count_torch, describe, may_overflow
+from ..planning.copy_runs import CopyRun
 from ..planning.model import Plan
 from ..planning.rss import NUMPY, TORCH, libraries_for
 from ..planning.schedule import CAST, COPY, ROWS, Step, cast_chunk
@@ -206,6 +207,26 @@ def run_copies(ctx: RankContext, steps: list[Step], start: int, commit_at: set[i
                     if step.index in commit_at or queued >= FLUSH_BYTES or len(batch) >= FLUSH_PIECES:
                         break
                     continue
+            if raw and type(recipe) is CopyRun:  # neighbours of one file copied whole (`planning.copy_runs`)
+                inputs = group.inputs
+                fd = fd_of_file.get(inputs[0].file)
+                if fd is None:
+                    fd = ctx.locate(inputs[0])[0]  # type: ignore[index]
+                for info, length in zip(inputs, recipe.sizes, strict=True):
+                    name = info.name
+                    file, dst = placement[name]
+                    writer = writers.get(file)
+                    if writer is None:  # the file is not this rank's to write
+                        continue
+                    if length > 0:
+                        if writer is not last_writer:
+                            last_writer, last_order = writer, queue.order_of(writer)
+                        batch.append((last_order, fd, info.begin, dst, name, 0, length))
+                        queued += length
+                    done += length
+                if step.index in commit_at or queued >= FLUSH_BYTES or len(batch) >= FLUSH_PIECES:
+                    break
+                continue
             spans = None if type(recipe) is dict else getattr(recipe, "spans", None)
             if raw and spans is not None:  # a shared recipe (`LazyRecipe`, e.g. a fused q/k/v): its spans, no ByteSlices
                 by_name = {t.name: t for t in group.inputs}

@@ -17,6 +17,7 @@ from ..mapper.groups import Binding, Problem
 from ..mapper.op import Op
 from ..mapper.output_presets import OUTPUT_PRESETS
 from ..output import OutputFormat, output_format
+from . import copy_runs
 from .cast_batches import batch_casts
 from .destination import check_destination
 from .extras import layout_change, scan_extras, with_config_dtype, with_layout_note
@@ -179,7 +180,11 @@ def _build_plan(
         mapper, output, options = output.prepare(catalog, mapper, options, OUTPUT_PRESETS.get(output.name))
     except WorkbenchError as exc:
         raise PlanError(exc.message if hasattr(exc, "message") else str(exc)) from None
-    binding = bind(catalog, mapper, options.rest, options.dtype if output.applies_dtype_policy else None)
+    dtype = options.dtype if output.applies_dtype_policy else None
+    if output.name == "safetensors" and copy_runs.eligible(catalog, mapper, dtype):
+        binding = copy_runs.copy_run_binding(catalog)  # many tensors copied unchanged: planned in runs
+    else:
+        binding = bind(catalog, mapper, options.rest, dtype)
     problems = list(binding.problems) + _duplicate_outputs(binding) + _scoped_outputs(binding, catalog)
     steps = build_steps(binding.groups, SourceAccess(catalog.reader), options.chunk_bytes)
     if not steps:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from ..catalog import TensorInfo
 from ..output.safetensors import PAGE
+from .copy_runs import CopyRun
 from .schedule import COPY, Step
 
 ALIGN_MIN_BYTES = 1 << 20  # below this, copies cost microseconds: keep the minimal (reference) header
@@ -40,6 +41,14 @@ def congruent_bytes(steps: Iterable[Step], placed: Mapping[str, int], source_off
         group = step.group
         recipe = group.recipe
         if step.kind != COPY or recipe is None:
+            continue
+        if raw and type(recipe) is CopyRun:  # neighbours copied whole (`planning.copy_runs`): one residue each
+            for source, length in zip(group.inputs, recipe.sizes, strict=True):
+                at = placed.get(source.name)
+                if at is not None and length > 0:
+                    residue = (source.begin - at) % PAGE
+                    if residue % 8 == 0:
+                        weights[residue] = weights.get(residue, 0) + length
             continue
         if len(recipe) == 1 and len(group.inputs) == 1:  # one output, one input (once per tensor): spelled out
             ((out_name, pieces),) = recipe.items()

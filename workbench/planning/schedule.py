@@ -17,6 +17,7 @@ from ..catalog import TensorInfo
 from ..dtypes import dtype_bits, nbytes_of
 from ..mapper.groups import ByteSlice, Group
 from ..mapper.recipes import LazyRecipe
+from .copy_runs import CopyRun
 
 COPY, CAST, COMPUTE, ROWS = "copy", "cast", "compute", "rows"
 
@@ -164,7 +165,7 @@ def build_steps(groups: list[Group], access: SourceAccess, chunk_bytes: int) -> 
         if not group.outputs:
             continue
         inputs = group.inputs
-        if len(inputs) == 1:
+        if len(inputs) == 1 or type(group.recipe) is CopyRun:  # a run's first input is its first byte
             first = inputs[0]
             ordered.append((file_order[first.file], first.begin, index, group))
         else:
@@ -178,6 +179,10 @@ def build_steps(groups: list[Group], access: SourceAccess, chunk_bytes: int) -> 
         outputs = group.outputs
         recipe = group.recipe
         inputs = group.inputs
+        if type(recipe) is CopyRun:  # neighbours of one file copied whole (`planning.copy_runs`), raw in place
+            total = recipe.total
+            steps.append(Step(index, group, COPY, 0, {inputs[0].file: total}, total))
+            continue
         if recipe is not None and len(recipe) == 1 and len(inputs) == 1:  # step_cost of a one-slice copy, inlined
             (pieces,) = recipe.values()
             first = inputs[0]

@@ -8,6 +8,7 @@ the same however many processes write them.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -15,8 +16,9 @@ from ..catalog import TensorInfo
 from ..display import format_bytes
 from ..mapper.groups import Problem
 from ..output.base import FileLayout, OutputFormat
+from .copy_runs import CopyRun, split_run
 from .page_align import SourceOffset, choose_residue
-from .schedule import Step
+from .schedule import COPY, Step
 
 
 @dataclass
@@ -84,9 +86,34 @@ def assign_shards(steps: list[Step], limit: int) -> tuple[list[list[TensorInfo]]
         filled = 0
 
     current = (0,)  # the shard being filled, as a step's shard numbers (one tuple shared by its steps)
-    for step in steps:
+    crossing: dict[int, list[int]] = {}  # copy runs that reach into several shards: position -> shard per tensor
+    for position, step in enumerate(steps):
         outputs = step.group.outputs
         size = step.bytes_out
+        recipe = step.group.recipe
+        if type(recipe) is CopyRun and (filled + size > limit or max(recipe.sizes) > limit):
+            # independent tensors: placed one by one, exactly as one group each would be
+            used = []
+            for info, tensor_size in zip(outputs, recipe.sizes, strict=True):
+                if tensor_size > limit:
+                    oversized.append(info)
+                    start_shard()
+                    shards[-1].append(info)
+                    used.append(len(shards) - 1)
+                    start_shard()
+                    continue
+                if filled + tensor_size > limit:
+                    start_shard()
+                shards[-1].append(info)
+                filled += tensor_size
+                used.append(len(shards) - 1)
+            numbers = tuple(dict.fromkeys(used))
+            if len(numbers) > 1:
+                crossing[position] = used
+            elif numbers != current:
+                current = numbers
+            step_shards.append(numbers if len(numbers) > 1 else current)
+            continue
         if size <= limit:
             if filled + size > limit:
                 start_shard()
@@ -114,7 +141,34 @@ def assign_shards(steps: list[Step], limit: int) -> tuple[list[list[TensorInfo]]
         step_shards.append(tuple(dict.fromkeys(used)))
     if not shards[-1]:
         shards.pop()
+    if crossing:
+        step_shards = split_runs(steps, step_shards, crossing)
     return shards, step_shards, _oversized(oversized, limit)
+
+
+def split_runs(steps: list[Step], step_shards: list[tuple[int, ...]], crossing: dict[int, list[int]]) -> list[tuple[int, ...]]:
+    """Cut each copy run that reaches into several shards into one step per shard (`crossing`: step position ->
+    shard of each of its tensors), in place, renumbering the steps; returns the new steps' shard numbers.
+
+    A step writes the files of one rank (ranks own whole files and a step joins the files it writes), so a run
+    must not join two files that one tensor per group would have left apart."""
+    new_steps: list[Step] = []
+    new_shards: list[tuple[int, ...]] = []
+    for position, (step, numbers) in enumerate(zip(steps, step_shards, strict=True)):
+        used = crossing.get(position)
+        if used is None:
+            new_steps.append(step)
+            new_shards.append(numbers)
+            continue
+        segments = [(k, len(list(members))) for k, members in itertools.groupby(used)]
+        for group, (k, _) in zip(split_run(step.group, [n for _, n in segments]), segments, strict=True):
+            total = group.recipe.total  # type: ignore[union-attr]
+            new_steps.append(Step(0, group, COPY, 0, {group.inputs[0].file: total}, total))
+            new_shards.append((k,))
+    for index, step in enumerate(new_steps):
+        step.index = index
+    steps[:] = new_steps
+    return new_shards
 
 
 def assign_by_format(steps: list[Step], output: OutputFormat) -> tuple[list[list[TensorInfo]], list[tuple[int, ...]], list[Problem]]:

@@ -1,0 +1,161 @@
+"""Copy runs (`planning.copy_runs`): a checkpoint of many small tensors copied unchanged is planned in runs of
+neighbours, and gives the same files, the same layout and the same rank assignment as one group per tensor."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+from pathlib import Path
+
+import pytest
+
+import workbench as wb
+from workbench import mapper as M
+from workbench.conversion import execute
+from workbench.planning import copy_runs
+from workbench.planning.copy_runs import CopyRun
+
+INDEX = "model.safetensors.index.json"
+
+
+def _many(count: int = 1100) -> dict:
+    """`count` small tensors of two dtypes (so the reference order is not the name order), some empty, some larger
+    (runs of them cross 8 KB shards; the larger ones overflow 5 KB shards)."""
+    import torch
+
+    tensors = {}
+    for i in range(count):
+        if i % 97 == 5:
+            tensors[f"blocks.{i}.empty"] = torch.zeros((0, 3))
+        elif i % 131 == 7:
+            tensors[f"blocks.{i}.big"] = torch.full((40, 40), float(i))  # 6.4 KB: alone (runs take tensors < 4 KB)
+        elif i % 3 == 0:
+            tensors[f"blocks.{i}.half"] = torch.arange(i % 5 + 1, dtype=torch.bfloat16) + i
+        else:
+            tensors[f"blocks.{i}.weight"] = torch.arange((i % 7 + 1) * 24, dtype=torch.float32).reshape(-1, 3) - i
+    return tensors
+
+
+def _per_tensor(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(copy_runs, "RUN_MIN_TENSORS", 10**9)
+
+
+def _runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(copy_runs, "RUN_MIN_TENSORS", 1024)
+    monkeypatch.setattr(copy_runs, "RUN_TENSORS", 37)
+    monkeypatch.setattr(copy_runs, "RUN_TENSOR_BYTES", 4096)
+
+
+def _files(plan) -> list[tuple]:
+    return [(f.name, f.rank, [t.name for t in f.layout.tensors], f.layout.header) for f in plan.output_file_list]
+
+
+def _same_folders(a: Path, b: Path) -> None:
+    names = sorted(n for n in os.listdir(a) if not n.startswith("."))
+    assert names == sorted(n for n in os.listdir(b) if not n.startswith("."))
+    for name in names:
+        assert filecmp.cmp(a / name, b / name, shallow=False), name
+
+
+@pytest.mark.parametrize("shard_size", [None, "8KB", "5KB"])
+def test_runs_give_the_layout_ranks_and_bytes_of_one_group_per_tensor(
+    tiny_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shard_size: str | None,
+) -> None:
+    src = tiny_checkpoint(_many(), shards=3)
+    _per_tensor(monkeypatch)
+    single = wb.plan(src, shard_size=shard_size, nproc=2, dest=tmp_path / "single")
+    _runs(monkeypatch)
+    runs = wb.plan(src, shard_size=shard_size, nproc=2, dest=tmp_path / "runs")
+    assert single.ok and runs.ok
+    assert len(single.steps) == len(single.source.tensors)
+    run_steps = [s for s in runs.steps if type(s.group.recipe) is CopyRun]
+    assert run_steps and len(runs.steps) < len(single.steps) // 10
+    assert all(len(s.files) == 1 for s in runs.steps)  # a run crossing into the next file was cut there
+    assert [s.index for s in runs.steps] == list(range(len(runs.steps)))
+    assert _files(runs) == _files(single)
+    if shard_size is not None:
+        assert len(runs.output_file_list) >= 3 and {f.rank for f in runs.output_file_list} == {0, 1}
+    assert runs.reads() == single.reads()
+    _per_tensor(monkeypatch)
+    wb.convert(src, tmp_path / "reference", shard_size=shard_size, quiet=True)
+    _runs(monkeypatch)
+    report = wb.convert(src, tmp_path / "out", shard_size=shard_size, quiet=True)
+    assert report.ok
+    _same_folders(tmp_path / "reference", tmp_path / "out")
+
+
+def test_runs_read_back_as_the_source_tensors(tiny_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from safetensors import safe_open
+
+    tensors = _many()
+    src = tiny_checkpoint(tensors, shards=2)
+    _runs(monkeypatch)
+    wb.convert(src, tmp_path / "out", shard_size="6KB", quiet=True)
+    seen = {}
+    for name in sorted(os.listdir(tmp_path / "out")):
+        if name.endswith(".safetensors"):
+            with safe_open(tmp_path / "out" / name, "pt") as f:
+                seen.update({key: f.get_tensor(key) for key in f.keys()})  # noqa: SIM118 - safe_open is not a dict
+    assert seen.keys() == tensors.keys()
+    for name, tensor in tensors.items():
+        assert seen[name].dtype == tensor.dtype and seen[name].shape == tensor.shape and seen[name].equal(tensor), name
+
+
+def test_two_ranks_write_the_files_of_one(tiny_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The workers plan again in their own processes, with the default run sizes (1100 tensors: runs).
+    src = tiny_checkpoint(_many(), shards=2)
+    _per_tensor(monkeypatch)
+    wb.convert(src, tmp_path / "reference", shard_size="8KB", quiet=True)
+    monkeypatch.undo()
+    plan = wb.plan(src, shard_size="8KB", nproc=2, dest=tmp_path / "out")
+    assert any(type(s.group.recipe) is CopyRun for s in plan.steps)
+    report = execute(plan, quiet=True)
+    assert report.ok and {r.rank for r in report.ranks} == {0, 1}
+    _same_folders(tmp_path / "reference", tmp_path / "out")
+
+
+def test_an_interrupted_run_of_runs_resumes_to_the_same_files(tiny_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = tiny_checkpoint(_many(), shards=2)
+    wb.convert(src, tmp_path / "clean", shard_size="8KB", quiet=True)
+    dest = tmp_path / "out"
+    monkeypatch.setenv("WORKBENCH_FAIL_RANK", "0")
+    with pytest.raises(wb.PlanError, match="failure injected"):
+        wb.convert(src, dest, shard_size="8KB", quiet=True)
+    assert not (dest / INDEX).exists()
+    written = sorted(n for n in os.listdir(dest) if n.endswith(".safetensors"))
+    assert written  # the files before the last one were committed
+    monkeypatch.delenv("WORKBENCH_FAIL_RANK")
+    report = wb.convert(src, dest, shard_size="8KB", quiet=True)
+    assert report.kept == written
+    _same_folders(tmp_path / "clean", dest)
+
+
+@pytest.mark.parametrize("how", ["few tensors", "mapper", "dtype", "dcp"])
+def test_only_unmapped_safetensors_copies_of_many_tensors_run_in_runs(tiny_checkpoint, tmp_path: Path, how: str) -> None:
+    tensors = _many(200 if how == "few tensors" else 1100)
+    src = tiny_checkpoint(tensors)
+    kwargs = {"mapper": M.presets.strip_prefix("blocks.")} if how == "mapper" else {}
+    kwargs |= {"dtype": "bf16"} if how == "dtype" else {}
+    kwargs |= {"to": "dcp"} if how == "dcp" else {}
+    plan = wb.plan(src, **kwargs)
+    assert plan.ok
+    assert not any(type(s.group.recipe) is CopyRun for s in plan.steps)
+
+
+def test_a_run_step_splits_only_where_the_file_changes(tiny_checkpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = tiny_checkpoint(_many())
+    _runs(monkeypatch)
+    plan = wb.plan(src, shard_size="8KB")
+    for step in plan.steps:
+        recipe = step.group.recipe
+        if type(recipe) is CopyRun:
+            assert step.group.outputs == step.group.inputs and step.bytes_out == recipe.total == sum(recipe.sizes)
+            assert len({t.file for t in recipe.inputs}) == 1
+            begins = [t.begin for t in recipe.inputs]
+            assert begins == sorted(begins)
+            assert dict(recipe.input_bytes()) == {t.name: t.nbytes for t in recipe.inputs}
+            assert all(recipe[t.name][0].end == t.nbytes for t in recipe.inputs if t.nbytes)
+    steps = {s.index: s for s in plan.steps}
+    for f in plan.output_file_list:  # every tensor of a file comes from a step of that file
+        names = {t.name for i in f.steps for t in steps[i].group.outputs}
+        assert names == {t.name for t in f.layout.tensors}
