@@ -207,13 +207,13 @@ def run_copies(ctx: RankContext, steps: list[Step], start: int, commit_at: set[i
                     if step.index in commit_at or queued >= FLUSH_BYTES or len(batch) >= FLUSH_PIECES:
                         break
                     continue
-            if raw and type(recipe) is CopyRun:  # neighbours of one file copied whole (`planning.copy_runs`)
+            if raw and type(recipe) is CopyRun:  # neighbours of one file copied whole, maybe renamed (`planning.copy_runs`)
                 inputs = group.inputs
                 fd = fd_of_file.get(inputs[0].file)
                 if fd is None:
                     fd = ctx.locate(inputs[0])[0]  # type: ignore[index]
-                for info, length in zip(inputs, recipe.sizes, strict=True):
-                    name = info.name
+                for info, out, length in zip(inputs, recipe.outputs, recipe.sizes, strict=True):
+                    name = out.name
                     file, dst = placement[name]
                     writer = writers.get(file)
                     if writer is None:  # the file is not this rank's to write

@@ -181,12 +181,13 @@ def _build_plan(
     except WorkbenchError as exc:
         raise PlanError(exc.message if hasattr(exc, "message") else str(exc)) from None
     dtype = options.dtype if output.applies_dtype_policy else None
-    if output.name == "safetensors" and copy_runs.eligible(catalog, mapper, dtype):
-        binding = copy_runs.copy_run_binding(catalog)  # many tensors copied unchanged: planned in runs
+    runs = output.name == "safetensors" and copy_runs.many_raw(catalog)  # whole copies of many tensors: planned in runs
+    if runs and mapper is None and dtype is None:
+        binding = copy_runs.copy_run_binding(catalog)
     else:
         binding = bind(catalog, mapper, options.rest, dtype)
     problems = list(binding.problems) + _duplicate_outputs(binding) + _scoped_outputs(binding, catalog)
-    steps = build_steps(binding.groups, SourceAccess(catalog.reader), options.chunk_bytes)
+    steps = build_steps(binding.groups, SourceAccess(catalog.reader), options.chunk_bytes, runs=runs)
     if not steps:
         problems.append(Problem("error", "Cannot convert: the mapper produces no tensors (everything is dropped). "
                                           "Check the mapper and the rest= policy."))

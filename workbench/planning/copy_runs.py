@@ -1,14 +1,17 @@
-"""Copy runs: neighbouring small tensors copied unchanged, planned and run as one group instead of one each.
+"""Copy runs: neighbouring small tensors copied whole, planned and run as one group instead of one each.
 
-Copying a checkpoint of 100k tiny tensors as it is would make 100k groups, steps, fingerprint lines and engine
-calls, and that bookkeeping, not the bytes, was most of its planning time. When nothing maps the tensors (no
-mapper, no dtype) and they lie raw in their files (safetensors), the planner takes them in schedule order
-(file, then offset) and puts up to `RUN_TENSORS` small neighbours of one file in one group. The layout still
-places them one by one, exactly where one group per tensor would have put them, and splits a run where it
-crosses into the next output file (`split_runs`), so the output bytes and the rank assignment are the same.
+Copying a checkpoint of 100k tiny tensors would otherwise make 100k groups, steps, fingerprint lines and engine
+calls, and that bookkeeping, not the bytes, was most of its planning time. When a safetensors output is made
+from at least `RUN_MIN_TENSORS` tensors that lie raw in their files (safetensors), the planner puts up to
+`RUN_TENSORS` small neighbours of one file (schedule order: file, then offset) that are copied whole, unchanged
+or renamed, in one group: with no mapper and no dtype the binding is made in runs directly
+(`copy_run_binding`); otherwise the schedule joins the mapper's one-tensor copies (`coalesce_copies`). The
+layout still places the tensors one by one, exactly where one group per tensor would have put them, and cuts
+a run where it crosses into the next output file (`planning.sharding.split_runs`), so the output bytes and the
+rank assignment are the same.
 
-Checkpoints of fewer than `RUN_MIN_TENSORS` tensors keep one group per tensor, which is what the plan's tables
-and graphs show best; `wb.bind` and everything that previews single tensors always see one group per tensor.
+Smaller checkpoints keep one group per tensor, which is what the plan's tables and graphs show best;
+`wb.bind` and everything that previews single tensors always see the mapper's own groups.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 
 from ..catalog import Catalog, TensorInfo
 from ..mapper.groups import Binding, ByteSlice, Group
+from ..mapper.recipes import LazyRecipe
 
 RUN_MIN_TENSORS = 1024  # below this many tensors a checkpoint keeps one group per tensor
 RUN_TENSORS = 256  # tensors in one run, at most
@@ -29,45 +33,50 @@ _file = operator.attrgetter("file")
 
 
 class CopyRun(Mapping[str, tuple[ByteSlice, ...]]):
-    """The recipe of a run: each output is its own input's bytes, whole (a run's outputs are its inputs).
+    """The recipe of a run: each output is the bytes of its input, whole, under its own name.
 
-    `inputs` lie in one source file in file order; `sizes` are their byte sizes (end - begin).
+    `inputs` lie in one source file in file order; `sizes` are their byte sizes (end - begin); `outputs` are
+    what they become (the inputs themselves when nothing renames them).
     """
 
-    __slots__ = ("inputs", "sizes", "total", "_index")
+    __slots__ = ("inputs", "outputs", "sizes", "total", "_index")
 
-    def __init__(self, inputs: tuple[TensorInfo, ...], sizes: tuple[int, ...]) -> None:
+    def __init__(self, inputs: tuple[TensorInfo, ...], sizes: tuple[int, ...], outputs: tuple[TensorInfo, ...] | None = None) -> None:
         self.inputs = inputs
+        self.outputs = inputs if outputs is None else outputs
         self.sizes = sizes
         self.total = sum(sizes)
         self._index: dict[str, int] | None = None
 
     def _position(self, name: str) -> int:
         if self._index is None:
-            self._index = {t.name: k for k, t in enumerate(self.inputs)}
+            self._index = {t.name: k for k, t in enumerate(self.outputs)}
         return self._index[name]
 
     def __getitem__(self, name: str) -> tuple[ByteSlice, ...]:
-        size = self.sizes[self._position(name)]
-        return (ByteSlice(name, 0, size),) if size else ()
+        k = self._position(name)
+        size = self.sizes[k]
+        return (ByteSlice(self.inputs[k].name, 0, size),) if size else ()
 
     def spans(self, name: str) -> list[tuple[str, int, int]]:
-        """Output `name`'s slices as (input name, begin, end): its own bytes, whole."""
-        size = self.sizes[self._position(name)]
-        return [(name, 0, size)] if size else []
+        """Output `name`'s slices as (input name, begin, end): its input's bytes, whole."""
+        k = self._position(name)
+        size = self.sizes[k]
+        return [(self.inputs[k].name, 0, size)] if size else []
 
     def input_bytes(self) -> list[tuple[str, int]]:
         """(input name, bytes copied from it), in run order."""
         return [(t.name, size) for t, size in zip(self.inputs, self.sizes, strict=True)]
 
     def text(self) -> str:
-        """What the plan fingerprint hashes: the source file, every tensor's name and its source bytes."""
+        """What the plan fingerprint hashes: the source file, every tensor's name (and new name), its source bytes."""
         inputs = self.inputs
-        return (f"run {inputs[0].file if inputs else ''} " + "\0".join(map(_name, inputs)) + " "
+        renamed = "" if self.outputs is inputs else " -> " + "\0".join(map(_name, self.outputs))
+        return (f"run {inputs[0].file if inputs else ''} " + "\0".join(map(_name, inputs)) + renamed + " "
                 + ",".join(map(str, map(_begin, inputs))) + " " + ",".join(map(str, self.sizes)))
 
     def __iter__(self) -> Iterator[str]:
-        return map(_name, self.inputs)
+        return map(_name, self.outputs)
 
     def __len__(self) -> int:
         return len(self.inputs)
@@ -80,29 +89,31 @@ _name = operator.attrgetter("name")
 
 
 class PassThroughRun:
-    """The op of a run: its tensors, unchanged (what `PassThrough` is for one)."""
+    """The op of a run: each input under its output name (what `PassThrough` or a rename is for one)."""
 
-    def __init__(self, names: tuple[str, ...]) -> None:
+    def __init__(self, names: tuple[str, ...], outputs: tuple[str, ...] | None = None) -> None:
         self.names = names
+        self.outputs = names if outputs is None else outputs
 
     def apply(self, tensors: dict[str, Any]) -> dict[str, Any]:
-        """Return the inputs under their own names."""
-        return {name: tensors[name] for name in self.names}
+        """Return the inputs under their output names."""
+        return {out: tensors[name] for name, out in zip(self.names, self.outputs, strict=True)}
 
     def __repr__(self) -> str:
         return f"PassThroughRun({len(self.names)} tensors)"
 
 
-def run_group(inputs: tuple[TensorInfo, ...], sizes: tuple[int, ...]) -> Group:
-    """The group copying `inputs` (neighbours in one file) unchanged; its outputs are the inputs themselves."""
-    return Group(inputs, inputs, PassThroughRun(tuple(map(_name, inputs))), CopyRun(inputs, sizes), None, "copy")
+def run_group(inputs: tuple[TensorInfo, ...], sizes: tuple[int, ...], outputs: tuple[TensorInfo, ...] | None = None) -> Group:
+    """The group copying `inputs` (neighbours in one file) whole; its outputs are the inputs themselves unless given."""
+    names = tuple(map(_name, inputs))
+    if outputs is None:
+        return Group(inputs, inputs, PassThroughRun(names), CopyRun(inputs, sizes), None, "copy")
+    return Group(inputs, outputs, PassThroughRun(names, tuple(map(_name, outputs))), CopyRun(inputs, sizes, outputs), None, "copy")
 
 
-def eligible(catalog: Catalog, mapper: Any, dtype: Any) -> bool:
-    """Whether a plan of `catalog` copies its tensors in runs: nothing maps or casts them, they lie raw in place,
-    and there are enough of them for per-tensor bookkeeping to matter."""
-    return (mapper is None and dtype is None and len(catalog.tensors) >= RUN_MIN_TENSORS
-            and getattr(catalog.reader, "raw_in_place", False) is True)
+def many_raw(catalog: Catalog) -> bool:
+    """Whether `catalog` has enough tensors, raw in place, for its whole copies to be planned in runs."""
+    return len(catalog.tensors) >= RUN_MIN_TENSORS and getattr(catalog.reader, "raw_in_place", False) is True
 
 
 def copy_run_binding(catalog: Catalog) -> Binding:
@@ -147,7 +158,65 @@ def split_run(group: Group, counts: list[int]) -> list[Group]:
     assert type(recipe) is CopyRun
     parts = []
     start = 0
+    renamed = recipe.outputs is not recipe.inputs
     for count in counts:
-        parts.append(run_group(recipe.inputs[start : start + count], recipe.sizes[start : start + count]))
-        start += count
+        end = start + count
+        parts.append(run_group(recipe.inputs[start:end], recipe.sizes[start:end], recipe.outputs[start:end] if renamed else None))
+        start = end
     return parts
+
+
+def whole_copy_size(group: Group) -> int | None:
+    """The byte size of a group that copies its one input, whole and raw in place, into its one output (a
+    pass-through or a rename); None for any other group."""
+    inputs, outputs, recipe = group.inputs, group.outputs, group.recipe
+    if recipe is None or len(inputs) != 1 or len(outputs) != 1 or len(recipe) != 1:
+        return None
+    first = inputs[0]
+    size = first.end - first.begin
+    if type(recipe) is dict:
+        pieces = recipe.get(outputs[0].name)
+        if pieces is None or len(pieces) > 1:
+            return None
+        if not pieces:
+            return 0 if size == 0 else None
+        piece = pieces[0]
+        return size if piece.source == first.name and piece.begin == 0 and piece.end == size else None
+    if type(recipe) is LazyRecipe:
+        spans = recipe.spans(outputs[0].name)
+        if not spans:
+            return 0 if size == 0 else None
+        return size if spans == [(first.name, 0, size)] else None
+    return None
+
+
+def coalesce_copies(groups: list[Group]) -> list[Group]:
+    """`groups` (in schedule order, inputs raw in place) with each stretch of neighbouring small whole copies from
+    one file made one run; what a mapper keeps or renames one tensor at a time is then planned in runs too."""
+    result: list[Group] = []
+    members: list[Group] = []
+    sizes: list[int] = []
+    file = None
+
+    def flush() -> None:
+        if len(members) > 1:
+            result.append(run_group(tuple(g.inputs[0] for g in members), tuple(sizes), tuple(g.outputs[0] for g in members)))
+        else:
+            result.extend(members)
+        members.clear()
+        sizes.clear()
+
+    for group in groups:
+        size = whole_copy_size(group)
+        if size is None or size >= RUN_TENSOR_BYTES:
+            flush()
+            result.append(group)
+            continue
+        source = group.inputs[0].file
+        if members and (source != file or len(members) == RUN_TENSORS):
+            flush()
+        file = source
+        members.append(group)
+        sizes.append(size)
+    flush()
+    return result

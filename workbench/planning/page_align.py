@@ -43,8 +43,8 @@ def congruent_bytes(steps: Iterable[Step], placed: Mapping[str, int], source_off
         if step.kind != COPY or recipe is None:
             continue
         if raw and type(recipe) is CopyRun:  # neighbours copied whole (`planning.copy_runs`): one residue each
-            for source, length in zip(group.inputs, recipe.sizes, strict=True):
-                at = placed.get(source.name)
+            for source, out, length in zip(group.inputs, recipe.outputs, recipe.sizes, strict=True):
+                at = placed.get(out.name)
                 if at is not None and length > 0:
                     residue = (source.begin - at) % PAGE
                     if residue % 8 == 0:

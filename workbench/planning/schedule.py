@@ -17,7 +17,7 @@ from ..catalog import TensorInfo
 from ..dtypes import dtype_bits, nbytes_of
 from ..mapper.groups import ByteSlice, Group
 from ..mapper.recipes import LazyRecipe
-from .copy_runs import CopyRun
+from .copy_runs import CopyRun, coalesce_copies
 
 COPY, CAST, COMPUTE, ROWS = "copy", "cast", "compute", "rows"
 
@@ -155,8 +155,9 @@ def _located_copy_reads(info: TensorInfo, recipe: Mapping[str, tuple[ByteSlice, 
     return {info.file: total} if pieces else {}
 
 
-def build_steps(groups: list[Group], access: SourceAccess, chunk_bytes: int) -> list[Step]:
-    """Steps for the groups that produce something, in schedule order (source file, then offset)."""
+def build_steps(groups: list[Group], access: SourceAccess, chunk_bytes: int, *, runs: bool = False) -> list[Step]:
+    """Steps for the groups that produce something, in schedule order (source file, then offset). With `runs`
+    (inputs raw in place), neighbouring small whole copies become one step each stretch (`planning.copy_runs`)."""
     files = sorted({t.file for g in groups for t in g.inputs})
     file_order = {f: i for i, f in enumerate(files)}
     never = len(files)
@@ -172,10 +173,13 @@ def build_steps(groups: list[Group], access: SourceAccess, chunk_bytes: int) -> 
             where, begin = min(((file_order[t.file], t.begin) for t in inputs), default=(never, 0))
             ordered.append((where, begin, index, group))
     ordered.sort()  # indexes are unique, so groups themselves are never compared
+    in_order = [group for *_, group in ordered]
+    if runs:
+        in_order = coalesce_copies(in_order)
     steps = []
     located = access.located
     everywhere = access.all_located  # no need to ask per tensor
-    for index, (_, _, _, group) in enumerate(ordered):
+    for index, group in enumerate(in_order):
         outputs = group.outputs
         recipe = group.recipe
         inputs = group.inputs
