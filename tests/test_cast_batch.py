@@ -22,6 +22,15 @@ from workbench.output.safetensors import SafetensorsWriter
 from workbench.planning.cast_batches import BATCH_BYTES
 
 
+@pytest.fixture(autouse=True)
+def _one_step_per_tensor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches across steps, as plans of fewer than `RUN_MIN_TENSORS` tensors make them (runs of many tensors batch
+    inside each run: test_cast_runs). Plans in this process only: nothing here runs workers."""
+    from workbench.planning import copy_runs
+
+    monkeypatch.setattr(copy_runs, "RUN_MIN_TENSORS", 10**9)
+
+
 def small_tensors(count: int, seed: int = 0) -> dict[str, torch.Tensor]:
     """`count` float32 tensors of 1 to 300 elements; every 97th is float16 (a cast numpy does not batch)."""
     gen = torch.Generator().manual_seed(seed)

@@ -10,32 +10,32 @@ depend on how tensors were batched.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from ..mapper.groups import Group
+from ..catalog import TensorInfo
 
 if TYPE_CHECKING:  # pragma: no cover
     from .steps import RankContext
 
 
-def run_cast_batch(ctx: RankContext, groups: tuple[Group, ...], cast_one: Callable[[RankContext, Group], None]) -> None:
-    """Cast the batch `groups` (a batch's first step) or nothing (its other steps: `groups` is empty)."""
-    if not groups:
+def run_cast_batch(ctx: RankContext, pairs: Sequence[tuple[TensorInfo, TensorInfo]],
+                   cast_one: Callable[[RankContext, TensorInfo, TensorInfo], None]) -> None:
+    """Cast the batch `pairs` (source, output) (a batch's first step) or nothing (its other steps: no pairs)."""
+    if not pairs:
         return
-    first_in, first_out = groups[0].inputs[0], groups[0].outputs[0]
+    first_in, first_out = pairs[0]
     target = ctx.target(first_out.name)
     where = ctx.locate(first_in)
     if target is None or where is None:
-        for group in groups:
-            cast_one(ctx, group)
+        for src, out in pairs:
+            cast_one(ctx, src, out)
         return
     writer, file_offset = target
     fd, begin = where
     n_in = n_out = count = 0
     parts = []
-    for group in groups:
-        src, out = group.inputs[0], group.outputs[0]
+    for src, out in pairs:
         n_in += src.nbytes
         n_out += out.nbytes
         count += src.numel
@@ -44,8 +44,8 @@ def run_cast_batch(ctx: RankContext, groups: tuple[Group, ...], cast_one: Callab
     buffers.reserve(n_in + n_out)
     _, slot = buffers.output(n_out, n_in)  # beyond the input's bytes, where the converter stages what it reads
     if buffers.bf16_converter()(fd, begin, slot, count) != (0, 0.0):  # a NaN, or values beyond bfloat16: tensor by tensor
-        for group in groups:
-            cast_one(ctx, group)
+        for src, out in pairs:
+            cast_one(ctx, src, out)
         return
     write_span = getattr(writer, "write_span", None)
     if write_span is not None:

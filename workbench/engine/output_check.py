@@ -138,9 +138,13 @@ def _check_copy(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, row
 
 
 def _check_cast(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, rows: list) -> None:
+    for src, out in zip(group.inputs, group.outputs, strict=True):  # one pair, or a cast run's (`planning.cast_runs`)
+        _check_cast_one(src, out_catalog[out.name], source, output, rows)
+
+
+def _check_cast_one(src: TensorInfo, out: TensorInfo, source: _Bytes, output: _Bytes, rows: list) -> None:
     import torch
 
-    src, out = group.inputs[0], out_catalog[group.outputs[0].name]
     src_dtype, out_dtype = to_torch(src.dtype), to_torch(out.dtype)
     per = max(1, CHUNK_BYTES // max(DTYPE_BITS[src.dtype] // 8, 1))
     counted = may_overflow(src.dtype, out.dtype)

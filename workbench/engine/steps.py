@@ -14,9 +14,9 @@ from ..catalog import Catalog, TensorInfo
 from ..dtypes import nbytes_of, to_torch
 from ..errors import CastOverflowError, PlanError, WorkbenchError
 from ..iostats import read_into
-from ..mapper.groups import Group
 from ..output.safetensors import SafetensorsWriter
 from ..overflow import OverflowCounts, attributed, collect, count_torch, describe, may_overflow
+from ..planning.cast_runs import CastRun
 from ..planning.copy_runs import CopyRun
 from ..planning.model import Plan
 from ..planning.rss import NUMPY, TORCH, libraries_for
@@ -267,16 +267,23 @@ def run_copies(ctx: RankContext, steps: list[Step], start: int, commit_at: set[i
 
 def run_cast(ctx: RankContext, step: Step) -> None:
     """Convert one tensor to another dtype chunk by chunk (bounded memory whatever its size); a batch of
-    small casts at once (`engine.cast_batch`)."""
-    if step.batch is None:
-        cast_one(ctx, step.group)
+    small casts at once (`engine.cast_batch`); a cast run's tensors by the batches the plan marked."""
+    group = step.group
+    if type(group.op) is CastRun:  # a cast run (`planning.cast_runs`): its batches, or each tensor alone when unmarked
+        pairs = list(zip(group.inputs, group.outputs, strict=True))
+        for start, end in step.spans if step.spans is not None else [(k, k + 1) for k in range(len(pairs))]:
+            if end - start > 1:
+                run_cast_batch(ctx, pairs[start:end], cast_one)
+            else:
+                cast_one(ctx, *pairs[start])
+    elif step.batch is None:
+        cast_one(ctx, group.inputs[0], group.outputs[0])
     else:
-        run_cast_batch(ctx, step.batch, cast_one)
+        run_cast_batch(ctx, [(g.inputs[0], g.outputs[0]) for g in step.batch], cast_one)
 
 
-def cast_one(ctx: RankContext, group: Group) -> None:
-    """Convert one group's tensor to another dtype chunk by chunk."""
-    src, out = group.inputs[0], group.outputs[0]
+def cast_one(ctx: RankContext, src: TensorInfo, out: TensorInfo) -> None:
+    """Convert one tensor (`src`, written as `out`) to another dtype chunk by chunk."""
     target = ctx.target(out.name)
     numel = src.numel
     if target is None or numel == 0:

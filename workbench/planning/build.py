@@ -10,6 +10,7 @@ from typing import Any
 from ..api_types import CheckpointLike, OnOverflow, OutputName, Rest
 from ..catalog import Catalog
 from ..display import parse_size
+from ..dtypes import policy_dtype
 from ..errors import PlanError, WorkbenchError
 from ..mapper.base import Mapper
 from ..mapper.files import code_digest
@@ -19,6 +20,7 @@ from ..mapper.output_presets import OUTPUT_PRESETS
 from ..output import OutputFormat, output_format
 from . import copy_runs
 from .cast_batches import batch_casts
+from .cast_runs import cast_run_binding
 from .destination import check_destination
 from .extras import layout_change, scan_extras, with_config_dtype, with_layout_note
 from .fingerprint import layout_fingerprint, run_fingerprint
@@ -184,6 +186,8 @@ def _build_plan(
     runs = output.name == "safetensors" and copy_runs.many_raw(catalog)  # whole copies of many tensors: planned in runs
     if runs and mapper is None and dtype is None:
         binding = copy_runs.copy_run_binding(catalog)
+    elif runs and mapper is None:
+        binding = cast_run_binding(catalog, policy_dtype(dtype))
     else:
         binding = bind(catalog, mapper, options.rest, dtype)
     problems = list(binding.problems) + _duplicate_outputs(binding) + _scoped_outputs(binding, catalog)

@@ -5,6 +5,9 @@ tensor (~20 µs each: 2 s for 100k tensors). When consecutive cast steps of one 
 bytes of one source file and fill adjacent slots of one output file, the engine reads the whole run
 with one read, converts it with one call and writes it with one write (`engine.cast_batch`).
 
+A cast run (`planning.cast_runs`, many tensors in one step) is batched inside itself by the same rules
+(`cast_runs.run_batches`); the batches here join steps of one tensor each.
+
 Only float32 -> bfloat16 casts are batched: numpy converts them element by element, so converting
 the run equals converting each tensor, bit for bit. A run holding a NaN or an overflowing value is
 converted tensor by tensor instead (torch encodes the NaN, overflow is counted per tensor), which is
@@ -15,6 +18,7 @@ batch's input and output bytes (`Step.held_bytes`), which is what the engine's c
 from __future__ import annotations
 
 from ..dtypes import numpy_castable
+from .cast_runs import CastRun, run_batches
 from .schedule import CAST, Step
 from .sharding import OutputFile
 
@@ -24,9 +28,12 @@ BATCH_BYTES = 256 << 10  # input + output bytes of one batch at most: one numpy 
 def batch_casts(steps: list[Step], files: list[OutputFile], reader: object | None, chunk_bytes: int) -> None:
     """Mark runs of small adjacent casts in `steps` (schedule order, ranks and files assigned) as batches."""
     locate = getattr(reader, "locate", None)
-    if locate is None or sum(1 for s in steps if s.kind == CAST) < 2:
+    if locate is None or not any(s.kind == CAST for s in steps):
         return
     out_begin = {t.name: t.begin for f in files for t in f.layout.tensors}
+    for step in steps:
+        if type(step.group.op) is CastRun:  # batched inside the run (`planning.cast_runs`)
+            step.spans, step.held_bytes = run_batches(step.group.op, out_begin, chunk_bytes)
     ranks = {s.rank for s in steps}
     for rank in sorted(ranks):
         _batch_rank(steps if len(ranks) == 1 else [s for s in steps if s.rank == rank], locate, out_begin, chunk_bytes)
@@ -40,7 +47,7 @@ def _batch_rank(steps: list[Step], locate, out_begin: dict[str, int], chunk_byte
     castable: dict[tuple[str, str], bool] = {}
     for step in steps:
         begin = None
-        if step.kind == CAST and len(step.files) == 1:
+        if step.kind == CAST and len(step.files) == 1 and step.spans is None:
             group = step.group
             src, out = group.inputs[0], group.outputs[0]
             pair = (src.dtype, out.dtype)

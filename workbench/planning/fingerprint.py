@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from ..catalog import Catalog
 from ..mapper.groups import ByteSlice
 from ..mapper.recipes import LazyRecipe
+from .cast_runs import CastRun
 from .copy_runs import CopyRun
 from .schedule import Step
 from .sharding import OutputFile
@@ -55,6 +56,8 @@ def layout_fingerprint(catalog: Catalog, steps: list[Step], files: list[OutputFi
             head = heads[key] = f"\nstep {step.kind} {group.chunk_cast} {type(group.op).__name__} {group.label} <"
         if type(recipe) is CopyRun:  # neighbours copied whole: names, offsets and sizes, joined once per run
             lines.append(f"{head}{recipe.text()}> <>")
+        elif type(group.op) is CastRun:  # neighbours cast: the same, once per run
+            lines.append(f"{head}{group.op.text()}> <>")
         elif len(inputs) == 1:  # the common case, spelled out: this loop runs once per tensor
             t = inputs[0]
             shape = shapes.get(t.shape) if type(t.shape) is tuple else None

@@ -17,6 +17,7 @@ from ..catalog import TensorInfo
 from ..dtypes import dtype_bits, nbytes_of
 from ..mapper.groups import ByteSlice, Group
 from ..mapper.recipes import LazyRecipe
+from .cast_runs import CastRun
 from .copy_runs import CopyRun, coalesce_copies
 
 COPY, CAST, COMPUTE, ROWS = "copy", "cast", "compute", "rows"
@@ -38,6 +39,9 @@ class Step:
     # Small casts run together (`planning.cast_batches`): on a batch's first step the groups of all its steps,
     # on the others () (their work is done by the first); None for a step that runs on its own.
     batch: tuple[Group, ...] | None = None
+    # A cast run's tensors as the engine converts them, [start, end) positions, batches and single casts
+    # (`planning.cast_runs.run_batches`); None for any other step.
+    spans: tuple[tuple[int, int], ...] | None = None
 
     @property
     def bytes_read(self) -> int:
@@ -61,7 +65,7 @@ def step_kind(group: Group, access: SourceAccess | None = None) -> str:
     or tensor compute."""
     if group.recipe is not None:
         return COPY
-    if group.chunk_cast is not None and len(group.inputs) == 1 and len(group.outputs) == 1:
+    if group.chunk_cast is not None and (len(group.inputs) == 1 and len(group.outputs) == 1 or type(group.op) is CastRun):
         return CAST
     if access is None:
         return COMPUTE
@@ -155,6 +159,13 @@ def _located_copy_reads(info: TensorInfo, recipe: Mapping[str, tuple[ByteSlice, 
     return {info.file: total} if pieces else {}
 
 
+def cast_run_step(index: int, group: Group) -> Step:
+    """The step of a cast run (`planning.cast_runs`); what it holds is set by `planning.cast_batches` once the layout
+    says which of its tensors are converted together (until then: its largest tensor, in and out)."""
+    op = group.op
+    return Step(index, group, CAST, max(op.in_sizes) + max(op.out_sizes), {group.inputs[0].file: sum(op.in_sizes)}, sum(op.out_sizes))
+
+
 def build_steps(groups: list[Group], access: SourceAccess, chunk_bytes: int, *, runs: bool = False) -> list[Step]:
     """Steps for the groups that produce something, in schedule order (source file, then offset). With `runs`
     (inputs raw in place), neighbouring small whole copies become one step each stretch (`planning.copy_runs`)."""
@@ -186,6 +197,9 @@ def build_steps(groups: list[Group], access: SourceAccess, chunk_bytes: int, *, 
         if type(recipe) is CopyRun:  # neighbours of one file copied whole (`planning.copy_runs`), raw in place
             total = recipe.total
             steps.append(Step(index, group, COPY, 0, {inputs[0].file: total}, total))
+            continue
+        if type(group.op) is CastRun:  # neighbours of one file cast (`planning.cast_runs`); held: set after the layout
+            steps.append(cast_run_step(index, group))
             continue
         if recipe is not None and len(recipe) == 1 and len(inputs) == 1:  # step_cost of a one-slice copy, inlined
             (pieces,) = recipe.values()

@@ -2,7 +2,8 @@
 
 Shards are filled greedily with whole groups in schedule order, so a shard's tensors come from
 neighbouring source bytes and a group's outputs stay in one file whenever the group fits in one
-shard. Only the shard size decides the layout, never the number of ranks, so the output bytes are
+shard. A run of independent tensors (`planning.copy_runs`, `planning.cast_runs`) is placed tensor by
+tensor instead, as one group each would be, and cut where it crosses into the next shard. Only the shard size decides the layout, never the number of ranks, so the output bytes are
 the same however many processes write them.
 """
 
@@ -16,9 +17,10 @@ from ..catalog import TensorInfo
 from ..display import format_bytes
 from ..mapper.groups import Problem
 from ..output.base import FileLayout, OutputFormat
+from .cast_runs import CastRun, split_cast_run
 from .copy_runs import CopyRun, split_run
 from .page_align import SourceOffset, choose_residue
-from .schedule import COPY, Step
+from .schedule import COPY, Step, cast_run_step
 
 
 @dataclass
@@ -86,15 +88,16 @@ def assign_shards(steps: list[Step], limit: int) -> tuple[list[list[TensorInfo]]
         filled = 0
 
     current = (0,)  # the shard being filled, as a step's shard numbers (one tuple shared by its steps)
-    crossing: dict[int, list[int]] = {}  # copy runs that reach into several shards: position -> shard per tensor
+    crossing: dict[int, list[int]] = {}  # runs that reach into several shards: position -> shard per tensor
     for position, step in enumerate(steps):
         outputs = step.group.outputs
         size = step.bytes_out
-        recipe = step.group.recipe
-        if type(recipe) is CopyRun and (filled + size > limit or max(recipe.sizes) > limit):
-            # independent tensors: placed one by one, exactly as one group each would be
+        recipe, op = step.group.recipe, step.group.op
+        sizes = recipe.sizes if type(recipe) is CopyRun else op.out_sizes if type(op) is CastRun else None
+        if sizes is not None and (filled + size > limit or max(sizes) > limit):
+            # a run's tensors are independent: placed one by one, exactly as one group each would be
             used = []
-            for info, tensor_size in zip(outputs, recipe.sizes, strict=True):
+            for info, tensor_size in zip(outputs, sizes, strict=True):
                 if tensor_size > limit:
                     oversized.append(info)
                     start_shard()
@@ -147,8 +150,8 @@ def assign_shards(steps: list[Step], limit: int) -> tuple[list[list[TensorInfo]]
 
 
 def split_runs(steps: list[Step], step_shards: list[tuple[int, ...]], crossing: dict[int, list[int]]) -> list[tuple[int, ...]]:
-    """Cut each copy run that reaches into several shards into one step per shard (`crossing`: step position ->
-    shard of each of its tensors), in place, renumbering the steps; returns the new steps' shard numbers.
+    """Cut each run (of copies or casts) that reaches into several shards into one step per shard (`crossing`: step
+    position -> shard of each of its tensors), in place, renumbering the steps; returns the new steps' shard numbers.
 
     A step writes the files of one rank (ranks own whole files and a step joins the files it writes), so a run
     must not join two files that one tensor per group would have left apart."""
@@ -161,9 +164,14 @@ def split_runs(steps: list[Step], step_shards: list[tuple[int, ...]], crossing: 
             new_shards.append(numbers)
             continue
         segments = [(k, len(list(members))) for k, members in itertools.groupby(used)]
-        for group, (k, _) in zip(split_run(step.group, [n for _, n in segments]), segments, strict=True):
-            total = group.recipe.total  # type: ignore[union-attr]
-            new_steps.append(Step(0, group, COPY, 0, {group.inputs[0].file: total}, total))
+        counts = [n for _, n in segments]
+        if type(step.group.op) is CastRun:
+            parts = [cast_run_step(0, group) for group in split_cast_run(step.group, counts)]
+        else:
+            parts = [Step(0, group, COPY, 0, {group.inputs[0].file: group.recipe.total}, group.recipe.total)  # type: ignore[union-attr]
+                     for group in split_run(step.group, counts)]
+        for part, (k, _) in zip(parts, segments, strict=True):
+            new_steps.append(part)
             new_shards.append((k,))
     for index, step in enumerate(new_steps):
         step.index = index

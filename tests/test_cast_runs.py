@@ -1,0 +1,107 @@
+"""Cast runs (`planning.cast_runs`): with `dtype=` and no mapper, a checkpoint of many small float32 tensors is
+planned in runs of neighbours; the files, layout, ranks, overflow reports and the held memory are what one group
+per tensor gives."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import workbench as wb
+from workbench.conversion import execute
+from workbench.engine.output_check import check_outputs
+from workbench.planning import copy_runs, page_align
+from workbench.planning.cast_runs import CastRun
+
+
+def _mixed(count: int = 1100) -> dict[str, torch.Tensor]:
+    """Float32 tensors of 1 to 300 elements, a few too large to batch, bf16 ones (copies), empty ones, and a NaN and
+    an overflowing value (batches holding them are cast tensor by tensor)."""
+    gen = torch.Generator().manual_seed(3)
+    tensors = {}
+    for i in range(count):
+        if i % 97 == 5:
+            tensors[f"t.{i}.empty"] = torch.zeros((0, 4))
+        elif i % 113 == 9:
+            tensors[f"t.{i}.wide"] = torch.randn(30000, generator=gen)  # 120 KB: converted alone, inside a run
+        elif i % 7 == 3:
+            tensors[f"t.{i}.half"] = torch.randn(i % 9 + 1, generator=gen).to(torch.bfloat16)
+        else:
+            tensors[f"t.{i}.w"] = torch.randn(i % 300 + 1, generator=gen) * 10.0 ** (i % 5 - 2)
+    tensors["t.200.w"][0] = float("nan")
+    tensors["t.400.w"][0] = -3.4e38  # beyond bfloat16's largest: -inf, counted
+    return tensors
+
+
+def _per_tensor(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(copy_runs, "RUN_MIN_TENSORS", 10**9)
+    monkeypatch.setattr(page_align, "ALIGN_MIN_BYTES", 64)
+
+
+def _runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(copy_runs, "RUN_MIN_TENSORS", 1024)
+    monkeypatch.setattr(copy_runs, "RUN_TENSORS", 41)
+    monkeypatch.setattr(page_align, "ALIGN_MIN_BYTES", 64)
+
+
+def _files(plan) -> list[tuple]:
+    return [(f.name, f.rank, [t.name for t in f.layout.tensors], f.layout.header) for f in plan.output_file_list]
+
+
+def _same_folders(a: Path, b: Path) -> None:
+    names = sorted(n for n in os.listdir(a) if not n.startswith("."))
+    assert names == sorted(n for n in os.listdir(b) if not n.startswith("."))
+    for name in names:
+        assert filecmp.cmp(a / name, b / name, shallow=False), name
+
+
+@pytest.mark.parametrize("shard_size", [None, "60KB"])
+def test_cast_runs_give_the_files_reports_and_peak_of_one_group_per_tensor(
+    tiny_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shard_size: str | None,
+) -> None:
+    src = tiny_checkpoint(_mixed(), shards=2)
+    _per_tensor(monkeypatch)
+    single = wb.plan(src, dtype="bf16", shard_size=shard_size, nproc=2)
+    reference = wb.convert(src, tmp_path / "reference", dtype="bf16", shard_size=shard_size, quiet=True)
+    _runs(monkeypatch)
+    runs = wb.plan(src, dtype="bf16", shard_size=shard_size, nproc=2)
+    assert single.ok and runs.ok
+    cast_steps = [s for s in runs.steps if type(s.group.op) is CastRun]
+    assert cast_steps and len(runs.steps) < len(single.steps) // 5
+    assert all(len(s.files) == 1 for s in runs.steps)
+    if shard_size is not None:
+        assert len(runs.output_file_list) >= 3 and {f.rank for f in runs.output_file_list} == {0, 1}
+    assert _files(runs) == _files(single)
+    assert runs.reads() == single.reads()
+    for step in cast_steps:
+        spans = step.spans
+        assert spans[0][0] == 0 and spans[-1][1] == len(step.group.inputs)
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))  # the spans tile the run
+        assert {t.dtype for t in step.group.inputs} == {"F32"} and {t.dtype for t in step.group.outputs} == {"BF16"}
+    assert any(end - start > 1 for s in cast_steps for start, end in s.spans)  # neighbours batched
+    assert any(end - start == 1 for s in cast_steps for start, end in s.spans)
+    plan = wb.plan(src, dtype="bf16", shard_size=shard_size, dest=tmp_path / "out")
+    report = execute(plan, quiet=True)
+    assert report.ok
+    _same_folders(tmp_path / "reference", tmp_path / "out")
+    assert report.overflow == reference.overflow and report.overflow  # the -3.4e38, counted for its own tensor
+    assert report.peak_tensor_bytes == report.predicted_peak_bytes == plan.peak_bytes
+    check = check_outputs(plan)
+    assert check.ok and len(check.frame()) == len(plan.source.tensors)
+
+
+def test_two_ranks_cast_in_runs_to_the_same_files(tiny_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The workers plan again in their own processes, with the default run sizes (1100 tensors: runs).
+    src = tiny_checkpoint(_mixed(), shards=2)
+    monkeypatch.setattr(copy_runs, "RUN_MIN_TENSORS", 10**9)
+    wb.convert(src, tmp_path / "reference", dtype="bf16", shard_size="60KB", quiet=True)
+    monkeypatch.undo()
+    plan = wb.plan(src, dtype="bf16", shard_size="60KB", nproc=2, dest=tmp_path / "out")
+    assert any(type(s.group.op) is CastRun for s in plan.steps)
+    report = execute(plan, quiet=True)
+    assert report.ok and {r.rank for r in report.ranks} == {0, 1}
+    _same_folders(tmp_path / "reference", tmp_path / "out")
