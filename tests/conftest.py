@@ -139,6 +139,41 @@ def load_safetensors_folder(folder: Path) -> dict[str, Any]:
             tensors.update(load_file(folder / name))
     return tensors
 
+def plan_per_tensor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plans made in this process after this call keep one step per tensor (no copy or cast runs), and even tiny
+    files choose their data start by where their copies fall (`planning.page_align`), so comparisons with runs
+    cover that choice too. Workers of a multi-rank run plan with the defaults."""
+    from workbench.planning import copy_runs, page_align
+
+    monkeypatch.setattr(copy_runs, "RUN_MIN_TENSORS", 10**9)
+    monkeypatch.setattr(page_align, "ALIGN_MIN_BYTES", 64)
+
+
+def plan_in_runs(monkeypatch: pytest.MonkeyPatch, run_tensors: int, tensor_bytes: int | None = None) -> None:
+    """Plans made in this process after this call form runs of at most `run_tensors` (of tensors below
+    `tensor_bytes`) from 1024 tensors on, with the page-alignment choice of `plan_per_tensor`."""
+    from workbench.planning import copy_runs, page_align
+
+    monkeypatch.setattr(page_align, "ALIGN_MIN_BYTES", 64)
+    monkeypatch.setattr(copy_runs, "RUN_MIN_TENSORS", 1024)
+    monkeypatch.setattr(copy_runs, "RUN_TENSORS", run_tensors)
+    if tensor_bytes is not None:
+        monkeypatch.setattr(copy_runs, "RUN_TENSOR_BYTES", tensor_bytes)
+
+
+def planned_files(plan: Any) -> list[tuple]:
+    """Each output file of `plan`: name, rank, tensor names in file order, header bytes."""
+    return [(f.name, f.rank, [t.name for t in f.layout.tensors], f.layout.header) for f in plan.output_file_list]
+
+
+def assert_same_outputs(a: Path, b: Path) -> None:
+    """Two conversion outputs hold the same files with the same bytes (hidden run records aside)."""
+    names = sorted(n for n in os.listdir(a) if not n.startswith("."))
+    assert names == sorted(n for n in os.listdir(b) if not n.startswith("."))
+    for name in names:
+        assert filecmp.cmp(a / name, b / name, shallow=False), name
+
+
 
 def llama_like_tensors(layers: int = 2, hidden: int = 8, dtype: Any = None, seed: int = 0) -> dict[str, Any]:
     """A small Llama-shaped state dict (GQA: k/v half the width of q), seeded, in name order."""

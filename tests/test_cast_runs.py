@@ -4,17 +4,16 @@ per tensor gives."""
 
 from __future__ import annotations
 
-import filecmp
-import os
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import assert_same_outputs, plan_in_runs, plan_per_tensor, planned_files
 
 import workbench as wb
 from workbench.conversion import execute
 from workbench.engine.output_check import check_outputs
-from workbench.planning import copy_runs, page_align
+from workbench.planning import copy_runs
 from workbench.planning.cast_runs import CastRun
 
 
@@ -37,37 +36,15 @@ def _mixed(count: int = 1100) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _per_tensor(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(copy_runs, "RUN_MIN_TENSORS", 10**9)
-    monkeypatch.setattr(page_align, "ALIGN_MIN_BYTES", 64)
-
-
-def _runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(copy_runs, "RUN_MIN_TENSORS", 1024)
-    monkeypatch.setattr(copy_runs, "RUN_TENSORS", 41)
-    monkeypatch.setattr(page_align, "ALIGN_MIN_BYTES", 64)
-
-
-def _files(plan) -> list[tuple]:
-    return [(f.name, f.rank, [t.name for t in f.layout.tensors], f.layout.header) for f in plan.output_file_list]
-
-
-def _same_folders(a: Path, b: Path) -> None:
-    names = sorted(n for n in os.listdir(a) if not n.startswith("."))
-    assert names == sorted(n for n in os.listdir(b) if not n.startswith("."))
-    for name in names:
-        assert filecmp.cmp(a / name, b / name, shallow=False), name
-
-
 @pytest.mark.parametrize("shard_size", [None, "60KB"])
 def test_cast_runs_give_the_files_reports_and_peak_of_one_group_per_tensor(
     tiny_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shard_size: str | None,
 ) -> None:
     src = tiny_checkpoint(_mixed(), shards=2)
-    _per_tensor(monkeypatch)
+    plan_per_tensor(monkeypatch)
     single = wb.plan(src, dtype="bf16", shard_size=shard_size, nproc=2)
     reference = wb.convert(src, tmp_path / "reference", dtype="bf16", shard_size=shard_size, quiet=True)
-    _runs(monkeypatch)
+    plan_in_runs(monkeypatch, 41)
     runs = wb.plan(src, dtype="bf16", shard_size=shard_size, nproc=2)
     assert single.ok and runs.ok
     cast_steps = [s for s in runs.steps if type(s.group.op) is CastRun]
@@ -75,7 +52,7 @@ def test_cast_runs_give_the_files_reports_and_peak_of_one_group_per_tensor(
     assert all(len(s.files) == 1 for s in runs.steps)
     if shard_size is not None:
         assert len(runs.output_file_list) >= 3 and {f.rank for f in runs.output_file_list} == {0, 1}
-    assert _files(runs) == _files(single)
+    assert planned_files(runs) == planned_files(single)
     assert runs.reads() == single.reads()
     for step in cast_steps:
         spans = step.spans
@@ -87,14 +64,14 @@ def test_cast_runs_give_the_files_reports_and_peak_of_one_group_per_tensor(
     plan = wb.plan(src, dtype="bf16", shard_size=shard_size, dest=tmp_path / "out")
     report = execute(plan, quiet=True)
     assert report.ok
-    _same_folders(tmp_path / "reference", tmp_path / "out")
+    assert_same_outputs(tmp_path / "reference", tmp_path / "out")
     assert report.overflow == reference.overflow and report.overflow  # the -3.4e38, counted for its own tensor
     assert report.peak_tensor_bytes == report.predicted_peak_bytes == plan.peak_bytes
     check = check_outputs(plan)
     assert check.ok and len(check.frame()) == len(plan.source.tensors)
 
 
-def test_two_ranks_cast_in_runs_to_the_same_files(tiny_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_two_ranks_cast_in_runs_to_the_sameplanned_files(tiny_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The workers plan again in their own processes, with the default run sizes (1100 tensors: runs).
     src = tiny_checkpoint(_mixed(), shards=2)
     monkeypatch.setattr(copy_runs, "RUN_MIN_TENSORS", 10**9)
@@ -104,4 +81,4 @@ def test_two_ranks_cast_in_runs_to_the_same_files(tiny_checkpoint, tmp_path: Pat
     assert any(type(s.group.op) is CastRun for s in plan.steps)
     report = execute(plan, quiet=True)
     assert report.ok and {r.rank for r in report.ranks} == {0, 1}
-    _same_folders(tmp_path / "reference", tmp_path / "out")
+    assert_same_outputs(tmp_path / "reference", tmp_path / "out")

@@ -3,16 +3,16 @@ neighbours, and gives the same files, the same layout and the same rank assignme
 
 from __future__ import annotations
 
-import filecmp
 import os
 from pathlib import Path
 
 import pytest
+from conftest import assert_same_outputs, plan_in_runs, plan_per_tensor, planned_files
 
 import workbench as wb
 from workbench import mapper as M
 from workbench.conversion import execute
-from workbench.planning import copy_runs, page_align
+from workbench.planning import copy_runs
 from workbench.planning.copy_runs import CopyRun
 
 INDEX = "model.safetensors.index.json"
@@ -36,39 +36,14 @@ def _many(count: int = 1100) -> dict:
     return tensors
 
 
-def _per_tensor(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(copy_runs, "RUN_MIN_TENSORS", 10**9)
-    # Tiny files too choose their data start by where their copies fall (`planning.page_align`), so the runs'
-    # share of that choice is compared as well (in this process only: workers plan with the defaults).
-    monkeypatch.setattr(page_align, "ALIGN_MIN_BYTES", 64)
-
-
-def _runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(page_align, "ALIGN_MIN_BYTES", 64)
-    monkeypatch.setattr(copy_runs, "RUN_MIN_TENSORS", 1024)
-    monkeypatch.setattr(copy_runs, "RUN_TENSORS", 37)
-    monkeypatch.setattr(copy_runs, "RUN_TENSOR_BYTES", 4096)
-
-
-def _files(plan) -> list[tuple]:
-    return [(f.name, f.rank, [t.name for t in f.layout.tensors], f.layout.header) for f in plan.output_file_list]
-
-
-def _same_folders(a: Path, b: Path) -> None:
-    names = sorted(n for n in os.listdir(a) if not n.startswith("."))
-    assert names == sorted(n for n in os.listdir(b) if not n.startswith("."))
-    for name in names:
-        assert filecmp.cmp(a / name, b / name, shallow=False), name
-
-
 @pytest.mark.parametrize("shard_size", [None, "8KB", "5KB"])
 def test_runs_give_the_layout_ranks_and_bytes_of_one_group_per_tensor(
     tiny_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shard_size: str | None,
 ) -> None:
     src = tiny_checkpoint(_many(), shards=3)
-    _per_tensor(monkeypatch)
+    plan_per_tensor(monkeypatch)
     single = wb.plan(src, shard_size=shard_size, nproc=2, dest=tmp_path / "single")
-    _runs(monkeypatch)
+    plan_in_runs(monkeypatch, 37, 4096)
     runs = wb.plan(src, shard_size=shard_size, nproc=2, dest=tmp_path / "runs")
     assert single.ok and runs.ok
     assert len(single.steps) == len(single.source.tensors)
@@ -76,16 +51,16 @@ def test_runs_give_the_layout_ranks_and_bytes_of_one_group_per_tensor(
     assert run_steps and len(runs.steps) < len(single.steps) // 10
     assert all(len(s.files) == 1 for s in runs.steps)  # a run crossing into the next file was cut there
     assert [s.index for s in runs.steps] == list(range(len(runs.steps)))
-    assert _files(runs) == _files(single)
+    assert planned_files(runs) == planned_files(single)
     if shard_size is not None:
         assert len(runs.output_file_list) >= 3 and {f.rank for f in runs.output_file_list} == {0, 1}
     assert runs.reads() == single.reads()
-    _per_tensor(monkeypatch)
+    plan_per_tensor(monkeypatch)
     wb.convert(src, tmp_path / "reference", shard_size=shard_size, quiet=True)
-    _runs(monkeypatch)
+    plan_in_runs(monkeypatch, 37, 4096)
     report = wb.convert(src, tmp_path / "out", shard_size=shard_size, quiet=True)
     assert report.ok
-    _same_folders(tmp_path / "reference", tmp_path / "out")
+    assert_same_outputs(tmp_path / "reference", tmp_path / "out")
 
 
 def test_runs_read_back_as_the_source_tensors(tiny_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -93,7 +68,7 @@ def test_runs_read_back_as_the_source_tensors(tiny_checkpoint, tmp_path: Path, m
 
     tensors = _many()
     src = tiny_checkpoint(tensors, shards=2)
-    _runs(monkeypatch)
+    plan_in_runs(monkeypatch, 37, 4096)
     wb.convert(src, tmp_path / "out", shard_size="6KB", quiet=True)
     seen = {}
     for name in sorted(os.listdir(tmp_path / "out")):
@@ -115,10 +90,10 @@ def test_two_ranks_write_the_files_of_one(tiny_checkpoint, tmp_path: Path, monke
     assert any(type(s.group.recipe) is CopyRun for s in plan.steps)
     report = execute(plan, quiet=True)
     assert report.ok and {r.rank for r in report.ranks} == {0, 1}
-    _same_folders(tmp_path / "reference", tmp_path / "out")
+    assert_same_outputs(tmp_path / "reference", tmp_path / "out")
 
 
-def test_an_interrupted_run_of_runs_resumes_to_the_same_files(tiny_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_interrupted_run_of_runs_resumes_to_the_sameplanned_files(tiny_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src = tiny_checkpoint(_many(), shards=2)
     wb.convert(src, tmp_path / "clean", shard_size="8KB", quiet=True)
     dest = tmp_path / "out"
@@ -131,7 +106,7 @@ def test_an_interrupted_run_of_runs_resumes_to_the_same_files(tiny_checkpoint, t
     monkeypatch.delenv("WORKBENCH_FAIL_RANK")
     report = wb.convert(src, dest, shard_size="8KB", quiet=True)
     assert report.kept == written
-    _same_folders(tmp_path / "clean", dest)
+    assert_same_outputs(tmp_path / "clean", dest)
 
 
 @pytest.mark.parametrize("how", ["few tensors", "dcp"])
@@ -162,15 +137,15 @@ def test_a_mappers_one_tensor_copies_run_in_runs_with_the_same_bytes(
             tensors[f"pair.{i}.b"] = torch.arange(3, dtype=torch.float32) - i
         mapper = M.Concat(["pair.{i}.a", "pair.{i}.b"], "pair.{i}.ab")
     src = tiny_checkpoint(tensors, shards=2)
-    _per_tensor(monkeypatch)
+    plan_per_tensor(monkeypatch)
     single = wb.plan(src, mapper, shard_size="8KB", nproc=2, dtype=dtype)
     wb.convert(src, tmp_path / "reference", mapper, shard_size="8KB", dtype=dtype, quiet=True)
-    _runs(monkeypatch)
+    plan_in_runs(monkeypatch, 37, 4096)
     runs = wb.plan(src, mapper, shard_size="8KB", nproc=2, dtype=dtype)
     assert single.ok and runs.ok
     assert any(type(s.group.recipe) is CopyRun and s.group.outputs is not s.group.inputs for s in runs.steps)
     assert len(runs.steps) < len(single.steps) * 3 // 4 and all(len(s.files) == 1 for s in runs.steps)
-    assert _files(runs) == _files(single)
+    assert planned_files(runs) == planned_files(single)
     for step in runs.steps:
         recipe = step.group.recipe
         if type(recipe) is CopyRun:
@@ -179,12 +154,12 @@ def test_a_mappers_one_tensor_copies_run_in_runs_with_the_same_bytes(
             assert renamed == (mapper is RENAME)
     report = wb.convert(src, tmp_path / "out", mapper, shard_size="8KB", dtype=dtype, quiet=True)
     assert report.ok
-    _same_folders(tmp_path / "reference", tmp_path / "out")
+    assert_same_outputs(tmp_path / "reference", tmp_path / "out")
 
 
 def test_a_run_step_splits_only_where_the_file_changes(tiny_checkpoint, monkeypatch: pytest.MonkeyPatch) -> None:
     src = tiny_checkpoint(_many())
-    _runs(monkeypatch)
+    plan_in_runs(monkeypatch, 37, 4096)
     plan = wb.plan(src, shard_size="8KB")
     for step in plan.steps:
         recipe = step.group.recipe

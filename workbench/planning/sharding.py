@@ -87,6 +87,25 @@ def assign_shards(steps: list[Step], limit: int) -> tuple[list[list[TensorInfo]]
             shards.append([])
         filled = 0
 
+    def place_each(outputs: Iterable[TensorInfo], sizes: Iterable[int]) -> list[int]:
+        """Place tensors one by one (a run's, or a group's too large for one shard); the shard of each."""
+        nonlocal filled
+        used = []
+        for info, tensor_size in zip(outputs, sizes, strict=True):
+            if tensor_size > limit:
+                oversized.append(info)
+                start_shard()
+                shards[-1].append(info)
+                used.append(len(shards) - 1)
+                start_shard()
+                continue
+            if filled + tensor_size > limit:
+                start_shard()
+            shards[-1].append(info)
+            filled += tensor_size
+            used.append(len(shards) - 1)
+        return used
+
     current = (0,)  # the shard being filled, as a step's shard numbers (one tuple shared by its steps)
     crossing: dict[int, list[int]] = {}  # runs that reach into several shards: position -> shard per tensor
     for position, step in enumerate(steps):
@@ -95,21 +114,7 @@ def assign_shards(steps: list[Step], limit: int) -> tuple[list[list[TensorInfo]]
         recipe, op = step.group.recipe, step.group.op
         sizes = recipe.sizes if type(recipe) is CopyRun else op.out_sizes if type(op) is CastRun else None
         if sizes is not None and (filled + size > limit or max(sizes) > limit):
-            # a run's tensors are independent: placed one by one, exactly as one group each would be
-            used = []
-            for info, tensor_size in zip(outputs, sizes, strict=True):
-                if tensor_size > limit:
-                    oversized.append(info)
-                    start_shard()
-                    shards[-1].append(info)
-                    used.append(len(shards) - 1)
-                    start_shard()
-                    continue
-                if filled + tensor_size > limit:
-                    start_shard()
-                shards[-1].append(info)
-                filled += tensor_size
-                used.append(len(shards) - 1)
+            used = place_each(outputs, sizes)  # a run's tensors are independent: placed as one group each would be
             numbers = tuple(dict.fromkeys(used))
             if len(numbers) > 1:
                 crossing[position] = used
@@ -126,21 +131,7 @@ def assign_shards(steps: list[Step], limit: int) -> tuple[list[list[TensorInfo]]
                 current = (len(shards) - 1,)
             step_shards.append(current)
             continue
-        used: list[int] = []
-        # the group cannot fit one shard: place its tensors one by one
-        for info in outputs:
-            if info.nbytes > limit:
-                oversized.append(info)
-                start_shard()
-                shards[-1].append(info)
-                used.append(len(shards) - 1)
-                start_shard()
-                continue
-            if filled + info.nbytes > limit:
-                start_shard()
-            shards[-1].append(info)
-            filled += info.nbytes
-            used.append(len(shards) - 1)
+        used = place_each(outputs, [t.nbytes for t in outputs])  # the group cannot fit one shard
         step_shards.append(tuple(dict.fromkeys(used)))
     if not shards[-1]:
         shards.pop()
