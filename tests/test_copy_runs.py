@@ -93,7 +93,7 @@ def test_two_ranks_write_the_files_of_one(tiny_checkpoint, tmp_path: Path, monke
     assert_same_outputs(tmp_path / "reference", tmp_path / "out")
 
 
-def test_an_interrupted_run_of_runs_resumes_to_the_sameplanned_files(tiny_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_interrupted_run_of_runs_resumes_to_the_same_files(tiny_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src = tiny_checkpoint(_many(), shards=2)
     wb.convert(src, tmp_path / "clean", shard_size="8KB", quiet=True)
     dest = tmp_path / "out"
@@ -152,6 +152,7 @@ def test_a_mappers_one_tensor_copies_run_in_runs_with_the_same_bytes(
             assert [t.name for t in step.group.outputs] == list(recipe)
             renamed = [t.name for t in step.group.outputs] != [t.name for t in step.group.inputs]
             assert renamed == (mapper is RENAME)
+    assert runs.outputs["group"].sort_index().equals(single.outputs["group"].sort_index())  # labels kept
     report = wb.convert(src, tmp_path / "out", mapper, shard_size="8KB", dtype=dtype, quiet=True)
     assert report.ok
     assert_same_outputs(tmp_path / "reference", tmp_path / "out")
@@ -174,3 +175,32 @@ def test_a_run_step_splits_only_where_the_file_changes(tiny_checkpoint, monkeypa
     for f in plan.output_file_list:  # every tensor of a file comes from a step of that file
         names = {t.name for i in f.steps for t in steps[i].group.outputs}
         assert names == {t.name for t in f.layout.tensors}
+
+
+def test_the_output_check_still_checks_a_run_with_a_tensor_retyped(tiny_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from workbench.engine.output_check import check_outputs
+
+    src = tiny_checkpoint(_many())
+    plan_in_runs(monkeypatch, 37, 4096)
+    plan = wb.plan(src, dest=tmp_path / "out")
+    execute(plan, quiet=True)
+    run = next(s for s in plan.steps if type(s.group.recipe) is CopyRun and len(s.group.outputs) > 5)
+    names = [t.name for t in run.group.outputs if t.nbytes]
+    retyped, changed = names[1], names[3]  # one no longer as planned, one with other bytes: both reported
+    path = str(tmp_path / "out" / "model.safetensors")
+    tensors = load_file(path)
+    tensors[retyped] = tensors[retyped].double()
+    tensors[changed] = tensors[changed] + 1
+    save_file(tensors, path, metadata={"format": "pt"})
+    check = check_outputs(plan)
+    assert {row[0]: row[2] for row in check.rows if row[2] != "ok"} == {retyped: "mismatch", changed: "mismatch"}
+    assert len(check.rows) == len(tensors)
+
+
+@pytest.mark.parametrize("dtype", [None, "bf16"])
+def test_a_wrong_rest_is_refused_on_the_run_paths_too(tiny_checkpoint, dtype: str | None) -> None:
+    src = tiny_checkpoint(_many())
+    with pytest.raises(wb.PlanError, match="rest='bogus'"):
+        wb.plan(src, rest="bogus", dtype=dtype)

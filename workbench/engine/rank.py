@@ -38,13 +38,19 @@ def _injected_failure(rank: int, name: str) -> None:
         raise PlanError(f"Cannot finish {name}: failure injected for testing ({FAIL_RANK_ENV}={rank}).", file=name)
 
 
-def _step_error(step, exc: Exception) -> PlanError:
+def _step_error(step, exc: Exception, tensor: str | None = None) -> PlanError:
+    """The error of a step that failed unexpectedly; `tensor`: the one of a run that failed."""
     what = step.group.label or type(step.group.op).__name__
-    outputs = ", ".join(t.name for t in step.group.outputs[:3])
+    outputs = step.group.outputs
+    if tensor is not None:
+        where, names = f"step {step.index}, {what}, in a run of {len(outputs)} tensors", tensor
+    else:
+        where, names = f"step {step.index}, {what}", ", ".join(t.name for t in outputs[:3])
+        tensor = outputs[0].name if outputs else None
     return PlanError(
-        f"Cannot compute {outputs} (step {step.index}, {what}): {type(exc).__name__}: {exc}. "
+        f"Cannot compute {names} ({where}): {type(exc).__name__}: {exc}. "
         "Check the mapper on these tensors (e.g. wb.open_checkpoint(...).load and op.apply).",
-        tensor=step.group.outputs[0].name if step.group.outputs else None,
+        tensor=tensor,
     )
 
 
@@ -100,7 +106,7 @@ def _run_lane(ctx: RankContext, steps: list[Step], files: dict, last_step: dict[
             except (WorkbenchError, OSError):
                 raise
             except StepFailed as failed:
-                raise _step_error(failed.step, failed.cause) from failed.cause
+                raise _step_error(failed.step, failed.cause, failed.tensor) from failed.cause
             except Exception as exc:
                 raise _step_error(step, exc) from exc
             if ctx.queue.full:

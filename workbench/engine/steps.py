@@ -149,12 +149,14 @@ STRETCH_STEPS = 4096  # copy steps queued per call of `run_copies` (the rank rep
 
 
 class StepFailed(Exception):
-    """An unexpected error in one step of a stretch run by `run_copies`: the rank reports it against that step."""
+    """An unexpected error in one step of a stretch run by `run_copies`, or in one tensor of a run (`tensor`): the
+    rank reports it against that step and tensor."""
 
-    def __init__(self, step: Step, cause: Exception) -> None:
+    def __init__(self, step: Step, cause: Exception, tensor: str | None = None) -> None:
         super().__init__(str(cause))
         self.step = step
         self.cause = cause
+        self.tensor = tensor
 
 
 def run_copies(ctx: RankContext, steps: list[Step], start: int, commit_at: set[int]) -> int:
@@ -176,6 +178,7 @@ def run_copies(ctx: RankContext, steps: list[Step], start: int, commit_at: set[i
     end = min(len(steps), start + max(1, STRETCH_STEPS))  # at least one step per call, whatever a test sets
     index = start
     step = steps[start]
+    name = None  # the tensor of a copy run being queued
     try:
         while index < end:
             step = steps[index]
@@ -208,10 +211,9 @@ def run_copies(ctx: RankContext, steps: list[Step], start: int, commit_at: set[i
                         break
                     continue
             if raw and type(recipe) is CopyRun:  # neighbours of one file copied whole, maybe renamed (`planning.copy_runs`)
+                name = None
                 inputs = group.inputs
-                fd = fd_of_file.get(inputs[0].file)
-                if fd is None:
-                    fd = ctx.locate(inputs[0])[0]  # type: ignore[index]
+                fd = fd_of_file.get(inputs[0].file)  # opened at the first byte copied (a run of empty tensors reads nothing)
                 for info, out, length in zip(inputs, recipe.outputs, recipe.sizes, strict=True):
                     name = out.name
                     file, dst = placement[name]
@@ -219,6 +221,8 @@ def run_copies(ctx: RankContext, steps: list[Step], start: int, commit_at: set[i
                     if writer is None:  # the file is not this rank's to write
                         continue
                     if length > 0:
+                        if fd is None:
+                            fd = ctx.locate(info)[0]  # type: ignore[index]
                         if writer is not last_writer:
                             last_writer, last_order = writer, queue.order_of(writer)
                         batch.append((last_order, fd, info.begin, dst, name, 0, length))
@@ -258,7 +262,7 @@ def run_copies(ctx: RankContext, steps: list[Step], start: int, commit_at: set[i
     except (WorkbenchError, OSError):
         raise
     except Exception as exc:
-        raise StepFailed(step, exc) from exc
+        raise StepFailed(step, exc, name if type(step.group.recipe) is CopyRun else None) from exc
     finally:
         queue.extend(batch, queued)
         ctx.done_bytes += done
@@ -272,10 +276,15 @@ def run_cast(ctx: RankContext, step: Step) -> None:
     if type(group.op) is CastRun:  # a cast run (`planning.cast_runs`): its batches, or each tensor alone when unmarked
         pairs = list(zip(group.inputs, group.outputs, strict=True))
         for start, end in step.spans if step.spans is not None else [(k, k + 1) for k in range(len(pairs))]:
-            if end - start > 1:
-                run_cast_batch(ctx, pairs[start:end], cast_one)
-            else:
-                cast_one(ctx, *pairs[start])
+            try:
+                if end - start > 1:
+                    run_cast_batch(ctx, pairs[start:end], cast_one)
+                else:
+                    cast_one(ctx, *pairs[start])
+            except (WorkbenchError, OSError):
+                raise
+            except Exception as exc:  # named by its tensor (a batch's first), as one step per tensor would be
+                raise StepFailed(step, exc, pairs[start][1].name) from exc
     elif step.batch is None:
         cast_one(ctx, group.inputs[0], group.outputs[0])
     else:

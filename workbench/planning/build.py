@@ -31,7 +31,7 @@ from .page_align import reader_offsets
 from .ranks import assign_ranks
 from .schedule import SourceAccess, build_steps
 from .sharding import layout_outputs
-from .sources import bind, mapper_json, resolve_catalog
+from .sources import bind, check_rest, mapper_json, resolve_catalog
 
 DEFAULT_CHUNK = "32MiB"
 
@@ -184,6 +184,7 @@ def _build_plan(
         raise PlanError(exc.message if hasattr(exc, "message") else str(exc)) from None
     dtype = options.dtype if output.applies_dtype_policy else None
     runs = output.name == "safetensors" and copy_runs.many_raw(catalog)  # whole copies of many tensors: planned in runs
+    check_rest(options.rest)  # (the run bindings below do not read it)
     if runs and mapper is None and dtype is None:
         binding = copy_runs.copy_run_binding(catalog)
     elif runs and mapper is None:

@@ -6,7 +6,9 @@ small neighbours of one file (schedule order) that numpy converts from one dtype
 (`CastRun`). The layout places them one by one and cuts a run where it crosses into the next output file, as for
 copy runs; after the layout, `run_batches` marks which neighbours the engine converts at once, by the rules of
 `planning.cast_batches`. Batching never changes the bytes (see there), so the files are the ones one group per
-tensor gives.
+tensor gives. Batches end at a run's edges, where batches across steps of one tensor each do not, so the peak
+memory can differ from a plan of one step per tensor, within the same bound (`BATCH_BYTES`, or one tensor's
+chunked cast); the plan predicts the run's own peak exactly.
 """
 
 from __future__ import annotations

@@ -103,12 +103,13 @@ class PassThroughRun:
         return f"PassThroughRun({len(self.names)} tensors)"
 
 
-def run_group(inputs: tuple[TensorInfo, ...], sizes: tuple[int, ...], outputs: tuple[TensorInfo, ...] | None = None) -> Group:
+def run_group(inputs: tuple[TensorInfo, ...], sizes: tuple[int, ...], outputs: tuple[TensorInfo, ...] | None = None,
+              label: str = "copy") -> Group:
     """The group copying `inputs` (neighbours in one file) whole; its outputs are the inputs themselves unless given."""
     names = tuple(map(_name, inputs))
     if outputs is None:
-        return Group(inputs, inputs, PassThroughRun(names), CopyRun(inputs, sizes), None, "copy")
-    return Group(inputs, outputs, PassThroughRun(names, tuple(map(_name, outputs))), CopyRun(inputs, sizes, outputs), None, "copy")
+        return Group(inputs, inputs, PassThroughRun(names), CopyRun(inputs, sizes), None, label)
+    return Group(inputs, outputs, PassThroughRun(names, tuple(map(_name, outputs))), CopyRun(inputs, sizes, outputs), None, label)
 
 
 def many_raw(catalog: Catalog) -> bool:
@@ -161,7 +162,8 @@ def split_run(group: Group, counts: list[int]) -> list[Group]:
     renamed = recipe.outputs is not recipe.inputs
     for count in counts:
         end = start + count
-        parts.append(run_group(recipe.inputs[start:end], recipe.sizes[start:end], recipe.outputs[start:end] if renamed else None))
+        parts.append(run_group(recipe.inputs[start:end], recipe.sizes[start:end], recipe.outputs[start:end] if renamed else None,
+                               group.label))
         start = end
     return parts
 
@@ -192,7 +194,8 @@ def whole_copy_size(group: Group) -> int | None:
 
 def coalesce_copies(groups: list[Group]) -> list[Group]:
     """`groups` (in schedule order, inputs raw in place) with each stretch of neighbouring small whole copies from
-    one file made one run; what a mapper keeps or renames one tensor at a time is then planned in runs too."""
+    one file with one label made one run (with that label); what a mapper keeps or renames one tensor at a time
+    is then planned in runs too."""
     result: list[Group] = []
     members: list[Group] = []
     sizes: list[int] = []
@@ -200,7 +203,8 @@ def coalesce_copies(groups: list[Group]) -> list[Group]:
 
     def flush() -> None:
         if len(members) > 1:
-            result.append(run_group(tuple(g.inputs[0] for g in members), tuple(sizes), tuple(g.outputs[0] for g in members)))
+            result.append(run_group(tuple(g.inputs[0] for g in members), tuple(sizes), tuple(g.outputs[0] for g in members),
+                                    members[0].label))
         else:
             result.extend(members)
         members.clear()
@@ -213,7 +217,7 @@ def coalesce_copies(groups: list[Group]) -> list[Group]:
             result.append(group)
             continue
         source = group.inputs[0].file
-        if members and (source != file or len(members) == RUN_TENSORS):
+        if members and (source != file or len(members) == RUN_TENSORS or group.label != members[0].label):
             flush()
         file = source
         members.append(group)

@@ -195,8 +195,8 @@ def build_steps(groups: list[Group], access: SourceAccess, chunk_bytes: int, *, 
         recipe = group.recipe
         inputs = group.inputs
         if type(recipe) is CopyRun:  # neighbours of one file copied whole (`planning.copy_runs`), raw in place
-            total = recipe.total
-            steps.append(Step(index, group, COPY, 0, {inputs[0].file: total}, total))
+            total = recipe.total  # a run of empty tensors reads nothing
+            steps.append(Step(index, group, COPY, 0, {inputs[0].file: total} if total else {}, total))
             continue
         if type(group.op) is CastRun:  # neighbours of one file cast (`planning.cast_runs`); held: set after the layout
             steps.append(cast_run_step(index, group))

@@ -159,7 +159,7 @@ def split_runs(steps: list[Step], step_shards: list[tuple[int, ...]], crossing: 
         if type(step.group.op) is CastRun:
             parts = [cast_run_step(0, group) for group in split_cast_run(step.group, counts)]
         else:
-            parts = [Step(0, group, COPY, 0, {group.inputs[0].file: group.recipe.total}, group.recipe.total)  # type: ignore[union-attr]
+            parts = [Step(0, group, COPY, 0, {group.inputs[0].file: total} if (total := group.recipe.total) else {}, total)  # type: ignore[union-attr]
                      for group in split_run(step.group, counts)]
         for part, (k, _) in zip(parts, segments, strict=True):
             new_steps.append(part)

@@ -93,11 +93,16 @@ def passthrough_binding(catalog: Catalog, dtype: str | None = None) -> Binding:
     return Binding(groups, kept_warnings(kept, code))
 
 
+def check_rest(rest: str) -> None:
+    """Refuse a rest policy that is not one of RESTS."""
+    if rest not in RESTS:
+        raise PlanError(f"Cannot plan with rest={rest!r}: it must be one of {', '.join(map(repr, RESTS))}.")
+
+
 def bind(catalog: Catalog, mapper: Any, rest: str, dtype: str | None = None) -> Binding:
     """Bind `mapper` to `catalog` with the given rest policy; None copies everything. With `dtype` (a policy's
     code) every floating-point output is stored as `dtype` (`planning.dtype_policy`)."""
-    if rest not in RESTS:
-        raise PlanError(f"Cannot plan with rest={rest!r}: it must be one of {', '.join(map(repr, RESTS))}.")
+    check_rest(rest)
     if mapper is None:
         return passthrough_binding(catalog, dtype)
     if isinstance(mapper, Binding):
