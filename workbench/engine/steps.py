@@ -189,28 +189,27 @@ def run_copies(ctx: RankContext, steps: list[Step], start: int, commit_at: set[i
                 ctx.cast.release()
             group = step.group
             recipe = group.recipe
+            piece = None  # the one slice of the common copy: one input, one output
             if raw and len(group.inputs) == 1 and len(recipe) == 1:
                 ((out_name, pieces),) = recipe.items()
                 if len(pieces) == 1:
-                    file, dst = placement[out_name]
-                    writer = writers.get(file)
                     piece = pieces[0]
-                    length = piece.end - piece.begin
-                    if writer is not None:  # else the file is not this rank's to write
-                        if length > 0:
-                            info = group.inputs[0]
-                            fd = fd_of_file.get(info.file)
-                            if fd is None:
-                                fd = ctx.locate(info)[0]  # type: ignore[index]  # opens the file, remembered per name
-                            if writer is not last_writer:
-                                last_writer, last_order = writer, queue.order_of(writer)
-                            batch.append((last_order, fd, info.begin + piece.begin, dst, out_name, 0, length))
-                            queued += length
-                        done += length
-                    if step.index in commit_at or queued >= FLUSH_BYTES or len(batch) >= FLUSH_PIECES:
-                        break
-                    continue
-            if raw and type(recipe) is CopyRun:  # neighbours of one file copied whole, maybe renamed (`planning.copy_runs`)
+            if piece is not None:
+                file, dst = placement[out_name]
+                writer = writers.get(file)
+                length = piece.end - piece.begin
+                if writer is not None:  # else the file is not this rank's to write
+                    if length > 0:
+                        info = group.inputs[0]
+                        fd = fd_of_file.get(info.file)
+                        if fd is None:
+                            fd = ctx.locate(info)[0]  # type: ignore[index]  # opens the file, remembered per name
+                        if writer is not last_writer:
+                            last_writer, last_order = writer, queue.order_of(writer)
+                        batch.append((last_order, fd, info.begin + piece.begin, dst, out_name, 0, length))
+                        queued += length
+                    done += length
+            elif raw and type(recipe) is CopyRun:  # neighbours of one file copied whole, maybe renamed (`planning.copy_runs`)
                 name = None
                 inputs = group.inputs
                 fd = fd_of_file.get(inputs[0].file)  # opened at the first byte copied (a run of empty tensors reads nothing)
@@ -228,11 +227,8 @@ def run_copies(ctx: RankContext, steps: list[Step], start: int, commit_at: set[i
                         batch.append((last_order, fd, info.begin, dst, name, 0, length))
                         queued += length
                     done += length
-                if step.index in commit_at or queued >= FLUSH_BYTES or len(batch) >= FLUSH_PIECES:
-                    break
-                continue
-            spans = None if type(recipe) is dict else getattr(recipe, "spans", None)
-            if raw and spans is not None:  # a shared recipe (`LazyRecipe`, e.g. a fused q/k/v): its spans, no ByteSlices
+            elif raw and (spans := None if type(recipe) is dict else getattr(recipe, "spans", None)) is not None:
+                # a shared recipe (`LazyRecipe`, e.g. a fused q/k/v): its spans, no ByteSlices
                 by_name = {t.name: t for t in group.inputs}
                 for out_name in recipe:
                     file, dst = placement[out_name]
@@ -253,11 +249,12 @@ def run_copies(ctx: RankContext, steps: list[Step], start: int, commit_at: set[i
                             queued += length
                         at += length
                     done += at
-                if step.index in commit_at or queued >= FLUSH_BYTES or len(batch) >= FLUSH_PIECES:
+            else:  # the general path, queued through `ctx.queue` itself
+                run_copy(ctx, step)
+                if step.index in commit_at or queue.full:
                     break
                 continue
-            run_copy(ctx, step)
-            if step.index in commit_at or queue.full:
+            if step.index in commit_at or queued >= FLUSH_BYTES or len(batch) >= FLUSH_PIECES:
                 break
     except (WorkbenchError, OSError):
         raise
