@@ -25,6 +25,16 @@ from .sharding import OutputFile
 BATCH_BYTES = 256 << 10  # input + output bytes of one batch at most: one numpy block (`engine.bf16.BLOCK`), written at once
 
 
+def batchable(n_out: int) -> bool:
+    """Whether a float32 -> bfloat16 cast of `n_out` output bytes may join a batch (3x its output bytes are held)."""
+    return n_out > 0 and n_out * 3 <= BATCH_BYTES
+
+
+def joins(held: int, src_bytes: int, n_in: int, n_out: int, chunk_bytes: int) -> bool:
+    """Whether a batch holding `held` bytes, `src_bytes` of them read, can take one more cast of `n_in` -> `n_out`."""
+    return held + n_in + n_out <= BATCH_BYTES and src_bytes + n_in <= chunk_bytes
+
+
 def batch_casts(steps: list[Step], files: list[OutputFile], reader: object | None, chunk_bytes: int) -> None:
     """Mark runs of small adjacent casts in `steps` (schedule order, ranks and files assigned) as batches."""
     locate = getattr(reader, "locate", None)
@@ -55,7 +65,7 @@ def _batch_rank(steps: list[Step], locate, out_begin: dict[str, int], chunk_byte
             if ok is None:
                 ok = castable[pair] = numpy_castable(*pair)
             n_out = step.bytes_out
-            if ok and n_out and n_out * 3 <= BATCH_BYTES:  # float32 in, bfloat16 out: 3x the output bytes held
+            if ok and batchable(n_out):
                 where = locate(src)
                 if where is not None:
                     begin = out_begin.get(out.name)
@@ -66,7 +76,7 @@ def _batch_rank(steps: list[Step], locate, out_begin: dict[str, int], chunk_byte
         step_path, src_begin, step_end = where
         n_in = step_end - src_begin
         if (run and src_begin == src_end and begin == out_end and step.files[0] == file and (step_path is path or step_path == path)
-                and held + n_in + n_out <= BATCH_BYTES and src_bytes + n_in <= chunk_bytes):
+                and joins(held, src_bytes, n_in, n_out, chunk_bytes)):
             run.append(step)
             held += n_in + n_out
             src_bytes += n_in

@@ -19,10 +19,10 @@ from typing import Any
 
 from ..catalog import Catalog, TensorInfo
 from ..dtypes import numpy_castable
-from ..mapper.groups import Binding, ByteSlice, Group
+from ..mapper.groups import Binding, Group
 from ..overflow import cast
 from . import copy_runs
-from .dtype_policy import CastOutputs, kept_warnings, policy_casts, policy_keeps
+from .sources import PolicyGroups
 
 _name = operator.attrgetter("name")
 _begin = operator.attrgetter("begin")
@@ -53,6 +53,12 @@ class CastRun:
         return (f"casts {inputs[0].file} {inputs[0].dtype}->{self.dtype} " + "\0".join(map(_name, inputs)) + " "
                 + ",".join(map(str, map(_begin, inputs))) + " " + ",".join(map(str, self.in_sizes)))
 
+    def part(self, start: int, end: int, label: str) -> Group:
+        """The group of tensors [start, end) of this run, labelled `label` (a run cut where it crosses into the
+        next output file)."""
+        return cast_run_group(self.inputs[start:end], self.outputs[start:end], self.dtype, self.in_sizes[start:end],
+                              self.out_sizes[start:end], label)
+
     def __repr__(self) -> str:
         return f"CastRun({len(self.inputs)} tensors -> {self.dtype})"
 
@@ -63,120 +69,65 @@ def cast_run_group(inputs: tuple[TensorInfo, ...], outputs: tuple[TensorInfo, ..
     return Group(inputs, outputs, CastRun(inputs, outputs, dtype, in_sizes, out_sizes), None, dtype, label)
 
 
-def split_cast_run(group: Group, counts: list[int]) -> list[Group]:
-    """`group` (a cast run) cut into consecutive runs of `counts` tensors."""
-    op = group.op
-    assert type(op) is CastRun
-    parts = []
-    start = 0
-    for count in counts:
-        end = start + count
-        parts.append(cast_run_group(op.inputs[start:end], op.outputs[start:end], op.dtype, op.in_sizes[start:end],
-                                    op.out_sizes[start:end], group.label))
-        start = end
-    return parts
-
-
 def cast_run_binding(catalog: Catalog, code: str) -> Binding:
     """`passthrough_binding(catalog, code)` in schedule order, with the small casts numpy does in runs.
 
-    The same decisions per tensor: a float the policy casts becomes a chunked cast, anything else a copy (which the
-    schedule joins into copy runs), floats the policy cannot cast are kept with a warning.
+    The same decisions per tensor (`sources.PolicyGroups`): a float the policy casts becomes a chunked cast,
+    anything else a copy (which the schedule joins into copy runs), floats the policy cannot cast are kept with a
+    warning.
     """
-    from .sources import PassThrough
+    policy = PolicyGroups(code)
 
-    label = f"copy -> {code}"
-    casts: dict[str, bool] = {}  # source dtype -> cast by the policy
-    in_runs: dict[str, bool] = {}  # source dtype -> numpy converts it to `code`
-    kept: dict[str, list[str]] = {}  # float dtype the policy cannot cast -> tensor names
-    by_file: dict[str, list[TensorInfo]] = {}
-    for info in catalog.tensors.values():
-        by_file.setdefault(info.file, []).append(info)
+    def key(info: TensorInfo) -> str | None:  # casts numpy does, small enough for a run: joined by source dtype
+        dtype = info.dtype
+        runs = policy.casts(dtype) and numpy_castable(dtype, code) and info.end - info.begin < copy_runs.RUN_TENSOR_BYTES
+        return dtype if runs else None
+
     groups: list[Group] = []
-    run: list[TensorInfo] = []
-    outs: list[TensorInfo] = []
-    in_sizes: list[int] = []
-    out_sizes: list[int] = []
-
-    def flush() -> None:
-        if len(run) > 1:
-            groups.append(cast_run_group(tuple(run), tuple(outs), code, tuple(in_sizes), tuple(out_sizes), label))
-        elif run:
-            name = run[0].name
-            groups.append(Group((run[0],), (outs[0],), CastOutputs(PassThrough(name), code, frozenset((name,))), None, code, label))
-        run.clear()
-        outs.clear()
-        in_sizes.clear()
-        out_sizes.clear()
-
-    for file in sorted(by_file):
-        infos = by_file[file]
-        infos.sort(key=_begin)  # stable: tensors at one offset keep catalog order, as the schedule does
-        for info in infos:
-            dtype = info.dtype
-            here = casts.get(dtype)
-            if here is None:
-                here = casts[dtype] = policy_casts(dtype, code)
-                in_runs[dtype] = here and numpy_castable(dtype, code)
-                if policy_keeps(dtype, code):
-                    kept[dtype] = []
-            name = info.name
-            if here:
-                out = TensorInfo(name, code, info.shape)
-                size = info.end - info.begin
-                if in_runs[dtype] and size < copy_runs.RUN_TENSOR_BYTES:
-                    if run and (run[0].dtype != dtype or len(run) == copy_runs.RUN_TENSORS):
-                        flush()
-                    run.append(info)
-                    outs.append(out)
-                    in_sizes.append(size)
-                    out_sizes.append(out.nbytes)
-                    continue
-                flush()
-                groups.append(Group((info,), (out,), CastOutputs(PassThrough(name), code, frozenset((name,))), None, code, label))
+    for infos in copy_runs.schedule_order(catalog):
+        for part in copy_runs.stretches(infos, key):
+            if len(part) == 1:
+                groups.append(policy.group(part[0]))
                 continue
-            flush()
-            if dtype in kept:
-                kept[dtype].append(name)
-            groups.append(Group((info,), (TensorInfo(name, dtype, info.shape),), PassThrough(name),
-                                {name: (ByteSlice(name, 0, info.end - info.begin),)}, None, "copy"))
-        flush()
-    return Binding(groups, kept_warnings(kept, code))
+            outputs = tuple(TensorInfo(t.name, code, t.shape) for t in part)
+            groups.append(cast_run_group(tuple(part), outputs, code, tuple(t.end - t.begin for t in part),
+                                         tuple(t.nbytes for t in outputs), policy.label))
+    return policy.binding(groups)
 
 
 def run_batches(op: CastRun, out_begin: Mapping[str, int], chunk_bytes: int) -> tuple[tuple[tuple[int, int], ...], int]:
     """The tensors of a cast run the engine converts at once, as [start, end) positions covering the run, and the
     bytes the step holds at its peak: neighbours adjacent in the source and in the output file batched by the
     rules of `planning.cast_batches` (`out_begin`: each output's offset in its file)."""
-    from .cast_batches import BATCH_BYTES
+    from .cast_batches import batchable, joins
     from .schedule import cast_chunk
 
     spans: list[tuple[int, int]] = []
     peak = 0
-    start = None  # the open batch's first position
+    start: int | None = None  # the open batch's first position
     held = src_bytes = 0
     src_end = out_end = -1
     src_dtype = op.inputs[0].dtype if op.inputs else ""
+
+    def close(end: int) -> None:  # the open batch ends before `end`; one tensor alone is cast chunk by chunk
+        nonlocal peak
+        spans.append((start, end))  # type: ignore[arg-type]
+        peak = max(peak, held if end - start > 1 else cast_chunk(op.inputs[start].numel, src_dtype, op.dtype, chunk_bytes)[1])  # type: ignore[operator,index]
+
     for k, (src, out, n_in, n_out) in enumerate(zip(op.inputs, op.outputs, op.in_sizes, op.out_sizes, strict=True)):
         begin = out_begin[out.name]
-        batchable = n_out and n_out * 3 <= BATCH_BYTES
-        if (batchable and start is not None and src.begin == src_end and begin == out_end
-                and held + n_in + n_out <= BATCH_BYTES and src_bytes + n_in <= chunk_bytes):
+        small = batchable(n_out)
+        if small and start is not None and src.begin == src_end and begin == out_end and joins(held, src_bytes, n_in, n_out, chunk_bytes):
             held += n_in + n_out
             src_bytes += n_in
         else:
             if start is not None:
-                spans.append((start, k))
-                peak = max(peak, held if k - start > 1 else cast_chunk(op.inputs[start].numel, src_dtype, op.dtype, chunk_bytes)[1])
-            if batchable and n_in <= chunk_bytes:
-                start, held, src_bytes = k, n_in + n_out, n_in
-            else:  # converted alone, chunk by chunk
-                spans.append((k, k + 1))
-                peak = max(peak, cast_chunk(src.numel, src_dtype, op.dtype, chunk_bytes)[1] if src.numel else 0)
+                close(k)
+            start, held, src_bytes = k, n_in + n_out, n_in
+            if not (small and n_in <= chunk_bytes):  # converted alone, chunk by chunk
+                close(k + 1)
                 start = None
         src_end, out_end = src.begin + n_in, begin + n_out
     if start is not None:
-        n = len(op.inputs)
-        spans.append((start, n))
-        peak = max(peak, held if n - start > 1 else cast_chunk(op.inputs[start].numel, src_dtype, op.dtype, chunk_bytes)[1])
+        close(len(op.inputs))
     return tuple(spans), peak

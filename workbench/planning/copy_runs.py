@@ -17,19 +17,22 @@ Smaller checkpoints keep one group per tensor, which is what the plan's tables a
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, TypeVar
 
 from ..catalog import Catalog, TensorInfo
 from ..mapper.groups import Binding, ByteSlice, Group
 from ..mapper.recipes import LazyRecipe
+from .sources import copy_group
+
+T = TypeVar("T")
 
 RUN_MIN_TENSORS = 1024  # below this many tensors a checkpoint keeps one group per tensor
 RUN_TENSORS = 256  # tensors in one run, at most
 RUN_TENSOR_BYTES = 1 << 20  # a tensor at least this large is a group of its own (runs are for bookkeeping-bound tensors)
 
+_name = operator.attrgetter("name")
 _begin = operator.attrgetter("begin")
-_file = operator.attrgetter("file")
 
 
 class CopyRun(Mapping[str, tuple[ByteSlice, ...]]):
@@ -75,6 +78,17 @@ class CopyRun(Mapping[str, tuple[ByteSlice, ...]]):
         return (f"run {inputs[0].file if inputs else ''} " + "\0".join(map(_name, inputs)) + renamed + " "
                 + ",".join(map(str, map(_begin, inputs))) + " " + ",".join(map(str, self.sizes)))
 
+    @property
+    def out_sizes(self) -> tuple[int, ...]:
+        """The bytes each output takes (its input's: a copy)."""
+        return self.sizes
+
+    def part(self, start: int, end: int, label: str) -> Group:
+        """The group of tensors [start, end) of this run, labelled `label` (a run cut where it crosses into the
+        next output file)."""
+        renamed = self.outputs is not self.inputs
+        return run_group(self.inputs[start:end], self.sizes[start:end], self.outputs[start:end] if renamed else None, label)
+
     def __iter__(self) -> Iterator[str]:
         return map(_name, self.outputs)
 
@@ -83,9 +97,6 @@ class CopyRun(Mapping[str, tuple[ByteSlice, ...]]):
 
     def __repr__(self) -> str:
         return f"CopyRun({len(self.inputs)} tensors of {self.inputs[0].file if self.inputs else '-'!r})"
-
-
-_name = operator.attrgetter("name")
 
 
 class PassThroughRun:
@@ -117,55 +128,57 @@ def many_raw(catalog: Catalog) -> bool:
     return len(catalog.tensors) >= RUN_MIN_TENSORS and getattr(catalog.reader, "raw_in_place", False) is True
 
 
-def copy_run_binding(catalog: Catalog) -> Binding:
-    """Every tensor of `catalog` copied unchanged, in schedule order: runs of small neighbours, large tensors alone.
+def schedule_order(catalog: Catalog) -> Iterator[list[TensorInfo]]:
+    """The tensors of `catalog` in the order the schedule takes them: per source file (files sorted), by offset.
 
-    A tensor alone is the same group `passthrough_binding` makes, so what plans for it does not change.
+    Stable: tensors at one offset (empty ones) keep catalog order, as the schedule's binding order does.
     """
-    from .sources import PassThrough
-
     by_file: dict[str, list[TensorInfo]] = {}
     for info in catalog.tensors.values():
         by_file.setdefault(info.file, []).append(info)
-    groups: list[Group] = []
     for file in sorted(by_file):
         infos = by_file[file]
-        infos.sort(key=_begin)  # stable: tensors at one offset (empty ones) keep catalog order, as the schedule does
-        run: list[TensorInfo] = []
-        sizes: list[int] = []
-        for info in infos:
-            size = info.end - info.begin
-            if size >= RUN_TENSOR_BYTES:
-                if run:
-                    groups.append(run_group(tuple(run), tuple(sizes)))
-                    run, sizes = [], []
-                name = info.name
-                groups.append(Group((info,), (TensorInfo(name, info.dtype, info.shape),), PassThrough(name),
-                                    {name: (ByteSlice(name, 0, size),)}, None, "copy"))
-                continue
-            run.append(info)
-            sizes.append(size)
-            if len(run) == RUN_TENSORS:
-                groups.append(run_group(tuple(run), tuple(sizes)))
-                run, sizes = [], []
-        if run:
-            groups.append(run_group(tuple(run), tuple(sizes)))
+        infos.sort(key=_begin)
+        yield infos
+
+
+def stretches(items: Iterable[T], key: Callable[[T], object]) -> Iterator[list[T]]:
+    """`items` cut into stretches of neighbours with equal keys, at most RUN_TENSORS long; an item whose key is
+    None (one that cannot join a run) is a stretch of its own."""
+    stretch: list[T] = []
+    current: object = None
+    for item in items:
+        here = key(item)
+        if stretch and (here is None or here != current or len(stretch) == RUN_TENSORS):
+            yield stretch
+            stretch = []
+        if here is None:
+            yield [item]
+            continue
+        stretch.append(item)
+        current = here
+    if stretch:
+        yield stretch
+
+
+def _small(info: TensorInfo) -> bool | None:
+    """A run key for tensors of one file: True for a tensor small enough to join a run, None for one alone."""
+    return True if info.end - info.begin < RUN_TENSOR_BYTES else None
+
+
+def copy_run_binding(catalog: Catalog) -> Binding:
+    """Every tensor of `catalog` copied unchanged, in schedule order: runs of small neighbours, other tensors alone.
+
+    A tensor alone is the same group `passthrough_binding` makes, so what plans for it does not change.
+    """
+    groups: list[Group] = []
+    for infos in schedule_order(catalog):
+        for part in stretches(infos, _small):
+            if len(part) > 1:
+                groups.append(run_group(tuple(part), tuple(t.end - t.begin for t in part)))
+            else:
+                groups.append(copy_group(part[0], part[0].end - part[0].begin))
     return Binding(groups)
-
-
-def split_run(group: Group, counts: list[int]) -> list[Group]:
-    """`group` (a run) cut into consecutive runs of `counts` tensors."""
-    recipe = group.recipe
-    assert type(recipe) is CopyRun
-    parts = []
-    start = 0
-    renamed = recipe.outputs is not recipe.inputs
-    for count in counts:
-        end = start + count
-        parts.append(run_group(recipe.inputs[start:end], recipe.sizes[start:end], recipe.outputs[start:end] if renamed else None,
-                               group.label))
-        start = end
-    return parts
 
 
 def whole_copy_size(group: Group) -> int | None:
@@ -196,31 +209,17 @@ def coalesce_copies(groups: list[Group]) -> list[Group]:
     """`groups` (in schedule order, inputs raw in place) with each stretch of neighbouring small whole copies from
     one file with one label made one run (with that label); what a mapper keeps or renames one tensor at a time
     is then planned in runs too."""
+
+    def key(item: tuple[Group, int | None]) -> tuple[str, str] | None:
+        group, size = item
+        return (group.inputs[0].file, group.label) if size is not None and size < RUN_TENSOR_BYTES else None
+
     result: list[Group] = []
-    members: list[Group] = []
-    sizes: list[int] = []
-    file = None
-
-    def flush() -> None:
-        if len(members) > 1:
-            result.append(run_group(tuple(g.inputs[0] for g in members), tuple(sizes), tuple(g.outputs[0] for g in members),
-                                    members[0].label))
+    for part in stretches([(group, whole_copy_size(group)) for group in groups], key):
+        if len(part) > 1:
+            members = [group for group, _ in part]
+            result.append(run_group(tuple(g.inputs[0] for g in members), tuple(size for _, size in part),  # type: ignore[misc]
+                                    tuple(g.outputs[0] for g in members), members[0].label))
         else:
-            result.extend(members)
-        members.clear()
-        sizes.clear()
-
-    for group in groups:
-        size = whole_copy_size(group)
-        if size is None or size >= RUN_TENSOR_BYTES:
-            flush()
-            result.append(group)
-            continue
-        source = group.inputs[0].file
-        if members and (source != file or len(members) == RUN_TENSORS or group.label != members[0].label):
-            flush()
-        file = source
-        members.append(group)
-        sizes.append(size)
-    flush()
+            result.append(part[0][0])
     return result

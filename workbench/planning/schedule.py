@@ -40,7 +40,7 @@ class Step:
     # on the others () (their work is done by the first); None for a step that runs on its own.
     batch: tuple[Group, ...] | None = None
     # A cast run's tensors as the engine converts them, [start, end) positions, batches and single casts
-    # (`planning.cast_runs.run_batches`); None for any other step.
+    # (`planning.cast_runs.run_batches`); None for any other step (and for a run not yet laid out: each alone).
     spans: tuple[tuple[int, int], ...] | None = None
 
     @property
@@ -159,10 +159,14 @@ def _located_copy_reads(info: TensorInfo, recipe: Mapping[str, tuple[ByteSlice, 
     return {info.file: total} if pieces else {}
 
 
-def cast_run_step(index: int, group: Group) -> Step:
-    """The step of a cast run (`planning.cast_runs`); what it holds is set by `planning.cast_batches` once the layout
-    says which of its tensors are converted together (until then: its largest tensor, in and out)."""
-    op = group.op
+def run_step(index: int, group: Group) -> Step:
+    """The step of a run (`planning.copy_runs`, `planning.cast_runs`). A run of empty tensors reads nothing; what a
+    cast run holds is set by `planning.cast_batches` once the layout says which of its tensors are converted
+    together (until then: its largest tensor, in and out)."""
+    recipe, op = group.recipe, group.op
+    if type(recipe) is CopyRun:
+        total = recipe.total
+        return Step(index, group, COPY, 0, {group.inputs[0].file: total} if total else {}, total)
     return Step(index, group, CAST, max(op.in_sizes) + max(op.out_sizes), {group.inputs[0].file: sum(op.in_sizes)}, sum(op.out_sizes))
 
 
@@ -177,7 +181,7 @@ def build_steps(groups: list[Group], access: SourceAccess, chunk_bytes: int, *, 
         if not group.outputs:
             continue
         inputs = group.inputs
-        if len(inputs) == 1 or type(group.recipe) is CopyRun:  # a run's first input is its first byte
+        if len(inputs) == 1 or type(group.recipe) is CopyRun or type(group.op) is CastRun:  # a run's first input is its first byte
             first = inputs[0]
             ordered.append((file_order[first.file], first.begin, index, group))
         else:
@@ -194,12 +198,8 @@ def build_steps(groups: list[Group], access: SourceAccess, chunk_bytes: int, *, 
         outputs = group.outputs
         recipe = group.recipe
         inputs = group.inputs
-        if type(recipe) is CopyRun:  # neighbours of one file copied whole (`planning.copy_runs`), raw in place
-            total = recipe.total  # a run of empty tensors reads nothing
-            steps.append(Step(index, group, COPY, 0, {inputs[0].file: total} if total else {}, total))
-            continue
-        if type(group.op) is CastRun:  # neighbours of one file cast (`planning.cast_runs`); held: set after the layout
-            steps.append(cast_run_step(index, group))
+        if type(recipe) is CopyRun or type(group.op) is CastRun:  # neighbours of one file copied whole or cast
+            steps.append(run_step(index, group))
             continue
         if recipe is not None and len(recipe) == 1 and len(inputs) == 1:  # step_cost of a one-slice copy, inlined
             (pieces,) = recipe.values()

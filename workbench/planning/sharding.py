@@ -17,10 +17,10 @@ from ..catalog import TensorInfo
 from ..display import format_bytes
 from ..mapper.groups import Problem
 from ..output.base import FileLayout, OutputFormat
-from .cast_runs import CastRun, split_cast_run
-from .copy_runs import CopyRun, split_run
+from .cast_runs import CastRun
+from .copy_runs import CopyRun
 from .page_align import SourceOffset, choose_residue
-from .schedule import COPY, Step, cast_run_step
+from .schedule import Step, run_step
 
 
 @dataclass
@@ -112,7 +112,7 @@ def assign_shards(steps: list[Step], limit: int) -> tuple[list[list[TensorInfo]]
         outputs = step.group.outputs
         size = step.bytes_out
         recipe, op = step.group.recipe, step.group.op
-        sizes = recipe.sizes if type(recipe) is CopyRun else op.out_sizes if type(op) is CastRun else None
+        sizes = recipe.out_sizes if type(recipe) is CopyRun else op.out_sizes if type(op) is CastRun else None
         if sizes is not None and (filled + size > limit or max(sizes) > limit):
             used = place_each(outputs, sizes)  # a run's tensors are independent: placed as one group each would be
             numbers = tuple(dict.fromkeys(used))
@@ -154,16 +154,13 @@ def split_runs(steps: list[Step], step_shards: list[tuple[int, ...]], crossing: 
             new_steps.append(step)
             new_shards.append(numbers)
             continue
-        segments = [(k, len(list(members))) for k, members in itertools.groupby(used)]
-        counts = [n for _, n in segments]
-        if type(step.group.op) is CastRun:
-            parts = [cast_run_step(0, group) for group in split_cast_run(step.group, counts)]
-        else:
-            parts = [Step(0, group, COPY, 0, {group.inputs[0].file: total} if (total := group.recipe.total) else {}, total)  # type: ignore[union-attr]
-                     for group in split_run(step.group, counts)]
-        for part, (k, _) in zip(parts, segments, strict=True):
-            new_steps.append(part)
+        run = step.group.recipe if type(step.group.recipe) is CopyRun else step.group.op
+        start = 0
+        for k, members in itertools.groupby(used):
+            end = start + len(list(members))
+            new_steps.append(run_step(0, run.part(start, end, step.group.label)))
             new_shards.append((k,))
+            start = end
     for index, step in enumerate(new_steps):
         step.index = index
     steps[:] = new_steps

@@ -57,6 +57,46 @@ class PassThrough:
         return f"PassThrough({self.name!r})"
 
 
+def copy_group(info: TensorInfo, size: int) -> Group:
+    """The group copying one source tensor unchanged: its `size` bytes from the start of its data."""
+    name = info.name
+    return Group((info,), (TensorInfo(name, info.dtype, info.shape),), PassThrough(name), {name: (ByteSlice(name, 0, size),)}, None, "copy")
+
+
+class PolicyGroups:
+    """What a dtype policy (`code`) makes of source tensors taken one by one: a chunked cast of each float it casts,
+    a byte copy of anything else; floats it cannot cast are kept, and `binding` warns about them."""
+
+    def __init__(self, code: str) -> None:
+        self.code = code
+        self.label = f"copy -> {code}"
+        self._casts: dict[str, bool] = {}  # source dtype -> cast by the policy
+        self._kept: dict[str, list[str]] = {}  # float dtype the policy cannot cast -> tensor names
+
+    def casts(self, dtype: str) -> bool:
+        """Whether the policy casts tensors of `dtype`."""
+        here = self._casts.get(dtype)
+        if here is None:
+            here = self._casts[dtype] = policy_casts(dtype, self.code)
+            if policy_keeps(dtype, self.code):
+                self._kept[dtype] = []
+        return here
+
+    def group(self, info: TensorInfo) -> Group:
+        """The group of one source tensor under the policy."""
+        name = info.name
+        if self.casts(info.dtype):  # a whole copy cast: chunked
+            return Group((info,), (TensorInfo(name, self.code, info.shape),), CastOutputs(PassThrough(name), self.code, frozenset((name,))),
+                         None, self.code, self.label)
+        if info.dtype in self._kept:
+            self._kept[info.dtype].append(name)
+        return copy_group(info, info.nbytes)
+
+    def binding(self, groups: list[Group]) -> Binding:
+        """`groups` with the policy's warnings about the floats it kept."""
+        return Binding(groups, kept_warnings(self._kept, self.code))
+
+
 def passthrough_binding(catalog: Catalog, dtype: str | None = None) -> Binding:
     """One byte-copy group per source tensor, in catalog order.
 
@@ -65,32 +105,9 @@ def passthrough_binding(catalog: Catalog, dtype: str | None = None) -> Binding:
     """
     if dtype is None:
         raw = getattr(catalog.reader, "raw_in_place", False) is True  # each tensor's bytes are [begin, end) of its file
-        groups = [
-            Group((info,), (TensorInfo(name, info.dtype, info.shape),), PassThrough(name),
-                  {name: (ByteSlice(name, 0, info.end - info.begin if raw else info.nbytes),)}, None, "copy")
-            for name, info in catalog.tensors.items()
-        ]
-        return Binding(groups)
-    code = policy_dtype(dtype)
-    label = f"copy -> {code}"
-    cast: dict[str, bool] = {}  # source dtype -> cast by the policy
-    kept: dict[str, list[str]] = {}  # float dtype the policy cannot cast -> tensor names
-    groups = []
-    for name, info in catalog.tensors.items():
-        here = cast.get(info.dtype)
-        if here is None:
-            here = cast[info.dtype] = policy_casts(info.dtype, code)
-            if policy_keeps(info.dtype, code):
-                kept[info.dtype] = []
-        if here:  # a whole copy cast: chunked
-            op = CastOutputs(PassThrough(name), code, frozenset((name,)))
-            groups.append(Group((info,), (TensorInfo(name, code, info.shape),), op, None, code, label))
-            continue
-        if info.dtype in kept:
-            kept[info.dtype].append(name)
-        groups.append(Group((info,), (TensorInfo(name, info.dtype, info.shape),), PassThrough(name),
-                            {name: (ByteSlice(name, 0, info.nbytes),)}, None, "copy"))
-    return Binding(groups, kept_warnings(kept, code))
+        return Binding([copy_group(info, info.end - info.begin if raw else info.nbytes) for info in catalog.tensors.values()])
+    policy = PolicyGroups(policy_dtype(dtype))
+    return policy.binding([policy.group(info) for info in catalog.tensors.values()])
 
 
 def check_rest(rest: str) -> None:
