@@ -159,7 +159,7 @@ def _located_copy_reads(info: TensorInfo, recipe: Mapping[str, tuple[ByteSlice, 
     return {info.file: total} if pieces else {}
 
 
-def run_step(index: int, group: Group) -> Step:
+def step_of_run(index: int, group: Group) -> Step:
     """The step of a run (`planning.copy_runs`, `planning.cast_runs`). A run of empty tensors reads nothing; what a
     cast run holds is set by `planning.cast_batches` once the layout says which of its tensors are converted
     together (until then: its largest tensor, in and out)."""
@@ -199,7 +199,7 @@ def build_steps(groups: list[Group], access: SourceAccess, chunk_bytes: int, *, 
         recipe = group.recipe
         inputs = group.inputs
         if type(recipe) is CopyRun or type(group.op) is CastRun:  # neighbours of one file copied whole or cast
-            steps.append(run_step(index, group))
+            steps.append(step_of_run(index, group))
             continue
         if recipe is not None and len(recipe) == 1 and len(inputs) == 1:  # step_cost of a one-slice copy, inlined
             (pieces,) = recipe.values()

@@ -20,7 +20,7 @@ from ..output.base import FileLayout, OutputFormat
 from .cast_runs import CastRun
 from .copy_runs import CopyRun
 from .page_align import SourceOffset, choose_residue
-from .schedule import Step, run_step
+from .schedule import Step, step_of_run
 
 
 @dataclass
@@ -158,7 +158,7 @@ def split_runs(steps: list[Step], step_shards: list[tuple[int, ...]], crossing: 
         start = 0
         for k, members in itertools.groupby(used):
             end = start + len(list(members))
-            new_steps.append(run_step(0, run.part(start, end, step.group.label)))
+            new_steps.append(step_of_run(0, run.part(start, end, step.group.label)))
             new_shards.append((k,))
             start = end
     for index, step in enumerate(new_steps):
