@@ -20,18 +20,29 @@ from workbench.explore.verify import verify
 from workbench.launch import Launch
 from workbench.output.lock import LOCK_NAME, DestinationLock, holder
 
-# A conversion that pauses at its first progress report until the test creates `go`.
+# A conversion that pauses as it hands its first finished file to the committer, until the test writes a line
+# to its stdin. There nothing of it moves: the main thread waits here and the committer thread (started by this
+# first hand-over) and copy lanes do not run, so the destination's listing holds still while the test looks.
+# (Pausing at a progress report instead raced: a file committed just before the report was still being renamed
+# from .partial on the committer's thread while the test listed the folder twice.)
 PAUSED_CONVERSION = r"""
-import os, sys, time
+import sys, threading
 import workbench as wb
-source, dest, go = sys.argv[1:4]
+from workbench.engine.committer import Committer
+source, dest = sys.argv[1:3]
+submit = Committer.submit
+paused = []
 
-def pause(rank, done, total):
-    print("RUNNING", flush=True)
-    while not os.path.exists(go):
-        time.sleep(0.01)
+def pause_then_submit(self, name, writer):
+    if not paused:
+        paused.append(name)
+        others = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+        print("RUNNING" if not others else f"OTHER THREADS {others}", flush=True)
+        sys.stdin.readline()
+    submit(self, name, writer)
 
-wb.convert(source, dest, shard_size="300KB", quiet=True, on_progress=pause)
+Committer.submit = pause_then_submit
+wb.convert(source, dest, shard_size="300KB", quiet=True)
 print("DONE", flush=True)
 """
 
@@ -42,9 +53,9 @@ def _wait_for(process: subprocess.Popen, word: str) -> None:
 
 
 def test_second_conversion_is_refused_while_one_runs(llama_sample: Path, tmp_path: Path, capsys) -> None:
-    dest, go = tmp_path / "out", tmp_path / "go"
-    first = subprocess.Popen([sys.executable, "-c", PAUSED_CONVERSION, str(llama_sample), str(dest), str(go)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    dest = tmp_path / "out"
+    first = subprocess.Popen([sys.executable, "-c", PAUSED_CONVERSION, str(llama_sample), str(dest)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(first, "RUNNING")
         who = f"pid {first.pid} on host {socket.gethostname()}"
@@ -66,8 +77,7 @@ def test_second_conversion_is_refused_while_one_runs(llama_sample: Path, tmp_pat
         assert cli_main(["convert", str(llama_sample), str(dest), "--shard-size", "300KB", "--quiet"]) == 2
         assert f"another conversion is writing there ({who}" in capsys.readouterr().err
     finally:
-        go.touch()
-        out, err = first.communicate(timeout=60)
+        out, err = first.communicate("go\n", timeout=60)  # the paused run goes on
     assert first.returncode == 0 and "DONE" in out, err
     assert verify(dest).ok and not (dest / LOCK_NAME).exists()
 
