@@ -10,7 +10,6 @@ from __future__ import annotations
 import filecmp
 import os
 import random
-import resource
 import shutil
 import signal
 import subprocess
@@ -34,17 +33,20 @@ SHARD_SIZE = "120KB"  # tiny-llama (723 KB) -> 7 shards: many commit points
 KILL_POINTS = 12
 
 # The child converts with every file-system mutation counted; at event number `kill_at` it SIGKILLs
-# itself (no cleanup, no finally, exactly like a kill -9 from outside at that moment).
+# itself (no cleanup, no finally, exactly like a kill -9 from outside at that moment). The rank's thread and
+# the committer's thread both make events: the count is taken under a lock, so no event is lost or counted
+# twice whichever thread makes it, and the run always reaches the last event the clean run counted.
 CHILD = r"""
-import os, signal, sys
+import os, signal, sys, threading
 import workbench as wb
-kill_at, events = int(sys.argv[3]), [0]
+kill_at, events, counting = int(sys.argv[3]), [0], threading.Lock()
 
 def counted(fn):
     def call(*args, **kwargs):
-        events[0] += 1
-        if events[0] == kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)
+        with counting:
+            events[0] += 1
+            if events[0] == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
         return fn(*args, **kwargs)
     return call
 
@@ -116,17 +118,23 @@ def test_kill_9_at_any_point_then_resume_gives_identical_output(llama_sample: Pa
         assert_same_files(dest, clean)  # no .partial, no manifest, no lock file left
 
 
-def _limited_child(limit: int) -> None:  # runs in the child between fork and exec
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over-limit writes fail with EFBIG instead of killing
+# The child limits its own file size before converting. (A preexec_fn would run Python between fork and exec
+# in a copy of pytest, whose other threads may hold locks the child then waits on forever.)
+LIMITED_CHILD = r"""
+import resource, signal, sys
+limit = int(sys.argv[3])
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over-limit writes fail with EFBIG instead of killing
+import workbench as wb
+wb.convert(sys.argv[1], sys.argv[2], shard_size="400KB", quiet=True)
+"""
 
 
 def test_file_size_limit_fails_clearly_and_leaves_nothing_that_looks_complete(llama_sample: Path, tmp_path: Path, clean_run) -> None:
     clean, _ = clean_run
     dest = tmp_path / "out"
-    code = f"import workbench as wb; wb.convert({str(llama_sample)!r}, {str(dest)!r}, shard_size='400KB', quiet=True)"
-    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                           preexec_fn=lambda: _limited_child(300_000))
+    child = subprocess.run([sys.executable, "-c", LIMITED_CHILD, str(llama_sample), str(dest), "300000"],
+                           capture_output=True, text=True, timeout=120)
     assert child.returncode == 1
     last = child.stderr.strip().splitlines()[-1]
     assert last.startswith("workbench.errors.PlanError: Cannot write the conversion into") and "file size limit" in last
