@@ -42,12 +42,71 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                                           stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True))
 
 
+# The group watch: a small process in pytest's own process group that logs every signal reaching the group. Run from
+# a parent without job control (`make test` under CI), make, pytest and every child that does not start a session
+# of its own share that group, and a SIGINT sent to it ends pytest as "interrupted" (exit status 2) with nothing
+# saying who sent it. The watch says whether a signal came through the group (and when); tests start children that
+# could signal their group in sessions of their own, and tests/test_trust_suite_signals.py checks the launchers.
+_GROUP_WATCH_CODE = r"""
+import os, signal, sys, time
+log, parent = sys.argv[1], int(sys.argv[2])
+
+def note(signum, frame):
+    with open(log, "a") as fh:
+        fh.write(f"{time.strftime('%H:%M:%S')} {signal.Signals(signum).name}\n")
+
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+    signal.signal(sig, note)
+print("READY", flush=True)
+while os.getppid() == parent:  # ends with pytest, however pytest ends
+    time.sleep(1)
+"""
+_GROUP_WATCH: list[tuple[subprocess.Popen, Path]] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Start the group watch (not in a collect-only run)."""
+    import tempfile
+
+    if config.option.collectonly or _GROUP_WATCH:
+        return
+    log = Path(tempfile.mkdtemp(prefix="workbench-group-watch-")) / "signals.log"
+    watch = subprocess.Popen([sys.executable, "-c", _GROUP_WATCH_CODE, str(log), str(os.getpid())],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+    watch.stdout.readline()
+    _GROUP_WATCH.append((watch, log))
+
+
+def group_signals() -> str:
+    """What the group watch logged so far ("" when no signal reached pytest's process group)."""
+    return "".join(log.read_text() for _, log in _GROUP_WATCH if log.exists())
+
+
+def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo) -> None:
+    """Say whether the interrupt came through the process group (and when), or to pytest alone / from inside."""
+    seen = group_signals().strip()
+    sys.stderr.write("\nworkbench tests: interrupted; signals that reached pytest's process group: "
+                     + (seen.replace("\n", ", ") if seen else "none (the interrupt was sent to pytest alone, or raised inside it)") + "\n")
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Stop a pre-build still running (what it finished stays cached; what it was building is rebuilt next time)."""
+    """Stop a pre-build still running (what it finished stays cached; what it was building is rebuilt next time),
+    and the group watch, reporting any signal that reached the group."""
     for process in _PREBUILD:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGTERM)
             process.wait(timeout=60)
+    seen = group_signals().strip()
+    if seen:
+        sys.stderr.write(f"\nworkbench tests: signals reached pytest's process group during the run: {seen.replace(chr(10), ', ')}\n")
+    while _GROUP_WATCH:
+        watch, log = _GROUP_WATCH.pop()
+        watch.kill()
+        watch.wait()
+        watch.stdout.close()
+        import shutil
+
+        shutil.rmtree(log.parent, ignore_errors=True)
 
 
 _MEASURED_CLI = """
@@ -75,6 +134,17 @@ def run_cli_measured(args: list[str], whole_process: bool = False) -> tuple[set[
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     return set(result["imported"]), int(result["peak"])
+
+
+def process_gone(pid: int) -> bool:
+    """True when process `pid` has ended: no such process, or a zombie nobody reaped yet (a worker whose parent
+    was killed is re-parented to the machine's init, which may reap it late or never). A bare `os.kill(pid, 0)`
+    raced with that reaping."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            return fh.read().rsplit(")", 1)[-1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ two-node torchrun job (two agents on this machine, c10d rendezvous on 127.0.0.1)
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -58,15 +59,18 @@ def _agents(source: Path, dest: Path, env: dict[str, str]) -> list[subprocess.Co
                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=wb-{port}",
                "-m", "workbench", "convert", str(source), str(dest), "--shard-size", "70KB", "--dtype", "bf16",
                "--quiet"]
-    agents = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-              for _ in range(2)]
+    # Each agent leads a session of its own: torchrun passes SIGINT/SIGTERM on and stops worker groups, and none of
+    # that may reach the test run's group; on a timeout the whole of each agent's group (workers too) is stopped.
+    agents = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                               start_new_session=True) for _ in range(2)]
     done = []
     for agent in agents:
         try:
             out, err = agent.communicate(timeout=240)
         except subprocess.TimeoutExpired:
             for other in agents:
-                other.kill()
+                if other.poll() is None:
+                    os.killpg(other.pid, signal.SIGKILL)
             raise
         done.append(subprocess.CompletedProcess(command, agent.returncode, out, err))
     return done

@@ -37,6 +37,7 @@ from ..output.lock import DestinationLock, lock_destination
 from ..planning.model import Plan
 from .job import job_for
 from .local_run import WORKER_MODULE
+from .processes import is_running, signal_worker
 
 KILL_GRACE_SECONDS = 5.0
 
@@ -89,6 +90,7 @@ class Launch:
         self.totals = {r: sum(f.tensor_bytes for f in plan.rank_files(r)) for r in range(plan.nproc)}
         self.done = dict.fromkeys(self.totals, 0)
         self.worker_pids: dict[int, int] = {}
+        self.worker_started: dict[int, int | None] = {}  # each worker's start tick: its pid is signalled only while it runs
         self.jobdir: Path | None = None
         self.process: subprocess.Popen | None = None
         self._events: queue.Queue = queue.Queue()
@@ -154,15 +156,14 @@ class Launch:
                 os.killpg(self.process.pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
-        for pid in self.worker_pids.values():  # workers run in sessions of their own
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+        for rank, pid in list(self.worker_pids.items()):  # torchrun's workers run in sessions of their own
+            signal_worker(pid, self.worker_started.get(rank), sig)  # never a process that took an ended worker's pid
 
     def _handle(self, record: dict, bar) -> None:
         rank = int(record.get("rank", 0))
         if record[PROGRESS_TAG] == "start":
+            started = record.get("started")
+            self.worker_started[rank] = started if isinstance(started, int) else None
             self.worker_pids[rank] = int(record["pid"])
             if self._cancelled.is_set():
                 self._kill(signal.SIGTERM)
@@ -193,11 +194,11 @@ class Launch:
             self._kill(signal.SIGKILL)
             self.process.wait()
         deadline = time.monotonic() + KILL_GRACE_SECONDS
-        for pid in self.worker_pids.values():  # do not clean up under a still-writing worker
-            while _alive(pid) and time.monotonic() < deadline:
+        for rank, pid in list(self.worker_pids.items()):  # do not clean up under a still-writing worker
+            started = self.worker_started.get(rank)
+            while is_running(pid, started) and time.monotonic() < deadline:
                 time.sleep(0.02)
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+            signal_worker(pid, started, signal.SIGKILL)
 
     def wait(self) -> RunReport:
         """Follow progress until the workers exit; return the report or raise naming the failed rank."""
@@ -256,20 +257,6 @@ class Launch:
             shutil.rmtree(self.jobdir, ignore_errors=True)
         if self._lock is not None:
             self._lock.release()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie child of torchrun counts as gone
-        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
-            return fh.read().split(") ")[-1][:1] != "Z"
-    except OSError:
-        return False
 
 
 def launch(plan: Plan, *, quiet: bool = False, on_progress: ProgressCallback | None = None,

@@ -21,6 +21,7 @@ from ..engine.report import RankResult
 from ..engine.status import FINAL_FILE, JOB_FILE, describe_failure, read_json, status_path, write_json_atomic
 from ..errors import PlanError
 from .job import Job, replan
+from .processes import start_time
 
 POLL_SECONDS = 0.02
 
@@ -38,7 +39,9 @@ def run_worker(jobdir: Path, rank: int, world: int) -> int:
     """One rank's whole life; returns the process exit code."""
     import json
 
-    os.write(1, (json.dumps({PROGRESS_TAG: "start", "rank": rank, "pid": os.getpid()}) + "\n").encode())
+    # The start tick lets the launcher tell this process from a later one given the same pid (launch.processes).
+    started = start_time()
+    os.write(1, (json.dumps({PROGRESS_TAG: "start", "rank": rank, "pid": os.getpid(), "started": started}) + "\n").encode())
     plan = None
     try:
         job = Job.from_json((jobdir / JOB_FILE).read_text(encoding="utf-8"))
