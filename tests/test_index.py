@@ -281,20 +281,33 @@ def test_sparse_llama_405b_shapes_open_from_headers(tmp_path: Path) -> None:
 
 
 def test_fifo_named_like_an_index_is_never_read(tmp_path: Path) -> None:
-    import signal
-
-    def blocked(*_: object) -> None:
-        raise TimeoutError("opening the checkpoint blocked on a FIFO")
+    import contextlib
+    import threading
 
     folder = tmp_path / "ck"
     folder.mkdir()
     save_file({"w": np.ones(2, np.float32)}, str(folder / "model.safetensors"))
-    os.mkfifo(folder / "other.safetensors.index.json")  # opening it for reading would wait for a writer
-    previous = signal.signal(signal.SIGALRM, blocked)
-    signal.alarm(20)
-    try:
-        catalog = open_catalog(folder)
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+    fifo = folder / "other.safetensors.index.json"
+    os.mkfifo(fifo)  # opening it for reading would wait for a writer
+    # Opened on a thread, not under SIGALRM: the alarm timer is the one pytest-timeout arms for every test, and
+    # taking it over cancelled the suite's own time limit for this test.
+    opened: list = []
+
+    def open_it() -> None:
+        try:
+            opened.append(open_catalog(folder))
+        except BaseException as exc:  # noqa: BLE001 - raised on the test's thread below
+            opened.append(exc)
+
+    opening = threading.Thread(target=open_it, daemon=True)
+    opening.start()
+    opening.join(20)
+    if opening.is_alive():  # blocked on the FIFO: a writer end lets that open return, then fail the test
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        opening.join(20)
+        pytest.fail("opening the checkpoint blocked on a FIFO")
+    (catalog,) = opened
+    if isinstance(catalog, BaseException):
+        raise catalog
     assert list(catalog.tensors) == ["w"]

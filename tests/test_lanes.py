@@ -129,37 +129,61 @@ def test_a_failed_commit_in_either_lane_fails_the_run_cleanly(llama_sample: Path
         _same_folders(clean, dest)
 
 
-def test_progress_counts_both_lanes_and_a_cancel_stops_them(llama_sample: Path, tmp_path: Path, lanes_on, monkeypatch) -> None:
+def _second_lane_waits_for_a_report_after_the_first(monkeypatch) -> tuple:
+    """Lane 1 holds at its first copy until the first lane has finished and the rank's thread has reported progress
+    since (states, not times: the first lane always finishes first, and the rank reports while lane 1 still runs).
+    Returns (first_done, reported_after): the events, the second set by the test's progress callback."""
     import threading
-    import time
 
-    from workbench.engine.progress import Cancelled
+    first_done, reported_after = threading.Event(), threading.Event()
+    real_lane, real_copy = rank._run_lane, SafetensorsWriter.copy_span
 
-    real_copy = SafetensorsWriter.copy_span
+    def lane(*args, **kwargs):
+        try:
+            return real_lane(*args, **kwargs)
+        finally:
+            if threading.current_thread() is threading.main_thread():  # the first lane runs on the rank's thread
+                first_done.set()
 
-    def slow_in_second_lane(self, *args, **kwargs):
+    def copy_span(self, *args, **kwargs):
         if threading.current_thread().name == "workbench-lane-1":
-            time.sleep(0.05)  # the first lane finishes long before the second
+            assert reported_after.wait(60), "the rank never reported progress after its first lane finished"
         return real_copy(self, *args, **kwargs)
 
-    monkeypatch.setattr(SafetensorsWriter, "copy_span", slow_in_second_lane)
+    monkeypatch.setattr(rank, "_run_lane", lane)
+    monkeypatch.setattr(SafetensorsWriter, "copy_span", copy_span)
+    return first_done, reported_after
+
+
+def test_progress_counts_both_lanes_and_a_cancel_stops_them(llama_sample: Path, tmp_path: Path, lanes_on, monkeypatch) -> None:
+    from workbench.engine.progress import Cancelled
+
+    first_done, reported_after = _second_lane_waits_for_a_report_after_the_first(monkeypatch)
     seen: list[int] = []
-    total = wb.convert(llama_sample, tmp_path / "full", shard_size=SHARD_SIZE, quiet=True,
-                       on_progress=lambda rank, done, total: seen.append(done)).bytes_written
-    # Reported while the slow lane went on after the first had finished (the rank's thread keeps reporting):
+
+    def record(rank: int, done: int, total: int) -> None:
+        seen.append(done)
+        if first_done.is_set():
+            reported_after.set()
+
+    total = wb.convert(llama_sample, tmp_path / "full", shard_size=SHARD_SIZE, quiet=True, on_progress=record).bytes_written
+    # Reported while the second lane went on after the first had finished (the rank's thread keeps reporting):
     assert seen == sorted(seen) and len(seen) >= 3 and seen[-1] == open_catalog(llama_sample).total_bytes
     assert lanes_on == [2]
 
-    calls: list[int] = []
+    first_done, reported_after = _second_lane_waits_for_a_report_after_the_first(monkeypatch)
 
-    def cancel_late(rank: int, done: int, total: int) -> bool:
-        calls.append(done)
-        return len(calls) < 3
+    def cancel_while_the_second_lane_runs(rank: int, done: int, total: int) -> bool:
+        if first_done.is_set():
+            reported_after.set()
+            return False
+        return True
 
     dest = tmp_path / "cancelled"
     with pytest.raises(Cancelled, match="cancelled"):
-        wb.convert(llama_sample, dest, shard_size=SHARD_SIZE, quiet=True, on_progress=cancel_late)
+        wb.convert(llama_sample, dest, shard_size=SHARD_SIZE, quiet=True, on_progress=cancel_while_the_second_lane_runs)
     assert INDEX not in os.listdir(dest) and not _partials(dest)
+    assert len([n for n in os.listdir(dest) if n.endswith(".safetensors")]) < 7  # the second lane stopped early
     assert total > 0
 
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import assert_same_folder
+from conftest import assert_same_folder, process_gone
 
 import workbench as wb
 from workbench import conversion
@@ -44,15 +44,15 @@ def reference(llama_sample: Path, fused, tmp_path_factory: pytest.TempPathFactor
 
 @pytest.fixture
 def held_steps(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
-    """Hold a local run after its first step until the returned event is set, so a test can act mid-run."""
+    """Hold a local run after its first step until the returned event is set, so a test can act mid-run. Every step
+    then reports progress (no 0.1 s throttle), so a cancel takes effect at the very next step, not after some time."""
     run_step, run_copies = rank.run_step, rank.run_copies
     release = threading.Event()
     calls = []
 
     def wait() -> None:
-        if calls:  # later steps: wait for the release, then stay slow enough for progress reports (every 0.1 s)
-            assert release.wait(30), "the test never released the run"
-            time.sleep(0.03)
+        if calls:  # later steps wait for the release
+            assert release.wait(60), "the test never released the run"
 
     def held(ctx, step):
         wait()
@@ -67,6 +67,7 @@ def held_steps(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     monkeypatch.setattr(rank, "run_step", held)
     monkeypatch.setattr(rank, "run_copies", held_copies)
     monkeypatch.setattr(engine_steps, "STRETCH_STEPS", 1)  # one copy step per call, as before stretches
+    monkeypatch.setattr(progress, "MIN_INTERVAL", 0)
     return release
 
 
@@ -188,9 +189,7 @@ def test_cancel_under_torchrun_stops_every_rank(llama_sample: Path, tmp_path: Pa
     assert panel.state == "cancelled"
     launch = panel._launch
     assert launch is not None and launch.worker_pids and not launch.jobdir.exists()
-    for pid in launch.worker_pids.values():
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
+    assert all(process_gone(pid) for pid in launch.worker_pids.values())
     assert not (dest / INDEX).exists() and partials(dest) == []
 
 
