@@ -26,6 +26,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+SETTLE_PATH = "/__settle__/"  # marker requests of `Nginx._settle`, left out of `requests()`
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
 
 
@@ -60,9 +61,11 @@ class Nginx:
             f"  server {{ listen 127.0.0.1:{self.port}; root {root}; location / {{ autoindex off; }} }}\n"
             "}\n"
         )
+        self._settled = 0
         self.proc = subprocess.Popen(
             [NGINX, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-g", "daemon off;"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            start_new_session=True,  # its own process group: nothing nginx signals can reach the test run's
         )
         deadline = time.time() + 10
         while time.time() < deadline:
@@ -75,19 +78,36 @@ class Nginx:
                 time.sleep(0.05)
 
     def requests(self) -> list[tuple[str, str, int, int, str]]:
-        """(method, uri, status, body bytes, range) per logged request."""
+        """(method, uri, status, body bytes, range) per logged request, every request answered so far included."""
+        self._settle()
         rows = []
         if self.log.exists():
             for line in self.log.read_text().splitlines():
                 m = re.match(r'(\S+) (\S+) (\d+) (\d+) "(.*)"', line)
-                if m:
+                if m and not m[2].startswith(SETTLE_PATH):
                     rows.append((m[1], m[2], int(m[3]), int(m[4]), m[5]))
         return rows
 
     def reset(self) -> None:
+        """Forget the requests logged so far (nginx keeps the file open in append mode: truncating it is enough)."""
+        self._settle()
         self.log.write_text("")
-        time.sleep(0.05)
-        # nginx keeps the file open (append mode): truncating it in place is enough
+
+    def _settle(self) -> None:
+        """Wait until every request answered so far is in the access log. nginx logs a request after its last byte
+        has left, so a client can have its answer before the line is written. A marker request settles it: the one
+        worker process handles events in turn and logs each request as it finishes, so once the marker's line is
+        there, so is every line of a request answered before it (a state, not a sleep)."""
+        self._settled += 1
+        marker = f"{SETTLE_PATH}{self._settled}"
+        with socket.create_connection(("127.0.0.1", self.port), timeout=10) as conn:
+            conn.sendall(f"GET {marker} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n".encode())
+            while conn.recv(65536):
+                pass
+        deadline = time.monotonic() + 30
+        while not (self.log.exists() and f" {marker} " in self.log.read_text()):
+            assert time.monotonic() < deadline, f"nginx never logged {marker}"
+            time.sleep(0.01)
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -120,6 +140,24 @@ class _Quiet(BaseHTTPRequestHandler):
 
     def log_message(self, *args) -> None:  # keep test output clean
         pass
+
+    def handle_one_request(self) -> None:
+        """Count the request as answering from its parse to its handler's end (its `record` included), so that
+        `_Served.requests()` can wait for requests whose client already has the answer but whose line is not
+        logged yet."""
+        self._answering = False
+        try:
+            super().handle_one_request()
+        finally:
+            if self._answering:
+                self.server.owner._answered()
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()
+        if parsed:
+            self._answering = True
+            self.server.owner._answering()
+        return parsed
 
     def send_file_part(self, path: Path, etag: str, extra: dict[str, str], *, head: bool) -> None:
         size = path.stat().st_size
@@ -156,21 +194,42 @@ class _Quiet(BaseHTTPRequestHandler):
 
 
 class _Served:
-    """A ThreadingHTTPServer on a free port, run in a thread; `log` counts requests like nginx's."""
+    """A ThreadingHTTPServer on a free port, run in a thread; `log` counts requests like nginx's.
+
+    A handler records its request after the answer's last byte, so a client can have the answer first: `requests()`
+    and `reset()` wait until no request is being answered (a state, not a sleep; bounded, for a handler that a
+    fault keeps busy after its client gave up)."""
 
     def __init__(self, handler: type) -> None:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.server.daemon_threads = True
         self.server.log = []
         self.server.owner = self
+        self._busy = 0
+        self._idle = threading.Condition()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
+    def _answering(self) -> None:
+        with self._idle:
+            self._busy += 1
+
+    def _answered(self) -> None:
+        with self._idle:
+            self._busy -= 1
+            self._idle.notify_all()
+
+    def _settle(self, timeout: float = 30.0) -> None:
+        with self._idle:
+            self._idle.wait_for(lambda: self._busy == 0, timeout)
+
     def requests(self) -> list:
+        self._settle()
         return list(self.server.log)
 
     def reset(self) -> None:
+        self._settle()
         self.server.log.clear()
 
     def stop(self) -> None:
