@@ -50,24 +50,24 @@ def short(value: Any) -> str:
     return _SHORT.repr(value)
 
 
-def read_config(config_path: Path) -> dict[str, Any]:
-    """The JSON object in `config_path`; a `MapperError` naming the file for anything else."""
-    fix = "Re-save the adapter with PEFT (save_pretrained)."
+def read_config(config_path: Path, fix: str = "Re-save the adapter with PEFT (save_pretrained).") -> dict[str, Any]:
+    """The JSON object in `config_path` (an adapter's, or a base model's config.json with its own `fix`); a
+    `MapperError` naming the file for anything else."""
     try:
         with open(config_path, "rb") as handle:
             raw = handle.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
-        raise MapperError(f"Cannot read the PEFT adapter in {config_path.parent}: {CONFIG_FILE} is missing. Point at the "
-                          "folder PEFT's save_pretrained wrote.", file=str(config_path)) from None
+        raise MapperError(f"Cannot read {config_path.parent}: {config_path.name} is missing. Point at the folder "
+                          "save_pretrained wrote.", file=str(config_path)) from None
     except OSError as exc:
         raise MapperError(f"Cannot read {config_path}: {exc.strerror or exc}. {fix}", file=str(config_path)) from None
     if len(raw) > MAX_CONFIG_BYTES:
         raise MapperError(f"Cannot read {config_path}: it is larger than {MAX_CONFIG_BYTES} bytes, far more than any "
-                          f"adapter config. {fix}", file=str(config_path))
+                          f"model or adapter config. {fix}", file=str(config_path))
     try:
         config = json.loads(raw)
     except RecursionError:
-        raise MapperError(f"Cannot read {config_path}: its JSON is nested too deeply to be an adapter config. {fix}",
+        raise MapperError(f"Cannot read {config_path}: its JSON is nested too deeply to be a model or adapter config. {fix}",
                           file=str(config_path)) from None
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
         raise MapperError(f"Cannot read {config_path}: it is not valid JSON ({exc}). {fix}", file=str(config_path)) from None

@@ -83,7 +83,7 @@ def _problem(keys: list[str], source: str, reason: str) -> Mapper:
 
 
 def _unknown_keys(config: Mapping[str, Any]) -> list[str]:
-    return [f"its config sets {key}={short(value)}, which lora_merge does not know how to merge"
+    return [f"its config sets {short(key)}: {short(value)}, which lora_merge does not know how to merge"
             for key, value in sorted(config.items()) if key not in _NEUTRAL and not _is_default(value)]
 
 
@@ -100,10 +100,16 @@ def peft_merge(
     *,
     source: str = "adapter",
     unmerge: bool = False,
+    base: str | os.PathLike | Mapping[str, Any] | None = None,
 ) -> Mapper:
     """A mapper that merges the PEFT adapter (folder, adapter_config.json path, or {'config','tensors'}) into
     the base weights of a multi-source catalog whose adapter source is named `source` (see the module docstring);
-    `unmerge=True` subtracts it from already merged weights instead."""
+    `unmerge=True` subtracts it from already merged weights instead.
+
+    `base` (the base model's folder, or its config.json as a mapping) tells whether the base ties its output head
+    to the input embedding: an adapter that replaces a tied embedding (modules_to_save) is then merged as PEFT
+    does (see `_replacements`); without it such an adapter needs the base to have its own `lm_head.weight`.
+    """
     config, tensors, folder = read_adapter(adapter)
     where = f"{folder} ({CONFIG_FILE})" if folder else "(given config)"
     settings = validate(config)
@@ -131,15 +137,79 @@ def peft_merge(
     if config_problems:  # one problem; no merge is built on values no adapter has
         rest = [k for parts in modules.values() for k in parts.values()] + list(replaced.values())
         return Parallel(*ops, _problem(rest, source, reason)) if rest else _problem(list(tensors), source, reason)
-    for target, key in replaced.items():
-        if unmerge:
-            ops.append(_problem([key], source, f"Cannot unmerge the PEFT adapter {where}: {target!r} was replaced by the "
-                                               "adapter's copy (modules_to_save or bias), the original is not in the merged weights."))
-        elif not any(f"{module}.bias" == target and "lora_B.bias" in parts for module, parts in modules.items()):
-            ops += [Drop(target), Rename(f"{source}::{key}", target)]
+    if unmerge:
+        ops += [_problem([key], source, f"Cannot unmerge the PEFT adapter {where}: {target!r} was replaced by the adapter's "
+                                        "copy (modules_to_save or bias), the original is not in the merged weights.")
+                for target, key in replaced.items()]
+    else:
+        lora_biases = {f"{module}.bias" for module, parts in modules.items() if "lora_B.bias" in parts}
+        ops += _replacements({t: k for t, k in replaced.items() if t not in lora_biases}, source, where, _base_facts(base))
     for module, parts in modules.items():
         ops += _module_ops(module, parts, settings, replaced, source, where, unmerge)
     return Parallel(*ops)
+
+
+# The module names of input embeddings that transformers ties an output head to (tie_word_embeddings).
+INPUT_EMBEDDINGS = ("embed_tokens", "wte", "word_embeddings", "embed_in", "tok_embeddings")
+OUTPUT_HEAD = "lm_head.weight"
+
+
+def _base_facts(base: str | os.PathLike | Mapping[str, Any] | None) -> tuple[dict | None, set | None]:
+    """(the base's config.json, its tensor names) as far as `base` (a folder, or a config mapping) tells; (None, None)
+    without it. The adapter's own `base_model_name_or_path` is not followed: an untrusted file does not choose
+    which local folder is read."""
+    if base is None:
+        return None, None
+    if isinstance(base, Mapping):
+        return dict(base), None
+    folder = Path(base)
+    config = read_config(folder / "config.json", "Fix the base model's config.json (or pass base=None).") \
+        if (folder / "config.json").exists() else None
+    from ..formats import open_catalog
+
+    return config, set(open_catalog(folder).tensors)
+
+
+def _tied(config: dict | None, names: set | None) -> bool | None:
+    """Whether the base ties its output head to its input embedding: its config.json says so (transformers then
+    saves no lm_head.weight), or says nothing and the checkpoint has no head of its own; None when unknown."""
+    if config is None:
+        return None if names is None else OUTPUT_HEAD not in names
+    value = config.get("tie_word_embeddings")
+    if isinstance(value, bool):
+        return value
+    return None if names is None else OUTPUT_HEAD not in names
+
+
+def _replacements(replaced: dict[str, str], source: str, where: str, facts: tuple[dict | None, set | None]) -> list[Mapper]:
+    """The ops that put the adapter's saved copies (modules_to_save, trained biases) in place of the base's tensors.
+
+    PEFT on a tied model (tie_word_embeddings) with `modules_to_save=["embed_tokens"]`: the trained copy replaces
+    the embedding only; the output head keeps the base's embedding, so merge_and_unload unties them and
+    save_pretrained writes `lm_head.weight` (the base embedding) beside the new embedding. Here the base
+    embedding moves to `lm_head.weight` (a rename, no arithmetic). transformers does not tie two saved tensors
+    whose values differ, so the output loads as PEFT's does. With `ensure_weight_tying` PEFT saves the head too:
+    a copy the base does not hold is added rather than replaced. When whether the base is tied is unknown (no
+    `base=`), an adapter that replaces an input embedding needs the base's own `lm_head.weight`, or is refused.
+    """
+    config, names = facts
+    tied = _tied(config, names)
+    ops: list[Mapper] = []
+    for target, key in replaced.items():
+        copy = Rename(f"{source}::{key}", target)
+        module = target.rsplit(".", 2)[-2] if target.count(".") >= 1 else ""
+        embedding = target.endswith(".weight") and module in INPUT_EMBEDDINGS and OUTPUT_HEAD not in replaced
+        if names is not None and target not in names:
+            ops.append(copy)  # the base has no such tensor (a tied head PEFT saved with ensure_weight_tying): added
+        elif embedding and tied and (names is None or OUTPUT_HEAD not in names):
+            ops += [Rename(target, OUTPUT_HEAD), copy]  # untie as PEFT does: the head keeps the base embedding
+        elif embedding and tied is None:
+            # the base must then have its own head: if it has none (tied), binding stops here, this op in the message
+            ops += [Drop(target), copy, Function(fn=f"{_HERE}:tied_embedding_needs_base_argument", inputs=[OUTPUT_HEAD],
+                                                 outputs=[OUTPUT_HEAD], params={"why": f"{target} replaced; pass base="})]
+        else:
+            ops += [Drop(target), copy]
+    return ops
 
 
 def _module_ops(module: str, parts: dict[str, str], settings: AdapterSettings, replaced: dict[str, str], source: str,
@@ -263,6 +333,13 @@ def merge_bias(bias: Any, lora_bias: Any, *, scale: float, sign: float = 1.0) ->
     extra = lora_bias.to(torch.float32) * scale
     base = bias.to(torch.float32)
     return (base + extra if sign > 0 else base - extra).to(bias.dtype)
+
+
+def tied_embedding_needs_base_argument(tensor: Any, *, why: str) -> Any:
+    """The output head unchanged: the op exists so that the plan needs the base's own head when lora_merge was not
+    told whether the base ties it to the embedding the adapter replaces (see `_replacements`): binding a tied base,
+    which has none, then fails on this op, whose name says what to do."""
+    return tensor
 
 
 def refuse(*tensors: Any, reason: str) -> Any:
