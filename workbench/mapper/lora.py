@@ -11,11 +11,16 @@ the base names, exactly as `PeftModel.merge_and_unload()` computes them:
 - LoRA biases (`lora_bias=True`): `bias + lora_B.bias * scaling`;
 - DoRA: `m / ‖W + ΔW‖ · (W + ΔW)`, the norm taken over each output row (PEFT's `get_weight_norm`:
   `linalg.norm(transpose(W + ΔW, fan_in_fan_out), dim=1)`), the factor broadcast along output rows;
-- `modules_to_save` (and any other saved base parameter, e.g. with `bias="all"`): the adapter's copy
-  replaces the base's.
-Anything the adapter holds that this module does not understand (a key, a config setting) becomes a
-problem of the plan, never silently ignored. `unmerge=True` builds the reverse (`W - ΔW`), defined for
-plain LoRA and LoRA biases only: DoRA and replaced modules cannot be recovered from a merged weight.
+- `modules_to_save` (and any other saved base parameter, e.g. `<module>.base_layer.bias` with `bias="all"` or
+  `"lora_only"`): the adapter's copy replaces the base's; a replaced input embedding that the base ties its
+  output head to is untied as PEFT does (`_replacements`, needs `base=`);
+- PiSSA / OLoRA (`init_lora_weights`): onto the residual base PEFT recomputes when it loads the adapter
+  (`residual_base`); the inits no merge can reproduce are refused (adapter_config.base_change).
+The config is read and checked once (`adapter_config`): a value no adapter has (r 0, alpha NaN, "16") is a
+problem naming the file and the key. Anything the adapter holds that this module does not understand (a key,
+a config setting) becomes a problem of the plan, never silently ignored. `unmerge=True` builds the reverse
+(`W - ΔW`), defined for plain LoRA and LoRA biases only: DoRA, residual inits and replaced modules cannot be
+recovered from a merged weight.
 """
 
 from __future__ import annotations
@@ -29,12 +34,12 @@ from typing import Any
 from ..catalog import TensorInfo
 from ..errors import MapperError
 from .adapter_config import CONFIG_FILE, AdapterSettings, pattern_key, read_config, short, validate
-
-__all__ = ["CONFIG_FILE", "PEFT_PREFIX", "pattern_key", "peft_merge", "read_adapter", "residual_base"]
 from .base import Mapper
 from .compose import Parallel
 from .function import Function
 from .ops import Drop, Rename
+
+__all__ = ["CONFIG_FILE", "PEFT_PREFIX", "pattern_key", "peft_merge", "read_adapter", "residual_base"]
 
 PEFT_PREFIX = "base_model.model."
 _HERE = "workbench.mapper.lora"
@@ -199,8 +204,8 @@ def _replacements(replaced: dict[str, str], source: str, where: str, facts: tupl
         copy = Rename(f"{source}::{key}", target)
         module = target.rsplit(".", 2)[-2] if target.count(".") >= 1 else ""
         embedding = target.endswith(".weight") and module in INPUT_EMBEDDINGS and OUTPUT_HEAD not in replaced
-        if names is not None and target not in names:
-            ops.append(copy)  # the base has no such tensor (a tied head PEFT saved with ensure_weight_tying): added
+        if target == OUTPUT_HEAD and tied and (names is None or target not in names):
+            ops.append(copy)  # a tied head PEFT saved too (ensure_weight_tying), which the base does not hold: added
         elif embedding and tied and (names is None or OUTPUT_HEAD not in names):
             ops += [Rename(target, OUTPUT_HEAD), copy]  # untie as PEFT does: the head keeps the base embedding
         elif embedding and tied is None:
