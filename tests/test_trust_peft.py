@@ -72,6 +72,18 @@ def test_non_finite_alpha_never_reaches_the_output(lora, tmp_path):
     assert not (tmp_path / "out" / "model.safetensors").exists()
 
 
+@pytest.mark.parametrize("alpha", [1e40, 1e300])
+def test_finite_alpha_that_overflows_the_weights_is_refused_at_run_time(lora, tmp_path, alpha):
+    """A finite alpha passes the config check but makes ±inf weights: the merge refuses instead of writing them."""
+    base, adapter, _ = lora
+    odd = _variant(adapter, tmp_path / "odd", lambda c: c.__setitem__("lora_alpha", alpha))
+    assert wb.plan({"base": base, "adapter": odd}, M.presets.lora_merge(odd)).ok
+    with pytest.raises(WorkbenchError, match="not finite") as info:
+        wb.convert({"base": base, "adapter": odd}, tmp_path / "out", M.presets.lora_merge(odd), quiet=True)
+    assert "lora_alpha" in str(info.value) and "q_proj" in str(info.value)
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
 def test_cli_refuses_with_exit_2_and_no_traceback(lora, tmp_path, capsys):
     from workbench.cli import main
 

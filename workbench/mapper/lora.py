@@ -307,13 +307,24 @@ def _base(weight: Any, init: str | None, rank: int, scale: float, fan_in_fan_out
     return weight if weight.dtype == torch.float32 else weight.to(torch.float32)
 
 
+def _finite(out: Any, scale: float, *inputs: Any) -> Any:
+    """`out`, unless the merge made non-finite values from finite inputs (a huge but finite lora_alpha, or a result
+    beyond the weight's dtype): refused rather than written."""
+    import torch
+
+    if bool(torch.isfinite(out).all()) or not all(bool(torch.isfinite(t).all()) for t in inputs):
+        return out
+    raise MapperError(f"Cannot merge LoRA: the merged values are not finite although the base and the adapter are "
+                      f"(scaling {scale:g}, result {out.dtype}). Check lora_alpha / alpha_pattern in adapter_config.json")
+
+
 def merge_linear(weight: Any, lora_a: Any, lora_b: Any, *, scale: float, fan_in_fan_out: bool, rank: int, sign: float = 1.0,
                  init: str | None = None) -> Any:
     """`W ± ΔW` (see `_delta`), computed in float32 and returned in the weight's dtype; `init`: see `residual_base`."""
     delta = _delta(lora_a, lora_b, scale, fan_in_fan_out)
     base = _base(weight, init, rank, scale, fan_in_fan_out)
     out = base + delta if sign > 0 else base - delta
-    return out.to(weight.dtype)
+    return _finite(out.to(weight.dtype), scale, weight, lora_a, lora_b)
 
 
 def merge_dora(weight: Any, lora_a: Any, lora_b: Any, magnitude: Any, *, scale: float, fan_in_fan_out: bool, rank: int,
@@ -328,7 +339,7 @@ def merge_dora(weight: Any, lora_a: Any, lora_b: Any, magnitude: Any, *, scale: 
     factor = (magnitude.to(torch.float32) / norm).view(-1, 1)
     if fan_in_fan_out:
         factor = factor.T
-    return (factor * merged).to(weight.dtype)
+    return _finite((factor * merged).to(weight.dtype), scale, weight, lora_a, lora_b, magnitude)
 
 
 def merge_bias(bias: Any, lora_bias: Any, *, scale: float, sign: float = 1.0) -> Any:
@@ -337,7 +348,7 @@ def merge_bias(bias: Any, lora_bias: Any, *, scale: float, sign: float = 1.0) ->
 
     extra = lora_bias.to(torch.float32) * scale
     base = bias.to(torch.float32)
-    return (base + extra if sign > 0 else base - extra).to(bias.dtype)
+    return _finite((base + extra if sign > 0 else base - extra).to(bias.dtype), scale, bias, lora_bias)
 
 
 def tied_embedding_needs_base_argument(tensor: Any, *, why: str) -> Any:
