@@ -73,11 +73,13 @@ def test_tied_embedding_replaced_is_untied_as_peft_does(tied, tmp_path):
     torch.testing.assert_close(_logits(tmp_path / "out"), logits, rtol=0, atol=1e-5)
 
 
-def test_tied_from_a_config_mapping_too(tied, tmp_path):
+def test_tied_from_a_config_mapping_or_an_opened_checkpoint(tied, tmp_path):
     base, adapter, logits, _ = tied
     config = json.loads((base / "config.json").read_text())
-    wb.convert({"base": base, "adapter": adapter}, tmp_path / "out", M.presets.lora_merge(adapter, base=config), quiet=True)
-    torch.testing.assert_close(_logits(tmp_path / "out"), logits, rtol=0, atol=1e-5)
+    source = wb.open_checkpoint({"base": base, "adapter": adapter})
+    for i, known in enumerate((config, wb.open_checkpoint(base), source)):
+        wb.convert(source, tmp_path / f"out{i}", M.presets.lora_merge(adapter, base=known), quiet=True)
+        torch.testing.assert_close(_logits(tmp_path / f"out{i}"), logits, rtol=0, atol=1e-5)
 
 
 def test_unknown_tying_is_refused_not_written_tied(tied, tmp_path, capsys):

@@ -105,13 +105,13 @@ def peft_merge(
     *,
     source: str = "adapter",
     unmerge: bool = False,
-    base: str | os.PathLike | Mapping[str, Any] | None = None,
+    base: Any = None,
 ) -> Mapper:
     """A mapper that merges the PEFT adapter (folder, adapter_config.json path, or {'config','tensors'}) into
     the base weights of a multi-source catalog whose adapter source is named `source` (see the module docstring);
     `unmerge=True` subtracts it from already merged weights instead.
 
-    `base` (the base model's folder, or its config.json as a mapping) tells whether the base ties its output head
+    `base` (the base model's folder or URL, its opened checkpoint, or its config.json as a mapping) tells whether the base ties its output head
     to the input embedding: an adapter that replaces a tied embedding (modules_to_save) is then merged as PEFT
     does (see `_replacements`); without it such an adapter needs the base to have its own `lm_head.weight`.
     """
@@ -159,20 +159,29 @@ INPUT_EMBEDDINGS = ("embed_tokens", "wte", "word_embeddings", "embed_in", "tok_e
 OUTPUT_HEAD = "lm_head.weight"
 
 
-def _base_facts(base: str | os.PathLike | Mapping[str, Any] | None) -> tuple[dict | None, set | None]:
-    """(the base's config.json, its tensor names) as far as `base` (a folder, or a config mapping) tells; (None, None)
-    without it. The adapter's own `base_model_name_or_path` is not followed: an untrusted file does not choose
-    which local folder is read."""
+def _base_facts(base: Any) -> tuple[dict | None, set | None]:
+    """(the base's config.json, its tensor names) as far as `base` tells: a folder or URL, an opened checkpoint or
+    catalog (its tensor names, and config.json when it is local), or a config mapping; (None, None) without it.
+    The adapter's own `base_model_name_or_path` is not followed: an untrusted file does not choose which local
+    folder is read."""
+    from ..catalog import Catalog
+
     if base is None:
         return None, None
-    if isinstance(base, Mapping):
+    catalog = getattr(base, "catalog", base)
+    if isinstance(base, Mapping) and not isinstance(catalog, Catalog):
         return dict(base), None
-    folder = Path(base)
-    config = read_config(folder / "config.json", "Fix the base model's config.json (or pass base=None).") \
-        if (folder / "config.json").exists() else None
-    from ..formats import open_catalog
+    if not isinstance(catalog, Catalog):
+        from ..formats import open_catalog
 
-    return config, set(open_catalog(folder).tensors)
+        catalog = open_catalog(base)
+    sources = getattr(catalog, "sources", None)
+    if sources:  # a multi-source checkpoint: its primary source is the base
+        catalog = next(iter(sources.values()))
+    names = set(catalog.tensors)
+    path = Path(catalog.root) / "config.json" if not catalog.url else None
+    config = read_config(path, "Fix the base model's config.json (or pass base=None).") if path and path.exists() else None
+    return config, names
 
 
 def _tied(config: dict | None, names: set | None) -> bool | None:
