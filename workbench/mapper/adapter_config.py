@@ -29,7 +29,7 @@ _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlist, _SHORT.maxdi
 
 # init_lora_weights values after which PEFT applies the saved adapter to the base unchanged (the init only
 # chose lora_A / lora_B's starting values, which the saved tensors replace).
-PLAIN_INITS = (True, False, "gaussian", "eva", "orthogonal")
+PLAIN_INITS = (True, False, None, "gaussian", "eva", "orthogonal")
 # values whose init subtracted a part of the base that PEFT recomputes from the base on loading; reproduced.
 RESIDUAL_INITS = ("pissa", "olora")
 # values PEFT's loading cannot or does not reproduce deterministically: refused, with why.
@@ -170,6 +170,8 @@ def base_change(init: Any) -> tuple[str | None, str | None]:
     added; the other plain inits leave the base as it is. A converted adapter
     (`path_initial_model_for_weight_conversion`) is saved with `init_lora_weights: true`.
     """
+    if isinstance(init, str) and init.lower() in ("gaussian", "olora"):  # PEFT compares these two case-insensitively
+        init = init.lower()
     if init in PLAIN_INITS:
         return None, None
     if isinstance(init, str):
