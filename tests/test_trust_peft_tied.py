@@ -89,7 +89,7 @@ def test_unknown_tying_is_refused_not_written_tied(tied, tmp_path, capsys):
     plan = wb.plan({"base": base, "adapter": adapter}, M.presets.lora_merge(adapter))
     assert not plan.ok
     message = " ".join(p.message for p in plan.errors)
-    assert "'lm_head.weight' is not in the source" in message and "tied_embedding_needs_base_argument" in message
+    assert "'lm_head.weight' is not in the source" in message and "'tied? pass base= to lora_merge'" in message
     assert main(["convert", str(base), str(tmp_path / "out"), "--adapter", str(adapter), "--quiet"]) == 2
     assert not (tmp_path / "out" / "model.safetensors").exists()
 

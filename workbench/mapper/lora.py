@@ -219,8 +219,9 @@ def _replacements(replaced: dict[str, str], source: str, where: str, facts: tupl
             ops += [Rename(target, OUTPUT_HEAD), copy]  # untie as PEFT does: the head keeps the base embedding
         elif embedding and tied is None:
             # the base must then have its own head: if it has none (tied), binding stops here, this op in the message
-            ops += [Drop(target), copy, Function(fn=f"{_HERE}:tied_embedding_needs_base_argument", inputs=[OUTPUT_HEAD],
-                                                 outputs=[OUTPUT_HEAD], params={"why": f"{target} replaced; pass base="})]
+            # (kept short: the whole op, `why` included, fits in the one-line form the binding message quotes)
+            ops += [Drop(target), copy, Function(fn=f"{_HERE}:keep_head", inputs=[OUTPUT_HEAD], outputs=[OUTPUT_HEAD],
+                                                 params={"why": "tied? pass base= to lora_merge"})]
         else:
             ops += [Drop(target), copy]
     return ops
@@ -360,10 +361,10 @@ def merge_bias(bias: Any, lora_bias: Any, *, scale: float, sign: float = 1.0) ->
     return _finite((base + extra if sign > 0 else base - extra).to(bias.dtype), scale, bias, lora_bias)
 
 
-def tied_embedding_needs_base_argument(tensor: Any, *, why: str) -> Any:
+def keep_head(tensor: Any, *, why: str) -> Any:
     """The output head unchanged: the op exists so that the plan needs the base's own head when lora_merge was not
     told whether the base ties it to the embedding the adapter replaces (see `_replacements`): binding a tied base,
-    which has none, then fails on this op, whose name says what to do."""
+    which has none, then fails on this op, whose `why` says what to do."""
     return tensor
 
 
