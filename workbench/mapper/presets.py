@@ -252,12 +252,14 @@ def lora_merge(
     adapter: str | None = None,
     source: str = "adapter",
     unmerge: bool = False,
+    base: Any = None,
 ) -> Mapper:
     """Merge adapters into base weights: `W + scale * B @ A` (scale = lora_alpha / r), dropping A and B.
 
     Given a PEFT adapter folder (or its adapter_config.json, or {'config','tensors'}) instead of a number, read
     PEFT's own files: LoRA, rsLoRA, rank/alpha patterns, fan_in_fan_out, modules_to_save, LoRA biases, DoRA,
-    with the adapter as source `source` of a multi-source catalog (workbench.mapper.lora; `unmerge` reverses).
+    with the adapter as source `source` of a multi-source catalog (workbench.mapper.lora; `unmerge` reverses);
+    `base`: the base model's folder (or its config.json as a mapping), read for tie_word_embeddings.
     `wrapped`: base weights sit at `x.base_layer.weight` (PEFT-wrapped) rather than `x.weight`;
     `adapter`: the adapter name in the keys (`lora_A.<adapter>.weight`), None when absent (saved adapters).
     Tensors under a target that the merge does not consume (a `base_layer.bias`, another adapter, DoRA's
@@ -266,7 +268,7 @@ def lora_merge(
     if not isinstance(scale, (int, float)):
         from .lora import peft_merge
 
-        return peft_merge(scale, source=source, unmerge=unmerge)
+        return peft_merge(scale, source=source, unmerge=unmerge, base=base)
     tag = f".{adapter}" if adapter else ""
     ops = []
     for target in targets:
