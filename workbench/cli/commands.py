@@ -26,6 +26,7 @@ from ..display import format_bytes, format_count, format_shape, text_table
 from ..errors import WorkbenchError
 from ..names import name_filter, no_match_hint
 from .convert import convert_arguments, plan_arguments, run_convert, run_plan
+from .terminal import escape, guarded_output
 
 EXIT_OK = 0
 EXIT_DIFFERENT = 1
@@ -211,7 +212,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     _print()
     if args.layers:
         rows = [
-            (r["pattern"], r["count"], r["range"], r["dtype"], format_shape(r["shape"]), format_bytes(r["nbytes"]), r["odd_layers"])
+            (escape(r["pattern"]), r["count"], r["range"], r["dtype"], format_shape(r["shape"]), format_bytes(r["nbytes"]), r["odd_layers"])
             for r in records
         ]
         columns = ("pattern", "count", "range", "dtype", "shape", "size", "odd layers")
@@ -222,8 +223,8 @@ def run_inspect(args: argparse.Namespace) -> int:
     columns = ["name", "dtype", "shape", "numel", "size"] + (["file"] if many_files else [])
     rows = []
     for r in records:
-        row = [r["name"], r["dtype"], format_shape(r["shape"]), f"{r['numel']:,}", format_bytes(r["nbytes"])]
-        rows.append([*row, r["file"]] if many_files else row)
+        row = [escape(r["name"]), r["dtype"], format_shape(r["shape"]), f"{r['numel']:,}", format_bytes(r["nbytes"])]
+        rows.append([*row, escape(r["file"])] if many_files else row)
     _print(text_table(columns, rows, indent="", limit=None, rule=True, right=("numel", "size")))
     _print_suggestions(suggestions)
     return EXIT_OK
@@ -285,7 +286,7 @@ def run_diff(args: argparse.Namespace) -> int:
             counts[row[1]] = counts.get(row[1], 0) + 1
         _print(f"{args.a} -> {args.b}: " + ", ".join(f"{n} {status}" for status, n in counts.items()))
         _print()
-        table_rows = [tuple(format_shape(v) if isinstance(v, tuple) else _cell(v) for v in row) for row in rows]
+        table_rows = [tuple(format_shape(v) if isinstance(v, tuple) else escape(_cell(v)) for v in row) for row in rows]
         _print(text_table(columns, table_rows, indent="", limit=None, rule=True, right=("max_abs_diff",)))
     return EXIT_DIFFERENT if rows else EXIT_OK
 
@@ -377,6 +378,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `workbench` console script; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    with guarded_output():  # names from untrusted files reach the terminal escaped (see cli.terminal)
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the parsed command; map its errors to an exit status and a one-paragraph message."""
     prefix = f"workbench {args.command}"
     try:
         return args.run(args)

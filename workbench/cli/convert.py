@@ -241,11 +241,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan_arguments(sub.add_parser("plan", help="dry-run a conversion"))
     convert_arguments(sub.add_parser("convert", help="convert a checkpoint"))
     args = parser.parse_args(argv)
-    try:
-        return run_plan(args) if args.command == "plan" else run_convert(args)
-    except WorkbenchError as exc:
-        sys.stderr.write(f"workbench {args.command}: {exc.message}\n")
-        return EXIT_BAD_INPUT
+    from .terminal import guarded_output
+
+    with guarded_output():
+        try:
+            return run_plan(args) if args.command == "plan" else run_convert(args)
+        except WorkbenchError as exc:
+            sys.stderr.write(f"workbench {args.command}: {exc.message}\n")
+            return EXIT_BAD_INPUT
 
 
 __all__ = ["convert_arguments", "load_mapper_file", "main", "plan_arguments", "run_convert", "run_plan"]

@@ -1,0 +1,98 @@
+"""Issue 29, the command line's edges: names from a file never reach the terminal raw (C3), what the
+command line cannot mean is refused with a clear message (D8, D9, D10, D17, D18) and `inspect` opens
+DeepSpeed runs as `convert` does (D5)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from workbench.cli import commands as cli
+from workbench.cli.terminal import escape
+
+REPO = Path(__file__).resolve().parents[1]
+LLAMA = REPO / "sample_checkpoints" / "tiny-llama"
+HOSTILE_NAMES = ["\x1b[2J\x1b[31mred", "bell\x07", "back\rwards", "right\u202eto-left", "new\nline", "csi\x9b31m"]
+
+
+def run(*args: str | Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """Run the CLI in-process; returns (exit status, stdout, stderr)."""
+    status = cli.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def raw_safetensors(path: Path, names: list[str]) -> Path:
+    """A safetensors file whose tensor names are `names` (one F32 each), header written by hand."""
+    header = {name: {"dtype": "F32", "shape": [1], "data_offsets": [4 * i, 4 * i + 4]} for i, name in enumerate(names)}
+    blob = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(blob)) + blob + b"\0" * (4 * len(names)))
+    return path
+
+
+def no_control_characters(text: str, allowed: str = "\n") -> bool:
+    return all(c.isprintable() or c in allowed for c in text)
+
+
+# ------------------------------------------------------------------------------------ C3 escapes
+
+
+def test_escape_writes_what_repr_writes() -> None:
+    for name in HOSTILE_NAMES:
+        assert escape(name) == repr(name)[1:-1].replace("\\\\", "\\").replace("\\'", "'")
+    assert escape("model.layers.0.q_proj.weight") == "model.layers.0.q_proj.weight"
+    assert escape("plain\nlines", keep="\n") == "plain\nlines"
+    assert escape("caf\u00e9 \u4e2d\u6587") == "caf\u00e9 \u4e2d\u6587"  # printable non-ASCII stays readable
+
+
+@pytest.mark.parametrize("fmt", ["table", "csv"])
+def test_inspect_escapes_names_from_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str], fmt: str) -> None:
+    path = raw_safetensors(tmp_path / "evil.safetensors", HOSTILE_NAMES)
+    status, out, err = run("inspect", path, "--format", fmt, capsys=capsys)
+    assert status == 0, err
+    assert no_control_characters(out) and no_control_characters(err)
+    assert "\\x1b[2J\\x1b[31mred" in out and "\\u202e" in out and "\\x9b31m" in out
+    if fmt == "table":  # inside the table a newline or carriage return in a name is escaped too
+        assert "new\\nline" in out and "back\\rwards" in out
+
+
+def test_inspect_json_stays_exact(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = raw_safetensors(tmp_path / "evil.safetensors", HOSTILE_NAMES)
+    status, out, _ = run("inspect", path, "--format", "json", capsys=capsys)
+    assert status == 0
+    assert sorted(t["name"] for t in json.loads(out)["tensors"]) == sorted(HOSTILE_NAMES)
+
+
+def test_plan_diff_and_errors_escape_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    evil = raw_safetensors(tmp_path / "evil.safetensors", HOSTILE_NAMES)
+    other = tmp_path / "other.safetensors"
+    save_file({"x": np.zeros(1, np.float32)}, str(other))
+    cases = [(["plan", evil], False), (["diff", evil, other], True), (["convert", evil, tmp_path / "out", "--quiet"], False),
+             (["convert", evil, tmp_path / "out2", "--rest", "error", "--mapper", mapper_dropping(tmp_path)], True)]
+    for args, names_shown in cases:
+        status, out, err = run(*args, capsys=capsys)
+        assert no_control_characters(out) and no_control_characters(err), (args, out, err)
+        assert status in (0, 1, 2)
+        assert not names_shown or "\\x1b[2J" in out + err, (args, out, err)
+
+
+def test_text_the_plan_renders_raw_is_escaped_on_the_way_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The plan lists extra files by their names as found: the output guard escapes them, not each renderer."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    save_file({"a": np.zeros(2, np.float32)}, str(folder / "model.safetensors"))
+    (folder / "\x1b[2Jtokenizer\x07.json").write_text("{}")
+    status, out, err = run("plan", folder, "--dest", tmp_path / "out", capsys=capsys)
+    assert status == 0, err
+    assert no_control_characters(out) and "\\x1b[2Jtokenizer\\x07.json" in out
+
+
+def mapper_dropping(folder: Path) -> Path:
+    path = folder / "drop.py"
+    path.write_text("from workbench import mapper as M\nmapper = M.Drop('nothing.here')\n")
+    return path
