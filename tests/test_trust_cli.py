@@ -5,6 +5,7 @@ DeepSpeed runs as `convert` does (D5)."""
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from safetensors.numpy import save_file
 
 from workbench.cli import commands as cli
 from workbench.cli.terminal import escape
+from workbench.files import temp_name
 
 REPO = Path(__file__).resolve().parents[1]
 LLAMA = REPO / "sample_checkpoints" / "tiny-llama"
@@ -96,3 +98,62 @@ def mapper_dropping(folder: Path) -> Path:
     path = folder / "drop.py"
     path.write_text("from workbench import mapper as M\nmapper = M.Drop('nothing.here')\n")
     return path
+
+
+# ------------------------------------------------------------------------ C4 long temporary names
+
+
+LONG_EXTRA = "x" * 245 + ".json"  # 250 bytes: the file system takes it, `<name>.partial` (258) it does not
+
+
+def test_an_extra_with_a_name_at_the_limit_is_copied(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    save_file({"a": np.arange(4, dtype=np.float32)}, str(folder / "model.safetensors"))
+    (folder / LONG_EXTRA).write_text('{"long": true}')
+    status, _, err = run("convert", folder, tmp_path / "out", "--quiet", capsys=capsys)
+    assert status == 0, err
+    assert (tmp_path / "out" / LONG_EXTRA).read_text() == '{"long": true}'
+    assert not [n for n in os.listdir(tmp_path / "out") if n.endswith(".partial")]
+
+
+def test_a_crashed_runs_hashed_temporary_is_the_workbenchs_own(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Resume: the hashed temporary a run killed while copying the long extra leaves behind does not make the
+    folder foreign, and the resumed run removes it."""
+    from workbench.engine import finalize
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    save_file({"a": np.arange(4, dtype=np.float32)}, str(folder / "model.safetensors"))
+    (folder / LONG_EXTRA).write_text("{}")
+    dest = tmp_path / "out"
+    leftover = temp_name(LONG_EXTRA, tmp_path)
+    assert leftover.endswith(".partial") and len(leftover.encode()) <= 255 and leftover.startswith("xxxx")
+    assert temp_name(LONG_EXTRA, tmp_path) == leftover != temp_name("y" + LONG_EXTRA[1:], tmp_path)  # stable, per name
+    assert temp_name("config.json", tmp_path) == "config.json.partial"
+
+    def crash(*args, **kwargs):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(finalize, "copy_atomic", crash)
+    status, _, err = run("convert", folder, dest, "--quiet", capsys=capsys)
+    assert status == 2 and "Input/output error" in err
+    monkeypatch.undo()
+    (dest / leftover).write_text("half")  # what kill -9 during the copy leaves
+    status, _, err = run("convert", folder, dest, "--quiet", capsys=capsys)
+    assert status == 0, err
+    assert (dest / LONG_EXTRA).read_text() == "{}" and not (dest / leftover).exists()
+
+
+def test_temporary_names_follow_the_file_systems_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from workbench import files
+
+    monkeypatch.setattr(files.os, "pathconf", lambda path, what: 143)  # eCryptfs-like
+    name = "n" * 140
+    temp = files.temp_path(tmp_path / name)
+    assert len(temp.name.encode()) <= 143 and temp.name.endswith(".partial") and temp.parent == tmp_path
+    with files.AtomicWriter(tmp_path / name) as writer:
+        assert writer.temp == temp
+        writer.write(b"ok")
+    assert (tmp_path / name).read_bytes() == b"ok"
