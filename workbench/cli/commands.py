@@ -252,10 +252,9 @@ def _diff_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _diff_source(args: argparse.Namespace) -> Any:
     """A alone, or {'base': A, NAME: PATH ...} with --source."""
-    extra = dict(item.partition("=")[::2] for item in args.sources)
-    if any(not name or not path for name, path in extra.items()):
-        raise WorkbenchError("Cannot use --source: write it as NAME=PATH, e.g. --source adapter=lora/.")
-    return {"base": args.a, **extra} if extra else args.a
+    from .convert import named_sources
+
+    return named_sources(args.a, args.sources)
 
 
 def run_diff(args: argparse.Namespace) -> int:
