@@ -82,3 +82,27 @@ def test_a_repeated_source_name_is_refused(tmp_path: Path, capsys: pytest.Captur
     assert status == 2 and "Cannot use --source x= twice" in err and str(one) in err and str(two) in err
     status, _, err = run("plan", src, "--source", f"adapter={one}", "--adapter", two, capsys=capsys)
     assert status == 2 and "with --adapter" in err
+
+
+# ----------------------------------------------------------------------------- D10 URL destinations
+
+URL_DESTINATIONS = ["s3://bucket/prefix/", "hf://org/repo", "https://example.com/out/", "gs://b/p"]
+
+
+@pytest.mark.parametrize("url", URL_DESTINATIONS)
+def test_a_url_destination_is_refused_everywhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str], url: str) -> None:
+    import workbench as wb
+    from workbench.errors import PlanError
+
+    src = sample(tmp_path / "src", 1.0)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(PlanError, match=f"Cannot write to {url}: it is a URL"):
+        wb.plan(src, None, dest=url)
+    with pytest.raises(PlanError, match="convert into a local folder, then upload it".capitalize()):
+        wb.convert(src, url, quiet=True)
+    status, out, err = run("convert", src, url, "--quiet", capsys=capsys)
+    assert status == 2 and f"Cannot write to {url}: it is a URL" in err
+    status, out, err = run("plan", src, "--dest", url, capsys=capsys)
+    assert status == 2 and "it is a URL" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # no folder named 's3:' (or 'hf:' ...) appeared
