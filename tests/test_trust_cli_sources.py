@@ -106,3 +106,31 @@ def test_a_url_destination_is_refused_everywhere(tmp_path: Path, monkeypatch: py
     status, out, err = run("plan", src, "--dest", url, capsys=capsys)
     assert status == 2 and "it is a URL" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # no folder named 's3:' (or 'hf:' ...) appeared
+
+
+# --------------------------------------------------------------- D17 a mapper reading an absent source
+
+
+def test_diff_through_a_merge_without_the_adapter_says_to_add_it(two_adapters, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's example opened only the base; the error now says how to open the adapter with it, and the
+    corrected example (both sources) compares the merge with a real merge: nothing differs."""
+    import workbench as wb
+    from workbench import mapper as M
+    from workbench.errors import MapperError
+
+    root, _ = two_adapters
+    merged = tmp_path / "merged"
+    assert run("convert", root / "base", merged, "--adapter", root / "a", "--quiet", capsys=capsys)[0] == 0
+    with pytest.raises(MapperError, match=r"checkpoint named 'adapter'.*wb\.open_checkpoint\(\{'base': BASE, 'adapter': PATH\}\)"
+                                          r".*--source adapter=PATH"):
+        wb.open_checkpoint(root / "base").diff(merged, mapper=M.presets.lora_merge(root / "a"), values=True)
+    mapper_file = tmp_path / "merge.py"
+    mapper_file.write_text(M.presets.lora_merge(root / "a").to_code())
+    status, _, err = run("diff", root / "base", merged, "--mapper", mapper_file, capsys=capsys)
+    assert status == 2 and "add --source adapter=PATH" in err and "closest name" not in err
+    fixed = wb.open_checkpoint({"base": root / "base", "adapter": root / "a"})
+    assert len(fixed.diff(merged, mapper=M.presets.lora_merge(root / "a"), values=True)) == 0
+    status, out, err = run("diff", root / "base", merged, "--mapper", mapper_file, "--source", f"adapter={root / 'a'}",
+                           "--values", capsys=capsys)
+    assert status == 0, err
