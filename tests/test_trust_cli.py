@@ -157,3 +157,30 @@ def test_temporary_names_follow_the_file_systems_limit(tmp_path: Path, monkeypat
         assert writer.temp == temp
         writer.write(b"ok")
     assert (tmp_path / name).read_bytes() == b"ok"
+
+
+# --------------------------------------------------------------------------- D18 usage and help
+
+
+@pytest.mark.parametrize(("args", "typo", "meant"), [(["inspect", str(LLAMA), "--fromat", "json"], "--fromat", "--format"),
+                                                     (["convert", "a", "b", "--shard-szie", "5GB"], "--shard-szie", "--shard-size"),
+                                                     (["plan", "a", "--mappr=m.py"], "--mappr", "--mapper")])
+def test_a_mistyped_flag_gets_the_commands_usage_and_a_suggestion(args: list[str], typo: str, meant: str,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        cli.main(args)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2
+    assert err.startswith(f"usage: workbench {args[0]} ")  # the subcommand's usage, not the top level's
+    assert f"Did you mean {meant} (for {typo})?" in err
+
+
+def test_help_names_urls_and_every_output_format(capsys: pytest.CaptureFixture[str]) -> None:
+    texts = {}
+    for command in ([], ["inspect"], ["convert"], ["plan"], ["verify"]):
+        with pytest.raises(SystemExit):
+            cli.main([*command, "--help"])
+        texts[" ".join(command)] = " ".join(capsys.readouterr().out.split())
+    assert all("hf://org/repo" in text and "s3://bucket/prefix/" in text and "https://" in text for text in texts.values())
+    assert "to HF safetensors shards" not in texts[""]
+    assert "safetensors shards, DCP, GGUF or Meta .pth" in texts[""]

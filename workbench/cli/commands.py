@@ -28,6 +28,8 @@ from ..names import name_filter, no_match_hint
 from .convert import convert_arguments, plan_arguments, run_convert, run_plan
 from .terminal import escape, guarded_output
 
+URL_FORMS = "hf://org/repo[@revision][/subfolder], https://host/folder/, s3://bucket/prefix/ (headers by range requests, cached)"
+
 EXIT_OK = 0
 EXIT_DIFFERENT = 1
 EXIT_BAD_INPUT = 2
@@ -69,7 +71,8 @@ def _warn(text: str) -> None:
 
 
 def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", help="a .safetensors file, an HF model folder, or an index file")
+    parser.add_argument("path", help="a checkpoint file or folder (.safetensors, an HF model folder, an index file, DCP, "
+                                     "torch, DeepSpeed, Megatron, GGUF ...), or a URL: " + URL_FORMS)
     parser.add_argument("--format", choices=("table", "json", "csv"), default="table", help="output format (default: table)")
     parser.add_argument("--layers", action="store_true", help="fold per-layer tensors into one row per pattern ({i})")
     parser.add_argument(
@@ -241,8 +244,8 @@ def _print_suggestions(suggestions: list[dict[str, str]]) -> None:
 
 
 def _diff_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("a", help="the first checkpoint (file or folder)")
-    parser.add_argument("b", help="the second checkpoint (file or folder)")
+    parser.add_argument("a", help="the first checkpoint (file, folder or URL)")
+    parser.add_argument("b", help="the second checkpoint (file, folder or URL)")
     parser.add_argument("--values", action="store_true", help="also compare values (reads tensor data; imports torch)")
     parser.add_argument("--format", choices=("table", "json", "csv"), default="table", help="output format (default: table)")
     parser.add_argument("--mapper", metavar="FILE", help="Python file defining `mapper`: compare A seen through it with B")
@@ -313,7 +316,7 @@ def _cell(value: Any) -> str:
 
 
 def _verify_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", help="a checkpoint file or folder")
+    parser.add_argument("path", help="a checkpoint file or folder, or a URL: " + URL_FORMS)
     parser.add_argument(
         "--checksums", action="store_true",
         help="also hash every tensor (SHA-256): record the sums in a sidecar the first time, check them after",
@@ -346,7 +349,8 @@ SUBCOMMANDS: list[Subcommand] = [
     Subcommand("diff", "show tensors added, removed or changed between two checkpoints", _diff_arguments, run_diff),
     Subcommand("verify", "check headers, index consistency and that every shard is complete", _verify_arguments, run_verify),
     Subcommand("plan", "dry-run a conversion: layout, files and bytes read, peak memory, problems", plan_arguments, run_plan),
-    Subcommand("convert", "convert a checkpoint to HF safetensors shards (dry-run first, report after)", convert_arguments, run_convert),
+    Subcommand("convert", "convert a checkpoint to safetensors shards, DCP, GGUF or Meta .pth (dry-run first, report after)",
+               convert_arguments, run_convert),
 ]
 
 
@@ -357,15 +361,37 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="workbench",
         description="Look inside PyTorch checkpoints without loading them; plan and run layout conversions.",
+        epilog="A checkpoint (SRC, PATH, A, B) is a local file or folder, or a URL: " + URL_FORMS + ". Destinations "
+               "are local folders. `workbench COMMAND --help` lists a command's options.",
     )
     parser.add_argument("--version", action="version", version=f"workbench {__version__}")
     parser.add_argument("--debug", action="store_true", help="show a traceback for unexpected errors")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands: dict[str, argparse.ArgumentParser] = {}
     for sub in SUBCOMMANDS:
         sub_parser = subparsers.add_parser(sub.name, help=sub.help, description=sub.help[0].upper() + sub.help[1:] + ".")
         sub.add_arguments(sub_parser)
         sub_parser.set_defaults(run=sub.run)
+        commands[sub.name] = sub_parser
+    parser.set_defaults(commands=commands)
     return parser
+
+
+def _refuse_unknown(args: argparse.Namespace, unknown: list[str]) -> None:
+    """Exit with the subcommand's own usage naming the arguments it does not take, and the closest option to
+    each mistyped one (argparse alone shows the top-level usage and no suggestion)."""
+    import difflib
+
+    sub_parser: argparse.ArgumentParser = args.commands[args.command]
+    options = [option for action in sub_parser._actions for option in action.option_strings]
+    hints = []
+    for item in unknown:
+        flag = item.split("=", 1)[0]
+        close = difflib.get_close_matches(flag, options, n=1, cutoff=0.6) if flag.startswith("-") else []
+        if close:
+            hints.append(f"{close[0]} (for {flag})")
+    message = f"unrecognized arguments: {' '.join(unknown)}." + (f" Did you mean {', '.join(hints)}?" if hints else "")
+    sub_parser.error(message)
 
 
 def _os_error_message(exc: OSError, command: str) -> str:
@@ -376,7 +402,9 @@ def _os_error_message(exc: OSError, command: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `workbench` console script; returns the exit status."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        _refuse_unknown(args, unknown)
     with guarded_output():  # names from untrusted files reach the terminal escaped (see cli.terminal)
         return _run(args)
 

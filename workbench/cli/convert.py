@@ -24,6 +24,9 @@ from typing import Any
 from ..errors import MapperError, WorkbenchError
 from ..mapper.files import load_mapper_file
 
+SOURCE_HELP = ("checkpoint file or folder, or a URL: hf://org/repo[@revision][/subfolder], https://host/folder/, "
+               "s3://bucket/prefix/")
+
 EXIT_OK = 0
 EXIT_MISMATCH = 1
 EXIT_BAD_INPUT = 2
@@ -71,15 +74,16 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
 
 def plan_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of `workbench plan`."""
-    parser.add_argument("source", metavar="SRC", help="checkpoint file or folder")
-    parser.add_argument("--dest", metavar="DST", help="destination to check (not empty, free space, resumable)")
+    parser.add_argument("source", metavar="SRC", help=SOURCE_HELP)
+    parser.add_argument("--dest", metavar="DST", help="destination folder to check (not empty, free space, resumable)")
     _common_arguments(parser)
 
 
 def convert_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of `workbench convert`."""
-    parser.add_argument("source", metavar="SRC", help="checkpoint file or folder")
-    parser.add_argument("dest", metavar="DST", help="output folder (HF safetensors shards, or DCP with --to dcp)")
+    parser.add_argument("source", metavar="SRC", help=SOURCE_HELP)
+    parser.add_argument("dest", metavar="DST", help="output folder, local (safetensors shards; DCP, GGUF or Meta .pth "
+                                                    "with --to); a URL destination is refused")
     _common_arguments(parser)
     parser.add_argument("--launcher", choices=("auto", "local", "torchrun"), default="auto",
                         help="how --nproc > 1 starts its workers on this machine: auto (default: local), local (no "
