@@ -184,3 +184,33 @@ def test_help_names_urls_and_every_output_format(capsys: pytest.CaptureFixture[s
     assert all("hf://org/repo" in text and "s3://bucket/prefix/" in text and "https://" in text for text in texts.values())
     assert "to HF safetensors shards" not in texts[""]
     assert "safetensors shards, DCP, GGUF or Meta .pth" in texts[""]
+
+
+# ------------------------------------------------------------------ D5 inspect opens as convert does
+
+
+def deepspeed_run(name: str) -> Path:
+    """A DeepSpeed run built by scripts/make_deepspeed_fixtures.py; skips when the fixtures are not built."""
+    import subprocess
+    import sys
+
+    script = REPO / "scripts" / "make_deepspeed_fixtures.py"
+    root = Path(subprocess.run([sys.executable, str(script), "--print-root"], capture_output=True, text=True, check=True).stdout.strip())
+    if not (root / "done").exists() or (root / name / "failed").exists():
+        pytest.skip("DeepSpeed fixtures not built; run `python scripts/make_deepspeed_fixtures.py`")
+    return root / name
+
+
+def test_inspect_takes_the_deepspeed_selection_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    import workbench as wb
+
+    run_path = deepspeed_run("stage2")
+    status, out, err = run("inspect", run_path, "--zero-weights", "module", "--format", "json", capsys=capsys)
+    assert status == 0, err
+    tensors = {t["name"]: t["dtype"] for t in json.loads(out)["tensors"]}
+    module = wb.open_checkpoint(run_path, weights="module")
+    assert set(tensors) == set(module.tensors.index) and set(tensors.values()) == {"BF16"}
+    status, out, err = run("inspect", run_path, "--zero-moments", "--format", "json", capsys=capsys)
+    assert status == 0, err
+    names = [t["name"] for t in json.loads(out)["tensors"]]
+    assert any(n.endswith(".exp_avg_sq") for n in names) and len(names) == len(wb.open_checkpoint(run_path, moments=True).tensors)

@@ -25,7 +25,7 @@ from typing import Any, TextIO
 from ..display import format_bytes, format_count, format_shape, text_table
 from ..errors import WorkbenchError
 from ..names import name_filter, no_match_hint
-from .convert import convert_arguments, plan_arguments, run_convert, run_plan
+from .convert import convert_arguments, open_arguments, open_options, plan_arguments, run_convert, run_plan
 from .terminal import escape, guarded_output
 
 URL_FORMS = "hf://org/repo[@revision][/subfolder], https://host/folder/, s3://bucket/prefix/ (headers by range requests, cached)"
@@ -82,6 +82,7 @@ def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
         help="only tensors this pattern selects: the whole name or a run of its dotted segments, with * ? [..] "
         "globs and {i} placeholders, e.g. 'layers.{i}.self_attn.*' (repeatable: any match)",
     )
+    open_arguments(parser)
 
 
 def _selected(names: list[str], patterns: Sequence[str] | None) -> list[str]:
@@ -187,7 +188,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     from ..explore.layers import natural_key
     from ..formats import open_catalog
 
-    catalog = open_catalog(args.path)
+    catalog = open_catalog(args.path, **open_options(args))
     names = _selected(sorted(catalog.tensors, key=natural_key), args.filter)
     if args.filter and not names:
         hints = " ".join(filter(None, map(no_match_hint, args.filter)))

@@ -65,6 +65,11 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
                         help="training checkpoints: keep the model weights only (prefixes stripped), or everything")
     parser.add_argument("--lightning-weights", choices=("ema", "model"),
                         help="Lightning checkpoints: extract the EMA weights or the live model weights (prefixes stripped)")
+    open_arguments(parser)
+
+
+def open_arguments(parser: argparse.ArgumentParser) -> None:
+    """How a source is opened (`open_options`): the same flags for inspect, plan and convert."""
     parser.add_argument("--zero-weights", choices=("fp32", "module"),
                         help="DeepSpeed runs: the fp32 master weights (default, as zero_to_fp32) or the lower-precision "
                              "module weights as saved (ZeRO 1 and 2)")
