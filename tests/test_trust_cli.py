@@ -214,3 +214,10 @@ def test_inspect_takes_the_deepspeed_selection_flags(capsys: pytest.CaptureFixtu
     assert status == 0, err
     names = [t["name"] for t in json.loads(out)["tensors"]]
     assert any(n.endswith(".exp_avg_sq") for n in names) and len(names) == len(wb.open_checkpoint(run_path, moments=True).tensors)
+
+
+@pytest.mark.parametrize(("args", "meant"), [(["inpsect", "x"], "inspect"), (["convert", "a", "b", "--rest", "kep"], "keep")])
+def test_a_mistyped_choice_names_the_closest_one(args: list[str], meant: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        cli.main(args)
+    assert stop.value.code == 2 and capsys.readouterr().err.rstrip().endswith(f"Did you mean {meant}?")

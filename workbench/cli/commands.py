@@ -20,7 +20,7 @@ import sys
 import traceback
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from ..display import format_bytes, format_count, format_shape, text_table
 from ..errors import WorkbenchError
@@ -355,11 +355,24 @@ SUBCOMMANDS: list[Subcommand] = [
 ]
 
 
+class _Parser(argparse.ArgumentParser):
+    """A parser whose "invalid choice" errors (a mistyped command, `--rest kep`) name the closest choice."""
+
+    def error(self, message: str) -> NoReturn:
+        import difflib
+        import re
+
+        typed = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        choices = re.findall(r"'([^']*)'", typed.group(2)) if typed else []
+        close = difflib.get_close_matches(typed.group(1), choices, n=1) if typed else []
+        super().error(message + (f". Did you mean {close[0]}?" if close else ""))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one subparser per entry of `SUBCOMMANDS`."""
     from .. import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="workbench",
         description="Look inside PyTorch checkpoints without loading them; plan and run layout conversions.",
         epilog="A checkpoint (SRC, PATH, A, B) is a local file or folder, or a URL: " + URL_FORMS + ". Destinations "
