@@ -12,13 +12,15 @@ because the folders it writes into may be shared or untrusted:
   O_NONBLOCK` and checked to be a regular file, so a FIFO cannot hang a run (`open_regular`).
 
 The folder paths themselves (the destination the user named, its parents) are followed as given;
-only the entries the workbench names inside them are held to these rules. A temporary `<name>.partial`
-belongs to the workbench: whatever non-folder entry sits there (a crashed run's leftover, or a planted
+only the entries the workbench names inside them are held to these rules. A temporary name (`temp_name`:
+`<name>.partial`, or a short hashed `<start of name>.<digest>.partial` when that would not fit the file
+system's name limit, so that any name the file system accepts can be written) belongs to the workbench: whatever non-folder entry sits there (a crashed run's leftover, or a planted
 link) is unlinked (never followed) and the name created afresh.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from collections.abc import Iterable
@@ -101,7 +103,7 @@ def remove_entry(path: str | os.PathLike) -> bool:
 def claim_temp(path: str | os.PathLike, *, flags: int = os.O_WRONLY, mode: int = 0o644) -> int:
     """Create the workbench's own temporary file `path` exclusively, first unlinking whatever is there.
 
-    Used for `<name>.partial` names: a leftover of a crashed run is replaced, a planted symlink, FIFO
+    Used for temporary names (`temp_path`): a leftover of a crashed run is replaced, a planted symlink, FIFO
     or hard link is unlinked without being opened, a directory is refused.
     """
     path = Path(path)
@@ -197,14 +199,52 @@ def replace_into(temp: str | os.PathLike, final: str | os.PathLike) -> None:
         raise exc
 
 
+DEFAULT_NAME_MAX = 255  # bytes in one file name on Linux's and macOS's usual file systems
+_HASHED_PREFIX_BYTES = 64  # how much of a too-long name its hashed temporary name keeps, for people reading the folder
+
+
+def name_max(folder: str | os.PathLike | None) -> int:
+    """The longest file name (in bytes) the file system of `folder` accepts; folders not made yet are asked
+    through their nearest existing parent, and 255 is assumed when nothing can be asked."""
+    if folder is None:
+        return DEFAULT_NAME_MAX
+    path = Path(folder)
+    for candidate in (path, *path.parents):
+        try:
+            return int(os.pathconf(candidate, "PC_NAME_MAX"))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except (OSError, ValueError):
+            break
+    return DEFAULT_NAME_MAX
+
+
+def temp_name(name: str, folder: str | os.PathLike | None = None) -> str:
+    """The temporary name under which the file `name` (in `folder`) is written before its rename.
+
+    `<name>.partial` when it fits the file system's name limit; else the start of `name`, a digest of the
+    whole name and `.partial` (`<start>.<16 hex>.partial`), which fits whenever `name` itself does. Either way
+    the name depends on `name` alone (and the file system), so a resumed run finds a crashed run's
+    temporaries, and every temporary ends in `.partial`.
+    """
+    plain = name + PARTIAL_SUFFIX
+    raw = name.encode("utf-8", "surrogateescape")
+    limit = name_max(folder)
+    if len(raw) + len(PARTIAL_SUFFIX) <= limit:
+        return plain
+    tail = f".{hashlib.sha256(raw).hexdigest()[:16]}{PARTIAL_SUFFIX}"
+    keep = max(0, min(_HASHED_PREFIX_BYTES, limit - len(tail)))
+    return raw[:keep].decode("utf-8", "ignore") + tail
+
+
 def temp_path(final: str | os.PathLike) -> Path:
-    """The temporary name a file is written under before it is renamed to `final`."""
+    """The temporary path a file is written under before it is renamed to `final` (see `temp_name`)."""
     final = Path(final)
-    return final.with_name(final.name + PARTIAL_SUFFIX)
+    return final.with_name(temp_name(final.name, final.parent))
 
 
 class AtomicWriter:
-    """Writes `path` through `<path>.partial`: exclusive create, write, fsync, rename, folder fsync.
+    """Writes `path` through its temporary name (`temp_path`, `<path>.partial`): exclusive create, write, fsync, rename, folder fsync.
 
     Use as a context manager (`with AtomicWriter(p) as w: w.write(b"...")`): leaving normally commits,
     leaving with an exception removes the temporary file. `fd` is the raw descriptor for positional

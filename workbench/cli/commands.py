@@ -20,12 +20,15 @@ import sys
 import traceback
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from ..display import format_bytes, format_count, format_shape, text_table
 from ..errors import WorkbenchError
 from ..names import name_filter, no_match_hint
-from .convert import convert_arguments, plan_arguments, run_convert, run_plan
+from .convert import convert_arguments, open_arguments, open_options, plan_arguments, run_convert, run_plan
+from .terminal import escape, guarded_output
+
+URL_FORMS = "hf://org/repo[@revision][/subfolder], https://host/folder/, s3://bucket/prefix/ (headers by range requests, cached)"
 
 EXIT_OK = 0
 EXIT_DIFFERENT = 1
@@ -68,7 +71,8 @@ def _warn(text: str) -> None:
 
 
 def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", help="a .safetensors file, an HF model folder, or an index file")
+    parser.add_argument("path", help="a checkpoint file or folder (.safetensors, an HF model folder, an index file, DCP, "
+                                     "torch, DeepSpeed, Megatron, GGUF ...), or a URL: " + URL_FORMS)
     parser.add_argument("--format", choices=("table", "json", "csv"), default="table", help="output format (default: table)")
     parser.add_argument("--layers", action="store_true", help="fold per-layer tensors into one row per pattern ({i})")
     parser.add_argument(
@@ -78,6 +82,7 @@ def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
         help="only tensors this pattern selects: the whole name or a run of its dotted segments, with * ? [..] "
         "globs and {i} placeholders, e.g. 'layers.{i}.self_attn.*' (repeatable: any match)",
     )
+    open_arguments(parser)
 
 
 def _selected(names: list[str], patterns: Sequence[str] | None) -> list[str]:
@@ -183,7 +188,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     from ..explore.layers import natural_key
     from ..formats import open_catalog
 
-    catalog = open_catalog(args.path)
+    catalog = open_catalog(args.path, **open_options(args))
     names = _selected(sorted(catalog.tensors, key=natural_key), args.filter)
     if args.filter and not names:
         hints = " ".join(filter(None, map(no_match_hint, args.filter)))
@@ -211,7 +216,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     _print()
     if args.layers:
         rows = [
-            (r["pattern"], r["count"], r["range"], r["dtype"], format_shape(r["shape"]), format_bytes(r["nbytes"]), r["odd_layers"])
+            (escape(r["pattern"]), r["count"], r["range"], r["dtype"], format_shape(r["shape"]), format_bytes(r["nbytes"]), r["odd_layers"])
             for r in records
         ]
         columns = ("pattern", "count", "range", "dtype", "shape", "size", "odd layers")
@@ -222,8 +227,8 @@ def run_inspect(args: argparse.Namespace) -> int:
     columns = ["name", "dtype", "shape", "numel", "size"] + (["file"] if many_files else [])
     rows = []
     for r in records:
-        row = [r["name"], r["dtype"], format_shape(r["shape"]), f"{r['numel']:,}", format_bytes(r["nbytes"])]
-        rows.append([*row, r["file"]] if many_files else row)
+        row = [escape(r["name"]), r["dtype"], format_shape(r["shape"]), f"{r['numel']:,}", format_bytes(r["nbytes"])]
+        rows.append([*row, escape(r["file"])] if many_files else row)
     _print(text_table(columns, rows, indent="", limit=None, rule=True, right=("numel", "size")))
     _print_suggestions(suggestions)
     return EXIT_OK
@@ -240,8 +245,8 @@ def _print_suggestions(suggestions: list[dict[str, str]]) -> None:
 
 
 def _diff_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("a", help="the first checkpoint (file or folder)")
-    parser.add_argument("b", help="the second checkpoint (file or folder)")
+    parser.add_argument("a", help="the first checkpoint (file, folder or URL)")
+    parser.add_argument("b", help="the second checkpoint (file, folder or URL)")
     parser.add_argument("--values", action="store_true", help="also compare values (reads tensor data; imports torch)")
     parser.add_argument("--format", choices=("table", "json", "csv"), default="table", help="output format (default: table)")
     parser.add_argument("--mapper", metavar="FILE", help="Python file defining `mapper`: compare A seen through it with B")
@@ -251,10 +256,9 @@ def _diff_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _diff_source(args: argparse.Namespace) -> Any:
     """A alone, or {'base': A, NAME: PATH ...} with --source."""
-    extra = dict(item.partition("=")[::2] for item in args.sources)
-    if any(not name or not path for name, path in extra.items()):
-        raise WorkbenchError("Cannot use --source: write it as NAME=PATH, e.g. --source adapter=lora/.")
-    return {"base": args.a, **extra} if extra else args.a
+    from .convert import named_sources
+
+    return named_sources(args.a, args.sources)
 
 
 def run_diff(args: argparse.Namespace) -> int:
@@ -285,7 +289,7 @@ def run_diff(args: argparse.Namespace) -> int:
             counts[row[1]] = counts.get(row[1], 0) + 1
         _print(f"{args.a} -> {args.b}: " + ", ".join(f"{n} {status}" for status, n in counts.items()))
         _print()
-        table_rows = [tuple(format_shape(v) if isinstance(v, tuple) else _cell(v) for v in row) for row in rows]
+        table_rows = [tuple(format_shape(v) if isinstance(v, tuple) else escape(_cell(v)) for v in row) for row in rows]
         _print(text_table(columns, table_rows, indent="", limit=None, rule=True, right=("max_abs_diff",)))
     return EXIT_DIFFERENT if rows else EXIT_OK
 
@@ -313,7 +317,7 @@ def _cell(value: Any) -> str:
 
 
 def _verify_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", help="a checkpoint file or folder")
+    parser.add_argument("path", help="a checkpoint file or folder, or a URL: " + URL_FORMS)
     parser.add_argument(
         "--checksums", action="store_true",
         help="also hash every tensor (SHA-256): record the sums in a sidecar the first time, check them after",
@@ -346,26 +350,62 @@ SUBCOMMANDS: list[Subcommand] = [
     Subcommand("diff", "show tensors added, removed or changed between two checkpoints", _diff_arguments, run_diff),
     Subcommand("verify", "check headers, index consistency and that every shard is complete", _verify_arguments, run_verify),
     Subcommand("plan", "dry-run a conversion: layout, files and bytes read, peak memory, problems", plan_arguments, run_plan),
-    Subcommand("convert", "convert a checkpoint to HF safetensors shards (dry-run first, report after)", convert_arguments, run_convert),
+    Subcommand("convert", "convert a checkpoint to safetensors shards, DCP, GGUF or Meta .pth (dry-run first, report after)",
+               convert_arguments, run_convert),
 ]
+
+
+class _Parser(argparse.ArgumentParser):
+    """A parser whose "invalid choice" errors (a mistyped command, `--rest kep`) name the closest choice."""
+
+    def error(self, message: str) -> NoReturn:
+        import difflib
+        import re
+
+        typed = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        choices = re.findall(r"'([^']*)'", typed.group(2)) if typed else []
+        close = difflib.get_close_matches(typed.group(1), choices, n=1) if typed else []
+        super().error(message + (f". Did you mean {close[0]}?" if close else ""))
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one subparser per entry of `SUBCOMMANDS`."""
     from .. import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="workbench",
         description="Look inside PyTorch checkpoints without loading them; plan and run layout conversions.",
+        epilog="A checkpoint (SRC, PATH, A, B) is a local file or folder, or a URL: " + URL_FORMS + ". Destinations "
+               "are local folders. `workbench COMMAND --help` lists a command's options.",
     )
     parser.add_argument("--version", action="version", version=f"workbench {__version__}")
     parser.add_argument("--debug", action="store_true", help="show a traceback for unexpected errors")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands: dict[str, argparse.ArgumentParser] = {}
     for sub in SUBCOMMANDS:
         sub_parser = subparsers.add_parser(sub.name, help=sub.help, description=sub.help[0].upper() + sub.help[1:] + ".")
         sub.add_arguments(sub_parser)
         sub_parser.set_defaults(run=sub.run)
+        commands[sub.name] = sub_parser
+    parser.set_defaults(commands=commands)
     return parser
+
+
+def _refuse_unknown(args: argparse.Namespace, unknown: list[str]) -> None:
+    """Exit with the subcommand's own usage naming the arguments it does not take, and the closest option to
+    each mistyped one (argparse alone shows the top-level usage and no suggestion)."""
+    import difflib
+
+    sub_parser: argparse.ArgumentParser = args.commands[args.command]
+    options = [option for action in sub_parser._actions for option in action.option_strings]
+    hints = []
+    for item in unknown:
+        flag = item.split("=", 1)[0]
+        close = difflib.get_close_matches(flag, options, n=1, cutoff=0.6) if flag.startswith("-") else []
+        if close:
+            hints.append(f"{close[0]} (for {flag})")
+    message = f"unrecognized arguments: {' '.join(unknown)}." + (f" Did you mean {', '.join(hints)}?" if hints else "")
+    sub_parser.error(message)
 
 
 def _os_error_message(exc: OSError, command: str) -> str:
@@ -376,7 +416,15 @@ def _os_error_message(exc: OSError, command: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `workbench` console script; returns the exit status."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        _refuse_unknown(args, unknown)
+    with guarded_output():  # names from untrusted files reach the terminal escaped (see cli.terminal)
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the parsed command; map its errors to an exit status and a one-paragraph message."""
     prefix = f"workbench {args.command}"
     try:
         return args.run(args)

@@ -24,6 +24,9 @@ from typing import Any
 from ..errors import MapperError, WorkbenchError
 from ..mapper.files import load_mapper_file
 
+SOURCE_HELP = ("checkpoint file or folder, or a URL: hf://org/repo[@revision][/subfolder], https://host/folder/, "
+               "s3://bucket/prefix/")
+
 EXIT_OK = 0
 EXIT_MISMATCH = 1
 EXIT_BAD_INPUT = 2
@@ -54,12 +57,19 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --to pth: Meta's N model-parallel files consolidated.00 .. NN.pth (default 1)")
     parser.add_argument("--source", action="append", default=[], metavar="NAME=PATH", dest="sources",
                         help="another checkpoint to read from, its tensors named NAME::tensor (SRC is source 'base')")
-    parser.add_argument("--adapter", metavar="DIR",
-                        help="a PEFT adapter folder to merge into SRC (source 'adapter'; before --mapper if both)")
+    parser.add_argument("--adapter", metavar="DIR", action="append",
+                        help="a PEFT adapter folder to merge into SRC (source 'adapter'; before --mapper if both); "
+                             "repeated, the adapters merge one after the other, in order, as PEFT would merge_and_unload "
+                             "each in turn (sources 'adapter', 'adapter2' ...)")
     parser.add_argument("--select", choices=("model", "all"),
                         help="training checkpoints: keep the model weights only (prefixes stripped), or everything")
     parser.add_argument("--lightning-weights", choices=("ema", "model"),
                         help="Lightning checkpoints: extract the EMA weights or the live model weights (prefixes stripped)")
+    open_arguments(parser)
+
+
+def open_arguments(parser: argparse.ArgumentParser) -> None:
+    """How a source is opened (`open_options`): the same flags for inspect, plan and convert."""
     parser.add_argument("--zero-weights", choices=("fp32", "module"),
                         help="DeepSpeed runs: the fp32 master weights (default, as zero_to_fp32) or the lower-precision "
                              "module weights as saved (ZeRO 1 and 2)")
@@ -69,15 +79,16 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
 
 def plan_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of `workbench plan`."""
-    parser.add_argument("source", metavar="SRC", help="checkpoint file or folder")
-    parser.add_argument("--dest", metavar="DST", help="destination to check (not empty, free space, resumable)")
+    parser.add_argument("source", metavar="SRC", help=SOURCE_HELP)
+    parser.add_argument("--dest", metavar="DST", help="destination folder to check (not empty, free space, resumable)")
     _common_arguments(parser)
 
 
 def convert_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of `workbench convert`."""
-    parser.add_argument("source", metavar="SRC", help="checkpoint file or folder")
-    parser.add_argument("dest", metavar="DST", help="output folder (HF safetensors shards, or DCP with --to dcp)")
+    parser.add_argument("source", metavar="SRC", help=SOURCE_HELP)
+    parser.add_argument("dest", metavar="DST", help="output folder, local (safetensors shards; DCP, GGUF or Meta .pth "
+                                                    "with --to); a URL destination is refused")
     _common_arguments(parser)
     parser.add_argument("--launcher", choices=("auto", "local", "torchrun"), default="auto",
                         help="how --nproc > 1 starts its workers on this machine: auto (default: local), local (no "
@@ -94,25 +105,49 @@ def convert_arguments(parser: argparse.ArgumentParser) -> None:
                              "or fail the run before its index is written")
 
 
-def _source(args: argparse.Namespace) -> Any:
-    """SRC alone, or {'base': SRC, NAME: PATH ..., 'adapter': DIR} when --source / --adapter add sources."""
-    extra: dict[str, str] = {}
-    for item in args.sources:
+def adapter_names(adapters: Sequence[str] | None) -> list[str]:
+    """The source names of repeated --adapter folders: 'adapter', then 'adapter2', 'adapter3' ..."""
+    return ["adapter" if i == 0 else f"adapter{i + 1}" for i in range(len(adapters or ()))]
+
+
+def named_sources(source: str, items: Sequence[str], adapters: Sequence[str] | None = None) -> str | dict[str, str]:
+    """SRC alone, or {'base': SRC, NAME: PATH ..., 'adapter': DIR, 'adapter2': DIR2 ...} from --source / --adapter.
+
+    Each name must be new: SRC is source 'base' (a `--source base=X` would replace it, and convert X instead),
+    a NAME given twice would keep only its last path, and `--source adapter=` would collide with --adapter.
+    """
+    extra: dict[str, str] = {"base": source}
+    for item in items:
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
             raise MapperError(f"Cannot use --source {item!r}: write it as NAME=PATH, e.g. --source step2000=ckpt/step2000.")
+        if name == "base":
+            raise MapperError(f"Cannot use --source {item!r}: 'base' is SRC ({source}), the checkpoint being converted. "
+                              f"Give the other checkpoint another name (e.g. --source other={path}), or pass it as SRC.")
+        if name in extra:
+            raise MapperError(f"Cannot use --source {name}= twice ({extra[name]} and {path}): each source needs its own "
+                              f"name. Rename one (e.g. --source {name}2={path}).")
         extra[name] = path
-    if args.adapter:
-        extra["adapter"] = args.adapter
+    for name, path in zip(adapter_names(adapters), adapters or (), strict=True):
+        if name in extra:
+            raise MapperError(f"Cannot use --source {name}={extra[name]} with --adapter {path}: --adapter folders are "
+                              f"sources '{name}' (then adapter2, adapter3 ...). Give the --source another name.")
+        extra[name] = path
+    return extra if len(extra) > 1 else source
+
+
+def _source(args: argparse.Namespace) -> Any:
+    """SRC alone, or {'base': SRC, NAME: PATH ..., 'adapter': DIR ...} when --source / --adapter add sources."""
+    sources = named_sources(args.source, args.sources, args.adapter)
     options = open_options(args)
     if options:
-        if extra:
+        if isinstance(sources, dict):
             raise MapperError("Cannot combine --zero-weights / --zero-moments with --source or --adapter: open the "
                               "DeepSpeed run alone.")
         from ..formats import open_catalog
 
         return open_catalog(args.source, **options)
-    return {"base": args.source, **extra} if extra else args.source
+    return sources
 
 
 def open_options(args: argparse.Namespace) -> dict[str, object]:
@@ -144,7 +179,8 @@ def _mapper(args: argparse.Namespace) -> tuple[Any, str]:
     if args.adapter:
         from ..mapper import Sequential, presets
 
-        merge = presets.lora_merge(args.adapter)
+        merges = [presets.lora_merge(path, source=name) for name, path in zip(adapter_names(args.adapter), args.adapter, strict=True)]
+        merge = merges[0] if len(merges) == 1 else Sequential(*merges)
         mapper = merge if mapper is None else Sequential(merge, mapper)
     if args.select is None and args.lightning_weights is None:
         return mapper, args.rest
@@ -156,9 +192,10 @@ def _mapper(args: argparse.Namespace) -> tuple[Any, str]:
 def _plan(args: argparse.Namespace, dest: str | None):
     from ..planning import plan
 
+    source = _source(args)  # first: a --source that cannot mean anything is refused before the mapper is built
     mapper, rest = _mapper(args)
     return plan(
-        _source(args), mapper, shard_size=args.shard_size, nproc=args.nproc, rest=rest, dest=dest,
+        source, mapper, shard_size=args.shard_size, nproc=args.nproc, rest=rest, dest=dest,
         dtype=args.dtype, extras=not args.no_extras, overwrite=args.overwrite, to=args.to,
         on_overflow=getattr(args, "on_overflow", "warn"), page_align=args.page_align, nproc_mp=args.nproc_mp,
     )
@@ -186,9 +223,10 @@ def run_convert(args: argparse.Namespace) -> int:
     if under_torchrun() and not args.dry_run:  # started by the user's torchrun: each rank does its share
         from ..conversion import convert
 
+        source = _source(args)
         mapper, rest = _mapper(args)
         with _overflow_in_the_report():
-            report = convert(_source(args), args.dest, mapper, shard_size=args.shard_size, rest=rest, dtype=args.dtype,
+            report = convert(source, args.dest, mapper, shard_size=args.shard_size, rest=rest, dtype=args.dtype,
                              extras=not args.no_extras, overwrite=args.overwrite, quiet=args.quiet, to=args.to,
                              verify=args.verify, on_overflow=args.on_overflow, page_align=args.page_align,
                              nproc_mp=args.nproc_mp)
@@ -241,11 +279,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan_arguments(sub.add_parser("plan", help="dry-run a conversion"))
     convert_arguments(sub.add_parser("convert", help="convert a checkpoint"))
     args = parser.parse_args(argv)
-    try:
-        return run_plan(args) if args.command == "plan" else run_convert(args)
-    except WorkbenchError as exc:
-        sys.stderr.write(f"workbench {args.command}: {exc.message}\n")
-        return EXIT_BAD_INPUT
+    from .terminal import guarded_output
+
+    with guarded_output():
+        try:
+            return run_plan(args) if args.command == "plan" else run_convert(args)
+        except WorkbenchError as exc:
+            sys.stderr.write(f"workbench {args.command}: {exc.message}\n")
+            return EXIT_BAD_INPUT
 
 
 __all__ = ["convert_arguments", "load_mapper_file", "main", "plan_arguments", "run_convert", "run_plan"]

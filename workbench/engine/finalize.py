@@ -13,7 +13,7 @@ import stat
 from pathlib import Path
 
 from ..errors import PlanError, UnsafeFileError
-from ..files import PARTIAL_SUFFIX, atomic_write, copy_atomic, fsync_dir, remove_entry
+from ..files import atomic_write, copy_atomic, fsync_dir, remove_entry, temp_path
 from ..formats.dcp import METADATA_NAME
 from ..formats.links import leads_inside
 from ..planning.destination import (
@@ -68,7 +68,7 @@ def remove_partials(plan: Plan) -> None:
     extras = [e for e in plan.extras if not e.endswith("/")]
     for name in [*(f.name for f in plan.output_file_list), INDEX_NAME, MANIFEST_NAME, COMPLETE_NAME, *plan.commit_files, *extras]:
         try:
-            remove_entry(plan.dest / (name + PARTIAL_SUFFIX))
+            remove_entry(temp_path(plan.dest / name))
         except UnsafeFileError:  # a folder planted there: left alone (a writer refuses that name by itself)
             pass
         except NotADirectoryError:  # an extra's subfolder that was never made

@@ -197,9 +197,20 @@ class RunReport:
         return {"bytes": _spread(written), "seconds": _spread(seconds)}
 
     def _balance_line(self) -> str:
-        balance = self.rank_balance
-        return (f"  rank balance (largest / smallest rank): bytes written {balance['bytes']:.2f}x, "
-                f"seconds {balance['seconds']:.2f}x")
+        """The rank balance for people: ratios over the ranks that wrote something, and which ranks idled (a
+        ratio over an idle rank is infinite and says nothing)."""
+        idle = [r.rank for r in self.ranks if r.bytes_written == 0]
+        busy = [r for r in self.ranks if r.bytes_written > 0]
+        pool = busy or self.ranks
+        ratios = (f"bytes written {_times(_spread([r.bytes_written for r in pool]))}, "
+                  f"seconds {_times(_spread([r.seconds for r in pool]))}")
+        if not idle or not busy:
+            return f"  rank balance (largest / smallest rank): {ratios}"
+        ranks = f"rank {idle[0]}" if len(idle) == 1 else "ranks " + ", ".join(map(str, idle))
+        line = (f"  rank balance: {ranks} of {len(self.ranks)} wrote nothing (the plan gives each rank whole output files, "
+                "and there were fewer files than ranks: a smaller --nproc, or a smaller --shard-size for more files, "
+                "evens it out)")
+        return line + (f"; among the others (largest / smallest): {ratios}" if len(busy) > 1 else "")
 
     def _comparison(self) -> list[tuple[str, object, object]]:
         return [
@@ -284,6 +295,11 @@ class RunReport:
         balance = f"<div>{html.escape(self._balance_line().strip())}</div>" if self.nproc > 1 else ""
         return (f"<div><b>{head}</b></div>" + html_table(["", "predicted", "measured"], self._rows()) + note
                 + html_table(list(self._RANK_HEADERS), self._rank_rows()) + balance)
+
+
+def _times(ratio: float) -> str:
+    """A spread for people: '1.05x', or 'n/a' when the smallest is zero (e.g. a rank that took no measurable time)."""
+    return f"{ratio:.2f}x" if ratio != float("inf") else "n/a (a rank measured 0)"
 
 
 def _spread(values: list[float]) -> float:

@@ -19,7 +19,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -36,6 +35,7 @@ from ..files import atomic_write
 from ..output.lock import DestinationLock, lock_destination
 from ..planning.model import Plan
 from .job import job_for
+from .jobdir import make_jobdir
 from .local_run import WORKER_MODULE
 from .processes import is_running, signal_worker
 
@@ -100,6 +100,7 @@ class Launch:
         self._cancelled = threading.Event()
         self._started_at = 0.0
         self._lock: DestinationLock | None = None
+        self._job_lock: int = -1
 
     def start(self) -> Launch:
         """Prepare the destination, write the job, start the workers."""
@@ -109,7 +110,7 @@ class Launch:
         self._lock = lock_destination(self.plan.dest)  # held until wait() cleans up
         try:
             prepare_destination(self.plan)
-            self.jobdir = Path(tempfile.mkdtemp(prefix="workbench-job-"))
+            self.jobdir, self._job_lock = make_jobdir()  # (removes the job folders of killed launchers first)
             atomic_write(self.jobdir / JOB_FILE, job.to_json())
             env = dict(os.environ if self.env is None else self.env)
             env["PYTHONUNBUFFERED"] = "1"
@@ -118,7 +119,8 @@ class Launch:
             self.process = subprocess.Popen(
                 worker_command(self.launcher, self.plan.nproc, self.jobdir), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, env=env, start_new_session=True, text=True, errors="replace",
-                pass_fds=(self._lock.fileno(),),  # the launcher keeps the destination locked while it runs
+                # The workers keep the destination locked, and their job folder owned, while they run.
+                pass_fds=(self._lock.fileno(), self._job_lock),
             )
         except BaseException:
             self._cleanup()
@@ -255,6 +257,9 @@ class Launch:
             remove_partials(self.plan)
         if self.jobdir is not None:
             shutil.rmtree(self.jobdir, ignore_errors=True)
+        if self._job_lock >= 0:
+            os.close(self._job_lock)
+            self._job_lock = -1
         if self._lock is not None:
             self._lock.release()
 

@@ -127,6 +127,7 @@ class Binder:
         self._infer_cache: dict[tuple[Path, tuple[Meta, ...]], list[Meta]] = {}
         self._templates: dict[Path, tuple[tuple[str, ...], list[Template]]] = {}
         self._failed_templates: set[str] = set()
+        self._scopes: set[str] | None = None  # the named sources of a multi-source catalog (NAME of NAME::tensor)
         nodes = {info.name: Node((info.dtype, tuple(info.shape)), None, index) for index, info in enumerate(infos)}
         self.state = State(nodes)
 
@@ -497,15 +498,30 @@ class Binder:
             else:
                 produced[name] = (node, op)
 
+    def _absent_source_hint(self, name: str) -> str:
+        """For `NAME::tensor` when the catalog has no source NAME: how to open it with the checkpoint."""
+        scope, sep, _ = name.partition("::")
+        if not sep:
+            return ""
+        if self._scopes is None:
+            self._scopes = {info.name.partition("::")[0] for info in self.infos if "::" in info.name}
+        if scope in self._scopes:
+            return ""
+        return (f" It is read from a checkpoint named '{scope}', which the source does not include (a mapper such as "
+                f"lora_merge reads the adapter as a second source). Open them together: wb.open_checkpoint({{'base': "
+                f"BASE, '{scope}': PATH}}), or from the shell add --source {scope}=PATH (diff, plan, convert).")
+
     def _report_missing(self, op: Op, state: State, present: list[tuple[str, Node | None]], reported: bool) -> None:
         """An input is absent (or unknown after an earlier error): report it once, poison the outputs."""
         missing = [name for name, node in present if node is None]
         if missing and not reported and not any(name in self._failed_templates for name in missing):
-            guess = difflib.get_close_matches(missing[0], list(state.nodes)[:20000], n=1)
+            absent = self._absent_source_hint(missing[0])
+            guess = [] if absent else difflib.get_close_matches(missing[0], list(state.nodes)[:20000], n=1)
             hint = f" The closest name is {_quoted(guess[0])}." if guess else ""
+            fix = absent or (" Check the name against the source's tensors (or the step that should produce it)."
+                             + _GLOB_HINT * _has_glob(missing[0]))
             self.problem(
-                f"Cannot bind {op.short()}: input {_quoted(missing[0])} is not in the source.{hint} "
-                "Check the name against the source's tensors (or the step that should produce it)." + _GLOB_HINT * _has_glob(missing[0]),
+                f"Cannot bind {op.short()}: input {_quoted(missing[0])} is not in the source.{hint}{fix}",
                 op, missing[0],
             )
         self._failed_templates.update(op.outputs)

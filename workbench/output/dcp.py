@@ -28,7 +28,7 @@ from typing import Any
 from ..catalog import TensorInfo
 from ..dtypes import _TORCH_NAMES, DTYPE_BITS, nbytes_of
 from ..errors import PlanError
-from ..files import PARTIAL_SUFFIX, atomic_write, claim_temp, fsync_dir
+from ..files import atomic_write, claim_temp, fsync_dir, temp_path
 from ..formats.dcp import METADATA_NAME
 from ..iostats import IO, open_for_read, read_at
 from .base import OutputFormat
@@ -301,7 +301,7 @@ class DcpShardWriter(SafetensorsWriter):
         self.folder = Path(folder)
         self.layout = layout
         self.final_path = self.folder / layout.file
-        self.partial_path = self.folder / (layout.file + PARTIAL_SUFFIX)
+        self.partial_path = temp_path(self.final_path)
         self._by_name = layout.by_name()
         self._written = dict.fromkeys(self._by_name, 0)
         self._fd = claim_temp(self.partial_path, flags=os.O_RDWR)  # read back for the CRCs at commit

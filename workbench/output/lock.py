@@ -3,7 +3,8 @@
 The lock is held for the whole run (prepare, every shard, commit) by the process that drives it: the
 local run, the torchrun launcher (whose torchrun child inherits the locked descriptor, so workers that
 outlive a killed launcher still hold it), or rank 0 of an in-place torchrun job. The file records who holds it
-(pid, host, start time) so a refused second run can say so. The kernel drops the lock when its holder
+(pid, host, start time) so a refused second run can say so; when that process has died but the processes it
+started still hold the lock (a launcher killed with SIGKILL), the message names them instead. The kernel drops the lock when its holder
 dies, even by kill -9, so a stale file never blocks anyone; a clean run removes the file when it ends.
 """
 
@@ -25,6 +26,8 @@ _RETRY_SECONDS = 0.25  # a probe (`holder`) holds the lock for microseconds; do 
 
 
 def _holder_text(fd: int) -> str:
+    """Who holds the lock open on `fd`: the recorded run, and, when that process has died (a launcher killed with
+    SIGKILL), the live processes that inherited the lock from it (its workers), which are what to stop."""
     try:
         info = json.loads(os.pread(fd, 4096, 0).decode("utf-8") or "{}")
     except (OSError, ValueError):
@@ -32,7 +35,67 @@ def _holder_text(fd: int) -> str:
     if not isinstance(info, dict) or "pid" not in info:
         return "a process that has not yet recorded itself"
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.get("started", 0)))
-    return f"pid {info.get('pid')} on host {info.get('host', '?')}, started {started}"
+    text = f"pid {info.get('pid')} on host {info.get('host', '?')}, started {started}"
+    pid = info.get("pid")
+    if info.get("host") != socket.gethostname() or not isinstance(pid, int) or _alive(pid):
+        return text
+    holders = _processes_holding(fd)
+    if not holders:
+        return f"{text}, which has exited; the processes it started still hold the lock"
+    listed = ", ".join(f"pid {p} ({command})" for p, command in holders[:8])
+    pids = " ".join(str(p) for p, _ in holders)
+    return (f"{text}, which has exited, but processes it started still hold the lock: {listed}; stop them "
+            f"(kill {pids}) if that run is abandoned")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    try:  # a zombie (exited, not yet reaped) holds nothing
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            return fh.read().rsplit(") ", 1)[-1][:1] != "Z"
+    except OSError:
+        return True
+
+
+def _processes_holding(fd: int) -> list[tuple[int, str]]:
+    """(pid, command line) of the other processes of this user with the file of `fd` open (Linux's /proc);
+    [] where /proc cannot tell."""
+    try:
+        target = os.fstat(fd)
+        pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+    except OSError:
+        return []
+    found = []
+    for pid in pids:
+        if pid == os.getpid():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:  # another user's process, or gone
+            continue
+        for entry in fds:
+            try:
+                info = os.stat(f"/proc/{pid}/fd/{entry}")
+            except OSError:
+                continue
+            if (info.st_dev, info.st_ino) == (target.st_dev, target.st_ino):
+                found.append((pid, _command(pid)))
+                break
+    return found
+
+
+def _command(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            parts = fh.read(4096).split(b"\0")
+    except OSError:
+        return "?"
+    return " ".join(p.decode("utf-8", "replace") for p in parts[:5] if p)[:120]
 
 
 def holder(dest: str | os.PathLike) -> str | None:

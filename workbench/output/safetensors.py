@@ -21,7 +21,7 @@ from typing import Any
 from ..catalog import TensorInfo
 from ..dtypes import DTYPE_BITS
 from ..errors import PlanError
-from ..files import PARTIAL_SUFFIX, atomic_write, claim_temp, fsync_dir, replace_into
+from ..files import PARTIAL_SUFFIX, atomic_write, claim_temp, fsync_dir, replace_into, temp_path  # noqa: F401 (re-exported)
 from ..formats.safetensors_folder import INDEX_NAME  # the commit marker of a sharded output
 from ..iostats import IO
 from .base import FileLayout, OutputFormat
@@ -276,7 +276,7 @@ class SafetensorsWriter:
         self.folder = Path(folder)
         self.layout = layout
         self.final_path = self.folder / layout.file
-        self.partial_path = self.folder / (layout.file + PARTIAL_SUFFIX)
+        self.partial_path = temp_path(self.final_path)
         self._by_name = layout.by_name()
         self._written: dict[str, int] = dict.fromkeys(self._by_name, 0)
         self._fd: int | None = claim_temp(self.partial_path)  # exclusive, no-follow: nothing planted there is written through

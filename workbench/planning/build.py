@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 from ..api_types import CheckpointLike, OnOverflow, OutputName, Rest
@@ -18,6 +17,7 @@ from ..mapper.groups import Binding, Problem
 from ..mapper.op import Op
 from ..mapper.output_presets import OUTPUT_PRESETS
 from ..output import OutputFormat, output_format
+from ..output.destination import local_destination
 from . import copy_runs
 from .cast_batches import batch_casts
 from .cast_runs import cast_run_binding
@@ -175,6 +175,7 @@ def _build_plan(
     catalog: Catalog, mapper: Any, options: PlanOptions, dest: str | os.PathLike | None, check_dest: bool,
     kept: Iterable[str],
 ) -> Plan:
+    dest_path = local_destination(dest) if dest is not None else None  # a URL is refused before any work
     output = output_format(options.to)
     user_mapper = mapper  # what workers receive: they re-run `prepare` (and this default) themselves
     mapper, options = _format_default(catalog, mapper, options)
@@ -209,7 +210,6 @@ def _build_plan(
         batch_casts(steps, files, catalog.reader, options.chunk_bytes)
     exported = mapper_json(mapper)
     layout_fp = layout_fingerprint(catalog, steps, files, exported)
-    dest_path = Path(os.path.abspath(dest)) if dest is not None else None
     # Only a checkpoint read from a folder has extras (a catalog built in memory has a root but no files).
     # A remote reader first brings its small files (config, tokenizer) into a local folder, its catalog root.
     fetch_extras = getattr(catalog.reader, "fetch_extras", None)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..display import format_bytes
 from ..errors import WorkbenchError
-from ..files import PARTIAL_SUFFIX, atomic_write, describe, open_regular, read_regular, remove_entry
+from ..files import atomic_write, describe, open_regular, read_regular, remove_entry, temp_name
 from ..mapper.groups import Problem
 from ..output.lock import LOCK_NAME, holder
 from ..output.safetensors import INDEX_NAME
@@ -147,10 +147,10 @@ def shard_is_complete(path: Path, planned: OutputFile) -> bool:
         os.close(fd)
 
 
-def own_names(files: Iterable[OutputFile], extras: Iterable[str]) -> set[str]:
-    """Every name a conversion may create in its destination, temporary names included."""
+def own_names(files: Iterable[OutputFile], extras: Iterable[str], dest: Path | None = None) -> set[str]:
+    """Every name a conversion may create in its destination `dest`, temporary names included."""
     names = {MANIFEST_NAME, COMPLETE_NAME, INDEX_NAME, *(f.name for f in files), *(e.split("/", 1)[0] for e in extras)}
-    return names | {n + PARTIAL_SUFFIX for n in names}
+    return names | {temp_name(n, dest) for n in names}
 
 
 def blocked_names(dest: Path, names: Iterable[str], lock_name: str) -> list[str]:
@@ -207,8 +207,8 @@ def check_destination(
         return state
     # The lock, and the temporary files of a run killed before its manifest was committed, are the workbench's own:
     # they do not make the folder someone else's (the run removes the temporaries before writing).
-    entries = sorted(n for n in os.listdir(dest) if n != LOCK_NAME and n != MANIFEST_NAME + PARTIAL_SUFFIX) if dest.is_dir() else []
-    blocked = blocked_names(dest, own_names(files, extras), LOCK_NAME) if dest.is_dir() else []
+    entries = sorted(n for n in os.listdir(dest) if n != LOCK_NAME and n != temp_name(MANIFEST_NAME, dest)) if dest.is_dir() else []
+    blocked = blocked_names(dest, own_names(files, extras, dest), LOCK_NAME) if dest.is_dir() else []
     if blocked:
         state.problems.append(
             Problem("error", f"Cannot write to {dest}: {'; '.join(blocked)}. Remove them or choose another destination.")
@@ -239,7 +239,7 @@ def check_destination(
             state.resumable = True
             by_name = {f.name: f for f in files}
             state.kept = {n for n in entries if n in by_name and shard_is_complete(dest / n, by_name[n])}
-            unrelated = [n for n in entries if n not in own_names(files, extras)]
+            unrelated = [n for n in entries if n not in own_names(files, extras, dest)]
             if unrelated:
                 state.problems.append(
                     Problem("warning", f"Destination {dest} also holds files this conversion does not write ({', '.join(unrelated[:5])}); they are left alone.")
