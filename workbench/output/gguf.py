@@ -161,7 +161,9 @@ def layout_gguf_file(file: str, tensors: Sequence[TensorInfo], spec: GgufSpec, s
 
 def _tokenizer_json_bytes(folder: Path) -> int:
     """Bytes of the tokenizer.json the vocabulary is read from (0 when tokenizer.model is read instead)."""
-    if (folder / "tokenizer.model").is_file():
+    from .source_files import present
+
+    if present(folder / "tokenizer.model"):
         return 0
     try:
         return (folder / "tokenizer.json").stat().st_size
