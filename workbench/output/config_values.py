@@ -27,10 +27,11 @@ _REQUIRED = object()
 
 # key -> kind: what `ModelConfig.checked` verifies when the key is present (and not null)
 SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-         "max_position_embeddings", "original_max_position_embeddings", "head_dim", "num_local_experts", "num_experts",
-         "n_routed_experts", "num_experts_per_tok", "n_group", "topk_group", "moe_intermediate_size",
+         "max_position_embeddings", "original_max_position_embeddings", "head_dim", "moe_intermediate_size",
          "shared_expert_intermediate_size", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
-COUNTS = ("first_k_dense_replace", "n_shared_experts")
+# may be 0 (a dense model's expert count, no dense leading layers, no shared experts)
+COUNTS = ("first_k_dense_replace", "n_shared_experts", "num_local_experts", "num_experts", "n_routed_experts",
+          "num_experts_per_tok", "n_group", "topk_group")
 POSITIVE_REALS = ("rms_norm_eps", "rope_theta", "routed_scaling_factor")
 # keys of the RoPE block: positive reals, finite reals, sizes
 ROPE_POSITIVE = ("factor", "low_freq_factor", "high_freq_factor", "rope_theta")

@@ -53,11 +53,11 @@ def _model_parameters(writer: Any, config: ModelConfig) -> int:
     writer.add_layer_norm_rms_eps(1e-5 if config.get("model_type") == "olmoe" else config.real("rms_norm_eps", 1e-6, below=1.0))
     experts = _first(config, "num_local_experts", "num_experts", "n_routed_experts")
     if experts is not None:
-        writer.add_expert_count(config.size(experts))
+        writer.add_expert_count(config.count(experts))
     for key, add in (("num_experts_per_tok", writer.add_expert_used_count), ("n_group", writer.add_expert_group_count),
                      ("topk_group", writer.add_expert_group_used_count)):
         if config.get(key) is not None:
-            add(config.size(key))
+            add(config.count(key))
     score = _first(config, "score_function", "scoring_func", "score_func")
     if score is not None:  # the router's scoring function, as llama.cpp's expert gating function
         score = config[score]
@@ -114,7 +114,7 @@ def _first(config: dict[str, Any], *keys: str) -> Any:
 def _deepseek_parameters(writer: Any, config: ModelConfig) -> None:
     """What llama.cpp's DeepSeek-V2 converter (V3's too) adds after the file type: dense leading layers, MLA's ranks
     and head widths (the cache holds kv_lora_rank + qk_rope_head_dim wide keys), shared experts and routing scale."""
-    routed = config.size("n_routed_experts", None)
+    routed = config.count("n_routed_experts", None)
     dense = config.count("first_k_dense_replace", None)
     writer.add_leading_dense_block_count(dense if dense is not None else 0 if routed is not None else config.size("num_hidden_layers"))
     kv_lora_rank = config.size("kv_lora_rank", 512)
