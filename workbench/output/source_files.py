@@ -50,7 +50,7 @@ def limit_of(name: str) -> int:
 
 
 def _refuse(path: Path, cause: str, fix: str) -> PlanError:
-    return PlanError(f"Cannot read {path}: {cause}. {fix}", file=str(path))
+    return PlanError(f"Cannot read {path}: {cause}. {fix}.", file=str(path))
 
 
 def present(path: Path) -> bool:
