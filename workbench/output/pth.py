@@ -193,8 +193,9 @@ def open_written_pth(dest: Path, layouts: Sequence[FileLayout]) -> Any:
 # values back (Llama 3.2's smaller ones get another pair that gives the same width).
 _MULTIPLIERS = (None, 1.3, 1.2, 1.5, 2.0)
 _MULTIPLES = (4096, 1024, 256)
-ROPE_THETA_LLAMA2 = 10000.0
-META_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "rms_norm_eps")  # Llama 2's code has no rope_theta argument; it always uses this base
+ROPE_THETA_LLAMA2 = 10000.0  # Llama 2's code has no rope_theta argument; it always uses this base
+# config.json keys without which a folder is not a Llama Meta's params.json can describe (no params.json then)
+META_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "rms_norm_eps")
 
 
 def meta_ffn_hidden(dim: int, multiple_of: int, ffn_dim_multiplier: float | None) -> int:
@@ -237,7 +238,7 @@ def meta_params(config: Mapping[str, Any]) -> dict[str, Any]:
     if missing:
         raise KeyError(missing[0])  # not a Llama config: no params.json arguments (the caller writes none)
     rope = values.rope()
-    theta = rope.get("rope_theta") or values.real("rope_theta", ROPE_THETA_LLAMA2)
+    theta = float(rope.get("rope_theta") or values.real("rope_theta", ROPE_THETA_LLAMA2))
     dim = values.size("hidden_size")
     multiple_of, multiplier = meta_ffn_arguments(dim, values.size("intermediate_size"))
     heads = values.size("num_attention_heads")
