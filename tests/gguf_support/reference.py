@@ -154,10 +154,29 @@ def reference_gguf(family: str, outtype: str, tokenizer: str | None = None) -> P
     return out
 
 
-def _run_converter(script: Path, folder: Path, outtype: str, out: Path) -> None:
+def reference_split(family: str, outtype: str, split_max_size: str) -> list[Path]:
+    """The split files llama.cpp's converter writes for `model_folder(family)` with `--split-max-size split_max_size`
+    (e.g. "60K"), in order (cached)."""
+    script = converter()
+    folder = model_folder(family)
+    out = ROOT / "references" / f"{folder.name}-{outtype}-split-{split_max_size}"
+    if not out.is_dir():
+        with building(out):
+            if not out.is_dir():
+                aside = out.with_name(out.name + ".building")
+                shutil.rmtree(aside, ignore_errors=True)
+                aside.mkdir(parents=True)
+                _run_converter(script, folder, outtype, aside / "model.gguf", ("--split-max-size", split_max_size), replace=False)
+                os.replace(aside, out)
+    return sorted(out.glob("model-*.gguf"))
+
+
+def _run_converter(script: Path, folder: Path, outtype: str, out: Path, extra: tuple[str, ...] = (), replace: bool = True) -> None:
     env = {**os.environ, "PYTHONPATH": str(EXTRA)}
-    done = subprocess.run([sys.executable, str(script), str(folder), "--outtype", outtype, "--outfile", str(out) + ".tmp"],
+    target = str(out) + ".tmp" if replace else str(out)
+    done = subprocess.run([sys.executable, str(script), str(folder), "--outtype", outtype, "--outfile", target, *extra],
                           env=env, capture_output=True, text=True, timeout=300)
     if done.returncode:
         raise AssertionError(f"convert_hf_to_gguf.py failed:\n{done.stderr[-3000:]}")
-    os.replace(str(out) + ".tmp", out)
+    if replace:
+        os.replace(target, out)

@@ -9,7 +9,8 @@ the preset's quantiser); F32 / F16 / BF16 slots hold plain little-endian values.
 
 The tensors, names and metadata follow llama.cpp's `convert_hf_to_gguf.py` for the same folder (see
 `workbench.mapper.gguf_preset` and `gguf_metadata`); the container is packed with the `gguf` package.
-Split outputs (`shard_size=`) carry llama.cpp's `split.no` / `split.count` / `split.tensors.count` keys.
+Split outputs (`shard_size=`) carry llama.cpp's `split.no` / `split.count` / `split.tensors.count` keys; as llama.cpp
+writes them, only the first split holds the model's key/values (metadata and vocabulary), the others the split keys.
 """
 
 from __future__ import annotations
@@ -104,7 +105,9 @@ def layout_gguf_file(file: str, tensors: Sequence[TensorInfo], spec: GgufSpec, s
     the planned `header` bytes, so the writer puts them down with it; the tensors' slots follow them."""
     import gguf
 
-    kv = dict(spec.kv)
+    # llama.cpp (gguf-py's GGUFWriter, gguf-split) writes the model's key/values in the first split only; later
+    # splits carry the split.* keys alone
+    kv = dict(spec.kv) if split is None or split[0] == 0 else {}
     if split is not None:
         kv["split.no"] = gguf.GGUFValue(split[0], gguf.GGUFValueType.UINT16)
         kv["split.count"] = gguf.GGUFValue(split[1], gguf.GGUFValueType.UINT16)
@@ -158,7 +161,9 @@ def layout_gguf_file(file: str, tensors: Sequence[TensorInfo], spec: GgufSpec, s
 
 def _tokenizer_json_bytes(folder: Path) -> int:
     """Bytes of the tokenizer.json the vocabulary is read from (0 when tokenizer.model is read instead)."""
-    if (folder / "tokenizer.model").is_file():
+    from .source_files import present
+
+    if present(folder / "tokenizer.model"):
         return 0
     try:
         return (folder / "tokenizer.json").stat().st_size

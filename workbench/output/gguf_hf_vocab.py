@@ -52,7 +52,8 @@ def is_byte_fallback_bpe(tokenizer: dict) -> bool:
 def special_tokens(root: Path, config: dict) -> list[str] | None:
     """transformers' `all_special_tokens` for `root`; None when the tokenizer class's defaults are not known here."""
     values = {key: config[key] for key in NAMED if key in config}
-    extra = list(config.get("extra_special_tokens") or config.get("additional_special_tokens") or [])
+    extra = config.get("extra_special_tokens") or config.get("additional_special_tokens") or []
+    extra = list(extra) if isinstance(extra, (list, dict)) else []
     if "added_tokens_decoder" not in config:  # transformers then reads the legacy special_tokens_map.json over the config
         legacy = json_file(root / "special_tokens_map.json") or {}
         for key, value in legacy.items():

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import PlanError
+from .config_values import ModelConfig
 
 ROPE_FREQS = "rope_freqs.weight"
 # The config keys llama.cpp's converter looks RoPE's base up by, when the rope block does not name it (its order).
@@ -101,12 +102,15 @@ def generated_tensors(config: Mapping[str, Any], arch: str) -> tuple[GeneratedTe
         raise PlanError(f"Cannot write GGUF: config.json asks for Llama 3's RoPE scaling (rope_type 'llama3') in a llama.cpp "
                         f"{arch!r} model, whose converter has no rope_freqs tensor for it. Remove the scaling from config.json "
                         "or convert with llama.cpp's convert_hf_to_gguf.py.")
-    heads = int(config["num_attention_heads"])
-    head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+    values = ModelConfig.of(config)
+    rope = values.rope()  # the same block, its values checked (finite, positive, sizes in range)
+    heads = values.size("num_attention_heads")
+    head_dim = values.size("head_dim", 0) or values.size("hidden_size") // heads
     theta = rope.get("rope_theta")
     if theta is None and "full_attention" not in (config.get("rope_parameters") or config.get("rope_scaling") or {}):
-        theta = next((config[k] for k in _THETA_KEYS if config.get(k) is not None), None)
-    original = rope.get("original_max_position_embeddings", config.get("original_max_position_embeddings"))
+        key = next((k for k in _THETA_KEYS if config.get(k) is not None), None)
+        theta = values.real(key) if key is not None else None
+    original = rope.get("original_max_position_embeddings", values.size("original_max_position_embeddings", None))
     params = (("head_dim", head_dim), ("theta", float(10000.0 if theta is None else theta)),
               ("factor", float(rope.get("factor", 8.0))), ("low_freq_factor", float(rope.get("low_freq_factor", 1.0))),
               ("high_freq_factor", float(rope.get("high_freq_factor", 4.0))),

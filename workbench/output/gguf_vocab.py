@@ -17,11 +17,14 @@ Qwen2/3 try SentencePiece then GPT-2; Llama and Mistral try SentencePiece, byte-
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from ..errors import PlanError
 from . import gguf_packed as packed
+from . import source_files
 from .gguf_packed import add_packed
 from .gguf_tokenizer_json import json_file
 
@@ -77,9 +80,13 @@ def _fields(data: bytes) -> list[tuple[int, int, Any]]:
 
 def sentencepiece_pieces(path: Path) -> list[tuple[bytes, float, int]]:
     """(piece, score, type) of every piece of a SentencePiece `tokenizer.model`, in id order."""
+    data = source_files.read_bytes(path)  # the source-file rule: no link out of the folder, bounded size
+    if data is None:
+        raise PlanError(f"Cannot read the SentencePiece model {path}: it does not exist. Copy the model's own tokenizer.model.",
+                        file=str(path))
     try:
         pieces = []
-        for number, wire, entry in _fields(path.read_bytes()):
+        for number, wire, entry in _fields(data):
             if number != 1 or wire != 2:
                 continue
             piece, score, kind = b"", 0.0, NORMAL
@@ -155,7 +162,8 @@ def gpt2_vocab(root: Path, vocab_size: int | None) -> tuple[list[str], list[int]
     except ImportError:
         raise PlanError(f"Cannot write GGUF for {root}: reading its byte-level BPE tokenizer needs transformers. "
                         "Install it: pip install transformers.") from None
-    tokenizer = AutoTokenizer.from_pretrained(root, local_files_only=True)
+    with outside_reader(root) as copy:
+        tokenizer = AutoTokenizer.from_pretrained(copy, local_files_only=True)
     vocab = tokenizer.vocab
     size = vocab_size or len(vocab)
     if max(vocab.values()) >= size:
@@ -185,6 +193,20 @@ def gpt2_vocab(root: Path, vocab_size: int | None) -> tuple[list[str], list[int]
     return tokens, types
 
 
+@contextmanager
+def outside_reader(root: Path) -> Iterator[Path]:
+    """A staged copy of `root`'s tokenizer files (`source_files.staged`) for a reader outside the workbench (the gguf
+    package's vocabularies, transformers' tokenizer), whose failures on malformed files (they index what they
+    expect to find) become a PlanError naming the folder's tokenizer files."""
+    with source_files.staged(root) as folder:
+        try:
+            yield folder
+        except (AttributeError, TypeError, KeyError, IndexError, ValueError, RecursionError) as exc:
+            raise PlanError(f"Cannot read the tokenizer files of {root} (tokenizer.json, tokenizer_config.json ...): they are "
+                            f"not shaped as a tokenizer's ({type(exc).__name__}: {str(exc)[:200]}). Copy the model's own "
+                            "tokenizer files into the folder.", file=str(root)) from None
+
+
 def _llama_hf_vocab(root: Path, tokenizer: dict) -> tuple[list[Any], list[float], list[int]] | None:
     from . import gguf_hf_vocab
 
@@ -195,15 +217,16 @@ def _llama_hf_vocab(root: Path, tokenizer: dict) -> tuple[list[Any], list[float]
         return found
     import gguf
 
-    try:
-        vocab = gguf.LlamaHfVocab(root)
-    except (FileNotFoundError, TypeError):  # not a byte-fallback BPE: the converter goes on to GPT-2
-        return None
-    tokens, scores, types = [], [], []
-    for text, score, kind in vocab.all_tokens():
-        tokens.append(text)
-        scores.append(score)
-        types.append(kind)
+    with outside_reader(root) as copy:
+        try:
+            vocab = gguf.LlamaHfVocab(copy)
+        except (FileNotFoundError, TypeError):  # not a byte-fallback BPE: the converter goes on to GPT-2
+            return None
+        tokens, scores, types = [], [], []
+        for text, score, kind in vocab.all_tokens():
+            tokens.append(text)
+            scores.append(score)
+            types.append(kind)
     return tokens, scores, types
 
 
@@ -219,7 +242,7 @@ def add_vocab(writer: Any, root: Path, arch: str, vocab_size: int | None) -> int
 
     keys = gguf.Keys.Tokenizer
     loaded = None
-    if (root / "tokenizer.model").is_file():
+    if source_files.present(root / "tokenizer.model"):
         tokens, scores, types = sentencepiece_vocab(root, vocab_size)
         found: tuple[Any, ...] | None = (tokens, scores, types)
     else:
@@ -237,11 +260,9 @@ def add_vocab(writer: Any, root: Path, arch: str, vocab_size: int | None) -> int
         add_packed(writer, keys.SCORES, packed.float32s(scores))
         add_packed(writer, keys.TOKEN_TYPE, packed.int32s(types))
         del found, tokens, scores, types
-        if loaded is None:
-            gguf.SpecialVocab(root, n_vocab=count).add_to_gguf(writer)
-        else:
-            with SlimFolder(loaded) as folder:
-                gguf.SpecialVocab(folder, n_vocab=count).add_to_gguf(writer)
+        with outside_reader(root) if loaded is None else SlimFolder(loaded) as folder:
+            special_vocab = _special_vocab(root, folder, n_vocab=count)
+        special_vocab.add_to_gguf(writer)
         return count
     assert loaded is not None
     from . import gguf_bpe_vocab
@@ -249,7 +270,7 @@ def add_vocab(writer: Any, root: Path, arch: str, vocab_size: int | None) -> int
     document = loaded.document
     pre = pre_tokenizer_name(root, document)
     with SlimFolder(loaded) as folder:  # without merges in tokenizer.json, SpecialVocab reads merges.txt as the converter does
-        special = gguf.SpecialVocab(folder, load_merges=loaded.merges is None)
+        special = _special_vocab(root, folder, load_merges=loaded.merges is None)
     flags = _with_byte_level_flags(root, special.add_special_token, document)
     found_bpe = gguf_bpe_vocab.read(root, vocab_size, _looks_special, document)  # without transformers (and torch)
     tokens, types = found_bpe if found_bpe is not None else gpt2_vocab(root, vocab_size)
@@ -264,6 +285,19 @@ def add_vocab(writer: Any, root: Path, arch: str, vocab_size: int | None) -> int
     special.add_special_token = flags
     special.add_to_gguf(writer)
     return count
+
+
+def _special_vocab(root: Path, folder: Path, **options: Any) -> Any:
+    """`gguf.SpecialVocab` of a staged `folder` (special token ids, add-BOS/EOS flags, chat template, merges.txt), its
+    failures on malformed files refused naming `root`'s tokenizer files."""
+    import gguf
+
+    try:
+        return gguf.SpecialVocab(folder, **options)
+    except (AttributeError, TypeError, KeyError, IndexError, ValueError, RecursionError) as exc:
+        raise PlanError(f"Cannot read the tokenizer files of {root} (tokenizer.json, tokenizer_config.json, config.json ...): "
+                        f"they are not shaped as a tokenizer's ({type(exc).__name__}: {str(exc)[:200]}). Copy the model's own "
+                        "tokenizer files into the folder.", file=str(root)) from None
 
 
 def _with_byte_level_flags(root: Path, flags: dict[str, bool], tokenizer: Any = None) -> dict[str, bool]:

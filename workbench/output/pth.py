@@ -30,7 +30,9 @@ from ..catalog import TensorInfo
 from ..dtypes import nbytes_of
 from ..errors import PlanError
 from ..files import atomic_write
+from . import source_files
 from .base import OutputFormat
+from .config_values import MAX_VOCAB, ModelConfig
 from .dcp import (
     _LEGACY_STORAGE,
     _SMALL_RECORDS,
@@ -192,6 +194,8 @@ def open_written_pth(dest: Path, layouts: Sequence[FileLayout]) -> Any:
 _MULTIPLIERS = (None, 1.3, 1.2, 1.5, 2.0)
 _MULTIPLES = (4096, 1024, 256)
 ROPE_THETA_LLAMA2 = 10000.0  # Llama 2's code has no rope_theta argument; it always uses this base
+# config.json keys without which a folder is not a Llama Meta's params.json can describe (no params.json then)
+META_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "rms_norm_eps")
 
 
 def meta_ffn_hidden(dim: int, multiple_of: int, ffn_dim_multiplier: float | None) -> int:
@@ -227,19 +231,25 @@ def meta_params(config: Mapping[str, Any]) -> dict[str, Any]:
     """Meta's `params.json` model arguments from an HF Llama `config.json`, with the keys Meta's `ModelArgs` takes
     (it refuses unknown ones): dim, n_layers, n_heads, n_kv_heads, vocab_size, multiple_of, ffn_dim_multiplier
     (when one is needed), norm_eps, and rope_theta (Llama 3 style, only when it is not Llama 2's fixed 10000) with
-    use_scaled_rope for Llama 3.1's rope scaling."""
-    rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-    theta = float(rope.get("rope_theta", config.get("rope_theta", ROPE_THETA_LLAMA2)))
-    dim = int(config["hidden_size"])
-    multiple_of, multiplier = meta_ffn_arguments(dim, int(config["intermediate_size"]))
+    use_scaled_rope for Llama 3.1's rope scaling. Every value is read by `ModelConfig`'s typed getters: a size
+    out of range, a NaN or a string is refused naming config.json and the key, never copied."""
+    values = ModelConfig.of(config)
+    missing = [key for key in META_KEYS if values.get(key) is None]
+    if missing:
+        raise KeyError(missing[0])  # not a Llama config: no params.json arguments (the caller writes none)
+    rope = values.rope()
+    theta = float(rope.get("rope_theta") or values.real("rope_theta", ROPE_THETA_LLAMA2))
+    dim = values.size("hidden_size")
+    multiple_of, multiplier = meta_ffn_arguments(dim, values.size("intermediate_size"))
+    heads = values.size("num_attention_heads")
     params: dict[str, Any] = {
-        "dim": dim, "n_layers": config["num_hidden_layers"], "n_heads": config["num_attention_heads"],
-        "n_kv_heads": config.get("num_key_value_heads") or config["num_attention_heads"], "vocab_size": config["vocab_size"],
+        "dim": dim, "n_layers": values.size("num_hidden_layers"), "n_heads": heads,
+        "n_kv_heads": values.size("num_key_value_heads", heads), "vocab_size": values.size("vocab_size", maximum=MAX_VOCAB),
         "multiple_of": multiple_of,
     }
     if multiplier is not None:
         params["ffn_dim_multiplier"] = multiplier
-    params["norm_eps"] = config["rms_norm_eps"]
+    params["norm_eps"] = values.real("rms_norm_eps", below=1.0)
     if theta != ROPE_THETA_LLAMA2:
         params["rope_theta"] = theta
     if rope.get("rope_type") == "llama3":
@@ -268,12 +278,13 @@ class PthOutput(OutputFormat):
         root = Path(catalog.root)
         folder = root if root.is_dir() else root.parent
         params: dict[str, Any] = {}
-        if options.nproc_mp > 1 and not (folder / "config.json").is_file():
+        has_config = source_files.present(folder / "config.json")
+        if options.nproc_mp > 1 and not has_config:
             raise PlanError(f"Cannot split {folder} into {options.nproc_mp} model-parallel files: it has no config.json "
                             "(heads and sizes decide the split). Convert an HF model folder, or pass a mapper that names "
                             "outputs mp<r>/<name>.")
-        if (folder / "config.json").is_file():
-            config = read_config(folder)
+        if has_config:
+            config = read_config(folder, "Meta .pth")
             if preset is not None and (mapper is None or options.nproc_mp > 1):
                 mapper = preset(config, options.nproc_mp, before=mapper)
             try:
