@@ -295,6 +295,7 @@ def check_outputs(plan, on_read: Callable[[int], None] | None = None) -> OutputC
             check = {COPY: _check_copy, CAST: _check_cast, ROWS: _check_rows}.get(step.kind, _check_compute)
             check(group, source, output, out_catalog, result.rows)
         result.rows += plan.output_format.check_generated([f.layout for f in plan.output_file_list], out_catalog)
+        result.rows += _statement_rows(plan, out_catalog)
         lossy = plan.output_format.lossy_errors(plan.source, out_catalog)
         result.rows = [(r[0], r[1] + "+dequantised", r[2], lossy[r[0]], *r[4:]) if r[0] in lossy else r for r in result.rows]
     finally:
@@ -303,6 +304,20 @@ def check_outputs(plan, on_read: Callable[[int], None] | None = None) -> OutputC
         if out_catalog.reader is not None:
             out_catalog.reader.close()
     return result
+
+
+def _statement_rows(plan, out_catalog: Catalog) -> list[tuple[str, str, str, float | None, int, str]]:
+    """Rows for what the written output and the conversion do not share with the format's own statement of the output
+    (`output.statement`): a stated tensor missing, an unstated one present, one of another dtype or shape, a source tensor
+    dropped without a word. None when the format states nothing beyond the plan."""
+    from ..output.statement import statement_rows
+
+    statement = plan.output_format.statement()
+    if statement is None:
+        return []
+    written = {name: _meta(info) for name, info in out_catalog.tensors.items()}
+    read = {t.name for step in plan.steps for t in step.group.inputs}
+    return statement_rows(statement, written, list(plan.source.tensors), read)
 
 
 def _meta(info: TensorInfo) -> tuple[str, tuple[int, ...]]:
