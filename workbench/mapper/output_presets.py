@@ -58,8 +58,7 @@ def _check_divisible(config: Any, nproc_mp: int, embedding_dim: int) -> None:
              "intermediate_size": _get(config, "intermediate_size")}
     if embedding_dim == 1:
         sizes["hidden_size"] = _get(config, "hidden_size")
-    if embedding_dim == 0 or not shape.tie_word_embeddings:
-        sizes["vocab_size"] = _get(config, "vocab_size")
+    sizes["vocab_size"] = _get(config, "vocab_size")  # output.weight splits its rows, tied or not (`tied_output`)
     for key, size in sizes.items():
         if size is not None and int(size) % nproc_mp:
             raise MapperError(f"Cannot split the Meta layout {nproc_mp} ways: {key} ({size}) is not a multiple of {nproc_mp}, "
@@ -75,8 +74,6 @@ def meta_mp_split(config: Any, nproc_mp: int, embedding_dim: int | None = None) 
     embedding_dim = embedding_split_dim(config) if embedding_dim is None else embedding_dim
     _check_divisible(config, nproc_mp, embedding_dim)
     split = [("tok_embeddings.weight", embedding_dim), *_MP_SPLIT]
-    if shape.tie_word_embeddings:
-        split = [item for item in split if item[0] != "output.weight"]
     replicated = list(_MP_REPLICATED)
     if shape.qkv_bias:
         split += _MP_SPLIT_BIASES
@@ -98,21 +95,41 @@ def meta_mp_split(config: Any, nproc_mp: int, embedding_dim: int | None = None) 
     return Parallel(*parts)
 
 
+def tied_output(config: Any) -> list[Mapper]:
+    """For a config with `tie_word_embeddings` (Llama 3.2 1B / 3B): the op writing Meta's `output.weight` as a copy of
+    `tok_embeddings.weight` (none otherwise). Meta's Transformer has its own output layer and its checkpoints hold it;
+    without it, Meta's code loads with strict=False and runs an uninitialised output layer."""
+    if not attention_shape(config).tie_word_embeddings:
+        return []
+    from .function import Function
+
+    return [Function("workbench.mapper.output_presets:replicate", ("tok_embeddings.weight",), ("tok_embeddings.weight", "output.weight"),
+                     infer="workbench.mapper.output_presets:infer_replicate", params=(("n", 2),))]
+
+
+def hf_to_meta_pth(config: Any) -> Mapper:
+    """HF Llama -> Meta's whole layout: `presets.hf_to_meta`'s names and, for tied embeddings, `output.weight`
+    (`tied_output`)."""
+    from .compose import Sequential
+    from .presets import hf_to_meta
+
+    tied = tied_output(config)
+    return Sequential(hf_to_meta(config), *tied) if tied else hf_to_meta(config)
+
+
 def hf_to_meta_mp(config: Any, nproc_mp: int, embedding_dim: int | None = None) -> Mapper:
     """HF Llama -> Meta's `consolidated.NN.pth` layout split over `nproc_mp` model-parallel files (see `meta_mp_split`)."""
     from .compose import Sequential
-    from .presets import hf_to_meta
 
-    return Sequential(hf_to_meta(config), meta_mp_split(config, nproc_mp, embedding_dim))
+    return Sequential(hf_to_meta_pth(config), meta_mp_split(config, nproc_mp, embedding_dim))
 
 
 def meta_pth(config: Any, nproc_mp: int = 1, before: Mapper | None = None) -> Mapper:
-    """The `.pth` output's preset: HF -> Meta names (`before`, a user mapper producing Meta names, replaces that
-    rename), split over `nproc_mp` model-parallel files when it is above 1."""
+    """The `.pth` output's preset: HF -> Meta's layout (`hf_to_meta_pth`; `before`, a user mapper producing Meta names,
+    replaces it), split over `nproc_mp` model-parallel files when it is above 1."""
     from .compose import Sequential
-    from .presets import hf_to_meta
 
-    first = hf_to_meta(config) if before is None else before
+    first = hf_to_meta_pth(config) if before is None else before
     return first if nproc_mp == 1 else Sequential(first, meta_mp_split(config, nproc_mp))
 
 
@@ -126,5 +143,5 @@ def hf_to_gguf(*args: Any, **kwargs: Any) -> Any:
 OUTPUT_PRESETS = {"gguf": hf_to_gguf, "pth": meta_pth}
 
 
-__all__ = ["LLAMA3_VOCAB", "OUTPUT_PRESETS", "embedding_split_dim", "hf_to_meta_mp", "infer_replicate", "meta_mp_split", "meta_pth",
-           "replicate"]
+__all__ = ["LLAMA3_VOCAB", "OUTPUT_PRESETS", "embedding_split_dim", "hf_to_meta_mp", "hf_to_meta_pth", "infer_replicate",
+           "meta_mp_split", "meta_pth", "replicate", "tied_output"]
