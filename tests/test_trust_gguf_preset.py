@@ -86,6 +86,7 @@ def _reference(folder: Path, outtype: str) -> Path:
 def test_a_llama_with_biases_equals_llama_cpp_converter(biased: Path, outtype: str, tmp_path: Path) -> None:
     report = wb.convert(biased, tmp_path / "out", to="gguf", dtype=outtype, quiet=True, verify=True)
     assert report.verified
+    assert "all match, and with the llama.cpp GGUF (llama) statement (35 tensors;" in report.output_check.summary()
     ours = tmp_path / "out" / "model.gguf"
     reference = _reference(biased, outtype)
     mine = {t.name: t for t in gguf.GGUFReader(ours).tensors}
