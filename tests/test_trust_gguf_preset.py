@@ -166,3 +166,28 @@ def test_verify_fails_when_a_stated_tensor_is_not_written(biased: Path, tmp_path
     wb.convert(biased, tmp_path / "out", to="gguf", quiet=True)
     check = check_outputs(plan)
     assert not check.ok and check.mismatches == ["blk.0.ffn_up.extra.weight"]
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3"])
+def test_every_gguf_family_claims_every_source_tensor(family: str, tmp_path: Path) -> None:
+    """Each family the GGUF output accepts: its test model plans OK with nothing dropped by the rest rule, and one
+    tensor more that llama.cpp has no name for makes the plan fail, naming it."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    src = model_folder(family)
+    plan = wb.plan(src, to="gguf")
+    assert plan.ok, plan.errors
+    assert plan.binding.dropped == []  # every source tensor made into a GGUF tensor
+    if family not in ("llama", "mixtral", "deepseek_v3"):  # the claim is the same for all: dense, MoE and MLA show it
+        return
+    odd = tmp_path / family
+    odd.mkdir()
+    for path in src.iterdir():
+        if path.name != "model.safetensors":
+            shutil.copy(path, odd / path.name)
+    tensors = load_file(src / "model.safetensors")
+    tensors["model.layers.1.mlp.mystery.weight"] = torch.zeros(2, 2, dtype=torch.bfloat16)
+    save_file(tensors, odd / "model.safetensors", metadata={"format": "pt"})
+    problems = [p.message for p in wb.plan(odd, to="gguf").errors]
+    assert len(problems) == 1 and "'model.layers.1.mlp.mystery.weight'" in problems[0] and "left unconverted" in problems[0]
