@@ -344,7 +344,8 @@ def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | No
         for name in before.bind(source).dropped:  # rest='keep': what its own ops drop (M.Drop), on purpose
             planned.skipped.setdefault(name, "dropped by the mapper given ahead of the preset")
     arch = ARCHITECTURES[model_type][0]
-    stages.append(Claim(f"HF {model_type} (GGUF, llama.cpp's {arch})", r".+", _CLAIM_HINT))
+    stages.append(Claim(f"HF {model_type} (GGUF, llama.cpp's {arch})", r".+", _CLAIM_HINT,
+                        "and the GGUF file would be written without them"))
     return Sequential(*stages), planned, arch
 
 
