@@ -322,8 +322,8 @@ def _statement_rows(plan, out_catalog: Catalog, result: OutputCheck) -> list[tup
         return []
     written = {name: _meta(info) for name, info in out_catalog.tensors.items()}
     read = {t.name for step in plan.steps for t in step.group.inputs}
-    result.statement = (f"the {statement.family} statement ({_count(len(statement.tensors), 'tensor')}; every source tensor "
-                        "made into one or left out on purpose)")
+    accounted = "; every source tensor made into one or left out on purpose" if statement.accounted is not None else ""
+    result.statement = f"the {statement.family} statement ({_count(len(statement.tensors), 'tensor')}{accounted})"
     return statement_rows(statement, written, list(plan.source.tensors), read)
 
 

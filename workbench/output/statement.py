@@ -19,12 +19,12 @@ from typing import Any
 @dataclass(frozen=True)
 class Statement:
     """What an output must hold, stated apart from the plan's ops: `tensors` (output name -> (dtype, shape) as the
-    written catalog gives them), `accounted` (source tensors they are made from, or left out on purpose), and the
-    `family` messages name ("llama.cpp GGUF (llama)")."""
+    written catalog gives them; dtype None: any, as the dtype policy chose), `accounted` (source tensors they are made
+    from, or left out on purpose; None: not stated), and the `family` messages name ("llama.cpp GGUF (llama)")."""
 
     family: str
-    tensors: Mapping[str, tuple[str, tuple[int, ...]]]
-    accounted: frozenset[str]
+    tensors: Mapping[str, tuple[str | None, tuple[int, ...]]]
+    accounted: frozenset[str] | None
 
 
 def gguf_statement(spec: Any) -> Statement | None:
@@ -50,6 +50,13 @@ def gguf_statement(spec: Any) -> Statement | None:
     return Statement(f"llama.cpp GGUF ({spec.arch})", tensors, frozenset(accounted()))
 
 
+def meta_statement(layout: Mapping[str, tuple[int, ...]]) -> Statement:
+    """The statement of a Meta `.pth` output: the names and shapes Meta's model declares (`mapper.output_presets.
+    meta_layout`), any dtype (the policy's), source tensors not stated (an HF tensor the preset does not know is its
+    Claim's plan problem)."""
+    return Statement("Meta Llama (llama/model.py)", {name: (None, tuple(shape)) for name, shape in layout.items()}, None)
+
+
 def statement_rows(statement: Statement, written: Mapping[str, tuple[str, tuple[int, ...]]], source: list[str],
                    read: set[str]) -> list[tuple[str, str, str, float | None, int, str]]:
     """Output-check rows (see `engine.output_check.COLUMNS`) for what the written file (`written`: name -> (dtype,
@@ -61,13 +68,14 @@ def statement_rows(statement: Statement, written: Mapping[str, tuple[str, tuple[
         found = written.get(name)
         if found is None:
             rows.append((name, "statement", "missing", None, 0, f"the {family} statement has it; the output does not"))
-        elif (found[0], tuple(found[1])) != (meta[0], tuple(meta[1])):
+        elif (meta[0] is not None and found[0] != meta[0]) or tuple(found[1]) != tuple(meta[1]):
+            said = f"{meta[0]} {list(meta[1])}" if meta[0] is not None else f"shape {list(meta[1])}"
             rows.append((name, "statement", "mismatch", None, 0,
-                         f"is {found[0]} {list(found[1])} in the output; the {family} statement says {meta[0]} {list(meta[1])}"))
+                         f"is {found[0]} {list(found[1])} in the output; the {family} statement says {said}"))
     for name in written:
         if name not in statement.tensors:
             rows.append((name, "statement", "mismatch", None, 0, f"in the output, but the {family} statement has no such tensor"))
-    for name in source:
+    for name in source if statement.accounted is not None else ():
         if name not in statement.accounted and name not in read:
             rows.append((name, "statement", "missing", None, 0,
                          f"source tensor dropped: no output tensor is made from it and the {family} statement does not "
@@ -75,4 +83,4 @@ def statement_rows(statement: Statement, written: Mapping[str, tuple[str, tuple[
     return rows
 
 
-__all__ = ["Statement", "gguf_statement", "statement_rows"]
+__all__ = ["Statement", "gguf_statement", "meta_statement", "statement_rows"]
