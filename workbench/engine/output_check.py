@@ -39,6 +39,9 @@ class OutputCheck:
     dest: str
     # (tensor, check, status, max_abs_diff, overflow: source values the output's dtype cannot hold, detail)
     rows: list[tuple[str, str, str, float | None, int, str]] = field(default_factory=list)
+    # what the output was also checked against, besides the plan (`output.statement`), e.g. "the llama.cpp GGUF (llama)
+    # statement (292 tensors; every source tensor accounted for)"; None when the format states nothing
+    statement: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -70,6 +73,8 @@ class OutputCheck:
         how = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
         if self.ok:
             line = f"verify: {len(self.rows)} output tensors re-read and compared with the source ({how}): all match"
+            if self.statement is not None:
+                line += f", and with {self.statement}"
             largest = self.largest_difference()
             if largest is not None:
                 line += f"\n  largest absolute difference from the source values: {largest[1]:g} ({largest[0]})"
@@ -295,6 +300,7 @@ def check_outputs(plan, on_read: Callable[[int], None] | None = None) -> OutputC
             check = {COPY: _check_copy, CAST: _check_cast, ROWS: _check_rows}.get(step.kind, _check_compute)
             check(group, source, output, out_catalog, result.rows)
         result.rows += plan.output_format.check_generated([f.layout for f in plan.output_file_list], out_catalog)
+        result.rows += _statement_rows(plan, out_catalog, result)
         lossy = plan.output_format.lossy_errors(plan.source, out_catalog)
         result.rows = [(r[0], r[1] + "+dequantised", r[2], lossy[r[0]], *r[4:]) if r[0] in lossy else r for r in result.rows]
     finally:
@@ -303,6 +309,22 @@ def check_outputs(plan, on_read: Callable[[int], None] | None = None) -> OutputC
         if out_catalog.reader is not None:
             out_catalog.reader.close()
     return result
+
+
+def _statement_rows(plan, out_catalog: Catalog, result: OutputCheck) -> list[tuple[str, str, str, float | None, int, str]]:
+    """Rows for what the written output and the conversion do not share with the format's own statement of the output
+    (`output.statement`): a stated tensor missing, an unstated one present, one of another dtype or shape, a source tensor
+    dropped without a word. None when the format states nothing beyond the plan; `result.statement` names what was checked."""
+    from ..output.statement import statement_rows
+
+    statement = plan.output_format.statement()
+    if statement is None:
+        return []
+    written = {name: _meta(info) for name, info in out_catalog.tensors.items()}
+    read = {t.name for step in plan.steps for t in step.group.inputs}
+    accounted = "; every source tensor made into one or left out on purpose" if statement.accounted is not None else ""
+    result.statement = f"the {statement.family} statement ({_count(len(statement.tensors), 'tensor')}{accounted})"
+    return statement_rows(statement, written, list(plan.source.tensors), read)
 
 
 def _meta(info: TensorInfo) -> tuple[str, tuple[int, ...]]:

@@ -24,16 +24,18 @@ _SHOWN = 5
 class Claim(Mapper):
     """Source tensors whose whole name matches the regular expression `pattern` must not be left untouched.
 
-    `family` names the layout in messages ("HF Llama (hf_to_meta)"); `hint` says how to fix a leftover.
+    `family` names the layout in messages ("HF Llama (hf_to_meta)"); `hint` says how to fix a leftover; `effect`
+    what a leftover would do to the output (a format that drops what it cannot name says so).
     A source tensor counts as left when it is still there under its source name, unread by any step.
     """
 
     family: str
     pattern: str
     hint: str = "Convert or drop them in a step before this one (e.g. M.Drop(name)), or write the mapper by hand."
+    effect: str = "so the output would mix both layouts"
 
     def __post_init__(self) -> None:
-        for field in ("family", "pattern", "hint"):
+        for field in ("family", "pattern", "hint", "effect"):
             if not isinstance(getattr(self, field), str):
                 raise MapperError(f"Cannot build Claim: {field} must be a string (got {getattr(self, field)!r}).")
         try:
@@ -68,7 +70,7 @@ class Claim(Mapper):
         more = f" and {len(left) - _SHOWN} more" if len(left) > _SHOWN else ""
         return (
             f"Cannot convert the {self.family} layout completely: {len(left)} source tensor(s) of that layout are left "
-            f"unconverted under their old names ({shown}{more}), so the output would mix both layouts. {self.hint}"
+            f"unconverted under their old names ({shown}{more}), {self.effect}. {self.hint}"
         )
 
 

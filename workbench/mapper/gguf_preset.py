@@ -18,11 +18,12 @@ from typing import Any
 from ..catalog import TensorInfo
 from ..errors import MapperError
 from .base import Mapper
+from .claim import Claim
 from .compose import Parallel, Sequential
 from .function import Function
-from .gguf_fp8 import DEQUANTIZE_FN, dequantized, fp8_block
+from .gguf_fp8 import DEQUANTIZE_FN, SCALE_SUFFIX, dequantized, fp8_block
 from .gguf_rows import QUANTIZED, SOURCE_TYPES, gguf_function  # QUANTIZED: (elements, bytes) per block
-from .ops import Cast, Rename, Reshape, Split, Stack, Transpose
+from .ops import Cast, Drop, Rename, Reshape, Split, Stack, Transpose
 
 LAYERS = "model.layers.{i}"
 GGUF_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0")
@@ -45,47 +46,66 @@ _EXPERTS["olmoe"] = _EXPERTS["qwen2_moe"]  # and stacks OLMoE's experts the same
 _EXPERTS["deepseek_v3"] = _EXPERTS["qwen2_moe"]  # as does its DeepSeek-V2 converter (V3 too)
 _F32_MATRICES = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")  # MoE routers: llama.cpp keeps them F32
 
-_TOP = (("model.embed_tokens.weight", "token_embd.weight"), ("model.norm.weight", "output_norm.weight"),
-        ("lm_head.weight", "output.weight"))
+# HF modules -> llama.cpp's: like the converter's tensor map, a module's `.weight` and `.bias` both map, keeping the suffix
+# (a Llama with `attention_bias` / `mlp_bias`, Qwen2's q/k/v biases).
+_TOP = (("model.embed_tokens", "token_embd"), ("model.norm", "output_norm"), ("lm_head", "output"))
 _LAYER = (
-    ("input_layernorm.weight", "attn_norm.weight"), ("post_attention_layernorm.weight", "ffn_norm.weight"),
-    ("self_attn.q_proj.weight", "attn_q.weight"), ("self_attn.k_proj.weight", "attn_k.weight"),
-    ("self_attn.v_proj.weight", "attn_v.weight"), ("self_attn.o_proj.weight", "attn_output.weight"),
-    ("self_attn.q_proj.bias", "attn_q.bias"), ("self_attn.k_proj.bias", "attn_k.bias"),
-    ("self_attn.v_proj.bias", "attn_v.bias"), ("self_attn.q_norm.weight", "attn_q_norm.weight"),
-    ("self_attn.k_norm.weight", "attn_k_norm.weight"),
-    ("mlp.gate_proj.weight", "ffn_gate.weight"), ("mlp.up_proj.weight", "ffn_up.weight"), ("mlp.down_proj.weight", "ffn_down.weight"),
-    ("block_sparse_moe.gate.weight", "ffn_gate_inp.weight"), ("mlp.gate.weight", "ffn_gate_inp.weight"),
-    ("mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"), ("mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"),
-    ("mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"), ("mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"),
-    # DeepSeek's multi-head latent attention (MLA), its router bias and its shared experts
-    ("self_attn.q_a_proj.weight", "attn_q_a.weight"), ("self_attn.q_a_layernorm.weight", "attn_q_a_norm.weight"),
-    ("self_attn.q_b_proj.weight", "attn_q_b.weight"), ("self_attn.kv_a_proj_with_mqa.weight", "attn_kv_a_mqa.weight"),
-    ("self_attn.kv_a_layernorm.weight", "attn_kv_a_norm.weight"), ("mlp.gate.e_score_correction_bias", "exp_probs_b.bias"),
-    ("mlp.shared_experts.gate_proj.weight", "ffn_gate_shexp.weight"), ("mlp.shared_experts.up_proj.weight", "ffn_up_shexp.weight"),
-    ("mlp.shared_experts.down_proj.weight", "ffn_down_shexp.weight"),
+    ("input_layernorm", "attn_norm"), ("post_attention_layernorm", "ffn_norm"),
+    ("self_attn.q_proj", "attn_q"), ("self_attn.k_proj", "attn_k"), ("self_attn.v_proj", "attn_v"), ("self_attn.o_proj", "attn_output"),
+    ("self_attn.q_norm", "attn_q_norm"), ("self_attn.k_norm", "attn_k_norm"),
+    ("mlp.gate_proj", "ffn_gate"), ("mlp.up_proj", "ffn_up"), ("mlp.down_proj", "ffn_down"),
+    ("block_sparse_moe.gate", "ffn_gate_inp"), ("mlp.gate", "ffn_gate_inp"),
+    ("mlp.shared_expert.gate_proj", "ffn_gate_shexp"), ("mlp.shared_expert.up_proj", "ffn_up_shexp"),
+    ("mlp.shared_expert.down_proj", "ffn_down_shexp"), ("mlp.shared_expert_gate", "ffn_gate_inp_shexp"),
+    # DeepSeek's multi-head latent attention (MLA) and its shared experts
+    ("self_attn.q_a_proj", "attn_q_a"), ("self_attn.q_a_layernorm", "attn_q_a_norm"), ("self_attn.q_b_proj", "attn_q_b"),
+    ("self_attn.kv_a_proj_with_mqa", "attn_kv_a_mqa"), ("self_attn.kv_a_layernorm", "attn_kv_a_norm"),
+    ("mlp.shared_experts.gate_proj", "ffn_gate_shexp"), ("mlp.shared_experts.up_proj", "ffn_up_shexp"),
+    ("mlp.shared_experts.down_proj", "ffn_down_shexp"),
 )
+_SUFFIXES = ("weight", "bias")
+_LAYER_TENSORS = {"mlp.gate.e_score_correction_bias": "exp_probs_b.bias"}  # DeepSeek's router bias (a tensor, not a module's)
+# Tensors llama.cpp's converter reads and leaves out (its `prepare_tensors` skips these endings): dropped on purpose.
+SKIPPED_ENDINGS = (".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")
+_CLAIM_HINT = ("llama.cpp's converter has no GGUF name for them either (it stops with 'Can not map tensor'). Drop them with a "
+               "mapper given ahead of the preset (M.Drop(name), --mapper) if the model does not need them, or convert with "
+               "llama.cpp's convert_hf_to_gguf.py.")
+_PERMUTED = {"attn_q": "q", "attn_k": "k"}  # GGUF modules whose rows (weight and bias) llama.cpp permutes per head
 _KV_B = "self_attn.kv_b_proj.weight"  # MLA's joint K/V up-projection: llama.cpp splits it per head into k_b (transposed), v_b
 
 
 def gguf_name(hf: str) -> str | None:
     """The GGUF name of an HF tensor name, or None when llama.cpp has no place for it."""
-    for src, dst in _TOP:
-        if hf == src:
-            return dst
+    module, _, suffix = hf.rpartition(".")
+    if suffix in _SUFFIXES:
+        for src, dst in _TOP:
+            if module == src:
+                return f"{dst}.{suffix}"
     parts = hf.split(".")
-    if len(parts) > 3 and parts[0] == "model" and parts[1] == "layers" and parts[2].isdecimal():
+    if len(parts) > 4 and parts[0] == "model" and parts[1] == "layers" and parts[2].isdecimal():
         rest = ".".join(parts[3:])
-        for src, dst in _LAYER:
-            if rest == src:
-                return f"blk.{parts[2]}.{dst}"
+        if rest in _LAYER_TENSORS:
+            return f"blk.{parts[2]}.{_LAYER_TENSORS[rest]}"
+        module = ".".join(parts[3:-1])
+        if parts[-1] in _SUFFIXES:
+            for src, dst in _LAYER:
+                if module == src:
+                    return f"blk.{parts[2]}.{dst}.{parts[-1]}"
     return None
 
 
+def permuted_heads(out: str, heads: int, kv_heads: int) -> int:
+    """Heads of llama.cpp's q/k row permutation for GGUF tensor `out` (its weight or its bias) of a permuting
+    architecture: `heads` for attn_q, `kv_heads` for attn_k, 0 for any other tensor."""
+    parts = out.split(".")
+    kind = _PERMUTED.get(parts[-2]) if len(parts) >= 2 else None
+    return heads if kind == "q" else kv_heads if kind == "k" else 0
+
+
 def gguf_type(name: str, shape: tuple[int, ...], wanted: str) -> str:
-    """llama.cpp's type for one output tensor: vectors and norms stay F32; a block-quantised type needs rows of
-    whole blocks (else F16, as the converter falls back)."""
-    if len(shape) <= 1 or name.endswith("_norm.weight") or name.endswith(_F32_MATRICES):
+    """llama.cpp's type for one output tensor: vectors, norms and anything but a `.weight` (biases) stay F32; a
+    block-quantised type needs rows of whole blocks (else F16, as the converter falls back)."""
+    if len(shape) <= 1 or name.endswith("_norm.weight") or name.endswith(_F32_MATRICES) or not name.endswith(".weight"):
         return "F32"
     if wanted in QUANTIZED and shape[-1] % QUANTIZED[wanted][0]:
         return "F16"
@@ -156,6 +176,26 @@ class GgufTensor:
     # (heads, first row, rows, transposed): the rows of each head of `source` it holds (MLA's split kv_b_proj), if a part
     part: tuple[int, int, int, bool] | tuple[()] = ()
     fp8_block: tuple[int, int] | tuple[()] = ()  # the block its FP8 source(s) are de-quantised with (scales: `<source>_scale_inv`)
+
+
+class GgufTensors(dict):
+    """Output name -> `GgufTensor`: the preset's statement of every tensor the GGUF file holds, made apart from the ops
+    (the output check compares the written file with it); `skipped`: source tensors left out on purpose -> why."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.skipped: dict[str, str] = {}
+
+    def accounted(self) -> set[str]:
+        """The source tensors this statement accounts for: those its tensors are made from (with an FP8 weight's
+        scales), and the skipped ones."""
+        found = set(self.skipped)
+        for tensor in self.values():
+            for name in tensor.stacked or (tensor.source,):
+                found.add(name)
+                if tensor.fp8_block:
+                    found.add(name + SCALE_SUFFIX)
+        return found
 
 
 def _typed(out: str, kind: str, dtype: str) -> list[Mapper]:
@@ -236,13 +276,22 @@ def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | No
     stage2: list[Mapper] = []
     stage3: list[Mapper] = []
     stage4: list[Mapper] = []
-    planned: dict[str, GgufTensor] = {}
+    planned = GgufTensors()
     n_experts = int(_config_get(config, "num_local_experts") or _config_get(config, "num_experts")
                     or _config_get(config, "n_routed_experts") or 0)
     n_layers = int(_config_get(config, "num_hidden_layers") or 1 << 30)
     expert_pattern, expert_names = _EXPERTS.get(model_type, (None, ()))
     experts: dict[int, dict[tuple[str, int], str]] = {}
     for name in read_order(source):
+        layer_index = name.split(".")[2] if name.startswith("model.layers.") else ""
+        if layer_index.isdecimal() and int(layer_index) >= n_layers:  # extra layers (DeepSeek's multi-token prediction)
+            stage1.append(Drop(name))
+            planned.skipped[name] = f"layer {layer_index} is beyond num_hidden_layers ({n_layers}): llama.cpp leaves it out"
+            continue
+        if name.endswith(SKIPPED_ENDINGS):
+            stage1.append(Drop(name))
+            planned.skipped[name] = "llama.cpp's converter leaves it out (a buffer computed again at load)"
+            continue
         expert = expert_pattern.fullmatch(name) if expert_pattern is not None else None
         if expert is not None and n_experts:
             layer = experts.setdefault(int(expert.group(1)), {})
@@ -262,9 +311,6 @@ def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | No
                         stage4.extend(_typed(out, kind, info.dtype))
                     planned[out] = GgufTensor(out, kind, shape, parts[0], 0, parts, fp8_block=fp8)
             continue
-        layer_index = name.split(".")[2] if name.startswith("model.layers.") else ""
-        if layer_index.isdecimal() and int(layer_index) >= n_layers:  # extra layers (DeepSeek's multi-token prediction)
-            continue
         if name.endswith(_KV_B) and model_type == "deepseek_v3":
             info = dequantized(source, name, block, stage0)
             ops, made = _split_kv_b(config, info, f"blk.{layer_index}", dtype, block if source[name].dtype != info.dtype else None)
@@ -278,10 +324,10 @@ def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | No
         info = dequantized(source, name, block, stage0)
         fp8 = block if source[name].dtype != info.dtype else ()
         shape = tuple(info.shape)
-        n_heads = heads if out.endswith("attn_q.weight") else kv_heads if out.endswith("attn_k.weight") else 0
-        n_heads = n_heads if permute else 0
+        n_heads = permuted_heads(out, heads, kv_heads) if permute else 0
         kind = gguf_type(out, shape, dtype)
-        if (kind != info.dtype or fp8) and info.dtype in SOURCE_TYPES:  # converted row chunk by row chunk, numpy alone
+        # converted row chunk by row chunk, numpy alone (a permuted vector, a q/k bias, is one row: permuted by the copy below)
+        if (kind != info.dtype or fp8) and info.dtype in SOURCE_TYPES and not (n_heads and len(shape) == 1):
             stage1.append(gguf_function((name,), out, kind, n_heads))
         elif n_heads:  # the bytes stay as they are: the permutation is a copy of row slices
             stage1.append(Reshape(name, [n_heads, 2, shape[0] // n_heads // 2, *shape[1:]], dst=out))
@@ -292,12 +338,17 @@ def hf_to_gguf(config: Any, source: Any, dtype: str = "F16", before: Mapper | No
             stage1.append(Rename(name, out))
             stage4.extend(_typed(out, kind, info.dtype))
         planned[out] = GgufTensor(out, kind, shape, name, n_heads, fp8_block=fp8)
-    stages = [Parallel(*ops) for ops in (stage0, stage1, stage2, stage3, stage4) if ops]
+    stages: list[Mapper] = [Parallel(*ops) for ops in (stage0, stage1, stage2, stage3, stage4) if ops]
     if before is not None:
         stages.insert(0, before)
-    return Sequential(*stages), planned, ARCHITECTURES[model_type][0]
+        for name in before.bind(source).dropped:  # rest='keep': what its own ops drop (M.Drop), on purpose
+            planned.skipped.setdefault(name, "dropped by the mapper given ahead of the preset")
+    arch = ARCHITECTURES[model_type][0]
+    stages.append(Claim(f"HF {model_type} (GGUF, llama.cpp's {arch})", r".+", _CLAIM_HINT,
+                        "and the GGUF file would be written without them"))
+    return Sequential(*stages), planned, arch
 
 
 
-__all__ = ["ARCHITECTURES", "GGUF_TYPES", "QUANTIZED", "GgufTensor", "gguf_name", "gguf_type", "hf_to_gguf", "infer_q8_0",
-           "infer_quantize", "quantize", "quantize_q8_0", "quantized_shape"]
+__all__ = ["ARCHITECTURES", "GGUF_TYPES", "QUANTIZED", "SKIPPED_ENDINGS", "GgufTensor", "GgufTensors", "gguf_name", "gguf_type", "hf_to_gguf", "infer_q8_0",
+           "infer_quantize", "permuted_heads", "quantize", "quantize_q8_0", "quantized_shape"]

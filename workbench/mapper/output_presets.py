@@ -58,8 +58,7 @@ def _check_divisible(config: Any, nproc_mp: int, embedding_dim: int) -> None:
              "intermediate_size": _get(config, "intermediate_size")}
     if embedding_dim == 1:
         sizes["hidden_size"] = _get(config, "hidden_size")
-    if embedding_dim == 0 or not shape.tie_word_embeddings:
-        sizes["vocab_size"] = _get(config, "vocab_size")
+    sizes["vocab_size"] = _get(config, "vocab_size")  # output.weight splits its rows, tied or not (`tied_output`)
     for key, size in sizes.items():
         if size is not None and int(size) % nproc_mp:
             raise MapperError(f"Cannot split the Meta layout {nproc_mp} ways: {key} ({size}) is not a multiple of {nproc_mp}, "
@@ -75,8 +74,6 @@ def meta_mp_split(config: Any, nproc_mp: int, embedding_dim: int | None = None) 
     embedding_dim = embedding_split_dim(config) if embedding_dim is None else embedding_dim
     _check_divisible(config, nproc_mp, embedding_dim)
     split = [("tok_embeddings.weight", embedding_dim), *_MP_SPLIT]
-    if shape.tie_word_embeddings:
-        split = [item for item in split if item[0] != "output.weight"]
     replicated = list(_MP_REPLICATED)
     if shape.qkv_bias:
         split += _MP_SPLIT_BIASES
@@ -98,22 +95,97 @@ def meta_mp_split(config: Any, nproc_mp: int, embedding_dim: int | None = None) 
     return Parallel(*parts)
 
 
+def tied_output(config: Any) -> list[Mapper]:
+    """For a config with `tie_word_embeddings` (Llama 3.2 1B / 3B): the op writing Meta's `output.weight` as a copy of
+    `tok_embeddings.weight` (none otherwise). Meta's Transformer has its own output layer and its checkpoints hold it;
+    without it, Meta's code loads with strict=False and runs an uninitialised output layer."""
+    if not attention_shape(config).tie_word_embeddings:
+        return []
+    from .function import Function
+
+    return [Function("workbench.mapper.output_presets:replicate", ("tok_embeddings.weight",), ("tok_embeddings.weight", "output.weight"),
+                     infer="workbench.mapper.output_presets:infer_replicate", params=(("n", 2),))]
+
+
+def hf_to_meta_pth(config: Any) -> Mapper:
+    """HF Llama -> Meta's whole layout: `presets.hf_to_meta`'s names and, for tied embeddings, `output.weight`
+    (`tied_output`)."""
+    from .compose import Sequential
+    from .presets import hf_to_meta
+
+    tied = tied_output(config)
+    return Sequential(hf_to_meta(config), *tied) if tied else hf_to_meta(config)
+
+
 def hf_to_meta_mp(config: Any, nproc_mp: int, embedding_dim: int | None = None) -> Mapper:
     """HF Llama -> Meta's `consolidated.NN.pth` layout split over `nproc_mp` model-parallel files (see `meta_mp_split`)."""
     from .compose import Sequential
-    from .presets import hf_to_meta
 
-    return Sequential(hf_to_meta(config), meta_mp_split(config, nproc_mp, embedding_dim))
+    return Sequential(hf_to_meta_pth(config), meta_mp_split(config, nproc_mp, embedding_dim))
 
 
 def meta_pth(config: Any, nproc_mp: int = 1, before: Mapper | None = None) -> Mapper:
-    """The `.pth` output's preset: HF -> Meta names (`before`, a user mapper producing Meta names, replaces that
-    rename), split over `nproc_mp` model-parallel files when it is above 1."""
+    """The `.pth` output's preset: HF -> Meta's layout (`hf_to_meta_pth`; `before`, a user mapper producing Meta names,
+    replaces it), split over `nproc_mp` model-parallel files when it is above 1."""
     from .compose import Sequential
-    from .presets import hf_to_meta
 
-    first = hf_to_meta(config) if before is None else before
+    first = hf_to_meta_pth(config) if before is None else before
     return first if nproc_mp == 1 else Sequential(first, meta_mp_split(config, nproc_mp))
+
+
+def meta_layout(config: Any, nproc_mp: int = 1) -> dict[str, tuple[int, ...]]:
+    """Every tensor of Meta's checkpoint for `config` and its shape, as Meta's `Transformer` (llama/model.py) declares its
+    parameters, from config.json's sizes alone (not from the ops that write them): the statement the `.pth` output is
+    verified against. Over `nproc_mp` files: `mp<r>/<name>`, each file's part (fairscale's split dims), norms and
+    row-parallel biases whole in every file."""
+    shape = attention_shape(config)
+    dim, vocab = int(_get(config, "hidden_size")), int(_get(config, "vocab_size"))
+    inter, layers = int(_get(config, "intermediate_size")), int(_get(config, "num_hidden_layers"))
+    q_rows, kv_rows = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    whole: dict[str, tuple[int, ...]] = {"tok_embeddings.weight": (vocab, dim), "norm.weight": (dim,), "output.weight": (vocab, dim)}
+    for i in range(layers):
+        attention, ff = f"layers.{i}.attention.", f"layers.{i}.feed_forward."
+        whole.update({f"layers.{i}.attention_norm.weight": (dim,), f"layers.{i}.ffn_norm.weight": (dim,),
+                      attention + "wq.weight": (q_rows, dim), attention + "wk.weight": (kv_rows, dim),
+                      attention + "wv.weight": (kv_rows, dim), attention + "wo.weight": (dim, q_rows),
+                      ff + "w1.weight": (inter, dim), ff + "w3.weight": (inter, dim), ff + "w2.weight": (dim, inter)})
+        if shape.qkv_bias:
+            whole.update({attention + "wq.bias": (q_rows,), attention + "wk.bias": (kv_rows,), attention + "wv.bias": (kv_rows,)})
+        if shape.o_bias:
+            whole[attention + "wo.bias"] = (dim,)
+        if shape.mlp_bias:
+            whole.update({ff + "w1.bias": (inter,), ff + "w3.bias": (inter,), ff + "w2.bias": (dim,)})
+        if shape.qk_norm:
+            whole.update({attention + "q_norm.weight": (shape.head_dim,), attention + "k_norm.weight": (shape.head_dim,)})
+    if nproc_mp == 1:
+        return whole
+    split = {"tok_embeddings.weight": embedding_split_dim(config), "output.weight": 0}
+    for name in whole:
+        for suffix in ("wq.weight", "wk.weight", "wv.weight", "wq.bias", "wk.bias", "wv.bias", "w1.weight", "w3.weight",
+                       "w1.bias", "w3.bias"):
+            if name.endswith("." + suffix):
+                split[name] = 0
+        if name.endswith((".wo.weight", ".w2.weight")):
+            split[name] = 1
+    parts: dict[str, tuple[int, ...]] = {}
+    for r in range(nproc_mp):
+        for name, size in whole.items():
+            dim_of = split.get(name)
+            part = size if dim_of is None else tuple(n // nproc_mp if d == dim_of else n for d, n in enumerate(size))
+            parts[f"mp{r}/{name}"] = part
+    return parts
+
+
+class MetaPthPreset:
+    """The `.pth` output's preset (`meta_pth`, called as it is), with `layout` (`meta_layout`): what Meta's model
+    declares, for the output to be verified against."""
+
+    def __call__(self, config: Any, nproc_mp: int = 1, before: Mapper | None = None) -> Mapper:
+        return meta_pth(config, nproc_mp, before)
+
+    @staticmethod
+    def layout(config: Any, nproc_mp: int = 1) -> dict[str, tuple[int, ...]]:
+        return meta_layout(config, nproc_mp)
 
 
 def hf_to_gguf(*args: Any, **kwargs: Any) -> Any:
@@ -123,8 +195,8 @@ def hf_to_gguf(*args: Any, **kwargs: Any) -> Any:
     return build(*args, **kwargs)
 
 
-OUTPUT_PRESETS = {"gguf": hf_to_gguf, "pth": meta_pth}
+OUTPUT_PRESETS = {"gguf": hf_to_gguf, "pth": MetaPthPreset()}
 
 
-__all__ = ["LLAMA3_VOCAB", "OUTPUT_PRESETS", "embedding_split_dim", "hf_to_meta_mp", "infer_replicate", "meta_mp_split", "meta_pth",
-           "replicate"]
+__all__ = ["LLAMA3_VOCAB", "OUTPUT_PRESETS", "MetaPthPreset", "embedding_split_dim", "hf_to_meta_mp", "hf_to_meta_pth", "infer_replicate",
+           "meta_layout", "meta_mp_split", "meta_pth", "replicate", "tied_output"]

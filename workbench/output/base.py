@@ -57,6 +57,10 @@ class OutputFormat:
         `preset` is the mapper preset the planner registered for this format (`mapper.OUTPUT_PRESETS`), if any."""
         return mapper, self, options
 
+    def statement(self) -> Any:
+        """What the output must hold, stated apart from the plan's ops (`output.statement.Statement`), which `--verify`
+        checks the written files against; None when the format states nothing beyond the plan (the default)."""
+        return None
 
     def file_name(self, k: int, n: int) -> str:
         """Name of data file `k` (0-based) of `n`."""

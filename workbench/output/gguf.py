@@ -222,6 +222,12 @@ class GgufOutput(OutputFormat):
     def file_name(self, k: int, n: int) -> str:
         return gguf_file_name(k, n)
 
+    def statement(self) -> Any:
+        """The GGUF preset's statement of every tensor (`output.statement.gguf_statement`), for `--verify`."""
+        from .statement import gguf_statement
+
+        return gguf_statement(self.spec) if self.spec is not None else None
+
     def layout_file(self, name: str, tensors: Sequence[TensorInfo], metadata: Mapping[str, str] | None = None) -> FileLayout:
         if self.spec is None:
             raise PlanError("Cannot lay out a GGUF file without its source: plan it with wb.plan(..., to='gguf').")

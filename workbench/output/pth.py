@@ -268,9 +268,13 @@ class PthOutput(OutputFormat):
     default_shard_size = 1 << 62
     model_parallel = True
 
-    def __init__(self, params: Mapping[str, Any] | None = None, mp: int = 1) -> None:
+    def __init__(self, params: Mapping[str, Any] | None = None, mp: int = 1, stated: Any = None) -> None:
         self.params = dict(params or {})
         self.mp = mp
+        self.stated = stated  # what Meta's model declares (output.statement.meta_statement), when the preset wrote it
+
+    def statement(self) -> Any:
+        return self.stated
 
     def prepare(self, catalog: Any, mapper: Any, options: Any, preset: Any = None) -> tuple[Any, OutputFormat, Any]:
         from .gguf_metadata import read_config
@@ -278,6 +282,7 @@ class PthOutput(OutputFormat):
         root = Path(catalog.root)
         folder = root if root.is_dir() else root.parent
         params: dict[str, Any] = {}
+        stated = None
         has_config = source_files.present(folder / "config.json")
         if options.nproc_mp > 1 and not has_config:
             raise PlanError(f"Cannot split {folder} into {options.nproc_mp} model-parallel files: it has no config.json "
@@ -286,12 +291,16 @@ class PthOutput(OutputFormat):
         if has_config:
             config = read_config(folder, "Meta .pth")
             if preset is not None and (mapper is None or options.nproc_mp > 1):
+                if mapper is None and hasattr(preset, "layout"):  # the preset's whole Meta layout (issue 29 D3)
+                    from .statement import meta_statement
+
+                    stated = meta_statement(preset.layout(config, options.nproc_mp))
                 mapper = preset(config, options.nproc_mp, before=mapper)
             try:
                 params = meta_params(config)
             except KeyError:
                 params = {}
-        return mapper, PthOutput(params), options
+        return mapper, PthOutput(params, stated=stated), options
 
     def file_name(self, k: int, n: int) -> str:
         return pth_file_name(k)

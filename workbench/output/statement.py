@@ -1,0 +1,86 @@
+"""A format's own statement of what its output must hold, for `--verify` to check the file against.
+
+The output check (`engine.output_check`) re-reads every planned output and compares it with the source: it proves the
+file holds what the plan says. A plan can be wrong too: a preset that forgets a tensor (llama.cpp's GGUF layout once
+lost a Llama's biases) plans without it, writes without it, and re-reads "all match". A `Statement` is what a format
+can say independently of the plan's ops: every tensor the file must hold (name, dtype and shape as the written catalog
+gives them), and the source tensors those are made from or that are left out on purpose (`accounted`). Verification
+then fails on a stated tensor that is missing, an unstated one that is there, one of another dtype or shape, and a
+source tensor no step read and the statement does not account for (dropped without a word).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Statement:
+    """What an output must hold, stated apart from the plan's ops: `tensors` (output name -> (dtype, shape) as the
+    written catalog gives them; dtype None: any, as the dtype policy chose), `accounted` (source tensors they are made
+    from, or left out on purpose; None: not stated), and the `family` messages name ("llama.cpp GGUF (llama)")."""
+
+    family: str
+    tensors: Mapping[str, tuple[str | None, tuple[int, ...]]]
+    accounted: frozenset[str] | None
+
+
+def gguf_statement(spec: Any) -> Statement | None:
+    """The GGUF preset's statement (`mapper.gguf_preset.GgufTensors`, held as `spec.tensors`) with the tensors generated
+    from config.json; a quantised tensor is stated as the written catalog holds it (U8, rows of block bytes).
+    None when the spec holds no statement (a plain mapping)."""
+    accounted = getattr(spec.tensors, "accounted", None)
+    if accounted is None:
+        return None
+    import gguf
+
+    tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for name, planned in spec.tensors.items():
+        shape = tuple(planned.shape)
+        kind = gguf.GGMLQuantizationType[planned.type]
+        block, size = gguf.GGML_QUANT_SIZES[kind]
+        if block > 1:  # block-quantised: U8 bytes, whole blocks along the last dimension
+            tensors[name] = ("U8", (*shape[:-1], shape[-1] // block * size))
+        else:
+            tensors[name] = (planned.type, shape)
+    for made in spec.generated:
+        tensors[made.name] = (made.type, tuple(made.shape))
+    return Statement(f"llama.cpp GGUF ({spec.arch})", tensors, frozenset(accounted()))
+
+
+def meta_statement(layout: Mapping[str, tuple[int, ...]]) -> Statement:
+    """The statement of a Meta `.pth` output: the names and shapes Meta's model declares (`mapper.output_presets.
+    meta_layout`), any dtype (the policy's), source tensors not stated (an HF tensor the preset does not know is its
+    Claim's plan problem)."""
+    return Statement("Meta Llama (llama/model.py)", {name: (None, tuple(shape)) for name, shape in layout.items()}, None)
+
+
+def statement_rows(statement: Statement, written: Mapping[str, tuple[str, tuple[int, ...]]], source: list[str],
+                   read: set[str]) -> list[tuple[str, str, str, float | None, int, str]]:
+    """Output-check rows (see `engine.output_check.COLUMNS`) for what the written file (`written`: name -> (dtype,
+    shape)) and the conversion (`read`: source tensors its steps read, of the `source` names) do not share with
+    `statement`; no row when they agree."""
+    rows: list[tuple[str, str, str, float | None, int, str]] = []
+    family = statement.family
+    for name, meta in statement.tensors.items():
+        found = written.get(name)
+        if found is None:
+            rows.append((name, "statement", "missing", None, 0, f"the {family} statement has it; the output does not"))
+        elif (meta[0] is not None and found[0] != meta[0]) or tuple(found[1]) != tuple(meta[1]):
+            said = f"{meta[0]} {list(meta[1])}" if meta[0] is not None else f"shape {list(meta[1])}"
+            rows.append((name, "statement", "mismatch", None, 0,
+                         f"is {found[0]} {list(found[1])} in the output; the {family} statement says {said}"))
+    for name in written:
+        if name not in statement.tensors:
+            rows.append((name, "statement", "mismatch", None, 0, f"in the output, but the {family} statement has no such tensor"))
+    for name in source if statement.accounted is not None else ():
+        if name not in statement.accounted and name not in read:
+            rows.append((name, "statement", "missing", None, 0,
+                         f"source tensor dropped: no output tensor is made from it and the {family} statement does not "
+                         "leave it out on purpose"))
+    return rows
+
+
+__all__ = ["Statement", "gguf_statement", "meta_statement", "statement_rows"]
