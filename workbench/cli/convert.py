@@ -179,7 +179,7 @@ def _mapper(args: argparse.Namespace) -> tuple[Any, str]:
     if args.adapter:
         from ..mapper import Sequential, presets
 
-        merges = [presets.lora_merge(path, source=name) for name, path in zip(adapter_names(args.adapter), args.adapter, strict=True)]
+        merges = [presets.lora_merge(path, source=name, base=args.source) for name, path in zip(adapter_names(args.adapter), args.adapter, strict=True)]
         merge = merges[0] if len(merges) == 1 else Sequential(*merges)
         mapper = merge if mapper is None else Sequential(merge, mapper)
     if args.select is None and args.lightning_weights is None:

@@ -148,7 +148,8 @@ def peft_merge(
                 for target, key in replaced.items()]
     else:
         lora_biases = {f"{module}.bias" for module, parts in modules.items() if "lora_B.bias" in parts}
-        ops += _replacements({t: k for t, k in replaced.items() if t not in lora_biases}, source, where, _base_facts(base))
+        kept = {t: k for t, k in replaced.items() if t not in lora_biases}
+        ops += _replacements(kept, source, where, _base_facts(base) if kept else (None, None))
     for module, parts in modules.items():
         ops += _module_ops(module, parts, settings, replaced, source, where, unmerge)
     return Parallel(*ops)
