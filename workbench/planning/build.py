@@ -14,6 +14,7 @@ from ..dtypes import policy_dtype
 from ..errors import PlanError, WorkbenchError
 from ..mapper.base import Mapper
 from ..mapper.files import code_digest
+from ..mapper.function import rank_problems
 from ..mapper.groups import Binding, Problem
 from ..mapper.op import Op
 from ..mapper.output_presets import OUTPUT_PRESETS
@@ -192,6 +193,7 @@ def _build_plan(
     else:
         binding = bind(catalog, mapper, options.rest, dtype)
     problems = list(binding.problems) + _duplicate_outputs(binding) + _scoped_outputs(binding, catalog)
+    problems += [Problem("error", why) for why in rank_problems(mapper, options.nproc)]
     steps = build_steps(binding.groups, SourceAccess(catalog.reader), options.chunk_bytes, runs=runs)
     if not steps:
         problems.append(Problem("error", "Cannot convert: the mapper produces no tensors (everything is dropped). "
