@@ -98,6 +98,13 @@ def _quantisation_changes(binding: Binding, mapper: Any) -> dict | None:
     return config_changes(_leaves(binding), (t for group in binding.groups for t in group.outputs))
 
 
+def _quantisation_problems(binding: Binding, mapper: Any) -> list[Problem]:
+    """Warnings about what the mapper's quantisation writes (see `mapper.quantized.partial_block_problems`)."""
+    from ..mapper.quantized import changes_config, partial_block_problems
+
+    return partial_block_problems(binding.groups) if mapper is not None and changes_config(mapper) else []
+
+
 def _leaves(binding: Binding) -> Iterator[Any]:
     """Every operation leaf of the binding's groups. A Binding may carry any op with `apply`; only mapper ops (and
     the dtype policy's wrapper) have leaves. A leaf operation is its own only leaf: yielded without a generator
@@ -194,6 +201,7 @@ def _build_plan(
         binding = bind(catalog, mapper, options.rest, dtype)
     problems = list(binding.problems) + _duplicate_outputs(binding) + _scoped_outputs(binding, catalog)
     problems += [Problem("error", why) for why in rank_problems(mapper, options.nproc)]
+    problems += _quantisation_problems(binding, mapper)
     steps = build_steps(binding.groups, SourceAccess(catalog.reader), options.chunk_bytes, runs=runs)
     if not steps:
         problems.append(Problem("error", "Cannot convert: the mapper produces no tensors (everything is dropped). "
