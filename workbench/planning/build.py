@@ -98,11 +98,16 @@ def _quantisation_changes(binding: Binding, mapper: Any) -> dict | None:
     return config_changes(_leaves(binding), (t for group in binding.groups for t in group.outputs))
 
 
-def _quantisation_problems(binding: Binding, mapper: Any) -> list[Problem]:
-    """Warnings about what the mapper's quantisation writes (see `mapper.quantized.partial_block_problems`)."""
+def _preset_warnings(binding: Binding, catalog: Catalog, mapper: Any) -> list[Problem]:
+    """Warnings about outputs that are right as tensors but that other tools read wrongly: partial FP8 tiles
+    (`mapper.quantized.partial_block_problems`), a Megatron vocabulary still padded (`mapper.megatron.vocab_padding_problems`)."""
+    from ..mapper.megatron import vocab_padding_problems
     from ..mapper.quantized import changes_config, partial_block_problems
 
-    return partial_block_problems(binding.groups) if mapper is not None and changes_config(mapper) else []
+    found = partial_block_problems(binding.groups) if mapper is not None and changes_config(mapper) else []
+    if catalog.format == "megatron":
+        found += vocab_padding_problems(catalog, binding.outputs)
+    return found
 
 
 def _leaves(binding: Binding) -> Iterator[Any]:
@@ -201,7 +206,7 @@ def _build_plan(
         binding = bind(catalog, mapper, options.rest, dtype)
     problems = list(binding.problems) + _duplicate_outputs(binding) + _scoped_outputs(binding, catalog)
     problems += [Problem("error", why) for why in rank_problems(mapper, options.nproc)]
-    problems += _quantisation_problems(binding, mapper)
+    problems += _preset_warnings(binding, catalog, mapper)
     steps = build_steps(binding.groups, SourceAccess(catalog.reader), options.chunk_bytes, runs=runs)
     if not steps:
         problems.append(Problem("error", "Cannot convert: the mapper produces no tensors (everything is dropped). "
