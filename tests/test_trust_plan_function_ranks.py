@@ -30,6 +30,8 @@ def double(tensor):
 
 if __name__ == "__main__":
     source, dest, nproc, reference = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    if len(sys.argv) > 5:  # a notebook's habit: make a folder of modules importable at run time
+        sys.path.insert(0, sys.argv[5])
     mapper = M.Function(reference, ["model.norm.weight"], ["model.norm.weight"])
     try:
         wb.convert(source, dest, mapper, nproc=nproc, launcher="local", shard_size="100KB", quiet=True)
@@ -46,12 +48,21 @@ def _run(folder: Path, args: list[str], module: bool = False) -> subprocess.Comp
     return subprocess.run([*command, *args], capture_output=True, text=True, env=env, cwd=folder, timeout=240)
 
 
+def _run_elsewhere(folder: Path, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """The script run by path from another folder, PYTHONPATH as the tests have it: `lib/` is importable only
+    because the script adds it to sys.path itself."""
+    return subprocess.run([sys.executable, str(folder / "userscript.py"), *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=240)
+
+
 @pytest.fixture
 def script(tmp_path: Path) -> Path:
     folder = tmp_path / "user"
     folder.mkdir()
     (folder / "userscript.py").write_text(SCRIPT)
     (folder / "usermodule.py").write_text("def double(tensor):\n    return tensor * 2\n")
+    (folder / "lib").mkdir()
+    (folder / "lib" / "libmodule.py").write_text("def double(tensor):\n    return tensor * 2\n")
     return folder
 
 
@@ -73,7 +84,11 @@ def test_a_main_program_function_on_two_local_ranks_is_refused_at_plan_time(llam
 def test_the_same_function_in_a_module_runs_on_two_ranks(llama_sample: Path, script: Path, tmp_path: Path) -> None:
     from conftest import load_safetensors_folder
 
-    two = _run(script, [str(llama_sample), str(tmp_path / "two"), "2", "usermodule:double"])
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    # a module found through a sys.path entry the program added at run time: its folder travels to the workers
+    two = _run_elsewhere(script, [str(llama_sample), str(tmp_path / "two"), "2", "libmodule:double", str(script / "lib")],
+                         elsewhere)
     assert two.returncode == 0, two.stderr[-3000:]
     before, after = load_safetensors_folder(llama_sample), load_safetensors_folder(tmp_path / "two")
     assert sorted(after) == sorted(before)
