@@ -36,8 +36,8 @@ COPIED = "copy"
 UPDATED = "update"  # copied with changes (config.json dtype after a cast)
 SKIPPED = "skip"
 WEIGHT_SUFFIXES = {  # lower-case name suffix -> what such a file holds
-    ".safetensors": "safetensors weights", ".bin": "PyTorch (or raw) weights", ".pt": "PyTorch weights",
-    ".pth": "PyTorch weights", ".ckpt": "a training checkpoint", ".distcp": "DCP weights", ".h5": "TensorFlow/Keras weights",
+    ".safetensors": "safetensors weights", ".bin": "PyTorch weights or training state (a pickle, or raw bytes)",
+    ".pt": "PyTorch weights or training state", ".pth": "PyTorch weights or training state", ".ckpt": "a training checkpoint", ".distcp": "DCP weights", ".h5": "TensorFlow/Keras weights",
     ".hdf5": "TensorFlow/Keras weights", ".keras": "Keras weights", ".msgpack": "Flax weights", ".ot": "rust-bert (libtorch) weights",
     ".gguf": "GGUF weights", ".ggml": "GGML weights", ".onnx": "an ONNX model", ".onnx_data": "ONNX external weights",
     ".onnx.data": "ONNX external weights", ".npz": "NumPy arrays", ".npy": "a NumPy array", ".tflite": "a TensorFlow Lite model",
@@ -121,8 +121,8 @@ def weight_kind(name: str, path: str | None = None) -> str | None:
 
 
 def _weights_reason(what: str, chosen: bool) -> str:
-    why = (f"holds {what}, which this conversion does not convert: copied beside the output it would be a stale "
-           "second copy of the model that loaders may pick instead")
+    why = (f"holds {what}, which this conversion does not convert: copied beside the output it would be stale (a "
+           "second copy of the model, or state made for the source's weights) and loaders may pick it instead")
     return why if chosen else why + " (it is not part of the source)"
 
 
