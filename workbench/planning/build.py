@@ -14,7 +14,6 @@ from ..dtypes import policy_dtype
 from ..errors import PlanError, WorkbenchError
 from ..mapper.base import Mapper
 from ..mapper.files import code_digest
-from ..mapper.function import rank_problems
 from ..mapper.groups import Binding, Problem
 from ..mapper.op import Op
 from ..mapper.output_presets import OUTPUT_PRESETS
@@ -101,11 +100,14 @@ def _quantisation_changes(binding: Binding, mapper: Any) -> dict | None:
 def _preset_warnings(binding: Binding, catalog: Catalog, mapper: Any) -> list[Problem]:
     """Warnings about outputs that are right as tensors but that other tools read wrongly: partial FP8 tiles
     (`mapper.quantized.partial_block_problems`), a Megatron vocabulary still padded (`mapper.megatron.vocab_padding_problems`)."""
-    from ..mapper.megatron import vocab_padding_problems
-    from ..mapper.quantized import changes_config, partial_block_problems
+    found: list[Problem] = []
+    if mapper is not None:  # (imported only then: a plain copy imports no mapper presets)
+        from ..mapper.quantized import changes_config, partial_block_problems
 
-    found = partial_block_problems(binding.groups) if mapper is not None and changes_config(mapper) else []
+        found += partial_block_problems(binding.groups) if changes_config(mapper) else []
     if catalog.format == "megatron":
+        from ..mapper.megatron import vocab_padding_problems
+
         found += vocab_padding_problems(catalog, binding.outputs)
     return found
 
@@ -205,7 +207,10 @@ def _build_plan(
     else:
         binding = bind(catalog, mapper, options.rest, dtype)
     problems = list(binding.problems) + _duplicate_outputs(binding) + _scoped_outputs(binding, catalog)
-    problems += [Problem("error", why) for why in rank_problems(mapper, options.nproc)]
+    if mapper is not None and options.nproc > 1:
+        from ..mapper.function import rank_problems
+
+        problems += [Problem("error", why) for why in rank_problems(mapper, options.nproc)]
     problems += _preset_warnings(binding, catalog, mapper)
     steps = build_steps(binding.groups, SourceAccess(catalog.reader), options.chunk_bytes, runs=runs)
     if not steps:
