@@ -48,6 +48,15 @@ COVERED_ELSEWHERE = {
         "test_trust_cli.py::test_inspect_escapes_names_from_the_file",
     "an extra file named with 250 characters (its `.partial` name is too long)":
         "test_trust_cli.py::test_an_extra_with_a_name_at_the_limit_is_copied",
+    "weights of other formats beside the source (pytorch_model.bin, tf_model.h5, model.gguf, torch.save under a plain name)":
+        "test_trust_plan_extras.py::test_weight_files_of_other_formats_are_skipped_with_the_reason",
+    "a Function named '__main__:fn' (a notebook cell) on 2 local ranks":
+        "test_trust_plan_function_ranks.py::test_a_main_program_function_on_two_local_ranks_is_refused_at_plan_time",
+    "FP8 quantisation with a block that does not divide a shape":
+        "test_trust_plan_quantized.py::test_partial_fp8_tiles_are_a_plan_warning_naming_the_tensors",
+    "Megatron args with vocab_size None (padded vocabulary kept)":
+        "test_trust_plan_megatron.py::test_unknown_true_vocabulary_is_a_plan_warning",
+    "MiniMax-shaped checkpoint offered fused_to_hf": "test_trust_plan_suggest.py::test_minimax_is_not_offered_fused_to_hf",
 }
 
 

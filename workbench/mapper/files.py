@@ -154,7 +154,33 @@ def import_context(mapper: Any) -> dict[str, Any]:
     if not used:
         return {}
     modules = [{"name": name, "file": _LOADED[name][0], "source": _LOADED[name][2]} for name in sorted(used & set(_LOADED))]
-    return {"path": list(_FOLDERS), "modules": modules}
+    folders = list(_FOLDERS)
+    folders += [folder for folder in _module_folders(used - set(_LOADED)) if folder not in folders]
+    return {"path": folders, "modules": modules}
+
+
+def _module_folders(names: set[str]) -> list[str]:
+    """The sys.path folders these top-level modules were found in here. A notebook that ran
+    `sys.path.insert(0, "src")` imports `src/mymod.py`; a worker process (started with the usual path) would not
+    find it, so its folder travels with the job and is appended to the worker's path (never shadowing anything)."""
+    folders: list[str] = []
+    for name in sorted(names):
+        if name in ("__main__", "__mp_main__"):
+            continue
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        if spec is None:
+            continue
+        if spec.submodule_search_locations:  # a package: the folder that holds it
+            found = [os.path.dirname(os.path.abspath(location)) for location in spec.submodule_search_locations]
+        elif spec.origin and os.path.isfile(spec.origin):
+            found = [os.path.dirname(os.path.abspath(spec.origin))]
+        else:
+            continue  # built in: every process has it
+        folders += [folder for folder in found if folder not in folders]
+    return folders
 
 
 def install_import_context(context: dict[str, Any] | None) -> None:

@@ -156,3 +156,81 @@ class Function(Op):
 
 def _thaw(value: Any) -> Any:
     return [_thaw(item) for item in value] if isinstance(value, tuple) else value
+
+
+MAIN_MODULES = ("__main__", "__mp_main__")
+
+
+def _in_a_torchrun_job() -> bool:
+    """True in a process torchrun started (every rank then runs this same main program, so `__main__` is the same)."""
+    import os
+
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+
+
+def _importable(module_name: str) -> bool:
+    """Whether a worker process can import `module_name` as this process did: a mapper file (its text travels
+    with the job, see mapper.files.import_context) or a module the import system finds."""
+    import importlib.util
+
+    from .files import _LOADED
+
+    if module_name.partition(".")[0] in _LOADED:
+        return True
+    try:
+        return importlib.util.find_spec(module_name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _main_name() -> str | None:
+    """The importable name of this program's main module (`python -m pkg.script` -> 'pkg.script'), or None
+    (a script run by path, a notebook kernel, an interactive session)."""
+    import sys
+
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    name = getattr(spec, "name", None)
+    return name if name and name not in MAIN_MODULES else None
+
+
+def rank_problems(mapper: Any, nproc: int) -> list[str]:
+    """Why `mapper`'s Functions cannot run on `nproc` separate worker processes (empty when they can).
+
+    Workers rebuild the mapper from its JSON, which names each callable by module; they import that module
+    themselves. A callable defined in `__main__` (a notebook cell, the script being run) names the worker's
+    own main program there, not this one. Its code is not shipped instead: only part of a notebook cell's
+    source is reachable through `inspect`, and a function's globals and closures (the imports, constants and
+    helpers it uses) are the whole main program, which re-running in every worker would do again whatever
+    else it does. A module (a .py file) is imported by the workers and hashed into the completion record.
+    In a torchrun job every rank runs this same program, so `__main__` is the same on every rank.
+    """
+    if nproc <= 1 or mapper is None or not hasattr(mapper, "leaves"):
+        return []
+    problems: list[str] = []
+    seen: set[str] = set()
+    for leaf in mapper.leaves():
+        if not isinstance(leaf, Function):
+            continue
+        for reference in (leaf.fn, leaf.infer):
+            if not reference or reference in seen:
+                continue
+            seen.add(reference)
+            module_name, _, attribute = reference.partition(":")
+            if module_name.partition(".")[0] in MAIN_MODULES:
+                if _in_a_torchrun_job():
+                    continue
+                main = _main_name()
+                hint = (f" (this program runs as {main!r}: name it '{main}:{attribute}')" if main else "")
+                problems.append(
+                    f"Cannot run Function {leaf.fn!r} on {nproc} ranks: {reference!r} is defined in the main program (a notebook "
+                    "cell or the script being run), which the worker processes do not run, so they cannot find it. "
+                    f"Define it in a module (a .py file importable by the workers){hint} and name it 'module:{attribute}', "
+                    "or use nproc=1."
+                )
+            elif not _importable(module_name):
+                problems.append(
+                    f"Cannot run Function {leaf.fn!r} on {nproc} ranks: module {module_name!r} of {reference!r} cannot be found by "
+                    "the import system, so the worker processes cannot import it. Define it in a module (a .py file "
+                    "importable by the workers: installed, on PYTHONPATH, or beside the mapper file), or use nproc=1."
+                )
+    return problems

@@ -42,6 +42,7 @@ from .bind import source_infos
 from .claim import Claim
 from .compose import Parallel, Sequential
 from .function import Function
+from .groups import Problem
 from .ops import Concat, Drop, Rename, Split, Unstack
 
 LAYER_KEY = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
@@ -398,6 +399,38 @@ def megatron_to_hf(source: Any, *, config: Any = None, vocab_size: int | None = 
     return Sequential(*steps)
 
 
+VOCAB_OUTPUTS = (*VOCAB_PARALLEL, "model.embed_tokens.weight", "lm_head.weight")
+
+
+def vocab_padding_problems(catalog: Any, outputs: Mapping[str, TensorInfo]) -> list[Problem]:
+    """A plan warning when a Megatron source's vocabulary tensors reach the output with Megatron's padding rows.
+
+    Megatron pads the vocabulary to a multiple of `make_vocab_size_divisible_by` x TP (`padded_vocab_size`); the
+    true size is `args.vocab_size`, which runs that read a tokenizer model often record as None. Then neither
+    the merge nor `hf_config` knows where the padding starts: the rows stay, and the config says the padded size,
+    so the HF model's logits include tokens no tokenizer has. The fix is the tokenizer's size as `vocab_size=`.
+    """
+    if not isinstance(catalog, Catalog) or catalog.format != "megatron":
+        return []
+    args = _args(catalog)
+    padded = _int(args.get("padded_vocab_size"))
+    if padded is None or _int(args.get("vocab_size")) is not None:
+        return []
+    kept = sorted(name for name in VOCAB_OUTPUTS if name in outputs and tuple(outputs[name].shape[:1]) == (padded,))
+    if not kept:
+        return []
+    names = ", ".join(repr(name) for name in kept)
+    return [Problem(
+        "warning",
+        f"{names} {'keeps' if len(kept) == 1 else 'keep'} Megatron's padded vocabulary ({padded} rows): the run's args do not record the true vocabulary "
+        f"(args.vocab_size is None, padded_vocab_size={padded}), so the padding rows cannot be cut, and hf_config (a "
+        f"config.json made from these args) says vocab_size {padded}: the model can predict tokens no tokenizer has. "
+        "Pass the tokenizer's vocabulary size: megatron_to_hf(source, vocab_size=N) (or megatron_merge) and "
+        "hf_config(source, vocab_size=N).",
+        None, kept[0],
+    )]
+
+
 def _vocab_of(config: Any) -> int | None:
     from .model_shape import read_config
 
@@ -405,4 +438,5 @@ def _vocab_of(config: Any) -> int | None:
     return _int(data.get("vocab_size"))
 
 
-__all__ = ["hf_config", "infer_same_on_every_rank", "megatron_merge", "megatron_to_hf", "same_on_every_rank"]
+__all__ = ["hf_config", "infer_same_on_every_rank", "megatron_merge", "megatron_to_hf", "same_on_every_rank",
+           "vocab_padding_problems"]

@@ -30,6 +30,7 @@ from ..names import Template, placeholders_of
 from .base import Mapper
 from .compose import Parallel
 from .function import Function
+from .groups import Problem
 from .model_shape import read_config
 from .state import Node, State
 
@@ -467,8 +468,56 @@ def config_changes(ops: Iterable[Any], outputs: Iterable[TensorInfo]) -> dict[st
     return None
 
 
+def _group_leaves(op: Any) -> Iterable[Any]:
+    if op is None:
+        return ()
+    if isinstance(op, Function) or not hasattr(op, "leaves"):
+        return (op,)
+    return op.leaves()
+
+
+def partial_block_problems(groups: Iterable[Any], shown: int = 5) -> list[Problem]:
+    """A plan warning naming the tensors FP8 quantisation cuts into partial tiles (a block that does not divide
+    their last two dims), or none.
+
+    The workbench scales a partial edge tile by its own scale (a ceil-div grid, as DeepSeek's reference code
+    does), so its output is right; but transformers' dequantisation on load (`Fp8Dequantize`, which it uses on
+    CPU, on GPUs below compute capability 8.9, or with `dequantize=True`) takes the tile size from the scale grid
+    (rows // grid rows, cols // grid cols): with a partial tile that size is wrong, so it multiplies rows and
+    columns by another tile's scale (or refuses the weight as "not divisible by scale grid"), and its own
+    quantiser leaves such shapes unquantised.
+    """
+    quantize = f"{HERE}:quantize_fp8_tensor"
+    partial: list[tuple[str, tuple[int, ...], tuple[int, int]]] = []
+    for group in groups:
+        for leaf in _group_leaves(getattr(group, "op", None)):
+            if getattr(leaf, "fn", None) != quantize:
+                continue
+            b0, b1 = _block(tuple(leaf.kwargs["block"]))
+            shapes = {t.name: tuple(t.shape) for t in group.outputs}
+            shape = shapes.get(leaf.outputs[0])
+            if shape is not None and len(shape) >= 2 and (shape[-2] % b0 or shape[-1] % b1):
+                partial.append((leaf.outputs[0], shape, (b0, b1)))
+    if not partial:
+        return []
+    partial.sort()
+    blocks = sorted({block for _, _, block in partial})
+    listed = ", ".join(f"{name!r} {list(shape)}" for name, shape, _ in partial[:shown])
+    more = f" and {len(partial) - shown} more" if len(partial) > shown else ""
+    block_text = " / ".join(str(list(b)) for b in blocks)
+    return [Problem(
+        "warning",
+        f"FP8 block {block_text} does not divide the shape of {len(partial)} quantised tensor(s): {listed}{more}. Their "
+        "last tiles are partial: this output scales each by its own tile, but transformers' dequantisation on load "
+        "(on CPU, on GPUs below compute capability 8.9, or with dequantize=True) takes the tile size from the scale "
+        "grid and multiplies those rows and columns by the wrong scales (or refuses them as not divisible by the scale "
+        "grid). Choose a block that divides these shapes, or leave these tensors out of quantize_fp8's targets.",
+        None, partial[0][0],
+    )]
+
+
 __all__ = [
-    "config_changes", "dequantize_fp8", "dequantize_fp8_tensor", "dequantize_mxfp4", "dequantize_mxfp4_tensor",
+    "config_changes", "partial_block_problems", "dequantize_fp8", "dequantize_fp8_tensor", "dequantize_mxfp4", "dequantize_mxfp4_tensor",
     "fp8_quantization_config", "quantize_fp8", "quantize_fp8_tensor",
 ]
 

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import MapperError
+from ..catalog import TensorInfo
+from ..errors import MapperError, WorkbenchError
 from .model_shape import read_config
 
 LLAMA_LIKE = ("llama", "mistral")
+# Layout presets built from the config alone: offered only when they bind to the checkpoint's tensors (when the
+# caller passes TensorInfos, e.g. `catalog.tensors`), so a suggestion is never a plan that then fails.
+BOUND_BEFORE_OFFERED = ("hf_to_fused", "fused_to_hf", "hf_to_meta", "meta_to_hf", "megatron_qkv_to_hf", "from_transformers")
 MEGATRON_SHARD = re.compile(r"^mp_rank_\d{2}(?:_\d{3}){0,2}/")
 
 
@@ -45,7 +49,11 @@ def suggest(names: Iterable[str], config: Any = None) -> Any:
 
 def suggest_rows(names: Iterable[str], config: Any = None, *, registry: bool = True) -> tuple[str | None, list[tuple[str, str]]]:
     """The model type and (preset, why) rows. `registry=False` never imports transformers (nor torch): the
-    transformers layout is then suggested when the names hold numbered experts, without counting the changes."""
+    transformers layout is then suggested when the names hold numbered experts, without counting the changes.
+    When `names` is a mapping name -> TensorInfo (`catalog.tensors`), the layout presets in `BOUND_BEFORE_OFFERED`
+    are bound to it first (metadata only) and left out when their binding has errors (from_transformers only
+    with `registry=True`)."""
+    infos = names if isinstance(names, Mapping) else None
     names = list(names)
     data = read_config(config)
     model_type = data.get("model_type")
@@ -74,7 +82,7 @@ def suggest_rows(names: Iterable[str], config: Any = None, *, registry: bool = T
             rows.append(("hf_to_fused", "separate q/k/v and gate/up projections: fuse them into qkv_proj and gate_up_proj"))
         if model_type in LLAMA_LIKE and not any(part in has for part in ("self_attn.q_proj.bias", "self_attn.q_norm.weight")):
             rows.append(("hf_to_meta", f"{model_type} in HF layout: Meta's original names with the rotary permutation undone"))
-    if "self_attn.qkv_proj.weight" in has:
+    if {"self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight"} <= has:  # the layout hf_to_fused writes: both fused
         rows.append(("fused_to_hf", "fused qkv_proj/gate_up_proj: split back into HF projections"))
     shards = [n for n in names if MEGATRON_SHARD.match(n)]
     if shards:
@@ -86,7 +94,21 @@ def suggest_rows(names: Iterable[str], config: Any = None, *, registry: bool = T
         rows.append(("megatron_qkv_to_hf", "Megatron interleaved QKV: split into HF q/k/v"))
     if any(n.startswith("layers.") and ".attention.wq." in n for n in names):
         rows.append(("meta_to_hf", "Meta original Llama names: HF names with HF's rotary permutation"))
+    checked = set(BOUND_BEFORE_OFFERED) - (set() if registry else {"from_transformers"})  # registry=False: no transformers
+    if config is None:  # nothing to build them from: say so rather than offer a preset that cannot run as it is
+        rows = [(name, why + " (needs the model's config.json beside the checkpoint)") if name in checked else (name, why)
+                for name, why in rows]
+    elif infos is not None and all(isinstance(info, TensorInfo) for info in infos.values()):
+        rows = [row for row in rows if row[0] not in checked or _binds(row[0], infos, config)]
     return model_type, rows
+
+
+def _binds(name: str, infos: Mapping[str, TensorInfo], config: Any) -> bool:
+    """Whether preset `name`, built from `config`, binds to `infos` without errors (as its plan would)."""
+    try:
+        return bool(build_preset(name, infos, config).bind(infos).ok)
+    except WorkbenchError:
+        return False
 
 
 def build_preset(name: str, source: Any, config: Any, options: dict[str, Any] | None = None) -> Any:

@@ -97,6 +97,21 @@ def _quantisation_changes(binding: Binding, mapper: Any) -> dict | None:
     return config_changes(_leaves(binding), (t for group in binding.groups for t in group.outputs))
 
 
+def _preset_warnings(binding: Binding, catalog: Catalog, mapper: Any) -> list[Problem]:
+    """Warnings about outputs that are right as tensors but that other tools read wrongly: partial FP8 tiles
+    (`mapper.quantized.partial_block_problems`), a Megatron vocabulary still padded (`mapper.megatron.vocab_padding_problems`)."""
+    found: list[Problem] = []
+    if mapper is not None:  # (imported only then: a plain copy imports no mapper presets)
+        from ..mapper.quantized import changes_config, partial_block_problems
+
+        found += partial_block_problems(binding.groups) if changes_config(mapper) else []
+    if catalog.format == "megatron":
+        from ..mapper.megatron import vocab_padding_problems
+
+        found += vocab_padding_problems(catalog, binding.outputs)
+    return found
+
+
 def _leaves(binding: Binding) -> Iterator[Any]:
     """Every operation leaf of the binding's groups. A Binding may carry any op with `apply`; only mapper ops (and
     the dtype policy's wrapper) have leaves. A leaf operation is its own only leaf: yielded without a generator
@@ -193,6 +208,11 @@ def _build_plan(
     else:
         binding = bind(catalog, mapper, options.rest, dtype)
     problems = list(binding.problems) + _duplicate_outputs(binding) + _scoped_outputs(binding, catalog)
+    if mapper is not None and options.nproc > 1:
+        from ..mapper.function import rank_problems
+
+        problems += [Problem("error", why) for why in rank_problems(mapper, options.nproc)]
+    problems += _preset_warnings(binding, catalog, mapper)
     steps = build_steps(binding.groups, SourceAccess(catalog.reader), options.chunk_bytes, runs=runs)
     if not steps:
         problems.append(Problem("error", "Cannot convert: the mapper produces no tensors (everything is dropped). "

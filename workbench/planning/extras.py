@@ -8,6 +8,15 @@ count towards the free-space check. A subfolder holding tensors belongs to anoth
 `unet/`, a sentence-transformers `2_Dense/`) and is skipped; so are hidden folders (`.git`, the hub's
 `.cache`), whose contents describe the source files. Every extra, copied or skipped, is listed with
 the reason, so an output never looks complete while something was left behind silently.
+
+Files that hold weights are never extras, whatever format chose them: copied beside a converted output,
+a `pytorch_model.bin` (or `tf_model.h5`, `model.gguf` ...) would be a second, stale copy of the model that
+loaders may pick instead of the output (after a cast to bf16, an fp32 `.bin`). The rule (`weight_kind`):
+a file holds weights when its name ends with a weight-file suffix (`WEIGHT_SUFFIXES`, or an index of
+such files, `*.index.json`), or when its first bytes carry the signature of a weight container (GGUF,
+HDF5, NumPy, a zip archive as `torch.save` writes, a pickle, a safetensors header) whatever its name.
+Such a file at the top level is listed as skipped with the format it holds; in a subfolder it makes the
+subfolder another model's (skipped whole).
 """
 
 from __future__ import annotations
@@ -26,9 +35,24 @@ from .config_dtype import CONFIG_NAME, CONFIG_NAMES, KEEP, config_dtype_update, 
 COPIED = "copy"
 UPDATED = "update"  # copied with changes (config.json dtype after a cast)
 SKIPPED = "skip"
-TENSOR_SUFFIXES = (
-    ".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".distcp", ".h5", ".msgpack", ".gguf", ".onnx", ".npz", ".npy",
+WEIGHT_SUFFIXES = {  # lower-case name suffix -> what such a file holds
+    ".safetensors": "safetensors weights", ".bin": "PyTorch weights or training state (a pickle, or raw bytes)",
+    ".pt": "PyTorch weights or training state", ".pth": "PyTorch weights or training state", ".ckpt": "a training checkpoint", ".distcp": "DCP weights", ".h5": "TensorFlow/Keras weights",
+    ".hdf5": "TensorFlow/Keras weights", ".keras": "Keras weights", ".msgpack": "Flax weights", ".ot": "rust-bert (libtorch) weights",
+    ".gguf": "GGUF weights", ".ggml": "GGML weights", ".onnx": "an ONNX model", ".onnx_data": "ONNX external weights",
+    ".onnx.data": "ONNX external weights", ".npz": "NumPy arrays", ".npy": "a NumPy array", ".tflite": "a TensorFlow Lite model",
+    ".pdparams": "PaddlePaddle weights", ".mlmodel": "a Core ML model", ".nemo": "a NeMo checkpoint",
+}
+TENSOR_SUFFIXES = tuple(WEIGHT_SUFFIXES)
+SIGNATURES = (  # leading bytes -> what a file that starts with them holds
+    (b"GGUF", "GGUF weights"),
+    (b"\x89HDF\r\n\x1a\n", "HDF5 (TensorFlow/Keras) weights"),
+    (b"\x93NUMPY", "a NumPy array"),
+    (b"PK\x03\x04", "a zip archive (torch.save weights)"),
+    (b"\x80\x02", "a pickle (torch.save weights)"), (b"\x80\x03", "a pickle (torch.save weights)"),
+    (b"\x80\x04", "a pickle (torch.save weights)"), (b"\x80\x05", "a pickle (torch.save weights)"),
 )
+SNIFF_BYTES = 16
 MAX_FILES = 10_000  # over all subfolders: a plan reads metadata only, never a whole tree
 MAX_DEPTH = 16
 
@@ -58,6 +82,48 @@ def _inside(real_root: str, path: str) -> bool:
 def _holds_tensors(name: str) -> bool:
     lower = name.lower()
     return lower.endswith(TENSOR_SUFFIXES) or lower.endswith(".index.json")
+
+
+def _kind_by_name(name: str) -> str | None:
+    lower = name.lower()
+    if lower.endswith(".index.json"):
+        return "an index of weight files"
+    return next((what for suffix, what in WEIGHT_SUFFIXES.items() if lower.endswith(suffix)), None)
+
+
+def _kind_by_content(path: str) -> str | None:
+    """What the first bytes of the regular file at `path` say it holds, or None (text, JSON, protobuf ...).
+    Opened without blocking (never waits on a FIFO) and only when it is a regular file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        head = os.read(fd, SNIFF_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    for signature, what in SIGNATURES:
+        if head.startswith(signature):
+            return what
+    if len(head) >= 10 and head[8:10] == b'{"' and int.from_bytes(head[:8], "little") < 1 << 40:
+        return "safetensors weights"
+    return None
+
+
+def weight_kind(name: str, path: str | None = None) -> str | None:
+    """What weights the file `name` holds (by its name, else by its first bytes when `path` is given), or
+    None when it holds none: such a file is never copied along as an extra."""
+    return _kind_by_name(name) or (_kind_by_content(path) if path is not None else None)
+
+
+def _weights_reason(what: str, chosen: bool) -> str:
+    why = (f"holds {what}, which this conversion does not convert: copied beside the output it would be stale (a "
+           "second copy of the model, or state made for the source's weights) and loaders may pick it instead")
+    return why if chosen else why + " (it is not part of the source)"
 
 
 def _source_record(name: str) -> bool:
@@ -112,6 +178,9 @@ def _walk(real_root: str, folder: str, rel: str, ancestors: frozenset[str], dept
         if _source_record(entry.name):
             found.append(Extra(path, SKIPPED, _size(entry.path), "describes the source checkpoint only"))
             continue
+        what = _kind_by_content(entry.path)
+        if what is not None:
+            return f"holds {what} ({path}); it belongs to another model"
         budget.files += 1
         if budget.files > MAX_FILES:
             raise _TooBig
@@ -155,9 +224,11 @@ def scan_extras(root: Path, top_level: Iterable[str], dest: Path | None = None, 
     source_folders = {Path(rel).parts[0] for rel in own if len(Path(rel).parts) > 1}
     out: list[Extra] = []
     budget = _Budget()
+    own_files = {rel for rel in own if len(Path(rel).parts) == 1}
     for entry in sorted(os.scandir(root), key=lambda e: e.name):
-        if entry.name in chosen:
-            out.append(Extra(entry.name, COPIED, _size(entry.path)))
+        if entry.name in chosen or (entry.name not in own_files and _kind_by_name(entry.name) and not entry.is_dir()
+                                     and not entry.name.lower().endswith(".index.json")):
+            out.append(_top_file(real_root, entry, entry.name in chosen))
         elif entry.is_dir() and entry.name not in source_folders:
             out.extend(_subfolder(real_root, entry, real_dest, budget))
         elif _source_record(entry.name):
@@ -167,6 +238,17 @@ def scan_extras(root: Path, top_level: Iterable[str], dest: Path | None = None, 
         elif not entry.is_file() and not stat.S_ISDIR(_lmode(entry)):
             out.append(Extra(entry.name, SKIPPED, 0, "not a regular file"))
     return out
+
+
+def _top_file(real_root: str, entry: os.DirEntry, chosen: bool) -> Extra:
+    """A top-level file the format chose as an extra (or one named as weights the source does not use):
+    copied, unless it holds weights or leads outside the source folder."""
+    if entry.is_symlink() and not _inside(real_root, entry.path):
+        return Extra(entry.name, SKIPPED, 0, "a link leading outside the source folder")
+    what = weight_kind(entry.name, entry.path if entry.is_file() else None)
+    if what is not None:
+        return Extra(entry.name, SKIPPED, _size(entry.path), _weights_reason(what, chosen))
+    return Extra(entry.name, COPIED, _size(entry.path))
 
 
 def _lmode(entry: os.DirEntry) -> int:

@@ -1,0 +1,106 @@
+"""Files that hold weights are never copied along as extras (issue 29, D11).
+
+A conversion copies the non-tensor files beside the weights (config, tokenizer). A second copy of the
+model in another format (`pytorch_model.bin`, `tf_model.h5`, `model.gguf` ...) is not such a file: left
+beside a bf16 output it is a stale fp32 model that loaders may pick. The plan lists each as skipped,
+saying what it holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.numpy import save_file
+
+import workbench as wb
+
+OTHER_WEIGHTS = {
+    "pytorch_model.bin": "PyTorch",
+    "tf_model.h5": "TensorFlow/Keras",
+    "flax_model.msgpack": "Flax",
+    "rust_model.ot": "rust-bert",
+    "model.gguf": "GGUF",
+    "model.onnx": "ONNX",
+    "weights.npz": "NumPy",
+    "last.ckpt": "training checkpoint",
+    "pytorch_model-00001-of-00002.bin": "PyTorch",
+    "consolidated.pth": "PyTorch",
+}
+
+
+def _folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "src"
+    (folder / "tokenizer").mkdir(parents=True)
+    (folder / "2_Dense").mkdir()
+    save_file({"embed.weight": np.ones((4, 2), np.float32), "lm.weight": np.full((2, 2), 2.0, np.float32)},
+              str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({"architectures": ["X"], "torch_dtype": "float32"}))
+    (folder / "tokenizer.json").write_text('{"model": {}}')
+    (folder / "tokenizer" / "vocab.txt").write_text("[PAD]\n")
+    torch.save({"embed.weight": torch.ones(4, 2)}, folder / "pytorch_model.bin")
+    torch.save({"embed.weight": torch.ones(4, 2)}, folder / "pytorch_model-00001-of-00002.bin")
+    torch.save({"embed.weight": torch.ones(4, 2)}, folder / "consolidated.pth")
+    torch.save({"state_dict": {}}, folder / "last.ckpt")
+    (folder / "tf_model.h5").write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(64))
+    (folder / "flax_model.msgpack").write_bytes(b"\x81\xa5embed" + bytes(32))
+    (folder / "rust_model.ot").write_bytes(b"PK\x03\x04" + bytes(32))
+    (folder / "model.gguf").write_bytes(b"GGUF" + bytes(32))
+    (folder / "model.onnx").write_bytes(b"\x08\x07\x12\x07pytorch")
+    np.savez(folder / "weights.npz", w=np.ones(3))
+    # Weights under a name that does not say so: told by their first bytes.
+    torch.save({"embed.weight": torch.ones(4, 2)}, folder / "weights_backup")
+    (folder / "2_Dense" / "config.json").write_text('{"in_features": 2}')
+    torch.save({"linear.weight": torch.ones(2, 2)}, folder / "2_Dense" / "dense_weights")
+    return folder
+
+
+def test_weight_files_of_other_formats_are_skipped_with_the_reason(tmp_path: Path) -> None:
+    source = _folder(tmp_path)
+    dest = tmp_path / "out"
+    plan = wb.plan(source, dest=dest, dtype="BF16")
+    table = plan.extras_table.set_index("path")
+    for name, what in {**OTHER_WEIGHTS, "weights_backup": "torch.save"}.items():
+        assert table.loc[name, "action"] == "skip", name
+        assert what in table.loc[name, "reason"] and "stale" in table.loc[name, "reason"], (name, table.loc[name, "reason"])
+    assert table.loc["2_Dense", "action"] == "skip" and "2_Dense/dense_weights" in table.loc["2_Dense", "reason"]
+    assert table.loc["config.json", "action"] == "update"
+    assert table.loc["tokenizer.json", "action"] == "copy" and table.loc["tokenizer/vocab.txt", "action"] == "copy"
+    assert "tf_model.h5" in plan.summary()
+    report = wb.convert(source, dest, dtype="BF16", quiet=True)
+    assert report is not None
+    assert sorted(os.listdir(dest)) == [".workbench-complete.json", "config.json", "model.safetensors", "tokenizer", "tokenizer.json"]
+    assert json.loads((dest / "config.json").read_text())["torch_dtype"] == "bfloat16"
+
+
+def test_stray_weights_outside_the_index_are_listed_as_not_part_of_the_source(tmp_path: Path) -> None:
+    """A sharded folder also holding an old single-file `model.safetensors` the index does not list: never copied,
+    and the plan says so instead of leaving it out silently."""
+    folder = tmp_path / "src"
+    folder.mkdir()
+    save_file({"a": np.ones((2, 2), np.float32)}, str(folder / "model-00001-of-00002.safetensors"))
+    save_file({"b": np.ones((2, 2), np.float32)}, str(folder / "model-00002-of-00002.safetensors"))
+    weight_map = {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    save_file({"a": np.zeros((2, 2), np.float32)}, str(folder / "model.safetensors.old"))  # no weight suffix: told by content
+    save_file({"a": np.zeros((2, 2), np.float32)}, str(folder / "stale.safetensors"))
+    (folder / "config.json").write_text("{}")
+    plan = wb.plan(folder, dest=tmp_path / "out")
+    table = plan.extras_table.set_index("path")
+    assert table.loc["stale.safetensors", "action"] == "skip" and "not part of the source" in table.loc["stale.safetensors", "reason"]
+    assert table.loc["model.safetensors.old", "action"] == "skip" and "safetensors weights" in table.loc["model.safetensors.old", "reason"]
+    assert "model.safetensors.index.json" not in table.index  # the source's own index
+    assert plan.extras == ["config.json"]
+
+
+def test_weight_kind_rule() -> None:
+    from workbench.planning.extras import weight_kind
+
+    for name in ["pytorch_model.bin", "TF_MODEL.H5", "x.safetensors", "model-00001-of-00002.bin", "a.bin.index.json",
+                 "model.onnx_data", "adapter.pt", "rust_model.ot", "m.gguf"]:
+        assert weight_kind(name) is not None, name
+    for name in ["config.json", "tokenizer.json", "tokenizer.model", "vocab.txt", "README.md", "merges.txt", "modules.json"]:
+        assert weight_kind(name) is None, name
