@@ -21,7 +21,7 @@ from ..errors import CannotRead, CheckpointError
 from ..iostats import open_for_read, read_at
 from .file_pool import FilePool
 from .json_errors import json_problem
-from .shape_bounds import LIMIT, shape_problem
+from .shape_bounds import INDEX_LIMIT, LIMIT, shape_problem
 
 # The reference implementation refuses headers above 100 MB; so do we, before allocating anything.
 MAX_HEADER_BYTES = 100_000_000
@@ -68,6 +68,30 @@ def _may_repeat_keys(raw: bytes, header: dict) -> bool:
     if raw.count(b'"__metadata__"') != ("__metadata__" in header):
         return True
     return any(raw.count(key) != n_tensors for key in (b'"data_offsets"', b'"dtype"', b'"shape"'))
+
+
+def _unencodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _refuse_lone_surrogates(path: str, header: dict) -> None:
+    """Refuse names and metadata holding a lone UTF-16 surrogate (a `\\ud800` escape): JSON's escapes allow
+    it, but it is no Unicode character, so no file name, terminal or output header can hold it (the reference
+    reader refuses it too)."""
+    metadata = header.get("__metadata__")
+    for name in header:
+        if _unencodable(name):
+            raise _fail(path, f"the tensor name {name!r} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), "
+                              "which is not a Unicode character")
+    if isinstance(metadata, dict):
+        for key, value in metadata.items():
+            if _unencodable(key) or (isinstance(value, str) and _unencodable(value)):
+                raise _fail(path, f"__metadata__ entry {key!r} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff "
+                                  "escape), which is not a Unicode character")
 
 
 def read_header(path: str | os.PathLike, *, rel: str | None = None, fd: int | None = None) -> SafetensorsHeader:
@@ -135,6 +159,8 @@ def _parse_header_bytes(
             tensor = dup.key if top and dup.key != "__metadata__" else None
             raise _fail(path, f"the header repeats the key {dup.key!r}{where}", tensor=tensor) from None
 
+    if b"\\u" in raw:
+        _refuse_lone_surrogates(path, header)
     metadata = header.pop("__metadata__", None)
     if metadata is None:
         metadata = {}
@@ -161,6 +187,9 @@ def _parse_header_bytes(
             if type(d) is not int or d < 0:
                 raise _fail(path, f"shape must be a list of non-negative integers, got {format_shape(shape)}", name)
             if d:
+                if d >= INDEX_LIMIT:  # not a torch size: shape_problem says so
+                    count = LIMIT
+                    break
                 count *= d
                 if count >= LIMIT:
                     break

@@ -1,0 +1,153 @@
+"""Issue 29, local readers: links out of a DeepSpeed run, values no checkpoint has, shorter bf16 ZeRO partitions.
+
+The DeepSpeed cases use the real runs `scripts/make_deepspeed_fixtures.py` builds (DeepSpeed in its own venv);
+they skip, with the reason, when those could not be built.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import workbench as wb
+from workbench.errors import CheckpointError
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "scripts" / "make_deepspeed_fixtures.py"
+
+
+def _zero_root() -> Path:
+    root = Path(subprocess.run([sys.executable, str(SCRIPT), "--print-root"], capture_output=True, text=True, check=True).stdout.strip())
+    if not (root / "done").exists():
+        pytest.skip(f"DeepSpeed fixtures unavailable; run `python {SCRIPT.relative_to(REPO)}`")
+    return root
+
+
+def _run(name: str) -> Path:
+    run = _zero_root() / name
+    if (run / "failed").exists():
+        pytest.skip(f"DeepSpeed run {name} could not be built: {(run / 'failed').read_text().strip()}")
+    if not (run / "reference.safetensors").exists():
+        pytest.skip(f"DeepSpeed run {name} is not built yet; run `python {SCRIPT.relative_to(REPO)}`")
+    return run
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "workbench", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
+
+
+# ------------------------------------------------------------------------------------- B2: linked step folder
+
+
+def test_a_step_folder_linked_from_outside_the_run_is_refused(tmp_path: Path) -> None:
+    source = _run("stage2")
+    step = (source / "latest").read_text().strip()
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(source / step, elsewhere / step)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "latest").write_text(step)
+    (run / step).symlink_to(elsewhere / step)
+    with pytest.raises(CheckpointError, match=f"{step}/ is a link that leads outside the run folder"):
+        wb.open_checkpoint(run)
+    done = _cli("inspect", str(run), cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "leads outside the run folder" in done.stderr and "internal error" not in done.stderr
+    # the folder the link leads to, opened itself, is read (the user named it)
+    assert wb.open_checkpoint(elsewhere / step).format == "deepspeed"
+    # a link that stays inside the run is fine
+    (run / step).unlink()
+    shutil.move(str(elsewhere / step), run / "kept")
+    (run / step).symlink_to(run / "kept")
+    assert len(wb.open_checkpoint(run).tensors) > 0
+
+
+# ------------------------------------------------------------------------------------- C2: values no checkpoint has
+
+
+@pytest.mark.parametrize("tag", ["global_step2\x00", "global_st\x00ep2", "global_step9"])
+def test_latest_naming_no_step_folder_is_a_clear_error(tmp_path: Path, tag: str) -> None:
+    source = _run("stage2")
+    step = (source / "latest").read_text().strip()
+    run = tmp_path / "run"
+    shutil.copytree(source / step, run / step)
+    (run / "latest").write_text(tag)
+    with pytest.raises(CheckpointError, match="latest.*names no step folder of this run") as caught:
+        wb.open_checkpoint(run)
+    assert repr(tag) in str(caught.value)
+    done = _cli("inspect", str(run), cwd=tmp_path)
+    assert done.returncode == 2 and "names no step folder" in done.stderr, done.stderr
+
+
+def _safetensors(path: Path, header: bytes, data: bytes = b"") -> Path:
+    path.write_bytes(struct.pack("<Q", len(header)) + header + data)
+    return path
+
+
+def test_a_lone_surrogate_in_a_tensor_name_is_refused_naming_it(tmp_path: Path) -> None:
+    path = _safetensors(tmp_path / "s.safetensors", b'{"a.\\ud800": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}', bytes(4))
+    with pytest.raises(CheckpointError, match=r"s\.safetensors: the tensor name 'a\.\\ud800' holds a lone UTF-16 surrogate"):
+        wb.open_checkpoint(path)
+    meta = _safetensors(tmp_path / "m.safetensors", b'{"__metadata__": {"k": "\\udfff"}, "w": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}', b"x")
+    with pytest.raises(CheckpointError, match="__metadata__ entry 'k' holds a lone UTF-16 surrogate"):
+        wb.open_checkpoint(meta)
+    # a surrogate pair spelled as escapes is one real character: read
+    pair = _safetensors(tmp_path / "p.safetensors", b'{"\\ud83d\\ude00": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}', b"x")
+    assert list(wb.open_checkpoint(pair).tensors.index) == ["\U0001f600"]
+    done = _cli("inspect", str(path), cwd=tmp_path)
+    assert done.returncode == 2 and "lone UTF-16 surrogate" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("shape", [[2**63, 0], [0, 2**64 - 1], [1, 2**63 + 7, 0]])
+def test_a_dimension_no_torch_tensor_has_is_refused(tmp_path: Path, shape: list[int]) -> None:
+    header = json.dumps({"big": {"dtype": "F32", "shape": shape, "data_offsets": [0, 0]}, "ok": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}})
+    path = _safetensors(tmp_path / "big.safetensors", header.encode(), b"ab")
+    with pytest.raises(CheckpointError, match=r"big\.safetensors \(tensor 'big'\): .*dimension of 2\*\*63 or more"):
+        wb.open_checkpoint(path).load("big")
+    done = _cli("inspect", str(path), cwd=tmp_path)
+    assert done.returncode == 2 and "dimension of 2**63 or more" in done.stderr, done.stderr
+
+
+def test_the_largest_torch_dimension_still_loads(tmp_path: Path) -> None:
+    import torch
+
+    header = json.dumps({"edge": {"dtype": "F32", "shape": [2**63 - 1, 0], "data_offsets": [0, 0]}})
+    ck = wb.open_checkpoint(_safetensors(tmp_path / "edge.safetensors", header.encode()))
+    assert ck.load("edge").shape == torch.Size([2**63 - 1, 0])
+
+
+# ------------------------------------------------------------------------------------- D4: shorter bf16 partitions
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_three_rank_bf16_zero_matches_zero_to_fp32(stage: int) -> None:
+    """3 ranks: the group's flat buffer (92,288 elements) is no multiple of 2 * 3, so DeepSpeed saves the last
+    rank's fp32 partition 4 elements shorter; zero_to_fp32 reads it, and so must we, to the bit."""
+    from safetensors.torch import load_file
+
+    from workbench.formats.deepspeed import parse
+
+    run = _run(f"stage{stage}-w3")
+    ck = parse(run)
+    sizes = [ck.optim[r].parsed.places[f"optimizer_state_dict.single_partition_of_fp32_groups.{0}"].ref.shape[0] for r in range(3)]
+    assert ck.world == 3 and sizes[-1] < sizes[0], sizes  # the layout this test is about
+    opened = wb.open_checkpoint(run)
+    reference = load_file(str(run / "reference.safetensors"))
+    assert set(opened.tensors.index) == set(reference)
+    for name, expected in reference.items():
+        got = opened.load(name)
+        assert got.dtype == expected.dtype and got.shape == expected.shape, name
+        assert got.equal(expected), name
+    live = load_file(str(run / "live_reference.safetensors"))
+    moments = wb.open_checkpoint(run, moments=True)
+    for name, expected in live.items():
+        got = moments.load(name)
+        assert got.equal(expected.reshape(got.shape)), name
