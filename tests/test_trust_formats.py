@@ -151,3 +151,52 @@ def test_three_rank_bf16_zero_matches_zero_to_fp32(stage: int) -> None:
     for name, expected in live.items():
         got = moments.load(name)
         assert got.equal(expected.reshape(got.shape)), name
+
+
+# ------------------------------------------------------------------------------------- B3: objects per stored byte
+
+
+def _deflated_torch_save(path: Path, obj: object) -> Path:
+    """torch.save, then the archive rewritten with its data.pkl deflated (torch.load reads either)."""
+    import io
+    import zipfile
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    with zipfile.ZipFile(io.BytesIO(buffer.getvalue())) as source, zipfile.ZipFile(path, "w") as out:
+        for info in source.infolist():
+            method = zipfile.ZIP_DEFLATED if info.filename.endswith("data.pkl") else zipfile.ZIP_STORED
+            out.writestr(info.filename, source.read(info), compress_type=method, compresslevel=9)
+    assert torch.load(path, weights_only=True).keys() == obj.keys()  # type: ignore[attr-defined]
+    return path
+
+
+def test_real_pickles_deflated_or_not_stay_within_the_object_budget(tmp_path: Path) -> None:
+    """The budget refuses bombs, not checkpoints: a state dict of 20k tensors and a Lightning-like training state,
+    each re-zipped with its pickle deflated (about 5:1, what a real one builds per stored byte is the most)."""
+    import torch
+
+    tensors = {f"model.layers.{i}.mlp.w": torch.zeros(2) for i in range(20_000)}
+    path = _deflated_torch_save(tmp_path / "many.pt", tensors)
+    assert len(wb.open_checkpoint(path).tensors) == 20_000
+    state = {"state_dict": {f"l.{i}.w": torch.zeros(2) for i in range(5_000)}, "epoch": 3,
+             "optimizer_states": [{"state": {i: {"step": torch.tensor(1.0), "exp_avg": torch.zeros(2)} for i in range(5_000)},
+                                   "param_groups": [{"lr": 0.1, "params": list(range(5_000))}]}],
+             "loops": {"fit": [{"batch": i, "loss": i / 3} for i in range(5_000)]}}
+    ck = wb.open_checkpoint(_deflated_torch_save(tmp_path / "state.ckpt", state))
+    assert len(ck.tensors) >= 5_000
+
+
+def test_objects_beyond_the_budget_are_refused_before_any_is_built() -> None:
+    from workbench.formats.pickle.bounds import COST_FACTOR, COST_SLACK, pickle_problem
+
+    n = (COST_FACTOR * 1000 + COST_SLACK) // 216 + 10
+    sets = b"\x80\x02](" + b"\x8f" * n + b"e."
+    assert "memory bomb" in (pickle_problem(sets, stored=1000) or "")
+    assert pickle_problem(sets) is None  # uncompressed, this small pickle is within the budget
+    with pytest.raises(CheckpointError, match="more than 160 times the 1000 bytes stored"):
+        from workbench.formats.pickle.unpickler import load_inert
+
+        load_inert(sets, source="bomb.pt", stored=1000)
