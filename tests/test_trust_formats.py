@@ -128,18 +128,19 @@ def test_the_largest_torch_dimension_still_loads(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------- D4: shorter bf16 partitions
 
 
-@pytest.mark.parametrize("stage", [1, 2])
-def test_three_rank_bf16_zero_matches_zero_to_fp32(stage: int) -> None:
-    """3 ranks: the group's flat buffer (92,288 elements) is no multiple of 2 * 3, so DeepSpeed saves the last
-    rank's fp32 partition 4 elements shorter; zero_to_fp32 reads it, and so must we, to the bit."""
+@pytest.mark.parametrize(("name", "ranks"), [("stage1-w3", 3), ("stage2-w3", 3), ("stage2-odd", 2)])
+def test_bf16_zero_with_a_shorter_last_partition_matches_zero_to_fp32(name: str, ranks: int) -> None:
+    """3 ranks: the group's flat buffer (92,288 elements) is no multiple of 2 * 3; 2 ranks of a model with one more
+    3-element parameter: an odd count. DeepSpeed saves the last rank's fp32 partition shorter (it strips the
+    alignment padding); zero_to_fp32 reads it, and so must we, to the bit, masters and Adam moments alike."""
     from safetensors.torch import load_file
 
     from workbench.formats.deepspeed import parse
 
-    run = _run(f"stage{stage}-w3")
+    run = _run(name)
     ck = parse(run)
-    sizes = [ck.optim[r].parsed.places[f"optimizer_state_dict.single_partition_of_fp32_groups.{0}"].ref.shape[0] for r in range(3)]
-    assert ck.world == 3 and sizes[-1] < sizes[0], sizes  # the layout this test is about
+    sizes = [ck.optim[r].parsed.places["optimizer_state_dict.single_partition_of_fp32_groups.0"].ref.shape[0] for r in range(ranks)]
+    assert ck.world == ranks and sizes[-1] < sizes[0], sizes  # the layout this test is about
     opened = wb.open_checkpoint(run)
     reference = load_file(str(run / "reference.safetensors"))
     assert set(opened.tensors.index) == set(reference)
@@ -293,3 +294,14 @@ def test_the_compact_layout_reads_exactly_as_the_general_parse(tmp_path_factory)
         assert _compact_or_spaced(tmp, tiled, offset, True) == _compact_or_spaced(tmp, tiled, offset, False)
 
     check()
+
+
+def test_a_lone_surrogate_in_a_torch_key_is_refused_naming_it(tmp_path: Path) -> None:
+    """The same rule for every format (open_catalog): a pickle's string can carry a lone surrogate too."""
+    import torch
+
+    torch.save({"layer.\ud800": torch.ones(2), "ok": torch.ones(1)}, tmp_path / "sur.pt")
+    with pytest.raises(CheckpointError, match=r"sur\.pt\): the tensor name 'layer\.\\ud800' holds a lone UTF-16 surrogate"):
+        wb.open_checkpoint(tmp_path / "sur.pt")
+    done = _cli("inspect", str(tmp_path / "sur.pt"), cwd=tmp_path)
+    assert done.returncode == 2 and "lone UTF-16 surrogate" in done.stderr, done.stderr
