@@ -3,12 +3,14 @@
 DeepSpeed must not sit in the project venv (once installed, importing transformers imports it), so
 this script creates its own venv under `.cache/fixtures/deepspeed-<ver>-torch-<ver>/venv`, installs
 torch + deepspeed (DS_BUILD_OPS=0) + transformers there, and trains a tiny transformers Llama with
-`torchrun --nproc-per-node 2` on gloo (DS_ACCELERATOR=cpu, bf16) for two steps per ZeRO stage.
+`torchrun --nproc-per-node 2` on gloo (DS_ACCELERATOR=cpu, bf16) for two steps per ZeRO stage (and on 3 ranks,
+`stage<N>-w3/`, for stages 1 and 2, and on 2 ranks with an odd parameter count, `stage2-odd/`: DeepSpeed saves
+their last partition shorter).
 Each `stage<N>/` holds the run folder (`latest`, `global_step2/`), `reference.safetensors` (the state
 dict DeepSpeed's own `get_fp32_state_dict_from_zero_checkpoint` returns) and `live_reference.safetensors`
 (what DeepSpeed's `safe_get_full_fp32_param` / `safe_get_full_optimizer_state` gathered from the live
 engine: fp32 masters and Adam moments by parameter name). Re-running is a no-op
-when the `done` marker exists. Usage: python scripts/make_deepspeed_fixtures.py [--print-root]
+when the `done` marker exists and every run is built. Usage: python scripts/make_deepspeed_fixtures.py [--print-root]
 
 `--sample DIR` instead trains the notebook's tiny ZeRO-3 run (hidden 16, one layer, bf16, 2 ranks) and writes
 the run folder (`latest`, `global_step2/`, config.json; not the zero_to_fp32.py DeepSpeed drops beside it) to
@@ -31,6 +33,12 @@ CACHE = REPO / ".cache" / "fixtures"
 STAGES = tuple(int(s) for s in os.environ.get("WB_ZERO_STAGES", "1,2,3").split(","))
 # fp16 runs (loss scaler, fp16 module weights) for these stages too; bf16 for every stage in STAGES.
 FP16_STAGES = tuple(int(s) for s in os.environ.get("WB_ZERO_FP16_STAGES", "2").split(",") if s)
+# bf16 runs on 3 ranks for these stages too (`stage<N>-w3`): the group's flat buffer (92,288 elements) is not a multiple of
+# 2 * 3, so DeepSpeed saves the last rank's partition shorter (it strips the alignment padding).
+WIDE_STAGES = tuple(int(s) for s in os.environ.get("WB_ZERO_WIDE_STAGES", "1,2").split(",") if s)
+# bf16 runs on 2 ranks of a model with one more parameter of 3 elements (`stage<N>-odd`): an odd count, so the
+# last partition is 1 element shorter.
+ODD_STAGES = tuple(int(s) for s in os.environ.get("WB_ZERO_ODD_STAGES", "2").split(",") if s)
 HIDDEN = int(os.environ.get("WB_ZERO_HIDDEN", "64"))
 LAYERS = int(os.environ.get("WB_ZERO_LAYERS", "2"))
 
@@ -39,6 +47,7 @@ import json, os, sys
 import torch, deepspeed
 from transformers import LlamaConfig, LlamaForCausalLM
 stage, out, hidden, layers, dtype = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+odd = sys.argv[6:] == ["odd"]  # one more trainable parameter of 3 elements: an odd parameter count
 if dtype == "fp16":
     # DeepSpeed's CPU accelerator refuses fp16 when oneDNN lacks fp16 kernels; that is a check of this CPU's speed,
     # not of the file format: torch computes fp16 on any CPU, and the checkpoint is what a GPU run writes.
@@ -50,6 +59,8 @@ cfg = LlamaConfig(vocab_size=250, hidden_size=hidden, intermediate_size=2 * hidd
 model = LlamaForCausalLM(cfg)
 # A frozen parameter: ZeRO keeps it out of the optimizer and saves it in the module states.
 model.model.layers[0].input_layernorm.weight.requires_grad_(False)
+if odd:
+    model.register_parameter("odd_scale", torch.nn.Parameter(torch.randn(3)))
 params = [p for p in model.parameters() if p.requires_grad]
 opt = torch.optim.AdamW(params, lr=1e-2)
 precision = {"fp16": {"enabled": True, "initial_scale_power": 8}} if dtype == "fp16" else {"bf16": {"enabled": True}}
@@ -60,6 +71,8 @@ g = torch.Generator().manual_seed(1 + engine.global_rank)
 for _ in range(2):
     ids = torch.randint(0, 250, (2, 16), generator=g)
     loss = engine(input_ids=ids, labels=ids).loss
+    if odd:
+        loss = loss + 1e-3 * engine.module.odd_scale.square().sum()
     engine.backward(loss)
     engine.step()
 engine.save_checkpoint(out)
@@ -151,27 +164,40 @@ def fixture_root() -> Path:
     return CACHE / f"deepspeed-{ds}-torch-{TORCH}-h{HIDDEN}-l{LAYERS}-s{''.join(map(str, STAGES))}{fp16}-v{FIXTURE_VERSION}"
 
 
+def _runs() -> list[tuple[int, str, int, str]]:
+    """(stage, dtype, ranks, folder name) of every run the fixture set holds."""
+    runs = [(stage, "bf16", 2, f"stage{stage}") for stage in STAGES]
+    runs += [(stage, "fp16", 2, f"stage{stage}-fp16") for stage in FP16_STAGES]
+    runs += [(stage, "bf16", 2, f"stage{stage}-odd") for stage in ODD_STAGES]
+    return runs + [(stage, "bf16", 3, f"stage{stage}-w3") for stage in WIDE_STAGES]
+
+
+def _complete(root: Path) -> bool:
+    """True when every run is built (or recorded as failed): runs added to the set later are built on the next call."""
+    return (root / "done").exists() and all(
+        (root / name / "reference.safetensors").exists() or (root / name / "failed").exists() for *_, name in _runs())
+
+
 def build(root: Path) -> Path:
     """Build every stage's fixture under root (no-op when done)."""
-    if (root / "done").exists():
+    if _complete(root):
         return root
     py = build_venv(root)
     root = fixture_root()  # named after the deepspeed version now installed
-    if (root / "done").exists():
+    if _complete(root):
         return root
     root.mkdir(parents=True, exist_ok=True)
     env = _env(root)
     (root / "train.py").write_text(TRAIN)
     (root / "reference.py").write_text(REFERENCE)
-    runs = [(stage, "bf16", f"stage{stage}") for stage in STAGES]
-    runs += [(stage, "fp16", f"stage{stage}-fp16") for stage in FP16_STAGES]
-    for stage, dtype, name in runs:
+    for stage, dtype, ranks, name in _runs():
         out = root / name
         if (out / "reference.safetensors").exists():
             continue
-        port = str(29600 + stage + (10 if dtype == "fp16" else 0))
-        train = [str(py), "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port,
-                 str(root / "train.py"), str(stage), str(out), str(HIDDEN), str(LAYERS), dtype]
+        odd = name.endswith("-odd")
+        port = str(29600 + stage + (10 if dtype == "fp16" else 0) + (20 if ranks != 2 else 0) + (30 if odd else 0))
+        train = [str(py), "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port", port,
+                 str(root / "train.py"), str(stage), str(out), str(HIDDEN), str(LAYERS), dtype, *(["odd"] if odd else [])]
         reference = [str(py), str(root / "reference.py"), str(out), str(out / "reference.safetensors")]
         error = _run_twice([train, reference], env=env, cwd=root)
         if error is not None:  # this run's tests skip with the reason; the other runs stay usable

@@ -308,6 +308,25 @@ def _deflated_memo_bomb(folder: Path, marker: Path) -> Path:
     return path
 
 
+def _object_bomb(unit: bytes, filler: bytes, count: int, *, head: bytes = b"", ratio: tuple[int, int] = (15, 60)) -> Callable[[Path, Path], Path]:
+    """A deflated data.pkl that builds `count` objects from a few bytes each, no memo: `EMPTY_LIST, MARK, <head>,
+    unit x count (a few units swapped for `filler`, so that it deflates about 23:1, under the 64:1 bomb limit),
+    APPENDS, STOP`. Unbounded, the 175 KB file of empty sets took 1.7 GB."""
+
+    def build(folder: Path, marker: Path) -> Path:
+        rng = np.random.default_rng(29)
+        units = np.frombuffer(unit * count, dtype=np.uint8).reshape(count, len(unit)).copy()
+        swap = rng.random(count) < 0.04
+        units[swap] = np.frombuffer(filler, dtype=np.uint8)
+        body = b"\x80\x02](" + head + units.tobytes() + b"e."
+        path = torch_zip(folder / "bomb.pt", body, deflate=True)
+        low, high = ratio
+        assert low * path.stat().st_size < len(body) < high * path.stat().st_size, len(body) / path.stat().st_size
+        return path
+
+    return build
+
+
 def _set_attributes_on(qualified: str, state: bytes) -> Callable[[Path, Path], Path]:
     """BUILD on a global the reader provides: `state` is the pickled state (a dict, or (None, slots))."""
     module, _, name = qualified.rpartition(".")
@@ -624,6 +643,12 @@ CASES: list[Case] = [
     Case("pickle with bytes after STOP", _padded_after_stop, "refused", "4096 bytes follow the STOP opcode"),
     Case("pickle memo index 900,000 after one entry (1 MB pickle)", _memo_beyond_entries, "refused", "memo index 900000"),
     Case("deflated 20 MB data.pkl: memo index paid for by bytes after STOP", _deflated_memo_bomb, "refused", "memo index 19999900"),
+    # objects built from a byte or a few each, without a memo (issue 29 B3): refused before anything is built
+    Case("deflated 4 MB of EMPTY_SET (175 KB file)", _object_bomb(b"\x8f", b"}", 4_000_000), "refused", "memory bomb"),
+    Case("deflated 4 MB of EMPTY_DICT", _object_bomb(b"}", b"\x8f", 4_000_000), "refused", "memory bomb"),
+    Case("deflated 4 MB of TUPLE1 nesting", _object_bomb(b"\x85", b"2", 4_000_000, head=b"N"), "refused", "memory bomb"),
+    Case("deflated REDUCE of one memoized global x 1.3M", _object_bomb(b"h\x00)R", b"h\x00)\x81", 1_300_000, head=b"cfoo\nbar\nq\x00"),
+         "refused", "memory bomb"),
     Case("DCP chunk stream whose data.pkl is 2 MB", _dcp_chunk_big_pickle, "refused", "above the 1048576-byte limit"),
     Case("DCP .metadata of 257 MB", _dcp_metadata_257mb, "refused", "above the 268435456-byte limit for a DCP index"),
     Case("atorch ckpt_meta of 65 MB", _atorch_meta_65mb, "refused", "above the 67108864-byte limit for an atorch metadata pickle"),

@@ -50,6 +50,26 @@ def open_catalog(path: str | os.PathLike, **options: object) -> Catalog:
 
     `options` go to the format's opener (e.g. `weights="module", moments=True` for a DeepSpeed run) and are
     recorded on the catalog, so that workers on other processes open the same selection."""
+    return _valid_names(_open_catalog(path, **options))
+
+
+def _valid_names(catalog: Catalog) -> Catalog:
+    """Refuse a catalog with a tensor name that is not Unicode text: a lone UTF-16 surrogate, which a JSON escape
+    (`\\ud800`) or a pickle's string can carry, and which no output header, file name or terminal can hold."""
+    for name, info in catalog.tensors.items():
+        if not name.isascii():
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError:
+                where = f" ({info.file})" if info.file else ""
+                raise CheckpointError(
+                    f"Cannot read {catalog.location}{where}: the tensor name {name!r} holds a lone UTF-16 surrogate (an unpaired "
+                    "\\ud800-\\udfff), which is not a Unicode character. The file is corrupt or crafted: re-export it with valid names.",
+                    file=str(catalog.location), tensor=None) from None
+    return catalog
+
+
+def _open_catalog(path: str | os.PathLike, **options: object) -> Catalog:
     if remote.is_remote(path):
         _refuse_options(path, options, "remote")
         from .remote_safetensors import open_url

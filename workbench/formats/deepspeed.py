@@ -13,7 +13,9 @@ for data-parallel world size W:
 
 Assembly (what the layouts mean, from DeepSpeed's own writers):
 - stages 1, 2: per group, the W partitions concatenated are the group's parameters flattened back to
-  back (only the group's tail is padded), so a parameter is one run or spans consecutive ranks.
+  back (newer DeepSpeed records padding after each parameter as `param_alignment_paddings`); the group's
+  tail padding is stripped when saving, so the last partitions may be shorter than the others. A
+  parameter is one run or spans consecutive ranks.
 - stage 3: every parameter is split on its own into W equal pieces of ceil(numel / W) elements (the
   last padded); each rank's flat buffer holds its piece of every parameter in order. A parameter is
   its W pieces concatenated, cut to numel.
@@ -24,6 +26,7 @@ of the zip entries, and a catalogued tensor is a list of (file, offset, length) 
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import re
@@ -37,6 +40,7 @@ from ..dtypes import DTYPE_BITS
 from ..errors import CannotRead, CheckpointError
 from ..iostats import read_at
 from .file_pool import FilePool
+from .links import leads_inside
 from .safetensors_folder import safe_member
 from .torch_zip import TensorPlace, TorchFile, dtype_code, inspect_file
 
@@ -86,28 +90,53 @@ def _is_step_folder(path: Path) -> bool:
     return any(_OPTIM.match(n) for n in names) and any(_MODEL.match(n) or _MODEL3.match(n) for n in names)
 
 
+def _latest_tag(path: Path) -> str | None:
+    """The tag `path/latest` names (stripped), or None when there is no regular `latest` file or it is not UTF-8."""
+    latest = path / "latest"
+    if not latest.is_file() or latest.is_symlink():
+        return None
+    try:
+        return latest.read_bytes()[:MAX_TAG_BYTES].decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _is_folder_name(tag: str) -> bool:
+    return bool(tag) and not any(c in tag for c in "/\\\x00") and tag not in (".", "..")
+
+
 def step_folder(path: Path) -> Path | None:
     """The `global_stepN/` folder to read: `path` itself, or the one its `latest` file names."""
     if not path.is_dir():
         return None
     if _is_step_folder(path):
         return path
-    latest = path / "latest"
-    if latest.is_file() and not latest.is_symlink():
-        try:
-            tag = latest.read_bytes()[:MAX_TAG_BYTES].decode("utf-8").strip()
-        except (OSError, UnicodeDecodeError):
-            return None
-        if tag and "/" not in tag and "\\" not in tag and tag not in (".", ".."):
-            candidate = path / tag
-            if _is_step_folder(candidate):
-                return candidate
+    tag = _latest_tag(path)
+    if tag is not None and _is_folder_name(tag) and _is_step_folder(path / tag):
+        return path / tag
     return None
 
 
+def _holds_steps(path: Path) -> bool:
+    """True for a folder with a `latest` file beside `global_stepN/` folders: a run whose `latest` names no step."""
+    try:
+        return _latest_tag(path) is not None and any(_STEP.match(n) and _is_step_folder(path / n) for n in os.listdir(path))
+    except OSError:
+        return False
+
+
+def _inside_run(run: Path, folder: Path) -> None:
+    """Refuse a step folder that `latest` names but that is a link leading outside the run folder (Megatron's
+    `iter_N/` rule): its rank files are somebody else's, and a conversion would read them as this run's."""
+    if folder != run and not leads_inside(run, folder):
+        raise _fail(run, f"its step folder {folder.name}/ is a link that leads outside the run folder ({os.path.realpath(folder)})",
+                    fix="Copy the step folder into the run folder instead of linking it, or open the folder it leads to itself.")
+
+
 def detect(path: Path) -> bool:
-    """True for a DeepSpeed run folder (with `latest`) or one of its `global_stepN/` folders."""
-    return step_folder(path) is not None
+    """True for a DeepSpeed run folder (with `latest`) or one of its `global_stepN/` folders; also for a run whose
+    `latest` names no step folder, so that opening it says what is wrong with `latest`."""
+    return step_folder(path) is not None or (path.is_dir() and _holds_steps(path))
 
 
 # ---------------------------------------------------------------------------------------------- files
@@ -202,37 +231,44 @@ def _stage12(source: Path, shapes: list[list[tuple[str, tuple[int, ...]]]], flat
              paddings: list[list[int]] | None) -> list[ZeroTensor]:
     """Stages 1, 2: each group's parameters back to back across the concatenated rank partitions.
 
+    DeepSpeed's ZeRO-1/2 optimizer pads a group's flat buffer to a multiple of 2 * W, cuts it into W equal
+    partitions, and saves each partition without its share of that padding: the last rank's partition (and,
+    for a group smaller than the padding, the ones before it) is shorter, or empty. So the partitions are
+    concatenated at their own sizes, as `zero_to_fp32` does, and a rank's piece starts where the previous ends.
     `paddings` (recorded by newer DeepSpeed as `param_alignment_paddings`) are elements skipped after each parameter.
     """
     world = len(flats)
+    align = 2 * world
     out = []
     for g, group in enumerate(shapes):
         parts = [flats[r][g] for r in range(world)]
-        size = parts[0].numel
-        if any(p.numel != size for p in parts):
-            raise _fail(source, f"the ranks' fp32 partitions of group {g} differ in size ({[p.numel for p in parts]})")
+        starts = [0]
+        for p in parts:
+            starts.append(starts[-1] + p.numel)
+        total = starts[-1]
         offset = 0
         pads = paddings[g] if paddings is not None else [0] * len(group)
         if len(pads) != len(group):
             raise _fail(source, f"group {g} records {len(pads)} alignment paddings for {len(group)} parameters")
         for (name, shape), pad in zip(group, pads, strict=True):
             n = math.prod(shape)
-            if offset + n > size * world:
-                raise _fail(source, f"group {g}'s parameters need {offset + n} elements but its partitions hold {size * world}", name)
+            if offset + n > total:
+                raise _fail(source, f"group {g}'s parameters need {offset + n} elements but its partitions hold {total}", name)
             runs: list[Run] = []
             ranks = []
-            for r in range(offset // size if size else 0, world):
-                lo, hi = max(offset, r * size), min(offset + n, (r + 1) * size)
+            for r in range(bisect.bisect_right(starts, offset) - 1, world):
+                lo, hi = max(offset, starts[r]), min(offset + n, starts[r + 1])
+                if lo >= starts[r + 1]:
+                    continue  # an empty partition at this offset
                 if lo >= hi:
                     break
-                runs += parts[r].runs(lo - r * size, hi - lo)
+                runs += parts[r].runs(lo - starts[r], hi - lo)
                 ranks.append(r)
             out.append(ZeroTensor(name, "F32", shape, _merge(runs), ranks=tuple(ranks)))
             offset += n + pad
-        # DeepSpeed pads the tail only, to a multiple of 2 * world size elements.
-        align = 2 * world
-        if math.ceil(offset / align) * align != math.ceil(size * world / align) * align:
-            raise _fail(source, f"group {g}'s parameters fill {offset} elements of {size * world}: the shapes do not match the partitions")
+        # What is left after the last parameter is alignment padding: less than 2 * W elements (zero_to_fp32's check).
+        if math.ceil(offset / align) * align != math.ceil(total / align) * align:
+            raise _fail(source, f"group {g}'s parameters fill {offset} elements of {total}: the shapes do not match the partitions")
     return out
 
 
@@ -344,9 +380,14 @@ def _groups_of(rank: _RankFile, key: str) -> list[TensorPlace]:
 def parse(path: Path) -> ZeroCheckpoint:
     """Parse a DeepSpeed run or step folder's rank files (pickles inert, no tensor data read)."""
     folder = step_folder(path)
+    if folder is None and _holds_steps(path):
+        tag = _latest_tag(path)
+        raise _fail(path / "latest", f"its tag {tag!r} names no step folder of this run",
+                    fix="Write the name of one global_stepN/ folder into `latest`, or open that folder itself.")
     if folder is None:
         raise _fail(path, "it is neither a global_stepN/ folder with *_model_states.pt and *_optim_states.pt files nor a run folder whose `latest` names one",
                     fix="Point at the folder engine.save_checkpoint() wrote.")
+    _inside_run(path, folder)
     names = os.listdir(folder)
     optim: dict[int, list[tuple[int, str]]] = {}
     for n in names:
@@ -496,34 +537,49 @@ def _moment_groups(ck: ZeroCheckpoint, rank: _RankFile) -> list[str]:
                 fix="The run's optimizer keeps no Adam moments, or its states were stripped: open it with moments=False.")
 
 
+def _rank_paddings(rank: _RankFile, groups: int) -> list[int]:
+    """The alignment padding DeepSpeed recorded for this rank's partition of each group (`group_paddings`), or zeros."""
+    pads = rank.root["optimizer_state_dict"].get("group_paddings")
+    if isinstance(pads, list) and len(pads) == groups and all(type(p) is int and p >= 0 for p in pads):
+        return pads
+    return [0] * groups
+
+
 def moment_tensors(ck: ZeroCheckpoint, masters: list[ZeroTensor]) -> list[ZeroTensor]:
-    """Adam moments (exp_avg, exp_avg_sq) of each optimized parameter, laid out like its fp32 master."""
+    """Adam moments (exp_avg, exp_avg_sq) of each optimized parameter, laid out like its fp32 master.
+
+    A rank's moments are group by group like its fp32 partitions, each as long as the partition, or (stages 1,
+    2, whose saved partitions drop the group's alignment padding while the base optimizer's state keeps it)
+    longer by the padding the rank records in `group_paddings`.
+    """
     out = []
+    masters_of = {r.rel: _groups_of(r, ck.fp32_key) for r in ck.optim}
     for state in ("exp_avg", "exp_avg_sq"):
-        per_rank = []
+        moments_of: dict[str, list[TensorPlace]] = {}
         for rank in ck.optim:
             places = [rank.place(f"{prefix}.{state}") for prefix in _moment_groups(ck, rank)]
-            per_rank.append(places)
-        flats = {r.rel: _Flat(r.rel, p) for r, p in zip(ck.optim, per_rank, strict=True)}
-        master_flats = {r.rel: _Flat(r.rel, g) for r, g in zip(ck.optim, [_groups_of(r, ck.fp32_key) for r in ck.optim], strict=True)}
-        for rel, flat in flats.items():
-            if flat.numel != master_flats[rel].numel:
-                raise _fail(ck.root / rel, f"its {state} holds {flat.numel} elements but its fp32 partitions {master_flats[rel].numel}",
-                            fix="The optimizer state does not mirror the partitions; open it with moments=False.")
+            master = masters_of[rank.rel]
+            pads = _rank_paddings(rank, len(master)) if ck.stage != 3 else [0] * len(master)
+            held, want = sum(math.prod(p.ref.shape) for p in places), sum(math.prod(p.ref.shape) for p in master)
+            if len(places) != len(master) or any(
+                    math.prod(m.ref.shape) not in (math.prod(f.ref.shape), math.prod(f.ref.shape) - pad)
+                    for f, m, pad in zip(places, master, pads, strict=True)):
+                raise _fail(ck.root / rank.rel, f"its {state} holds {held} elements in {len(places)} groups but its fp32 partitions "
+                            f"{want} in {len(master)}", fix="The optimizer state does not mirror the partitions; open it with moments=False.")
+            moments_of[rank.rel] = places
         for t in masters:
             runs: list[Run] = []
             for run in t.runs:
-                # Translate the master's byte run into element offsets of the rank's concatenated buffer.
-                mf = master_flats[run.file]
-                at = 0
-                for begin, n in mf.parts:
-                    if begin <= run.offset < begin + n * 4:
-                        start = at + (run.offset - begin) // 4
-                        break
-                    at += n
-                else:
+                # Each piece of the master's byte run in one group partition has its moment at the same element offset
+                # of that group's moment tensor (a run may span partitions that lie back to back in the file).
+                covered = 0
+                for m, f in zip(masters_of[run.file], moments_of[run.file], strict=True):
+                    lo, hi = max(run.offset, m.begin), min(run.offset + run.length, m.begin + math.prod(m.ref.shape) * 4)
+                    if lo < hi:
+                        runs.append(Run(run.file, f.begin + (lo - m.begin), hi - lo))
+                        covered += hi - lo
+                if covered != run.length:
                     raise _fail(ck.folder, "a master-weight run lies outside its rank's partitions", t.name)
-                runs += flats[run.file].runs(start, run.length // 4)
             out.append(ZeroTensor(f"{OPTIM_PREFIX}{t.name}.{state}", "F32", t.shape, _merge(runs), ranks=t.ranks))
     return out
 

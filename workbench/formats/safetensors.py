@@ -7,9 +7,12 @@ refuse is refused here with a message naming the file, the tensor and the fault.
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import struct
 from dataclasses import dataclass
+from itertools import islice
 from operator import attrgetter, itemgetter
 from pathlib import Path
 
@@ -21,7 +24,7 @@ from ..errors import CannotRead, CheckpointError
 from ..iostats import open_for_read, read_at
 from .file_pool import FilePool
 from .json_errors import json_problem
-from .shape_bounds import LIMIT, shape_problem
+from .shape_bounds import INDEX_LIMIT, LIMIT, shape_problem
 
 # The reference implementation refuses headers above 100 MB; so do we, before allocating anything.
 MAX_HEADER_BYTES = 100_000_000
@@ -70,6 +73,30 @@ def _may_repeat_keys(raw: bytes, header: dict) -> bool:
     return any(raw.count(key) != n_tensors for key in (b'"data_offsets"', b'"dtype"', b'"shape"'))
 
 
+def _unencodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _refuse_lone_surrogates(path: str, header: dict) -> None:
+    """Refuse names and metadata holding a lone UTF-16 surrogate (a `\\ud800` escape): JSON's escapes allow
+    it, but it is no Unicode character, so no file name, terminal or output header can hold it (the reference
+    reader refuses it too)."""
+    metadata = header.get("__metadata__")
+    for name in header:
+        if _unencodable(name):
+            raise _fail(path, f"the tensor name {name!r} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), "
+                              "which is not a Unicode character")
+    if isinstance(metadata, dict):
+        for key, value in metadata.items():
+            if _unencodable(key) or (isinstance(value, str) and _unencodable(value)):
+                raise _fail(path, f"__metadata__ entry {key!r} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff "
+                                  "escape), which is not a Unicode character")
+
+
 def read_header(path: str | os.PathLike, *, rel: str | None = None, fd: int | None = None) -> SafetensorsHeader:
     """Parse and validate the header of one safetensors file, reading only the header bytes.
 
@@ -109,7 +136,122 @@ def parse_header_bytes(
         return _parse_header_bytes(raw, path, rel, data_start, file_size)
 
 
+# The header as writers lay it out (the reference, this workbench, huggingface_hub): `{"__metadata__":{...},"name":
+# {"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},...}` without whitespace (then spaces as padding). Read
+# entry by entry, straight into the table, without the tree json.loads builds: 10^6 tensors make ~600 bytes of
+# dicts, lists and ints each that way (1 GB for a 70 MB header). Names with escapes, dimensions of more than 20
+# digits, other key orders or whitespace go the general way, whose messages name every fault.
+_INT = rb"(?:0|[1-9][0-9]{0,19})"  # JSON's integers (no leading zero), of at most 20 digits
+_ENTRY = re.compile(
+    rb'"([^"\\\x00-\x1f]*+)":\{"dtype":"([A-Za-z0-9_]{1,16})","shape":\[((?:' + _INT + rb"(?:," + _INT + rb')*)?)\],'
+    rb'"data_offsets":\[(' + _INT + rb"),(" + _INT + rb')\]\}([,}])'
+)
+_STRING = rb'"(?:[^"\\\x00-\x1f]++|\\.)*+"'
+_METADATA = re.compile(rb'"__metadata__":(\{(?:' + _STRING + rb":" + _STRING + rb",?)*+\})([,}])")
+
+
+def _fast_entries(raw: bytes, rel: str, data_start: int) -> tuple[list[TensorInfo], dict | None] | None:
+    """The header's tensors (in header order, offsets absolute) and raw metadata object, when it is laid out the
+    common way (see `_ENTRY`); None when it is not (the caller then parses it as JSON). Values are not validated:
+    `_fast_table` does that. Each TensorInfo is made straight from the match: no intermediate row per tensor."""
+    if not raw.startswith(b"{"):
+        return None
+    pos, end = 1, len(raw.rstrip(b" "))
+    if end < 2 or raw[end - 1] != 0x7D:  # '}'
+        return None
+    metadata = None
+    if raw.startswith(b'"__metadata__"', 1):
+        m = _METADATA.match(raw, 1)
+        if m is None:
+            return None
+        try:
+            metadata = json.loads(m.group(1), object_pairs_hook=_no_duplicates)
+        except ValueError:  # not JSON (a trailing comma, a bad escape) or a repeated key (_DuplicateKey)
+            return None
+        pos = m.end()
+        if m.group(2) == b"}":
+            return ([], metadata) if pos == end else None
+    elif raw.startswith(b"}", 1):
+        return ([], None) if end == 2 else None
+    tensors: list[TensorInfo] = []
+    append = tensors.append
+    match = _ENTRY.match
+    shapes: dict[bytes, tuple[int, ...]] = {}  # one tuple per distinct shape: most tensors share a few
+    dtypes: dict[bytes, str] = {}
+    while True:
+        m = match(raw, pos)
+        if m is None:
+            return None
+        name, dtype, dims, begin, stop, after = m.groups()
+        shape = shapes.get(dims)
+        if shape is None:
+            shape = shapes[dims] = tuple(int(d) for d in dims.split(b",")) if dims else ()
+        code = dtypes.get(dtype)
+        if code is None:
+            code = dtypes[dtype] = dtype.decode("ascii")
+        try:
+            text = name.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if text == "__metadata__":
+            return None
+        append(TensorInfo(text, code, shape, rel, data_start + int(begin), data_start + int(stop)))
+        pos = m.end()
+        if after == b"}":
+            return (tensors, metadata) if pos == end else None
+
+
 def _parse_header_bytes(
+    raw: bytes, path: str, rel: str, data_start: int, file_size: int
+) -> tuple[list[TensorInfo], dict[str, str]]:
+    fast = _fast_entries(raw, rel, data_start)
+    if fast is not None and _fast_table(fast[0], data_start, file_size):
+        return fast[0], _metadata(path, fast[1])
+    del fast
+    return _parse_json_header(raw, path, rel, data_start, file_size)
+
+
+def _metadata(path: str, metadata: object) -> dict[str, str]:
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+        raise _fail(path, "__metadata__ must be an object mapping strings to strings")
+    if any(_unencodable(k) or _unencodable(v) for k, v in metadata.items()):
+        _refuse_lone_surrogates(path, {"__metadata__": metadata})
+    return metadata
+
+
+def _fast_table(tensors: list[TensorInfo], data_start: int, file_size: int) -> bool:
+    """Sort `tensors` (from `_fast_entries`) into data order and check them; False when anything is off (a
+    repeated name, an unknown dtype, an overflowing shape, offsets that do not tile the buffer), for the general
+    parse to name. Every check of the general parse is made, on ints of at most 20 digits."""
+    names = sorted([t.name for t in tensors])  # 8-12 bytes per name; a set would take 40
+    if any(a == b for a, b in zip(names, islice(names, 1, None), strict=False)):
+        return False
+    del names
+    previous = (0, 0)
+    for t in tensors:
+        if (t.begin, t.end) < previous:
+            tensors.sort(key=attrgetter("begin", "end"))  # stable: empty tensors sharing an offset keep header order
+            break
+        previous = (t.begin, t.end)
+    bits_of = DTYPE_BITS
+    expected = data_start
+    checked: dict[tuple[int, ...], int] = {}  # shape -> numel, once per distinct shape
+    for t in tensors:
+        bits = bits_of.get(t.dtype)
+        numel = checked.get(t.shape)
+        if numel is None:
+            if shape_problem(t.shape, 8):
+                return False
+            numel = checked[t.shape] = math.prod(t.shape)
+        if bits is None or numel * bits >= LIMIT or t.begin != expected or (numel * bits) % 8 or (numel * bits) // 8 != t.end - t.begin:
+            return False
+        expected = t.end
+    return expected == file_size
+
+
+def _parse_json_header(
     raw: bytes, path: str, rel: str, data_start: int, file_size: int
 ) -> tuple[list[TensorInfo], dict[str, str]]:
     # JSON may start with whitespace; the reference reader accepts it, so do we.
@@ -135,6 +277,8 @@ def _parse_header_bytes(
             tensor = dup.key if top and dup.key != "__metadata__" else None
             raise _fail(path, f"the header repeats the key {dup.key!r}{where}", tensor=tensor) from None
 
+    if b"\\u" in raw:
+        _refuse_lone_surrogates(path, header)
     metadata = header.pop("__metadata__", None)
     if metadata is None:
         metadata = {}
@@ -161,6 +305,9 @@ def _parse_header_bytes(
             if type(d) is not int or d < 0:
                 raise _fail(path, f"shape must be a list of non-negative integers, got {format_shape(shape)}", name)
             if d:
+                if d >= INDEX_LIMIT:  # not a torch size: shape_problem says so
+                    count = LIMIT
+                    break
                 count *= d
                 if count >= LIMIT:
                     break

@@ -7,7 +7,9 @@ the order of the dimensions does not matter (the reference, multiplying left to 
 0 hide the overflow of `[0, 2**62, 2**62]`; no real tensor has either shape). Every workbench reader (safetensors headers, torch
 sizes and strides, DCP sizes, atorch shapes) applies the same rule, and does it before a size is
 multiplied, compared or printed: a dimension of thousands of digits makes products Python cannot even
-turn into text.
+turn into text. Every dimension must also be below 2**63: torch sizes are signed 64-bit, and every
+tensor the workbench catalogs is one it may load or convert (`[2**63, 0]` is a valid safetensors shape,
+but no torch tensor has it).
 """
 
 from __future__ import annotations
@@ -23,15 +25,17 @@ INDEX_LIMIT = 1 << 63  # torch sizes, strides and offsets are signed 64-bit
 def shape_problem(shape: Iterable[object], bits: int = 8) -> str | None:
     """Why `shape` (of elements of `bits` bits) cannot be a tensor's, or None.
 
-    Every dimension must be a non-negative integer, the product of the non-zero dimensions must fit 64
+    Every dimension must be a non-negative integer below 2**63 (a torch size), the product of the non-zero dimensions must fit 64
     bits (so a zero elsewhere in the shape does not excuse an overflow), and so must the tensor's size
     in bits.
     """
     count = 1
-    zero = False
+    zero = not_torch = False
     for d in shape:
         if type(d) is not int or d < 0:
             return f"shape {format_shape(shape)} is not a list of non-negative integers"
+        if d >= INDEX_LIMIT:
+            not_torch = True
         if not d:
             zero = True
             continue
@@ -40,6 +44,8 @@ def shape_problem(shape: Iterable[object], bits: int = 8) -> str | None:
             return f"shape {format_shape(shape)} overflows 64 bits (its non-zero dimensions count more elements than a 64-bit size holds)"
     if not zero and count * bits >= LIMIT:
         return f"shape {format_shape(shape)} overflows 64 bits (its size in bits does not fit a 64-bit size)"
+    if not_torch:
+        return f"shape {format_shape(shape)} has a dimension of 2**63 or more, which no torch tensor can have (torch sizes are signed 64-bit)"
     return None
 
 

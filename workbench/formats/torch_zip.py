@@ -230,7 +230,8 @@ def open_archive(
     member = members[pkl_name]
     if member.size > max_pickle_bytes:
         raise _zip_fail(source, f"data.pkl claims {member.size} bytes, above the {max_pickle_bytes}-byte limit for this kind of pickle")
-    result = load_inert(_member_bytes(fd, source, member), source=source)
+    # The objects it builds are bounded by the bytes on disk (a deflated pickle may inflate 64:1; see pickle/bounds.py).
+    result = load_inert(_member_bytes(fd, source, member), source=source, stored=member.compressed_size)
     return TorchArchive(source, prefix, members, result)
 
 

@@ -510,12 +510,12 @@ class _StateOnGlobal(Exception):
         self.qualified = qualified
 
 
-def load_inert(data: bytes, *, source: str, strict: Callable[[str], bool] | None = None) -> PickleResult:
+def load_inert(data: bytes, *, source: str, strict: Callable[[str], bool] | None = None, stored: int | None = None) -> PickleResult:
     """Unpickle `data` without executing anything it names; `source` names the file in errors.
 
     With `strict`, a global for which `strict(qualified_name)` is False is refused with a CheckpointError.
     """
-    problem = pickle_problem(data)
+    problem = pickle_problem(data, stored)
     if problem is not None:
         raise CheckpointError(
             f"Cannot read {source}: its pickle is corrupt or crafted ({problem}). Re-download or re-save the file.", file=source
