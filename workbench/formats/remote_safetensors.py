@@ -129,6 +129,13 @@ def open_url(url: str) -> Catalog:
         ) from None
 
 
+def reopen_uncached(url: str) -> Catalog:
+    """The remote checkpoint at `url` opened again from the source alone: no listing, index, header or config comes
+    from the cache (what a conversion's `verify=True` compares the output with; the fresh entries are stored)."""
+    with remote_cache.uncached():
+        return open_url(url)
+
+
 def _open(store: RemoteStore) -> Catalog:
     url = store.url
     files, warnings = _listing(store)
