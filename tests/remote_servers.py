@@ -157,6 +157,19 @@ class _Quiet(BaseHTTPRequestHandler):
             sent = len(data)
         self.record(206 if rng else 200, sent)
 
+    def setup(self) -> None:
+        super().setup()
+        with self.server.lock:
+            self.server.connections.add(self.connection)
+
+    def finish(self) -> None:
+        with self.server.lock:
+            self.server.connections.discard(self.connection)
+        try:
+            super().finish()
+        except OSError:
+            pass
+
     def record(self, status: int, sent: int) -> None:
         self.server.log.append((self.command, self.path, status, sent, self.headers.get("Range") or "-"))
         self.server.seen.append(dict(self.headers))  # every request's headers, for tests that check what was asked
@@ -170,6 +183,8 @@ class _Served:
         self.server.daemon_threads = True
         self.server.log = []
         self.server.seen = []
+        self.server.connections = set()  # open client connections: `stop` closes them (a stopped server answers nothing)
+        self.server.lock = threading.Lock()
         self.server.owner = self
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -184,6 +199,13 @@ class _Served:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+        with self.server.lock:
+            open_connections = list(self.server.connections)
+        for conn in open_connections:  # keep-alive connections would otherwise still be served
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
 
 def blob_id(path: Path) -> str:

@@ -88,3 +88,61 @@ def test_an_honest_remote_conversion_still_verifies(server, tmp_path):
     report = wb.convert(f"{server.url}/llama/", tmp_path / "out", quiet=True, verify=True)
     assert report.output_check.ok, report.output_check.summary()
     assert SHARDS[0]  # the fixture's shard names, imported for the cache lookup above
+
+
+# --- A5: reopening with the server really stopped -------------------------------------------------
+
+
+def _same_tables(a, b) -> None:
+    assert list(a.catalog.tensors.values()) == list(b.catalog.tensors.values())
+
+
+def test_http_reopens_from_the_cache_with_the_server_stopped(served, monkeypatch):
+    server = FaultyServer(served, "none", times=0)
+    url = f"{server.url}/llama/"
+    first = wb.open_checkpoint(url)
+    server.stop()
+    for offline in ("0", "1"):
+        monkeypatch.setenv("HF_HUB_OFFLINE", offline)
+        again = wb.open_checkpoint(url)
+        _same_tables(first, again)
+        assert any("could not be reached" in w for w in again.catalog.warnings)
+        with pytest.raises(wb.WorkbenchError, match="could not be reached"):
+            again.load(Q)
+
+
+def test_hub_reopens_from_the_cache_with_the_server_stopped(served, monkeypatch):
+    from remote_servers import HubServer
+
+    hub = HubServer()
+    hub.add("org/llama", served / "llama")
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    first = wb.open_checkpoint("hf://org/llama")
+    hub.stop()
+    again = wb.open_checkpoint("hf://org/llama")
+    _same_tables(first, again)
+    assert any("could not be reached" in w for w in again.catalog.warnings)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    _same_tables(first, wb.open_checkpoint("hf://org/llama"))
+
+
+def test_s3_reopens_from_the_cache_with_the_server_stopped(served, monkeypatch):
+    moto = pytest.importorskip("moto.server")
+    for k, v in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
+                 "AWS_MAX_ATTEMPTS": "1"}.items():
+        monkeypatch.setenv(k, v)
+    server = moto.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{host}:{port}")
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=f"http://{host}:{port}")
+    client.create_bucket(Bucket="ckpts")
+    for f in (served / "llama").iterdir():
+        client.upload_file(str(f), "ckpts", f"llama/{f.name}")
+    first = wb.open_checkpoint("s3://ckpts/llama/")
+    server.stop()
+    again = wb.open_checkpoint("s3://ckpts/llama/")
+    _same_tables(first, again)
+    assert any("could not be reached" in w for w in again.catalog.warnings)

@@ -46,6 +46,10 @@ class RemoteError(CheckpointError):
     """A remote checkpoint cannot be listed or read (network, permissions, a server that misbehaves)."""
 
 
+class RemoteUnreachable(RemoteError):
+    """The server could not be reached, or did not answer in time (no HTTP status at all)."""
+
+
 class RemoteFileChanged(RemoteError):
     """A remote file is not the version listed when the checkpoint was opened (its ETag changed)."""
 
@@ -145,10 +149,26 @@ class RemoteStore:
         if self._probed is None:
             self._probed = {}
         if rel not in self._probed:
-            self._probed[rel] = self._call(rel, "look up", lambda: self._probe(rel))
+            if self.offline and self.probe_cache is not None:
+                return self.probe_cache.get(rel)
+            try:
+                self._probed[rel] = self._call(rel, "look up", lambda: self._probe(rel))
+            except RemoteUnreachable as exc:
+                if self.probe_cache is None:
+                    raise
+                self.offline, self.offline_reason = True, exc.message  # reopen from what the last open found
+                return self.probe_cache.get(rel)
         return self._probed[rel]
 
     _probed: dict[str, RemoteFile | None] | None = None
+    # For a store that cannot list (HTTP): the files the last successful open found, from the header cache;
+    # used instead of asking when the server cannot be reached.
+    probe_cache: dict[str, RemoteFile] | None = None
+    offline_reason: str = ""
+
+    def probed(self) -> dict[str, RemoteFile]:
+        """The files looked up so far that exist (what a reopen without the server needs)."""
+        return {rel: f for rel, f in (self._probed or {}).items() if f is not None}
 
     def where(self, rel: str) -> str:
         """The URL of one file, for messages."""
@@ -175,7 +195,8 @@ class RemoteStore:
         attempt = 0
         while attempt < RETRIES and (attempt == 0 or time.monotonic() < deadline):
             if self.offline:
-                raise RemoteError(f"Cannot read {self.where(rel)}: offline mode (HF_HUB_OFFLINE) and tensor data is never cached. "
+                why = "the server could not be reached when it was opened" if self.offline_reason else "offline mode (HF_HUB_OFFLINE)"
+                raise RemoteError(f"Cannot read {self.where(rel)}: {why}, and tensor data is never cached. "
                                   "Go online to read tensor values; headers, tables and plans work offline.", file=self.where(rel))
             try:
                 data = self._get(rel, start, end, info, deadline)
@@ -225,8 +246,9 @@ class RemoteStore:
         except RemoteError:
             raise
         except Exception as exc:  # noqa: BLE001
-            raise RemoteError(f"Cannot {what} {self.where(rel)}: {_describe(exc)}. Check the URL, the connection and "
-                              "your credentials.", file=self.where(rel)) from None
+            kind = RemoteError if _status(exc) is not None else RemoteUnreachable
+            raise kind(f"Cannot {what} {self.where(rel)}: {_describe(exc)}. Check the URL, the connection and "
+                       "your credentials.", file=self.where(rel)) from None
 
 
 def _status(exc: BaseException) -> int | None:
@@ -337,9 +359,12 @@ class HttpStore(RemoteStore):
 
         try:
             found = self._run(head())
-        except (Refused, Stalled) as exc:
+        except Refused as exc:
             raise RemoteError(f"Cannot look up {self.where(rel)}: {exc}. Serve the files from a plain HTTP server.",
                               file=self.where(rel)) from None
+        except Stalled as exc:
+            raise RemoteUnreachable(f"Cannot look up {self.where(rel)}: {exc}. Check the connection and the server.",
+                                    file=self.where(rel)) from None
         self.stats.add(rel, 0)
         if found is not None and found.size < 0:
             raise RemoteError(f"Cannot read {self.where(rel)}: the server does not say how big it is (no Content-Length). "

@@ -110,7 +110,23 @@ def _listing(store: RemoteStore) -> tuple[dict[str, RemoteFile] | None, list[str
         return cached[1], [f"Using the cached listing of {store.url}: the server could not be reached ({exc.message})."]
     if files is not None:
         remote_cache.store_listing(store.url, store.identity, files)
+    else:  # a server that cannot list: what the last open looked up stands in when it cannot be reached
+        probed = remote_cache.load_listing(store.url + PROBED)
+        store.probe_cache = None if probed is None else probed[1]
     return files, []
+
+
+PROBED = "#probed"  # the cache's listing key of the files an open of an HTTP folder looked up
+
+
+def _remember_probes(store: RemoteStore, warnings: list[str]) -> None:
+    """After opening a store that cannot list: cache the files it looked up (online), or say it worked from them."""
+    if store.listing() is not None:
+        return
+    if store.offline_reason:
+        warnings.append(f"Using the cached lookups of {store.url}: the server could not be reached ({store.offline_reason}).")
+    else:
+        remote_cache.store_listing(store.url + PROBED, store.identity, store.probed())
 
 
 def open_url(url: str) -> Catalog:
@@ -119,7 +135,9 @@ def open_url(url: str) -> Catalog:
     store = open_store(url)
     try:
         with gc_paused():
-            return _open(store)
+            catalog = _open(store)
+        _remember_probes(store, catalog.warnings)
+        return catalog
     except RemoteError as exc:
         if url.startswith(("hf://", "http://", "https://", "s3://")):
             raise
