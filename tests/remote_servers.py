@@ -178,15 +178,21 @@ class _Quiet(BaseHTTPRequestHandler):
 class _Served:
     """A ThreadingHTTPServer on a free port, run in a thread; `log` counts requests like nginx's."""
 
-    def __init__(self, handler: type) -> None:
+    def __init__(self, handler: type, certfile: str | None = None) -> None:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        if certfile:  # https with this certificate (and key) file
+            import ssl
+
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(certfile)
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
         self.server.daemon_threads = True
         self.server.log = []
         self.server.seen = []
         self.server.connections = set()  # open client connections: `stop` closes them (a stopped server answers nothing)
         self.server.lock = threading.Lock()
         self.server.owner = self
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"{'https' if certfile else 'http'}://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
@@ -455,3 +461,28 @@ class FaultyServer(_Served):
                 self.times -= 1
                 return True
             return False
+
+
+class _RedirectHandler(_Quiet):
+    def do_GET(self) -> None:
+        self.move()
+
+    def do_HEAD(self) -> None:
+        self.move()
+
+    def move(self) -> None:
+        owner: RedirectServer = self.server.owner
+        self.send_response(owner.status)
+        self.send_header("Location", owner.target.rstrip("/") + self.path)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+        self.record(owner.status, 0)
+
+
+class RedirectServer(_Served):
+    """Answers every request with a redirect (`status`) to the same path under `target` (another host or port);
+    with `certfile`, it serves https (a self-signed certificate the client is told to trust)."""
+
+    def __init__(self, target: str, *, status: int = 302, certfile: str | None = None) -> None:
+        self.target, self.status = target, status
+        super().__init__(_RedirectHandler, certfile)

@@ -175,3 +175,42 @@ def test_inspect_of_a_server_ignoring_range_stops_at_the_budget(faulty, tmp_path
     assert status == 2 and "ignored the Range request" in stderr and "Traceback" not in stderr, stderr
     assert rss <= RSS_LIMIT, f"peak RSS {rss / 2**20:.0f} MiB"
     assert sum(r[3] for r in server.requests()) < 300 << 20  # the server could not send the whole file
+
+
+# --- A6: redirects ------------------------------------------------------------------------------
+
+
+def test_a_redirect_to_another_port_is_followed_and_named(faulty, tmp_path):
+    from remote_servers import RedirectServer
+
+    server = faulty("none", times=0)
+    mover = RedirectServer(server.url)
+    try:
+        ck = wb.open_checkpoint(f"{mover.url}/llama/")
+        plan = wb.plan(ck, dest=tmp_path / "out")
+        final = server.url.split("//", 1)[1]
+        assert f"served by {final} after a redirect" in plan.headline()[0]
+        assert ck.load("model.norm.weight").numel() == 128
+    finally:
+        mover.stop()
+
+
+def test_a_redirect_from_https_to_http_is_refused(faulty, tmp_path):
+    from remote_servers import RedirectServer
+
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl is not installed")
+    cert = tmp_path / "cert.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(cert), "-out", str(cert)],
+                   check=True, capture_output=True)
+    server = faulty("none", times=0)
+    mover = RedirectServer(server.url, certfile=str(cert))
+    try:
+        env = _child_env(tmp_path) | {"SSL_CERT_FILE": str(cert)}
+        status, stderr, _ = _run_capped("inspect", f"{mover.url}/llama/", env=env)
+    finally:
+        mover.stop()
+    assert status == 2 and "from https to http" in stderr and "Traceback" not in stderr, stderr
+    assert server.requests() == []  # nothing was asked over plain http

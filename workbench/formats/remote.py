@@ -170,6 +170,11 @@ class RemoteStore:
         """The files looked up so far that exist (what a reopen without the server needs)."""
         return {rel: f for rel, f in (self._probed or {}).items() if f is not None}
 
+    def served_note(self) -> str:
+        """' (served by HOST after a redirect)' when a redirect led to another host or port, else ''."""
+        hosts = sorted(set(self.redirects.values()))
+        return f" (served by {', '.join(hosts)} after a redirect)" if hosts else ""
+
     def where(self, rel: str) -> str:
         """The URL of one file, for messages."""
         return f"{self.url.rstrip('/')}/{rel}" if rel else self.url
