@@ -14,7 +14,7 @@ import struct
 import threading
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from ..catalog import Catalog, TensorInfo
 from ..errors import CannotRead, CheckpointError
@@ -339,20 +339,24 @@ class RemoteReader:
     def fetch_extras(self) -> list[str]:
         """Bring the checkpoint's small files (config, tokenizer) into the catalog's local root folder, where a
         conversion copies them from like any local extra; cached by version tag, so asked for once."""
-        folder = remote_cache.snapshot_folder(self.store.identity)
         names = self._extras if self._extras is not None else list(KNOWN_EXTRAS)
-        fetched = []
-        for rel in names:
-            file = self.store.file(rel)
-            if file is None or file.size > MAX_EXTRA_BYTES:
-                continue
-            if remote_cache.snapshot_has(folder, file):
-                fetched.append(rel)
-                continue
-            remote_cache.snapshot_put(folder, file, self.store.read(rel, 0, file.size))
-            fetched.append(rel)
+        fetched = [rel for rel in names if self.fetch_file(rel) is not None]
         self._fetched[:] = fetched  # the catalog's `extras`
         return fetched
+
+    def fetch_file(self, rel: str) -> Path | None:
+        """One small file of the checkpoint (config.json ...) as a local file in the catalog's root folder, fetched
+        once per version (cached and checked); None when the server does not have it or it is over `MAX_EXTRA_BYTES`.
+        What lets remote config files be read like local ones (presets, suggestions)."""
+        if "/" in rel or rel.startswith("."):
+            return None
+        folder = remote_cache.snapshot_folder(self.store.identity)
+        file = self.store.file(rel)
+        if file is None or file.size > MAX_EXTRA_BYTES:
+            return None
+        if not remote_cache.snapshot_has(folder, file):
+            remote_cache.snapshot_put(folder, file, self.store.read(rel, 0, file.size))
+        return folder / rel
 
     def download_plan(self, infos: Iterable[TensorInfo]) -> dict[str, tuple[int, int]]:
         """File -> (bytes, range requests) a run reading `infos` in this order downloads (`will_read`'s ranges)."""
