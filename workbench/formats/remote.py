@@ -55,12 +55,18 @@ class RemoteFileChanged(RemoteError):
 
 
 def is_remote(source: object) -> bool:
-    """True for a URL this module opens, or a bare `org/repo` Hub id that names no local path."""
+    """True for a URL this module opens, or a bare `org/repo` Hub id that names no local path.
+
+    A bare `a/b` is taken for a Hub id only when nothing local claims it: neither `a/b` nor the folder `a` exists
+    here. When `a` is a local folder, `a/b` is a path the user meant (a typo such as `ck/qwen3` beside `ck/qwen2`)
+    and gets the local "no such file or folder" error, never a network request naming a local path; `hf://a/b`
+    always means the Hub."""
     if not isinstance(source, str):
         return False
     if source.startswith(SCHEMES):
         return True
-    return bool(_REPO_ID.match(source.split("@", 1)[0])) and not os.path.exists(source)
+    repo = source.split("@", 1)[0]
+    return bool(_REPO_ID.match(repo)) and not os.path.exists(source) and not os.path.isdir(repo.split("/", 1)[0])
 
 
 @dataclass(frozen=True)
@@ -446,7 +452,7 @@ class HubStore(HttpStore):
         except Exception as exc:  # noqa: BLE001 - RepositoryNotFound, RevisionNotFound, connection errors ...
             raise RemoteError(
                 f"Cannot open {self.url}: {_describe(exc)}. Check the repo id, the revision and your token "
-                "(huggingface-cli login or HF_TOKEN).", file=self.url
+                "(hf auth login or HF_TOKEN).", file=self.url
             ) from None
         self.stats.add("", 0)
         self.commit = info.sha or self.revision
