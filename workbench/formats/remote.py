@@ -131,7 +131,8 @@ class RemoteStore:
         """Size and tag of one file (a HEAD), None when it does not exist."""
         raise NotImplementedError
 
-    def _get(self, rel: str, start: int, end: int, file: RemoteFile, deadline: float) -> bytes:
+    def _get(self, rel: str, start: int, end: int, file: RemoteFile, deadline: float,
+             into: memoryview | None = None) -> bytes | bytearray | memoryview:
         """One try at bytes [start, end) of `file`, conditional on its tag where supported: exactly that many
         bytes, read within `limits` (Stalled, ShortBody: retried; Refused: a broken contract, not retried)."""
         raise NotImplementedError
@@ -185,12 +186,13 @@ class RemoteStore:
         """The URL of one file, for messages."""
         return f"{self.url.rstrip('/')}/{rel}" if rel else self.url
 
-    def read(self, rel: str, start: int, end: int) -> bytes:
+    def read(self, rel: str, start: int, end: int, into: memoryview | None = None) -> bytes | bytearray | memoryview:
         """Bytes [start, end) of `rel`, exactly; retried after dropped connections and stalls (within the
         store's `limits`), refused when the server ignores or shifts the range, sends more than asked, or the
-        file changed since it was listed."""
+        file changed since it was listed. With `into` (a writable buffer of end - start bytes), the body is read
+        straight into it and `into` is returned."""
         if end <= start:
-            return b""
+            return b"" if into is None else into
         info = self.file(rel)
         if info is None:
             raise RemoteError(f"Cannot read {self.where(rel)}: the file is not there. Check the URL and revision.", file=self.where(rel))
@@ -210,7 +212,7 @@ class RemoteStore:
                 raise RemoteError(f"Cannot read {self.where(rel)}: {why}, and tensor data is never cached. "
                                   "Go online to read tensor values; headers, tables and plans work offline.", file=self.where(rel))
             try:
-                data = self._get(rel, start, end, info, deadline)
+                data = self._get(rel, start, end, info, deadline, into)
             except RemoteFileChanged:
                 raise
             except Refused as exc:
@@ -382,16 +384,18 @@ class HttpStore(RemoteStore):
                               "Serve it from a server that does.", file=self.where(rel))
         return found
 
-    def _get(self, rel: str, start: int, end: int, file: RemoteFile, deadline: float) -> bytes:
+    def _get(self, rel: str, start: int, end: int, file: RemoteFile, deadline: float,
+             into: memoryview | None = None) -> bytes | bytearray | memoryview:
         headers = dict(self._headers)
         if file.tag and not file.tag.startswith("W/") and self._conditional:
             headers["If-Match"] = file.tag
         headers["Range"] = f"bytes={start}-{end - 1}"
-        return self._run(self._get_async(self._url(rel), headers, start, end, file.size, deadline))
+        return self._run(self._get_async(self._url(rel), headers, start, end, file.size, deadline, into))
 
     _conditional = True
 
-    async def _get_async(self, url: str, headers: dict[str, str], start: int, end: int, size: int, deadline: float) -> bytes:
+    async def _get_async(self, url: str, headers: dict[str, str], start: int, end: int, size: int, deadline: float,
+                         into: memoryview | None) -> bytearray | memoryview:
         want = end - start
         pace = Pace(self.limits, _host(url), want, deadline)
         response = await self._respond("GET", url, headers, pace)
@@ -410,7 +414,7 @@ class HttpStore(RemoteStore):
                 if int(length) > want:
                     raise Refused(f"the server announced {int(length)} bytes for the {want} asked for")
                 raise ShortBody(f"the server sent {int(length)} of {want} bytes")
-            return bytes(await read_body(response.content.read, want, pace, url))
+            return await read_body(response.content.read, want, pace, url, into=into)
         finally:
             response.close()
 
@@ -509,7 +513,8 @@ class S3Store(RemoteStore):
             files[rel] = RemoteFile(rel, int(info.get("size") or 0), str(info.get("ETag") or ""))
         return files
 
-    def _get(self, rel: str, start: int, end: int, file: RemoteFile, deadline: float) -> bytes:
+    def _get(self, rel: str, start: int, end: int, file: RemoteFile, deadline: float,
+             into: memoryview | None = None) -> bytearray | memoryview:
         from fsspec.asyn import sync
 
         bucket, _, key = (f"{self._base}/{rel}" if rel else self._base).partition("/")
@@ -517,7 +522,7 @@ class S3Store(RemoteStore):
         where = self.where(rel)
         want = end - start
 
-        async def fetch() -> bytes:
+        async def fetch() -> bytearray | memoryview:
             pace = Pace(self.limits, self._host, want, deadline)
             resp = await pace.wait(self.fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}",
                                                     **extra))
@@ -528,7 +533,7 @@ class S3Store(RemoteStore):
                 length = resp.get("ContentLength")
                 if isinstance(length, int) and length > want:
                     raise Refused(f"the server announced {length} bytes for the {want} asked for")
-                return bytes(await read_body(body.read, want, pace, where))
+                return await read_body(body.read, want, pace, where, into=into)
             finally:
                 body.close()
 

@@ -142,25 +142,31 @@ class Pace:
 
 
 async def read_body(read: Callable[[int], Awaitable[bytes]], want: int | None, pace: Pace, where: str,
-                    cap: int = LISTING_CAP) -> bytearray:
+                    cap: int = LISTING_CAP, into: memoryview | None = None) -> bytearray | memoryview:
     """Read a body through `read(n)` (a stream's read): exactly `want` bytes when given (Refused for more,
-    Stalled-like `ShortBody` for fewer), else at most `cap` bytes (Refused beyond)."""
+    `ShortBody` for fewer), else at most `cap` bytes (Refused beyond). With `into` (a buffer of `want` bytes), the
+    body goes straight into it, chunk by chunk: no second copy of a range is ever held."""
     limit = want if want is not None else cap
-    out = bytearray()
-    while len(out) <= limit:
-        chunk = await pace.wait(read(min(READ_PIECE, limit + 1 - len(out))))
+    out = bytearray() if into is None else None
+    got = 0
+    while got <= limit:
+        chunk = await pace.wait(read(min(READ_PIECE, limit + 1 - got)))
         if not chunk:
             break
-        out += chunk
+        if out is not None:
+            out += chunk
+        elif got + len(chunk) <= limit:
+            into[got:got + len(chunk)] = chunk
+        got += len(chunk)
         pace.got(len(chunk))
-    if len(out) > limit:
+    if got > limit:
         if want is None:
             raise Refused(f"the body of {where} is larger than the {cap}-byte limit for a file whose size is not "
                           "announced; serve a real index (or set its Content-Length)")
         raise Refused(f"the server sent more than the {want} bytes asked for from {where}")
-    if want is not None and len(out) < want:
-        raise ShortBody(f"the server sent {len(out)} of {want} bytes")
-    return out
+    if want is not None and got < want:
+        raise ShortBody(f"the server sent {got} of {want} bytes")
+    return out if out is not None else into
 
 
 class ShortBody(Exception):

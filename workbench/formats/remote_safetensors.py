@@ -386,7 +386,7 @@ class RemoteReader:
         return buffer
 
     def _fetch_piece(self, rel: str, target: memoryview, start: int, stop: int) -> None:
-        target[:] = self.store.read(rel, start, stop)
+        self.store.read(rel, start, stop, into=target)  # the body goes straight into the chunk's buffer
 
     def _fill(self, upto: int) -> None:
         """Submit chunks up to index `upto` and beyond while the window allows."""
