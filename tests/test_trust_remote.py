@@ -214,3 +214,18 @@ def test_a_redirect_from_https_to_http_is_refused(faulty, tmp_path):
         mover.stop()
     assert status == 2 and "from https to http" in stderr and "Traceback" not in stderr, stderr
     assert server.requests() == []  # nothing was asked over plain http
+
+
+def test_an_endless_hub_listing_stops_at_the_listing_cap(served, monkeypatch, tmp_path):
+    """A1: a listing has no announced size; it is read within `LISTING_CAP` (512 MiB; 1 MiB here)."""
+    root = tmp_path / "endpoint"
+    (root / "api/models/org/llama/revision").mkdir(parents=True)
+    (root / "api/models/org/llama/revision/main").write_text('{"id": "org/llama", "siblings": [')
+    server = FaultyServer(root, "endless", times=None, min_bytes=0)
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    monkeypatch.setattr("workbench.formats.remote.LISTING_CAP", 1 << 20)
+    try:
+        with pytest.raises(RemoteError, match=r"larger than the 1048576-byte limit"):
+            wb.open_checkpoint("hf://org/llama")
+    finally:
+        server.stop()

@@ -15,6 +15,7 @@ is an error, never mixed bytes.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -25,6 +26,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 from ..errors import CheckpointError
 from .remote_limits import (
+    LISTING_CAP,
     Limits,
     Pace,
     Refused,
@@ -445,16 +447,18 @@ class HubStore(HttpStore):
         self.identity = f"hf:{self.endpoint}/{repo_id}@{self.commit or self.revision}/{self.subfolder}"
 
     def _list(self) -> dict[str, RemoteFile] | None:
-        from huggingface_hub import HfApi
-
         if self.offline:
             raise RemoteError(f"Cannot list {self.url}: offline mode (HF_HUB_OFFLINE) and no cached listing. "
                               "Open it once online first.", file=self.url)
-        api = HfApi(endpoint=self.endpoint)
         try:
-            info = api.model_info(self.repo_id, revision=self.revision, files_metadata=True)
-        except Exception as exc:  # noqa: BLE001 - RepositoryNotFound, RevisionNotFound, connection errors ...
-            raise RemoteError(
+            info = self._run(self._model_info())
+        except (Refused, Stalled, ShortBody) as exc:
+            raise RemoteUnreachable(f"Cannot open {self.url}: {exc}. Check HF_ENDPOINT and the connection.", file=self.url) from None
+        except RemoteError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - connection errors, a listing that is not the Hub's JSON ...
+            kind = RemoteError if _status(exc) is not None else RemoteUnreachable
+            raise kind(
                 f"Cannot open {self.url}: {_describe(exc)}. Check the repo id, the revision and your token "
                 "(hf auth login or HF_TOKEN).", file=self.url
             ) from None
@@ -471,6 +475,29 @@ class HubStore(HttpStore):
             tag = sibling.lfs.sha256 if sibling.lfs else (sibling.blob_id or "")
             files[rel] = RemoteFile(rel, int(sibling.size), tag)
         return files
+
+    async def _model_info(self):
+        """What `HfApi.model_info(files_metadata=True)` returns, asked the same way (same URL, headers, parsing into
+        huggingface_hub's `ModelInfo`) but with the body read within `LISTING_CAP` and the store's pace."""
+        from huggingface_hub.hf_api import ModelInfo
+
+        url = f"{self.endpoint}/api/models/{self.repo_id}/revision/{quote(self.revision, safe='')}?blobs=true"
+        pace = Pace(self.limits, _host(url), LISTING_CAP, time.monotonic() + self.limits.deadline_seconds)
+        response = await self._respond("GET", url, dict(self._headers), pace)
+        try:
+            check_encoding(response.headers.get("Content-Encoding"), url)
+            if response.status >= 400:
+                why = response.headers.get("X-Error-Message") or response.reason or ""
+                raise RemoteError(f"Cannot open {self.url}: HTTP {response.status} ({why}). Check the repo id, the revision "
+                                  "and your token (hf auth login or HF_TOKEN).", file=self.url)
+            body = await read_body(response.content.read, None, pace, url, cap=LISTING_CAP)
+        finally:
+            response.close()
+        try:
+            return ModelInfo(**json.loads(body))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise RemoteError(f"Cannot open {self.url}: the Hub's answer is not a model listing ({exc}). Check "
+                              "HF_ENDPOINT.", file=self.url) from None
 
     def _url(self, rel: str) -> str:
         from huggingface_hub import hf_hub_url
