@@ -102,7 +102,7 @@ class Pace:
 
     def _stall_text(self) -> str:
         return (f"fewer than {self._need} bytes arrived in {self.limits.stall_seconds:g} s "
-                f"(got {self._window_bytes}; the limit is WORKBENCH_REMOTE_STALL_SECONDS)")
+                f"(got {self._window_bytes}; the window is WORKBENCH_REMOTE_STALL_SECONDS)")
 
     async def wait(self, step: Awaitable):
         """Await `step` (a header or body read) within the window and the deadline; Stalled when it does not come."""
@@ -123,7 +123,7 @@ class Pace:
                 task.cancel()
                 if now >= self.deadline and now < self._window_end:
                     raise Stalled(f"the request's {self.limits.deadline_seconds:g} s deadline passed with {self._window_bytes} "
-                                  "bytes received in the current window (WORKBENCH_REMOTE_DEADLINE_SECONDS)")
+                                  "byte(s) received in the current window (WORKBENCH_REMOTE_DEADLINE_SECONDS)")
                 raise Stalled(self._stall_text())
 
     def got(self, n: int) -> None:
