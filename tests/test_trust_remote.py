@@ -46,6 +46,10 @@ RSS_LIMIT = 150 << 20
 def served(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("served")
     _write_sharded(root / "llama")
+    torch = pytest.importorskip("torch")
+    (root / "torch").mkdir()
+    g = torch.Generator().manual_seed(0)
+    torch.save({f"layers.{i}.weight": torch.randn(256, 256, generator=g) for i in range(4)}, root / "torch" / "pytorch_model.bin")
     (root / "big").mkdir()
     header = json.dumps({"x": {"dtype": "U8", "shape": [300 << 20], "data_offsets": [0, 300 << 20]}}).encode()
     with open(root / "big" / "model.safetensors", "wb") as fh:  # 300 MB, sparse on disk
@@ -77,11 +81,12 @@ def faulty(served):
         server.stop()
 
 
+@pytest.mark.parametrize("folder", ["llama", "torch"])  # the safetensors and torch.save zip readers
 @pytest.mark.parametrize("mode", LYING)
-def test_lying_server_on_open_is_refused(faulty, mode):
+def test_lying_server_on_open_is_refused(faulty, mode, folder):
     server = faulty(mode, times=None, min_bytes=0)
     with pytest.raises(RemoteError, match=SAYS[mode]) as caught:
-        wb.open_checkpoint(f"{server.url}/llama/")
+        wb.open_checkpoint(f"{server.url}/{folder}/")
     assert server.url in caught.value.message
 
 
