@@ -75,6 +75,8 @@ def _open_envelope(kind: str, key: str, raw: bytes, what: str) -> bytes | None:
     if (isinstance(head, dict) and head.get("key") == f"{kind}/{key}" and head.get("size") == len(data)
             and head.get("sha256") == hashlib.sha256(data).hexdigest()):
         return data
+    if not (isinstance(head, dict) and "sha256" in head):  # written before entries stated what they are: a plain miss
+        return None
     warnings.warn(f"The cached {what} ({_path(kind, key)}) does not match its stated key, size or digest; it was "
                   "changed after it was written. Ignoring it and reading from the source again.",
                   RemoteCacheWarning, stacklevel=4)
