@@ -335,8 +335,9 @@ class HttpStore(RemoteStore):
         target = URL(url, encoded=False)
         headers = {**headers, "Accept-Encoding": "identity"}
         for _ in range(MAX_REDIRECTS + 1):
-            response = await pace.wait(session.request(method, target, headers=headers, allow_redirects=False,
-                                                       auto_decompress=False))
+            # No body is read before its Content-Encoding is checked (`check_encoding`), so the session's automatic
+            # decompression never runs: a compressed body is refused unread.
+            response = await pace.wait(session.request(method, target, headers=headers, allow_redirects=False))
             location = response.headers.get("Location")
             if response.status not in (301, 302, 303, 307, 308) or not location:
                 return response
