@@ -371,7 +371,7 @@ class HttpStore(RemoteStore):
                 return RemoteFile(rel, int(size), response.headers.get("ETag", "") or "") if size and size.isdigit() else \
                     RemoteFile(rel, -1, "")
             finally:
-                response.close()
+                response.release()  # a HEAD has no body: the connection can serve the next request
 
         try:
             found = self._run(head())
@@ -417,9 +417,12 @@ class HttpStore(RemoteStore):
                 if int(length) > want:
                     raise Refused(f"the server announced {int(length)} bytes for the {want} asked for")
                 raise ShortBody(f"the server sent {int(length)} of {want} bytes")
-            return await read_body(response.content.read, want, pace, url, into=into)
-        finally:
-            response.close()
+            body = await read_body(response.content.read, want, pace, url, into=into)
+        except BaseException:
+            response.close()  # drop the connection: the rest of a refused or stalled body is never read
+            raise
+        response.release()  # a complete body: the connection goes back to the pool
+        return body
 
 
 MAX_REDIRECTS = 10

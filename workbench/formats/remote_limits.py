@@ -23,8 +23,6 @@ on the store (`store.limits = Limits(...)`).
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import os
 import re
 import time
@@ -33,7 +31,6 @@ from dataclasses import dataclass
 
 LISTING_CAP = 512 << 20  # a body whose size nothing announced (an index, a listing) stops here
 READ_PIECE = 1 << 20  # bytes asked of the stream per read call
-_log = logging.getLogger("workbench.remote")
 WaitHook = Callable[[str, float], object]
 _wait_hook: WaitHook | None = None
 
@@ -84,7 +81,9 @@ def _notify(host: str, seconds: float) -> None:
     if _wait_hook is not None:
         _wait_hook(host, seconds)
     else:
-        _log.warning("waiting for %s: no data for %.0f s", host, seconds)
+        import logging  # here, not at import: a local conversion never loads the network stack or its logging
+
+        logging.getLogger("workbench.remote").warning("waiting for %s: no data for %.0f s", host, seconds)
 
 
 class Pace:
@@ -106,6 +105,8 @@ class Pace:
 
     async def wait(self, step: Awaitable):
         """Await `step` (a header or body read) within the window and the deadline; Stalled when it does not come."""
+        import asyncio  # only remote reads need it (this module is imported by every open)
+
         task = asyncio.ensure_future(step)
         while True:
             now = time.monotonic()
