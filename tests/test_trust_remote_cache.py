@@ -101,12 +101,14 @@ def test_http_reopens_from_the_cache_with_the_server_stopped(served, monkeypatch
     server = FaultyServer(served, "none", times=0)
     url = f"{server.url}/llama/"
     first = wb.open_checkpoint(url)
+    assert first.suggest().attrs.get("model_type") == "llama"  # reads config.json from the server
     server.stop()
     for offline in ("0", "1"):
         monkeypatch.setenv("HF_HUB_OFFLINE", offline)
         again = wb.open_checkpoint(url)
         _same_tables(first, again)
         assert any("could not be reached" in w for w in again.catalog.warnings)
+        assert again.suggest().attrs.get("model_type") == "llama"  # config.json from the cache
         with pytest.raises(wb.WorkbenchError, match="could not be reached"):
             again.load(Q)
 

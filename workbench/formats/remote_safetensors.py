@@ -356,6 +356,8 @@ class RemoteReader:
             return None
         if not remote_cache.snapshot_has(folder, file):
             remote_cache.snapshot_put(folder, file, self.store.read(rel, 0, file.size))
+            if self.store.listing() is None and not self.store.offline:  # found by a HEAD: reopening offline finds it too
+                remote_cache.store_listing(self.store.url + PROBED, self.store.identity, self.store.probed())
         return folder / rel
 
     def download_plan(self, infos: Iterable[TensorInfo]) -> dict[str, tuple[int, int]]:
