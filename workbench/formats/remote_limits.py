@@ -9,7 +9,7 @@ HTTP and the Hub, aiobotocore through s3fs for S3), never with a read-everything
   body of unknown size): one byte more and it stops with an error naming the URL and both sizes.
 - **Pace.** In every window of `stall_seconds` (default 30 s) a try must receive `min_bytes` (64 KiB, or
   what is left when less): a server that drips a byte every few seconds ends the try at the window's
-  end. The waits for the response headers count against the same window.
+  end. The response headers must arrive within one window too; the body's first window starts then.
 - **Deadline.** A request's tries start within `deadline_seconds` (default 150 s) of its first one and
   no wait outlasts it, so a dead or dripping server gives up within 2.5 minutes; a try that keeps the
   minimum pace is never cut in the middle.
@@ -127,6 +127,11 @@ class Pace:
                                   "byte(s) received in the current window (WORKBENCH_REMOTE_DEADLINE_SECONDS)")
                 raise Stalled(self._stall_text())
 
+    def body_starts(self) -> None:
+        """The response headers arrived within their window: the body's first window starts now."""
+        now = time.monotonic()
+        self._window_end, self._window_bytes, self._last_data, self._noticed = now + self.limits.stall_seconds, 0, now, False
+
     def got(self, n: int) -> None:
         """Count `n` bytes received; Stalled when a window ended without its minimum."""
         now = time.monotonic()
@@ -150,6 +155,7 @@ async def read_body(read: Callable[[int], Awaitable[bytes]], want: int | None, p
     limit = want if want is not None else cap
     out = bytearray() if into is None else None
     got = 0
+    pace.body_starts()
     while got <= limit:
         chunk = await pace.wait(read(min(READ_PIECE, limit + 1 - got)))
         if not chunk:
