@@ -9,11 +9,16 @@
   `repos[(repo_id, commit)] = folder`, revision "main" naming the latest commit added.
 - `FaultyServer`: HTTP ranges with a chosen fault: drop the connection mid-body (`drop`), answer 200
   with the whole file (`ignore_range`), send a complete-looking but short 206 whose Content-Length
-  lies about the range (`short`), or change the file's ETag after every GET (`change`).
+  lies about the range (`short`), or change the file's ETag after every GET (`change`); and the lying
+  modes (`LYING`), on every GET when `min_bytes=0`: a body that never ends (`endless`), a gzip bomb
+  (`gzip_bomb`: `Content-Encoding: gzip`, 2 GiB of zeros in 2 MB), HEAD and GET disagreeing about the size
+  (`size_mismatch`: HEAD says 1,000 bytes, the GET announces and sends 3 GiB), a range shifted by 4 bytes at
+  the asked length (`shift`), and a drip of one byte per `drip_seconds` (`drip`).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -23,6 +28,7 @@ import socket
 import subprocess
 import threading
 import time
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -189,8 +195,22 @@ class _Quiet(BaseHTTPRequestHandler):
             sent = len(data)
         self.record(206 if rng else 200, sent)
 
+    def setup(self) -> None:
+        super().setup()
+        with self.server.lock:
+            self.server.connections.add(self.connection)
+
+    def finish(self) -> None:
+        with self.server.lock:
+            self.server.connections.discard(self.connection)
+        try:
+            super().finish()
+        except OSError:
+            pass
+
     def record(self, status: int, sent: int) -> None:
         self.server.log.append((self.command, self.path, status, sent, self.headers.get("Range") or "-"))
+        self.server.seen.append(dict(self.headers))  # every request's headers, for tests that check what was asked
 
 
 class _Served:
@@ -200,14 +220,23 @@ class _Served:
     and `reset()` wait until no request is being answered (a state, not a sleep; bounded, for a handler that a
     fault keeps busy after its client gave up)."""
 
-    def __init__(self, handler: type) -> None:
+    def __init__(self, handler: type, certfile: str | None = None) -> None:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        if certfile:  # https with this certificate (and key) file
+            import ssl
+
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(certfile)
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
         self.server.daemon_threads = True
         self.server.log = []
+        self.server.seen = []
+        self.server.connections = set()  # open client connections: `stop` closes them (a stopped server answers nothing)
+        self.server.lock = threading.Lock()
         self.server.owner = self
         self._busy = 0
         self._idle = threading.Condition()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"{'https' if certfile else 'http'}://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
@@ -235,6 +264,13 @@ class _Served:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+        with self.server.lock:
+            open_connections = list(self.server.connections)
+        for conn in open_connections:  # keep-alive connections would otherwise still be served
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
 
 def blob_id(path: Path) -> str:
@@ -335,6 +371,13 @@ class _FaultHandler(_Quiet):
             return
         size = target.stat().st_size
         rng = _parse_range(self.headers.get("Range"), size)
+        if owner.fault in LYING and (head or owner.armed(rng or (0, size - 1))):
+            try:
+                self.lie(owner, target, size, rng, head=head)
+            except OSError:  # the client hung up, as it should
+                pass
+            self.close_connection = True
+            return
         etag = f'"v{owner.version}"'
         fault = owner.fault if rng and owner.armed(rng) else None
         if owner.fault == "change" and not head:
@@ -342,15 +385,22 @@ class _FaultHandler(_Quiet):
         if fault is None or fault == "change":
             return self.send_file_part(target, etag if owner.fault != "change" or head else f'"v{owner.version - 1}"', {}, head=head)
         first, last = rng
-        data = target.read_bytes()
         if fault == "ignore_range":
             self.send_response(200)
             self.send_header("Content-Length", str(size))
             self.send_header("ETag", etag)
             self.end_headers()
-            self.wfile.write(data)
-            self.record(200, size)
+            sent = 0
+            try:
+                with open(target, "rb") as fh:  # in blocks: the file may be large, the client may hang up
+                    while block := fh.read(1 << 20):
+                        self.wfile.write(block)
+                        sent += len(block)
+            except OSError:
+                self.close_connection = True
+            self.record(200, sent)
             return
+        data = target.read_bytes()
         body = data[first:last + 1]
         half = body[: len(body) // 2]
         self.send_response(206)
@@ -373,15 +423,90 @@ class _FaultHandler(_Quiet):
             pass
 
 
+    def lie(self, owner: FaultyServer, target: Path, size: int, rng: tuple[int, int] | None, *, head: bool) -> None:
+        first, last = rng if rng else (0, size - 1)
+        fault, etag = owner.fault, f'"v{owner.version}"'
+        if fault == "size_mismatch":
+            if head:
+                self.send_response(200)
+                self.send_header("Content-Length", "1000")
+                self.send_header("ETag", etag)
+                self.end_headers()
+                self.record(200, 0)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(3 << 30))
+            self.send_header("ETag", etag)
+            self.end_headers()
+            return self.endless(b"\0" * (1 << 20), limit=3 << 30)
+        if head:  # the other lies are in the bodies
+            return self.send_file_part(target, etag, {}, head=True)
+        if fault == "gzip_bomb":
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {first}-{last}/{size}")
+            self.send_header("Content-Encoding", "gzip")
+            bomb = gzip_bomb()
+            self.send_header("Content-Length", str(len(bomb)))
+            self.send_header("ETag", etag)
+            self.end_headers()
+            self.wfile.write(bomb)
+            self.record(206, len(bomb))
+            return
+        data = target.read_bytes()
+        if fault == "shift":
+            shifted = data[first + 4: last + 5].ljust(last - first + 1, b"\0")
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {first + 4}-{last + 4}/{size}")
+            self.send_header("Content-Length", str(len(shifted)))
+            self.send_header("ETag", etag)
+            self.end_headers()
+            self.wfile.write(shifted)
+            self.record(206, len(shifted))
+            return
+        self.send_response(206)
+        self.send_header("Content-Range", f"bytes {first}-{last}/{size}")
+        self.send_header("ETag", etag)
+        if fault == "drip":
+            self.send_header("Content-Length", str(last - first + 1))
+            self.end_headers()
+            for byte in data[first:last + 1]:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                time.sleep(owner.drip_seconds)
+            return
+        self.send_header("Connection", "close")  # endless: no length, the body ends when the connection does
+        self.end_headers()
+        self.endless(data[first:last + 1] + b"\0" * (1 << 20))
+
+    def endless(self, block: bytes, limit: int | None = None) -> None:
+        sent = 0
+        while limit is None or sent < limit:
+            self.wfile.write(block)
+            sent += len(block)
+
+
+@functools.cache
+def gzip_bomb(total: int = 2 << 30, member: int = 64 << 20) -> bytes:
+    """gzip members of `member` zero bytes, repeated to `total` bytes once inflated (~2 MB on the wire)."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+    one = packer.compress(b"\0" * member) + packer.flush()
+    return one * (total // member)
+
+
+LYING = ("endless", "gzip_bomb", "size_mismatch", "shift", "drip")
+
+
 class FaultyServer(_Served):
     """Serves `root` with one fault on range GETs of at least `min_bytes`, the first `times` times
     (`times=None`: always). Faults: 'drop' (half the body, then the connection closes), 'short' (a 206
     whose Content-Length and body are half the asked range), 'ignore_range' (200 with the whole file),
-    'change' (a new ETag after every GET)."""
+    'change' (a new ETag after every GET); the lying modes are listed in `LYING` (module docstring)."""
 
-    def __init__(self, root: Path, fault: str, *, times: int | None = 1, min_bytes: int = 1 << 16) -> None:
+    def __init__(self, root: Path, fault: str, *, times: int | None = 1, min_bytes: int = 1 << 16,
+                 drip_seconds: float = 1.0) -> None:
         super().__init__(_FaultHandler)
         self.root, self.fault, self.times, self.min_bytes = root, fault, times, min_bytes
+        self.drip_seconds = drip_seconds
         self.version = 1
         self._lock = threading.Lock()
 
@@ -395,3 +520,28 @@ class FaultyServer(_Served):
                 self.times -= 1
                 return True
             return False
+
+
+class _RedirectHandler(_Quiet):
+    def do_GET(self) -> None:
+        self.move()
+
+    def do_HEAD(self) -> None:
+        self.move()
+
+    def move(self) -> None:
+        owner: RedirectServer = self.server.owner
+        self.send_response(owner.status)
+        self.send_header("Location", owner.target.rstrip("/") + self.path)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+        self.record(owner.status, 0)
+
+
+class RedirectServer(_Served):
+    """Answers every request with a redirect (`status`) to the same path under `target` (another host or port);
+    with `certfile`, it serves https (a self-signed certificate the client is told to trust)."""
+
+    def __init__(self, target: str, *, status: int = 302, certfile: str | None = None) -> None:
+        self.target, self.status = target, status
+        super().__init__(_RedirectHandler, certfile)

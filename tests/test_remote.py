@@ -203,11 +203,14 @@ def test_inspect_https_reads_only_headers(nginx, served, capsys):
         shard = r[1].rsplit("/", 1)[1]
         assert r[2] == 206 and r[4] == f"bytes=0-{min(FIRST_READ, sizes[shard]) - 1}"
     assert sum(r[3] for r in gets) <= 3 * FIRST_READ < sum(sizes.values()) / 3
-    # The rest: one HEAD per file (plain HTTP cannot list) and the index.
+    # The rest: one HEAD per file (plain HTTP cannot list), the index, and config.json (preset suggestions read it
+    # as for a local folder).
+    config = (served / "llama/config.json").stat().st_size
     assert [r for r in rows if r not in gets and r[0] == "GET"] == [
         ("GET", "/llama/model.safetensors.index.json", 206, (served / "llama/model.safetensors.index.json").stat().st_size,
-         f"bytes=0-{(served / 'llama/model.safetensors.index.json').stat().st_size - 1}")]
-    assert len([r for r in rows if r[0] == "HEAD"]) == 4
+         f"bytes=0-{(served / 'llama/model.safetensors.index.json').stat().st_size - 1}"),
+        ("GET", "/llama/config.json", 206, config, f"bytes=0-{config - 1}")]
+    assert len([r for r in rows if r[0] == "HEAD"]) == 5
 
 
 def test_inspect_hf_reads_only_headers_and_bare_repo_id(hub, served, capsys):

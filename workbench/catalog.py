@@ -127,8 +127,12 @@ class Catalog(Mapping[str, TensorInfo]):
 
     @property
     def location(self) -> str:
-        """Where the checkpoint is, for people: its URL, else its root path."""
-        return self.url or str(self.root)
+        """Where the checkpoint is, for people: its URL (and the host that served it, when a redirect led elsewhere),
+        else its root path."""
+        if self.url:
+            note = getattr(getattr(self.reader, "store", None), "served_note", None)
+            return self.url + (note() if callable(note) else "")
+        return str(self.root)
 
     def __getitem__(self, name: str) -> TensorInfo:
         return self.tensors[name]

@@ -176,7 +176,7 @@ def _suggestions(catalog: Any, path: str) -> list[dict[str, str]]:
     from ..mapper.suggest import find_config, suggest_rows
 
     try:
-        _, rows = suggest_rows(catalog.tensors, find_config(path), registry=False)
+        _, rows = suggest_rows(catalog.tensors, find_config(path, catalog), registry=False)
     except WorkbenchError as exc:
         _warn(f"no preset suggestions: {exc.message}")
         return []

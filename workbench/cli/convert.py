@@ -169,11 +169,12 @@ def _mapper(args: argparse.Namespace) -> tuple[Any, str]:
         from ..mapper.suggest import build_preset, find_config
 
         source: Any = open_catalog(args.source, **open_options(args))
+        config = find_config(args.source, source)
         chain = []
         for name in [part.strip() for part in args.preset.split(",") if part.strip()]:
             if chain:  # a later preset sees what the earlier ones make (e.g. dequantize_fp8,from_transformers)
                 source = Sequential(*chain).bind(source).raise_for_problems().outputs
-            chain.append(build_preset(name, source, find_config(args.source)))
+            chain.append(build_preset(name, source, config))
         preset = chain[0] if len(chain) == 1 else Sequential(*chain)
         mapper = preset if mapper is None else Sequential(preset, mapper)
     if args.adapter:

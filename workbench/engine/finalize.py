@@ -26,6 +26,7 @@ from ..planning.destination import (
     write_manifest,
 )
 from ..planning.extras import updated_bytes
+from ..planning.fingerprint import source_states
 from ..planning.model import Plan
 from .source_guard import snapshot_for
 
@@ -58,7 +59,7 @@ def prepare_destination(plan: Plan) -> None:
     for name in planned - plan.kept:
         remove_entry(dest / name)
     remove_partials(plan)
-    write_manifest(dest, plan.layout_fingerprint, plan.output_file_list)
+    write_manifest(dest, plan.layout_fingerprint, plan.output_file_list, source_states(plan.source))
     fsync_dir(dest)
 
 

@@ -282,7 +282,10 @@ def check_outputs(plan, on_read: Callable[[int], None] | None = None) -> OutputC
     except WorkbenchError as exc:
         result.rows = [(t.name, "open", "missing", None, 0, exc.message) for s in plan.steps for t in s.group.outputs]
         return result
-    source, output = _Bytes(plan.source, on_read), _Bytes(out_catalog, on_read)
+    fresh = _fresh_source(plan, result)
+    if fresh is None:
+        return result
+    source, output = _Bytes(fresh, on_read), _Bytes(out_catalog, on_read)
     try:
         for step in plan.steps:
             group = step.group
@@ -308,6 +311,8 @@ def check_outputs(plan, on_read: Callable[[int], None] | None = None) -> OutputC
         output.close()
         if out_catalog.reader is not None:
             out_catalog.reader.close()
+        if fresh is not plan.source and fresh.reader is not None:
+            fresh.reader.close()
     return result
 
 
@@ -325,6 +330,31 @@ def _statement_rows(plan, out_catalog: Catalog, result: OutputCheck) -> list[tup
     accounted = "; every source tensor made into one or left out on purpose" if statement.accounted is not None else ""
     result.statement = f"the {statement.family} statement ({_count(len(statement.tensors), 'tensor')}{accounted})"
     return statement_rows(statement, written, list(plan.source.tensors), read)
+
+
+def _fresh_source(plan, result: OutputCheck) -> Catalog | None:
+    """The catalog the outputs are compared with: for a remote source, reopened from the server with the header cache
+    bypassed, so a cached header that was altered cannot vouch for the output it produced; None (rows added) when
+    the source's headers on the server differ from those the conversion used."""
+    if not plan.source.url:
+        return plan.source
+    from ..formats.remote_safetensors import reopen_uncached
+
+    fresh = reopen_uncached(plan.source.url)
+    used = {t.name for step in plan.steps for t in step.group.inputs}
+    changed = sorted(n for n in used if n not in fresh or _place(fresh[n]) != _place(plan.source[n]))
+    if not changed:
+        return fresh
+    if fresh.reader is not None:
+        fresh.reader.close()
+    result.rows = [(n, "source", "mismatch", None, 0, "the source's header on the server places this tensor differently "
+                    "from the header the conversion used (an altered or stale header cache): convert again")
+                   for n in changed]
+    return None
+
+
+def _place(info: TensorInfo) -> tuple:
+    return info.dtype, tuple(info.shape), info.file, info.begin, info.end
 
 
 def _meta(info: TensorInfo) -> tuple[str, tuple[int, ...]]:

@@ -145,16 +145,15 @@ class RunReport:
     @property
     def rss_note(self) -> str | None:
         """Why the measured RSS may exceed the prediction: a rank that started in a process already larger than a
-        fresh one (a notebook kernel, a script with more imports); None when every rank started as predicted."""
+        fresh one (whatever the caller loaded before); None when every rank started as predicted."""
         grown = [r for r in self.ranks if r.predicted_rss_bytes
                  and r.rss_baseline > 1.15 * max(1, r.predicted_rss_bytes - r.predicted_peak_bytes)]
         if not grown:
             return None
         r = max(grown, key=lambda r: r.rss_baseline)
-        return (f"note: rank {r.rank} ran in a process that already held {format_bytes(r.rss_baseline)} before the run "
-                f"(a notebook kernel or a script with more imports); the predicted RSS is that of a fresh process "
-                f"(workbench convert or a worker), about {format_bytes(r.predicted_rss_bytes - r.predicted_peak_bytes)} "
-                "before the first tensor.")
+        return (f"note: rank {r.rank}'s process already held {format_bytes(r.rss_baseline)} when the run began, more than "
+                f"the {format_bytes(r.predicted_rss_bytes - r.predicted_peak_bytes)} predicted for a fresh process (workbench convert or a worker) "
+                "before its first tensor: what was loaded before the conversion began counts on top of the predicted RSS.")
 
     @property
     def rss_above_baseline(self) -> int:

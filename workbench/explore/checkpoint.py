@@ -319,7 +319,7 @@ class Checkpoint:
         names and config.json (beside the checkpoint unless `config` is given). Reads no tensor data."""
         from ..mapper.suggest import find_config, suggest
 
-        return suggest(self.catalog.tensors, config if config is not None else find_config(self.path))
+        return suggest(self.catalog.tensors, config if config is not None else find_config(self.path, self.catalog))
 
     def diff(
         self,

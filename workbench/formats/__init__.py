@@ -77,7 +77,8 @@ def _open_catalog(path: str | os.PathLike, **options: object) -> Catalog:
         return open_url(str(path))
     p = Path(path)
     if not p.exists():
-        raise CheckpointError(f"Cannot open checkpoint {p}: no such file or folder. Check the path.", file=str(p))
+        hub = " (for a Hub repo, write hf://" + str(path) + ")" if isinstance(path, str) and remote._REPO_ID.match(path.split("@", 1)[0]) else ""
+        raise CheckpointError(f"Cannot open checkpoint {p}: no such file or folder. Check the path{hub}.", file=str(p))
     for name, detect, open_ in FORMATS:
         if detect(p):
             if not options:

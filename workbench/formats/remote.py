@@ -15,6 +15,7 @@ is an error, never mixed bytes.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -24,6 +25,17 @@ from dataclasses import dataclass, field
 from urllib.parse import quote, unquote, urlsplit
 
 from ..errors import CheckpointError
+from .remote_limits import (
+    LISTING_CAP,
+    Limits,
+    Pace,
+    Refused,
+    ShortBody,
+    Stalled,
+    check_content_range,
+    check_encoding,
+    read_body,
+)
 
 SCHEMES = ("hf://", "http://", "https://", "s3://")
 RETRIES = 4
@@ -36,17 +48,27 @@ class RemoteError(CheckpointError):
     """A remote checkpoint cannot be listed or read (network, permissions, a server that misbehaves)."""
 
 
+class RemoteUnreachable(RemoteError):
+    """The server could not be reached, or did not answer in time (no HTTP status at all)."""
+
+
 class RemoteFileChanged(RemoteError):
     """A remote file is not the version listed when the checkpoint was opened (its ETag changed)."""
 
 
 def is_remote(source: object) -> bool:
-    """True for a URL this module opens, or a bare `org/repo` Hub id that names no local path."""
+    """True for a URL this module opens, or a bare `org/repo` Hub id that names no local path.
+
+    A bare `a/b` is taken for a Hub id only when nothing local claims it: neither `a/b` nor the folder `a` exists
+    here. When `a` is a local folder, `a/b` is a path the user meant (a typo such as `ck/qwen3` beside `ck/qwen2`)
+    and gets the local "no such file or folder" error, never a network request naming a local path; `hf://a/b`
+    always means the Hub."""
     if not isinstance(source, str):
         return False
     if source.startswith(SCHEMES):
         return True
-    return bool(_REPO_ID.match(source.split("@", 1)[0])) and not os.path.exists(source)
+    repo = source.split("@", 1)[0]
+    return bool(_REPO_ID.match(repo)) and not os.path.exists(source) and not os.path.isdir(repo.split("/", 1)[0])
 
 
 @dataclass(frozen=True)
@@ -97,6 +119,8 @@ class RemoteStore:
     def __init__(self, url: str) -> None:
         self.url = url
         self.identity = url
+        self.limits = Limits.from_env()
+        self.redirects: dict[str, str] = {}  # host asked -> host that answered, when a redirect changed it
         self.stats = RemoteStats()
         self._files: dict[str, RemoteFile] | None = None
 
@@ -109,8 +133,10 @@ class RemoteStore:
         """Size and tag of one file (a HEAD), None when it does not exist."""
         raise NotImplementedError
 
-    def _get(self, rel: str, start: int, end: int, tag: str) -> bytes:
-        """One range request for bytes [start, end) of `rel`, conditional on `tag` where supported."""
+    def _get(self, rel: str, start: int, end: int, file: RemoteFile, deadline: float,
+             into: memoryview | None = None) -> bytes | bytearray | memoryview:
+        """One try at bytes [start, end) of `file`, conditional on its tag where supported: exactly that many
+        bytes, read within `limits` (Stalled, ShortBody: retried; Refused: a broken contract, not retried)."""
         raise NotImplementedError
 
     # --- shared behaviour -----------------------------------------------------------------------
@@ -132,20 +158,43 @@ class RemoteStore:
         if self._probed is None:
             self._probed = {}
         if rel not in self._probed:
-            self._probed[rel] = self._call(rel, "look up", lambda: self._probe(rel))
+            if self.offline and self.probe_cache is not None:
+                return self.probe_cache.get(rel)
+            try:
+                self._probed[rel] = self._call(rel, "look up", lambda: self._probe(rel))
+            except RemoteUnreachable as exc:
+                if self.probe_cache is None:
+                    raise
+                self.offline, self.offline_reason = True, exc.message  # reopen from what the last open found
+                return self.probe_cache.get(rel)
         return self._probed[rel]
 
     _probed: dict[str, RemoteFile | None] | None = None
+    # For a store that cannot list (HTTP): the files the last successful open found, from the header cache;
+    # used instead of asking when the server cannot be reached.
+    probe_cache: dict[str, RemoteFile] | None = None
+    offline_reason: str = ""
+
+    def probed(self) -> dict[str, RemoteFile]:
+        """The files looked up so far that exist (what a reopen without the server needs)."""
+        return {rel: f for rel, f in (self._probed or {}).items() if f is not None}
+
+    def served_note(self) -> str:
+        """' (served by HOST after a redirect)' when a redirect led to another host or port, else ''."""
+        hosts = sorted(set(self.redirects.values()))
+        return f" (served by {', '.join(hosts)} after a redirect)" if hosts else ""
 
     def where(self, rel: str) -> str:
         """The URL of one file, for messages."""
         return f"{self.url.rstrip('/')}/{rel}" if rel else self.url
 
-    def read(self, rel: str, start: int, end: int) -> bytes:
-        """Bytes [start, end) of `rel`, exactly; retried after dropped connections, refused when the
-        server ignores the range or the file changed since it was listed."""
+    def read(self, rel: str, start: int, end: int, into: memoryview | None = None) -> bytes | bytearray | memoryview:
+        """Bytes [start, end) of `rel`, exactly; retried after dropped connections and stalls (within the
+        store's `limits`), refused when the server ignores or shifts the range, sends more than asked, or the
+        file changed since it was listed. With `into` (a writable buffer of end - start bytes), the body is read
+        straight into it and `into` is returned."""
         if end <= start:
-            return b""
+            return b"" if into is None else into
         info = self.file(rel)
         if info is None:
             raise RemoteError(f"Cannot read {self.where(rel)}: the file is not there. Check the URL and revision.", file=self.where(rel))
@@ -155,19 +204,28 @@ class RemoteStore:
                 "The checkpoint changed or its headers lie; re-open it.",
                 file=self.where(rel),
             )
-        want = end - start
         last: str = ""
-        for attempt in range(RETRIES):
+        began = time.monotonic()
+        deadline = began + self.limits.deadline_seconds
+        attempt = 0
+        while attempt < RETRIES and (attempt == 0 or time.monotonic() < deadline):
             if self.offline:
-                raise RemoteError(f"Cannot read {self.where(rel)}: offline mode (HF_HUB_OFFLINE) and tensor data is never cached. "
+                why = "the server could not be reached when it was opened" if self.offline_reason else "offline mode (HF_HUB_OFFLINE)"
+                raise RemoteError(f"Cannot read {self.where(rel)}: {why}, and tensor data is never cached. "
                                   "Go online to read tensor values; headers, tables and plans work offline.", file=self.where(rel))
             try:
-                data = self._get(rel, start, end, info.tag)
+                data = self._get(rel, start, end, info, deadline, into)
             except RemoteFileChanged:
                 raise
+            except Refused as exc:
+                raise RemoteError(f"Cannot read bytes {start}-{end} of {self.where(rel)}: {exc}. The server (or a proxy) "
+                                  "misbehaves; serve the files from a plain HTTP server with range support.",
+                                  file=self.where(rel)) from None
             except FileNotFoundError:
                 raise RemoteError(f"Cannot read {self.where(rel)}: the file is gone (HTTP 404). It was removed after the "
                                   "checkpoint was opened; re-open it.", file=self.where(rel)) from None
+            except (Stalled, ShortBody) as exc:
+                last = str(exc)
             except Exception as exc:  # noqa: BLE001 - the transport's errors vary by library; all are retried
                 changed = _precondition_failed(exc)
                 if changed:
@@ -183,20 +241,15 @@ class RemoteStore:
                 last = _describe(exc)
             else:
                 self.stats.add(rel, len(data))
-                if len(data) == want:
-                    return data
-                if len(data) == info.size and want != info.size:
-                    raise RemoteError(
-                        f"Cannot read bytes {start}-{end} of {self.where(rel)}: the server ignored the Range request and "
-                        f"sent the whole file ({len(data)} bytes). Serve the files from a server with range support.",
-                        file=self.where(rel),
-                    )
-                last = f"the server sent {len(data)} of {want} bytes"
+                return data
+            attempt += 1
             self.stats.retries += 1
-            time.sleep(_BACKOFF[min(attempt, len(_BACKOFF) - 1)])
+            pause = _BACKOFF[min(attempt - 1, len(_BACKOFF) - 1)]
+            time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
         raise RemoteError(
-            f"Cannot read bytes {start}-{end} of {self.where(rel)}: {last} after {RETRIES} attempts. "
-            "Check the connection (or the server) and run again; a conversion resumes from its finished shards.",
+            f"Cannot read bytes {start}-{end} of {self.where(rel)}: {last} after {attempt} attempts in "
+            f"{time.monotonic() - began:.0f} s. Check the connection (or the server) and run again; a conversion resumes "
+            "from its finished shards.",
             file=self.where(rel),
         )
 
@@ -208,8 +261,9 @@ class RemoteStore:
         except RemoteError:
             raise
         except Exception as exc:  # noqa: BLE001
-            raise RemoteError(f"Cannot {what} {self.where(rel)}: {_describe(exc)}. Check the URL, the connection and "
-                              "your credentials.", file=self.where(rel)) from None
+            kind = RemoteError if _status(exc) is not None else RemoteUnreachable
+            raise kind(f"Cannot {what} {self.where(rel)}: {_describe(exc)}. Check the URL, the connection and "
+                       "your credentials.", file=self.where(rel)) from None
 
 
 def _status(exc: BaseException) -> int | None:
@@ -244,7 +298,12 @@ def _describe(exc: BaseException) -> str:
 
 
 class HttpStore(RemoteStore):
-    """`http(s)://host/folder/` (or a file URL) through fsspec's HTTP file system."""
+    """`http(s)://host/folder/` (or a file URL) through the aiohttp session of fsspec's HTTP file system.
+
+    Requests go through the session directly so that bodies are streamed within their budget
+    (`remote_limits`), `Content-Range` and `Content-Encoding` are checked, and redirects are followed one hop
+    at a time: a redirect from https to http is refused, one to another host is recorded in `redirects`
+    (and named in the catalog's location) and does not carry the credentials along."""
 
     def __init__(self, url: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(url)
@@ -260,30 +319,117 @@ class HttpStore(RemoteStore):
     def _list(self) -> dict[str, RemoteFile] | None:
         return None
 
+    def _run(self, coro):
+        from fsspec.asyn import sync
+
+        async def run():
+            return await coro
+
+        return sync(self.fs.loop, run)
+
+    async def _respond(self, method: str, url: str, headers: dict[str, str], pace: Pace):
+        """The response to `method url` after following redirects (at most `MAX_REDIRECTS`), body unread."""
+        from yarl import URL
+
+        session = await self.fs.set_session()
+        target = URL(url, encoded=False)
+        headers = {**headers, "Accept-Encoding": "identity"}
+        for _ in range(MAX_REDIRECTS + 1):
+            # No body is read before its Content-Encoding is checked (`check_encoding`), so the session's automatic
+            # decompression never runs: a compressed body is refused unread.
+            response = await pace.wait(session.request(method, target, headers=headers, allow_redirects=False))
+            location = response.headers.get("Location")
+            if response.status not in (301, 302, 303, 307, 308) or not location:
+                return response
+            response.close()
+            nxt = target.join(URL(location))
+            if target.scheme == "https" and nxt.scheme != "https":
+                raise Refused(f"{target} redirects to {nxt}, from https to {nxt.scheme}; refusing to read over an "
+                              "unencrypted connection")
+            if nxt.scheme not in ("http", "https"):
+                raise Refused(f"{target} redirects to {nxt}, which is not an http(s) URL")
+            if (nxt.host, nxt.port) != (target.host, target.port):
+                headers = {k: v for k, v in headers.items() if k.lower() not in ("authorization", "cookie")}
+                start = URL(url, encoded=False)
+                if (nxt.host, nxt.port) != (start.host, start.port):
+                    self.redirects[f"{start.host}:{start.port}"] = f"{nxt.host}:{nxt.port}"
+            target = nxt
+        raise Refused(f"{url} redirects more than {MAX_REDIRECTS} times")
+
     def _probe(self, rel: str) -> RemoteFile | None:
-        info = self.fs.info(self._url(rel))
+        url = self._url(rel)
+
+        async def head() -> RemoteFile | None:
+            pace = Pace(self.limits, _host(url), 0, time.monotonic() + self.limits.deadline_seconds)
+            response = await self._respond("HEAD", url, dict(self._headers), pace)
+            try:
+                if response.status == 404:
+                    return None
+                response.raise_for_status()
+                check_encoding(response.headers.get("Content-Encoding"), url)
+                size = response.headers.get("Content-Length")
+                return RemoteFile(rel, int(size), response.headers.get("ETag", "") or "") if size and size.isdigit() else \
+                    RemoteFile(rel, -1, "")
+            finally:
+                response.release()  # a HEAD has no body: the connection can serve the next request
+
+        try:
+            found = self._run(head())
+        except Refused as exc:
+            raise RemoteError(f"Cannot look up {self.where(rel)}: {exc}. Serve the files from a plain HTTP server.",
+                              file=self.where(rel)) from None
+        except Stalled as exc:
+            raise RemoteUnreachable(f"Cannot look up {self.where(rel)}: {exc}. Check the connection and the server.",
+                                    file=self.where(rel)) from None
         self.stats.add(rel, 0)
-        size = info.get("size")
-        if size is None:
+        if found is not None and found.size < 0:
             raise RemoteError(f"Cannot read {self.where(rel)}: the server does not say how big it is (no Content-Length). "
                               "Serve it from a server that does.", file=self.where(rel))
-        return RemoteFile(rel, int(size), info.get("ETag", "") or "")
+        return found
 
-    def fetch_small(self, rel: str) -> bytes | None:
-        """The whole of a small file (the index), or None when it is not there."""
-        try:
-            data = self.fs.cat_file(self._url(rel))
-        except FileNotFoundError:
-            self.stats.add(rel, 0)
-            return None
-        self.stats.add(rel, len(data))
-        return data
-
-    def _get(self, rel: str, start: int, end: int, tag: str) -> bytes:
+    def _get(self, rel: str, start: int, end: int, file: RemoteFile, deadline: float,
+             into: memoryview | None = None) -> bytes | bytearray | memoryview:
         headers = dict(self._headers)
-        if tag and not tag.startswith("W/"):
-            headers["If-Match"] = tag
-        return self.fs.cat_file(self._url(rel), start=start, end=end, headers=headers)
+        if file.tag and not file.tag.startswith("W/") and self._conditional:
+            headers["If-Match"] = file.tag
+        headers["Range"] = f"bytes={start}-{end - 1}"
+        return self._run(self._get_async(self._url(rel), headers, start, end, file.size, deadline, into))
+
+    _conditional = True
+
+    async def _get_async(self, url: str, headers: dict[str, str], start: int, end: int, size: int, deadline: float,
+                         into: memoryview | None) -> bytearray | memoryview:
+        want = end - start
+        pace = Pace(self.limits, _host(url), want, deadline)
+        response = await self._respond("GET", url, headers, pace)
+        try:
+            if response.status == 404:
+                raise FileNotFoundError(url)
+            response.raise_for_status()
+            check_encoding(response.headers.get("Content-Encoding"), url)
+            if response.status == 206:
+                check_content_range(response.headers.get("Content-Range"), start, end, size, url)
+            elif want != size or start != 0:
+                raise Refused(f"the server ignored the Range request and answered {response.status} with the whole file "
+                              f"({response.headers.get('Content-Length', 'unknown')} bytes) instead of bytes {start}-{end - 1}")
+            length = response.headers.get("Content-Length")
+            if length is not None and length.strip().isdigit() and int(length) != want:
+                if int(length) > want:
+                    raise Refused(f"the server announced {int(length)} bytes for the {want} asked for")
+                raise ShortBody(f"the server sent {int(length)} of {want} bytes")
+            body = await read_body(response.content.read, want, pace, url, into=into)
+        except BaseException:
+            response.close()  # drop the connection: the rest of a refused or stalled body is never read
+            raise
+        response.release()  # a complete body: the connection goes back to the pool
+        return body
+
+
+MAX_REDIRECTS = 10
+
+
+def _host(url: str) -> str:
+    return urlsplit(url).netloc or url
 
 
 class HubStore(HttpStore):
@@ -305,18 +451,20 @@ class HubStore(HttpStore):
         self.identity = f"hf:{self.endpoint}/{repo_id}@{self.commit or self.revision}/{self.subfolder}"
 
     def _list(self) -> dict[str, RemoteFile] | None:
-        from huggingface_hub import HfApi
-
         if self.offline:
             raise RemoteError(f"Cannot list {self.url}: offline mode (HF_HUB_OFFLINE) and no cached listing. "
                               "Open it once online first.", file=self.url)
-        api = HfApi(endpoint=self.endpoint)
         try:
-            info = api.model_info(self.repo_id, revision=self.revision, files_metadata=True)
-        except Exception as exc:  # noqa: BLE001 - RepositoryNotFound, RevisionNotFound, connection errors ...
-            raise RemoteError(
+            info = self._run(self._model_info())
+        except (Refused, Stalled, ShortBody) as exc:
+            raise RemoteUnreachable(f"Cannot open {self.url}: {exc}. Check HF_ENDPOINT and the connection.", file=self.url) from None
+        except RemoteError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - connection errors, a listing that is not the Hub's JSON ...
+            kind = RemoteError if _status(exc) is not None else RemoteUnreachable
+            raise kind(
                 f"Cannot open {self.url}: {_describe(exc)}. Check the repo id, the revision and your token "
-                "(huggingface-cli login or HF_TOKEN).", file=self.url
+                "(hf auth login or HF_TOKEN).", file=self.url
             ) from None
         self.stats.add("", 0)
         self.commit = info.sha or self.revision
@@ -332,15 +480,37 @@ class HubStore(HttpStore):
             files[rel] = RemoteFile(rel, int(sibling.size), tag)
         return files
 
+    async def _model_info(self):
+        """What `HfApi.model_info(files_metadata=True)` returns, asked the same way (same URL, headers, parsing into
+        huggingface_hub's `ModelInfo`) but with the body read within `LISTING_CAP` and the store's pace."""
+        from huggingface_hub.hf_api import ModelInfo
+
+        url = f"{self.endpoint}/api/models/{self.repo_id}/revision/{quote(self.revision, safe='')}?blobs=true"
+        pace = Pace(self.limits, _host(url), LISTING_CAP, time.monotonic() + self.limits.deadline_seconds)
+        response = await self._respond("GET", url, dict(self._headers), pace)
+        try:
+            check_encoding(response.headers.get("Content-Encoding"), url)
+            if response.status >= 400:
+                why = response.headers.get("X-Error-Message") or response.reason or ""
+                raise RemoteError(f"Cannot open {self.url}: HTTP {response.status} ({why}). Check the repo id, the revision "
+                                  "and your token (hf auth login or HF_TOKEN).", file=self.url)
+            body = await read_body(response.content.read, None, pace, url, cap=LISTING_CAP)
+        finally:
+            response.close()
+        try:
+            return ModelInfo(**json.loads(body))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise RemoteError(f"Cannot open {self.url}: the Hub's answer is not a model listing ({exc}). Check "
+                              "HF_ENDPOINT.", file=self.url) from None
+
     def _url(self, rel: str) -> str:
         from huggingface_hub import hf_hub_url
 
         path = f"{self.subfolder}/{rel}" if self.subfolder else rel
         return hf_hub_url(self.repo_id, path, revision=self.commit or self.revision, endpoint=self.endpoint)
 
-    def _get(self, rel: str, start: int, end: int, tag: str) -> bytes:
-        # Pinned to the commit: the content cannot change, and the CDN's ETag is not the listed blob id.
-        return self.fs.cat_file(self._url(rel), start=start, end=end, headers=self._headers)
+    # Pinned to the commit: the content cannot change, and the CDN's ETag is not the listed blob id.
+    _conditional = False
 
 
 class S3Store(RemoteStore):
@@ -353,6 +523,7 @@ class S3Store(RemoteStore):
         endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         kwargs = {"client_kwargs": {"endpoint_url": endpoint}} if endpoint else {}
         self.fs = s3fs.S3FileSystem(skip_instance_cache=True, **kwargs)
+        self._host = urlsplit(endpoint).netloc if endpoint else "s3.amazonaws.com"
         self._base = url[len("s3://"):].rstrip("/")
 
     def _list(self) -> dict[str, RemoteFile] | None:
@@ -373,18 +544,29 @@ class S3Store(RemoteStore):
             files[rel] = RemoteFile(rel, int(info.get("size") or 0), str(info.get("ETag") or ""))
         return files
 
-    def _get(self, rel: str, start: int, end: int, tag: str) -> bytes:
+    def _get(self, rel: str, start: int, end: int, file: RemoteFile, deadline: float,
+             into: memoryview | None = None) -> bytearray | memoryview:
         from fsspec.asyn import sync
 
         bucket, _, key = (f"{self._base}/{rel}" if rel else self._base).partition("/")
-        extra = {"IfMatch": tag} if tag else {}
+        extra = {"IfMatch": file.tag} if file.tag else {}
+        where = self.where(rel)
+        want = end - start
 
-        async def fetch() -> bytes:
-            resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **extra)
+        async def fetch() -> bytearray | memoryview:
+            pace = Pace(self.limits, self._host, want, deadline)
+            resp = await pace.wait(self.fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}",
+                                                    **extra))
+            body = resp["Body"]
             try:
-                return await resp["Body"].read()
+                check_encoding(resp.get("ContentEncoding"), where)
+                check_content_range(resp.get("ContentRange"), start, end, file.size, where)
+                length = resp.get("ContentLength")
+                if isinstance(length, int) and length > want:
+                    raise Refused(f"the server announced {length} bytes for the {want} asked for")
+                return await read_body(body.read, want, pace, where, into=into)
             finally:
-                resp["Body"].close()
+                body.close()
 
         return sync(self.fs.loop, fetch)
 

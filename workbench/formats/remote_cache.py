@@ -6,13 +6,22 @@ is fetched again. Reopening a cached checkpoint reads no header over the network
 commit (or offline, `HF_HUB_OFFLINE=1`, or when the server cannot be reached) the listing comes from
 the cache too. Tensor data is never cached. The folder is `$WORKBENCH_CACHE/remote` (default
 `~/.cache/workbench/remote`); entries are written atomically through `files.py`.
+
+The cache is not trusted blindly: every entry starts with one JSON line stating what it is (its key, its
+size and the sha256 of its bytes), checked on every read. An entry that was edited, truncated or copied
+under another key is a miss, with a `RemoteCacheWarning`, and is fetched again from the source (and
+rewritten). A conversion's `verify=True` reopens a remote source with the cache bypassed (`uncached`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import threading
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..files import atomic_write, read_regular
@@ -33,19 +42,63 @@ def _path(kind: str, key: str) -> Path:
     return cache_root() / kind / key[:2] / key
 
 
-def _load(kind: str, key: str) -> bytes | None:
+class RemoteCacheWarning(UserWarning):
+    """A cache entry did not match what it says it is (edited, truncated or moved): it was fetched again."""
+
+
+_bypass = threading.local()
+
+
+@contextlib.contextmanager
+def uncached() -> Iterator[None]:
+    """Within the block, nothing is read from the cache (everything comes from the source, and is stored again)."""
+    before = getattr(_bypass, "on", False)
+    _bypass.on = True
+    try:
+        yield
+    finally:
+        _bypass.on = before
+
+
+def _envelope(kind: str, key: str, data: bytes) -> bytes:
+    head = {"key": f"{kind}/{key}", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    return json.dumps(head, sort_keys=True).encode() + b"\n" + data
+
+
+def _open_envelope(kind: str, key: str, raw: bytes, what: str) -> bytes | None:
+    """The entry's bytes when its first line states this key, their size and their digest; else None (warned)."""
+    line, sep, data = raw.partition(b"\n")
+    try:
+        head = json.loads(line) if sep else None
+    except ValueError:
+        head = None
+    if (isinstance(head, dict) and head.get("key") == f"{kind}/{key}" and head.get("size") == len(data)
+            and head.get("sha256") == hashlib.sha256(data).hexdigest()):
+        return data
+    if not (isinstance(head, dict) and "sha256" in head):  # written before entries stated what they are: a plain miss
+        return None
+    warnings.warn(f"The cached {what} ({_path(kind, key)}) does not match its stated key, size or digest; it was "
+                  "changed after it was written. Ignoring it and reading from the source again.",
+                  RemoteCacheWarning, stacklevel=4)
+    return None
+
+
+def _load(kind: str, key: str, what: str = "entry") -> bytes | None:
+    if getattr(_bypass, "on", False):
+        return None
     path = _path(kind, key)
     try:
-        return read_regular(path)
+        raw = read_regular(path)
     except Exception:  # noqa: BLE001 - a missing or unreadable entry is a miss
         return None
+    return _open_envelope(kind, key, raw, what)
 
 
 def _store(kind: str, key: str, data: bytes) -> None:
     path = _path(kind, key)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, data, sync_dir=False)
+        atomic_write(path, _envelope(kind, key, data), sync_dir=False)
     except OSError:  # a read-only home must not stop opening a checkpoint
         pass
 
@@ -57,7 +110,7 @@ def blob_key(identity: str, file: RemoteFile, what: str) -> str | None:
 
 def load_blob(key: str | None) -> bytes | None:
     """A cached header or index, or None."""
-    return None if key is None else _load("blobs", key)
+    return None if key is None else _load("blobs", key, "header or index")
 
 
 def store_blob(key: str | None, data: bytes) -> None:
@@ -76,22 +129,36 @@ def _tag_file(folder: Path, file: RemoteFile) -> Path:
 
 
 def snapshot_has(folder: Path, file: RemoteFile) -> bool:
-    """True when `folder` holds `file` at its listed version (a file without a tag is always fetched again)."""
-    return bool(file.tag) and _tag_file(folder, file).is_file() and (folder / file.rel).is_file()
+    """True when `folder` holds `file` at its listed version and with the bytes stored then (size and sha256 checked;
+    a file without a tag is always fetched again)."""
+    if not file.tag or getattr(_bypass, "on", False):
+        return False
+    try:
+        stated = json.loads(read_regular(_tag_file(folder, file)))
+        data = read_regular(folder / file.rel)
+    except Exception:  # noqa: BLE001 - missing, unreadable or not ours: a miss
+        return False
+    if (isinstance(stated, dict) and stated.get("tag") == file.tag and stated.get("size") == len(data) == file.size
+            and stated.get("sha256") == hashlib.sha256(data).hexdigest()):
+        return True
+    warnings.warn(f"The cached copy of {file.rel} ({folder / file.rel}) does not match the size or digest stored with it; "
+                  "reading it from the source again.", RemoteCacheWarning, stacklevel=3)
+    return False
 
 
 def snapshot_put(folder: Path, file: RemoteFile, data: bytes) -> None:
-    """Store one small file in the snapshot folder, and the version it is."""
+    """Store one small file in the snapshot folder, with the version, size and digest it has."""
     _tag_file(folder, file).parent.mkdir(parents=True, exist_ok=True)
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write(folder / file.rel, data, sync_dir=False)
     if file.tag:
-        atomic_write(_tag_file(folder, file), file.tag, sync_dir=False)
+        stated = {"tag": file.tag, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        atomic_write(_tag_file(folder, file), json.dumps(stated, sort_keys=True), sync_dir=False)
 
 
 def load_listing(url: str) -> tuple[str, dict[str, RemoteFile]] | None:
     """(identity, files) of the last listing of `url`, or None."""
-    raw = _load("listings", _key("listing", url))
+    raw = _load("listings", _key("listing", url), f"listing of {url}")
     if raw is None:
         return None
     try:

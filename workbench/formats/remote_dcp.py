@@ -226,6 +226,10 @@ class RemoteDcpReader(DcpReader):
         """(URLs read, body bytes, requests) since the last call."""
         return self.ranges.take_counts()
 
+    def fetch_file(self, rel: str):
+        """One small file as a local file (`RemoteReader.fetch_file`)."""
+        return self.ranges.fetch_file(rel)
+
     def fetch_extras(self) -> list[str]:
         """The folder's small files (config, tokenizer) into the catalog's local root."""
         return self.ranges.fetch_extras()

@@ -14,7 +14,7 @@ import struct
 import threading
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from ..catalog import Catalog, TensorInfo
 from ..errors import CannotRead, CheckpointError
@@ -110,7 +110,23 @@ def _listing(store: RemoteStore) -> tuple[dict[str, RemoteFile] | None, list[str
         return cached[1], [f"Using the cached listing of {store.url}: the server could not be reached ({exc.message})."]
     if files is not None:
         remote_cache.store_listing(store.url, store.identity, files)
+    else:  # a server that cannot list: what the last open looked up stands in when it cannot be reached
+        probed = remote_cache.load_listing(store.url + PROBED)
+        store.probe_cache = None if probed is None else probed[1]
     return files, []
+
+
+PROBED = "#probed"  # the cache's listing key of the files an open of an HTTP folder looked up
+
+
+def _remember_probes(store: RemoteStore, warnings: list[str]) -> None:
+    """After opening a store that cannot list: cache the files it looked up (online), or say it worked from them."""
+    if store.listing() is not None:
+        return
+    if store.offline_reason:
+        warnings.append(f"Using the cached lookups of {store.url}: the server could not be reached ({store.offline_reason}).")
+    else:
+        remote_cache.store_listing(store.url + PROBED, store.identity, store.probed())
 
 
 def open_url(url: str) -> Catalog:
@@ -119,7 +135,9 @@ def open_url(url: str) -> Catalog:
     store = open_store(url)
     try:
         with gc_paused():
-            return _open(store)
+            catalog = _open(store)
+        _remember_probes(store, catalog.warnings)
+        return catalog
     except RemoteError as exc:
         if url.startswith(("hf://", "http://", "https://", "s3://")):
             raise
@@ -127,6 +145,13 @@ def open_url(url: str) -> Catalog:
             f"Cannot open checkpoint {url}: no such file or folder, and as a Hub repo id: {exc.message}",
             file=url,
         ) from None
+
+
+def reopen_uncached(url: str) -> Catalog:
+    """The remote checkpoint at `url` opened again from the source alone: no listing, index, header or config comes
+    from the cache (what a conversion's `verify=True` compares the output with; the fresh entries are stored)."""
+    with remote_cache.uncached():
+        return open_url(url)
 
 
 def _open(store: RemoteStore) -> Catalog:
@@ -314,20 +339,26 @@ class RemoteReader:
     def fetch_extras(self) -> list[str]:
         """Bring the checkpoint's small files (config, tokenizer) into the catalog's local root folder, where a
         conversion copies them from like any local extra; cached by version tag, so asked for once."""
-        folder = remote_cache.snapshot_folder(self.store.identity)
         names = self._extras if self._extras is not None else list(KNOWN_EXTRAS)
-        fetched = []
-        for rel in names:
-            file = self.store.file(rel)
-            if file is None or file.size > MAX_EXTRA_BYTES:
-                continue
-            if remote_cache.snapshot_has(folder, file):
-                fetched.append(rel)
-                continue
-            remote_cache.snapshot_put(folder, file, self.store.read(rel, 0, file.size))
-            fetched.append(rel)
+        fetched = [rel for rel in names if self.fetch_file(rel) is not None]
         self._fetched[:] = fetched  # the catalog's `extras`
         return fetched
+
+    def fetch_file(self, rel: str) -> Path | None:
+        """One small file of the checkpoint (config.json ...) as a local file in the catalog's root folder, fetched
+        once per version (cached and checked); None when the server does not have it or it is over `MAX_EXTRA_BYTES`.
+        What lets remote config files be read like local ones (presets, suggestions)."""
+        if "/" in rel or rel.startswith("."):
+            return None
+        folder = remote_cache.snapshot_folder(self.store.identity)
+        file = self.store.file(rel)
+        if file is None or file.size > MAX_EXTRA_BYTES:
+            return None
+        if not remote_cache.snapshot_has(folder, file):
+            remote_cache.snapshot_put(folder, file, self.store.read(rel, 0, file.size))
+            if self.store.listing() is None and not self.store.offline:  # found by a HEAD: reopening offline finds it too
+                remote_cache.store_listing(self.store.url + PROBED, self.store.identity, self.store.probed())
+        return folder / rel
 
     def download_plan(self, infos: Iterable[TensorInfo]) -> dict[str, tuple[int, int]]:
         """File -> (bytes, range requests) a run reading `infos` in this order downloads (`will_read`'s ranges)."""
@@ -357,7 +388,7 @@ class RemoteReader:
         return buffer
 
     def _fetch_piece(self, rel: str, target: memoryview, start: int, stop: int) -> None:
-        target[:] = self.store.read(rel, start, stop)
+        self.store.read(rel, start, stop, into=target)  # the body goes straight into the chunk's buffer
 
     def _fill(self, upto: int) -> None:
         """Submit chunks up to index `upto` and beyond while the window allows."""

@@ -166,8 +166,14 @@ def _params(factory: Any) -> set[str]:
         return set()
 
 
-def find_config(path: Any) -> Path | None:
-    """config.json in the checkpoint's folder (or beside the checkpoint file), if any."""
+def find_config(path: Any, catalog: Any = None) -> Path | None:
+    """config.json in the checkpoint's folder (or beside the checkpoint file), if any. For a remote checkpoint
+    (`catalog` opened from a URL), the server's config.json, fetched into the catalog's local folder."""
+    catalog = getattr(catalog, "catalog", catalog)
+    fetch = getattr(getattr(catalog, "reader", None), "fetch_file", None)
+    if getattr(catalog, "url", "") and fetch is not None:
+        found = fetch("config.json")
+        return found if found is not None and found.is_file() else None
     root = Path(path)
     for folder in (root, root.parent) if not root.is_dir() else (root,):
         if (folder / "config.json").is_file():

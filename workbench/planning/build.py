@@ -23,7 +23,7 @@ from .cast_batches import batch_casts
 from .cast_runs import cast_run_binding
 from .destination import check_destination
 from .extras import layout_change, scan_extras, with_config_dtype, with_layout_note
-from .fingerprint import layout_fingerprint, run_fingerprint
+from .fingerprint import changed_sources, layout_fingerprint, run_fingerprint
 from .gc_pause import gc_paused
 from .header_metadata import HeaderMetadata
 from .model import Plan, PlanOptions
@@ -259,6 +259,7 @@ def _build_plan(
         state = check_destination(
             dest_path, files, extras + committed, layout_fp, overwrite=options.overwrite, source_root=catalog.root,
             source_files=sources, extra_bytes=sum(e.size for e in extra_files if e.written), code_digest=code,
+            changed=lambda before: changed_sources(before, catalog),
         )
         problems += state.problems
         kept_names |= state.kept

@@ -16,7 +16,7 @@ import json
 import os
 import shutil
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,13 +51,16 @@ def read_manifest(dest: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def write_manifest(dest: Path, fingerprint: str, files: Iterable[OutputFile]) -> None:
-    """Record which plan is being written into `dest` (before any shard), atomically."""
+def write_manifest(dest: Path, fingerprint: str, files: Iterable[OutputFile], sources: dict | None = None) -> None:
+    """Record which plan is being written into `dest` (before any shard), atomically; `sources`: the source files'
+    states (`fingerprint.source_states`), so a resume refused for a changed source names the file."""
     body = {
         "workbench_convert": 1,
         "fingerprint": fingerprint,
         "files": {f.name: {"size": f.size, "header_bytes": len(f.layout.header)} for f in files},
     }
+    if sources is not None:
+        body["sources"] = sources
     atomic_write(dest / MANIFEST_NAME, json.dumps(body, indent=1, sort_keys=True) + "\n", sync_dir=False)  # the caller syncs the folder
 
 
@@ -184,6 +187,7 @@ def check_destination(
     source_files: Iterable[Path],
     extra_bytes: int = 0,
     code_digest: str | None = "",
+    changed: Callable[[object], list[str]] | None = None,
 ) -> DestinationState:
     """Problems with writing this plan to `dest`, and which planned shards are already complete there."""
     state = DestinationState()
@@ -245,11 +249,18 @@ def check_destination(
                     Problem("warning", f"Destination {dest} also holds files this conversion does not write ({', '.join(unrelated[:5])}); they are left alone.")
                 )
         elif manifest is not None:
+            moved = changed(manifest.get("sources")) if changed is not None else []
+            if moved:
+                why = (f"a different plan: its source changed since that run began: {'; '.join(moved[:5])}"
+                       + (f" ... ({len(moved)} files)" if len(moved) > 5 else "")
+                       + ". Shards written from the old version are not kept")
+            else:
+                why = "a different plan (another source, mapper or shard size)"
             state.problems.append(
                 Problem(
                     "error",
-                    f"Cannot write to {dest}: it holds an unfinished conversion of a different plan (another source, mapper "
-                    "or shard size). Choose another destination, or pass overwrite=True (--overwrite) to replace it.",
+                    f"Cannot write to {dest}: it holds an unfinished conversion of {why}. Choose another destination, or "
+                    "pass overwrite=True (--overwrite) to replace it.",
                 )
             )
         else:

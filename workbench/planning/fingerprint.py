@@ -37,6 +37,38 @@ def _mtime_ns(catalog: Catalog, rel: str) -> object:
         return -1
 
 
+def source_states(catalog: Catalog) -> dict[str, list]:
+    """Each source file's size and state (modification time, or a remote file's version tag) as the plan saw them:
+    the manifest keeps them so that a resume refused for a changed source can name the file that changed."""
+    out = {}
+    for rel, info in sorted(catalog.files.items()):
+        state = _mtime_ns(catalog, rel)
+        out[rel] = [info.size, list(state) if isinstance(state, tuple) else state]
+    return out
+
+
+def changed_sources(before: object, catalog: Catalog) -> list[str]:
+    """'file (what changed)' for each source file whose recorded state (`source_states`) differs from now."""
+    if not isinstance(before, dict):
+        return []
+    now = source_states(catalog)
+    changed = []
+    for rel, old in sorted(before.items()):
+        new = now.get(rel)
+        if new is None:
+            changed.append(f"{rel} (no longer in the source)")
+        elif new != old and isinstance(old, list) and len(old) == 2:
+            what = []
+            if new[0] != old[0]:
+                what.append(f"size {old[0]} -> {new[0]}")
+            if new[1] != old[1]:
+                kind = "version" if isinstance(new[1], list) else "modification time"
+                old_tag, new_tag = (v[1] if isinstance(v, list) and len(v) == 2 else v for v in (old[1], new[1]))
+                what.append(f"{kind} {old_tag!r} -> {new_tag!r}" if kind == "version" else kind)
+            changed.append(f"{rel} ({', '.join(what) or 'changed'})")
+    return changed
+
+
 def layout_fingerprint(catalog: Catalog, steps: list[Step], files: list[OutputFile], mapper_json: str | None) -> str:
     """A hex digest of what decides the output bytes of a plan."""
     digest = hashlib.sha256(b"workbench-layout-v1\n")

@@ -148,14 +148,30 @@ def entry_point(plan: Plan) -> str:
     return CLI if plan.nproc == 1 else WORKER
 
 
+# What the transport of a remote source adds to a process (import and first use), by scheme: fsspec's HTTP file
+# system and aiohttp; huggingface_hub on top for the Hub; s3fs, aiobotocore and botocore for S3. Measured on the
+# calibration machine (python 3.11, fsspec/s3fs 2026.9, aiohttp 3.14, huggingface_hub 2.4) as the RSS an import adds
+# to a process that already imported the workbench CLI.
+REMOTE_LIBRARIES = {"http": 13_150_000, "hf": 22_250_000, "s3": 24_400_000}
+
+
+def remote_scheme(plan: Plan) -> str | None:
+    """'http', 'hf' or 's3' for a remote source (which transport it loads), None for local files."""
+    url = plan.source.url
+    if not url:
+        return None
+    return "s3" if url.startswith("s3://") else "http" if url.startswith(("http://", "https://")) else "hf"
+
+
 def prefetch_bytes(plan: Plan, rank: int) -> int:
-    """The remote reader's buffers for a URL source: at most its window ahead plus the ranges in flight,
-    never more than the rank reads; 0 for local files (read straight into tensor buffers)."""
+    """The remote reader's buffers for a URL source: ranges are submitted while less than its window is ahead of
+    the consumer, the ranges in flight included, so at most the window plus one range; never more than the rank
+    reads; 0 for local files (read straight into tensor buffers). Bodies are read straight into these buffers."""
     if not plan.source.url:
         return 0
-    from ..formats.remote_safetensors import CHUNK_BYTES, PARALLEL, WINDOW_BYTES
+    from ..formats.remote_safetensors import CHUNK_BYTES, WINDOW_BYTES
 
-    return min(WINDOW_BYTES + PARALLEL * CHUNK_BYTES, sum(plan.reads(rank).values()))
+    return min(WINDOW_BYTES + CHUNK_BYTES, sum(plan.reads(rank).values()))
 
 
 def direct_write_bytes(plan: Plan, rank: int) -> int:
@@ -212,6 +228,11 @@ def _parts(plan: Plan, rank: int) -> list[RssPart]:
         parts.append(RssPart("imports", calibrated.LIBRARY[TORCH],
                              f"torch: tensor ops or casts numpy does not do ({measured}; up to {spread / 2**20:.0f} MiB less "
                              "when the kernel paged torch's files in by faults rather than reading them whole)"))
+    scheme = remote_scheme(plan)
+    if scheme is not None:
+        parts.append(RssPart("transport", REMOTE_LIBRARIES[scheme],
+                             f"the {scheme} transport's libraries (fsspec, aiohttp{', huggingface_hub' if scheme == 'hf' else ''}"
+                             f"{', s3fs, botocore' if scheme == 's3' else ''}; measured)"))
     spec = getattr(plan.output_format, "spec", None)
     file_bytes, tokens = getattr(spec, "tokenizer_bytes", 0), getattr(spec, "tokenizer_tokens", 0)
     if file_bytes and entry == CLI:  # a worker gets the packed vocabulary in its header bytes (buffers), not the file
