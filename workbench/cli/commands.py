@@ -18,7 +18,7 @@ import json
 import os
 import sys
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, TextIO
 
@@ -126,16 +126,14 @@ def _summary_line(summary: dict[str, Any]) -> str:
 TENSOR_FIELDS = ("name", "dtype", "shape", "numel", "nbytes", "file", "begin", "end")
 
 
-def tensor_records(catalog: Any, names: Iterable[str]) -> list[dict[str, Any]]:
-    """One JSON-ready record per tensor: name, dtype, shape, numel, nbytes, file, begin, end."""
-    records = []
+def tensor_records(catalog: Any, names: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """One JSON-ready record per tensor (name, dtype, shape, numel, nbytes, file, begin, end), made as it is
+    written: a header of 10^6 tensors is listed without holding 10^6 records."""
+    tensors = catalog.tensors
     for name in names:
-        t = catalog.tensors[name]
-        records.append(
-            {"name": name, "dtype": t.dtype, "shape": list(t.shape), "numel": t.numel, "nbytes": t.nbytes,
-             "file": t.file, "begin": t.begin, "end": t.end}
-        )
-    return records
+        t = tensors[name]
+        yield {"name": name, "dtype": t.dtype, "shape": list(t.shape), "numel": t.numel, "nbytes": t.nbytes,
+               "file": t.file, "begin": t.begin, "end": t.end}
 
 
 def layer_records(catalog: Any, names: Iterable[str]) -> list[dict[str, Any]]:
@@ -154,15 +152,17 @@ def layer_records(catalog: Any, names: Iterable[str]) -> list[dict[str, Any]]:
     return records
 
 
-def write_json(stream: TextIO, head: dict[str, Any], list_key: str, records: list[dict[str, Any]]) -> None:
+def write_json(stream: TextIO, head: dict[str, Any], list_key: str, records: Iterable[dict[str, Any]]) -> None:
     """`{**head, list_key: records}` as JSON, one record per line so large outputs stay greppable."""
     stream.write("{\n")
     for key, value in head.items():
         stream.write(f" {json.dumps(key)}: {json.dumps(value)},\n")
     stream.write(f" {json.dumps(list_key)}: [")
-    for i, record in enumerate(records):
-        stream.write(("\n  " if i == 0 else ",\n  ") + json.dumps(record))
-    stream.write("\n ]\n}\n" if records else "]\n}\n")
+    first = True
+    for record in records:
+        stream.write(("\n  " if first else ",\n  ") + json.dumps(record))
+        first = False
+    stream.write("]\n}\n" if first else "\n ]\n}\n")
 
 
 def _csv_cell(value: Any) -> Any:
@@ -204,7 +204,10 @@ def run_inspect(args: argparse.Namespace) -> int:
         write_json(sys.stdout, {"summary": summary}, list_key, records)
         return EXIT_OK
     if args.format == "csv":
-        columns = list(records[0]) if records else ["pattern"] if args.layers else list(TENSOR_FIELDS)
+        if args.layers:
+            columns = list(records[0]) if records else ["pattern"]
+        else:
+            columns = list(TENSOR_FIELDS)
         write_csv(sys.stdout, columns, ([_csv_cell(r[c]) for c in columns] for r in records))
         return EXIT_OK
 
@@ -225,13 +228,33 @@ def run_inspect(args: argparse.Namespace) -> int:
         return EXIT_OK
     many_files = len(catalog.files) > 1
     columns = ["name", "dtype", "shape", "numel", "size"] + (["file"] if many_files else [])
-    rows = []
-    for r in records:
-        row = [escape(r["name"]), r["dtype"], format_shape(r["shape"]), f"{r['numel']:,}", format_bytes(r["nbytes"])]
-        rows.append([*row, escape(r["file"])] if many_files else row)
-    _print(text_table(columns, rows, indent="", limit=None, rule=True, right=("numel", "size")))
+
+    def rows() -> Iterator[list[str]]:
+        for name in names:
+            t = catalog.tensors[name]
+            row = [escape(name), t.dtype, format_shape(t.shape), f"{t.numel:,}", format_bytes(t.nbytes)]
+            yield [*row, escape(t.file)] if many_files else row
+
+    _print_table(columns, rows, right=("numel", "size"))
     _print_suggestions(suggestions)
     return EXIT_OK
+
+
+def _print_table(columns: list[str], rows: Callable[[], Iterator[list[str]]], right: tuple[str, ...]) -> None:
+    """The aligned table `text_table(..., indent="", limit=None, rule=True)` prints, written a line at a time: one
+    pass over `rows()` for the widths, one to print, so a table of 10^6 tensors never exists whole in memory."""
+    widths = [len(c) for c in columns]
+    for row in rows():
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+    aligned = [c in right for c in columns]
+
+    def line(texts: list[str]) -> str:
+        return "  ".join(c.rjust(w) if r else c.ljust(w) for c, w, r in zip(texts, widths, aligned, strict=True)).rstrip()
+
+    write = sys.stdout.write
+    write(line(columns) + "\n" + line(["-" * w for w in widths]) + "\n")
+    for row in rows():
+        write(line(row) + "\n")
 
 
 def _print_suggestions(suggestions: list[dict[str, str]]) -> None:
