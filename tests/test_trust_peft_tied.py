@@ -82,16 +82,24 @@ def test_tied_from_a_config_mapping_or_an_opened_checkpoint(tied, tmp_path):
         torch.testing.assert_close(_logits(tmp_path / f"out{i}"), logits, rtol=0, atol=1e-5)
 
 
-def test_unknown_tying_is_refused_not_written_tied(tied, tmp_path, capsys):
-    from workbench.cli import main
-
+def test_unknown_tying_is_refused_not_written_tied(tied):
     base, adapter, _, _ = tied
     plan = wb.plan({"base": base, "adapter": adapter}, M.presets.lora_merge(adapter))
     assert not plan.ok
     message = " ".join(p.message for p in plan.errors)
     assert "'lm_head.weight' is not in the source" in message and "'tied? pass base= to lora_merge'" in message
-    assert main(["convert", str(base), str(tmp_path / "out"), "--adapter", str(adapter), "--quiet"]) == 2
-    assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_cli_adapter_knows_its_base_and_unties_as_peft(tied, tmp_path):
+    """`convert BASE OUT --adapter A` passes BASE as the merge's base, so a tied embedding the adapter replaces is
+    untied as PEFT does instead of refused."""
+    from workbench.cli import main
+
+    base, adapter, logits, peft_saved = tied
+    assert main(["convert", str(base), str(tmp_path / "out"), "--adapter", str(adapter), "--quiet"]) == 0
+    out = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert torch.equal(out["lm_head.weight"], peft_saved["lm_head.weight"])
+    torch.testing.assert_close(_logits(tmp_path / "out"), logits, rtol=0, atol=1e-5)
 
 
 def test_untied_base_keeps_its_head(tmp_path):
