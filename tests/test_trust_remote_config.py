@@ -57,3 +57,18 @@ def test_preset_reads_the_servers_config(url, served, capsys):
     # remotely alike; without the server's config it would stop earlier ("it needs the model's config.json").
     assert "config.json" not in remote.stderr and "Cannot bind" in local.stderr
     assert (remote.returncode, remote.stderr) == (local.returncode, local.stderr)
+
+
+def test_an_online_reopen_that_skips_the_config_keeps_it_for_offline(served):
+    """An HTTP folder cannot be listed, so what an open looked up is cached for offline reopening. A later online
+    open that never asks for config.json must add to those lookups, not replace them."""
+    import workbench as wb
+
+    server = FaultyServer(served, "none", times=0)
+    url = f"{server.url}/llama/"
+    assert wb.open_checkpoint(url).suggest().attrs["model_type"] == "llama"  # looks config.json up
+    wb.open_checkpoint(url)  # online again, nothing else asked
+    server.stop()
+    offline = wb.open_checkpoint(url)
+    assert any("could not be reached" in w for w in offline.catalog.warnings)
+    assert offline.suggest().attrs["model_type"] == "llama"

@@ -126,7 +126,17 @@ def _remember_probes(store: RemoteStore, warnings: list[str]) -> None:
     if store.offline_reason:
         warnings.append(f"Using the cached lookups of {store.url}: the server could not be reached ({store.offline_reason}).")
     else:
-        remote_cache.store_listing(store.url + PROBED, store.identity, store.probed())
+        remember_lookups(store)
+
+
+def remember_lookups(store: RemoteStore) -> None:
+    """Cache the files this store looked up, added to those an earlier open of the same version looked up (a later
+    open that asks for fewer files, e.g. not config.json, must not make an offline reopen forget them)."""
+    found = dict(store.probed())
+    earlier = remote_cache.load_listing(store.url + PROBED)
+    if earlier is not None and earlier[0] == store.identity:
+        found = {**earlier[1], **found}
+    remote_cache.store_listing(store.url + PROBED, store.identity, found)
 
 
 def open_url(url: str) -> Catalog:
@@ -356,8 +366,8 @@ class RemoteReader:
             return None
         if not remote_cache.snapshot_has(folder, file):
             remote_cache.snapshot_put(folder, file, self.store.read(rel, 0, file.size))
-            if self.store.listing() is None and not self.store.offline:  # found by a HEAD: reopening offline finds it too
-                remote_cache.store_listing(self.store.url + PROBED, self.store.identity, self.store.probed())
+        if self.store.listing() is None and not self.store.offline:  # found by a HEAD: reopening offline finds it too
+            remember_lookups(self.store)
         return folder / rel
 
     def download_plan(self, infos: Iterable[TensorInfo]) -> dict[str, tuple[int, int]]:
