@@ -92,6 +92,23 @@ def test_an_honest_remote_conversion_still_verifies(server, tmp_path):
     assert SHARDS[0]  # the fixture's shard names, imported for the cache lookup above
 
 
+def test_a_source_gone_at_verify_time_leaves_the_output_unverified_not_failed(server, tmp_path, monkeypatch):
+    """The server going away after the run cannot make `verify=True` raise over a committed output, nor say
+    "all match": every output is "unchecked" and the open output reader is closed."""
+    from workbench.formats import remote_safetensors
+    from workbench.formats.remote import RemoteError
+
+    def unreachable(url):
+        raise RemoteError(f"Cannot reach {url}: connection refused. Check the server.")
+
+    monkeypatch.setattr(remote_safetensors, "reopen_uncached", unreachable)
+    report = wb.convert(f"{server.url}/llama/", tmp_path / "out", quiet=True, verify=True)
+    check = report.output_check
+    assert not check.ok and {row[2] for row in check.rows} == {"unchecked"}
+    assert "connection refused" in check.rows[0][5]
+    assert (tmp_path / "out" / "model.safetensors.index.json").exists() or (tmp_path / "out" / "model.safetensors").exists()
+
+
 # --- A5: reopening with the server really stopped -------------------------------------------------
 
 

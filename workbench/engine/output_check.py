@@ -282,8 +282,15 @@ def check_outputs(plan, on_read: Callable[[int], None] | None = None) -> OutputC
     except WorkbenchError as exc:
         result.rows = [(t.name, "open", "missing", None, 0, exc.message) for s in plan.steps for t in s.group.outputs]
         return result
-    fresh = _fresh_source(plan, result)
+    try:
+        fresh = _fresh_source(plan, result)
+    except WorkbenchError as exc:  # the server cannot be reached now: the committed output stays, unverified
+        fresh = None
+        result.rows = [(t.name, "source", "unchecked", None, 0, f"the source could not be re-read to check this output "
+                        f"({exc.message})") for s in plan.steps for t in s.group.outputs]
     if fresh is None:
+        if out_catalog.reader is not None:
+            out_catalog.reader.close()
         return result
     source, output = _Bytes(fresh, on_read), _Bytes(out_catalog, on_read)
     try:
