@@ -172,16 +172,23 @@ def _base_facts(base: Any) -> tuple[dict | None, set | None]:
     catalog = getattr(base, "catalog", base)
     if isinstance(base, Mapping) and not isinstance(catalog, Catalog):
         return dict(base), None
+    from .suggest import find_config
+
+    opened = None
     if not isinstance(catalog, Catalog):
         from ..formats import open_catalog
 
-        catalog = open_catalog(base)
-    sources = getattr(catalog, "sources", None)
-    if sources:  # a multi-source checkpoint: its primary source is the base
-        catalog = next(iter(sources.values()))
-    names = set(catalog.tensors)
-    path = Path(catalog.root) / "config.json" if not catalog.url else None
-    config = read_config(path, "Fix the base model's config.json (or pass base=None).") if path and path.exists() else None
+        catalog = opened = open_catalog(base)
+    try:
+        sources = getattr(catalog, "sources", None)
+        if sources:  # a multi-source checkpoint: its primary source is the base
+            catalog = next(iter(sources.values()))
+        names = set(catalog.tensors)
+        path = find_config(catalog.url or catalog.root, catalog)  # a URL's config.json is fetched like a local one
+        config = read_config(path, "Fix the base model's config.json (or pass base=None).") if path is not None else None
+    finally:
+        if opened is not None and opened.reader is not None:
+            opened.reader.close()
     return config, names
 
 

@@ -174,6 +174,8 @@ def find_config(path: Any, catalog: Any = None) -> Path | None:
     if getattr(catalog, "url", "") and fetch is not None:
         found = fetch("config.json")
         return found if found is not None and found.is_file() else None
+    if getattr(catalog, "url", "") or "://" in str(path):  # a remote reader that fetches no files: no local stand-in
+        return None
     root = Path(path)
     for folder in (root, root.parent) if not root.is_dir() else (root,):
         if (folder / "config.json").is_file():
