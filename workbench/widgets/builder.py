@@ -313,11 +313,9 @@ class MapperBuilder(Panel):
         return [(f"★ {labels[key]}", key) for key in suggested] + [(label, key) for key, label in labels.items() if key not in suggested]
 
     def _find_config(self) -> Path | None:
-        root = Path(self.source.path)
-        for folder in (root, root.parent):
-            if (folder / "config.json").is_file():
-                return folder / "config.json"
-        return None
+        from ..mapper.suggest import find_config
+
+        return find_config(self.source.path, self.source.catalog)  # a URL's config.json too, as the CLI finds it
 
     # --- controls -----------------------------------------------------------------------------------
     def _build_controls(self) -> None:
