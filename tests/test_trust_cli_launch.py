@@ -124,3 +124,16 @@ def test_a_launch_removes_a_dead_launchers_job_folder(killed_launcher, tmp_path:
     save_file({f"t{i}": np.full(1000, i, np.float32) for i in range(4)}, str(source / "model.safetensors"))
     wb.convert(source, tmp_path / "converted", nproc=2, shard_size="8KB", quiet=True)
     assert os.listdir(folder.parent) == []  # the dead launcher's folder, and this run's own, are gone
+
+
+def test_a_job_folder_being_made_is_not_swept(tmp_path: Path) -> None:
+    """Between creating its owner lock and locking it, a new job folder's lock file is empty and unlocked: a
+    concurrent sweep must keep it (it is being made, its owner is not dead)."""
+    from workbench.launch.jobdir import JOB_PREFIX, OWNER_LOCK, sweep_stale_jobs
+
+    folder = tmp_path / f"{JOB_PREFIX}new"
+    folder.mkdir()
+    (folder / OWNER_LOCK).touch()  # created, not yet locked nor written
+    assert sweep_stale_jobs(tmp_path) == [] and folder.is_dir()
+    (folder / OWNER_LOCK).write_text("12345\n")  # a written owner that holds no lock: dead
+    assert sweep_stale_jobs(tmp_path) == [folder]

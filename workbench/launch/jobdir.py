@@ -4,7 +4,8 @@ A launcher killed with SIGKILL cannot remove its job folder, so each folder hold
 the launcher and inherited by the processes it starts (the local launcher's workers, torchrun's agent): the
 kernel drops that lock only when the last of them has exited. Each new launch first removes the job folders
 of this user whose owner lock nobody holds, never one whose workers still run. A folder without an owner
-lock (left by an older workbench, or being made this instant) is removed only once it is an hour old.
+lock, or with an empty one (left by an older workbench, or being made this instant), is removed only once it is an
+hour old.
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ def _stale(folder: Path, now: float) -> bool:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        # Its maker writes its pid only once it holds the lock: an empty lock file is a folder being made this
+        # instant (created, not yet locked), not one whose owner died.
+        if not os.pread(fd, 32, 0):
+            return now - os.fstat(fd).st_mtime > UNLOCKED_GRACE_SECONDS
     except BlockingIOError:
         return False  # the launcher or its workers still run
     finally:
