@@ -4,6 +4,12 @@
 tensor and never builds a model. Each row names a function of `workbench.mapper.presets` and says why
 it applies; `build_preset(name, source, config)` calls that function with what it needs (the CLI's
 `--preset NAME`).
+
+A layout preset is offered only when it binds (as its plan would) to a representative sample of the
+checkpoint (`representative`): every tensor outside repeated layers, and of each stack of numbered
+layers its first layer plus the first layer of every distinct per-layer signature (tensor names within
+the layer, dtypes and shapes). Layers with the same signature bind the same way, so the answer is the one
+the whole table would give, at the cost of a few layers instead of 10^5 tensors.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ LLAMA_LIKE = ("llama", "mistral")
 # caller passes TensorInfos, e.g. `catalog.tensors`), so a suggestion is never a plan that then fails.
 BOUND_BEFORE_OFFERED = ("hf_to_fused", "fused_to_hf", "hf_to_meta", "meta_to_hf", "megatron_qkv_to_hf", "from_transformers")
 MEGATRON_SHARD = re.compile(r"^mp_rank_\d{2}(?:_\d{3}){0,2}/")
+# The first all-digit segment of a name: the index of a repeated layer ('model.layers.7.mlp...' -> '7').
+LAYER_INDEX = re.compile(r"(?:^|\.)(\d+)(?=\.|$)")
 
 
 def _transformers_changes(model_type: str, names: list[str]) -> int | None:
@@ -51,8 +59,8 @@ def suggest_rows(names: Iterable[str], config: Any = None, *, registry: bool = T
     """The model type and (preset, why) rows. `registry=False` never imports transformers (nor torch): the
     transformers layout is then suggested when the names hold numbered experts, without counting the changes.
     When `names` is a mapping name -> TensorInfo (`catalog.tensors`), the layout presets in `BOUND_BEFORE_OFFERED`
-    are bound to it first (metadata only) and left out when their binding has errors (from_transformers only
-    with `registry=True`)."""
+    are bound first (metadata only) to its `representative` sample and left out when their binding has errors
+    (from_transformers only with `registry=True`)."""
     infos = names if isinstance(names, Mapping) else None
     names = list(names)
     data = read_config(config)
@@ -98,9 +106,47 @@ def suggest_rows(names: Iterable[str], config: Any = None, *, registry: bool = T
     if config is None:  # nothing to build them from: say so rather than offer a preset that cannot run as it is
         rows = [(name, why + " (needs the model's config.json beside the checkpoint)") if name in checked else (name, why)
                 for name, why in rows]
-    elif infos is not None and all(isinstance(info, TensorInfo) for info in infos.values()):
-        rows = [row for row in rows if row[0] not in checked or _binds(row[0], infos, config)]
+    elif infos is not None and any(row[0] in checked for row in rows) \
+            and all(isinstance(info, TensorInfo) for info in infos.values()):
+        sample = representative(infos)
+        rows = [row for row in rows if row[0] not in checked or _binds(row[0], sample, config)]
     return model_type, rows
+
+
+def representative(infos: Mapping[str, TensorInfo]) -> dict[str, TensorInfo]:
+    """A sub-catalog that binds as `infos` does, small however many layers it holds (in `infos`' order).
+
+    A tensor whose name has an all-digit segment belongs to layer (stack, index): the stack is the name up to
+    that segment ('model.layers.', 'model.vision_tower.blocks.'), the index the segment; the rest of the name
+    is its place in the layer (so experts or sub-blocks stay inside their layer). Kept: every tensor with no
+    such segment; of each stack, its lowest-numbered layer and the first layer of each distinct signature
+    (sorted (place in the layer, dtype, shape) of its tensors). Dense and MoE layers, lightning and softmax
+    attention layers, a layer with an extra bias or another shape each bring one layer; identical layers bind
+    identically, so leaving them out changes no answer. Metadata only; one pass over the names.
+    """
+    layers: dict[tuple[str, str], list[str]] = {}
+    kept: set[str] = set()
+    for name in infos:
+        match = LAYER_INDEX.search(name)
+        if match is None:
+            kept.add(name)
+        else:
+            layers.setdefault((name[: match.start(1)], match.group(1)), []).append(name)
+    first: dict[str, tuple[int, tuple[str, str]]] = {}  # stack -> (lowest index, its layer)
+    seen: set[tuple[str, tuple[Any, ...]]] = set()  # (stack, signature) already represented
+    chosen: set[tuple[str, str]] = set()
+    for (stack, index), names in layers.items():
+        if stack not in first or int(index) < first[stack][0]:
+            first[stack] = (int(index), (stack, index))
+        start = len(stack) + len(index) + 1
+        signature = tuple(sorted((name[start:], infos[name].dtype, tuple(infos[name].shape)) for name in names))
+        if (stack, signature) not in seen:
+            seen.add((stack, signature))
+            chosen.add((stack, index))
+    chosen.update(layer for _, layer in first.values())
+    for layer in chosen:
+        kept.update(layers[layer])
+    return {name: info for name, info in infos.items() if name in kept}
 
 
 def _binds(name: str, infos: Mapping[str, TensorInfo], config: Any) -> bool:
