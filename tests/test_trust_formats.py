@@ -204,6 +204,79 @@ def test_objects_beyond_the_budget_are_refused_before_any_is_built() -> None:
         load_inert(sets, source="bomb.pt", stored=1000)
 
 
+
+def _torch_pickle(obj: object) -> bytes:
+    import io
+    import zipfile
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    with zipfile.ZipFile(buffer) as archive:
+        return archive.read(next(name for name in archive.namelist() if name.endswith("data.pkl")))
+
+
+def test_the_cost_accounting_is_skipped_only_where_the_budget_cannot_be_reached(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path's condition, observed without timing: an uncompressed torch.save or Lightning-like pickle is
+    scanned without the accounting (its byte histogram bounds its cost under the budget); the same bytes counted as
+    deflated 5:1, a deflated EMPTY_SET bomb and an uncompressed one of 100k empty sets are accounted (and refused)."""
+    import zlib
+
+    import torch
+
+    from workbench.formats.pickle import bounds
+
+    seen: list[bool] = []
+    scan = bounds._scan
+
+    def recording(data: bytes, budget: float, *, account: bool, stored: int | None = None) -> tuple[str | None, int]:
+        seen.append(account)
+        return scan(data, budget, account=account, stored=stored)
+
+    monkeypatch.setattr(bounds, "_scan", recording)
+    torch_pickle = _torch_pickle({f"model.layers.{i}.mlp.w": torch.zeros(2) for i in range(20_000)})
+    lightning = _torch_pickle({"state_dict": {f"l.{i}.w": torch.zeros(2) for i in range(2_000)}, "epoch": 3,
+                               "optimizer_states": [{"state": {i: {"step": torch.tensor(1.0), "exp_avg": torch.zeros(2)}
+                                                               for i in range(2_000)}}],
+                               "loops": {"fit": [{"batch": i, "loss": i / 3} for i in range(2_000)]}})
+    for data in (torch_pickle, lightning):
+        assert len(data) > bounds.COST_SLACK // bounds.COST_FACTOR  # large enough for the per-byte factor to matter
+        assert bounds.pickle_problem(data, stored=len(data)) is None and seen.pop() is False
+        assert bounds.pickle_problem(data) is None and seen.pop() is False
+    assert bounds.pickle_problem(torch_pickle, stored=len(torch_pickle) // 5) is None and seen.pop() is True
+
+    sets = b"\x80\x02](" + b"\x8f" * 4_000_000 + b"e."
+    stored = len(zlib.compress(sets, 9))
+    assert "memory bomb" in (bounds.pickle_problem(sets, stored=stored) or "") and seen.pop() is True
+    small = b"\x80\x02](" + b"\x8f" * 100_000 + b"e."  # uncompressed, still 240 bytes per byte: accounted
+    assert "memory bomb" in (bounds.pickle_problem(small) or "") and seen.pop() is True
+
+
+def test_the_byte_histogram_bounds_every_running_cost() -> None:
+    """The inequality the fast path rests on (proved in `cost_bound`), checked on real pickles and on seeded random
+    opcode streams that push, pop below their MARKs and close MARKs that were never opened."""
+    import random
+
+    import torch
+
+    from workbench.formats.pickle import bounds
+
+    samples = [_torch_pickle({f"w{i}": torch.zeros(2) for i in range(500)}),
+               _torch_pickle({"opt": [{"lr": 0.1, "params": list(range(300))}], "loss": [i / 7 for i in range(300)]}),
+               b"\x80\x02](" + b"\x8f" * 5_000 + b"e.", b"(" + b"N" * 50 + b"0" * 60 + b"e" * 50 + b"."]
+    no_argument = [op.code.encode("latin-1") for op in __import__("pickletools").opcodes
+                   if op.arg is None and op.code not in ".("]
+    rng = random.Random(29)
+    for _ in range(300):
+        body = b"".join(rng.choice(no_argument) if rng.random() < 0.8 else b"(" for _ in range(rng.randrange(1, 400)))
+        samples.append(body + b".")
+    for data in samples:
+        problem, cost = bounds._scan(data, math.inf, account=True)
+        assert cost <= bounds.cost_bound(data), (problem, data[:40])
+        assert problem is None or "memory bomb" not in problem
+
+
 # ------------------------------------------------------------------------------------- B4: a header of many tensors
 
 _MEASURE = r"""
