@@ -21,6 +21,19 @@ from collections.abc import Callable, Iterable, Sequence
 
 from .errors import MapperError, WorkbenchError
 
+
+def is_unicode_text(text: str) -> bool:
+    """False for a string holding a lone UTF-16 surrogate (a JSON `\\ud800` escape or a pickle's string can carry
+    one): it is no Unicode character, so no file name, output header or terminal can hold it."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _ANY_BRACE = re.compile(r"[{}]")
 # What one placeholder captures: a non-empty part of one dotted segment (the shortest, when a segment

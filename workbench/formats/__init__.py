@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..catalog import Catalog
 from ..errors import CheckpointError
+from ..names import is_unicode_text
 from . import remote, safetensors_folder
 from .safetensors import looks_like_safetensors
 
@@ -57,15 +58,12 @@ def _valid_names(catalog: Catalog) -> Catalog:
     """Refuse a catalog with a tensor name that is not Unicode text: a lone UTF-16 surrogate, which a JSON escape
     (`\\ud800`) or a pickle's string can carry, and which no output header, file name or terminal can hold."""
     for name, info in catalog.tensors.items():
-        if not name.isascii():
-            try:
-                name.encode("utf-8")
-            except UnicodeEncodeError:
-                where = f" ({info.file})" if info.file else ""
-                raise CheckpointError(
-                    f"Cannot read {catalog.location}{where}: the tensor name {name!r} holds a lone UTF-16 surrogate (an unpaired "
-                    "\\ud800-\\udfff), which is not a Unicode character. The file is corrupt or crafted: re-export it with valid names.",
-                    file=str(catalog.location), tensor=None) from None
+        if not is_unicode_text(name):
+            where = f" ({info.file})" if info.file else ""
+            raise CheckpointError(
+                f"Cannot read {catalog.location}{where}: the tensor name {name!r} holds a lone UTF-16 surrogate (an unpaired "
+                "\\ud800-\\udfff), which is not a Unicode character. The file is corrupt or crafted: re-export it with valid names.",
+                file=str(catalog.location), tensor=None)
     return catalog
 
 

@@ -22,6 +22,7 @@ from ..display import format_shape
 from ..dtypes import DTYPE_BITS
 from ..errors import CannotRead, CheckpointError
 from ..iostats import open_for_read, read_at
+from ..names import is_unicode_text
 from .file_pool import FilePool
 from .json_errors import json_problem
 from .shape_bounds import INDEX_LIMIT, LIMIT, shape_problem
@@ -73,26 +74,18 @@ def _may_repeat_keys(raw: bytes, header: dict) -> bool:
     return any(raw.count(key) != n_tensors for key in (b'"data_offsets"', b'"dtype"', b'"shape"'))
 
 
-def _unencodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
 def _refuse_lone_surrogates(path: str, header: dict) -> None:
     """Refuse names and metadata holding a lone UTF-16 surrogate (a `\\ud800` escape): JSON's escapes allow
     it, but it is no Unicode character, so no file name, terminal or output header can hold it (the reference
     reader refuses it too)."""
     metadata = header.get("__metadata__")
     for name in header:
-        if _unencodable(name):
+        if not is_unicode_text(name):
             raise _fail(path, f"the tensor name {name!r} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), "
                               "which is not a Unicode character")
     if isinstance(metadata, dict):
         for key, value in metadata.items():
-            if _unencodable(key) or (isinstance(value, str) and _unencodable(value)):
+            if not is_unicode_text(key) or (isinstance(value, str) and not is_unicode_text(value)):
                 raise _fail(path, f"__metadata__ entry {key!r} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff "
                                   "escape), which is not a Unicode character")
 
@@ -216,7 +209,7 @@ def _metadata(path: str, metadata: object) -> dict[str, str]:
         return {}
     if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise _fail(path, "__metadata__ must be an object mapping strings to strings")
-    if any(_unencodable(k) or _unencodable(v) for k, v in metadata.items()):
+    if any(not is_unicode_text(k) or not is_unicode_text(v) for k, v in metadata.items()):
         _refuse_lone_surrogates(path, {"__metadata__": metadata})
     return metadata
 

@@ -24,6 +24,7 @@ from ..errors import PlanError
 from ..files import PARTIAL_SUFFIX, atomic_write, claim_temp, fsync_dir, replace_into, temp_path  # noqa: F401 (re-exported)
 from ..formats.safetensors_folder import INDEX_NAME  # the commit marker of a sharded output
 from ..iostats import IO
+from ..names import is_unicode_text
 from .base import FileLayout, OutputFormat
 from .direct_io import DirectWrites, reopen_direct
 
@@ -93,7 +94,7 @@ def layout_file(
         text, sizes, offset = _header_text(file, ordered, meta)
         body = text.encode("utf-8")
     except UnicodeEncodeError:
-        bad = next((t.name for t in ordered if _unencodable(t.name)), None)
+        bad = next((t.name for t in ordered if not is_unicode_text(t.name)), None)
         what = f"tensor name {bad!r}" if bad is not None else "the metadata"
         raise PlanError(f"Cannot lay out {file}: {what} is not valid Unicode text (lone surrogate). Fix it.", tensor=bad) from None
     body += b" " * (-len(body) % 8)
@@ -161,14 +162,6 @@ def _header_text(file: str, ordered: Sequence[TensorInfo], meta: Mapping[str, st
 
 
 _json_text = json.encoder.encode_basestring  # a JSON string literal, non-ASCII kept as it is (what ensure_ascii=False writes)
-
-
-def _unencodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 def preallocate(fd: int, size: int) -> None:
