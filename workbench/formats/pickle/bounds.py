@@ -30,10 +30,13 @@ within the budget, as for every uncompressed torch.save, DeepSpeed or Lightning 
 
 from __future__ import annotations
 
+import functools
 import pickletools
 from array import array
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 _LINE = -1  # argument up to the next newline
 _TWO_LINES = -11  # GLOBAL / INST: module and name, one line each
@@ -107,13 +110,15 @@ def _memo_problem(index: int, writes: int, at: int) -> str | None:
     return None
 
 
+@functools.cache
 def _byte_weights() -> np.ndarray:
     """Byte value -> the most the accounting can charge for one occurrence of that byte (see `cost_bound`)."""
+    import numpy as np
+
     most_per_item = max(per_item for *_, per_item in _EFFECTS)
     return np.array([max(made + most_per_item * pushes, 1) for _, pushes, _, made, _ in _EFFECTS], dtype=np.int64)
 
 
-_WEIGHTS = _byte_weights()
 _HISTOGRAM_CHUNK = 1 << 18
 
 
@@ -134,11 +139,13 @@ def cost_bound(data: bytes) -> int:
     stored byte: uncompressed torch, DeepSpeed and Lightning pickles skip the accounting, a deflated stream (where
     the budget follows the compressed size) or a crafted pickle of heavy opcodes does not.
     """
+    import numpy as np  # here: a safetensors-only run (which imports this module) never loads numpy
+
     values = np.frombuffer(data, dtype=np.uint8)
     histogram = np.zeros(256, dtype=np.int64)
     for start in range(0, len(values), _HISTOGRAM_CHUNK):  # bincount widens to 8 bytes per byte: 2 MiB at a time
         histogram += np.bincount(values[start : start + _HISTOGRAM_CHUNK], minlength=256)
-    return int(histogram @ _WEIGHTS)
+    return int(histogram @ _byte_weights())
 
 
 def pickle_problem(data: bytes, stored: int | None = None) -> str | None:
