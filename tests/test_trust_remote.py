@@ -123,6 +123,20 @@ def test_a_silent_server_is_announced_to_the_wait_hook(faulty, monkeypatch):
     assert seen and all(h == host and s >= 0.3 for h, s in seen)
 
 
+def test_a_conversion_bar_shows_the_wait_until_bytes_move():
+    """While a conversion's bar is open, "waiting for <host>" is its postfix (not a log line through the bar);
+    bytes moving clear it, and closing the bar gives the hook back."""
+    from workbench.engine.progress import Progress
+
+    progress = Progress(100, bar=True)
+    remote_limits._notify("127.0.0.1:9", 6.0)
+    assert "waiting for 127.0.0.1:9 (6 s without data)" in progress._bar.postfix
+    progress.update(10, force=True)
+    assert not progress._bar.postfix
+    progress.close()
+    assert remote_limits._wait_hook is None
+
+
 def test_exact_content_range_and_identity_are_asked(faulty, served):
     """The honest path still works through the checked reader, and asks for an unencoded body."""
     server = faulty("none", times=0)

@@ -74,6 +74,17 @@ class Progress:
         self._bar = make_bar(total) if bar else None
         self._shown = 0
         self._last = 0.0
+        self._waiting = False
+        self._remote = sys.modules.get("workbench.formats.remote_limits")  # loaded only when a source is remote
+        if self._bar is not None and self._remote is not None:
+            self._remote.set_wait_hook(self._show_wait)
+
+    def _show_wait(self, host: str, seconds: float) -> None:
+        """A remote read has had no data for a while: say so on the bar until bytes move again."""
+        bar = self._bar
+        if bar is not None:
+            bar.set_postfix_str(f"waiting for {host} ({seconds:.0f} s without data)")
+            self._waiting = True
 
     def update(self, done: int, *, force: bool = False) -> None:
         """Record that `done` bytes of `total` are produced; reports at most every MIN_INTERVAL s."""
@@ -83,6 +94,9 @@ class Progress:
             return
         self._last = now
         if self._bar is not None and done > self._shown:
+            if self._waiting:
+                self._waiting = False
+                self._bar.set_postfix_str("", refresh=False)
             self._bar.update(done - self._shown)
             self._shown = done
         if self._callback is not None and self._callback(self.rank, done, self.total) is False:
@@ -98,5 +112,7 @@ class Progress:
         """Report the final count and close the bar."""
         self.update(self.done, force=True)
         if self._bar is not None:
+            if self._remote is not None:
+                self._remote.set_wait_hook(None)
             self._bar.close()
             self._bar = None
