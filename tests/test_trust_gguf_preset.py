@@ -8,12 +8,19 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-import os
 import shutil
 from pathlib import Path
 
 import pytest
-from gguf_support.reference import CACHE, ROOT, _run_converter, building, converter, model_folder
+from gguf_support.reference import (
+    CACHE,
+    ROOT,
+    _run_converter,
+    building,
+    cached_folder,
+    converter,
+    model_folder,
+)
 
 import workbench as wb
 from workbench.engine.output_check import check_outputs
@@ -54,16 +61,7 @@ def _cached(family: str) -> Path:
     fixture cache, as `gguf_support.reference` caches its models."""
     recipe = hashlib.sha256((inspect.getsource(_biased_llama) + model_folder(family).name).encode()).hexdigest()[:8]
     folder = CACHE / "gguf-models" / f"{family}-biases-{SEED}-{recipe}"
-    if (folder / "model.safetensors").is_file():
-        return folder
-    with building(folder):
-        if not (folder / "model.safetensors").is_file():
-            aside = folder.with_name(f"{folder.name}.building")
-            shutil.rmtree(aside, ignore_errors=True)
-            _biased_llama(aside, family)
-            shutil.rmtree(folder, ignore_errors=True)
-            os.replace(aside, folder)
-    return folder
+    return cached_folder(folder, lambda aside: _biased_llama(aside, family))
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -53,6 +53,21 @@ def building(target: Path) -> Iterator[None]:
     with open(target.parent / f".{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+def cached_folder(folder: Path, make: Callable[[Path], None]) -> Path:
+    """`folder`, made once across processes: `make(aside)` builds it beside, then it is renamed into place, so a
+    folder holding `model.safetensors` is always complete."""
+    if (folder / "model.safetensors").is_file():
+        return folder
+    with building(folder):
+        if not (folder / "model.safetensors").is_file():
+            aside = folder.with_name(f"{folder.name}.building")
+            shutil.rmtree(aside, ignore_errors=True)
+            make(aside)
+            shutil.rmtree(folder, ignore_errors=True)
+            os.replace(aside, folder)
+    return folder
 
 
 def _pip(*args: str) -> None:
@@ -111,15 +126,8 @@ def model_folder(family: str, tokenizer: str | None = None) -> Path:
         return folder
     if kind != "fallback":
         converter()  # the sdist holds the GPT-2 vocabulary and the sentencepiece trainer
-    with building(folder):
-        if not (folder / "model.safetensors").is_file():
-            vocab = SCRIPT.parent / "models" / f"ggml-vocab-{ {'qwen2': 'qwen2', 'llama3': 'llama-bpe'}.get(kind, 'gpt-2')}.gguf"
-            aside = folder.with_name(f"{folder.name}.building")
-            shutil.rmtree(aside, ignore_errors=True)
-            build(aside, family, tokenizer=kind, vocab_gguf=vocab, train=_train_sentencepiece)
-            shutil.rmtree(folder, ignore_errors=True)
-            os.replace(aside, folder)
-    return folder
+    vocab = SCRIPT.parent / "models" / f"ggml-vocab-{ {'qwen2': 'qwen2', 'llama3': 'llama-bpe'}.get(kind, 'gpt-2')}.gguf"
+    return cached_folder(folder, lambda aside: build(aside, family, tokenizer=kind, vocab_gguf=vocab, train=_train_sentencepiece))
 
 
 def _fp8_folder(family: str, tokenizer: str | None) -> Path:
@@ -129,15 +137,7 @@ def _fp8_folder(family: str, tokenizer: str | None) -> Path:
     base = model_folder(family, tokenizer)
     recipe = hashlib.sha256((Path(__file__).parent / "fp8.py").read_bytes()).hexdigest()[:8]
     folder = base.with_name(f"{base.name}-fp8-{recipe}")
-    if (folder / "model.safetensors").is_file():
-        return folder
-    with building(folder):
-        if not (folder / "model.safetensors").is_file():
-            aside = folder.with_name(f"{folder.name}.building")
-            shutil.rmtree(aside, ignore_errors=True)
-            build_fp8(base, aside, BLOCKS[family])
-            shutil.rmtree(folder, ignore_errors=True)
-            os.replace(aside, folder)
+    return cached_folder(folder, lambda aside: build_fp8(base, aside, BLOCKS[family]))
     return folder
 
 
