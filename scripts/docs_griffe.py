@@ -12,9 +12,16 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import sys
+from pathlib import Path
 from typing import Any
 
 import griffe
+
+# The checkout this site documents, ahead of any installed copy (the `mkdocs` script does not put it on sys.path).
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 PUBLIC_MODULES = ("workbench", "workbench.mapper", "workbench.mapper.presets")
 

@@ -1,7 +1,7 @@
 """MkDocs hook for the documentation site: the CLI page shows the `workbench` command's own `--help` texts.
 
 `docs/cli.md` holds the marker `<!-- workbench-help -->`; the hook replaces it with the help of the command and
-of each subcommand, produced by the installed parser at build time, so the page cannot drift from the CLI.
+of each subcommand, produced by this checkout's parser at build time, so the page cannot drift from the CLI.
 """
 
 from __future__ import annotations
@@ -9,7 +9,14 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import sys
+from pathlib import Path
 from typing import Any
+
+# The checkout this site documents, ahead of any installed copy (the `mkdocs` script does not put it on sys.path).
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 MARKER = "<!-- workbench-help -->"
 
