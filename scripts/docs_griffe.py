@@ -73,14 +73,14 @@ class PublicNames(griffe.Extension):
 
 
 def _describe_registry(static: griffe.Module, runtime: Any) -> None:
-    """Give the presets registry `PRESETS` (a dict with a comment, not a docstring) a docstring listing it."""
-    registry = getattr(runtime, "PRESETS", None)
+    """Give the presets registry `PRESETS` (a dict under a comment, not a docstring) a docstring, so it is listed."""
     member = static.members.get("PRESETS")
-    if not isinstance(registry, dict) or member is None or member.is_alias or member.docstring:
+    if member is not None and member.is_alias:
+        member = member.final_target
+    if not hasattr(runtime, "PRESETS") or member is None or member.docstring:
         return
-    rows = "\n".join(f"| `{name}` | {what} |" for name, what in registry.items())
     member.docstring = griffe.Docstring(
         "The presets front ends offer (`workbench convert --preset NAME`, `ck.suggest()`, the MapperBuilder): "
-        "name under `M.presets` -> what it does.\n\n| preset | does |\n|---|---|\n" + rows,
+        "name under `M.presets` -> what it does, in a few words. Register a preset here to offer it everywhere.",
         parent=member,
     )
