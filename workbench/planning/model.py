@@ -264,16 +264,9 @@ class Plan:
     @property
     def library_note(self) -> str:
         """Which libraries the run imports, for the summary: start-up of torch costs seconds per process."""
-        if self.needs_torch:
-            return "torch needed"
-        if any(s.kind == ROWS for s in self.steps):
-            return "GGUF tensors by numpy in row chunks (no torch)"
-        if any(s.kind != COPY for s in self.steps):
-            return "casts by numpy (torch only for chunks holding NaN)"
-        from .lanes import rank_lanes
+        from .plan_report import library_note
 
-        lanes = max((len(lanes) for r in range(self.nproc) if (lanes := rank_lanes(self, r)) is not None), default=1)
-        return "byte copies only (no torch)" + (f", {lanes} copy lanes per rank" if lanes > 1 else "")
+        return library_note(self)
 
     @property
     def total_size(self) -> int:

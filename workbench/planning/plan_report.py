@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 from ..display import format_bytes, format_count, format_decimal, html_table, text_table
 from .extras import COPIED, SKIPPED, UPDATED
-from .schedule import COMPUTE
+from .lanes import rank_lanes
+from .schedule import COMPUTE, COPY, ROWS
 
 if TYPE_CHECKING:  # pragma: no cover
     from .model import Plan
@@ -41,13 +42,25 @@ def headline(plan: Plan) -> list[str]:
         *_download_lines(plan),
         f"RAM to provision: {format_bytes(plan.rss_bytes)} per process (predicted RSS); "
         f"peak tensor memory: {format_bytes(plan.peak_bytes)} per process; ranks: {plan.nproc}"
-        + f"; {plan.library_note}",
+        + f"; {library_note(plan)}",
     ]
     lines += _extras_lines(plan)
     lines += _metadata_lines(plan)
     if plan.copied_objects:
         lines.append(f"non-tensor entries copied verbatim: {len(plan.copied_objects)}")
     return lines
+
+
+def library_note(plan: Plan) -> str:
+    """Which libraries the run imports, in words (`Plan.library_note`): start-up of torch costs seconds per process."""
+    if plan.needs_torch:
+        return "torch needed"
+    if any(s.kind == ROWS for s in plan.steps):
+        return "GGUF tensors by numpy in row chunks (no torch)"
+    if any(s.kind != COPY for s in plan.steps):
+        return "casts by numpy (torch only for chunks holding NaN)"
+    lanes = max((len(lanes) for r in range(plan.nproc) if (lanes := rank_lanes(plan, r)) is not None), default=1)
+    return "byte copies only (no torch)" + (f", {lanes} copy lanes per rank" if lanes > 1 else "")
 
 
 def _download_lines(plan: Plan) -> list[str]:
