@@ -124,6 +124,42 @@ def test_the_check_sees_a_cycle_between_packages(tmp_path: Path, monkeypatch: py
     assert _package_cycles() == [["conversion", "widgets", "launch"]]
 
 
+def _module_cycles(folder: str) -> list[list[str]]:
+    """Circles among the modules of one part (`planning` ...): module -> modules of the part it imports, lazily or
+    not; imports for annotations only (under `TYPE_CHECKING`) do not run and do not count."""
+    root = PACKAGE / folder
+    names = {p.stem for p in root.glob("*.py") if p.stem != "__init__"}
+    graph: dict[str, set[str]] = {}
+    for path in sorted(root.glob("*.py")):
+        if path.stem == "__init__":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        hidden = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+                  for n in ast.walk(node)}
+        found = graph.setdefault(path.stem, set())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and id(node) not in hidden:
+                found.update([node.module] if node.module else [a.name for a in node.names if a.name in names])
+        found &= names - {path.stem}
+    cycles: set[tuple[str, ...]] = set()
+
+    def walk(module: str, trail: list[str]) -> None:
+        for nxt in sorted(graph.get(module, ())):
+            if nxt == trail[0]:
+                cycles.add(tuple(trail))
+            elif nxt not in trail and nxt > trail[0]:
+                walk(nxt, [*trail, nxt])
+
+    for module in sorted(graph):
+        walk(module, [module])
+    return sorted(map(list, cycles))
+
+
+def test_planning_modules_import_each_other_without_a_circle() -> None:
+    """Runs, schedule, layout and the plan build on each other in one direction (runs -> schedule, never back)."""
+    assert _module_cycles("planning") == []
+
+
 def test_the_engine_runs_steps_by_kind_not_by_planning_classes() -> None:
     """The schedule's steps say what they are (`Step.kind`, `Step.run`); the engine never imports the planner's
     run classes to ask a group's type."""
