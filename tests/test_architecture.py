@@ -1,5 +1,5 @@
 """The package's shape: imports run with the flow (formats -> catalog -> mapper -> planning -> engine ->
-launch -> front ends), and the paths of the 0.1 layout still import, with a warning, for one release."""
+launch -> front ends), and every module imports cleanly."""
 
 from __future__ import annotations
 
@@ -61,8 +61,6 @@ def _imports(path: Path) -> set[str]:
 def _violations() -> list[str]:
     bad = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        if path.name == "_moved.py":
-            continue
         here = _part("workbench." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts))
         for module in _imports(path):
             if _part(module) in NEVER.get(here, ()):
@@ -80,31 +78,6 @@ def test_the_check_sees_a_wrong_way_import(tmp_path: Path, monkeypatch: pytest.M
     (fake / "formats" / "bad.py").write_text("from ..planning.model import Plan\n")
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
     assert _violations() == ["workbench/formats/bad.py imports workbench.planning.model"]
-
-
-@pytest.mark.parametrize(("old", "new"), [
-    ("workbench.view", "workbench.explore.checkpoint"),
-    ("workbench.formats.safetensors_writer", "workbench.output.safetensors"),
-    ("workbench.lightning_extract", "workbench.training.extract"),
-    ("workbench.engine.lock", "workbench.output.lock"),
-])
-def test_old_paths_import_the_new_module_with_a_deprecation_warning(old: str, new: str) -> None:
-    import workbench  # noqa: F401  (installs the finder)
-
-    sys.modules.pop(old, None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        module = importlib.import_module(old)
-    assert module is importlib.import_module(new)
-    assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught)
-
-
-def test_engine_names_that_moved_still_resolve_with_a_warning() -> None:
-    import workbench.conversion
-    import workbench.engine
-
-    with pytest.warns(DeprecationWarning, match="workbench.conversion"):
-        assert workbench.engine.convert is workbench.conversion.convert
 
 
 def test_every_module_imports_without_deprecated_paths() -> None:
