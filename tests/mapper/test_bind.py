@@ -208,7 +208,7 @@ def test_function_without_infer_runs_on_meta_tensors_and_checks_results():
     binding = mapper.bind(tensors)
     assert binding.ok and [(t.name, t.shape) for t in binding.outputs.values()] == [("layers.0.neg", (2, 3)), ("layers.1.neg", (4,))]
     assert torch.equal(mapper.apply(tensors)["layers.1.neg"], -torch.ones(4))
-    lying = M.Function(fn="torch:neg", inputs=["x"], outputs=["y"], infer="test_mapper_bind:infer_wrong_shape")
+    lying = M.Function(fn="torch:neg", inputs=["x"], outputs=["y"], infer="tests.mapper.test_bind:infer_wrong_shape")
     with pytest.raises(MapperError, match=r"Cannot apply Function\(fn='torch:neg'.*output 'y' came out as F32 \[3\], but its inference declared F32 \[4\]"):
         lying.apply({"x": torch.ones(3)})
     broken = M.Function(fn="no_such_module_here:f", inputs=["x"], outputs=["y"])

@@ -107,7 +107,7 @@ def test_plan_problem_in_process(llama_sample: Path, tmp_path: Path) -> None:
     plan = wb.plan(llama_sample, mapper, nproc=2)
     assert not plan.ok and any("define it in a module" in p.message.lower() for p in plan.errors)
     missing = M.Function("no_such_module_here:double", ["model.norm.weight"], ["model.norm.weight"],
-                         infer="test_trust_plan_function_ranks:_same")
+                         infer="tests.mapper.test_function:_same")
     plan = wb.plan(llama_sample, missing, nproc=2)
     assert any("'no_such_module_here' of" in p.message for p in plan.errors)
     with pytest.raises(PlanError, match="on 2 ranks"):
