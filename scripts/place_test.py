@@ -8,7 +8,7 @@ The rule (tests/<package>/test_<module>.py, slow end-to-end suites in tests/syst
 - a name of the layout before the move (`test_view_diff.py`, `test_writer.py`, ...) goes where that file went (`MOVED`);
 - `test_<package>_<module>.py` goes to `tests/<package>/test_<module>.py` (`plan_` means planning, `view_` explore);
 - `test_trust_<rest>.py` is placed as `test_<rest>.py` would be;
-- `test_gguf_*` and `test_pth_*` go to tests/output/ whole, `test_remote_*` to tests/formats/ whole;
+- `test_gguf_*` and `test_pth_*` go to tests/output/ whole, `test_remote_*` to tests/formats/, `test_docs_*` to tests/system/;
 - a top-level module's name (`test_names.py`, `test_files_x.py`) goes to tests/core/.
 Anything else is reported, not moved. Moving rewrites `from conftest import` to `from tests.conftest import`, imports
 of moved test modules to their new names, and `Path(__file__).resolve().parent.parent` to `.parents[2]`.
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
 PACKAGES = ("formats", "mapper", "planning", "engine", "launch", "output", "explore", "training", "model_io", "widgets", "cli")
 ALIASES = {"plan": "planning", "view": "explore"}
-WHOLE = {"gguf": "output", "pth": "output", "remote": "formats"}  # the prefix stays in the file name
+WHOLE = {"gguf": "output", "pth": "output", "remote": "formats", "docs": "system"}  # the prefix stays in the file name
 CORE = ("architecture", "catalog", "dtypes", "errors", "names", "display", "files", "overflow", "iostats", "conversion", "digest")
 
 # where each file of the layout before the move went (tests/<old>.py -> tests/<new>.py)

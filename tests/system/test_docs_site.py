@@ -16,7 +16,7 @@ import yaml
 import workbench
 import workbench.mapper as M
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 
 
