@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import ast
 import math
+import typing
 from pathlib import Path
 
 import pytest
 
 from workbench import mapper as M
 from workbench.catalog import Catalog, TensorInfo
-from workbench.mapper.groups import PROBLEM_KINDS
+from workbench.mapper.groups import PROBLEM_KINDS, ProblemKind
 
 PACKAGE = Path(__file__).resolve().parents[2] / "workbench"
 Q0, K0, NORM0 = "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight", "model.layers.0.input_layernorm.weight"
@@ -98,3 +99,7 @@ def test_a_problem_built_by_hand_keeps_its_positional_fields() -> None:
     problem = M.Problem("warning", "look", "Rename(a -> b)", "a")
     assert (problem.severity, problem.message, problem.op, problem.tensor, problem.kind) == ("warning", "look", "Rename(a -> b)", "a", "")
     assert M.Problem("error", "x", kind="missing").kind == "missing"
+
+
+def test_the_vocabulary_and_its_type_name_the_same_kinds() -> None:
+    assert set(typing.get_args(ProblemKind)) == set(PROBLEM_KINDS) and all(PROBLEM_KINDS.values())
