@@ -46,7 +46,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 # a parent without job control (`make test` under CI), make, pytest and every child that does not start a session
 # of its own share that group, and a SIGINT sent to it ends pytest as "interrupted" (exit status 2) with nothing
 # saying who sent it. The watch says whether a signal came through the group (and when); tests start children that
-# could signal their group in sessions of their own, and tests/test_trust_suite_signals.py checks the launchers.
+# could signal their group in sessions of their own, and tests/launch/test_processes.py checks the launchers.
 _GROUP_WATCH_CODE = r"""
 import os, signal, sys, time
 log, parent = sys.argv[1], int(sys.argv[2])

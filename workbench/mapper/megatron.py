@@ -427,7 +427,7 @@ def vocab_padding_problems(catalog: Any, outputs: Mapping[str, TensorInfo]) -> l
         f"config.json made from these args) says vocab_size {padded}: the model can predict tokens no tokenizer has. "
         "Pass the tokenizer's vocabulary size: megatron_to_hf(source, vocab_size=N) (or megatron_merge) and "
         "hf_config(source, vocab_size=N).",
-        None, kept[0],
+        None, kept[0], kind="preset",
     )]
 
 

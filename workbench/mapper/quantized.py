@@ -512,7 +512,7 @@ def partial_block_problems(groups: Iterable[Any], shown: int = 5) -> list[Proble
         "(on CPU, on GPUs below compute capability 8.9, or with dequantize=True) takes the tile size from the scale "
         "grid and multiplies those rows and columns by the wrong scales (or refuses them as not divisible by the scale "
         "grid). Choose a block that divides these shapes, or leave these tensors out of quantize_fp8's targets.",
-        None, partial[0][0],
+        None, partial[0][0], kind="preset",
     )]
 
 

@@ -45,7 +45,7 @@ def _duplicate_outputs(binding: Binding) -> list[Problem]:
             if out.name in seen:
                 problems.append(
                     Problem("error", f"Cannot write output {out.name!r}: two groups produce it. Give one of them another name.",
-                            tensor=out.name)
+                            tensor=out.name, kind="clash")
                 )
             seen.add(out.name)
     return problems
@@ -65,7 +65,7 @@ def _scoped_outputs(binding: Binding, catalog: Catalog) -> list[Problem]:
     return [
         Problem("error", f"Cannot write {len(names)} tensor(s) of source {scope!r} under their scoped names (e.g. {names[0]!r}): "
                          "no operation maps them. Map them (e.g. with a preset) or M.Drop them.",
-                tensor=names[0])
+                tensor=names[0], kind="unmapped")
         for scope, names in left.items()
     ]
 
@@ -77,9 +77,9 @@ def _metadata_problems(header_metadata: HeaderMetadata, options: PlanOptions, ou
     if not output.keeps_header_metadata:
         keys = sorted({k for m in header_metadata.per_file.values() for k in m if k != "format"})
         return [Problem("warning", f"The source's safetensors header metadata ({', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}) "
-                                   f"is not kept: a {output.title} output has no header metadata. Convert to safetensors to keep it.")]
+                                   f"is not kept: a {output.title} output has no header metadata. Convert to safetensors to keep it.", kind="metadata")]
     return [
-        Problem("warning", f"Source header metadata {key!r} is not kept: {reason}. Convert those files separately to keep it.")
+        Problem("warning", f"Source header metadata {key!r} is not kept: {reason}. Convert those files separately to keep it.", kind="metadata")
         for key, reason in sorted(header_metadata.dropped.items())
     ]
 
@@ -209,19 +209,19 @@ def _build_plan(
     if mapper is not None and options.nproc > 1:
         from ..mapper.function import rank_problems
 
-        problems += [Problem("error", why) for why in rank_problems(mapper, options.nproc)]
+        problems += [Problem("error", why, kind="ranks") for why in rank_problems(mapper, options.nproc)]
     problems += _preset_warnings(binding, catalog, mapper)
     steps = build_steps(binding.groups, SourceAccess(catalog.reader), options.chunk_bytes,
                         coalesce=coalesce_copies if runs else None)
     if not steps:
         problems.append(Problem("error", "Cannot convert: the mapper produces no tensors (everything is dropped). "
-                                          "Check the mapper and the rest= policy."))
+                                          "Check the mapper and the rest= policy.", kind="empty"))
     header_metadata = HeaderMetadata(catalog.file_metadata)
     try:
         offsets = reader_offsets(catalog.reader) if options.page_align else None
         files, warnings = layout_outputs(steps, options.shard_size, output, header_metadata.choose, offsets)
     except PlanError as exc:
-        problems.append(Problem("error", exc.message, tensor=exc.tensor))
+        problems.append(Problem("error", exc.message, tensor=exc.tensor, kind="layout"))
         files, warnings = [], []
     problems += warnings + _metadata_problems(header_metadata, options, output)
     if files:
@@ -243,12 +243,12 @@ def _build_plan(
     extras = [e.path for e in extra_files if e.written]
     committed: list[str] = []  # files written at commit beside the shards (DCP: objects file, .metadata)
     objects, object_warnings = output.carried_objects(catalog.reader, options.rest)
-    problems += [Problem("warning", w) for w in object_warnings]
+    problems += [Problem("warning", w, kind="objects") for w in object_warnings]
     outputs = {t.name for step in steps for t in step.group.outputs} if objects else set()
     for name in sorted({o.name for o in objects} & outputs):
         problems.append(Problem("error", f"Cannot write {output.title} entry {name!r}: it is both an output tensor and a "
                                          "non-tensor entry of the source. Rename the tensor, or drop the entries with rest='drop'.",
-                                tensor=name))
+                                tensor=name, kind="clash"))
     committed = output.commit_files([f.layout for f in files], bool(objects))
     kept_names = set(kept)
     complete = False

@@ -56,14 +56,14 @@ def _oversized(infos: list[TensorInfo], limit: int) -> list[Problem]:
             f"{len(infos)} tensors are larger than the shard size ({format_bytes(limit)}), the largest {biggest.name!r} "
             f"({format_bytes(biggest.nbytes)}): each gets a shard of its own, as the HF tools do. Raise the shard size "
             "to avoid oversized shards.",
-            tensor=biggest.name,
+            tensor=biggest.name, kind="layout",
         )]
     return [
         Problem(
             "warning",
             f"Tensor {info.name!r} ({format_bytes(info.nbytes)}) is larger than the shard size ({format_bytes(limit)}): "
             "it gets a shard of its own, as the HF tools do. Raise the shard size to avoid oversized shards.",
-            tensor=info.name,
+            tensor=info.name, kind="layout",
         )
         for info in infos
     ]
