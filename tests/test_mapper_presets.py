@@ -14,7 +14,7 @@ import workbench as wb
 from workbench import mapper as M
 from workbench.errors import MapperError
 from workbench.mapper import presets
-from workbench.mapper.model_shape import AttentionShape, attention_shape
+from workbench.mapper.presets.model_shape import AttentionShape, attention_shape
 
 SMALL = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, tie_word_embeddings=False)
@@ -183,7 +183,7 @@ def test_presets_are_ordinary_mappers_that_compose():
 
 def test_one_preset_registry_serves_the_builder_and_the_cli() -> None:
     from workbench.mapper.presets import PRESETS
-    from workbench.mapper.suggest import build_preset, find_config
+    from workbench.mapper.presets.suggest import build_preset, find_config
     from workbench.widgets.builder import MapperBuilder
 
     llama = Path(__file__).resolve().parent.parent / "sample_checkpoints" / "tiny-llama"

@@ -20,8 +20,8 @@ from ..api_types import Rest
 from ..catalog import Catalog, TensorInfo
 from ..dtypes import normalize_dtype
 from ..errors import MapperError, WorkbenchError
+from ..module_state import StateEntry, module_state
 from .groups import Binding, Problem
-from .module_state import StateEntry, module_state
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -364,7 +364,7 @@ def config_target(config: Any = None, model_type: str | None = None) -> Target:
     object) holds, built on the meta device (no memory, no weights). `model_type` (e.g. 'llama') builds
     that type instead, with the config's sizes when a config is given and transformers' defaults otherwise.
     Raises MapperError when transformers (or torch) is missing or does not know the model type."""
-    from .model_shape import read_config
+    from .presets.model_shape import read_config
 
     data = dict(read_config(config))
     if model_type:

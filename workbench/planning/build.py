@@ -15,7 +15,7 @@ from ..mapper.base import Mapper
 from ..mapper.files import code_digest
 from ..mapper.groups import Binding, Problem
 from ..mapper.op import Op
-from ..mapper.output_presets import OUTPUT_PRESETS
+from ..mapper.presets.output_presets import OUTPUT_PRESETS
 from ..output import OutputFormat, output_format
 from ..output.destination import local_destination
 from . import copy_runs
@@ -90,7 +90,7 @@ def _quantisation_changes(binding: Binding, mapper: Any) -> dict | None:
     """What the mapper's (de)quantisation ops change in config.json (see `mapper.quantized.config_changes`). The
     groups' ops are the mapper's leaves with their names filled (plus the dtype policy's casts, which never
     quantise): a mapper without such leaves changes nothing, found without a pass over the groups."""
-    from ..mapper.quantized import changes_config, config_changes
+    from ..mapper.presets.quantized import changes_config, config_changes
 
     if not changes_config(mapper):
         return None
@@ -102,11 +102,11 @@ def _preset_warnings(binding: Binding, catalog: Catalog, mapper: Any) -> list[Pr
     (`mapper.quantized.partial_block_problems`), a Megatron vocabulary still padded (`mapper.megatron.vocab_padding_problems`)."""
     found: list[Problem] = []
     if mapper is not None:  # (imported only then: a plain copy imports no mapper presets)
-        from ..mapper.quantized import changes_config, partial_block_problems
+        from ..mapper.presets.quantized import changes_config, partial_block_problems
 
         found += partial_block_problems(binding.groups) if changes_config(mapper) else []
     if catalog.format == "megatron":
-        from ..mapper.megatron import vocab_padding_problems
+        from ..mapper.presets.megatron import vocab_padding_problems
 
         found += vocab_padding_problems(catalog, binding.outputs)
     return found
@@ -180,7 +180,7 @@ def _format_default(catalog: Catalog, mapper: Any, options: PlanOptions) -> tupl
     if mapper is None and catalog.format == "megatron" and catalog.metadata.get("layout") == "legacy":
         from dataclasses import replace
 
-        from ..mapper.megatron import megatron_merge
+        from ..mapper.presets.megatron import megatron_merge
 
         return megatron_merge(catalog), replace(options, rest="drop")
     return mapper, options

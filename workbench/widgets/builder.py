@@ -302,7 +302,7 @@ class MapperBuilder(Panel):
 
     def _preset_options(self) -> list[tuple[str, str]]:
         """(label, key) of every preset; those that apply to the source first, marked ★ (names and config only)."""
-        from ..mapper.suggest import suggest_rows
+        from ..mapper.presets.suggest import suggest_rows
 
         try:
             _, rows = suggest_rows(self.source.catalog.tensors, self.config, registry=False)
@@ -313,7 +313,7 @@ class MapperBuilder(Panel):
         return [(f"★ {labels[key]}", key) for key in suggested] + [(label, key) for key, label in labels.items() if key not in suggested]
 
     def _find_config(self) -> Path | None:
-        from ..mapper.suggest import find_config
+        from ..mapper.presets.suggest import find_config
 
         return find_config(self.source.path, self.source.catalog)  # a URL's config.json too, as the CLI finds it
 
@@ -555,7 +555,7 @@ class MapperBuilder(Panel):
             self.steps = []
             self.refresh()
             return
-        from ..mapper.suggest import build_preset
+        from ..mapper.presets.suggest import build_preset
 
         label = _presets()[key]
         try:
@@ -580,7 +580,7 @@ class MapperBuilder(Panel):
         if not key:
             self.form_message.value = message_html("Choose a preset first.", "warning")
             return False
-        from ..mapper.suggest import build_preset
+        from ..mapper.presets.suggest import build_preset
 
         names = self.names_before()
         source = self.source.catalog if not self.steps or key in ("lora_merge", "average") else names

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..catalog import TensorInfo
-from ..dtypes import from_torch
-from ..errors import MapperError
+from .catalog import TensorInfo
+from .dtypes import from_torch
+from .errors import MapperError
 
 
 @dataclass(frozen=True)

@@ -10,17 +10,17 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..dtypes import is_float, normalize_dtype
-from ..names import Template, placeholders_of
-from .base import Mapper
-from .bind import source_infos
-from .claim import Claim, template_regex
-from .compose import Parallel, PrefixScope, Sequential
-from .function import Function
+from ...dtypes import is_float, normalize_dtype
+from ...names import Template, placeholders_of
+from ..base import Mapper
+from ..bind import source_infos
+from ..claim import Claim, template_regex
+from ..compose import Parallel, PrefixScope, Sequential
+from ..function import Function
+from ..ops import Cast, Concat, Rename, Reshape, Split, Transpose
+from ..state import Node, State
 from .model_shape import AttentionShape, attention_shape
-from .ops import Cast, Concat, Rename, Reshape, Split, Transpose
 from .quantized import dequantize_fp8, dequantize_mxfp4, quantize_fp8  # noqa: F401 - quantised weights live in their own module
-from .state import Node, State
 from .transformers_layout import from_transformers  # noqa: F401 - the transformers-5 layout preset lives in its own module
 
 LAYERS = "model.layers.{i}"
@@ -258,7 +258,7 @@ def lora_merge(
 
     Given a PEFT adapter folder (or its adapter_config.json, or {'config','tensors'}) instead of a number, read
     PEFT's own files: LoRA, rsLoRA, rank/alpha patterns, fan_in_fan_out, modules_to_save, LoRA biases, DoRA,
-    with the adapter as source `source` of a multi-source catalog (workbench.mapper.lora; `unmerge` reverses);
+    with the adapter as source `source` of a multi-source catalog (workbench.mapper.presets.lora; `unmerge` reverses);
     `base`: the base model's folder (or its config.json as a mapping), read for tie_word_embeddings.
     `wrapped`: base weights sit at `x.base_layer.weight` (PEFT-wrapped) rather than `x.weight`;
     `adapter`: the adapter name in the keys (`lora_A.<adapter>.weight`), None when absent (saved adapters).
@@ -275,10 +275,10 @@ def lora_merge(
         module = _lora_module(layers, target)
         base = f"{module}.base_layer.weight" if wrapped else f"{module}.weight"
         ops.append(Function(
-            fn="workbench.mapper.functions:merge_lora",
+            fn="workbench.mapper.presets.functions:merge_lora",
             inputs=[base, f"{module}.lora_A{tag}.weight", f"{module}.lora_B{tag}.weight"],
             outputs=[f"{module}.weight"],
-            infer="workbench.mapper.functions:infer_merge_lora",
+            infer="workbench.mapper.presets.functions:infer_merge_lora",
             params={"scale": float(scale)},
         ))
     return Sequential(
@@ -353,8 +353,8 @@ def cast_policy(source: Any, dtype: str = "bf16", *, keep: Sequence[str] = ("nor
 
 # -- several sources --------------------------------------------------------------------------------------
 def average(sources: Any, weights: Sequence[float] | None = None, *, like: Any = None) -> Mapper:
-    """The (weighted) mean of several checkpoints, tensor by tensor, fp32 accumulation (workbench.mapper.average)."""
-    from .average import average as build
+    """The (weighted) mean of several checkpoints, tensor by tensor, fp32 accumulation (workbench.mapper.presets.averaging)."""
+    from .averaging import average as build
 
     return build(sources, weights, like=like)
 
@@ -362,7 +362,7 @@ def average(sources: Any, weights: Sequence[float] | None = None, *, like: Any =
 # The presets front ends offer (the builder's list, `workbench convert --preset NAME`, `ck.suggest()`):
 # name under `M.presets` -> what it does, in a few words. Each is called with what its first parameter
 # asks for (`config`: the model's config.json; `source`/`sources`: the checkpoint; nothing: its defaults;
-# `lora_merge`: the folder of the source named 'adapter'), see `workbench.mapper.suggest.build_preset`.
+# `lora_merge`: the folder of the source named 'adapter'), see `workbench.mapper.presets.suggest.build_preset`.
 # Register a new preset here to make it appear everywhere.
 PRESETS: dict[str, str] = {
     "from_transformers": "checkpoint → transformers-5 in-memory layout (experts stacked)",
