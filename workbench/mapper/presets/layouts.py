@@ -20,8 +20,6 @@ from ..function import Function
 from ..ops import Cast, Concat, Rename, Reshape, Split, Transpose
 from ..state import Node, State
 from .model_shape import AttentionShape, attention_shape
-from .quantized import dequantize_fp8, dequantize_mxfp4, quantize_fp8  # noqa: F401 - quantised weights live in their own module
-from .transformers_layout import from_transformers  # noqa: F401 - the transformers-5 layout preset lives in its own module
 
 LAYERS = "model.layers.{i}"
 LLAMA_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -383,9 +381,3 @@ PRESETS: dict[str, str] = {
     "lora_merge": "merge the PEFT adapter of source 'adapter'",
     "average": "average every source (uniform)",
 }
-
-
-# Megatron-core GPT checkpoints (TP/PP merge, Megatron -> HF names) live in their own module; imported last
-# because they build on megatron_qkv_to_hf above.
-from .megatron import hf_config as megatron_hf_config  # noqa: E402,F401
-from .megatron import megatron_merge, megatron_to_hf  # noqa: E402,F401

@@ -44,6 +44,7 @@ from ..compose import Parallel, Sequential
 from ..function import Function
 from ..groups import Problem
 from ..ops import Concat, Drop, Rename, Split, Unstack
+from .layouts import _UNKNOWN_HINT, MEGATRON_QKV, megatron_qkv_to_hf
 
 LAYER_KEY = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 VOCAB_PARALLEL = ("embedding.word_embeddings.weight", "output_layer.weight")
@@ -364,8 +365,7 @@ def megatron_to_hf(source: Any, *, config: Any = None, vocab_size: int | None = 
     dict or transformers config) gives the attention shape; by default it is made from the checkpoint's args
     (`hf_config`). Tensors of the Megatron layout the preset does not know are reported, not passed through.
     """
-    from .layouts import _UNKNOWN_HINT, megatron_qkv_to_hf
-    from .layouts import MEGATRON_QKV as qkv  # noqa: N811 - the preset's template of the fused QKV module
+    qkv = MEGATRON_QKV  # the preset's template of the fused QKV module
 
     catalog = getattr(source, "catalog", source)
     legacy = _is_legacy(catalog)

@@ -32,6 +32,7 @@ from ..compose import Parallel
 from ..function import Function
 from ..groups import Problem
 from ..state import Node, State
+from .layouts import fold_names
 from .model_shape import read_config
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -279,8 +280,6 @@ def _functions(pairs: dict[str, tuple[str, ...]], outputs: dict[str, tuple[str, 
                make: Any) -> Mapper:
     """One Function per folded template of `pairs` (first input -> all inputs), spelling out names whose
     template would also catch a tensor that is not part of a pair."""
-    from .layouts import fold_names
-
     names = list(all_names)
     index = State({name: Node(None) for name in names})
     ops: list[Mapper] = []
