@@ -1078,14 +1078,16 @@ class MapperBuilder(Panel):
         if not text:
             self.set_target(None)
             return
+        from ..mapper.presets.transformers_target import config_target
+
         path = Path(text).expanduser()
         try:
             if path.is_file() and path.suffix == ".json":
-                target: Any = target_check.config_target(path)
+                target: Any = config_target(path)
             elif path.is_dir() and (path / "config.json").is_file() and not _holds_tensors(path):
-                target = target_check.config_target(path / "config.json")
+                target = config_target(path / "config.json")
             elif not path.exists() and _looks_like_model_type(text):
-                target = target_check.config_target(self.config, model_type=text)
+                target = config_target(self.config, model_type=text)
             else:
                 target = text
         except WorkbenchError as exc:
