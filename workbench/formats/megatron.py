@@ -336,7 +336,8 @@ def _catalog(ck: MegatronCheckpoint, optimizer: bool) -> Catalog:
         metadata["unsafe_globals"] = ", ".join(unsafe)
     extras = sorted(n for n in os.listdir(ck.root) if n in MODEL_EXTRAS and (ck.root / n).is_file())
     catalog = Catalog(root=ck.root, format="megatron", tensors=tensors, files=files, metadata=metadata, warnings=warnings,
-                      reader=ShardedTorchReader(readers), columns=columns, extras=extras)
+                      reader=ShardedTorchReader(readers), columns=columns, extras=extras,
+                      default_preset="megatron_merge")  # without a mapper, rank shards convert to the merged model
     return catalog
 
 

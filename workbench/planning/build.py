@@ -175,14 +175,15 @@ def build_plan(
 
 
 def _format_default(catalog: Catalog, mapper: Any, options: PlanOptions) -> tuple[Any, PlanOptions]:
-    """Without a mapper, a legacy Megatron folder (its rank shards) converts to the merged model: the TP/PP merge
-    (`megatron_merge`, shown in the plan like any mapper) with everything else (optimizer state) dropped."""
-    if mapper is None and catalog.format == "megatron" and catalog.metadata.get("layout") == "legacy":
+    """Without a mapper, a source whose format names a default preset (`Catalog.default_preset`; a legacy Megatron
+    folder's rank shards: the TP/PP merge `megatron_merge`) converts through it, shown in the plan like any mapper,
+    with everything else (optimizer state) dropped."""
+    if mapper is None and catalog.default_preset:
         from dataclasses import replace
 
-        from ..mapper.presets.megatron import megatron_merge
+        from ..mapper.presets.suggest import build_preset
 
-        return megatron_merge(catalog), replace(options, rest="drop")
+        return build_preset(catalog.default_preset, catalog, None), replace(options, rest="drop")
     return mapper, options
 
 
