@@ -1,5 +1,6 @@
 """The package's shape: imports run with the flow (formats -> catalog -> mapper (the algebra, then its presets) ->
-planning -> engine -> launch -> front ends), and the paths of the 0.1 layout still import, with a warning, for one release."""
+planning -> engine -> launch -> front ends), no two parts import each other (directly or through others), and the
+paths of the 0.1 layout still import, with a warning, for one release."""
 
 from __future__ import annotations
 
@@ -114,6 +115,99 @@ def test_the_check_sees_the_algebra_import_a_preset(tmp_path: Path, monkeypatch:
 def test_no_algebra_module_imports_a_preset() -> None:
     assert [v for v in _violations() if v.startswith("workbench/mapper/") and not v.startswith("workbench/mapper/presets/")] == []
     assert _part("workbench.mapper.presets.megatron") == "mapper.presets" and "mapper.presets" in NEVER["mapper"]
+
+
+def _package_cycles() -> list[list[str]]:
+    """Cycles in the graph of parts (`formats`, `planning`, `conversion` ...): part -> parts its modules import, at
+    module level or inside a function. Each cycle as its parts in import order, starting from the smallest name."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        here = _part("workbench." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts))
+        if here in ("__init__", "_moved"):  # the facade (`wb.*`, lazy) and the old-path shims import everything
+            continue
+        graph.setdefault(here, set()).update(p for p in map(_part, _imports(path)) if p and p != here)
+    cycles: set[tuple[str, ...]] = set()
+
+    def walk(part: str, trail: list[str]) -> None:
+        for nxt in sorted(graph.get(part, ())):
+            if nxt in trail:
+                cycle = trail[trail.index(nxt):]
+                start = cycle.index(min(cycle))
+                cycles.add(tuple(cycle[start:] + cycle[:start]))
+            elif nxt > trail[0]:  # each cycle found once, from its smallest part
+                walk(nxt, [*trail, nxt])
+
+    for part in sorted(graph):
+        walk(part, [part])
+    return sorted(map(list, cycles))
+
+
+def test_no_two_packages_import_each_other() -> None:
+    """The flow is a direction: a part that imports another is never imported back by it, through any detour."""
+    assert _package_cycles() == []
+
+
+def test_the_check_sees_a_cycle_between_packages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "workbench"
+    for part in ("widgets", "launch"):
+        (fake / part).mkdir(parents=True)
+    (fake / "conversion.py").write_text("def run():\n    from .widgets.panel import show\n")
+    (fake / "widgets" / "panel.py").write_text("from ..launch.here import run_local\n")
+    (fake / "launch" / "here.py").write_text("from ..conversion import run\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    assert _package_cycles() == [["conversion", "widgets", "launch"]]
+
+
+def _module_cycles(folder: str) -> list[list[str]]:
+    """Circles among the modules of one part (`planning` ...): module -> modules of the part it imports, lazily or
+    not; imports for annotations only (under `TYPE_CHECKING`) do not run and do not count."""
+    root = PACKAGE / folder
+    names = {p.stem for p in root.glob("*.py") if p.stem != "__init__"}
+    graph: dict[str, set[str]] = {}
+    for path in sorted(root.glob("*.py")):
+        if path.stem == "__init__":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        hidden = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+                  for n in ast.walk(node)}
+        found = graph.setdefault(path.stem, set())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and id(node) not in hidden:
+                found.update([node.module] if node.module else [a.name for a in node.names if a.name in names])
+        found &= names - {path.stem}
+    cycles: set[tuple[str, ...]] = set()
+
+    def walk(module: str, trail: list[str]) -> None:
+        for nxt in sorted(graph.get(module, ())):
+            if nxt == trail[0]:
+                cycles.add(tuple(trail))
+            elif nxt not in trail and nxt > trail[0]:
+                walk(nxt, [*trail, nxt])
+
+    for module in sorted(graph):
+        walk(module, [module])
+    return sorted(map(list, cycles))
+
+
+def test_planning_modules_import_each_other_without_a_circle() -> None:
+    """Runs, schedule, layout and the plan build on each other in one direction (runs -> schedule, never back)."""
+    assert _module_cycles("planning") == []
+
+
+def test_presets_import_each_other_without_a_circle() -> None:
+    """The family presets build on shared layouts in one direction (megatron, quantized -> layouts, never back)."""
+    assert _module_cycles("mapper/presets") == []
+
+
+def test_the_engine_runs_steps_by_kind_not_by_planning_classes() -> None:
+    """The schedule's steps say what they are (`Step.kind`, `Step.run`); the engine never imports the planner's
+    run classes to ask a group's type."""
+    from workbench.engine.steps import RUNNERS
+    from workbench.planning.schedule import CAST, COPY
+
+    assert {COPY, CAST} <= set(RUNNERS)
+    assert [str(p.relative_to(PACKAGE.parent)) for p in sorted((PACKAGE / "engine").rglob("*.py"))
+            if "workbench.planning.runs" in _imports(p)] == []
 
 
 @pytest.mark.parametrize(("old", "new"), [

@@ -19,14 +19,14 @@ import workbench as wb
 from workbench.engine import bf16
 from workbench.errors import CastOverflowWarning, PlanError
 from workbench.output.safetensors import SafetensorsWriter
-from workbench.planning.cast_batches import BATCH_BYTES
+from workbench.planning.runs import BATCH_BYTES
 
 
 @pytest.fixture(autouse=True)
 def _one_step_per_tensor(monkeypatch: pytest.MonkeyPatch) -> None:
     """Batches across steps, as plans of fewer than `RUN_MIN_TENSORS` tensors make them (runs of many tensors batch
     inside each run: test_cast_runs). Plans in this process only: nothing here runs workers."""
-    from workbench.planning import copy_runs
+    from workbench.planning import runs as copy_runs
 
     monkeypatch.setattr(copy_runs, "RUN_MIN_TENSORS", 10**9)
 

@@ -1,4 +1,4 @@
-"""Cast runs (`planning.cast_runs`): with `dtype=` and no mapper, a checkpoint of many small float32 tensors is
+"""Cast runs (`planning.runs`): with `dtype=` and no mapper, a checkpoint of many small float32 tensors is
 planned in runs of neighbours; the files, layout, ranks and overflow reports are what one group per tensor gives,
 and the held memory is predicted exactly, within the bound of per-tensor batches."""
 
@@ -14,9 +14,8 @@ from conftest import assert_same_outputs, plan_in_runs, plan_per_tensor, planned
 import workbench as wb
 from workbench.conversion import execute
 from workbench.engine.output_check import check_outputs
-from workbench.planning import copy_runs
-from workbench.planning.cast_batches import BATCH_BYTES
-from workbench.planning.cast_runs import CastRun
+from workbench.planning import runs as copy_runs
+from workbench.planning.runs import BATCH_BYTES, CastRun
 from workbench.planning.schedule import cast_chunk
 
 

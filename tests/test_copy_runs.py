@@ -1,4 +1,4 @@
-"""Copy runs (`planning.copy_runs`): a checkpoint of many small tensors copied unchanged is planned in runs of
+"""Copy runs (`planning.runs`): a checkpoint of many small tensors copied unchanged is planned in runs of
 neighbours, and gives the same files, the same layout and the same rank assignment as one group per tensor."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from conftest import assert_same_outputs, plan_in_runs, plan_per_tensor, planned
 import workbench as wb
 from workbench import mapper as M
 from workbench.conversion import execute
-from workbench.planning import copy_runs
-from workbench.planning.copy_runs import CopyRun
+from workbench.planning import runs as copy_runs
+from workbench.planning.runs import CopyRun
 
 INDEX = "model.safetensors.index.json"
 

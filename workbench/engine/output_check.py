@@ -23,8 +23,6 @@ from ..digest import tensor_sha256
 from ..dtypes import DTYPE_BITS, is_float, nbytes_of, to_torch
 from ..errors import WorkbenchError
 from ..overflow import attributed, collect, count_torch, may_overflow
-from ..planning.cast_runs import CastRun
-from ..planning.copy_runs import CopyRun
 from ..planning.schedule import CAST, COPY, ROWS
 from .sources import SourceFiles
 
@@ -128,11 +126,6 @@ def _chunks(begin: int, end: int, size: int = CHUNK_BYTES):
         yield start, min(end, start + size)
 
 
-def _independent(group) -> bool:
-    """Whether `group` is a run of tensors that do not depend on each other."""
-    return type(group.recipe) is CopyRun or type(group.op) is CastRun
-
-
 def _check_copy(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, rows: list, skip: frozenset[str] = frozenset()) -> None:
     inputs = {t.name: t for t in group.inputs}
     single = group.inputs[0] if len(group.inputs) == 1 else None
@@ -152,7 +145,7 @@ def _check_copy(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, row
 
 
 def _check_cast(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, rows: list, skip: frozenset[str] = frozenset()) -> None:
-    for src, out in zip(group.inputs, group.outputs, strict=True):  # one pair, or a cast run's (`planning.cast_runs`)
+    for src, out in zip(group.inputs, group.outputs, strict=True):  # one pair, or a cast run's (`planning.runs`)
         if out.name not in skip:
             _check_cast_one(src, out_catalog[out.name], source, output, rows)
 
@@ -301,7 +294,7 @@ def check_outputs(plan, on_read: Callable[[int], None] | None = None) -> OutputC
                 found = out_catalog.tensors.get(t.name)
                 detail = "not in the output" if found is None else f"is {found.dtype} {list(found.shape)}, planned {t.dtype} {list(t.shape)}"
                 result.rows.append((t.name, step.kind, "missing" if found is None else "mismatch", None, 0, detail))
-            if absent and _independent(group):  # a run (`planning.copy_runs`, `cast_runs`): its other tensors still checked
+            if absent and step.run:  # a run (`planning.runs`): its tensors are independent, the others still checked
                 (_check_copy if step.kind == COPY else _check_cast)(group, source, output, out_catalog, result.rows,
                                                                    frozenset(t.name for t in absent))
                 continue

@@ -435,7 +435,7 @@ class Checkpoint:
 
 
 def open_checkpoint(path: CheckpointLike, **options: object) -> Checkpoint:
-    """Open a checkpoint file, folder or URL (hf://org/repo[@rev][/sub], https://, s3://) from its headers alone;
+    """Open a checkpoint file, folder or URL (`hf://org/repo[@rev][/sub]`, `https://`, `s3://`) from its headers alone;
     the format is detected.
 
         ck = wb.open_checkpoint("llama/")

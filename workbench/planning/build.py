@@ -18,9 +18,6 @@ from ..mapper.op import Op
 from ..mapper.presets.output_presets import OUTPUT_PRESETS
 from ..output import OutputFormat, output_format
 from ..output.destination import local_destination
-from . import copy_runs
-from .cast_batches import batch_casts
-from .cast_runs import cast_run_binding
 from .destination import check_destination
 from .extras import layout_change, scan_extras, with_config_dtype, with_layout_note
 from .fingerprint import changed_sources, layout_fingerprint, run_fingerprint
@@ -29,6 +26,7 @@ from .header_metadata import HeaderMetadata
 from .model import Plan, PlanOptions
 from .page_align import reader_offsets
 from .ranks import assign_ranks
+from .runs import batch_casts, cast_run_binding, coalesce_copies, copy_run_binding, many_raw
 from .schedule import SourceAccess, build_steps
 from .sharding import layout_outputs
 from .sources import bind, check_rest, mapper_json, resolve_catalog
@@ -200,10 +198,10 @@ def _build_plan(
     except WorkbenchError as exc:
         raise PlanError(exc.message if hasattr(exc, "message") else str(exc)) from None
     dtype = options.dtype if output.applies_dtype_policy else None
-    runs = output.name == "safetensors" and copy_runs.many_raw(catalog)  # whole copies of many tensors: planned in runs
+    runs = output.name == "safetensors" and many_raw(catalog)  # whole copies of many tensors: planned in runs
     check_rest(options.rest)  # (the run bindings below do not read it)
     if runs and mapper is None and dtype is None:
-        binding = copy_runs.copy_run_binding(catalog)
+        binding = copy_run_binding(catalog)
     elif runs and mapper is None:
         binding = cast_run_binding(catalog, policy_dtype(dtype))
     else:
@@ -214,7 +212,8 @@ def _build_plan(
 
         problems += [Problem("error", why) for why in rank_problems(mapper, options.nproc)]
     problems += _preset_warnings(binding, catalog, mapper)
-    steps = build_steps(binding.groups, SourceAccess(catalog.reader), options.chunk_bytes, runs=runs)
+    steps = build_steps(binding.groups, SourceAccess(catalog.reader), options.chunk_bytes,
+                        coalesce=coalesce_copies if runs else None)
     if not steps:
         problems.append(Problem("error", "Cannot convert: the mapper produces no tensors (everything is dropped). "
                                           "Check the mapper and the rest= policy."))
