@@ -371,3 +371,23 @@ def test_claims_survive_export_and_apply_checks_them(llama):
     assert set(concrete.apply({"a": torch.ones(1)})) == {"b"}
     with pytest.raises(MapperError, match="not a regular expression"):
         M.Claim("x", "(")
+
+
+def test_the_presets_package_names_every_preset_and_imports_a_family_on_first_use() -> None:
+    """`M.presets.*` keeps every public name while each family lives in its own module: the package alone imports
+    none of them, every name resolves, the registry names only presets, and importing the `averaging` module
+    (a Function's path) leaves `presets.average` the preset."""
+    import subprocess
+    import sys
+
+    code = ("import sys, workbench.mapper.presets as P\n"
+            "print(sorted(m for m in sys.modules if m.startswith('workbench.mapper.presets.')))\n"
+            "import workbench.mapper.presets.averaging\n"
+            "print(callable(P.average) and P.average.__module__)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split("\n")[:2] == ["[]", "workbench.mapper.presets.layouts"]
+    assert set(presets.PRESETS) <= set(presets.__all__)
+    for name in presets.__all__:
+        assert getattr(presets, name) is not None, name
+    with pytest.raises(AttributeError, match="no attribute 'hf_to_nothing'"):
+        presets.hf_to_nothing  # noqa: B018

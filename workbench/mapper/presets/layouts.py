@@ -355,29 +355,3 @@ def average(sources: Any, weights: Sequence[float] | None = None, *, like: Any =
     from .averaging import average as build
 
     return build(sources, weights, like=like)
-
-
-# The presets front ends offer (the builder's list, `workbench convert --preset NAME`, `ck.suggest()`):
-# name under `M.presets` -> what it does, in a few words. Each is called with what its first parameter
-# asks for (`config`: the model's config.json; `source`/`sources`: the checkpoint; nothing: its defaults;
-# `lora_merge`: the folder of the source named 'adapter'), see `workbench.mapper.presets.suggest.build_preset`.
-# Register a new preset here to make it appear everywhere.
-PRESETS: dict[str, str] = {
-    "from_transformers": "checkpoint → transformers-5 in-memory layout (experts stacked)",
-    "hf_to_fused": "HF → fused qkv_proj + gate_up_proj",
-    "fused_to_hf": "fused → HF q/k/v + gate/up",
-    "hf_to_meta": "HF Llama → Meta original",
-    "meta_to_hf": "Meta original → HF Llama",
-    "hf_to_megatron_qkv": "HF → Megatron interleaved QKV",
-    "megatron_qkv_to_hf": "Megatron interleaved QKV → HF",
-    "megatron_merge": "Megatron TP/PP rank shards → whole tensors (Megatron names)",
-    "megatron_to_hf": "Megatron GPT (legacy shards or torch_dist) → HF Llama/Qwen2",
-    "cast_policy": "cast to bf16 (norms and biases F32)",
-    "strip_prefix": "strip the 'model.' prefix",
-    "add_prefix": "add a 'model.' prefix",
-    "dequantize_fp8": "FP8 block-scaled weights → bf16 (scales from quantization_config)",
-    "dequantize_mxfp4": "MXFP4 experts (gpt-oss) → bf16, transformers layout",
-    "quantize_fp8": "linear weights → FP8 with 128×128 block scales (+ quantization_config)",
-    "lora_merge": "merge the PEFT adapter of source 'adapter'",
-    "average": "average every source (uniform)",
-}
