@@ -85,7 +85,7 @@ def _metadata_problems(header_metadata: HeaderMetadata, options: PlanOptions, ou
 
 
 def _quantisation_changes(binding: Binding, mapper: Any) -> dict | None:
-    """What the mapper's (de)quantisation ops change in config.json (see `mapper.quantized.config_changes`). The
+    """What the mapper's (de)quantisation ops change in config.json (see `mapper.presets.quantized.config_changes`). The
     groups' ops are the mapper's leaves with their names filled (plus the dtype policy's casts, which never
     quantise): a mapper without such leaves changes nothing, found without a pass over the groups."""
     from ..mapper.presets.quantized import changes_config, config_changes
@@ -97,7 +97,7 @@ def _quantisation_changes(binding: Binding, mapper: Any) -> dict | None:
 
 def _preset_warnings(binding: Binding, catalog: Catalog, mapper: Any) -> list[Problem]:
     """Warnings about outputs that are right as tensors but that other tools read wrongly: partial FP8 tiles
-    (`mapper.quantized.partial_block_problems`), a Megatron vocabulary still padded (`mapper.megatron.vocab_padding_problems`)."""
+    (`mapper.presets.quantized.partial_block_problems`), a Megatron vocabulary still padded (`mapper.presets.megatron.vocab_padding_problems`)."""
     found: list[Problem] = []
     if mapper is not None:  # (imported only then: a plain copy imports no mapper presets)
         from ..mapper.presets.quantized import changes_config, partial_block_problems
