@@ -45,14 +45,14 @@ def test_convert_from_the_shell_without_torch(llama_sample: Path, tmp_path: Path
 
 
 # What a byte-copy `workbench convert` process must not import: tensor libraries, the pandas tables, the mapper
-# presets and GGUF layout (an output format's preset is imported when that format is written), the other output
+# family presets (the `presets` package itself only names them) and GGUF layout (an output format's preset is imported when that format is written), the other output
 # formats' writers and the GGUF row code (imported on first use), and the standard
 # library's package metadata reader (the RSS calibration check reads dist-info folder names instead). Each is
 # start-up time that a copy measured against `cp -r` pays on every run (benchmarks/paired.py).
-NOT_IMPORTED_BY_A_BYTE_COPY = ("torch", "numpy", "pandas", "workbench.mapper.presets", "workbench.mapper.gguf_preset",
+NOT_IMPORTED_BY_A_BYTE_COPY = ("torch", "numpy", "pandas", "workbench.mapper.presets.layouts", "workbench.mapper.presets.gguf_preset",
                                "workbench.mapper.ops", "importlib.metadata", "concurrent.futures", "csv",
                                "workbench.output.gguf", "workbench.output.dcp", "workbench.output.pth",
-                               "workbench.mapper.gguf_rows")
+                               "workbench.mapper.presets.gguf_rows")
 
 
 def test_a_byte_copy_convert_imports_only_what_it_uses(llama_sample: Path, tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
-"""The package's shape: imports run with the flow (formats -> catalog -> mapper -> planning -> engine ->
-launch -> front ends), no two parts import each other (directly or through others), and every module imports
-cleanly."""
+"""The package's shape: imports run with the flow (formats -> catalog -> mapper (the algebra, then its presets) ->
+planning -> engine -> launch -> front ends), no two parts import each other (directly or through others), and every
+module imports cleanly."""
 
 from __future__ import annotations
 
@@ -14,27 +14,36 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "workbench"
 
-# part -> parts it must never import (directly, at any depth of the module, lazily or not).
+# part -> parts it must never import (directly, at any depth of the module, lazily or not). `mapper.presets` (the
+# family presets) is a part of its own: presets build on the algebra (the rest of `mapper/`), which never imports them.
+_ABOVE_MAPPER = {"planning", "engine", "launch", "output", "explore", "training", "model_io", "widgets", "cli", "conversion"}
+_VOCABULARY_NEVER = {"formats", "mapper", "mapper.presets", "planning", "engine", "launch", "output", "explore", "widgets", "cli"}
 NEVER = {
-    "formats": {"mapper", "planning", "engine", "launch", "output", "explore", "training", "model_io", "widgets", "cli", "conversion"},
-    "output": {"mapper", "planning", "engine", "launch", "explore", "training", "model_io", "widgets", "cli", "conversion"},
-    "mapper": {"planning", "engine", "launch", "output", "explore", "training", "model_io", "widgets", "cli", "conversion"},
+    "formats": {"mapper", "mapper.presets", "planning", "engine", "launch", "output", "explore", "training", "model_io", "widgets",
+                "cli", "conversion"},
+    "output": {"mapper", "mapper.presets", "planning", "engine", "launch", "explore", "training", "model_io", "widgets", "cli",
+               "conversion"},
+    "mapper": _ABOVE_MAPPER | {"mapper.presets"},
+    "mapper.presets": _ABOVE_MAPPER,
     "planning": {"engine", "launch", "explore", "training", "model_io", "widgets", "cli", "conversion"},
     "engine": {"launch", "explore", "training", "model_io", "widgets", "cli", "conversion"},
     "launch": {"widgets", "cli", "training", "model_io", "explore"},
     "explore": {"engine", "launch", "widgets", "cli", "conversion", "model_io", "training"},
     "training": {"launch", "widgets", "cli", "explore", "model_io"},
     "model_io": {"widgets", "cli", "launch"},
-    "catalog": {"formats", "mapper", "planning", "engine", "launch", "output", "explore", "widgets", "cli"},
-    "dtypes": {"formats", "mapper", "planning", "engine", "launch", "output", "explore", "widgets", "cli"},
-    "errors": {"formats", "mapper", "planning", "engine", "launch", "output", "explore", "widgets", "cli"},
-    "names": {"formats", "mapper", "planning", "engine", "launch", "output", "explore", "widgets", "cli"},
-    "display": {"formats", "mapper", "planning", "engine", "launch", "output", "explore", "widgets", "cli"},
+    "catalog": _VOCABULARY_NEVER,
+    "dtypes": _VOCABULARY_NEVER,
+    "errors": _VOCABULARY_NEVER,
+    "names": _VOCABULARY_NEVER,
+    "display": _VOCABULARY_NEVER,
+    "module_state": _VOCABULARY_NEVER | {"model_io", "training", "conversion"},
 }
 
 
 def _part(module: str) -> str:
     parts = module.split(".")
+    if parts[1:3] == ["mapper", "presets"]:
+        return "mapper.presets"
     return parts[1] if len(parts) > 1 else ""
 
 
@@ -54,9 +63,16 @@ def _imports(path: Path) -> set[str]:
                 found.update(f"workbench.{alias.name}" for alias in node.names)
             elif module.startswith("workbench."):
                 found.add(module)
+                # `from . import presets`: a submodule named as an imported name
+                found.update(f"{module}.{alias.name}" for alias in node.names if _is_module(f"{module}.{alias.name}"))
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("workbench."))
     return found
+
+
+def _is_module(name: str) -> bool:
+    path = PACKAGE.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
 
 
 def _violations() -> list[str]:
@@ -79,6 +95,24 @@ def test_the_check_sees_a_wrong_way_import(tmp_path: Path, monkeypatch: pytest.M
     (fake / "formats" / "bad.py").write_text("from ..planning.model import Plan\n")
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
     assert _violations() == ["workbench/formats/bad.py imports workbench.planning.model"]
+
+
+def test_the_check_sees_the_algebra_import_a_preset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`mapper/` is the algebra; the family presets build on it from `mapper/presets/`, never the other way."""
+    fake = tmp_path / "workbench"
+    (fake / "mapper" / "presets").mkdir(parents=True)
+    (fake / "mapper" / "presets" / "__init__.py").write_text("")
+    (fake / "mapper" / "presets" / "megatron.py").write_text("from ..bind import bind\nfrom ..ops import Rename\n")
+    (fake / "mapper" / "bind.py").write_text("def bind():\n    from .presets.megatron import megatron_merge\n")
+    (fake / "mapper" / "ops.py").write_text("from . import presets\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    assert _violations() == ["workbench/mapper/bind.py imports workbench.mapper.presets.megatron",
+                             "workbench/mapper/ops.py imports workbench.mapper.presets"]
+
+
+def test_no_algebra_module_imports_a_preset() -> None:
+    assert [v for v in _violations() if v.startswith("workbench/mapper/") and not v.startswith("workbench/mapper/presets/")] == []
+    assert _part("workbench.mapper.presets.megatron") == "mapper.presets" and "mapper.presets" in NEVER["mapper"]
 
 
 def _package_cycles() -> list[list[str]]:
@@ -156,6 +190,11 @@ def _module_cycles(folder: str) -> list[list[str]]:
 def test_planning_modules_import_each_other_without_a_circle() -> None:
     """Runs, schedule, layout and the plan build on each other in one direction (runs -> schedule, never back)."""
     assert _module_cycles("planning") == []
+
+
+def test_presets_import_each_other_without_a_circle() -> None:
+    """The family presets build on shared layouts in one direction (megatron, quantized -> layouts, never back)."""
+    assert _module_cycles("mapper/presets") == []
 
 
 def test_the_engine_runs_steps_by_kind_not_by_planning_classes() -> None:

@@ -366,6 +366,29 @@ def test_replicas_that_differ_are_refused(tmp_path: Path) -> None:
     assert torch.equal(got["decoder.layers.0.self_attention.linear_proj.weight"], torch.cat([torch.ones(4, 2), torch.zeros(4, 2)], dim=1))
 
 
+def test_without_a_mapper_the_format_names_the_preset_and_planning_resolves_it(tmp_path: Path, llama_sample: Path) -> None:
+    """The no-mapper default is a hook of the reader (`Catalog.default_preset`), not a Megatron branch in planning:
+    a legacy run names the TP/PP merge, a merged layout names none, and any catalog that names a preset plans through it."""
+    import torch
+
+    import workbench as wb
+    from workbench.formats import open_catalog
+
+    proj = "decoder.layers.0.self_attention.linear_proj.weight"
+    run = _save_run(tmp_path / "run", {
+        "mp_rank_00": {"model": {proj: torch.ones(4, 2)}}, "mp_rank_01": {"model": {proj: torch.zeros(4, 2)}},
+    })
+    catalog = open_catalog(run)
+    assert catalog.default_preset == "megatron_merge"
+    plan = wb.plan(catalog)
+    assert plan.ok and list(plan.outputs.index) == [proj] and tuple(plan.outputs.loc[proj, "shape"]) == (4, 4)
+    sample = open_catalog(llama_sample)
+    assert sample.default_preset == ""
+    sample.default_preset = "strip_prefix"
+    names = list(wb.plan(sample).outputs.index)
+    assert names and not any(name.startswith("model.") for name in names)
+
+
 def test_moe_virtual_pipeline_and_unknown_layouts_are_refused(tmp_path: Path) -> None:
     import torch
 

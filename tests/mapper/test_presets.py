@@ -14,7 +14,7 @@ import workbench as wb
 from workbench import mapper as M
 from workbench.errors import MapperError
 from workbench.mapper import presets
-from workbench.mapper.model_shape import AttentionShape, attention_shape
+from workbench.mapper.presets.model_shape import AttentionShape, attention_shape
 
 SMALL = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, tie_word_embeddings=False)
@@ -183,7 +183,7 @@ def test_presets_are_ordinary_mappers_that_compose():
 
 def test_one_preset_registry_serves_the_builder_and_the_cli() -> None:
     from workbench.mapper.presets import PRESETS
-    from workbench.mapper.suggest import build_preset, find_config
+    from workbench.mapper.presets.suggest import build_preset, find_config
     from workbench.widgets.builder import MapperBuilder
 
     llama = Path(__file__).resolve().parents[2] / "sample_checkpoints" / "tiny-llama"
@@ -371,3 +371,23 @@ def test_claims_survive_export_and_apply_checks_them(llama):
     assert set(concrete.apply({"a": torch.ones(1)})) == {"b"}
     with pytest.raises(MapperError, match="not a regular expression"):
         M.Claim("x", "(")
+
+
+def test_the_presets_package_names_every_preset_and_imports_a_family_on_first_use() -> None:
+    """`M.presets.*` keeps every public name while each family lives in its own module: the package alone imports
+    none of them, every name resolves, the registry names only presets, and importing the `averaging` module
+    (a Function's path) leaves `presets.average` the preset."""
+    import subprocess
+    import sys
+
+    code = ("import sys, workbench.mapper.presets as P\n"
+            "print(sorted(m for m in sys.modules if m.startswith('workbench.mapper.presets.')))\n"
+            "import workbench.mapper.presets.averaging\n"
+            "print(callable(P.average) and P.average.__module__)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split("\n")[:2] == ["[]", "workbench.mapper.presets.layouts"]
+    assert set(presets.PRESETS) <= set(presets.__all__)
+    for name in presets.__all__:
+        assert getattr(presets, name) is not None, name
+    with pytest.raises(AttributeError, match="no attribute 'hf_to_nothing'"):
+        presets.hf_to_nothing  # noqa: B018

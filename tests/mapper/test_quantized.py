@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 import workbench as wb
 from workbench import mapper as M
 from workbench.errors import MapperError
-from workbench.mapper import quantized as Q
+from workbench.mapper.presets import quantized as Q
 
 BLOCK = (128, 128)
 FP8_SHAPES = {  # name -> shape: edge tiles in both dims, a stacked expert tensor, an exact multiple

@@ -20,9 +20,9 @@ from safetensors.numpy import save_file
 
 import workbench as wb
 from workbench.catalog import TensorInfo
-from workbench.mapper import suggest as S
 from workbench.mapper.base import Mapper
-from workbench.mapper.suggest import build_preset, suggest_rows
+from workbench.mapper.presets import suggest as S
+from workbench.mapper.presets.suggest import build_preset, suggest_rows
 
 H, KV_ROWS, INTER = 64, 32, 128
 LLAMA = {"model_type": "llama", "hidden_size": H, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,

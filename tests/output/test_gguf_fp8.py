@@ -18,10 +18,10 @@ import workbench as wb
 from tests.conftest import run_cli_measured
 from workbench.errors import WorkbenchError
 from workbench.formats import open_catalog
-from workbench.mapper.gguf_rows import row_budget, row_job
+from workbench.mapper.presets.gguf_rows import row_budget, row_job
 
 gguf = pytest.importorskip("gguf")
-DEQUANTIZE = "workbench.mapper.quantized:dequantize_fp8_tensor"
+DEQUANTIZE = "workbench.mapper.presets.quantized:dequantize_fp8_tensor"
 
 
 def test_the_plan_dequantises_fp8_weights_first_and_converts_by_rows_without_torch(tmp_path: Path) -> None:
@@ -76,7 +76,7 @@ def test_verify_compares_against_the_dequantised_source(tmp_path: Path) -> None:
     # (up to 448: an error against those would be hundreds).
     import torch
 
-    from workbench.mapper.quantized import dequantize_fp8_tensor
+    from workbench.mapper.presets.quantized import dequantize_fp8_tensor
 
     catalog = wb.open_checkpoint(src)
     name = "model.layers.0.self_attn.q_b_proj.weight"  # 192 rows: a whole 128-row tile and a partial one
@@ -108,7 +108,7 @@ def test_float8_weights_without_their_scales_or_another_method_are_refused(tmp_p
 
 
 def test_a_dequantising_mapper_ahead_of_the_preset_is_refused() -> None:
-    from workbench.mapper.quantized import dequantize_fp8
+    from workbench.mapper.presets.quantized import dequantize_fp8
 
     src = model_folder("llama-fp8")
     with pytest.raises(WorkbenchError, match="de-quantises FP8 checkpoints itself.*without that mapper"):
@@ -150,8 +150,8 @@ def test_an_fp8_row_chunk_allocates_no_more_than_the_plan_counts() -> None:
     import ml_dtypes
 
     from workbench.catalog import TensorInfo
-    from workbench.mapper.gguf_fp8 import dequantize_rows
-    from workbench.mapper.gguf_rows import ROW_BUDGET, RowJob, convert_rows
+    from workbench.mapper.presets.gguf_fp8 import dequantize_rows
+    from workbench.mapper.presets.gguf_rows import ROW_BUDGET, RowJob, convert_rows
 
     weight, scales = TensorInfo("q", "F8_E4M3", (4096, 2048)), TensorInfo("q_scale_inv", "F32", (32, 16))
     job = RowJob((weight,), TensorInfo("attn_q.weight", "U8", (1,)), "Q8_0", heads=32, scales=(scales,), block=(128, 128))

@@ -134,7 +134,7 @@ def test_a_tensor_the_preset_cannot_name_is_a_plan_problem(biased: Path, tmp_pat
 def test_verify_fails_when_the_conversion_dropped_a_tensor_of_the_source(biased: Path, tmp_path: Path, monkeypatch) -> None:
     """The old fault, put back: a preset whose ops forget o_proj.bias (and that claims nothing). The plan is OK, but
     the output check compares the file with the preset's statement and the source, and names what is missing."""
-    from workbench.mapper import gguf_preset
+    from workbench.mapper.presets import gguf_preset
 
     real_name = gguf_preset.gguf_name
     monkeypatch.setattr(gguf_preset, "gguf_name", lambda hf: None if hf.endswith("o_proj.bias") else real_name(hf))
@@ -150,7 +150,7 @@ def test_verify_fails_when_the_conversion_dropped_a_tensor_of_the_source(biased:
 
 def test_verify_fails_when_a_stated_tensor_is_not_written(biased: Path, tmp_path: Path, monkeypatch) -> None:
     """The statement and the ops disagree (a stated tensor no op makes): verify names it."""
-    from workbench.mapper import gguf_preset
+    from workbench.mapper.presets import gguf_preset
 
     real = gguf_preset.hf_to_gguf
 

@@ -1,5 +1,5 @@
 """GGUF conversion in bounded memory without torch: each typed tensor is read, permuted, converted and written a
-row chunk at a time (`mapper.gguf_rows`, `engine.rows`), and the plan predicts the process's peak RSS."""
+row chunk at a time (`mapper.presets.gguf_rows`, `engine.rows`), and the plan predicts the process's peak RSS."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import workbench as wb
 from tests.conftest import run_cli_measured
 from workbench.catalog import TensorInfo
-from workbench.mapper.gguf_rows import ROW_BUDGET, RowJob, convert_rows, numpy_dtype, row_bytes
+from workbench.mapper.presets.gguf_rows import ROW_BUDGET, RowJob, convert_rows, numpy_dtype, row_bytes
 from workbench.planning.rss import rank_libraries, rss_parts
 from workbench.planning.schedule import COPY, ROWS
 
@@ -108,7 +108,7 @@ def test_values_beyond_f16_are_counted_on_the_row_path_and_in_whole_tensor_verif
     by the engine's row conversion and by `to_gguf` on whole tensors (verification), the same way."""
     import torch
 
-    from workbench.mapper.gguf_rows import to_gguf
+    from workbench.mapper.presets.gguf_rows import to_gguf
     from workbench.overflow import collect
 
     values = np.array([[1.0, -7e4, 3e5, 2.0] * 8] * 2, dtype=np.float32)

@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file
 
 import workbench as wb
-from workbench.mapper.output_presets import hf_to_meta_mp
 from workbench.mapper.presets import hf_to_meta
+from workbench.mapper.presets.output_presets import hf_to_meta_mp
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +107,7 @@ def test_nproc_mp_writes_meta_model_parallel_files_that_reassemble_to_the_one_wa
 
 
 def test_a_llama3_size_vocabulary_splits_the_embedding_by_rows() -> None:
-    from workbench.mapper.output_presets import embedding_split_dim
+    from workbench.mapper.presets.output_presets import embedding_split_dim
 
     assert embedding_split_dim({"vocab_size": 128256}) == 0  # Llama 3: VocabParallelEmbedding
     assert embedding_split_dim({"vocab_size": 32000}) == 1  # Llama 2: ParallelEmbedding

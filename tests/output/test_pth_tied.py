@@ -76,7 +76,7 @@ def test_verify_checks_the_pth_output_against_what_metas_model_declares(tied, tm
     """The old fault, put back (no output.weight for a tied model): the plan is OK and every written tensor equals its
     ops, but the output check compares the file with Meta's layout from config.json and names the missing tensor."""
     from workbench.engine.output_check import check_outputs
-    from workbench.mapper import output_presets
+    from workbench.mapper.presets import output_presets
 
     folder, _ = tied
     report = wb.convert(folder, tmp_path / "good", to="pth", nproc_mp=2, quiet=True, verify=True)

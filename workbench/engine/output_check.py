@@ -218,8 +218,8 @@ def _check_rows(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, row
     torch) a chunk at a time and compared byte for byte; a "compute" row like any op re-applied to the source."""
     import numpy as np
 
-    from ..mapper.gguf_fp8 import dequantize_rows
-    from ..mapper.gguf_rows import QUANTIZED, convert_rows, numpy_dtype, row_bytes, row_job
+    from ..mapper.presets.gguf_fp8 import dequantize_rows
+    from ..mapper.presets.gguf_rows import QUANTIZED, convert_rows, numpy_dtype, row_bytes, row_job
 
     job = row_job(group)
     if job is None:  # the planner made a ROWS step of it, so it is one; anything else is re-applied by torch
@@ -232,7 +232,7 @@ def _check_rows(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, row
     for k, info in enumerate(job.inputs):
         counted = may_overflow("F32" if job.scales else info.dtype, job.kind)
         scales = None
-        if job.scales:  # an FP8 weight: de-quantised by its tiles' scales first, as the engine did (mapper.gguf_fp8)
+        if job.scales:  # an FP8 weight: de-quantised by its tiles' scales first, as the engine did (mapper.presets.gguf_fp8)
             grid = job.scales[k]
             scales = np.frombuffer(source.read(grid, 0, grid.nbytes), dtype=np.float32).reshape(-1, grid.shape[-1])
         for first in range(0, job.rows, per):

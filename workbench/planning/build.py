@@ -15,7 +15,7 @@ from ..mapper.base import Mapper
 from ..mapper.files import code_digest
 from ..mapper.groups import Binding, Problem
 from ..mapper.op import Op
-from ..mapper.output_presets import OUTPUT_PRESETS
+from ..mapper.presets.output_presets import OUTPUT_PRESETS
 from ..output import OutputFormat, output_format
 from ..output.destination import local_destination
 from .destination import check_destination
@@ -85,10 +85,10 @@ def _metadata_problems(header_metadata: HeaderMetadata, options: PlanOptions, ou
 
 
 def _quantisation_changes(binding: Binding, mapper: Any) -> dict | None:
-    """What the mapper's (de)quantisation ops change in config.json (see `mapper.quantized.config_changes`). The
+    """What the mapper's (de)quantisation ops change in config.json (see `mapper.presets.quantized.config_changes`). The
     groups' ops are the mapper's leaves with their names filled (plus the dtype policy's casts, which never
     quantise): a mapper without such leaves changes nothing, found without a pass over the groups."""
-    from ..mapper.quantized import changes_config, config_changes
+    from ..mapper.presets.quantized import changes_config, config_changes
 
     if not changes_config(mapper):
         return None
@@ -97,14 +97,14 @@ def _quantisation_changes(binding: Binding, mapper: Any) -> dict | None:
 
 def _preset_warnings(binding: Binding, catalog: Catalog, mapper: Any) -> list[Problem]:
     """Warnings about outputs that are right as tensors but that other tools read wrongly: partial FP8 tiles
-    (`mapper.quantized.partial_block_problems`), a Megatron vocabulary still padded (`mapper.megatron.vocab_padding_problems`)."""
+    (`mapper.presets.quantized.partial_block_problems`), a Megatron vocabulary still padded (`mapper.presets.megatron.vocab_padding_problems`)."""
     found: list[Problem] = []
     if mapper is not None:  # (imported only then: a plain copy imports no mapper presets)
-        from ..mapper.quantized import changes_config, partial_block_problems
+        from ..mapper.presets.quantized import changes_config, partial_block_problems
 
         found += partial_block_problems(binding.groups) if changes_config(mapper) else []
     if catalog.format == "megatron":
-        from ..mapper.megatron import vocab_padding_problems
+        from ..mapper.presets.megatron import vocab_padding_problems
 
         found += vocab_padding_problems(catalog, binding.outputs)
     return found
@@ -173,14 +173,15 @@ def build_plan(
 
 
 def _format_default(catalog: Catalog, mapper: Any, options: PlanOptions) -> tuple[Any, PlanOptions]:
-    """Without a mapper, a legacy Megatron folder (its rank shards) converts to the merged model: the TP/PP merge
-    (`megatron_merge`, shown in the plan like any mapper) with everything else (optimizer state) dropped."""
-    if mapper is None and catalog.format == "megatron" and catalog.metadata.get("layout") == "legacy":
+    """Without a mapper, a source whose format names a default preset (`Catalog.default_preset`; a legacy Megatron
+    folder's rank shards: the TP/PP merge `megatron_merge`) converts through it, shown in the plan like any mapper,
+    with everything else (optimizer state) dropped."""
+    if mapper is None and catalog.default_preset:
         from dataclasses import replace
 
-        from ..mapper.megatron import megatron_merge
+        from ..mapper.presets.suggest import build_preset
 
-        return megatron_merge(catalog), replace(options, rest="drop")
+        return build_preset(catalog.default_preset, catalog, None), replace(options, rest="drop")
     return mapper, options
 
 

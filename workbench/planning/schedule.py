@@ -69,7 +69,9 @@ def step_kind(group: Group, access: SourceAccess | None = None) -> str:
         return CAST
     if access is None:
         return COMPUTE
-    from ..mapper.gguf_rows import row_job  # here: byte copies and casts never import the GGUF row code
+    from ..mapper.presets.gguf_rows import (
+        row_job,  # here: byte copies and casts never import the GGUF row code
+    )
 
     if row_job(group) is not None and all(access.located(t) for t in group.inputs):
         return ROWS
@@ -130,7 +132,7 @@ def step_cost(group: Group, kind: str, bytes_out: int, access: SourceAccess, chu
         bytes_in += info.nbytes
         access.add_whole_read(reads, info)
     if kind == ROWS:
-        from ..mapper.gguf_rows import row_job
+        from ..mapper.presets.gguf_rows import row_job
 
         job = row_job(group)
         assert job is not None

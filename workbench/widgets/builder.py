@@ -300,7 +300,7 @@ class MapperBuilder(Panel):
 
     def _preset_options(self) -> list[tuple[str, str]]:
         """(label, key) of every preset; those that apply to the source first, marked ★ (names and config only)."""
-        from ..mapper.suggest import suggest_rows
+        from ..mapper.presets.suggest import suggest_rows
 
         try:
             _, rows = suggest_rows(self.source.catalog.tensors, self.config, registry=False)
@@ -311,7 +311,7 @@ class MapperBuilder(Panel):
         return [(f"★ {labels[key]}", key) for key in suggested] + [(label, key) for key, label in labels.items() if key not in suggested]
 
     def _find_config(self) -> Path | None:
-        from ..mapper.suggest import find_config
+        from ..mapper.presets.suggest import find_config
 
         return find_config(self.source.path, self.source.catalog)  # a URL's config.json too, as the CLI finds it
 
@@ -553,7 +553,7 @@ class MapperBuilder(Panel):
             self.steps = []
             self.refresh()
             return
-        from ..mapper.suggest import build_preset
+        from ..mapper.presets.suggest import build_preset
 
         label = _presets()[key]
         try:
@@ -578,7 +578,7 @@ class MapperBuilder(Panel):
         if not key:
             self.form_message.value = message_html("Choose a preset first.", "warning")
             return False
-        from ..mapper.suggest import build_preset
+        from ..mapper.presets.suggest import build_preset
 
         names = self.names_before()
         source = self.source.catalog if not self.steps or key in ("lora_merge", "average") else names
@@ -1076,14 +1076,16 @@ class MapperBuilder(Panel):
         if not text:
             self.set_target(None)
             return
+        from ..mapper.presets.transformers_target import config_target
+
         path = Path(text).expanduser()
         try:
             if path.is_file() and path.suffix == ".json":
-                target: Any = target_check.config_target(path)
+                target: Any = config_target(path)
             elif path.is_dir() and (path / "config.json").is_file() and not _holds_tensors(path):
-                target = target_check.config_target(path / "config.json")
+                target = config_target(path / "config.json")
             elif not path.exists() and _looks_like_model_type(text):
-                target = target_check.config_target(self.config, model_type=text)
+                target = config_target(self.config, model_type=text)
             else:
                 target = text
         except WorkbenchError as exc:

@@ -15,15 +15,15 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..catalog import TensorInfo
-from ..errors import MapperError
-from .base import Mapper
-from .claim import Claim
-from .compose import Parallel, Sequential
-from .function import Function
+from ...catalog import TensorInfo
+from ...errors import MapperError
+from ..base import Mapper
+from ..claim import Claim
+from ..compose import Parallel, Sequential
+from ..function import Function
+from ..ops import Cast, Drop, Rename, Reshape, Split, Stack, Transpose
 from .gguf_fp8 import DEQUANTIZE_FN, SCALE_SUFFIX, dequantized, fp8_block
 from .gguf_rows import QUANTIZED, SOURCE_TYPES, gguf_function  # QUANTIZED: (elements, bytes) per block
-from .ops import Cast, Drop, Rename, Reshape, Split, Stack, Transpose
 
 LAYERS = "model.layers.{i}"
 GGUF_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0")
@@ -201,9 +201,9 @@ class GgufTensors(dict):
 def _typed(out: str, kind: str, dtype: str) -> list[Mapper]:
     """The op that gives output `out` its GGUF type `kind` (nothing when it already has it)."""
     if kind == "Q8_0":
-        return [Function("workbench.mapper.gguf_preset:quantize_q8_0", (out,), (out,), infer="workbench.mapper.gguf_preset:infer_q8_0")]
+        return [Function("workbench.mapper.presets.gguf_preset:quantize_q8_0", (out,), (out,), infer="workbench.mapper.presets.gguf_preset:infer_q8_0")]
     if kind in QUANTIZED:
-        return [Function("workbench.mapper.gguf_preset:quantize", (out,), (out,), infer="workbench.mapper.gguf_preset:infer_quantize",
+        return [Function("workbench.mapper.presets.gguf_preset:quantize", (out,), (out,), infer="workbench.mapper.presets.gguf_preset:infer_quantize",
                          params=(("kind", kind),))]
     return [Cast(out, kind)] if dtype != kind else []
 

@@ -10,18 +10,16 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..dtypes import is_float, normalize_dtype
-from ..names import Template, placeholders_of
-from .base import Mapper
-from .bind import source_infos
-from .claim import Claim, template_regex
-from .compose import Parallel, PrefixScope, Sequential
-from .function import Function
+from ...dtypes import is_float, normalize_dtype
+from ...names import Template, placeholders_of
+from ..base import Mapper
+from ..bind import source_infos
+from ..claim import Claim, template_regex
+from ..compose import Parallel, PrefixScope, Sequential
+from ..function import Function
+from ..ops import Cast, Concat, Rename, Reshape, Split, Transpose
+from ..state import Node, State
 from .model_shape import AttentionShape, attention_shape
-from .ops import Cast, Concat, Rename, Reshape, Split, Transpose
-from .quantized import dequantize_fp8, dequantize_mxfp4, quantize_fp8  # noqa: F401 - quantised weights live in their own module
-from .state import Node, State
-from .transformers_layout import from_transformers  # noqa: F401 - the transformers-5 layout preset lives in its own module
 
 LAYERS = "model.layers.{i}"
 LLAMA_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -258,7 +256,7 @@ def lora_merge(
 
     Given a PEFT adapter folder (or its adapter_config.json, or {'config','tensors'}) instead of a number, read
     PEFT's own files: LoRA, rsLoRA, rank/alpha patterns, fan_in_fan_out, modules_to_save, LoRA biases, DoRA,
-    with the adapter as source `source` of a multi-source catalog (workbench.mapper.lora; `unmerge` reverses);
+    with the adapter as source `source` of a multi-source catalog (workbench.mapper.presets.lora; `unmerge` reverses);
     `base`: the base model's folder (or its config.json as a mapping), read for tie_word_embeddings.
     `wrapped`: base weights sit at `x.base_layer.weight` (PEFT-wrapped) rather than `x.weight`;
     `adapter`: the adapter name in the keys (`lora_A.<adapter>.weight`), None when absent (saved adapters).
@@ -275,10 +273,10 @@ def lora_merge(
         module = _lora_module(layers, target)
         base = f"{module}.base_layer.weight" if wrapped else f"{module}.weight"
         ops.append(Function(
-            fn="workbench.mapper.functions:merge_lora",
+            fn="workbench.mapper.presets.functions:merge_lora",
             inputs=[base, f"{module}.lora_A{tag}.weight", f"{module}.lora_B{tag}.weight"],
             outputs=[f"{module}.weight"],
-            infer="workbench.mapper.functions:infer_merge_lora",
+            infer="workbench.mapper.presets.functions:infer_merge_lora",
             params={"scale": float(scale)},
         ))
     return Sequential(
@@ -353,39 +351,7 @@ def cast_policy(source: Any, dtype: str = "bf16", *, keep: Sequence[str] = ("nor
 
 # -- several sources --------------------------------------------------------------------------------------
 def average(sources: Any, weights: Sequence[float] | None = None, *, like: Any = None) -> Mapper:
-    """The (weighted) mean of several checkpoints, tensor by tensor, fp32 accumulation (workbench.mapper.average)."""
-    from .average import average as build
+    """The (weighted) mean of several checkpoints, tensor by tensor, fp32 accumulation (workbench.mapper.presets.averaging)."""
+    from .averaging import average as build
 
     return build(sources, weights, like=like)
-
-
-# The presets front ends offer (the builder's list, `workbench convert --preset NAME`, `ck.suggest()`):
-# name under `M.presets` -> what it does, in a few words. Each is called with what its first parameter
-# asks for (`config`: the model's config.json; `source`/`sources`: the checkpoint; nothing: its defaults;
-# `lora_merge`: the folder of the source named 'adapter'), see `workbench.mapper.suggest.build_preset`.
-# Register a new preset here to make it appear everywhere.
-PRESETS: dict[str, str] = {
-    "from_transformers": "checkpoint → transformers-5 in-memory layout (experts stacked)",
-    "hf_to_fused": "HF → fused qkv_proj + gate_up_proj",
-    "fused_to_hf": "fused → HF q/k/v + gate/up",
-    "hf_to_meta": "HF Llama → Meta original",
-    "meta_to_hf": "Meta original → HF Llama",
-    "hf_to_megatron_qkv": "HF → Megatron interleaved QKV",
-    "megatron_qkv_to_hf": "Megatron interleaved QKV → HF",
-    "megatron_merge": "Megatron TP/PP rank shards → whole tensors (Megatron names)",
-    "megatron_to_hf": "Megatron GPT (legacy shards or torch_dist) → HF Llama/Qwen2",
-    "cast_policy": "cast to bf16 (norms and biases F32)",
-    "strip_prefix": "strip the 'model.' prefix",
-    "add_prefix": "add a 'model.' prefix",
-    "dequantize_fp8": "FP8 block-scaled weights → bf16 (scales from quantization_config)",
-    "dequantize_mxfp4": "MXFP4 experts (gpt-oss) → bf16, transformers layout",
-    "quantize_fp8": "linear weights → FP8 with 128×128 block scales (+ quantization_config)",
-    "lora_merge": "merge the PEFT adapter of source 'adapter'",
-    "average": "average every source (uniform)",
-}
-
-
-# Megatron-core GPT checkpoints (TP/PP merge, Megatron -> HF names) live in their own module; imported last
-# because they build on megatron_qkv_to_hf above.
-from .megatron import hf_config as megatron_hf_config  # noqa: E402,F401
-from .megatron import megatron_merge, megatron_to_hf  # noqa: E402,F401

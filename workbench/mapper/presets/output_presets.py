@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..catalog import TensorInfo
-from ..errors import MapperError
-from .base import Mapper
+from ...catalog import TensorInfo
+from ...errors import MapperError
+from ..base import Mapper
 from .model_shape import attention_shape
 
 # The planner imports this module for every conversion; the presets, ops and the GGUF layout it refers to are
@@ -84,13 +84,13 @@ def meta_mp_split(config: Any, nproc_mp: int, embedding_dim: int | None = None) 
         replicated.append("layers.{i}.feed_forward.w2.bias")
     if shape.qk_norm:
         replicated += ["layers.{i}.attention.q_norm.weight", "layers.{i}.attention.k_norm.weight"]
-    from .compose import Parallel
-    from .function import Function
-    from .ops import Split
+    from ..compose import Parallel
+    from ..function import Function
+    from ..ops import Split
 
     parts: list[Mapper] = [Split(name, [f"mp{r}/{name}" for r in range(nproc_mp)], dim=dim) for name, dim in split]
-    parts += [Function("workbench.mapper.output_presets:replicate", (name,), tuple(f"mp{r}/{name}" for r in range(nproc_mp)),
-                       infer="workbench.mapper.output_presets:infer_replicate", params=(("n", nproc_mp),))
+    parts += [Function("workbench.mapper.presets.output_presets:replicate", (name,), tuple(f"mp{r}/{name}" for r in range(nproc_mp)),
+                       infer="workbench.mapper.presets.output_presets:infer_replicate", params=(("n", nproc_mp),))
               for name in replicated]
     return Parallel(*parts)
 
@@ -101,17 +101,17 @@ def tied_output(config: Any) -> list[Mapper]:
     without it, Meta's code loads with strict=False and runs an uninitialised output layer."""
     if not attention_shape(config).tie_word_embeddings:
         return []
-    from .function import Function
+    from ..function import Function
 
-    return [Function("workbench.mapper.output_presets:replicate", ("tok_embeddings.weight",), ("tok_embeddings.weight", "output.weight"),
-                     infer="workbench.mapper.output_presets:infer_replicate", params=(("n", 2),))]
+    return [Function("workbench.mapper.presets.output_presets:replicate", ("tok_embeddings.weight",), ("tok_embeddings.weight", "output.weight"),
+                     infer="workbench.mapper.presets.output_presets:infer_replicate", params=(("n", 2),))]
 
 
 def hf_to_meta_pth(config: Any) -> Mapper:
     """HF Llama -> Meta's whole layout: `presets.hf_to_meta`'s names and, for tied embeddings, `output.weight`
     (`tied_output`)."""
-    from .compose import Sequential
-    from .presets import hf_to_meta
+    from ..compose import Sequential
+    from .layouts import hf_to_meta
 
     tied = tied_output(config)
     return Sequential(hf_to_meta(config), *tied) if tied else hf_to_meta(config)
@@ -119,7 +119,7 @@ def hf_to_meta_pth(config: Any) -> Mapper:
 
 def hf_to_meta_mp(config: Any, nproc_mp: int, embedding_dim: int | None = None) -> Mapper:
     """HF Llama -> Meta's `consolidated.NN.pth` layout split over `nproc_mp` model-parallel files (see `meta_mp_split`)."""
-    from .compose import Sequential
+    from ..compose import Sequential
 
     return Sequential(hf_to_meta_pth(config), meta_mp_split(config, nproc_mp, embedding_dim))
 
@@ -127,7 +127,7 @@ def hf_to_meta_mp(config: Any, nproc_mp: int, embedding_dim: int | None = None) 
 def meta_pth(config: Any, nproc_mp: int = 1, before: Mapper | None = None) -> Mapper:
     """The `.pth` output's preset: HF -> Meta's layout (`hf_to_meta_pth`; `before`, a user mapper producing Meta names,
     replaces it), split over `nproc_mp` model-parallel files when it is above 1."""
-    from .compose import Sequential
+    from ..compose import Sequential
 
     first = hf_to_meta_pth(config) if before is None else before
     return first if nproc_mp == 1 else Sequential(first, meta_mp_split(config, nproc_mp))

@@ -23,22 +23,23 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..catalog import TensorInfo
-from ..dtypes import is_float, normalize_dtype
-from ..errors import MapperError
-from ..names import Template, placeholders_of
-from .base import Mapper
-from .compose import Parallel
-from .function import Function
-from .groups import Problem
+from ...catalog import TensorInfo
+from ...dtypes import is_float, normalize_dtype
+from ...errors import MapperError
+from ...names import Template, placeholders_of
+from ..base import Mapper
+from ..compose import Parallel
+from ..function import Function
+from ..groups import Problem
+from ..state import Node, State
+from .layouts import fold_names
 from .model_shape import read_config
-from .state import Node, State
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 MXFP4_BLOCK = 32  # values per e8m0 scale
 PIECE = 1 << 16  # values a kernel converts at a time: its float32 scratch stays a few hundred KiB
 OUTPUT_DTYPES = ("BF16", "F16", "F32")
-HERE = "workbench.mapper.quantized"
+HERE = "workbench.mapper.presets.quantized"
 LINEAR_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SCALE_SUFFIX = "_scale_inv"
 
@@ -65,7 +66,7 @@ def _as_numpy(tensor: Any) -> tuple[Any, bool]:
         return tensor, False
     import torch
 
-    from ..dtypes import from_torch
+    from ...dtypes import from_torch
 
     code = from_torch(tensor.dtype)
     flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
@@ -77,7 +78,7 @@ def _out(array: Any, code: str, torch_out: bool) -> Any:
         return array
     import torch
 
-    from ..dtypes import to_torch
+    from ...dtypes import to_torch
 
     shape = array.shape
     return torch.from_numpy(array.reshape(-1).view("uint8")).view(to_torch(code)).reshape(shape)
@@ -251,10 +252,10 @@ def infer_dequantize_mxfp4(blocks: TensorInfo, scales: TensorInfo, *, dtype: str
 
 # -- finding the tensors ------------------------------------------------------------------------------
 def _infos(source: Any, config: Any) -> list[TensorInfo]:
-    from .bind import source_infos
+    from ..bind import source_infos
 
     if source is None and isinstance(config, (str, os.PathLike)):
-        from ..formats import open_catalog
+        from ...formats import open_catalog
 
         path = Path(config)
         source = open_catalog(path if path.is_dir() else path.parent)
@@ -262,7 +263,7 @@ def _infos(source: Any, config: Any) -> list[TensorInfo]:
         raise MapperError("Cannot build a quantisation preset without the tensor names: pass source=wb.open_checkpoint(path) "
                           "(or give config as the checkpoint folder).")
     if isinstance(source, (str, os.PathLike)):
-        from ..formats import open_catalog
+        from ...formats import open_catalog
 
         source = open_catalog(source)
     return source_infos(source)
@@ -279,8 +280,6 @@ def _functions(pairs: dict[str, tuple[str, ...]], outputs: dict[str, tuple[str, 
                make: Any) -> Mapper:
     """One Function per folded template of `pairs` (first input -> all inputs), spelling out names whose
     template would also catch a tensor that is not part of a pair."""
-    from .presets import fold_names
-
     names = list(all_names)
     index = State({name: Node(None) for name in names})
     ops: list[Mapper] = []
@@ -430,7 +429,7 @@ QUANTISED_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F4")
 def changes_config(mapper: Any) -> bool:
     """False when no operation of `mapper` (a mapper tree: its leaves) (de)quantises, so `config_changes` of any
     binding of it is None without looking at its groups (one op per tensor); True when it may, or is not a tree."""
-    from .base import Mapper
+    from ..base import Mapper
 
     if not isinstance(mapper, Mapper):
         return True

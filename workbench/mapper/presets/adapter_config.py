@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import MapperError
+from ...errors import MapperError
 
 CONFIG_FILE = "adapter_config.json"
 MAX_CONFIG_BYTES = 16 * 2**20  # PEFT writes a few KB; rank/alpha patterns of a huge model stay well under this

@@ -1,11 +1,11 @@
-"""Built-in callables for `Function` operations (referenced by name, e.g. 'workbench.mapper.functions:merge_lora')."""
+"""Built-in callables for `Function` operations (referenced by name, e.g. 'workbench.mapper.presets.functions:merge_lora')."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..catalog import TensorInfo
-from ..errors import MapperError
+from ...catalog import TensorInfo
+from ...errors import MapperError
 
 
 def merge_lora(weight: Any, lora_a: Any, lora_b: Any, *, scale: float) -> Any:

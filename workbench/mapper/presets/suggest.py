@@ -20,8 +20,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..catalog import TensorInfo
-from ..errors import MapperError, WorkbenchError
+from ...catalog import TensorInfo
+from ...errors import MapperError, WorkbenchError
 from .model_shape import read_config
 
 LLAMA_LIKE = ("llama", "mistral")
@@ -160,11 +160,10 @@ def _binds(name: str, infos: Mapping[str, TensorInfo], config: Any) -> bool:
 def build_preset(name: str, source: Any, config: Any, options: dict[str, Any] | None = None) -> Any:
     """`workbench.mapper.presets.<name>` called with what it takes: the config, the source, or nothing.
     `options`: keyword arguments passed on when the preset takes them (e.g. `layers`), the others ignored."""
-    from . import presets
+    from .. import presets
 
     factory = getattr(presets, name, None)
-    public = sorted(n for n, f in vars(presets).items() if inspect.isfunction(f) and not n.startswith("_")
-                    and f.__module__.startswith("workbench.mapper"))
+    public = sorted(n for n in presets.__all__ if inspect.isfunction(getattr(presets, n)))
     if factory is None or not callable(factory) or name.startswith("_"):
         raise MapperError(f"Cannot use preset {name!r}: workbench.mapper.presets has no such preset. Known: {', '.join(public)}.")
     params = _params(factory)

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..catalog import TensorInfo
-from ..errors import MapperError
-from .function import Function
+from ...catalog import TensorInfo
+from ...errors import MapperError
+from ..function import Function
 
-DEQUANTIZE_FN = "workbench.mapper.quantized:dequantize_fp8_tensor"
-DEQUANTIZE_INFER = "workbench.mapper.quantized:infer_dequantize_fp8"
+DEQUANTIZE_FN = "workbench.mapper.presets.quantized:dequantize_fp8_tensor"
+DEQUANTIZE_INFER = "workbench.mapper.presets.quantized:infer_dequantize_fp8"
 SCALE_SUFFIX = "_scale_inv"
 FP8_TYPES = ("F8_E4M3", "F8_E5M2")  # float8 codes a block-scaled checkpoint may store
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import MapperError
-from ..formats.json_errors import json_problem
+from ...errors import MapperError
+from ...formats.json_errors import json_problem
 
 # Model families whose attention projections carry a bias although their config does not say so.
 _QKV_BIAS_FAMILIES = frozenset({"qwen2", "qwen2_moe", "qwen2_vl"})

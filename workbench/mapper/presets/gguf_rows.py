@@ -8,7 +8,7 @@ converts and writes a GGUF tensor chunk by chunk (`engine.rows`), holding a few 
 and never imports torch. The conversion is the `gguf` package's own (`gguf.quants.quantize`), the bfloat16
 reads are ml_dtypes', so the bytes are the converter's.
 
-The preset (`mapper.gguf_preset`) emits one `Function` naming `to_gguf` per such tensor; `row_job` recognises
+The preset (`mapper.presets.gguf_preset`) emits one `Function` naming `to_gguf` per such tensor; `row_job` recognises
 it in a bound group (and nothing else: a user mapper composed ahead of it makes a group computed by torch), alone
 or after the preset's FP8 de-quantisation of its inputs (`gguf_fp8`): then each chunk of float8 rows is first
 multiplied by its tiles' scales in float32, as llama.cpp's converter de-quantises.
@@ -20,14 +20,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..catalog import TensorInfo
-from ..dtypes import nbytes_of, numpy_dtype  # numpy_dtype: exported here too (engine.rows)
-from ..errors import MapperError
-from .compose import Parallel, Sequential
-from .function import Function
+from ...catalog import TensorInfo
+from ...dtypes import nbytes_of, numpy_dtype  # numpy_dtype: exported here too (engine.rows)
+from ...errors import MapperError
+from ..compose import Parallel, Sequential
+from ..function import Function
 
-ROWS_FN = "workbench.mapper.gguf_rows:to_gguf"
-INFER_FN = "workbench.mapper.gguf_rows:infer_to_gguf"
+ROWS_FN = "workbench.mapper.presets.gguf_rows:to_gguf"
+INFER_FN = "workbench.mapper.presets.gguf_rows:infer_to_gguf"
 # Block-quantised types: (elements per block, bytes per block): an f16 scale + 32 int8 (Q8_0) or 4-bit (Q4_0) values.
 QUANTIZED = {"Q8_0": (32, 34), "Q4_0": (32, 18)}
 OUTPUT_TYPES = ("F32", "F16", "BF16", *QUANTIZED)
@@ -211,7 +211,7 @@ def _overflowed(values: Any, converted: Any, kind: str) -> tuple[int, float]:
     """Finite float32 `values` that became ±inf in `converted` (F16 / BF16)."""
     import numpy as np
 
-    from ..overflow import limits
+    from ...overflow import limits
 
     wide = converted.view(np.float16) if kind == "F16" else (converted.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
     if np.isfinite(wide).all() or not np.isfinite(values).any():
@@ -228,8 +228,8 @@ def to_gguf(*tensors: Any, kind: str, heads: int = 0) -> Any:
     import numpy as np
     import torch
 
-    from ..dtypes import from_torch
-    from ..overflow import may_overflow, report
+    from ...dtypes import from_torch
+    from ...overflow import may_overflow, report
 
     parts = []
     for tensor in tensors:

@@ -31,18 +31,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..catalog import TensorInfo
-from ..errors import MapperError
+from ...catalog import TensorInfo
+from ...errors import MapperError
+from ..base import Mapper
+from ..compose import Parallel
+from ..function import Function
+from ..ops import Drop, Rename
 from .adapter_config import CONFIG_FILE, AdapterSettings, pattern_key, read_config, short, validate
-from .base import Mapper
-from .compose import Parallel
-from .function import Function
-from .ops import Drop, Rename
 
 __all__ = ["CONFIG_FILE", "PEFT_PREFIX", "pattern_key", "peft_merge", "read_adapter", "residual_base"]
 
 PEFT_PREFIX = "base_model.model."
-_HERE = "workbench.mapper.lora"
+_HERE = "workbench.mapper.presets.lora"
 
 # Config keys whose value lora_merge reads (adapter_config.validate checks them) or that only describe training
 # or initialisation: they do not change how a saved adapter merges. Any other key set to a non-default value is
@@ -75,7 +75,7 @@ def read_adapter(adapter: str | os.PathLike | Mapping[str, Any]) -> tuple[dict[s
     path = Path(adapter)
     folder = path.parent if path.name == CONFIG_FILE else path
     config = read_config(folder / CONFIG_FILE)
-    from ..formats import open_catalog
+    from ...formats import open_catalog
 
     catalog = open_catalog(folder)
     return config, dict(catalog.tensors), str(folder)
@@ -165,7 +165,7 @@ def _base_facts(base: Any) -> tuple[dict | None, set | None]:
     catalog (its tensor names, and config.json when it is local), or a config mapping; (None, None) without it.
     The adapter's own `base_model_name_or_path` is not followed: an untrusted file does not choose which local
     folder is read."""
-    from ..catalog import Catalog
+    from ...catalog import Catalog
 
     if base is None:
         return None, None
@@ -176,7 +176,7 @@ def _base_facts(base: Any) -> tuple[dict | None, set | None]:
 
     opened = None
     if not isinstance(catalog, Catalog):
-        from ..formats import open_catalog
+        from ...formats import open_catalog
 
         catalog = opened = open_catalog(base)
     try:

@@ -15,15 +15,15 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..catalog import Catalog, TensorInfo
-from ..dtypes import is_float
-from ..errors import MapperError
-from .base import Mapper
-from .compose import Parallel
-from .function import Function
-from .ops import Drop
+from ...catalog import Catalog, TensorInfo
+from ...dtypes import is_float
+from ...errors import MapperError
+from ..base import Mapper
+from ..compose import Parallel
+from ..function import Function
+from ..ops import Drop
 
-_HERE = "workbench.mapper.average"
+_HERE = "workbench.mapper.presets.averaging"
 
 
 def _sources(sources: Any) -> tuple[list[str], Catalog | None]:
@@ -35,7 +35,7 @@ def _sources(sources: Any) -> tuple[list[str], Catalog | None]:
         raise MapperError(f"Cannot average {catalog.root}: it is one checkpoint. Open the checkpoints to average together, "
                           "e.g. wb.open_checkpoint({'a': 'ck1/', 'b': 'ck2/', 'c': 'ck3/'}).")
     if isinstance(sources, Mapping):
-        from ..formats.multi import open_sources
+        from ...formats.multi import open_sources
 
         joined = open_sources({str(k): os.fspath(v) for k, v in sources.items()})
         return list(joined.sources), joined

@@ -2,8 +2,9 @@
 
 A module's state is what `state_dict()` lists (parameters and persistent buffers), with tied tensors
 (one Parameter under several names, e.g. an LM head sharing the embedding) recognised by identity,
-and distributed tensors (DTensor, FSDP2) described by their global shape. The mapper checks targets
-against it (`check_module`, `from_module`); `model_io` loads and saves through it. Nothing here copies data.
+and distributed tensors (DTensor, FSDP2) described by their global shape. Like the catalog, it is shared
+vocabulary under both of its users: the mapper checks targets against it (`check_target` with a model,
+`check_module`, `from_module`), and `model_io` loads and saves through it. Nothing here copies data.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..catalog import TensorInfo
-from ..dtypes import from_torch
-from ..errors import MapperError
+from .catalog import TensorInfo
+from .dtypes import from_torch
+from .errors import MapperError
 
 
 @dataclass(frozen=True)

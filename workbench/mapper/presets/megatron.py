@@ -35,15 +35,16 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ..catalog import Catalog, TensorInfo
-from ..errors import MapperError
-from .base import Mapper
-from .bind import source_infos
-from .claim import Claim
-from .compose import Parallel, Sequential
-from .function import Function
-from .groups import Problem
-from .ops import Concat, Drop, Rename, Split, Unstack
+from ...catalog import Catalog, TensorInfo
+from ...errors import MapperError
+from ..base import Mapper
+from ..bind import source_infos
+from ..claim import Claim
+from ..compose import Parallel, Sequential
+from ..function import Function
+from ..groups import Problem
+from ..ops import Concat, Drop, Rename, Split, Unstack
+from .layouts import _UNKNOWN_HINT, MEGATRON_QKV, megatron_qkv_to_hf
 
 LAYER_KEY = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 VOCAB_PARALLEL = ("embedding.word_embeddings.weight", "output_layer.weight")
@@ -235,8 +236,8 @@ def megatron_merge(source: Any, *, vocab_size: int | None = None, check_replicas
             continue
         if layout == "replicated":
             if check_replicas and tp_size > 1:
-                join.append(Function("workbench.mapper.megatron:same_on_every_rank", names, [key],
-                                     infer="workbench.mapper.megatron:infer_same_on_every_rank", params={"names": names}))
+                join.append(Function("workbench.mapper.presets.megatron:same_on_every_rank", names, [key],
+                                     infer="workbench.mapper.presets.megatron:infer_same_on_every_rank", params={"names": names}))
             else:
                 join += [Rename(names[0], key), *[Drop(n) for n in names[1:]]]
         elif swiglu and layout == "column" and _part(key) in GATED:
@@ -364,8 +365,7 @@ def megatron_to_hf(source: Any, *, config: Any = None, vocab_size: int | None = 
     dict or transformers config) gives the attention shape; by default it is made from the checkpoint's args
     (`hf_config`). Tensors of the Megatron layout the preset does not know are reported, not passed through.
     """
-    from .presets import _UNKNOWN_HINT, megatron_qkv_to_hf
-    from .presets import MEGATRON_QKV as qkv  # noqa: N811 - the preset's template of the fused QKV module
+    qkv = MEGATRON_QKV  # the preset's template of the fused QKV module
 
     catalog = getattr(source, "catalog", source)
     legacy = _is_legacy(catalog)

@@ -31,11 +31,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import MapperError
-from .base import Mapper
-from .compose import Parallel, Sequential
-from .ops import Concat, Rename, Reshape, Split, Stack, Transpose
-from .unsupported import Unsupported
+from ...errors import MapperError
+from ..base import Mapper
+from ..compose import Parallel, Sequential
+from ..ops import Concat, Rename, Reshape, Split, Stack, Transpose
+from ..unsupported import Unsupported
 
 TRANSLATED = ("MergeModulelist", "Concatenate", "Chunk", "Split", "Transpose", "Interleave", "PermuteForRope",
               "Conv3dToLinear", "LinearToConv3d")
@@ -298,7 +298,7 @@ def _check_with_transformers(converter: Any, layer: str, collected: dict[str, li
     """Run transformers' own converter on meta tensors: None when its names and shapes equal ours, else why not."""
     import torch
 
-    from ..dtypes import to_torch
+    from ...dtypes import to_torch
 
     twin = copy.deepcopy(converter)
     for pattern, keys in collected.items():
@@ -334,8 +334,8 @@ def derive(config: Any, source: Any | None = None) -> tuple[list[tuple[int, str,
         raise MapperError(f"Cannot build the transformers layout: it reads transformers 5's conversion registry, which this "
                           f"transformers lacks ({exc}). pip install 'checkpoint-workbench[transformers]' (transformers>=5).") from None
 
-    from ..dtypes import from_torch
-    from .bind import source_infos
+    from ...dtypes import from_torch
+    from ..bind import source_infos
 
     cfg = load_config(config)
     model = meta_model(cfg)
@@ -528,7 +528,7 @@ def from_transformers(config: Any, source: Any | None = None) -> Mapper:
         if any(folder.glob("*.safetensors")) or (folder / "model.safetensors.index.json").is_file():
             source = str(folder)
     if source is not None and isinstance(source, (str, os.PathLike)):
-        from ..formats import open_catalog
+        from ...formats import open_catalog
 
         source = open_catalog(source)
     steps, metas = derive(config, source)
@@ -538,7 +538,7 @@ def from_transformers(config: Any, source: Any | None = None) -> Mapper:
     concrete = _assemble({stage: [_leaf(*step) for step in found] for stage, found in stages.items()}) if steps else Sequential()
     folded = _assemble({stage: _fold_stage(found) for stage, found in stages.items()}) if steps else Sequential()
     if source is None:
-        from ..catalog import TensorInfo
+        from ...catalog import TensorInfo
 
         source = {name: TensorInfo(name, dtype, shape) for name, (dtype, shape) in metas.items()}
     return folded if _same_outputs(folded, concrete, source) else concrete
