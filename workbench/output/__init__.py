@@ -19,7 +19,7 @@ _ALIASES: dict[str, str] = {"hf": "safetensors"}
 _BUILT_IN: dict[str, tuple[str, str]] = {  # name -> (module, class), imported by `output_format`
     "safetensors": ("safetensors", "SafetensorsOutput"),
     "dcp": ("dcp", "DcpOutput"),
-    "gguf": ("gguf", "GgufOutput"),
+    "gguf": ("gguf.container", "GgufOutput"),
     "pth": ("pth", "PthOutput"),
 }
 

@@ -277,7 +277,7 @@ class PthOutput(OutputFormat):
         return self.stated
 
     def prepare(self, catalog: Any, mapper: Any, options: Any, preset: Any = None) -> tuple[Any, OutputFormat, Any]:
-        from .gguf_metadata import read_config
+        from .gguf.metadata import read_config
 
         root = Path(catalog.root)
         folder = root if root.is_dir() else root.parent

@@ -45,7 +45,7 @@ NONE, NUMPY, TORCH = "none", "numpy", "torch"
 # (3 runs, CPython 3.11, numpy 2.4, gguf 0.19, ml_dtypes 0.6; not in rss_calibration, which scripts/calibrate_rss.py
 # writes for the libraries every conversion may import).
 GGUF_LIBRARIES = 8_110_000
-# A GGUF vocabulary read from tokenizer.json (output.gguf_tokenizer_json): the process's peak (the file's text as a
+# A GGUF vocabulary read from tokenizer.json (output.gguf.tokenizer_json): the process's peak (the file's text as a
 # str, 2 bytes a character once one is beyond Latin-1, and the vocabulary dict while it is walked) lies this much
 # above the other parts: bytes per byte of the file plus bytes per token. Fitted (least squares, rounded up) to VmHWM
 # of `workbench convert --to gguf` (high-water mark not reset at the run's start; 3 runs each) on llama.cpp's Llama 3

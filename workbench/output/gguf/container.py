@@ -8,7 +8,7 @@ copies, casts and computes, in bounded memory. Q8_0 tensors arrive as their GGUF
 the preset's quantiser); F32 / F16 / BF16 slots hold plain little-endian values.
 
 The tensors, names and metadata follow llama.cpp's `convert_hf_to_gguf.py` for the same folder (see
-`workbench.mapper.gguf_preset` and `gguf_metadata`); the container is packed with the `gguf` package.
+`workbench.mapper.gguf_preset` and `metadata`); the container is packed with the `gguf` package.
 Split outputs (`shard_size=`) carry llama.cpp's `split.no` / `split.count` / `split.tensors.count` keys; as llama.cpp
 writes them, only the first split holds the model's key/values (metadata and vocabulary), the others the split keys.
 """
@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..catalog import TensorInfo
-from ..errors import PlanError
-from .base import OutputFormat
-from .gguf_packed import PackedArray
-from .gguf_rope import GeneratedTensor
-from .safetensors import FileLayout, SafetensorsWriter
-from .slots import slot_catalog
+from ...catalog import TensorInfo
+from ...errors import PlanError
+from ..base import OutputFormat
+from ..safetensors import FileLayout, SafetensorsWriter
+from ..slots import slot_catalog
+from .packed import PackedArray
+from .rope import GeneratedTensor
 
 ALIGNMENT = 32  # GGUF's default data alignment
 _SPLIT_NAME = re.compile(r"model-(\d{5})-of-(\d{5})\.gguf")
@@ -161,7 +161,7 @@ def layout_gguf_file(file: str, tensors: Sequence[TensorInfo], spec: GgufSpec, s
 
 def _tokenizer_json_bytes(folder: Path) -> int:
     """Bytes of the tokenizer.json the vocabulary is read from (0 when tokenizer.model is read instead)."""
-    from .source_files import present
+    from ..source_files import present
 
     if present(folder / "tokenizer.model"):
         return 0
@@ -194,8 +194,8 @@ class GgufOutput(OutputFormat):
         return DTYPE_NAMES[key]
 
     def prepare(self, catalog: Any, mapper: Any, options: Any, preset: Any = None) -> tuple[Any, OutputFormat, Any]:
-        from .gguf_metadata import kv_metadata, parameter_counts, read_config
-        from .gguf_rope import generated_tensors
+        from .metadata import kv_metadata, parameter_counts, read_config
+        from .rope import generated_tensors
 
         try:
             import gguf  # noqa: F401
@@ -224,7 +224,7 @@ class GgufOutput(OutputFormat):
 
     def statement(self) -> Any:
         """The GGUF preset's statement of every tensor (`output.statement.gguf_statement`), for `--verify`."""
-        from .statement import gguf_statement
+        from ..statement import gguf_statement
 
         return gguf_statement(self.spec) if self.spec is not None else None
 
@@ -252,7 +252,7 @@ class GgufOutput(OutputFormat):
         return open_written_gguf(dest, layouts)
 
     def details(self, layouts: Sequence[FileLayout]) -> list[tuple[str, list[str], list[tuple]]]:
-        from ..display import format_bytes
+        from ...display import format_bytes
 
         tensors, metadata = [], []
         origins = {g.name: f"generated from {g.origin}" for g in self.spec.generated} if self.spec is not None else {}
@@ -335,7 +335,7 @@ def _float32(catalog: Any, name: str) -> Any:
     dtype (a quantised tensor a user mapper made from, say, FP8) through torch."""
     import numpy as np
 
-    from ..dtypes import numpy_dtype
+    from ...dtypes import numpy_dtype
 
     info = catalog[name]
     raw = catalog.read_bytes(name)
@@ -343,7 +343,7 @@ def _float32(catalog: Any, name: str) -> Any:
         return np.frombuffer(raw, dtype=numpy_dtype(info.dtype)).astype(np.float32).reshape(info.shape)
     import torch
 
-    from ..dtypes import to_torch
+    from ...dtypes import to_torch
 
     return torch.frombuffer(bytearray(raw), dtype=to_torch(info.dtype)).reshape(info.shape).to(torch.float32).numpy()
 
@@ -353,7 +353,7 @@ def open_written_gguf(dest: Path, layouts: Sequence[FileLayout]) -> Any:
     package) says its tensors are, with the planned types and shapes; CheckpointError otherwise."""
     import gguf
 
-    from ..errors import CheckpointError
+    from ...errors import CheckpointError
 
     infos = []
     for layout in layouts:
