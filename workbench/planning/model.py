@@ -260,7 +260,7 @@ class Plan:
         return any(self._step_needs_torch(s) for steps in self._steps_by_rank.values() for s in steps)
 
     def _step_needs_torch(self, step: Step) -> bool:
-        if step.kind in (COPY, ROWS):  # ROWS: GGUF tensors by numpy and the gguf package
+        if step.kind in (COPY, ROWS):  # ROWS: row jobs run with numpy (mapper.row_jobs)
             return False
         if step.kind == CAST:
             src, out = step.group.inputs[0], step.group.outputs[0]
@@ -274,7 +274,7 @@ class Plan:
         if self.needs_torch:
             return "torch needed"
         if any(s.kind == ROWS for s in self.steps):
-            return "GGUF tensors by numpy in row chunks (no torch)"
+            return "tensors converted by numpy in row chunks (no torch)"
         if any(s.kind != COPY for s in self.steps):
             return "casts by numpy (torch only for chunks holding NaN)"
         from .lanes import rank_lanes

@@ -34,6 +34,14 @@ from .rope import GeneratedTensor
 
 ALIGNMENT = 32  # GGUF's default data alignment
 _SPLIT_NAME = re.compile(r"model-(\d{5})-of-(\d{5})\.gguf")
+# A GGUF vocabulary read from tokenizer.json (`tokenizer_json`): the process's peak (the file's text as a str, 2 bytes
+# a character once one is beyond Latin-1, and the vocabulary dict while it is walked) lies this much above the other
+# parts: bytes per byte of the file plus bytes per token. Fitted (least squares, rounded up) to VmHWM of `workbench
+# convert --to gguf` (high-water mark not reset at the run's start; 3 runs each) on llama.cpp's Llama 3 and Qwen2
+# vocabularies rebuilt as tokenizer.json (tests/gguf_support) and Llama 3's with "a b" merges: 17.2 MB / 128,256 tokens
+# +38.2 MiB, 11.4 MB / 151,936 +26.9 MiB, 6.6 MB / 128,256 +28.1 MiB; the fit is within +7.5 / -2.8 MiB of those.
+# CPython 3.11, glibc.
+TOKENIZER_PER_BYTE, TOKENIZER_PER_TOKEN = 1.3, 140
 DTYPE_NAMES = {"f32": "F32", "float32": "F32", "f16": "F16", "float16": "F16", "half": "F16", "bf16": "BF16",
                "bfloat16": "BF16", "q8_0": "Q8_0", "q8": "Q8_0", "q4_0": "Q4_0"}
 QUANTIZED_TYPES = ("Q8_0", "Q4_0")  # arrive as their GGUF bytes (U8 slots)
@@ -222,9 +230,24 @@ class GgufOutput(OutputFormat):
     def file_name(self, k: int, n: int) -> str:
         return gguf_file_name(k, n)
 
+    def owns(self, name: str) -> bool:
+        """`model.gguf` and llama.cpp's split files `model-0000k-of-0000N.gguf`."""
+        return name == "model.gguf" or _SPLIT_NAME.fullmatch(name) is not None
+
+    def memory_terms(self, planned_here: bool) -> list[tuple[str, int, str]]:
+        """The vocabulary read from tokenizer.json while planning (measured per byte and per token); a worker gets the
+        packed vocabulary in its header bytes (counted as buffers), not the file."""
+        file_bytes = self.spec.tokenizer_bytes if self.spec is not None else 0
+        tokens = self.spec.tokenizer_tokens if self.spec is not None else 0
+        if not file_bytes or not planned_here:
+            return []
+        return [("vocabulary", int(TOKENIZER_PER_BYTE * file_bytes + TOKENIZER_PER_TOKEN * tokens),
+                 f"GGUF tokenizer read from tokenizer.json while planning: {file_bytes:,} bytes × {TOKENIZER_PER_BYTE} + "
+                 f"{tokens:,} tokens × {TOKENIZER_PER_TOKEN} (measured)")]
+
     def statement(self) -> Any:
-        """The GGUF preset's statement of every tensor (`output.statement.gguf_statement`), for `--verify`."""
-        from ..statement import gguf_statement
+        """The GGUF preset's statement of every tensor (`output.gguf.statement.gguf_statement`), for `--verify`."""
+        from .statement import gguf_statement
 
         return gguf_statement(self.spec) if self.spec is not None else None
 
