@@ -104,7 +104,7 @@ def _sentencepiece_tokenizer(folder: Path, train: Callable[[Path], None]) -> int
     """A SentencePiece BPE `tokenizer.model` (trained by `train(prefix)`), an added token and Llama 2's
     tokenizer_config; the config's vocabulary is 4 longer than the model's, so the converter pads it."""
     train(folder / "tokenizer")
-    from workbench.output.gguf_vocab import sentencepiece_pieces
+    from workbench.output.gguf.vocab import sentencepiece_pieces
 
     n_pieces = len(sentencepiece_pieces(folder / "tokenizer.model"))
     (folder / "added_tokens.json").write_text(json.dumps({"<extra_0>": n_pieces}))

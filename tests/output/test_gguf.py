@@ -303,7 +303,7 @@ print(json.dumps(out))
 
 
 def _ours(case: dict) -> bytes:
-    from workbench.output.gguf_rope import generated_tensors
+    from workbench.output.gguf.rope import generated_tensors
 
     config = {"num_attention_heads": 1, "hidden_size": case["head_dim"], "rope_parameters": {k: v for k, v in case.items() if k != "head_dim"}}
     (made,) = generated_tensors(config, "llama")

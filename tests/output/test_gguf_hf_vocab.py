@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from gguf_support.models import _tokenizer
 
-from workbench.output import gguf_hf_vocab
+from workbench.output.gguf import hf_vocab as gguf_hf_vocab
 
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("transformers")
@@ -88,8 +88,8 @@ def _byte_level_folder(tmp_path: Path, tokenizer: str) -> Path:
 
 @pytest.mark.parametrize("tokenizer", ["qwen2", "llama3", "gpt2"])
 def test_byte_level_vocabulary_equals_transformers_listing(tmp_path: Path, tokenizer: str) -> None:
-    from workbench.output import gguf_bpe_vocab
-    from workbench.output.gguf_vocab import _looks_special, gpt2_vocab
+    from workbench.output.gguf import bpe_vocab as gguf_bpe_vocab
+    from workbench.output.gguf.vocab import _looks_special, gpt2_vocab
 
     root = _byte_level_folder(tmp_path, tokenizer)
     size = json.loads((root / "config.json").read_text()).get("vocab_size") if tokenizer == "qwen2" else None  # Qwen2: padded
@@ -105,8 +105,8 @@ def test_tokenizer_json_read_once_equals_json_and_special_vocab_merges(tmp_path:
     """`gguf_tokenizer_json.load` gives json.load's document (merges aside) and the merges packed as the gguf
     package's SpecialVocab lists them (a space inside a pair part encoded as U+0120); its slim copy gives
     SpecialVocab the same special tokens and flags without vocabulary and merges."""
-    from workbench.output.gguf_packed import strings
-    from workbench.output.gguf_tokenizer_json import SlimFolder, load
+    from workbench.output.gguf.packed import strings
+    from workbench.output.gguf.tokenizer_json import SlimFolder, load
 
     root = tmp_path / "tok"
     root.mkdir()
@@ -128,7 +128,7 @@ def test_tokenizer_json_read_once_equals_json_and_special_vocab_merges(tmp_path:
 
 def test_a_broken_tokenizer_json_is_refused_naming_the_file(tmp_path: Path) -> None:
     from workbench.errors import PlanError
-    from workbench.output.gguf_tokenizer_json import load
+    from workbench.output.gguf.tokenizer_json import load
 
     (tmp_path / "tokenizer.json").write_text('{"model": {"merges": [["a", "b"], 7]}}')
     with pytest.raises(PlanError, match=r"Cannot read .*tokenizer.json: its merges are neither"):

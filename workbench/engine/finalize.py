@@ -8,13 +8,11 @@ marker, the manifest removed. On failure or cancel: temporary `.partial` files r
 from __future__ import annotations
 
 import os
-import re
 import stat
 from pathlib import Path
 
 from ..errors import PlanError, UnsafeFileError
 from ..files import atomic_write, copy_atomic, fsync_dir, remove_entry, temp_path
-from ..formats.dcp import METADATA_NAME
 from ..formats.links import leads_inside
 from ..planning.destination import (
     COMPLETE_NAME,
@@ -29,8 +27,6 @@ from ..planning.extras import updated_bytes
 from ..planning.fingerprint import source_states
 from ..planning.model import Plan
 from .source_guard import snapshot_for
-
-_SHARD_NAME = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors$|^__\d+_\d+\.distcp$")
 
 
 def require_runnable(plan: Plan) -> None:
@@ -50,9 +46,11 @@ def prepare_destination(plan: Plan) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     remove_completion_record(dest)  # first: from here on the folder no longer holds a finished output
     planned = {f.name for f in plan.output_file_list}
-    if plan.options.overwrite:  # an older conversion's shards and index would contradict the new ones
+    if plan.options.overwrite:  # an older conversion's files (any format's) would contradict the new ones
+        from ..output import owned
+
         for name in os.listdir(dest):
-            if (_SHARD_NAME.match(name) and name not in plan.kept) or name in (INDEX_NAME, MANIFEST_NAME, METADATA_NAME):
+            if (owned(name) and name not in plan.kept) or name in (INDEX_NAME, MANIFEST_NAME):
                 remove_entry(dest / name)
     for name in {INDEX_NAME, *plan.commit_files}:  # the index / .metadata marks a complete output: it reappears last
         remove_entry(dest / name)

@@ -4,7 +4,7 @@
 validated too) and, group by group: byte-level outputs must equal the source byte ranges their recipe
 names (compared by SHA-256 in bounded chunks); cast outputs must equal a fresh cast of the source (bit
 for bit, i.e. within the dtype's rounding of the source values, whose largest absolute difference is
-reported); computed outputs must equal the group's op re-applied to the source tensors (GGUF row conversions re-applied
+reported); computed outputs must equal the group's op re-applied to the source tensors (row jobs re-applied
 by row chunks with numpy, as the engine ran them: no torch). Source values
 the output's dtype cannot hold are counted again, independently of the run (the `overflow` column): such
 an output matches its planned cast yet is not the source's values. The result is one row per output
@@ -20,7 +20,7 @@ from typing import Any
 
 from ..catalog import Catalog, TensorInfo
 from ..digest import tensor_sha256
-from ..dtypes import DTYPE_BITS, is_float, nbytes_of, to_torch
+from ..dtypes import DTYPE_BITS, is_float, to_torch
 from ..errors import WorkbenchError
 from ..overflow import attributed, collect, count_torch, may_overflow
 from ..planning.schedule import CAST, COPY, ROWS
@@ -214,12 +214,12 @@ def _check_compute(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, 
 
 
 def _check_rows(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, rows: list) -> None:
-    """A GGUF tensor the engine converted by row chunks, converted again the same way (numpy and the gguf package, no
-    torch) a chunk at a time and compared byte for byte; a "compute" row like any op re-applied to the source."""
+    """An output the engine converted by row chunks (the row job its op offers, `mapper.row_jobs`), converted again
+    the same way a chunk at a time and compared byte for byte; a "compute" row like any op re-applied to the source."""
     import numpy as np
 
-    from ..mapper.presets.gguf_fp8 import dequantize_rows
-    from ..mapper.presets.gguf_rows import QUANTIZED, convert_rows, numpy_dtype, row_bytes, row_job
+    from ..dtypes import numpy_dtype
+    from ..mapper.row_jobs import row_job
 
     job = row_job(group)
     if job is None:  # the planner made a ROWS step of it, so it is one; anything else is re-applied by torch
@@ -227,31 +227,24 @@ def _check_rows(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, row
         return
     got = out_catalog[job.output.name]
     per = job.chunk_rows(CHUNK_BYTES)
-    in_row, out_row = nbytes_of(job.inputs[0].dtype, job.cols), row_bytes(job.cols, job.kind)
+    in_row, out_row = job.in_row, job.out_row
+    convert = job.converter(per)
     same, worst, overflowed, at = True, 0.0, 0, 0
     for k, info in enumerate(job.inputs):
-        counted = may_overflow("F32" if job.scales else info.dtype, job.kind)
-        scales = None
-        if job.scales:  # an FP8 weight: de-quantised by its tiles' scales first, as the engine did (mapper.presets.gguf_fp8)
-            grid = job.scales[k]
-            scales = np.frombuffer(source.read(grid, 0, grid.nbytes), dtype=np.float32).reshape(-1, grid.shape[-1])
+        whole = [source.read(extra, 0, extra.nbytes) for extra in job.whole(k)]
         for first in range(0, job.rows, per):
             n = min(per, job.rows - first)
-            values = np.frombuffer(source.read(info, first * in_row, (first + n) * in_row), dtype=numpy_dtype(info.dtype))
-            values = values.reshape(n, job.cols)
-            if scales is not None:
-                values = dequantize_rows(values, scales, first, job.block, np.empty(n * job.cols, np.float32))
-            data, count, _ = convert_rows(values, job.kind, n // job.unit if job.heads else 0, counted=counted)
+            data, count, _ = convert(k, first, source.read(info, first * in_row, (first + n) * in_row), whole)
             written = output.read(got, at, at + n * out_row)
             overflowed += count
             if data.tobytes() != written:
                 same = False
-                if job.kind not in QUANTIZED:  # how far the written values are from the conversion's
-                    kind = numpy_dtype(job.kind)
+                if job.value_dtype is not None:  # how far the written values are from the conversion's
+                    kind = numpy_dtype(job.value_dtype)
                     delta = np.abs(np.frombuffer(written, kind).astype(np.float64) - data.view(kind).astype(np.float64))
                     worst = max(worst, float(np.nanmax(delta)) if delta.size else 0.0)
             at += n * out_row
-    diff = 0.0 if same else worst if job.kind not in QUANTIZED else None
+    diff = 0.0 if same else worst if job.value_dtype is not None else None
     rows.append((got.name, "compute", "ok" if same else "mismatch", diff, overflowed,
                  "" if same else "differs from the op re-applied to the source"))
 

@@ -1,4 +1,4 @@
-"""Running one scheduled step: byte copy, chunked cast, tensor compute, or row-chunked GGUF conversion (`engine.rows`).
+"""Running one scheduled step: byte copy, chunked cast, tensor compute, or a row job by row chunks (`engine.rows`).
 
 Each runner reads only the byte ranges its group needs, writes only into planned slots, and keeps
 the `HeldBytes` ledger exactly as the planner's cost rules predict (see `planning.schedule`).
@@ -6,6 +6,7 @@ the `HeldBytes` ledger exactly as the planner's cost rules predict (see `plannin
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from ..iostats import read_into
 from ..output.safetensors import SafetensorsWriter
 from ..overflow import OverflowCounts, attributed, collect, count_torch, describe, may_overflow
 from ..planning.model import Plan
-from ..planning.rss import NUMPY, TORCH, libraries_for
+from ..planning.rss import NUMPY, TORCH, libraries_for, row_libraries
 from ..planning.schedule import CAST, COPY, ROWS, Step, cast_chunk
 from .cast_batch import run_cast_batch
 from .cast_buffers import CastBuffers
@@ -402,9 +403,8 @@ def preload_libraries(plan: Plan, steps: list[Step]) -> None:
         import torch  # noqa: F401
     elif needed == NUMPY:
         import numpy  # noqa: F401
-    if any(step.kind == ROWS for step in steps):  # GGUF row conversions (counted in planning.rss's imports part)
-        import gguf  # noqa: F401
-        import ml_dtypes  # noqa: F401
+    for module in row_libraries(steps):  # what row jobs' kernels import (counted in planning.rss's imports part)
+        importlib.import_module(module)
 
 
 def _run_rows(ctx: RankContext, step: Step) -> None:

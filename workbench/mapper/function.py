@@ -90,6 +90,15 @@ class Function(Op):
             frozen.append((key, _freeze(value, f"Function {self.fn!r}")))
         self._set("params", tuple(sorted(frozen)))
 
+    def rows(self, group: Any, ahead: tuple[Any, ...] = ()) -> Any:
+        """The row job (`mapper.row_jobs.RowJob`) this function offers for its bound `group`, `ahead` being the ops
+        applied before it in the group; None when its callable offers none (no `rows` attribute, or its module is
+        not imported: asking never imports)."""
+        from .row_jobs import offered_rows
+
+        offer = offered_rows(self.fn)
+        return offer(self, group, ahead) if offer is not None else None
+
     @property
     def kwargs(self) -> dict[str, Any]:
         """`params` as keyword arguments (tuples turned back into lists)."""

@@ -19,7 +19,7 @@ _ALIASES: dict[str, str] = {"hf": "safetensors"}
 _BUILT_IN: dict[str, tuple[str, str]] = {  # name -> (module, class), imported by `output_format`
     "safetensors": ("safetensors", "SafetensorsOutput"),
     "dcp": ("dcp", "DcpOutput"),
-    "gguf": ("gguf", "GgufOutput"),
+    "gguf": ("gguf.container", "GgufOutput"),
     "pth": ("pth", "PthOutput"),
 }
 
@@ -44,6 +44,12 @@ def output_format(name: str) -> OutputFormat:
     return _LOADED[key]
 
 
+def owned(name: str) -> bool:
+    """Whether a file called `name` in a destination is one some registered format writes (`OutputFormat.owns`):
+    what `overwrite=True` removes as an older conversion's output. Imports every built-in format's module."""
+    return any(output.owns(name) for output in __getattr__("OUTPUT_FORMATS").values())
+
+
 def _load(name: str) -> None:
     module, cls = _BUILT_IN[name]
     register(getattr(importlib.import_module(f".{module}", __name__), cls)())
@@ -58,4 +64,4 @@ def __getattr__(attr: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
 
 
-__all__ = ["OUTPUT_FORMATS", "OutputFormat", "output_format", "register"]
+__all__ = ["OUTPUT_FORMATS", "OutputFormat", "output_format", "owned", "register"]

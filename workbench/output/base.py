@@ -44,6 +44,9 @@ class OutputFormat:
     applies_dtype_policy: bool = True  # whether the planner casts float outputs to `dtype=` (False: `prepare` uses it)
     pads_header: bool = False  # whether `layout_file` takes `data_residue=` (a data start placed within a page, or a function choosing it)
     model_parallel: bool = False  # whether `nproc_mp=` (Meta's model-parallel files) means something for this format
+    # whether the planner may make one step of many neighbouring whole copies or casts (`planning.copy_runs`,
+    # `planning.cast_runs`): the format lays tensors out one after another in schedule order, one header per file
+    plans_runs: bool = False
 
     def policy(self, dtype: Any) -> str:
         """The code a `dtype=` policy stands for in this format (default: a float dtype every tensor is cast to)."""
@@ -65,6 +68,16 @@ class OutputFormat:
     def file_name(self, k: int, n: int) -> str:
         """Name of data file `k` (0-based) of `n`."""
         raise NotImplementedError
+
+    def owns(self, name: str) -> bool:
+        """Whether a file called `name` in a destination folder is one this format writes (a data file, index or
+        commit marker of any output of it), so `overwrite=True` removes it as stale; a user's other files are kept."""
+        return False
+
+    def memory_terms(self, planned_here: bool) -> list[tuple[str, int, str]]:
+        """What this format adds to a conversion process's predicted RSS (`planning.rss`): (part, bytes, detail) rows.
+        `planned_here`: the process also planned (the CLI, or one process), rather than receiving a plan (a worker)."""
+        return []
 
     def layout_file(self, name: str, tensors: Sequence[TensorInfo], metadata: Mapping[str, str] | None = None) -> FileLayout:
         """Place `tensors` (in schedule order) in the data file `name`: its header bytes and every offset."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import struct
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
@@ -484,6 +485,9 @@ __all__ = [
 ]
 
 
+_OWNED = re.compile(r"__\d+_\d+\.distcp")
+
+
 class DcpOutput(OutputFormat):
     """torch.distributed.checkpoint: `__0_<k>.distcp` data files, the source's non-tensor entries (with
     rest='keep') in one more file, and `.metadata` written last as the commit marker."""
@@ -495,6 +499,10 @@ class DcpOutput(OutputFormat):
 
     def file_name(self, k: int, n: int) -> str:
         return dcp_file_name(k)
+
+    def owns(self, name: str) -> bool:
+        """`__<rank>_<k>.distcp` data files and `.metadata`."""
+        return name == METADATA_NAME or _OWNED.fullmatch(name) is not None
 
     def layout_file(self, name: str, tensors: Sequence[TensorInfo], metadata: Mapping[str, str] | None = None) -> FileLayout:
         return layout_dcp_file(name, tensors)

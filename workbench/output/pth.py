@@ -49,6 +49,7 @@ from .slots import slot_catalog
 
 PARAMS_NAME = "params.json"
 _MP_NAME = re.compile(r"mp(\d+)/(.+)")
+_OWNED = re.compile(r"consolidated\.\d+\.pth")
 
 
 def pth_file_name(k: int) -> str:
@@ -277,7 +278,7 @@ class PthOutput(OutputFormat):
         return self.stated
 
     def prepare(self, catalog: Any, mapper: Any, options: Any, preset: Any = None) -> tuple[Any, OutputFormat, Any]:
-        from .gguf_metadata import read_config
+        from .gguf.metadata import read_config
 
         root = Path(catalog.root)
         folder = root if root.is_dir() else root.parent
@@ -304,6 +305,10 @@ class PthOutput(OutputFormat):
 
     def file_name(self, k: int, n: int) -> str:
         return pth_file_name(k)
+
+    def owns(self, name: str) -> bool:
+        """`consolidated.NN.pth` files and `params.json`."""
+        return name == PARAMS_NAME or _OWNED.fullmatch(name) is not None
 
     def layout_file(self, name: str, tensors: Sequence[TensorInfo], metadata: Mapping[str, str] | None = None) -> FileLayout:
         return layout_pth_file(name, tensors)

@@ -14,6 +14,7 @@ import itertools
 import json
 import operator
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -625,6 +626,9 @@ def save_tensors(path: str | os.PathLike, tensors: Mapping[str, Any], metadata: 
         return writer.commit()
 
 
+_OWNED = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors")
+
+
 class SafetensorsOutput(OutputFormat):
     """HF safetensors: `model.safetensors`, or `model-0000k-of-0000N.safetensors` shards committed by
     `model.safetensors.index.json`; headers carry the source's `__metadata__` where it is unambiguous."""
@@ -634,9 +638,14 @@ class SafetensorsOutput(OutputFormat):
     label = ""
     keeps_header_metadata = True
     pads_header = True
+    plans_runs = True
 
     def file_name(self, k: int, n: int) -> str:
         return shard_file_name(k + 1, n)
+
+    def owns(self, name: str) -> bool:
+        """`model.safetensors`, `model-0000k-of-0000N.safetensors` and the index."""
+        return name == INDEX_NAME or _OWNED.fullmatch(name) is not None
 
     def layout_file(
         self, name: str, tensors: Sequence[TensorInfo], metadata: Mapping[str, str] | None = None, *,

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass(frozen=True)
@@ -27,31 +26,8 @@ class Statement:
     accounted: frozenset[str] | None
 
 
-def gguf_statement(spec: Any) -> Statement | None:
-    """The GGUF preset's statement (`mapper.gguf_preset.GgufTensors`, held as `spec.tensors`) with the tensors generated
-    from config.json; a quantised tensor is stated as the written catalog holds it (U8, rows of block bytes).
-    None when the spec holds no statement (a plain mapping)."""
-    accounted = getattr(spec.tensors, "accounted", None)
-    if accounted is None:
-        return None
-    import gguf
-
-    tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
-    for name, planned in spec.tensors.items():
-        shape = tuple(planned.shape)
-        kind = gguf.GGMLQuantizationType[planned.type]
-        block, size = gguf.GGML_QUANT_SIZES[kind]
-        if block > 1:  # block-quantised: U8 bytes, whole blocks along the last dimension
-            tensors[name] = ("U8", (*shape[:-1], shape[-1] // block * size))
-        else:
-            tensors[name] = (planned.type, shape)
-    for made in spec.generated:
-        tensors[made.name] = (made.type, tuple(made.shape))
-    return Statement(f"llama.cpp GGUF ({spec.arch})", tensors, frozenset(accounted()))
-
-
 def meta_statement(layout: Mapping[str, tuple[int, ...]]) -> Statement:
-    """The statement of a Meta `.pth` output: the names and shapes Meta's model declares (`mapper.output_presets.
+    """The statement of a Meta `.pth` output: the names and shapes Meta's model declares (`mapper.presets.output_presets.
     meta_layout`), any dtype (the policy's), source tensors not stated (an HF tensor the preset does not know is its
     Claim's plan problem)."""
     return Statement("Meta Llama (llama/model.py)", {name: (None, tuple(shape)) for name, shape in layout.items()}, None)
@@ -83,4 +59,4 @@ def statement_rows(statement: Statement, written: Mapping[str, tuple[str, tuple[
     return rows
 
 
-__all__ = ["Statement", "gguf_statement", "meta_statement", "statement_rows"]
+__all__ = ["Statement", "meta_statement", "statement_rows"]

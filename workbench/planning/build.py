@@ -198,7 +198,7 @@ def _build_plan(
     except WorkbenchError as exc:
         raise PlanError(exc.message if hasattr(exc, "message") else str(exc)) from None
     dtype = options.dtype if output.applies_dtype_policy else None
-    runs = output.name == "safetensors" and many_raw(catalog)  # whole copies of many tensors: planned in runs
+    runs = output.plans_runs and many_raw(catalog)  # whole copies of many tensors: planned in runs
     check_rest(options.rest)  # (the run bindings below do not read it)
     if runs and mapper is None and dtype is None:
         binding = copy_run_binding(catalog)

@@ -253,7 +253,7 @@ class Plan:
         return any(self._step_needs_torch(s) for steps in self._steps_by_rank.values() for s in steps)
 
     def _step_needs_torch(self, step: Step) -> bool:
-        if step.kind in (COPY, ROWS):  # ROWS: GGUF tensors by numpy and the gguf package
+        if step.kind in (COPY, ROWS):  # ROWS: row jobs run with numpy (mapper.row_jobs)
             return False
         if step.kind == CAST:
             src, out = step.group.inputs[0], step.group.outputs[0]

@@ -56,7 +56,7 @@ def library_note(plan: Plan) -> str:
     if plan.needs_torch:
         return "torch needed"
     if any(s.kind == ROWS for s in plan.steps):
-        return "GGUF tensors by numpy in row chunks (no torch)"
+        return "tensors converted by numpy in row chunks (no torch)"
     if any(s.kind != COPY for s in plan.steps):
         return "casts by numpy (torch only for chunks holding NaN)"
     lanes = max((len(lanes) for r in range(plan.nproc) if (lanes := rank_lanes(plan, r)) is not None), default=1)

@@ -7,8 +7,10 @@ A conversion process's resident memory is the sum of parts that are each either 
     workbench     the modules the entry point imports (the CLI for one process, the worker for several)
                   and the small state every run keeps (progress, the I/O ledger)
     imports       the libraries this rank's steps import: none for byte copies, numpy for casts it can
-                  do (float32 -> bfloat16 ...), numpy with ml_dtypes and gguf for GGUF tensors converted by
-                  rows, torch for tensor ops and other casts
+                  do (float32 -> bfloat16 ...), numpy with what their kernels import for row jobs
+                  (`mapper.row_jobs`: each job says its libraries and their measured bytes), torch for
+                  tensor ops and other casts
+    (format)      what the output format adds (`OutputFormat.memory_terms`), e.g. a vocabulary read at planning
     metadata      the catalog and the plan, in proportion to the number of source tensors
     buffers       the remote reader's prefetch window for URL sources, the output headers
     tensor peak   the plan's own peak of tensor bytes (cast arena, inputs and outputs of a compute step)
@@ -38,21 +40,10 @@ from . import rss_calibration as calibrated
 from .schedule import CAST, COMPUTE, COPY, ROWS, Step
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..mapper.row_jobs import RowJob
     from .model import Plan
 
 NONE, NUMPY, TORCH = "none", "numpy", "torch"
-# ml_dtypes and the gguf package imported and used (a Q8_0 quantisation) on top of numpy: VmHWM 7.7-7.8 MiB more
-# (3 runs, CPython 3.11, numpy 2.4, gguf 0.19, ml_dtypes 0.6; not in rss_calibration, which scripts/calibrate_rss.py
-# writes for the libraries every conversion may import).
-GGUF_LIBRARIES = 8_110_000
-# A GGUF vocabulary read from tokenizer.json (output.gguf_tokenizer_json): the process's peak (the file's text as a
-# str, 2 bytes a character once one is beyond Latin-1, and the vocabulary dict while it is walked) lies this much
-# above the other parts: bytes per byte of the file plus bytes per token. Fitted (least squares, rounded up) to VmHWM
-# of `workbench convert --to gguf` (high-water mark not reset at the run's start; 3 runs each) on llama.cpp's Llama 3
-# and Qwen2 vocabularies rebuilt as tokenizer.json (tests/gguf_support) and Llama 3's with "a b" merges:
-# 17.2 MB / 128,256 tokens +38.2 MiB, 11.4 MB / 151,936 +26.9 MiB, 6.6 MB / 128,256 +28.1 MiB; the fit is within
-# +7.5 / -2.8 MiB of those. CPython 3.11, glibc.
-GGUF_TOKENIZER_PER_BYTE, GGUF_TOKENIZER_PER_TOKEN = 1.3, 140
 CLI, WORKER = "cli", "worker"
 # A plan does not change once built: each rank's parts are worked out once (a panel asks for them several times,
 # and on a 100k-tensor plan one pass over the steps takes a tenth of a second).
@@ -83,7 +74,7 @@ def _libraries(plan: Plan, rank: int) -> str:
 
 def libraries_for(plan: Plan, steps: list[Step]) -> str:
     """The heaviest library `steps` import: 'torch' for tensor ops and casts numpy does not do, 'numpy' when every
-    cast is one numpy does on raw bytes (float32 -> bfloat16 ...) and for GGUF row conversions, 'none' for byte
+    cast is one numpy does on raw bytes (float32 -> bfloat16 ...) and for row jobs, 'none' for byte
     copies alone. The engine
     imports exactly this before measuring its baseline (`engine.steps.preload_libraries`)."""
     reader = plan.source.reader
@@ -91,7 +82,7 @@ def libraries_for(plan: Plan, steps: list[Step]) -> str:
     for step in steps:
         if step.kind == COPY:
             continue
-        if step.kind == ROWS:  # GGUF tensors: numpy, ml_dtypes and the gguf package's quantisers
+        if step.kind == ROWS:  # row jobs run with numpy (and the libraries each job names: `row_libraries`)
             found = NUMPY
             continue
         if step.kind == CAST:
@@ -101,6 +92,20 @@ def libraries_for(plan: Plan, steps: list[Step]) -> str:
                 continue
         return TORCH
     return found
+
+
+def row_jobs(steps: list[Step]) -> list[RowJob]:
+    """The row jobs (`mapper.row_jobs`) of the ROWS steps among `steps`."""
+    if not any(step.kind == ROWS for step in steps):
+        return []
+    from ..mapper.row_jobs import row_job
+
+    return [job for step in steps if step.kind == ROWS and (job := row_job(step.group)) is not None]
+
+
+def row_libraries(steps: list[Step]) -> list[str]:
+    """The modules the row jobs among `steps` import beyond numpy, each once, in order of first use."""
+    return list(dict.fromkeys(module for job in row_jobs(steps) for module in job.libraries))
 
 
 def calibration_mismatch() -> str | None:
@@ -217,10 +222,10 @@ def _parts(plan: Plan, rank: int) -> list[RssPart]:
     ]
     if libraries == NONE:
         parts.append(RssPart("imports", 0, "none: byte copies need neither numpy nor torch"))
-    elif libraries == NUMPY and any(s.kind == ROWS for s in plan.rank_steps(rank)):
-        parts.append(RssPart("imports", calibrated.LIBRARY[NUMPY] + GGUF_LIBRARIES,
-                             f"numpy ({measured}), ml_dtypes and the gguf package: GGUF tensors converted by rows, torch is "
-                             "not imported"))
+    elif libraries == NUMPY and (jobs := row_jobs(plan.rank_steps(rank))):
+        heaviest = max(jobs, key=lambda job: job.library_bytes)
+        parts.append(RssPart("imports", calibrated.LIBRARY[NUMPY] + heaviest.library_bytes,
+                             f"numpy ({measured}), {heaviest.library_detail}, torch is not imported"))
     elif libraries == NUMPY:
         parts.append(RssPart("imports", calibrated.LIBRARY[NUMPY], f"numpy: casts numpy does, torch is not imported ({measured})"))
     else:
@@ -233,12 +238,8 @@ def _parts(plan: Plan, rank: int) -> list[RssPart]:
         parts.append(RssPart("transport", REMOTE_LIBRARIES[scheme],
                              f"the {scheme} transport's libraries (fsspec, aiohttp{', huggingface_hub' if scheme == 'hf' else ''}"
                              f"{', s3fs, botocore' if scheme == 's3' else ''}; measured)"))
-    spec = getattr(plan.output_format, "spec", None)
-    file_bytes, tokens = getattr(spec, "tokenizer_bytes", 0), getattr(spec, "tokenizer_tokens", 0)
-    if file_bytes and entry == CLI:  # a worker gets the packed vocabulary in its header bytes (buffers), not the file
-        parts.append(RssPart("vocabulary", int(GGUF_TOKENIZER_PER_BYTE * file_bytes + GGUF_TOKENIZER_PER_TOKEN * tokens),
-                             f"GGUF tokenizer read from tokenizer.json while planning: {file_bytes:,} bytes × "
-                             f"{GGUF_TOKENIZER_PER_BYTE} + {tokens:,} tokens × {GGUF_TOKENIZER_PER_TOKEN} (measured)"))
+    for part, size, detail in plan.output_format.memory_terms(planned_here=entry == CLI):
+        parts.append(RssPart(part, size, detail))
     parts.append(RssPart("metadata", calibrated.PER_TENSOR * tensors,
                          f"catalog and plan: {tensors:,} tensors × {calibrated.PER_TENSOR:,} bytes ({measured})"))
     detail = f"output headers {headers:,} bytes"

@@ -28,7 +28,7 @@ class Step:
     index: int
     group: Group
     kind: str  # COPY (bytes moved, no tensors), CAST (chunked elementwise cast), COMPUTE (tensors in, op, out),
-    # ROWS (a GGUF tensor converted a few rows at a time with numpy: mapper.gguf_rows)
+    # ROWS (a row job its op offers, run a few rows at a time with numpy: mapper.row_jobs)
     held_bytes: int  # tensor bytes the engine holds at the peak of this step
     reads: dict[str, int]  # source file (relative) -> bytes read from it
     bytes_out: int  # tensor bytes of the group's outputs
@@ -61,17 +61,15 @@ def cast_chunk(numel: int, src_dtype: str, dst_dtype: str, chunk_bytes: int) -> 
 
 
 def step_kind(group: Group, access: SourceAccess | None = None) -> str:
-    """How the engine runs a group: byte copy, chunked cast, row-chunked GGUF conversion (inputs raw on disk),
-    or tensor compute."""
+    """How the engine runs a group: byte copy, chunked cast, the row job its op offers (`mapper.row_jobs`; inputs
+    raw on disk), or tensor compute."""
     if group.recipe is not None:
         return COPY
     if group.chunk_cast is not None and (len(group.inputs) == 1 and len(group.outputs) == 1 or run_kind(group) == CAST):
         return CAST
     if access is None:
         return COMPUTE
-    from ..mapper.presets.gguf_rows import (
-        row_job,  # here: byte copies and casts never import the GGUF row code
-    )
+    from ..mapper.row_jobs import row_job  # here: byte copies and casts never import it
 
     if row_job(group) is not None and all(access.located(t) for t in group.inputs):
         return ROWS
@@ -132,7 +130,7 @@ def step_cost(group: Group, kind: str, bytes_out: int, access: SourceAccess, chu
         bytes_in += info.nbytes
         access.add_whole_read(reads, info)
     if kind == ROWS:
-        from ..mapper.presets.gguf_rows import row_job
+        from ..mapper.row_jobs import row_job
 
         job = row_job(group)
         assert job is not None

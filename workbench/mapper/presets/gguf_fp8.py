@@ -7,8 +7,9 @@ to float32 (the float8 value times its tile's scale, one float32 multiplication)
 activation scales, and then treats the float32 tensor as any other: permuted, stacked, cast or quantised to the
 `--outtype` (it leaves the metadata as for the unquantised model). The GGUF preset does the same: a first step of
 `quantized.dequantize_fp8_tensor` ops (dtype F32) in front of its own, which the planner shows. The row path
-(`gguf_rows.row_job`) recognises a de-quantisation followed by the row conversion and runs both a row chunk at a
-time with numpy (`dequantize_rows`), so the file is the converter's, byte for byte, without torch.
+(`gguf_rows.offer_rows`, the row job `to_gguf` offers) recognises a de-quantisation followed by the row conversion
+and runs both a row chunk at a time with numpy (`dequantize_rows`), so the file is the converter's, byte for byte,
+without torch.
 """
 
 from __future__ import annotations

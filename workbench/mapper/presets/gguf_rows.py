@@ -8,23 +8,26 @@ converts and writes a GGUF tensor chunk by chunk (`engine.rows`), holding a few 
 and never imports torch. The conversion is the `gguf` package's own (`gguf.quants.quantize`), the bfloat16
 reads are ml_dtypes', so the bytes are the converter's.
 
-The preset (`mapper.presets.gguf_preset`) emits one `Function` naming `to_gguf` per such tensor; `row_job` recognises
-it in a bound group (and nothing else: a user mapper composed ahead of it makes a group computed by torch), alone
-or after the preset's FP8 de-quantisation of its inputs (`gguf_fp8`): then each chunk of float8 rows is first
-multiplied by its tiles' scales in float32, as llama.cpp's converter de-quantises.
+The preset (`mapper.presets.gguf_preset`) emits one `Function` naming `to_gguf` per such tensor; `to_gguf` offers a row job
+(`to_gguf.rows`, a `mapper.row_jobs.RowJob`: what the planner and the engine ask of any group) for a bound group
+holding it alone (a user mapper composed ahead of it makes a group computed by torch) or after the preset's FP8
+de-quantisation of its inputs (`gguf_fp8`): then each chunk of float8 rows is first multiplied by its tiles' scales
+in float32, as llama.cpp's converter de-quantises.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ...catalog import TensorInfo
 from ...dtypes import nbytes_of, numpy_dtype  # numpy_dtype: exported here too (engine.rows)
 from ...errors import MapperError
-from ..compose import Parallel, Sequential
+from ..compose import Parallel
 from ..function import Function
+from ..row_jobs import Converter, row_job  # row_job: exported here too (tests ask it of plan steps)
 
 ROWS_FN = "workbench.mapper.presets.gguf_rows:to_gguf"
 INFER_FN = "workbench.mapper.presets.gguf_rows:infer_to_gguf"
@@ -38,6 +41,10 @@ QUANTISER_GROUP_ROWS, QUANTISER_TEMPORARIES = 32, 6
 # Bytes a row conversion holds at most (a plan's smaller chunk size wins): 1 GiB of Q8_0 converted in 8 MiB chunks
 # took no longer than in 32 MiB ones here, and the process stays ~25 MiB smaller.
 ROW_BUDGET = 8 << 20
+# ml_dtypes and the gguf package imported and used (a Q8_0 quantisation) on top of numpy: VmHWM 7.7-7.8 MiB more
+# (3 runs, CPython 3.11, numpy 2.4, gguf 0.19, ml_dtypes 0.6; not in planning.rss_calibration, which
+# scripts/calibrate_rss.py writes for the libraries every conversion may import).
+GGUF_LIBRARIES = 8_110_000
 
 
 def row_budget(chunk_bytes: int) -> int:
@@ -100,7 +107,8 @@ def infer_to_gguf(*infos: TensorInfo, kind: str, heads: int = 0) -> list[tuple[s
 
 @dataclass(frozen=True)
 class RowJob:
-    """A group the engine converts row chunk by row chunk: its inputs in stacking order, the output, the GGUF type."""
+    """A group the engine converts row chunk by row chunk (a `mapper.row_jobs.RowJob`): its inputs in stacking order,
+    the output, the GGUF type, the q/k heads permuted, and for FP8 inputs their scale grids and tile."""
 
     inputs: tuple[TensorInfo, ...]
     output: TensorInfo
@@ -108,6 +116,64 @@ class RowJob:
     heads: int
     scales: tuple[TensorInfo, ...] = ()  # FP8 inputs: each one's float32 scale grid (read whole), in input order
     block: tuple[int, int] = (0, 0)  # FP8 inputs: the (rows, cols) tile of one scale
+
+    libraries = ("ml_dtypes", "gguf")
+    library_bytes = GGUF_LIBRARIES
+    library_detail = "ml_dtypes and the gguf package: GGUF tensors converted by rows"
+
+    @property
+    def overflow_dtype(self) -> str:
+        """Overflow is counted against the GGUF type (F16 / BF16 values beyond range become inf)."""
+        return self.kind
+
+    @property
+    def value_dtype(self) -> str | None:
+        """The output's element dtype, None for block-quantised bytes."""
+        return None if self.kind in QUANTIZED else self.kind
+
+    @property
+    def in_row(self) -> int:
+        """Bytes of one input row as stored."""
+        return nbytes_of(self.inputs[0].dtype, self.cols)
+
+    @property
+    def out_row(self) -> int:
+        """Bytes of one row in the GGUF tensor."""
+        return row_bytes(self.cols, self.kind)
+
+    def whole(self, k: int) -> tuple[TensorInfo, ...]:
+        """Input `k`'s float32 scale grid (FP8 inputs), read whole; nothing otherwise."""
+        return (self.scales[k],) if self.scales else ()
+
+    def budget(self, chunk_bytes: int) -> int:
+        """`row_budget(chunk_bytes)`."""
+        return row_budget(chunk_bytes)
+
+    def converter(self, rows: int) -> Converter:
+        """Chunks of at most `rows` rows read, de-quantised (FP8), permuted and converted with reused buffers:
+        `convert(k, first, raw, whole)` -> (GGUF bytes, values that overflowed, the largest of them)."""
+        import numpy as np
+
+        from ...overflow import may_overflow
+        from .gguf_fp8 import dequantize_rows
+
+        cols, kind, unit, heads, block = self.cols, self.kind, self.unit, self.heads, self.block
+        scratch = np.empty(rows * cols, np.float32)
+        dequantized = np.empty(rows * cols, np.float32) if self.scales else None
+        dtype = numpy_dtype(self.inputs[0].dtype)
+        counted = may_overflow("F32" if self.scales else self.inputs[0].dtype, kind)
+        grid_cols = [grid.shape[-1] for grid in self.scales]
+        in_row = self.in_row
+
+        def convert(k: int, first: int, raw: Any, whole: Sequence[Any]) -> tuple[Any, int, float]:
+            n = len(raw) // in_row
+            values = np.frombuffer(raw, dtype=dtype).reshape(n, cols)
+            if dequantized is not None:
+                scales = np.frombuffer(whole[0], dtype=np.float32).reshape(-1, grid_cols[k])
+                values = dequantize_rows(values, scales, first, block, dequantized)
+            return convert_rows(values, kind, n // unit if heads else 0, scratch, counted)
+
+        return convert
 
     @property
     def rows(self) -> int:
@@ -145,22 +211,17 @@ class RowJob:
         return self.held(self.chunk_rows(row_budget(chunk_bytes))) if self.rows else 0
 
 
-def row_job(group: Any) -> RowJob | None:
-    """The row-wise GGUF conversion `group` is, or None (any other op, or extra ops around it). The conversion
-    may follow the FP8 de-quantisation (to F32, in place) of every one of its inputs, with one block."""
+def offer_rows(op: Function, group: Any, ahead: tuple[Any, ...] = ()) -> RowJob | None:
+    """The row-wise GGUF conversion `group` is (`op`: its `to_gguf` Function), or None (other ops ahead of it). The
+    conversion may follow the FP8 de-quantisation (to F32, in place) of every one of its inputs, with one block."""
     from .gguf_fp8 import dequant_params
 
-    op = group.op
-    while isinstance(op, Sequential) and len(op.mappers) == 1:
-        op = op.mappers[0]
     dequant: dict[str, tuple[str, tuple[int, int]]] = {}
-    if isinstance(op, Sequential):
-        *first, op = op.mappers
-        for step in (leaf for part in first for leaf in (part.mappers if isinstance(part, Parallel) else (part,))):
-            found = dequant_params(step)
-            if found is None:
-                return None
-            dequant[found[0]] = found[1:]
+    for step in (leaf for part in ahead for leaf in (part.mappers if isinstance(part, Parallel) else (part,))):
+        found = dequant_params(step)
+        if found is None:
+            return None
+        dequant[found[0]] = found[1:]
     if not isinstance(op, Function) or op.fn != ROWS_FN or len(group.outputs) != 1:
         return None
     by_name = {t.name: t for t in group.inputs}
@@ -248,5 +309,9 @@ def to_gguf(*tensors: Any, kind: str, heads: int = 0) -> Any:
     return out.reshape(shape) if dtype == "U8" else out.view({"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[dtype]).reshape(shape)
 
 
-__all__ = ["INFER_FN", "OUTPUT_TYPES", "ROWS_FN", "RowJob", "SOURCE_TYPES", "convert_rows", "gguf_function", "infer_to_gguf",
-           "numpy_dtype", "output_shape", "permuted_float32", "row_budget", "row_bytes", "row_job", "to_gguf"]
+to_gguf.rows = offer_rows  # type: ignore[attr-defined]  # the row job `Function.rows` finds (mapper.row_jobs)
+
+
+__all__ = ["GGUF_LIBRARIES", "INFER_FN", "OUTPUT_TYPES", "ROWS_FN", "RowJob", "SOURCE_TYPES", "convert_rows", "gguf_function",
+           "infer_to_gguf", "numpy_dtype", "offer_rows", "output_shape", "permuted_float32", "row_budget", "row_bytes", "row_job",
+           "to_gguf"]

@@ -21,10 +21,10 @@ from json.decoder import scanstring
 from pathlib import Path
 from typing import Any
 
-from ..errors import PlanError
-from . import source_files
-from .config_values import MAX_VOCAB
-from .gguf_packed import PackedArray, strings
+from ...errors import PlanError
+from .. import source_files
+from ..config_values import MAX_VOCAB
+from .packed import PackedArray, strings
 
 _DECODER = json.JSONDecoder()
 _SPACE = re.compile(r"[ \t\n\r]*")

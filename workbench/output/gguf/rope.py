@@ -4,7 +4,7 @@ Llama 3.1 / 3.2 / 3.3 scale RoPE by frequency band (`rope_type: llama3`): llama.
 factors from a tensor, `rope_freqs.weight` (F32, head_dim / 2 values), which `convert_hf_to_gguf.py` computes
 from the config and writes first, before any model tensor; it writes no rope-scaling keys for this type. The
 tensor is tiny and known when the plan is made, so the GGUF layout carries its bytes with the header
-(`output.gguf.layout_gguf_file`), and `--verify` computes them again (`GeneratedTensor.compute`).
+(`output.gguf.container.layout_gguf_file`), and `--verify` computes them again (`GeneratedTensor.compute`).
 
 The factors are computed with numpy in float32, one operation at a time in the order the converter's torch code
 performs them (float32 tensors against Python numbers, which torch rounds to float32 first), so that the bytes are
@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import PlanError
-from .config_values import ModelConfig
+from ...errors import PlanError
+from ..config_values import ModelConfig
 
 ROPE_FREQS = "rope_freqs.weight"
 # The config keys llama.cpp's converter looks RoPE's base up by, when the rope block does not name it (its order).

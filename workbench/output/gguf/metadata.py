@@ -1,6 +1,6 @@
 """The key/value metadata of a GGUF file for an HF Llama-family folder, as llama.cpp's converter writes it.
 
-Model parameters come from `config.json`; the tokenizer from the folder's tokenizer files (`gguf_vocab`: the
+Model parameters come from `config.json`; the tokenizer from the folder's tokenizer files (`vocab`: the
 converter's SentencePiece, byte-fallback BPE and GPT-2 BPE routes); name and size label through the `gguf` package's
 `Metadata` heuristics. Values are collected in a `GGUFWriter` (never opened) so their GGUF types are
 exactly the ones llama.cpp's writer would give them.
@@ -11,11 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..errors import PlanError
-from . import source_files
-from .config_values import ModelConfig
-from .gguf_tokenizer_json import give_back_freed_heap
-from .gguf_vocab import add_vocab
+from ...errors import PlanError
+from .. import source_files
+from ..config_values import ModelConfig
+from .tokenizer_json import give_back_freed_heap
+from .vocab import add_vocab
 
 FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 7, "BF16": 32}  # llama.cpp's LlamaFileType for an all-of-one-type file
 
@@ -74,7 +74,7 @@ def _model_parameters(writer: Any, config: ModelConfig) -> int:
 
 def _rope_scaling(writer: Any, rope: dict[str, Any], original_context: int | None, config: ModelConfig) -> None:
     """The RoPE scaling keys llama.cpp's converter writes for linear and YaRN scaling (none for Llama 3's `llama3`,
-    whose factors are the generated `rope_freqs.weight` tensor: `gguf_rope`). `original_context`: config.json's
+    whose factors are the generated `rope_freqs.weight` tensor: `rope`). `original_context`: config.json's
     original_max_position_embeddings, for a YaRN block without it. `rope`: the block `config.rope()` checked."""
     import gguf
 

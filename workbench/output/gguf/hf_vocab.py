@@ -23,8 +23,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..errors import PlanError
-from .gguf_tokenizer_json import json_file
+from ...errors import PlanError
+from .tokenizer_json import json_file
 
 NAMED = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 CLASS_DEFAULTS = {"LlamaTokenizer": {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"},

@@ -6,9 +6,9 @@ Three routes, chosen as `convert_hf_to_gguf.py` chooses them for the Llama famil
   needed; `added_tokens.json`, `tokenizer_config.json`'s `added_tokens_decoder` and padding to `vocab_size`
   follow the converter's rules.
 - HF byte-fallback BPE (`tokenizer.json`, Llama-style): listed as the `gguf` package's `LlamaHfVocab` lists it, read
-  from the JSON files (`gguf_hf_vocab`; `LlamaHfVocab` itself, through transformers, for unknown tokenizer classes).
+  from the JSON files (`hf_vocab`; `LlamaHfVocab` itself, through transformers, for unknown tokenizer classes).
 - GPT-2 byte-level BPE (`tokenizer.json`; Llama 3, Qwen2/3): model "gpt2", tokens and types as transformers'
-  tokenizer lists them, read from the JSON files (`gguf_bpe_vocab`; transformers itself when the config asks to
+  tokenizer lists them, read from the JSON files (`bpe_vocab`; transformers itself when the config asks to
   clean up tokenization spaces), merges by the `gguf` package, and the pre-tokenizer named after the `tokenizer.json` pre-tokenizer
   (the converter hashes the tokenization of a probe text; the regex is what that hash stands for).
 Qwen2/3 try SentencePiece then GPT-2; Llama and Mistral try SentencePiece, byte-fallback BPE, then GPT-2.
@@ -22,11 +22,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..errors import PlanError
-from . import gguf_packed as packed
-from . import source_files
-from .gguf_packed import add_packed
-from .gguf_tokenizer_json import json_file
+from ...errors import PlanError
+from .. import source_files
+from . import packed
+from .packed import add_packed
+from .tokenizer_json import json_file
 
 # SentencePiece piece types (its protobuf enum) as llama.cpp records them: a user-defined piece is NORMAL there.
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -208,11 +208,11 @@ def outside_reader(root: Path) -> Iterator[Path]:
 
 
 def _llama_hf_vocab(root: Path, tokenizer: dict) -> tuple[list[Any], list[float], list[int]] | None:
-    from . import gguf_hf_vocab
+    from . import hf_vocab
 
-    if not gguf_hf_vocab.is_byte_fallback_bpe(tokenizer):  # LlamaHfVocab refuses it: the converter goes on to GPT-2
+    if not hf_vocab.is_byte_fallback_bpe(tokenizer):  # LlamaHfVocab refuses it: the converter goes on to GPT-2
         return None
-    found = gguf_hf_vocab.read(root, tokenizer)  # from the JSON files: transformers (and the torch it imports) is not needed
+    found = hf_vocab.read(root, tokenizer)  # from the JSON files: transformers (and the torch it imports) is not needed
     if found is not None:
         return found
     import gguf
@@ -233,12 +233,12 @@ def _llama_hf_vocab(root: Path, tokenizer: dict) -> tuple[list[Any], list[float]
 def add_vocab(writer: Any, root: Path, arch: str, vocab_size: int | None) -> int:
     """Add the tokenizer keys of `root` to a `gguf.GGUFWriter`, by the converter's route for `arch`; the token count.
 
-    tokenizer.json is read once (`gguf_tokenizer_json`: merges packed as they are met) and `gguf.SpecialVocab` reads
+    tokenizer.json is read once (`tokenizer_json`: merges packed as they are met) and `gguf.SpecialVocab` reads
     it without vocabulary and merges (`SlimFolder`); the long arrays (tokens, scores, types, merges) go in packed
-    (`gguf_packed`), so the writer's key/values, and the plan holding them, keep a few bytes per token."""
+    (`packed`), so the writer's key/values, and the plan holding them, keep a few bytes per token."""
     import gguf
 
-    from .gguf_tokenizer_json import SlimFolder, load
+    from .tokenizer_json import SlimFolder, load
 
     keys = gguf.Keys.Tokenizer
     loaded = None
@@ -265,14 +265,14 @@ def add_vocab(writer: Any, root: Path, arch: str, vocab_size: int | None) -> int
         special_vocab.add_to_gguf(writer)
         return count
     assert loaded is not None
-    from . import gguf_bpe_vocab
+    from . import bpe_vocab
 
     document = loaded.document
     pre = pre_tokenizer_name(root, document)
     with SlimFolder(loaded) as folder:  # without merges in tokenizer.json, SpecialVocab reads merges.txt as the converter does
         special = _special_vocab(root, folder, load_merges=loaded.merges is None)
     flags = _with_byte_level_flags(root, special.add_special_token, document)
-    found_bpe = gguf_bpe_vocab.read(root, vocab_size, _looks_special, document)  # without transformers (and torch)
+    found_bpe = bpe_vocab.read(root, vocab_size, _looks_special, document)  # without transformers (and torch)
     tokens, types = found_bpe if found_bpe is not None else gpt2_vocab(root, vocab_size)
     count = len(tokens)
     writer.add_tokenizer_model("gpt2")

@@ -7,7 +7,7 @@ tokenizer decodes from encoding it. The texts and flags are in the JSON files; t
 library's (the Rust tokenizer transformers wraps). A tokenizer_config.json asking to clean up tokenization spaces
 after decoding returns None here: the caller then goes through transformers.
 
-tokenizer.json is read once by the caller (`gguf_tokenizer_json`, merges packed on the way) and handed in.
+tokenizer.json is read once by the caller (`tokenizer_json`, merges packed on the way) and handed in.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..errors import PlanError
-from . import gguf_tokenizer_json
-from .gguf_tokenizer_json import json_file
+from ...errors import PlanError
+from . import tokenizer_json
+from .tokenizer_json import json_file
 
 NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5  # gguf.TokenType values
 
@@ -26,9 +26,9 @@ NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5  # gguf.TokenType values
 def read(root: Path, vocab_size: int | None, looks_special: Any, tokenizer: Any = None) -> tuple[list[str], list[int]] | None:
     """(tokens, types) as the converter lists them for `root`'s byte-level BPE; None when transformers is needed.
     `looks_special(text)`: llama.cpp's test for added tokens that are control tokens though not marked special;
-    `tokenizer`: tokenizer.json's document already read (`gguf_tokenizer_json.load`), read here otherwise."""
+    `tokenizer`: tokenizer.json's document already read (`tokenizer_json.load`), read here otherwise."""
     if tokenizer is None:
-        loaded = gguf_tokenizer_json.load(root / "tokenizer.json")
+        loaded = tokenizer_json.load(root / "tokenizer.json")
         tokenizer = loaded.document if loaded is not None else None
     config = json_file(root / "tokenizer_config.json") or {}
     if not isinstance(tokenizer, dict) or (tokenizer.get("model") or {}).get("type") != "BPE" or config.get("clean_up_tokenization_spaces"):

@@ -8,7 +8,7 @@ copies, casts and computes, in bounded memory. Q8_0 tensors arrive as their GGUF
 the preset's quantiser); F32 / F16 / BF16 slots hold plain little-endian values.
 
 The tensors, names and metadata follow llama.cpp's `convert_hf_to_gguf.py` for the same folder (see
-`workbench.mapper.presets.gguf_preset` and `gguf_metadata`); the container is packed with the `gguf` package.
+`workbench.mapper.presets.gguf_preset` and `metadata`); the container is packed with the `gguf` package.
 Split outputs (`shard_size=`) carry llama.cpp's `split.no` / `split.count` / `split.tensors.count` keys; as llama.cpp
 writes them, only the first split holds the model's key/values (metadata and vocabulary), the others the split keys.
 """
@@ -24,16 +24,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..catalog import TensorInfo
-from ..errors import PlanError
-from .base import OutputFormat
-from .gguf_packed import PackedArray
-from .gguf_rope import GeneratedTensor
-from .safetensors import FileLayout, SafetensorsWriter
-from .slots import slot_catalog
+from ...catalog import TensorInfo
+from ...errors import PlanError
+from ..base import OutputFormat
+from ..safetensors import FileLayout, SafetensorsWriter
+from ..slots import slot_catalog
+from .packed import PackedArray
+from .rope import GeneratedTensor
 
 ALIGNMENT = 32  # GGUF's default data alignment
 _SPLIT_NAME = re.compile(r"model-(\d{5})-of-(\d{5})\.gguf")
+# A GGUF vocabulary read from tokenizer.json (`tokenizer_json`): the process's peak (the file's text as a str, 2 bytes
+# a character once one is beyond Latin-1, and the vocabulary dict while it is walked) lies this much above the other
+# parts: bytes per byte of the file plus bytes per token. Fitted (least squares, rounded up) to VmHWM of `workbench
+# convert --to gguf` (high-water mark not reset at the run's start; 3 runs each) on llama.cpp's Llama 3 and Qwen2
+# vocabularies rebuilt as tokenizer.json (tests/gguf_support) and Llama 3's with "a b" merges: 17.2 MB / 128,256 tokens
+# +38.2 MiB, 11.4 MB / 151,936 +26.9 MiB, 6.6 MB / 128,256 +28.1 MiB; the fit is within +7.5 / -2.8 MiB of those.
+# CPython 3.11, glibc.
+TOKENIZER_PER_BYTE, TOKENIZER_PER_TOKEN = 1.3, 140
 DTYPE_NAMES = {"f32": "F32", "float32": "F32", "f16": "F16", "float16": "F16", "half": "F16", "bf16": "BF16",
                "bfloat16": "BF16", "q8_0": "Q8_0", "q8": "Q8_0", "q4_0": "Q4_0"}
 QUANTIZED_TYPES = ("Q8_0", "Q4_0")  # arrive as their GGUF bytes (U8 slots)
@@ -161,7 +169,7 @@ def layout_gguf_file(file: str, tensors: Sequence[TensorInfo], spec: GgufSpec, s
 
 def _tokenizer_json_bytes(folder: Path) -> int:
     """Bytes of the tokenizer.json the vocabulary is read from (0 when tokenizer.model is read instead)."""
-    from .source_files import present
+    from ..source_files import present
 
     if present(folder / "tokenizer.model"):
         return 0
@@ -194,8 +202,8 @@ class GgufOutput(OutputFormat):
         return DTYPE_NAMES[key]
 
     def prepare(self, catalog: Any, mapper: Any, options: Any, preset: Any = None) -> tuple[Any, OutputFormat, Any]:
-        from .gguf_metadata import kv_metadata, parameter_counts, read_config
-        from .gguf_rope import generated_tensors
+        from .metadata import kv_metadata, parameter_counts, read_config
+        from .rope import generated_tensors
 
         try:
             import gguf  # noqa: F401
@@ -222,8 +230,23 @@ class GgufOutput(OutputFormat):
     def file_name(self, k: int, n: int) -> str:
         return gguf_file_name(k, n)
 
+    def owns(self, name: str) -> bool:
+        """`model.gguf` and llama.cpp's split files `model-0000k-of-0000N.gguf`."""
+        return name == "model.gguf" or _SPLIT_NAME.fullmatch(name) is not None
+
+    def memory_terms(self, planned_here: bool) -> list[tuple[str, int, str]]:
+        """The vocabulary read from tokenizer.json while planning (measured per byte and per token); a worker gets the
+        packed vocabulary in its header bytes (counted as buffers), not the file."""
+        file_bytes = self.spec.tokenizer_bytes if self.spec is not None else 0
+        tokens = self.spec.tokenizer_tokens if self.spec is not None else 0
+        if not file_bytes or not planned_here:
+            return []
+        return [("vocabulary", int(TOKENIZER_PER_BYTE * file_bytes + TOKENIZER_PER_TOKEN * tokens),
+                 f"GGUF tokenizer read from tokenizer.json while planning: {file_bytes:,} bytes × {TOKENIZER_PER_BYTE} + "
+                 f"{tokens:,} tokens × {TOKENIZER_PER_TOKEN} (measured)")]
+
     def statement(self) -> Any:
-        """The GGUF preset's statement of every tensor (`output.statement.gguf_statement`), for `--verify`."""
+        """The GGUF preset's statement of every tensor (`output.gguf.statement.gguf_statement`), for `--verify`."""
         from .statement import gguf_statement
 
         return gguf_statement(self.spec) if self.spec is not None else None
@@ -252,7 +275,7 @@ class GgufOutput(OutputFormat):
         return open_written_gguf(dest, layouts)
 
     def details(self, layouts: Sequence[FileLayout]) -> list[tuple[str, list[str], list[tuple]]]:
-        from ..display import format_bytes
+        from ...display import format_bytes
 
         tensors, metadata = [], []
         origins = {g.name: f"generated from {g.origin}" for g in self.spec.generated} if self.spec is not None else {}
@@ -321,7 +344,7 @@ class GgufOutput(OutputFormat):
 
 def _dequantized(source: Any, name: str, weight: Any, block: tuple[int, int]) -> Any:
     """The float32 values of FP8 `weight` (numpy, 2-D) times its tiles' scales, `<name>_scale_inv` in `source`
-    (the names `mapper.gguf_fp8` pairs); partial edge tiles use their own scale. One float32 multiplication per
+    (the names `mapper.presets.gguf_fp8` pairs); partial edge tiles use their own scale. One float32 multiplication per
     value, as the preset de-quantises."""
     import numpy as np
 
@@ -335,7 +358,7 @@ def _float32(catalog: Any, name: str) -> Any:
     dtype (a quantised tensor a user mapper made from, say, FP8) through torch."""
     import numpy as np
 
-    from ..dtypes import numpy_dtype
+    from ...dtypes import numpy_dtype
 
     info = catalog[name]
     raw = catalog.read_bytes(name)
@@ -343,7 +366,7 @@ def _float32(catalog: Any, name: str) -> Any:
         return np.frombuffer(raw, dtype=numpy_dtype(info.dtype)).astype(np.float32).reshape(info.shape)
     import torch
 
-    from ..dtypes import to_torch
+    from ...dtypes import to_torch
 
     return torch.frombuffer(bytearray(raw), dtype=to_torch(info.dtype)).reshape(info.shape).to(torch.float32).numpy()
 
@@ -353,7 +376,7 @@ def open_written_gguf(dest: Path, layouts: Sequence[FileLayout]) -> Any:
     package) says its tensors are, with the planned types and shapes; CheckpointError otherwise."""
     import gguf
 
-    from ..errors import CheckpointError
+    from ...errors import CheckpointError
 
     infos = []
     for layout in layouts:
