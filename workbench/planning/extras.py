@@ -31,6 +31,7 @@ from pathlib import Path
 from ..formats.links import leads_inside
 from ..formats.safetensors_folder import CHECKSUMS_NAME, NOT_EXTRAS
 from .config_dtype import CONFIG_NAME, CONFIG_NAMES, KEEP, config_dtype_update, config_dtypes, read_config
+from .config_edit import edit_config
 
 COPIED = "copy"
 UPDATED = "update"  # copied with changes (config.json dtype after a cast)
@@ -330,13 +331,52 @@ def _config_target(dtype: str | None, mapper_changes: dict) -> tuple[str | None,
     return CONFIG_NAMES.get(code) if code else None, quantization
 
 
+def with_config_updates(root: Path, extras: list[Extra], edits: dict, whys: dict, dtype: str | None) -> tuple[list[Extra], list[str]]:
+    """Mark the written top-level config.json for update with the mapper's stated edits (`mapper.config_update`):
+    its reason lists each change ("config.json: tie_word_embeddings true -> false (why)") and `Extra.config`
+    carries the edits (key "set") beside any (de)quantisation changes, so the extras step writes the edited bytes.
+    Returns the extras and the statements that could not be applied (no config.json written, a missing object)."""
+    if not edits:
+        return extras, []
+    out: list[Extra] = []
+    failed: list[str] = []
+    found = False
+    for extra in extras:
+        if extra.path != CONFIG_NAME or not extra.written:
+            out.append(extra)
+            continue
+        found = True  # (the dtype policy's update, if any, is kept: the edits apply to its bytes)
+        raw = read_config(root / CONFIG_NAME)
+        current = updated_bytes(root, extra, dtype) if extra.action == UPDATED else raw
+        new, changes, not_made = (None, [], [f"{key}: config.json cannot be read" for key in edits]) if current is None \
+            else edit_config(current, edits)
+        failed += not_made
+        if new is None:
+            out.append(extra)
+            continue
+        stated = json.loads(extra.config) if extra.config else {}
+        shown = "; ".join(f"config.json: {text}" + (f" ({whys[key]})" if whys.get(key) else "") for key, text in changes)
+        out.append(Extra(extra.path, UPDATED, len(new), _join(extra.reason, shown),
+                         json.dumps({**stated, "set": dict(edits)}, sort_keys=True)))
+    if not found:
+        failed += [f"{key}: no config.json is written with this output" for key in edits]
+    return out, failed
+
+
 def updated_bytes(root: Path, extra: Extra, dtype: str | None) -> bytes | None:
     """The bytes an UPDATED extra is written with (None when it is copied as it is)."""
     if extra.action != UPDATED or extra.path != CONFIG_NAME:
         return None
     if extra.config:
         raw = read_config(root / extra.path)
-        return None if raw is None else config_dtype_update(raw, *_config_target(dtype, json.loads(extra.config)))[0]
+        if raw is None:
+            return None
+        stated = json.loads(extra.config)
+        new = config_dtype_update(raw, *_config_target(dtype, stated))[0]
+        if stated.get("set"):
+            edited = edit_config(new if new is not None else raw, stated["set"])[0]
+            new = edited if edited is not None else new
+        return new
     if dtype not in CONFIG_NAMES:
         return None
     raw = read_config(root / extra.path)
