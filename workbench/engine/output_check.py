@@ -42,6 +42,8 @@ class OutputCheck:
     # what the output was also checked against, besides the plan (`output.statement`), e.g. "the llama.cpp GGUF (llama)
     # statement (292 tensors; every source tensor accounted for)"; None when the format states nothing
     statement: str | None = None
+    # what the output could not be checked against, and why ("not checked against transformers: ..."); None when nothing
+    unchecked: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -75,6 +77,8 @@ class OutputCheck:
             line = f"verify: {len(self.rows)} output tensors re-read and compared with the source ({how}): all match"
             if self.statement is not None:
                 line += f", and with {self.statement}"
+            if self.unchecked is not None:
+                line += f"; {self.unchecked}"
             largest = self.largest_difference()
             if largest is not None:
                 line += f"\n  largest absolute difference from the source values: {largest[1]:g} ({largest[0]})"
@@ -331,6 +335,9 @@ def _statement_rows(plan, out_catalog: Catalog, result: OutputCheck) -> list[tup
 
     statement = plan.output_format.statement()
     if statement is None:
+        return []
+    if statement.why_unchecked:
+        result.unchecked = f"not checked against {statement.family}: {statement.why_unchecked}"
         return []
     written = {name: _meta(info) for name, info in out_catalog.tensors.items()}
     read = {t.name for step in plan.steps for t in step.group.inputs}

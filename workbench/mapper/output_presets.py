@@ -107,14 +107,46 @@ def tied_output(config: Any) -> list[Mapper]:
                      infer="workbench.mapper.output_presets:infer_replicate", params=(("n", 2),))]
 
 
+def untied_output(config: Any) -> list[Mapper]:
+    """For a config with `tie_word_embeddings`: the op that takes Meta's `output.weight` out (an HF tied model saves no
+    head; transformers ties it to the embedding), after checking that it equals `tok_embeddings.weight` (Meta's
+    checkpoints of tied models hold the head as the embedding's copy); none otherwise. A head that differs is refused:
+    dropped, it would be replaced by the embedding on load."""
+    if not attention_shape(config).tie_word_embeddings:
+        return []
+    from .function import Function
+
+    return [Function("workbench.mapper.output_presets:tied_embedding", ("tok_embeddings.weight", "output.weight"),
+                     ("tok_embeddings.weight",), infer="workbench.mapper.output_presets:infer_tied_embedding")]
+
+
+def tied_embedding(embedding: Any, output: Any) -> Any:
+    """`embedding`, when `output` (Meta's head) holds the same values; else refused (see `untied_output`)."""
+    import torch
+
+    if embedding.shape != output.shape or not torch.equal(embedding, output):
+        raise MapperError("Cannot convert Meta's output.weight to a tied HF model: it differs from tok_embeddings.weight, so "
+                          "tying them (config.json says tie_word_embeddings: true) would change the model's logits. Set "
+                          "tie_word_embeddings to false in config.json, so that the head is kept as lm_head.weight.",
+                          tensor="output.weight")
+    return embedding
+
+
+def infer_tied_embedding(embedding: TensorInfo, output: TensorInfo) -> list[tuple[str, tuple[int, ...]]]:
+    """The embedding's metadata; the head must have its shape and dtype."""
+    if (embedding.dtype, tuple(embedding.shape)) != (output.dtype, tuple(output.shape)):
+        raise MapperError(f"Cannot convert Meta's output.weight ({output.dtype} {list(output.shape)}) to a tied HF model: "
+                          f"tok_embeddings.weight is {embedding.dtype} {list(embedding.shape)}, so they cannot be one tensor. "
+                          "Set tie_word_embeddings to false in config.json.", tensor=output.name)
+    return [(embedding.dtype, tuple(embedding.shape))]
+
+
 def hf_to_meta_pth(config: Any) -> Mapper:
-    """HF Llama -> Meta's whole layout: `presets.hf_to_meta`'s names and, for tied embeddings, `output.weight`
+    """HF Llama -> Meta's whole layout: `presets.hf_to_meta`, which writes `output.weight` for tied embeddings itself
     (`tied_output`)."""
-    from .compose import Sequential
     from .presets import hf_to_meta
 
-    tied = tied_output(config)
-    return Sequential(hf_to_meta(config), *tied) if tied else hf_to_meta(config)
+    return hf_to_meta(config)
 
 
 def hf_to_meta_mp(config: Any, nproc_mp: int, embedding_dim: int | None = None) -> Mapper:
@@ -199,4 +231,5 @@ OUTPUT_PRESETS = {"gguf": hf_to_gguf, "pth": MetaPthPreset()}
 
 
 __all__ = ["LLAMA3_VOCAB", "OUTPUT_PRESETS", "MetaPthPreset", "embedding_split_dim", "hf_to_meta_mp", "hf_to_meta_pth", "infer_replicate",
-           "meta_layout", "meta_mp_split", "meta_pth", "replicate", "tied_output"]
+           "infer_tied_embedding", "meta_layout", "meta_mp_split", "meta_pth", "replicate", "tied_embedding", "tied_output",
+           "untied_output"]

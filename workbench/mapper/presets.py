@@ -19,6 +19,7 @@ from .compose import Parallel, PrefixScope, Sequential
 from .function import Function
 from .model_shape import AttentionShape, attention_shape
 from .ops import Cast, Concat, Rename, Reshape, Split, Transpose
+from .output_presets import tied_output, untied_output
 from .quantized import dequantize_fp8, dequantize_mxfp4, quantize_fp8  # noqa: F401 - quantised weights live in their own module
 from .state import Node, State
 from .transformers_layout import from_transformers  # noqa: F401 - the transformers-5 layout preset lives in its own module
@@ -135,7 +136,8 @@ def hf_to_meta(config: Any) -> Mapper:
     HF stores each head's rows as [all first halves, all second halves]; Meta interleaves the pairs.
     Per head: view (2, head_dim/2, in), swap the first two dims, flatten back. Biases and q/k norms
     (Qwen2, Qwen3, `attention_bias` / `mlp_bias` models) follow; any other tensor of the HF layout is
-    reported rather than left under its HF name.
+    reported rather than left under its HF name. A tied model (`tie_word_embeddings`, Llama 3.2 1B / 3B) gets Meta's
+    `output.weight` as the embedding's copy (`output_presets.tied_output`): Meta's model has its own output layer.
     """
     shape = attention_shape(config)
     half = shape.head_dim // 2
@@ -147,16 +149,20 @@ def hf_to_meta(config: Any) -> Mapper:
         ),
         Parallel(*[Transpose(meta, 1, 2) for _, meta, *_ in rotary]),
         Parallel(*[Reshape(meta, final) for _, meta, _, _, final in rotary]),
+        *tied_output(config),
         Claim("HF Llama (presets.hf_to_meta)", r"(?:model|lm_head)\..*", _UNKNOWN_HINT),
     )
 
 
 def meta_to_hf(config: Any) -> Mapper:
-    """Meta's original Llama names -> HF names, applying the rotary permutation HF's converter applies."""
+    """Meta's original Llama names -> HF names, applying the rotary permutation HF's converter applies. For a tied
+    config the head Meta's checkpoint holds is checked to equal the embedding and left out (`output_presets.untied_output`):
+    transformers saves no `lm_head.weight` for a tied model."""
     shape = attention_shape(config)
     half = shape.head_dim // 2
     rotary = _rotary(shape)
     return Sequential(
+        *untied_output(config),
         Parallel(
             *[Rename(meta, hf) for hf, meta in _meta_pairs(shape)],
             *[Reshape(meta, [lead, half, 2, *tail], dst=hf) for hf, meta, lead, tail, _ in rotary],

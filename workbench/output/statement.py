@@ -25,6 +25,7 @@ class Statement:
     family: str
     tensors: Mapping[str, tuple[str | None, tuple[int, ...]]]
     accounted: frozenset[str] | None
+    why_unchecked: str = ""  # set: nothing was stated, and why (the verify report says so instead of passing silently)
 
 
 def gguf_statement(spec: Any) -> Statement | None:
@@ -83,4 +84,21 @@ def statement_rows(statement: Statement, written: Mapping[str, tuple[str, tuple[
     return rows
 
 
-__all__ = ["Statement", "gguf_statement", "meta_statement", "statement_rows"]
+def unchecked(family: str, why: str) -> Statement:
+    """A statement that states nothing, and why (a config the statement needs is missing or unknown): the output check
+    reports "not checked against <family>: <why>" rather than passing as if it had been checked."""
+    return Statement(family, {}, None, why)
+
+
+def meta_statement_of(layout: Any, config: Any, nproc_mp: int) -> Statement:
+    """`meta_statement` of `layout(config, nproc_mp)` (`mapper.output_presets.meta_layout`), or `unchecked` naming why
+    config.json cannot state Meta's layout (not a Llama-like config: a size missing or not a number)."""
+    from ..errors import WorkbenchError
+
+    try:
+        return meta_statement(layout(config, nproc_mp))
+    except (WorkbenchError, TypeError, ValueError, KeyError, ZeroDivisionError) as exc:
+        return unchecked("Meta Llama (llama/model.py)", f"config.json does not state its layout ({getattr(exc, 'message', exc)})")
+
+
+__all__ = ["Statement", "gguf_statement", "meta_statement", "meta_statement_of", "statement_rows", "unchecked"]
