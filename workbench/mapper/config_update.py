@@ -13,18 +13,17 @@ holds the value, changes nothing.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import MapperError
-from .base import Mapper
+from .base import Mapper, NoTensorLeaf
 
 MAX_KEY_PARTS = 8
 
 
 @dataclass(frozen=True, repr=False)
-class ConfigUpdate(Mapper):
+class ConfigUpdate(NoTensorLeaf):
     """config.json's value at `key` (dotted for nested objects: "text_config.tie_word_embeddings") becomes `value`
     (a JSON scalar: bool, int, finite float, str or None); `why` says which conversion needs it, for the plan."""
 
@@ -44,21 +43,6 @@ class ConfigUpdate(Mapper):
                               f"float, str or None), got {self.value!r}.")
         if not isinstance(self.why, str):
             raise MapperError(f"Cannot build ConfigUpdate: why must be a string (got {self.why!r}).")
-
-    @property
-    def is_template(self) -> bool:
-        return False
-
-    def leaves(self) -> Iterator[Mapper]:
-        yield self
-
-    @property
-    def inputs(self) -> tuple[str, ...]:
-        return ()
-
-    @property
-    def outputs(self) -> tuple[str, ...]:
-        return ()
 
 
 def config_updates(mapper: Any) -> tuple[dict[str, Any], dict[str, str], list[str]]:
