@@ -26,6 +26,7 @@ class Statement:
     tensors: Mapping[str, tuple[str | None, tuple[int, ...]]]
     accounted: frozenset[str] | None
     why_unchecked: str = ""  # set: nothing was stated, and why (the verify report says so instead of passing silently)
+    optional: frozenset[str] = frozenset()  # stated names the output may leave out (a tied head, a rebuilt buffer)
 
 
 def gguf_statement(spec: Any) -> Statement | None:
@@ -67,6 +68,8 @@ def statement_rows(statement: Statement, written: Mapping[str, tuple[str, tuple[
     family = statement.family
     for name, meta in statement.tensors.items():
         found = written.get(name)
+        if found is None and name in statement.optional:
+            continue
         if found is None:
             rows.append((name, "statement", "missing", None, 0, f"the {family} statement has it; the output does not"))
         elif (meta[0] is not None and found[0] != meta[0]) or tuple(found[1]) != tuple(meta[1]):
@@ -101,4 +104,19 @@ def meta_statement_of(layout: Any, config: Any, nproc_mp: int) -> Statement:
         return unchecked("Meta Llama (llama/model.py)", f"config.json does not state its layout ({getattr(exc, 'message', exc)})")
 
 
-__all__ = ["Statement", "gguf_statement", "meta_statement", "meta_statement_of", "statement_rows", "unchecked"]
+def nearest_statement(family: str, layouts: list[tuple[str, Mapping[str, tuple[str | None, tuple[int, ...]]]]],
+                      optional: frozenset[str], written: Mapping[str, tuple[str, tuple[int, ...]]]) -> Statement:
+    """Of a model's stated layouts (`mapper.transformers_declared.declared_layouts`: the names transformers saves, the
+    names it holds in memory), the statement the `written` tensors disagree with least: the output may be either."""
+    best: tuple[int, Statement] | None = None
+    for name, tensors in layouts:
+        statement = Statement(f"{family} {name}" if len(layouts) > 1 else family, tensors, None, optional=optional)
+        rows = len(statement_rows(statement, written, [], set()))
+        if best is None or rows < best[0]:
+            best = (rows, statement)
+    assert best is not None, "a model states at least one layout"
+    return best[1]
+
+
+__all__ = ["Statement", "gguf_statement", "meta_statement", "meta_statement_of", "nearest_statement", "statement_rows",
+           "unchecked"]

@@ -296,10 +296,12 @@ def _join(first: str, second: str) -> str:
 
 def layout_change(groups: Iterable) -> str | None:
     """An example of how the binding's groups change the tensor layout a config describes (a rename,
-    reshape, fusion or split), or None when every output is an input under the same name and shape."""
+    reshape, fusion or split), or None when every output is an input under the same name and shape (copies, casts,
+    and updates in place such as a LoRA merge: `W` and the adapter's tensors make `W`)."""
     for group in groups:
         ins, outs = group.inputs, group.outputs
-        if len(ins) == 1 and len(outs) == 1 and ins[0].name == outs[0].name and tuple(ins[0].shape) == tuple(outs[0].shape):
+        kept = {(t.name, tuple(t.shape)) for t in ins}
+        if all((t.name, tuple(t.shape)) in kept for t in outs):  # each output an input under its name and shape (a merge)
             continue
         if len(ins) == 1 and len(outs) == 1:
             if ins[0].name != outs[0].name:

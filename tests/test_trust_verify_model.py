@@ -1,0 +1,81 @@
+"""`--verify` of an HF output against transformers (issue 29, verify statements): the model of the output's
+config.json, built on the meta device, states every tensor the folder must hold, so a mapper that drops one cannot
+re-read "all match"; where transformers cannot say (no such model type, a config that does not describe the source,
+a mapper that changes the layout), the report says "not checked against transformers: why"."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import workbench as wb
+from workbench import mapper as M
+
+pytest.importorskip("transformers")
+
+CONFIG = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("llama") / "llama"
+    LlamaForCausalLM(LlamaConfig(**CONFIG)).save_pretrained(folder)
+    return folder
+
+
+def test_a_plain_conversion_is_checked_against_transformers(llama: Path, tmp_path: Path) -> None:
+    report = wb.convert(llama, tmp_path / "out", dtype="bf16", quiet=True, verify=True)
+    summary = report.output_check.summary()
+    assert report.verified and "and with the transformers LlamaForCausalLM (llama) statement (21 tensors)" in summary
+
+
+def test_a_mapper_that_drops_a_tensor_fails_verify(llama: Path, tmp_path: Path) -> None:
+    mapper = M.Drop("model.layers.1.mlp.up_proj.weight")
+    plan = wb.plan(llama, mapper, dest=tmp_path / "out")
+    assert plan.ok
+    report = wb.convert(llama, tmp_path / "out", mapper, quiet=True, verify=True)
+    check = report.output_check
+    assert not check.ok and check.mismatches == ["model.layers.1.mlp.up_proj.weight"]
+    assert "the transformers LlamaForCausalLM (llama) statement has it" in check.frame().loc["model.layers.1.mlp.up_proj.weight", "detail"]
+
+
+def test_a_tensor_of_the_wrong_shape_is_never_passed_silently(llama: Path, tmp_path: Path) -> None:
+    """A reshape changes the layout config.json describes: the report names it instead of "all match" alone."""
+    mapper = M.Reshape("model.norm.weight", [4, 8])
+    summary = wb.convert(llama, tmp_path / "out", mapper, quiet=True, verify=True).output_check.summary()
+    assert "not checked against transformers LlamaForCausalLM (llama): the mapper reshapes 'model.norm.weight'" in summary
+
+
+def test_a_layout_the_config_does_not_describe_is_said_unchecked(llama: Path, tmp_path: Path) -> None:
+    report = wb.convert(llama, tmp_path / "out", M.presets.hf_to_fused(llama), quiet=True, verify=True)
+    summary = report.output_check.summary()
+    assert report.verified and "not checked against transformers LlamaForCausalLM (llama): the mapper" in summary
+
+
+def test_a_config_that_does_not_describe_the_source_is_said_unchecked(llama: Path, tmp_path: Path) -> None:
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(llama, src)
+    (src / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    report = wb.convert(src, tmp_path / "out", quiet=True, verify=True)
+    assert report.verified and "config.json does not describe the source either" in report.output_check.summary()
+    (src / "config.json").write_text(json.dumps({"model_type": "no-such-model", "architectures": ["NoSuch"]}))
+    report = wb.convert(src, tmp_path / "out2", quiet=True, verify=True)
+    assert report.verified and "not checked against transformers: " in report.output_check.summary()
+
+
+def test_a_lora_merge_is_checked_against_transformers(tmp_path: Path) -> None:
+    pytest.importorskip("peft")
+    from peft_fixtures import make_case
+
+    base, adapter, _ = make_case(tmp_path, "llama", r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    report = wb.convert({"base": base, "adapter": adapter}, tmp_path / "out", M.presets.lora_merge(adapter), quiet=True, verify=True)
+    assert report.verified and "and with the transformers LlamaForCausalLM (llama) statement" in report.output_check.summary()
