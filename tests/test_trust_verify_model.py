@@ -79,3 +79,31 @@ def test_a_lora_merge_is_checked_against_transformers(tmp_path: Path) -> None:
     base, adapter, _ = make_case(tmp_path, "llama", r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
     report = wb.convert({"base": base, "adapter": adapter}, tmp_path / "out", M.presets.lora_merge(adapter), quiet=True, verify=True)
     assert report.verified and "and with the transformers LlamaForCausalLM (llama) statement" in report.output_check.summary()
+
+
+def test_standalone_verify_checks_a_folder_against_transformers(llama: Path, tmp_path: Path, capsys) -> None:
+    """`workbench verify PATH --model`: a folder whose safetensors lack a tensor config.json's model declares (and hold
+    one it does not) fails, naming both; the intact folder passes, checked."""
+    from safetensors.torch import load_file, save_file
+
+    from workbench.cli import main
+    from workbench.explore.verify import verify
+
+    good = verify(llama, model=True)
+    assert good.ok and "checked against the transformers LlamaForCausalLM (llama) statement (21 tensors): all present" in good.summary()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text((llama / "config.json").read_text())
+    tensors = load_file(llama / "model.safetensors")
+    tensors["extra.weight"] = tensors.pop("model.layers.0.self_attn.k_proj.weight")
+    save_file(tensors, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    assert verify(bad).ok  # structurally sound: only the model check sees it
+    report = verify(bad, model=True)
+    assert not report.ok and {f.tensor for f in report.errors} == {"model.layers.0.self_attn.k_proj.weight", "extra.weight"}
+    assert main(["verify", str(bad), "--model"]) == 2
+    out = capsys.readouterr().out
+    assert "'model.layers.0.self_attn.k_proj.weight' missing" in out and "'extra.weight' mismatch" in out
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    save_file(tensors, str(bare / "model.safetensors"))
+    assert "not checked against transformers: no config.json beside the weights" in verify(bare, model=True).summary()
