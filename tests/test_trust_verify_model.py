@@ -107,3 +107,21 @@ def test_standalone_verify_checks_a_folder_against_transformers(llama: Path, tmp
     bare.mkdir()
     save_file(tensors, str(bare / "model.safetensors"))
     assert "not checked against transformers: no config.json beside the weights" in verify(bare, model=True).summary()
+
+
+def test_a_tensor_the_source_holds_beyond_the_model_is_not_the_conversions_fault(llama: Path, tmp_path: Path) -> None:
+    """An old checkpoint's extra buffer (a persistent `position_ids` transformers no longer declares), copied as it is,
+    does not fail the check, which still holds for every tensor transformers declares."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    src = tmp_path / "src"
+    shutil.copytree(llama, src)
+    tensors = load_file(src / "model.safetensors")
+    tensors["model.position_ids"] = torch.arange(8)
+    save_file(tensors, str(src / "model.safetensors"), metadata={"format": "pt"})
+    report = wb.convert(src, tmp_path / "out", quiet=True, verify=True)
+    assert report.verified and "and with the transformers LlamaForCausalLM (llama) statement" in report.output_check.summary()
+    report = wb.convert(src, tmp_path / "out2", M.Drop("model.norm.weight"), quiet=True, verify=True)
+    assert report.output_check.mismatches == ["model.norm.weight"]
