@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: lab test setup browser servers fixtures lint bench samples screenshots clean
+.PHONY: lab test setup browser servers fixtures lint bench samples screenshots docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,12 @@ test: setup browser servers fixtures
 	$(BIN)/ruff check workbench tests benchmarks scripts
 	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=300 tests
 	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=300 --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks
+
+# The documentation site from docs/ and the docstrings (mkdocs-material + mkdocstrings), in strict mode: a broken
+# link, a page missing from the nav or an API name that does not resolve fails. `make test` builds it too, in
+# tests/test_docs_site.py (into a temporary folder, so the checkout stays clean); site/ is gitignored.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet -d site
 
 # Refresh the README's widget pictures (docs/*.png) from the browser tests; `make test` writes them to a temp folder.
 screenshots: setup browser

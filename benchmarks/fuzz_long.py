@@ -2,7 +2,7 @@
 
     python benchmarks/fuzz_long.py --minutes 30 [--targets safetensors,dcp-metadata] [--out DIR]
 
-`tests/test_fuzz_readers.py` runs a fixed (derandomized) few hundred inputs per target in about half a
+`tests/formats/test_fuzz_readers.py` runs a fixed (derandomized) few hundred inputs per target in about half a
 minute; this runs batches of new random inputs round-robin over the targets until the time is up,
 checking the same contract (`tests/hostile/fuzzing.py`: only WorkbenchError escapes, nothing outside
 the folder is opened, no read past a file's end, bounded bytes read and tracemalloc peak). Every

@@ -6,8 +6,8 @@ ratios and their range. Each side is a fresh process started from here: wall tim
 and system CPU from the kernel's accounting of that process and everything it waited for (`os.wait4`).
 Before every run the output of the previous one is deleted, the source is read once (warm page cache for
 both), pending writes are flushed (`sync`) and the machine idles `--settle` seconds; `--prime GIB` also
-touches and frees that much memory just before the start (the state `run.py` measures in; see the README
-for why the two states give different ratios on a VM that returns free memory to its host). One warm-up
+touches and frees that much memory just before the start (the state `run.py` measures in; see this folder's README.md,
+"Why `run.py` and paired runs disagree", for why the two states give different ratios on a VM that returns free memory to its host). One warm-up
 run of each side precedes the counted pairs of a workload.
 
 Python's bytecode cache: `PYTHONDONTWRITEBYTECODE=1` (set on this project's shared machines) makes every

@@ -46,7 +46,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 # a parent without job control (`make test` under CI), make, pytest and every child that does not start a session
 # of its own share that group, and a SIGINT sent to it ends pytest as "interrupted" (exit status 2) with nothing
 # saying who sent it. The watch says whether a signal came through the group (and when); tests start children that
-# could signal their group in sessions of their own, and tests/test_trust_suite_signals.py checks the launchers.
+# could signal their group in sessions of their own, and tests/launch/test_processes.py checks the launchers.
 _GROUP_WATCH_CODE = r"""
 import os, signal, sys, time
 log, parent = sys.argv[1], int(sys.argv[2])
@@ -213,7 +213,8 @@ def plan_per_tensor(monkeypatch: pytest.MonkeyPatch) -> None:
     """Plans made in this process after this call keep one step per tensor (no copy or cast runs), and even tiny
     files choose their data start by where their copies fall (`planning.page_align`), so comparisons with runs
     cover that choice too. Workers of a multi-rank run plan with the defaults."""
-    from workbench.planning import copy_runs, page_align
+    from workbench.planning import page_align
+    from workbench.planning import runs as copy_runs
 
     monkeypatch.setattr(copy_runs, "RUN_MIN_TENSORS", 10**9)
     monkeypatch.setattr(page_align, "ALIGN_MIN_BYTES", 64)
@@ -222,7 +223,8 @@ def plan_per_tensor(monkeypatch: pytest.MonkeyPatch) -> None:
 def plan_in_runs(monkeypatch: pytest.MonkeyPatch, run_tensors: int, tensor_bytes: int | None = None) -> None:
     """Plans made in this process after this call form runs of at most `run_tensors` (of tensors below
     `tensor_bytes`) from 1024 tensors on, with the page-alignment choice of `plan_per_tensor`."""
-    from workbench.planning import copy_runs, page_align
+    from workbench.planning import page_align
+    from workbench.planning import runs as copy_runs
 
     monkeypatch.setattr(page_align, "ALIGN_MIN_BYTES", 64)
     monkeypatch.setattr(copy_runs, "RUN_MIN_TENSORS", 1024)

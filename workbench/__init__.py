@@ -12,7 +12,6 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-from . import _moved  # noqa: E402
 from .errors import (  # noqa: E402
     CastOverflowError,
     CastOverflowWarning,
@@ -21,8 +20,6 @@ from .errors import (  # noqa: E402
     PlanError,
     WorkbenchError,
 )
-
-_moved.install()
 
 _LAZY = {
     "open_checkpoint": ("workbench.explore.checkpoint", "open_checkpoint"),

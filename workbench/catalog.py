@@ -124,6 +124,11 @@ class Catalog(Mapping[str, TensorInfo]):
     # Keyword arguments the format's opener took beyond the path (a DeepSpeed run's `weights` / `moments`):
     # workers on other processes reopen the source with them, so they list the same tensors.
     open_options: dict[str, object] = field(default_factory=dict)
+    # The preset (a name under `workbench.mapper.presets`) that converts this checkpoint when no mapper is given,
+    # when its format knows that the model's weights need one (a legacy Megatron folder's rank shards:
+    # 'megatron_merge'); what the preset does not produce is training state and is dropped. '' for none.
+    # Formats name it by string; planning resolves it, so no reader imports a mapper.
+    default_preset: str = ""
 
     @property
     def location(self) -> str:

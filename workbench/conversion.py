@@ -3,55 +3,23 @@
 from __future__ import annotations
 
 import os
-import time
 import warnings
 from typing import Any
 
 from .api_types import CheckpointLike, Launcher, OnOverflow, OutputName, Rest
-from .engine.finalize import finalize_destination, prepare_destination, remove_partials, require_runnable
+from .engine.finalize import require_runnable
 from .engine.output_check import check_outputs
-from .engine.progress import Progress, ProgressCallback, in_jupyter_kernel
-from .engine.rank import run_rank, write_failure
+from .engine.progress import ProgressCallback, in_jupyter_kernel
 from .engine.report import RunReport
-from .engine.source_guard import snapshot_for
 from .errors import CastOverflowWarning
+from .launch.in_process import run_local
 from .launch.inplace import convert_in_place, under_torchrun
 from .launch.launcher import check_launcher, launch
 from .mapper.base import Mapper
 from .mapper.groups import Binding
-from .output.lock import DestinationLock
 from .planning.build import DEFAULT_CHUNK, build_plan, make_options
 from .planning.model import Plan
 from .planning.sources import resolve_catalog
-
-
-def run_local(plan: Plan, *, quiet: bool = False, on_progress: ProgressCallback | None = None) -> RunReport:
-    """Execute a one-process plan in this process."""
-    require_runnable(plan)
-    started = time.perf_counter()
-    snapshot_for(plan)  # the source as it is before anything is written
-    with DestinationLock(plan.dest):
-        prepare_destination(plan)
-        total = sum(f.tensor_bytes for f in plan.rank_files(0))
-        progress = Progress(total, bar=not quiet, callback=on_progress)
-        try:
-            result = run_rank(plan, 0, progress)
-            index_written = finalize_destination(plan)
-        except BaseException as exc:
-            remove_partials(plan)
-            if isinstance(exc, OSError):
-                raise write_failure(plan.dest, exc) from exc
-            raise
-        finally:
-            progress.close()
-    return RunReport(
-        dest=plan.dest, ranks=[result], seconds=time.perf_counter() - started, predicted_peak_bytes=plan.peak_bytes,
-        predicted_files=plan.source_paths(), predicted_bytes_read=plan.bytes_read,
-        predicted_bytes_written=plan.bytes_written,
-        files=[f.name for f in plan.output_file_list] + (plan.commit_files if index_written else []),
-        kept=sorted(plan.kept), extras=list(plan.extras), index_written=index_written,
-    )
-
 
 # Inside a Jupyter kernel `wb.convert` shows a RunPanel (per-rank bars, cancel) instead of a text bar.
 # Set to False to keep the text bar. The panel is the one front end the orchestrator knows by name.

@@ -30,7 +30,7 @@ def build_fp8(base: Path, folder: Path, block: tuple[int, int]) -> Path:
     """Write an FP8 copy of the HF model in `base` into `folder` (tokenizer files copied, config extended)."""
     from safetensors.torch import load_file, save_file
 
-    from workbench.mapper.quantized import quantize_fp8_tensor
+    from workbench.mapper.presets.quantized import quantize_fp8_tensor
 
     folder.mkdir(parents=True, exist_ok=True)
     for item in base.iterdir():

@@ -2,5 +2,5 @@
 
 `seeds` writes one small, valid checkpoint per fuzz target; `fuzzing` mutates one file of it (driven by
 hypothesis) and checks what the readers do with it; `corpus` builds the hand-made hostile cases of
-`tests/test_hostile.py`. `benchmarks/fuzz_long.py` runs the same targets for longer.
+`tests/system/test_hostile.py`. `benchmarks/fuzz_long.py` runs the same targets for longer.
 """

@@ -27,36 +27,36 @@ MAX_HEADER = 100_000_000  # workbench.formats.safetensors.MAX_HEADER_BYTES (the 
 
 # Hostile inputs the per-format test modules already check (kept here so the corpus table is complete).
 COVERED_ELSEWHERE = {
-    "torch: __reduce__ calling os.system and open()": "test_formats_torch.py::test_malicious_pickle_is_listed_never_executed",
-    "DCP .metadata naming os.system": "test_formats_dcp.py::test_metadata_with_foreign_globals_is_refused_never_run",
-    "atorch flat_meta naming print": "test_formats_atorch.py::test_damaged_checkpoints_raise_checkpoint_error",
-    "HF index paths ../, absolute, C:\\, sub/../..": "test_index.py::test_index_paths_that_escape_the_folder_are_refused",
-    "HF index shard symlinked outside": "test_index.py::test_symlink_leading_out_of_the_folder_is_refused",
+    "torch: __reduce__ calling os.system and open()": "formats/test_torch_zip.py::test_malicious_pickle_is_listed_never_executed",
+    "DCP .metadata naming os.system": "formats/test_dcp.py::test_metadata_with_foreign_globals_is_refused_never_run",
+    "atorch flat_meta naming print": "formats/test_atorch.py::test_damaged_checkpoints_raise_checkpoint_error",
+    "HF index paths ../, absolute, C:\\, sub/../..": "formats/test_shard_index.py::test_index_paths_that_escape_the_folder_are_refused",
+    "HF index shard symlinked outside": "formats/test_shard_index.py::test_symlink_leading_out_of_the_folder_is_refused",
     "safetensors header length 2**63 / 150 MB, duplicate keys, 2**64 dims, overflowing offsets":
-        "test_formats_safetensors.py::test_malformed_file_is_refused_with_a_clear_message",
+        "formats/test_safetensors.py::test_malformed_file_is_refused_with_a_clear_message",
     "safetensors header length above 100 MB read no further than 8 bytes":
-        "test_formats_safetensors.py::test_absurd_header_length_is_refused_before_reading_the_header",
-    "legacy (pre-1.6) torch pickle": "test_formats_torch.py::test_legacy_format_is_refused_clearly",
+        "formats/test_safetensors.py::test_absurd_header_length_is_refused_before_reading_the_header",
+    "legacy (pre-1.6) torch pickle": "formats/test_torch_zip.py::test_legacy_format_is_refused_clearly",
     "symlinked writes: lock, partials, sidecar, manifest, index, DCP files, extras planted as symlink / FIFO / folder":
-        "test_file_safety.py::test_a_planted_entry_is_never_written_through",
+        "core/test_files.py::test_a_planted_entry_is_never_written_through",
     "checksums.sha256.json.partial -> a file outside, then verify --checksums":
-        "test_file_safety.py::test_verify_checksums_with_a_symlinked_partial_records_a_real_sidecar",
+        "core/test_files.py::test_verify_checksums_with_a_symlinked_partial_records_a_real_sidecar",
     "safetensors shape [2**62, 2**62, 0], 5000-digit dims and offsets, dtype/shape/__metadata__ repeated through escapes":
-        "test_formats_safetensors.py::test_malformed_file_is_refused_with_a_clear_message",
-    "state set on an allowed builder does not reach the next file": "test_formats_torch.py::test_state_a_pickle_sets_on_a_builder_never_reaches_the_next_file",
+        "formats/test_safetensors.py::test_malformed_file_is_refused_with_a_clear_message",
+    "state set on an allowed builder does not reach the next file": "formats/test_torch_zip.py::test_state_a_pickle_sets_on_a_builder_never_reaches_the_next_file",
     "tensor names with terminal escapes (ESC [2J, BEL, CR, C1 CSI, bidi override) printed by the CLI":
-        "test_trust_cli.py::test_inspect_escapes_names_from_the_file",
+        "cli/test_refusals.py::test_inspect_escapes_names_from_the_file",
     "an extra file named with 250 characters (its `.partial` name is too long)":
-        "test_trust_cli.py::test_an_extra_with_a_name_at_the_limit_is_copied",
+        "cli/test_refusals.py::test_an_extra_with_a_name_at_the_limit_is_copied",
     "weights of other formats beside the source (pytorch_model.bin, tf_model.h5, model.gguf, torch.save under a plain name)":
-        "test_trust_plan_extras.py::test_weight_files_of_other_formats_are_skipped_with_the_reason",
+        "planning/test_extras.py::test_weight_files_of_other_formats_are_skipped_with_the_reason",
     "a Function named '__main__:fn' (a notebook cell) on 2 local ranks":
-        "test_trust_plan_function_ranks.py::test_a_main_program_function_on_two_local_ranks_is_refused_at_plan_time",
+        "mapper/test_function.py::test_a_main_program_function_on_two_local_ranks_is_refused_at_plan_time",
     "FP8 quantisation with a block that does not divide a shape":
-        "test_trust_plan_quantized.py::test_partial_fp8_tiles_are_a_plan_warning_naming_the_tensors",
+        "mapper/test_quantized_blocks.py::test_partial_fp8_tiles_are_a_plan_warning_naming_the_tensors",
     "Megatron args with vocab_size None (padded vocabulary kept)":
-        "test_trust_plan_megatron.py::test_unknown_true_vocabulary_is_a_plan_warning",
-    "MiniMax-shaped checkpoint offered fused_to_hf": "test_trust_plan_suggest.py::test_minimax_is_not_offered_fused_to_hf",
+        "mapper/test_megatron.py::test_unknown_true_vocabulary_is_a_plan_warning",
+    "MiniMax-shaped checkpoint offered fused_to_hf": "mapper/test_suggest.py::test_minimax_is_not_offered_fused_to_hf",
 }
 
 

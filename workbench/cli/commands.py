@@ -173,7 +173,7 @@ def _csv_cell(value: Any) -> Any:
 
 def _suggestions(catalog: Any, path: str) -> list[dict[str, str]]:
     """Presets that apply to the checkpoint (from config.json and names); [] when its config cannot be read."""
-    from ..mapper.suggest import find_config, suggest_rows
+    from ..mapper.presets.suggest import find_config, suggest_rows
 
     try:
         _, rows = suggest_rows(catalog.tensors, find_config(path, catalog), registry=False)

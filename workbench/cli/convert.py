@@ -166,7 +166,7 @@ def _mapper(args: argparse.Namespace) -> tuple[Any, str]:
     if getattr(args, "preset", None):
         from ..formats import open_catalog
         from ..mapper import Sequential
-        from ..mapper.suggest import build_preset, find_config
+        from ..mapper.presets.suggest import build_preset, find_config
 
         source: Any = open_catalog(args.source, **open_options(args))
         config = find_config(args.source, source)

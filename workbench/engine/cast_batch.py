@@ -1,6 +1,6 @@
 """Running a batch of small float32 -> bfloat16 casts as one read, one conversion and one write.
 
-The planner marks the batches (`planning.cast_batches`): consecutive cast steps whose inputs are
+The planner marks the batches (`planning.runs.batch_casts`): consecutive cast steps whose inputs are
 adjacent in one source file and whose outputs are adjacent in one output file. The batch's bytes
 go through the rank's cast arena like one chunk of a larger cast (read and converted a block at a time), so the memory held is what the
 plan counted for each of its steps. A batch holding a NaN or a value that overflows bfloat16 is cast

@@ -23,8 +23,6 @@ from ..digest import tensor_sha256
 from ..dtypes import DTYPE_BITS, is_float, nbytes_of, to_torch
 from ..errors import WorkbenchError
 from ..overflow import attributed, collect, count_torch, may_overflow
-from ..planning.cast_runs import CastRun
-from ..planning.copy_runs import CopyRun
 from ..planning.schedule import CAST, COPY, ROWS
 from .sources import SourceFiles
 
@@ -132,11 +130,6 @@ def _chunks(begin: int, end: int, size: int = CHUNK_BYTES):
         yield start, min(end, start + size)
 
 
-def _independent(group) -> bool:
-    """Whether `group` is a run of tensors that do not depend on each other."""
-    return type(group.recipe) is CopyRun or type(group.op) is CastRun
-
-
 def _check_copy(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, rows: list, skip: frozenset[str] = frozenset()) -> None:
     inputs = {t.name: t for t in group.inputs}
     single = group.inputs[0] if len(group.inputs) == 1 else None
@@ -156,7 +149,7 @@ def _check_copy(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, row
 
 
 def _check_cast(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, rows: list, skip: frozenset[str] = frozenset()) -> None:
-    for src, out in zip(group.inputs, group.outputs, strict=True):  # one pair, or a cast run's (`planning.cast_runs`)
+    for src, out in zip(group.inputs, group.outputs, strict=True):  # one pair, or a cast run's (`planning.runs`)
         if out.name not in skip:
             _check_cast_one(src, out_catalog[out.name], source, output, rows)
 
@@ -229,8 +222,8 @@ def _check_rows(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, row
     torch) a chunk at a time and compared byte for byte; a "compute" row like any op re-applied to the source."""
     import numpy as np
 
-    from ..mapper.gguf_fp8 import dequantize_rows
-    from ..mapper.gguf_rows import QUANTIZED, convert_rows, numpy_dtype, row_bytes, row_job
+    from ..mapper.presets.gguf_fp8 import dequantize_rows
+    from ..mapper.presets.gguf_rows import QUANTIZED, convert_rows, numpy_dtype, row_bytes, row_job
 
     job = row_job(group)
     if job is None:  # the planner made a ROWS step of it, so it is one; anything else is re-applied by torch
@@ -243,7 +236,7 @@ def _check_rows(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, row
     for k, info in enumerate(job.inputs):
         counted = may_overflow("F32" if job.scales else info.dtype, job.kind)
         scales = None
-        if job.scales:  # an FP8 weight: de-quantised by its tiles' scales first, as the engine did (mapper.gguf_fp8)
+        if job.scales:  # an FP8 weight: de-quantised by its tiles' scales first, as the engine did (mapper.presets.gguf_fp8)
             grid = job.scales[k]
             scales = np.frombuffer(source.read(grid, 0, grid.nbytes), dtype=np.float32).reshape(-1, grid.shape[-1])
         for first in range(0, job.rows, per):
@@ -305,7 +298,7 @@ def check_outputs(plan, on_read: Callable[[int], None] | None = None) -> OutputC
                 found = out_catalog.tensors.get(t.name)
                 detail = "not in the output" if found is None else f"is {found.dtype} {list(found.shape)}, planned {t.dtype} {list(t.shape)}"
                 result.rows.append((t.name, step.kind, "missing" if found is None else "mismatch", None, 0, detail))
-            if absent and _independent(group):  # a run (`planning.copy_runs`, `cast_runs`): its other tensors still checked
+            if absent and step.run:  # a run (`planning.runs`): its tensors are independent, the others still checked
                 (_check_copy if step.kind == COPY else _check_cast)(group, source, output, out_catalog, result.rows,
                                                                    frozenset(t.name for t in absent))
                 continue
@@ -361,7 +354,7 @@ def _statement_rows(plan, out_catalog: Catalog, result: OutputCheck) -> list[tup
 
 def _model_statement(plan, written: dict) -> Any:
     """For an output that carries a config.json (an HF model folder), what transformers declares the folder must hold
-    (`mapper.transformers_declared`), the stated layout nearest the written one; `unchecked` (why) when transformers
+    (`mapper.presets.transformers_declared`), the stated layout nearest the written one; `unchecked` (why) when transformers
     cannot say; None for an output without config.json."""
     import json
 
@@ -370,7 +363,7 @@ def _model_statement(plan, written: dict) -> Any:
     if plan.dest is None or "config.json" not in plan.extras:
         return None
     from ..errors import MapperError
-    from ..mapper.transformers_declared import declared_layouts
+    from ..mapper.presets.transformers_declared import declared_layouts
     from ..planning.config_dtype import read_config
 
     raw = read_config(plan.dest / "config.json")

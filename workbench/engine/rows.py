@@ -15,8 +15,8 @@ from ..catalog import TensorInfo
 from ..dtypes import nbytes_of
 from ..errors import PlanError
 from ..iostats import read_into
-from ..mapper.gguf_fp8 import dequantize_rows
-from ..mapper.gguf_rows import convert_rows, numpy_dtype, row_budget, row_bytes, row_job
+from ..mapper.presets.gguf_fp8 import dequantize_rows
+from ..mapper.presets.gguf_rows import convert_rows, numpy_dtype, row_budget, row_bytes, row_job
 from ..overflow import may_overflow
 from ..planning.schedule import Step
 from .steps import WRITEBACK_PIECE, RankContext

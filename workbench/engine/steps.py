@@ -16,8 +16,6 @@ from ..errors import CastOverflowError, PlanError, WorkbenchError
 from ..iostats import read_into
 from ..output.safetensors import SafetensorsWriter
 from ..overflow import OverflowCounts, attributed, collect, count_torch, describe, may_overflow
-from ..planning.cast_runs import CastRun
-from ..planning.copy_runs import CopyRun
 from ..planning.model import Plan
 from ..planning.rss import NUMPY, TORCH, libraries_for
 from ..planning.schedule import CAST, COPY, ROWS, Step, cast_chunk
@@ -209,7 +207,7 @@ def run_copies(ctx: RankContext, steps: list[Step], start: int, commit_at: set[i
                         batch.append((last_order, fd, info.begin + piece.begin, dst, out_name, 0, length))
                         queued += length
                     done += length
-            elif raw and type(recipe) is CopyRun:  # neighbours of one file copied whole, maybe renamed (`planning.copy_runs`)
+            elif raw and step.run:  # neighbours of one file copied whole, maybe renamed (`planning.runs`)
                 name = None
                 inputs = group.inputs
                 fd = fd_of_file.get(inputs[0].file)  # opened at the first byte copied (a run of empty tensors reads nothing)
@@ -259,7 +257,7 @@ def run_copies(ctx: RankContext, steps: list[Step], start: int, commit_at: set[i
     except (WorkbenchError, OSError):
         raise
     except Exception as exc:
-        raise StepFailed(step, exc, name if type(step.group.recipe) is CopyRun else None) from exc
+        raise StepFailed(step, exc, name if step.run else None) from exc
     finally:
         queue.extend(batch, queued)
         ctx.done_bytes += done
@@ -270,7 +268,7 @@ def run_cast(ctx: RankContext, step: Step) -> None:
     """Convert one tensor to another dtype chunk by chunk (bounded memory whatever its size); a batch of
     small casts at once (`engine.cast_batch`); a cast run's tensors by the batches the plan marked."""
     group = step.group
-    if type(group.op) is CastRun:  # a cast run (`planning.cast_runs`): its batches, or each tensor alone when unmarked
+    if step.run:  # a cast run (`planning.runs`): its batches, or each tensor alone when unmarked
         pairs = list(zip(group.inputs, group.outputs, strict=True))
         for start, end in step.spans if step.spans is not None else [(k, k + 1) for k in range(len(pairs))]:
             try:
@@ -409,19 +407,21 @@ def preload_libraries(plan: Plan, steps: list[Step]) -> None:
         import ml_dtypes  # noqa: F401
 
 
+def _run_rows(ctx: RankContext, step: Step) -> None:
+    from .rows import run_rows  # here: byte copies and casts never import the row-chunk code
+
+    run_rows(ctx, step)
+
+
+# The runner of each step kind (`planning.schedule`); any other kind is a tensor compute.
+RUNNERS = {COPY: run_copy, CAST: run_cast, ROWS: _run_rows}
+
+
 def run_step(ctx: RankContext, step: Step) -> None:
-    """Dispatch a step to its runner."""
-    if step.kind != CAST:
+    """Run a step by the runner of its kind (`RUNNERS`)."""
+    kind = step.kind
+    if kind != CAST:
         ctx.cast.wait()
         if step.held_bytes:  # the plan counts this step's own buffers alone: free the cast arena first
             ctx.cast.release()
-    if step.kind == COPY:
-        run_copy(ctx, step)
-    elif step.kind == CAST:
-        run_cast(ctx, step)
-    elif step.kind == ROWS:
-        from .rows import run_rows
-
-        run_rows(ctx, step)
-    else:
-        run_compute(ctx, step)
+    RUNNERS.get(kind, run_compute)(ctx, step)

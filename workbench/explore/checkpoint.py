@@ -317,7 +317,7 @@ class Checkpoint:
     def suggest(self, config: Any = None) -> pd.DataFrame:
         """The presets that apply (columns `preset`, `why`; model type in `.attrs['model_type']`), from the tensor
         names and config.json (beside the checkpoint unless `config` is given). Reads no tensor data."""
-        from ..mapper.suggest import find_config, suggest
+        from ..mapper.presets.suggest import find_config, suggest
 
         return suggest(self.catalog.tensors, config if config is not None else find_config(self.path, self.catalog))
 
@@ -435,7 +435,7 @@ class Checkpoint:
 
 
 def open_checkpoint(path: CheckpointLike, **options: object) -> Checkpoint:
-    """Open a checkpoint file, folder or URL (hf://org/repo[@rev][/sub], https://, s3://) from its headers alone;
+    """Open a checkpoint file, folder or URL (`hf://org/repo[@rev][/sub]`, `https://`, `s3://`) from its headers alone;
     the format is detected.
 
         ck = wb.open_checkpoint("llama/")

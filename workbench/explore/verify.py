@@ -138,11 +138,11 @@ def verify(
 
 def _model_check(folder: Path, catalog: Catalog, report: VerifyReport) -> None:
     """Compare the checkpoint's tensors with what transformers declares for `folder`/config.json (see
-    `mapper.transformers_declared`), as the conversions' `--verify` does: one error per disagreement."""
+    `mapper.presets.transformers_declared`), as the conversions' `--verify` does: one error per disagreement."""
     import json
 
     from ..errors import MapperError
-    from ..mapper.transformers_declared import declared_layouts
+    from ..mapper.presets.transformers_declared import declared_layouts
     from ..output.statement import nearest_statement, statement_rows
     from ..planning.config_dtype import read_config
 

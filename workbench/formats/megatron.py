@@ -10,7 +10,7 @@ Each rank's file holds its *local* shard of every parameter (and, under pipeline
 its stage numbered from 0). This reader lists those shards as they are, named `<rank folder>/<key>`
 (`mp_rank_01_000/decoder.layers.0.mlp.linear_fc1.weight`), with the shard's coordinates in the `tp`, `pp`
 (and `ep`) columns and the global layer number in `layer`. Merging them into whole tensors is a mapper the
-user sees and can export (`workbench.mapper.megatron.megatron_merge`), not hidden reader logic.
+user sees and can export (`workbench.mapper.presets.megatron.megatron_merge`), not hidden reader logic.
 
 Nothing is unpickled with code: every file goes through the inert unpickler (the `args` Namespace comes back
 as a placeholder whose fields are read as data), tensors are byte ranges of the zip entries, and the
@@ -336,7 +336,8 @@ def _catalog(ck: MegatronCheckpoint, optimizer: bool) -> Catalog:
         metadata["unsafe_globals"] = ", ".join(unsafe)
     extras = sorted(n for n in os.listdir(ck.root) if n in MODEL_EXTRAS and (ck.root / n).is_file())
     catalog = Catalog(root=ck.root, format="megatron", tensors=tensors, files=files, metadata=metadata, warnings=warnings,
-                      reader=ShardedTorchReader(readers), columns=columns, extras=extras)
+                      reader=ShardedTorchReader(readers), columns=columns, extras=extras,
+                      default_preset="megatron_merge")  # without a mapper, rank shards convert to the merged model
     return catalog
 
 

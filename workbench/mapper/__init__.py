@@ -39,7 +39,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name == "presets":
+    if name == "presets":  # the family presets build on this algebra; the package only names them, on first use
         return import_module(".presets", __name__)
     try:
         module = _LAZY[name]

@@ -22,11 +22,12 @@ from .base import Mapper, Meta, Rest
 from .claim import Claim
 from .compose import Parallel, PrefixScope, Sequential
 from .config_update import ConfigUpdate
-from .groups import Binding, Problem
+from .groups import Binding, Problem, ProblemKind
 from .op import Op
 from .ranges import expand as expand_ranges
 from .ranges import has_ranges
 from .state import Comp, Node, State, find, union
+from .unsupported import Unsupported
 
 Path = tuple[int, ...]
 
@@ -89,7 +90,7 @@ class Effect:
             self.binder.problem(
                 f"Cannot read {_quoted(name)} twice: both {first.short()} and {op.short()} consume it in the same step. "
                 "Each tensor feeds one operation per step; chain the operations in a Sequential, or remove one.",
-                op, name,
+                op, name, kind="clash",
             )
             self.binder.poison(node)
             return
@@ -100,7 +101,7 @@ class Effect:
             other_node, first = self.produced[name]
             self.binder.problem(
                 f"Cannot write {_quoted(name)}: both {first.short()} and {op.short()} produce it. Give the outputs different names.",
-                op, name,
+                op, name, kind="clash",
             )
             self.binder.poison(other_node)
             self.binder.poison(node)
@@ -133,8 +134,8 @@ class Binder:
         self.state = State(nodes)
 
     # -- bookkeeping -------------------------------------------------------------------------------
-    def problem(self, message: str, op: Mapper | None, tensor: str | None, severity: str = "error") -> None:
-        self.problems.append(Problem(severity, message, op.short() if op is not None else None, tensor))  # type: ignore[arg-type]
+    def problem(self, message: str, op: Mapper | None, tensor: str | None, severity: str = "error", *, kind: ProblemKind) -> None:
+        self.problems.append(Problem(severity, message, op.short() if op is not None else None, tensor, kind=kind))  # type: ignore[arg-type]
 
     def comp_of(self, node: Node) -> Comp:
         if node.comp is None:
@@ -160,7 +161,7 @@ class Binder:
                 self.problem(
                     f"Cannot write {_quoted(name)}: {op.short()} produces it, but a tensor of that name is already there and "
                     f"nothing consumes it. Drop or rename that tensor first (M.Drop({name!r})), or pick another output name.",
-                    op, name,
+                    op, name, kind="overwrite",
                 )
                 self.poison(node)
                 self.poison(nodes[name])
@@ -195,7 +196,7 @@ class Binder:
         """Report the source tensors `claim` covers that no step has read (still under their source names)."""
         left = claim.leftovers([name for name, node in state.nodes.items() if node.source >= 0])
         if left:
-            self.problem(claim.message(left), claim, left[0])
+            self.problem(claim.message(left), claim, left[0], kind="unconverted")
 
     def effect_of(self, mapper: Mapper, state: State, path: Path) -> Effect:
         """The effect of `mapper` on `state` without changing it (composites run on a copy)."""
@@ -425,7 +426,7 @@ class Binder:
                     f"Cannot bind {leaf.short()}: {_quoted(missing[0])} is missing, although {_quoted(present[0])} matches ({where})"
                     + (f"; {len(missing) - 1} more input(s) missing" if len(missing) > 1 else "")
                     + ". Add the missing tensor, or limit the template to the matches that are complete (e.g. list them).",
-                    leaf, missing[0],
+                    leaf, missing[0], kind="missing",
                 )
             instances.append((leaf.fill_names(values), not complete))
         return instances
@@ -442,7 +443,7 @@ class Binder:
         self.problem(
             f"Cannot bind {leaf.short()}: template {_quoted(text)} matches no tensor ({len(state.nodes)} available).{hint} "
             "Check the spelling against the source's tensor names, or remove the operation." + _GLOB_HINT * _has_glob(text),
-            leaf, text,
+            leaf, text, kind="missing",
         )
 
     def instance(self, op: Op, state: State, path: Path, effect: Effect, *, reported: bool) -> None:
@@ -464,7 +465,7 @@ class Binder:
                 try:
                     outputs = op._infer(list(metas))  # type: ignore[arg-type]
                 except MapperError as exc:
-                    self.problem(exc.message, op, (op.outputs or op.inputs)[0])
+                    self.problem(exc.message, op, (op.outputs or op.inputs)[0], kind="unsupported" if isinstance(op, Unsupported) else "invalid")
                     self._failed_templates.update(op.outputs)
                 else:
                     self._infer_cache[key] = outputs  # type: ignore[index]
@@ -525,7 +526,7 @@ class Binder:
                              + _GLOB_HINT * _has_glob(missing[0]))
             self.problem(
                 f"Cannot bind {op.short()}: input {_quoted(missing[0])} is not in the source.{hint}{fix}",
-                op, missing[0],
+                op, missing[0], kind="missing",
             )
         self._failed_templates.update(op.outputs)
 

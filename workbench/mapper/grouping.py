@@ -71,7 +71,7 @@ def build_binding(binder: Any, rest: Rest) -> Binding:
             else:
                 recipe, chunk_cast = tracer.direct_recipe(op, inputs, outs, leafless=shape.op is not None)
         except MapperError as exc:
-            binder.problem(exc.message, op, outs[0].name)
+            binder.problem(exc.message, op, outs[0].name, kind="invalid")
             continue
         ordered.append((sources[0], Group(inputs, tuple(outs), op, recipe, chunk_cast, shape.label)))  # type: ignore[arg-type]
 
@@ -88,13 +88,13 @@ def build_binding(binder: Any, rest: Rest) -> Binding:
                 binder.problem(
                     f"Cannot leave {info.name!r} unmapped: no operation mentions it and rest='error'. "
                     f"Map it, M.Drop({info.name!r}) it, or bind with rest='keep' or rest='drop'.",
-                    None, info.name,
+                    None, info.name, kind="unmapped",
                 )
     if rest_errors > MAX_REST_PROBLEMS:
         binder.problem(
             f"Cannot leave {rest_errors - MAX_REST_PROBLEMS} more source tensors unmapped (rest='error'); only the first "
             f"{MAX_REST_PROBLEMS} are listed. Map or drop them, or bind with rest='keep'.",
-            None, None,
+            None, None, kind="unmapped",
         )
     ordered.sort(key=lambda pair: pair[0])
     return Binding(

@@ -93,14 +93,40 @@ class Group:
 Severity = Literal["error", "warning"]
 
 
+# What a problem is about, set where it is raised (front ends group and offer fixes by it, never by wording):
+PROBLEM_KINDS: dict[str, str] = {
+    "missing": "an input or template names no tensor of the source (or of the steps before)",
+    "clash": "two operations (or an output and a non-tensor entry) read or write one name",
+    "overwrite": "an output lands on a tensor left in place that nothing consumes",
+    "unconverted": "tensors a preset claims are left under their source names",
+    "unmapped": "source tensors no operation maps, where the rest policy or a scoped source forbids that",
+    "invalid": "an operation cannot apply to its inputs (shapes, dtypes, sizes)",
+    "unsupported": "a step a preset could not express (`M.Unsupported`)",
+    "empty": "the mapper produces no tensors",
+    "layout": "the output layout: shard sizes, what the output format can hold",
+    "dtype": "the dtype policy: tensors it cannot cast",
+    "metadata": "source header metadata the output does not keep",
+    "objects": "non-tensor entries of the source",
+    "ranks": "how the work spreads over ranks, or what cannot run on other processes",
+    "destination": "the destination folder: not empty, locked, the source's own, too little disk",
+    "preset": "outputs right as tensors that other tools read wrongly (partial FP8 tiles, padded vocabulary)",
+}
+ProblemKind = Literal["missing", "clash", "overwrite", "unconverted", "unmapped", "invalid", "unsupported", "empty", "layout",
+                      "dtype", "metadata", "objects", "ranks", "destination", "preset"]
+
+
 @dataclass(frozen=True, slots=True)
 class Problem:
-    """One thing wrong (error) or worth knowing (warning), phrased so a user can act on it."""
+    """One thing wrong (error) or worth knowing (warning), phrased so a user can act on it.
+
+    `kind` (one of `PROBLEM_KINDS`) says what it is about, so that code can group or fix problems without
+    reading the message; every problem the workbench raises sets it."""
 
     severity: Severity
     message: str
     op: str | None = None
     tensor: str | None = None
+    kind: ProblemKind | Literal[""] = field(default="", kw_only=True)
 
 
 @dataclass

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..module_state import module_state
 from .base import Mapper
 from .compose import Parallel
-from .module_state import module_state
 from .ops import Identity
 
 if TYPE_CHECKING:  # pragma: no cover

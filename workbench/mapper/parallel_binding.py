@@ -166,7 +166,7 @@ def parallel_binding(mapper: Mapper, infos: list[TensorInfo], rest: Rest) -> Bin
     for claim in claims:
         leftovers = claim.leftovers(left)
         if leftovers:
-            problems.append(Problem("error", claim.message(leftovers), claim.short(), leftovers[0]))
+            problems.append(Problem("error", claim.message(leftovers), claim.short(), leftovers[0], kind="unconverted"))
     return _assemble(infos, consumed, group_at, rest, problems)
 
 

@@ -179,7 +179,7 @@ def _expand_inputs(binder: Any, leaf: Op, state: Any) -> list[tuple[Op, bool]]:
             binder.problem(
                 f"Cannot bind {leaf.short()}: {problem}. Every input ranging over one placeholder must find the same "
                 "values (e.g. the same experts for w1 and w3). Add the missing tensor or list the inputs explicitly.",
-                leaf, srcs[0],
+                leaf, srcs[0], kind="missing",
             )
         instance = _replace(leaf, srcs=tuple(srcs), dst=fill(leaf.dst, values))  # type: ignore[attr-defined]
         instances.append((instance, problem is not None))

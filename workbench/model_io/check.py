@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Literal
 from ..catalog import TensorInfo
 from ..errors import MapperError
 from ..mapper.groups import Problem
-from ..mapper.module_state import StateEntry
 from ..mapper.target import compare_tensors, describe, expected_keys
+from ..module_state import StateEntry
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd

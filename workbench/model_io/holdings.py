@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ..catalog import Catalog, TensorInfo
 from ..errors import PlanError
-from ..mapper.module_state import StateEntry
+from ..module_state import StateEntry
 
 # (key, dtype, shape, group, sharded): plain data, cheap to pickle for all_gather_object.
 Record = tuple[str, str, tuple[int, ...], tuple[int, ...], bool]

@@ -28,7 +28,7 @@ from ..errors import PlanError
 from ..iostats import IO
 from ..mapper.base import Mapper
 from ..mapper.groups import Binding, Group
-from ..mapper.module_state import StateEntry
+from ..module_state import StateEntry
 from ..planning.schedule import SourceAccess
 from ..planning.sources import bind, resolve_catalog
 from .buffers import (

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..dtypes import dtype_bits, nbytes_of
 from ..errors import MapperError
-from ..mapper.module_state import is_dtensor
+from ..module_state import is_dtensor
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """What a load may fill in a module, and giving meta modules real storage.
 
-The state keys themselves (`module_state`, `StateEntry`) are described in `workbench.mapper.module_state`
+The state keys themselves (`module_state`, `StateEntry`) are described in `workbench.module_state`
 and re-exported here. A load also accepts the
 non-persistent buffers (`load_state`): a checkpoint may hold them (BERT's `position_ids` once was
 persistent), and when it does not, a meta module must have them recomputed. Nothing here copies data.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..mapper.module_state import StateEntry, _meta_of, is_dtensor, module_state
+from ..module_state import StateEntry, _meta_of, is_dtensor, module_state
 
 
 def non_persistent_buffers(model: Any) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from ..errors import PlanError
 from ..iostats import IO
 from ..mapper.base import Mapper
 from ..mapper.groups import Group
-from ..mapper.module_state import StateEntry, module_state
+from ..module_state import StateEntry, module_state
 from ..output.safetensors import INDEX_NAME, SafetensorsWriter
 from ..overflow import OverflowCounts, attributed, collect
 from ..planning.build import DEFAULT_CHUNK, build_plan, make_options

@@ -8,7 +8,7 @@ copies, casts and computes, in bounded memory. Q8_0 tensors arrive as their GGUF
 the preset's quantiser); F32 / F16 / BF16 slots hold plain little-endian values.
 
 The tensors, names and metadata follow llama.cpp's `convert_hf_to_gguf.py` for the same folder (see
-`workbench.mapper.gguf_preset` and `gguf_metadata`); the container is packed with the `gguf` package.
+`workbench.mapper.presets.gguf_preset` and `gguf_metadata`); the container is packed with the `gguf` package.
 Split outputs (`shard_size=`) carry llama.cpp's `split.no` / `split.count` / `split.tensors.count` keys; as llama.cpp
 writes them, only the first split holds the model's key/values (metadata and vocabulary), the others the split keys.
 """
@@ -203,7 +203,7 @@ class GgufOutput(OutputFormat):
             raise PlanError("Cannot write GGUF: the `gguf` package (llama.cpp's container library) is not installed. "
                             "Install it: pip install 'workbench[gguf]' (or pip install gguf).") from None
         if preset is None:
-            raise PlanError("Cannot plan a GGUF output: no HF -> GGUF mapper preset is registered (workbench.mapper.gguf_preset).")
+            raise PlanError("Cannot plan a GGUF output: no HF -> GGUF mapper preset is registered (workbench.mapper.presets.gguf_preset).")
 
         root = Path(catalog.root)
         config = read_config(root if root.is_dir() else root.parent)

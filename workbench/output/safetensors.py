@@ -481,7 +481,7 @@ class SafetensorsWriter:
         """Write `data`, bytes that fill several planned pieces at once, from absolute `file_offset`.
 
         `parts` are (tensor, offset within it, length) in file order; they must tile exactly the bytes of
-        `data` (small casts converted together are written with one call, see `planning.cast_batches`).
+        `data` (small casts converted together are written with one call, see `planning.runs.batch_casts`).
         """
         if self._span(file_offset, parts, "write") != memoryview(data).nbytes:
             raise PlanError(f"Cannot write into {self.layout.file}: the pieces of one write do not add up to its bytes.",

@@ -53,7 +53,7 @@ def gguf_statement(spec: Any) -> Statement | None:
 
 
 def meta_statement(layout: Mapping[str, tuple[int, ...]]) -> Statement:
-    """The statement of a Meta `.pth` output: the names and shapes Meta's model declares (`mapper.output_presets.
+    """The statement of a Meta `.pth` output: the names and shapes Meta's model declares (`mapper.presets.output_presets.
     meta_layout`), any dtype (the policy's), source tensors not stated (an HF tensor the preset does not know is its
     Claim's plan problem)."""
     return Statement("Meta Llama (llama/model.py)", {name: (None, tuple(shape)) for name, shape in layout.items()}, None)
@@ -94,7 +94,7 @@ def unchecked(family: str, why: str) -> Statement:
 
 
 def meta_statement_of(layout: Any, config: Any, nproc_mp: int) -> Statement:
-    """`meta_statement` of `layout(config, nproc_mp)` (`mapper.output_presets.meta_layout`), or `unchecked` naming why
+    """`meta_statement` of `layout(config, nproc_mp)` (`mapper.presets.output_presets.meta_layout`), or `unchecked` naming why
     config.json cannot state Meta's layout (not a Llama-like config: a size missing or not a number)."""
     from ..errors import WorkbenchError
 
@@ -106,7 +106,7 @@ def meta_statement_of(layout: Any, config: Any, nproc_mp: int) -> Statement:
 
 def nearest_statement(family: str, layouts: list[tuple[str, Mapping[str, tuple[str | None, tuple[int, ...]]]]],
                       optional: frozenset[str], written: Mapping[str, tuple[str, tuple[int, ...]]]) -> Statement:
-    """Of a model's stated layouts (`mapper.transformers_declared.declared_layouts`: the names transformers saves, the
+    """Of a model's stated layouts (`mapper.presets.transformers_declared.declared_layouts`: the names transformers saves, the
     names it holds in memory), the statement the `written` tensors disagree with least: the output may be either."""
     best: tuple[int, Statement] | None = None
     for name, tensors in layouts:

@@ -16,12 +16,9 @@ from ..mapper.config_update import config_updates
 from ..mapper.files import code_digest
 from ..mapper.groups import Binding, Problem
 from ..mapper.op import Op
-from ..mapper.output_presets import OUTPUT_PRESETS
+from ..mapper.presets.output_presets import OUTPUT_PRESETS
 from ..output import OutputFormat, output_format
 from ..output.destination import local_destination
-from . import copy_runs
-from .cast_batches import batch_casts
-from .cast_runs import cast_run_binding
 from .destination import check_destination
 from .extras import layout_change, scan_extras, with_config_dtype, with_config_updates, with_layout_note
 from .fingerprint import changed_sources, layout_fingerprint, run_fingerprint
@@ -30,6 +27,7 @@ from .header_metadata import HeaderMetadata
 from .model import Plan, PlanOptions
 from .page_align import reader_offsets
 from .ranks import assign_ranks
+from .runs import batch_casts, cast_run_binding, coalesce_copies, copy_run_binding, many_raw
 from .schedule import SourceAccess, build_steps
 from .sharding import layout_outputs
 from .sources import bind, check_rest, mapper_json, resolve_catalog
@@ -48,7 +46,7 @@ def _duplicate_outputs(binding: Binding) -> list[Problem]:
             if out.name in seen:
                 problems.append(
                     Problem("error", f"Cannot write output {out.name!r}: two groups produce it. Give one of them another name.",
-                            tensor=out.name)
+                            tensor=out.name, kind="clash")
                 )
             seen.add(out.name)
     return problems
@@ -68,7 +66,7 @@ def _scoped_outputs(binding: Binding, catalog: Catalog) -> list[Problem]:
     return [
         Problem("error", f"Cannot write {len(names)} tensor(s) of source {scope!r} under their scoped names (e.g. {names[0]!r}): "
                          "no operation maps them. Map them (e.g. with a preset) or M.Drop them.",
-                tensor=names[0])
+                tensor=names[0], kind="unmapped")
         for scope, names in left.items()
     ]
 
@@ -80,18 +78,18 @@ def _metadata_problems(header_metadata: HeaderMetadata, options: PlanOptions, ou
     if not output.keeps_header_metadata:
         keys = sorted({k for m in header_metadata.per_file.values() for k in m if k != "format"})
         return [Problem("warning", f"The source's safetensors header metadata ({', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}) "
-                                   f"is not kept: a {output.title} output has no header metadata. Convert to safetensors to keep it.")]
+                                   f"is not kept: a {output.title} output has no header metadata. Convert to safetensors to keep it.", kind="metadata")]
     return [
-        Problem("warning", f"Source header metadata {key!r} is not kept: {reason}. Convert those files separately to keep it.")
+        Problem("warning", f"Source header metadata {key!r} is not kept: {reason}. Convert those files separately to keep it.", kind="metadata")
         for key, reason in sorted(header_metadata.dropped.items())
     ]
 
 
 def _quantisation_changes(binding: Binding, mapper: Any) -> dict | None:
-    """What the mapper's (de)quantisation ops change in config.json (see `mapper.quantized.config_changes`). The
+    """What the mapper's (de)quantisation ops change in config.json (see `mapper.presets.quantized.config_changes`). The
     groups' ops are the mapper's leaves with their names filled (plus the dtype policy's casts, which never
     quantise): a mapper without such leaves changes nothing, found without a pass over the groups."""
-    from ..mapper.quantized import changes_config, config_changes
+    from ..mapper.presets.quantized import changes_config, config_changes
 
     if not changes_config(mapper):
         return None
@@ -100,14 +98,14 @@ def _quantisation_changes(binding: Binding, mapper: Any) -> dict | None:
 
 def _preset_warnings(binding: Binding, catalog: Catalog, mapper: Any) -> list[Problem]:
     """Warnings about outputs that are right as tensors but that other tools read wrongly: partial FP8 tiles
-    (`mapper.quantized.partial_block_problems`), a Megatron vocabulary still padded (`mapper.megatron.vocab_padding_problems`)."""
+    (`mapper.presets.quantized.partial_block_problems`), a Megatron vocabulary still padded (`mapper.presets.megatron.vocab_padding_problems`)."""
     found: list[Problem] = []
     if mapper is not None:  # (imported only then: a plain copy imports no mapper presets)
-        from ..mapper.quantized import changes_config, partial_block_problems
+        from ..mapper.presets.quantized import changes_config, partial_block_problems
 
         found += partial_block_problems(binding.groups) if changes_config(mapper) else []
     if catalog.format == "megatron":
-        from ..mapper.megatron import vocab_padding_problems
+        from ..mapper.presets.megatron import vocab_padding_problems
 
         found += vocab_padding_problems(catalog, binding.outputs)
     return found
@@ -176,14 +174,15 @@ def build_plan(
 
 
 def _format_default(catalog: Catalog, mapper: Any, options: PlanOptions) -> tuple[Any, PlanOptions]:
-    """Without a mapper, a legacy Megatron folder (its rank shards) converts to the merged model: the TP/PP merge
-    (`megatron_merge`, shown in the plan like any mapper) with everything else (optimizer state) dropped."""
-    if mapper is None and catalog.format == "megatron" and catalog.metadata.get("layout") == "legacy":
+    """Without a mapper, a source whose format names a default preset (`Catalog.default_preset`; a legacy Megatron
+    folder's rank shards: the TP/PP merge `megatron_merge`) converts through it, shown in the plan like any mapper,
+    with everything else (optimizer state) dropped."""
+    if mapper is None and catalog.default_preset:
         from dataclasses import replace
 
-        from ..mapper.megatron import megatron_merge
+        from ..mapper.presets.suggest import build_preset
 
-        return megatron_merge(catalog), replace(options, rest="drop")
+        return build_preset(catalog.default_preset, catalog, None), replace(options, rest="drop")
     return mapper, options
 
 
@@ -200,10 +199,10 @@ def _build_plan(
     except WorkbenchError as exc:
         raise PlanError(exc.message if hasattr(exc, "message") else str(exc)) from None
     dtype = options.dtype if output.applies_dtype_policy else None
-    runs = output.name == "safetensors" and copy_runs.many_raw(catalog)  # whole copies of many tensors: planned in runs
+    runs = output.name == "safetensors" and many_raw(catalog)  # whole copies of many tensors: planned in runs
     check_rest(options.rest)  # (the run bindings below do not read it)
     if runs and mapper is None and dtype is None:
-        binding = copy_runs.copy_run_binding(catalog)
+        binding = copy_run_binding(catalog)
     elif runs and mapper is None:
         binding = cast_run_binding(catalog, policy_dtype(dtype))
     else:
@@ -212,18 +211,19 @@ def _build_plan(
     if mapper is not None and options.nproc > 1:
         from ..mapper.function import rank_problems
 
-        problems += [Problem("error", why) for why in rank_problems(mapper, options.nproc)]
+        problems += [Problem("error", why, kind="ranks") for why in rank_problems(mapper, options.nproc)]
     problems += _preset_warnings(binding, catalog, mapper)
-    steps = build_steps(binding.groups, SourceAccess(catalog.reader), options.chunk_bytes, runs=runs)
+    steps = build_steps(binding.groups, SourceAccess(catalog.reader), options.chunk_bytes,
+                        coalesce=coalesce_copies if runs else None)
     if not steps:
         problems.append(Problem("error", "Cannot convert: the mapper produces no tensors (everything is dropped). "
-                                          "Check the mapper and the rest= policy."))
+                                          "Check the mapper and the rest= policy.", kind="empty"))
     header_metadata = HeaderMetadata(catalog.file_metadata)
     try:
         offsets = reader_offsets(catalog.reader) if options.page_align else None
         files, warnings = layout_outputs(steps, options.shard_size, output, header_metadata.choose, offsets)
     except PlanError as exc:
-        problems.append(Problem("error", exc.message, tensor=exc.tensor))
+        problems.append(Problem("error", exc.message, tensor=exc.tensor, kind="layout"))
         files, warnings = [], []
     problems += warnings + _metadata_problems(header_metadata, options, output)
     if files:
@@ -251,12 +251,12 @@ def _build_plan(
     extras = [e.path for e in extra_files if e.written]
     committed: list[str] = []  # files written at commit beside the shards (DCP: objects file, .metadata)
     objects, object_warnings = output.carried_objects(catalog.reader, options.rest)
-    problems += [Problem("warning", w) for w in object_warnings]
+    problems += [Problem("warning", w, kind="objects") for w in object_warnings]
     outputs = {t.name for step in steps for t in step.group.outputs} if objects else set()
     for name in sorted({o.name for o in objects} & outputs):
         problems.append(Problem("error", f"Cannot write {output.title} entry {name!r}: it is both an output tensor and a "
                                          "non-tensor entry of the source. Rename the tensor, or drop the entries with rest='drop'.",
-                                tensor=name))
+                                tensor=name, kind="clash"))
     committed = output.commit_files([f.layout for f in files], bool(objects))
     kept_names = set(kept)
     complete = False

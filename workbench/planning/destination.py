@@ -196,17 +196,17 @@ def check_destination(
     outputs = {os.path.realpath(dest / n) for n in (*(f.name for f in files), INDEX_NAME, *extras)}
     if real_dest == os.path.realpath(source_root) or outputs & sources:
         state.problems.append(
-            Problem("error", f"Cannot write to {dest}: it would overwrite the source checkpoint's files. Choose another destination.")
+            Problem("error", f"Cannot write to {dest}: it would overwrite the source checkpoint's files. Choose another destination.", kind="destination")
         )
         return state
     if dest.exists() and not dest.is_dir():
-        state.problems.append(Problem("error", f"Cannot write to {dest}: it is a file, not a folder. Choose a folder path."))
+        state.problems.append(Problem("error", f"Cannot write to {dest}: it is a file, not a folder. Choose a folder path.", kind="destination"))
         return state
     running = holder(dest) if dest.is_dir() else None
     if running is not None:
         state.problems.append(
             Problem("error", f"Cannot write to {dest}: another conversion is writing there ({running}). Wait for it to "
-                             "finish or stop it, or choose another destination.")
+                             "finish or stop it, or choose another destination.", kind="destination")
         )
         return state
     # The lock, and the temporary files of a run killed before its manifest was committed, are the workbench's own:
@@ -215,7 +215,7 @@ def check_destination(
     blocked = blocked_names(dest, own_names(files, extras, dest), LOCK_NAME) if dest.is_dir() else []
     if blocked:
         state.problems.append(
-            Problem("error", f"Cannot write to {dest}: {'; '.join(blocked)}. Remove them or choose another destination.")
+            Problem("error", f"Cannot write to {dest}: {'; '.join(blocked)}. Remove them or choose another destination.", kind="destination")
         )
         return state
     if entries and not overwrite:
@@ -234,7 +234,7 @@ def check_destination(
                         "error",
                         f"Cannot write to {dest}: it holds a finished conversion of a different plan (another source, mapper, "
                         "code of the mapper's functions, or options such as dtype, shard size or output format). Choose "
-                        "another destination, or pass overwrite=True (--overwrite) to replace it.",
+                        "another destination, or pass overwrite=True (--overwrite) to replace it.", kind="destination",
                     )
                 )
                 return state
@@ -246,7 +246,7 @@ def check_destination(
             unrelated = [n for n in entries if n not in own_names(files, extras, dest)]
             if unrelated:
                 state.problems.append(
-                    Problem("warning", f"Destination {dest} also holds files this conversion does not write ({', '.join(unrelated[:5])}); they are left alone.")
+                    Problem("warning", f"Destination {dest} also holds files this conversion does not write ({', '.join(unrelated[:5])}); they are left alone.", kind="destination")
                 )
         elif manifest is not None:
             moved = changed(manifest.get("sources")) if changed is not None else []
@@ -260,7 +260,7 @@ def check_destination(
                 Problem(
                     "error",
                     f"Cannot write to {dest}: it holds an unfinished conversion of {why}. Choose another destination, or "
-                    "pass overwrite=True (--overwrite) to replace it.",
+                    "pass overwrite=True (--overwrite) to replace it.", kind="destination",
                 )
             )
         else:
@@ -269,7 +269,7 @@ def check_destination(
                 Problem(
                     "error",
                     f"Cannot write to {dest}: destination not empty ({len(entries)} entries: {shown}). Choose an empty or new "
-                    "folder, or pass overwrite=True (--overwrite) to replace the conversion's files there.",
+                    "folder, or pass overwrite=True (--overwrite) to replace the conversion's files there.", kind="destination",
                 )
             )
     needed = sum(f.size for f in files if f.name not in state.kept) + extra_bytes
@@ -279,7 +279,7 @@ def check_destination(
             Problem(
                 "error",
                 f"Cannot write to {dest}: not enough free disk (the output needs {format_bytes(needed)}, "
-                f"{format_bytes(free)} are free). Free some space or choose another destination.",
+                f"{format_bytes(free)} are free). Free some space or choose another destination.", kind="destination",
             )
         )
     return state

@@ -85,7 +85,7 @@ def kept_warnings(kept: dict[str, list[str]], code: str) -> list[Problem]:
     return [
         Problem("warning", f"Cannot cast {len(names)} {kind} tensor{'s' if len(names) != 1 else ''} to {code} (e.g. "
                            f"{names[0]!r}): the engine cannot read {kind} values. They are copied as {kind}, unchanged.",
-                tensor=names[0])
+                tensor=names[0], kind="dtype")
         for kind, names in sorted(kept.items()) if names
     ]
 

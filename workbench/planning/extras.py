@@ -248,7 +248,7 @@ def _lmode(entry: os.DirEntry) -> int:
 
 def with_config_dtype(root: Path, extras: list[Extra], dtype: str | None, mapper_changes: dict | None = None) -> list[Extra]:
     """Mark the top-level config.json for update when a dtype policy casts the weights, or when the mapper
-    quantises or dequantises them (`mapper_changes`, from `mapper.quantized.config_changes`); when its dtype
+    quantises or dequantises them (`mapper_changes`, from `mapper.presets.quantized.config_changes`); when its dtype
     cannot follow (fp8 weights), keep copying it and say why."""
     if dtype is None and not mapper_changes:
         return extras

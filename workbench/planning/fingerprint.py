@@ -15,8 +15,7 @@ from collections.abc import Mapping
 from ..catalog import Catalog
 from ..mapper.groups import ByteSlice
 from ..mapper.recipes import LazyRecipe
-from .cast_runs import CastRun
-from .copy_runs import CopyRun
+from .runs import CastRun, CopyRun
 from .schedule import Step
 from .sharding import OutputFile
 

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 from weakref import WeakKeyDictionary
 
 from ..output import direct_io
-from .model import Plan
 from .schedule import COPY, Step
 from .sharding import OutputFile
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .model import Plan
 
 LANES = 2
 LANE_MIN_BYTES = 64 << 20  # below this in a lane the second thread costs more than it saves

@@ -2,13 +2,14 @@
 
 A plan holds the schedule (one step per dependency group), the output layout (every output tensor's
 file and offset, the index), the rank assignment, the source files each rank opens and the bytes it
-reads, the predicted memory, and every problem found. Tables are pandas DataFrames built on first
-access, so the engine, which only needs the plain data, never imports pandas.
+reads, the predicted memory, and every problem found: data and per-rank queries. Its tables are pandas
+DataFrames built on first access by `planning.plan_frames`, its text and HTML summaries by `planning.plan_report`,
+both imported when first asked for, so the engine and the command line, which only need the plain data, never
+import pandas.
 """
 
 from __future__ import annotations
 
-import html
 import json
 import os
 from dataclasses import dataclass
@@ -17,13 +18,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..catalog import Catalog
-from ..display import format_bytes, format_count, format_decimal, html_table, text_table
 from ..dtypes import numpy_castable
 from ..mapper.groups import Binding, Problem
 from ..output import OutputFormat, output_format
-from .extras import COPIED, SKIPPED, UPDATED, Extra
+from .extras import COPIED, Extra
 from .header_metadata import HeaderMetadata
-from .schedule import CAST, COMPUTE, COPY, ROWS, Step
+from .schedule import CAST, COPY, ROWS, Step
 from .sharding import OutputFile
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -243,16 +243,9 @@ class Plan:
     def rss_breakdown(self) -> pd.DataFrame:
         """The predicted RSS part by part (rows: interpreter, workbench, imports (none, numpy or torch), metadata,
         buffers, tensor peak, intermediates), one bytes column per rank and a `detail` column for the largest rank."""
-        import pandas as pd
+        from .plan_frames import rss_frame
 
-        from .rss import rss_parts
-
-        per_rank = {r: rss_parts(self, r) for r in range(self.nproc)}
-        largest = max(per_rank, key=lambda r: sum(p.bytes for p in per_rank[r]))
-        frame = pd.DataFrame({f"rank {r}" if self.nproc > 1 else "bytes": [p.bytes for p in parts] for r, parts in per_rank.items()},
-                             index=pd.Index([p.part for p in per_rank[largest]], name="part"))
-        frame["detail"] = [p.detail for p in per_rank[largest]]
-        return frame
+        return rss_frame(self)
 
     @property
     def needs_torch(self) -> bool:
@@ -271,16 +264,9 @@ class Plan:
     @property
     def library_note(self) -> str:
         """Which libraries the run imports, for the summary: start-up of torch costs seconds per process."""
-        if self.needs_torch:
-            return "torch needed"
-        if any(s.kind == ROWS for s in self.steps):
-            return "GGUF tensors by numpy in row chunks (no torch)"
-        if any(s.kind != COPY for s in self.steps):
-            return "casts by numpy (torch only for chunks holding NaN)"
-        from .lanes import rank_lanes
+        from .plan_report import library_note
 
-        lanes = max((len(lanes) for r in range(self.nproc) if (lanes := rank_lanes(self, r)) is not None), default=1)
-        return "byte copies only (no torch)" + (f", {lanes} copy lanes per rank" if lanes > 1 else "")
+        return library_note(self)
 
     @property
     def total_size(self) -> int:
@@ -323,62 +309,35 @@ class Plan:
         """Files written last, once every shard is complete: the HF index, or DCP's objects file and `.metadata`."""
         return self.output_format.commit_files([f.layout for f in self.output_file_list], bool(self.copied_objects))
 
-    # -- DataFrames (pandas imported on first access) ----------------------------------------------
+    # -- tables (pandas, built on first access by planning.plan_frames) ----------------------------
 
     @cached_property
     def outputs(self) -> pd.DataFrame:
         """One row per output tensor: dtype, shape, nbytes, file, offset, rank, group label."""
-        import pandas as pd
+        from .plan_frames import outputs_frame
 
-        rows = []
-        for step in self.steps:
-            for t in step.group.outputs:
-                file, offset = self.placement[t.name]
-                rows.append((t.name, t.dtype, t.shape, t.nbytes, file, offset, step.rank, step.group.label))
-        frame = pd.DataFrame(rows, columns=["name", "dtype", "shape", "nbytes", "file", "offset", "rank", "group"])
-        return frame.set_index("name")
+        return outputs_frame(self)
 
     @cached_property
     def files_read(self) -> pd.DataFrame:
         """One row per (source file, rank) the run opens: bytes read and tensors used from it."""
-        import pandas as pd
+        from .plan_frames import files_read_frame
 
-        rows: dict[tuple[str, int], list[int]] = {}
-        for step in self.steps:
-            if not self.step_active(step):
-                continue
-            used: dict[str, int] = {}
-            for t in step.group.inputs:
-                used[t.file] = used.get(t.file, 0) + 1
-            for rel, n in step.reads.items():
-                row = rows.setdefault((rel, step.rank), [0, 0])
-                row[0] += n
-                row[1] += used.get(rel, 0)
-        data = [
-            (rel, rank, n, k, self.source.files[rel].size if rel in self.source.files else None, self.source_location(rel))
-            for (rel, rank), (n, k) in sorted(rows.items())
-        ]
-        frame = pd.DataFrame(data, columns=["file", "rank", "bytes_read", "tensors", "file_size", "path"])
-        file_sources = getattr(self.source, "file_sources", None)
-        if file_sources:  # several sources (workbench.formats.multi): say which one each file belongs to
-            frame.insert(0, "source", frame["file"].map(file_sources))
-        return frame
+        return files_read_frame(self)
 
     @cached_property
     def extras_table(self) -> pd.DataFrame:
         """One row per non-tensor file or folder beside the weights: path, action (copy, update, skip), bytes, reason."""
-        import pandas as pd
+        from .plan_frames import extras_frame
 
-        data = [(e.path, e.action, e.size, e.reason) for e in self.extra_files]
-        return pd.DataFrame(data, columns=["path", "action", "bytes", "reason"])
+        return extras_frame(self)
 
     @cached_property
     def output_files(self) -> pd.DataFrame:
         """One row per output shard: size, tensors, rank, and whether it is kept from an earlier run."""
-        import pandas as pd
+        from .plan_frames import output_files_frame
 
-        data = [(f.name, f.size, f.n_tensors, f.rank, f.kept) for f in self.output_file_list]
-        return pd.DataFrame(data, columns=["file", "size", "tensors", "rank", "kept"])
+        return output_files_frame(self)
 
     @cached_property
     def groups(self) -> pd.DataFrame:
@@ -386,150 +345,43 @@ class Plan:
 
         `reads_from` lists the source files the step reads (e.g. which rank files of a ZeRO checkpoint).
         """
-        import pandas as pd
+        from .plan_frames import groups_frame
 
-        data = [
-            (
-                s.index, s.rank, s.group.label, s.kind, len(s.group.inputs), len(s.group.outputs), s.group.bytes_in,
-                s.group.bytes_out, s.bytes_read, s.held_bytes, ", ".join(s.files), ", ".join(s.reads), self.step_active(s),
-            )
-            for s in self.steps
-        ]
-        columns = ["step", "rank", "label", "kind", "inputs", "outputs", "bytes_in", "bytes_out", "bytes_read",
-                   "held_bytes", "files", "reads_from", "runs"]
-        return pd.DataFrame(data, columns=columns).set_index("step")
+        return groups_frame(self)
 
     @cached_property
     def memory(self) -> pd.DataFrame:
         """The memory timeline per rank: tensor bytes held during each step and the running peak."""
-        import pandas as pd
+        from .plan_frames import memory_frame
 
-        data, peaks = [], {}
-        for s in self.steps:
-            if not self.step_active(s):
-                continue
-            peaks[s.rank] = max(peaks.get(s.rank, 0), s.held_bytes)
-            data.append((s.index, s.rank, s.group.label, s.kind, s.held_bytes, peaks[s.rank]))
-        return pd.DataFrame(data, columns=["step", "rank", "label", "kind", "held_bytes", "peak_bytes"])
+        return memory_frame(self)
 
     @cached_property
     def ranks(self) -> pd.DataFrame:
         """One row per rank: files it writes and opens, bytes it moves, its predicted peak memory."""
-        import pandas as pd
+        from .plan_frames import ranks_frame
 
-        return pd.DataFrame([self._rank_row(r) for r in range(self.nproc)], columns=list(_RANK_COLUMNS))
-
-    def _rank_row(self, rank: int) -> tuple:
-        files = self.rank_files(rank)
-        reads = self.reads(rank)
-        return (
-            rank, [f.name for f in files], list(reads), sum(reads.values()), sum(f.size for f in files),
-            self.rank_peak_bytes(rank), len(self.rank_steps(rank)),
-        )
+        return ranks_frame(self)
 
     def problems_frame(self) -> pd.DataFrame:
         """Problems as a table: severity, op, tensor, message."""
-        import pandas as pd
+        from .plan_frames import problems_frame
 
-        return pd.DataFrame(
-            [(p.severity, p.op, p.tensor, p.message) for p in self.problems], columns=["severity", "op", "tensor", "message"]
-        )
+        return problems_frame(self)
 
-    # -- summaries ----------------------------------------------------------------------------------
+    # -- summaries (text and HTML by planning.plan_report) ------------------------------------------
 
     def headline(self) -> list[str]:
         """The summary's first lines (source, status, groups, reads and writes, memory): what panels show on top."""
-        src = self.source
-        kinds: dict[str, int] = {}
-        for s in self.steps:
-            kinds[s.kind] = kinds.get(s.kind, 0) + 1
-        kind_text = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
-        n_files = len(self.output_file_list)
-        reads = self.reads()
-        status = "OK" if self.ok else f"{len(self.errors)} error(s): cannot run"
-        if self.ok and self.complete:
-            status = f"OK: already complete, nothing to do ({self.dest} holds this conversion's finished output)"
-        lines = [
-            f"Plan: {src.location} ({src.format}, {len(src.files)} files, {len(src)} tensors, {format_bytes(src.total_bytes)})"
-            f" -> {self.dest if self.dest is not None else '(no destination)'}" + self.output_format.label,
-            f"status: {status}",
-            f"groups: {len(self.steps)} ({kind_text or 'none'}); outputs: {sum(f.n_tensors for f in self.output_file_list)} "
-            f"tensors, {format_bytes(self.total_size)} in {format_count(n_files, 'file')} "
-            + (f"(shard size {format_decimal(self.options.shard_size)})" if self.options.shard_size < 1 << 60 else "(no size limit)"),
-            f"reads: {len(reads)} of {len(src.files)} source files, {format_bytes(sum(reads.values()))}; "
-            f"writes: {format_bytes(self.bytes_written)}"
-            + (f" ({len(self.kept)} shard(s) kept from an interrupted run)" if self.kept else ""),
-            *self._download_lines(),
-            f"RAM to provision: {format_bytes(self.rss_bytes)} per process (predicted RSS); "
-            f"peak tensor memory: {format_bytes(self.peak_bytes)} per process; ranks: {self.nproc}"
-            + f"; {self.library_note}",
-        ]
-        lines += self._extras_lines()
-        lines += self._metadata_lines()
-        if self.copied_objects:
-            lines.append(f"non-tensor entries copied verbatim: {len(self.copied_objects)}")
-        return lines
+        from .plan_report import headline
 
-    def _download_lines(self) -> list[str]:
-        downloads = self.downloads
-        if downloads is None:
-            return []
-        total = sum(n for n, _ in downloads.values())
-        requests = sum(k for _, k in downloads.values())
-        per_file = ", ".join(f"{rel} {format_bytes(n)} in {k}" for rel, (n, k) in list(downloads.items())[:6])
-        more = f" ... ({len(downloads)} files)" if len(downloads) > 6 else ""
-        return [f"downloads: {format_bytes(total)} in {requests} range request(s) from {len(downloads)} file(s)"
-                + (f" ({per_file}{more})" if per_file else "")]
-
-    def _extras_lines(self) -> list[str]:
-        lines = []
-        copied = [e.path for e in self.extra_files if e.action == COPIED and not e.reason]
-        if copied:
-            shown = ", ".join(copied[:20]) + (f" ... ({len(copied)} files)" if len(copied) > 20 else "")
-            lines.append(f"extras copied: {shown}")
-        lines += [f"extra copied unchanged: {e.path} ({e.reason})" for e in self.extra_files if e.action == COPIED and e.reason]
-        lines += [f"extra updated: {e.path} ({e.reason})" for e in self.extra_files if e.action == UPDATED]
-        skipped = [e for e in self.extra_files if e.action == SKIPPED]
-        if skipped:
-            lines.append("extras skipped: " + "; ".join(f"{e.path} ({e.reason})" for e in skipped[:10])
-                         + (f" ... ({len(skipped)} in all)" if len(skipped) > 10 else ""))
-        return lines
-
-    def _metadata_lines(self) -> list[str]:
-        meta = self.header_metadata
-        if meta is None or not meta.interesting:
-            return []
-        if not self.output_format.keeps_header_metadata:
-            return [f"source header metadata: dropped (a {self.output_format.title} output has no header metadata)"]
-        kept = sorted(k for k in meta.kept if k != "format")
-        lines = [f"source header metadata kept: {', '.join(kept) if kept else 'none'}"]
-        if meta.dropped:
-            lines.append("source header metadata dropped: " + "; ".join(f"{k} ({why})" for k, why in sorted(meta.dropped.items())))
-        return lines
-
-    def _file_rows(self) -> list[tuple]:
-        return [(f.name, format_bytes(f.size), f.n_tensors, f.rank, "kept" if f.kept else "") for f in self.output_file_list]
-
-    def _read_rows(self) -> list[tuple]:
-        rows = []
-        for rank in range(self.nproc):
-            for rel, n in self.reads(rank).items():
-                rows.append((rel, rank, format_bytes(n)))
-        return rows
+        return headline(self)
 
     def summary(self) -> str:
         """A text summary: headline numbers, output files, source files read, problems."""
-        parts = ["\n".join(self.headline())]
-        if self.output_file_list:
-            parts.append("output files:\n" + text_table(["file", "size", "tensors", "rank", ""], self._file_rows()))
-        reads = self._read_rows()
-        if reads:
-            parts.append("source files read:\n" + text_table(["file", "rank", "bytes read"], reads))
-        for title, columns, rows in self.output_details:
-            parts.append(f"{title}:\n" + text_table(columns, rows))
-        if self.problems:
-            parts.append("problems:\n" + "\n".join(f"  {p.severity}: {p.message}" for p in self.problems))
-        return "\n".join(parts)
+        from .plan_report import summary
+
+        return summary(self)
 
     @property
     def output_details(self) -> list[tuple[str, list[str], list[tuple]]]:
@@ -543,26 +395,6 @@ class Plan:
         return f"<Plan {len(self.steps)} groups -> {len(self.output_file_list)} files, {'ok' if self.ok else 'not ok'}>"
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<div>{html.escape(line)}</div>" for line in self.headline())
-        parts = [f"<div><b>Conversion plan</b>{head}</div>"]
-        if self.problems:
-            items = "".join(
-                f"<li style='color:{'#b00' if p.severity == 'error' else '#a60'}'>{html.escape(p.severity)}: "
-                f"{html.escape(p.message)}</li>"
-                for p in self.problems
-            )
-            parts.append(f"<ul>{items}</ul>")
-        parts.append("<details open><summary>output files</summary>"
-                     + html_table(["file", "size", "tensors", "rank", ""], self._file_rows()) + "</details>")
-        parts.append("<details><summary>source files read</summary>"
-                     + html_table(["file", "rank", "bytes read"], self._read_rows()) + "</details>")
-        for title, columns, rows in self.output_details:
-            parts.append(f"<details><summary>{html.escape(title)}</summary>" + html_table(columns, rows) + "</details>")
-        compute = [s for s in self.steps if s.kind == COMPUTE][:20]
-        if compute:
-            rows = [(s.index, s.group.label, format_bytes(s.held_bytes)) for s in compute]
-            parts.append("<details><summary>compute groups</summary>" + html_table(["step", "group", "held"], rows) + "</details>")
-        return "".join(parts)
+        from .plan_report import plan_html
 
-
-_RANK_COLUMNS = ("rank", "files", "source_files", "bytes_read", "bytes_written", "peak_bytes", "groups")
+        return plan_html(self)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from ..catalog import TensorInfo
 from ..output.safetensors import PAGE
-from .copy_runs import CopyRun
+from .runs import CopyRun
 from .schedule import COPY, Step
 
 ALIGN_MIN_BYTES = 1 << 20  # below this, copies cost microseconds: keep the minimal (reference) header
@@ -42,7 +42,7 @@ def congruent_bytes(steps: Iterable[Step], placed: Mapping[str, int], source_off
         recipe = group.recipe
         if step.kind != COPY or recipe is None:
             continue
-        if raw and type(recipe) is CopyRun:  # neighbours copied whole (`planning.copy_runs`): one residue each
+        if raw and type(recipe) is CopyRun:  # neighbours copied whole (`planning.runs`): one residue each
             for source, out, length in zip(group.inputs, recipe.outputs, recipe.sizes, strict=True):
                 at = placed.get(out.name)
                 if at is not None and length > 0:

@@ -120,7 +120,7 @@ def assign_ranks(files: list[OutputFile], steps: list[Step], nproc: int) -> list
             Problem(
                 "warning",
                 f"Only {len(runs)} of {nproc} ranks get work: a rank writes whole output files and there are "
-                f"{len(files)}. Lower the shard size to spread the work, or use fewer processes.",
+                f"{len(files)}. Lower the shard size to spread the work, or use fewer processes.", kind="ranks",
             )
         )
     return problems

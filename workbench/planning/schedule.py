@@ -10,15 +10,13 @@ memory is the measured one.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..catalog import TensorInfo
 from ..dtypes import dtype_bits, nbytes_of
 from ..mapper.groups import ByteSlice, Group
 from ..mapper.recipes import LazyRecipe
-from .cast_runs import CastRun
-from .copy_runs import CopyRun, coalesce_copies
 
 COPY, CAST, COMPUTE, ROWS = "copy", "cast", "compute", "rows"
 
@@ -36,12 +34,14 @@ class Step:
     bytes_out: int  # tensor bytes of the group's outputs
     files: tuple[str, ...] = ()  # output files this step writes
     rank: int = 0
-    # Small casts run together (`planning.cast_batches`): on a batch's first step the groups of all its steps,
+    # Small casts run together (`planning.runs.batch_casts`): on a batch's first step the groups of all its steps,
     # on the others () (their work is done by the first); None for a step that runs on its own.
     batch: tuple[Group, ...] | None = None
     # A cast run's tensors as the engine converts them, [start, end) positions, batches and single casts
-    # (`planning.cast_runs.run_batches`); None for any other step (and for a run not yet laid out: each alone).
+    # (`planning.runs.run_batches`); None for any other step (and for a run not yet laid out: each alone).
     spans: tuple[tuple[int, int], ...] | None = None
+    # A run (`planning.runs`): neighbours of one file copied whole or cast as one group, its tensors independent.
+    run: bool = False
 
     @property
     def bytes_read(self) -> int:
@@ -65,11 +65,13 @@ def step_kind(group: Group, access: SourceAccess | None = None) -> str:
     or tensor compute."""
     if group.recipe is not None:
         return COPY
-    if group.chunk_cast is not None and (len(group.inputs) == 1 and len(group.outputs) == 1 or type(group.op) is CastRun):
+    if group.chunk_cast is not None and (len(group.inputs) == 1 and len(group.outputs) == 1 or run_kind(group) == CAST):
         return CAST
     if access is None:
         return COMPUTE
-    from ..mapper.gguf_rows import row_job  # here: byte copies and casts never import the GGUF row code
+    from ..mapper.presets.gguf_rows import (
+        row_job,  # here: byte copies and casts never import the GGUF row code
+    )
 
     if row_job(group) is not None and all(access.located(t) for t in group.inputs):
         return ROWS
@@ -130,7 +132,7 @@ def step_cost(group: Group, kind: str, bytes_out: int, access: SourceAccess, chu
         bytes_in += info.nbytes
         access.add_whole_read(reads, info)
     if kind == ROWS:
-        from ..mapper.gguf_rows import row_job
+        from ..mapper.presets.gguf_rows import row_job
 
         job = row_job(group)
         assert job is not None
@@ -159,20 +161,27 @@ def _located_copy_reads(info: TensorInfo, recipe: Mapping[str, tuple[ByteSlice, 
     return {info.file: total} if pieces else {}
 
 
+def run_kind(group: Group) -> str | None:
+    """COPY or CAST for the group of a run (`planning.runs`: its op names the kind), None for any other group."""
+    return getattr(group.op, "run_kind", None)
+
+
 def step_of_run(index: int, group: Group) -> Step:
-    """The step of a run (`planning.copy_runs`, `planning.cast_runs`). A run of empty tensors reads nothing; what a
-    cast run holds is set by `planning.cast_batches` once the layout says which of its tensors are converted
-    together (until then: its largest tensor, in and out)."""
-    recipe, op = group.recipe, group.op
-    if type(recipe) is CopyRun:
-        total = recipe.total
-        return Step(index, group, COPY, 0, {group.inputs[0].file: total} if total else {}, total)
-    return Step(index, group, CAST, max(op.in_sizes) + max(op.out_sizes), {group.inputs[0].file: sum(op.in_sizes)}, sum(op.out_sizes))
+    """The step of a run (`planning.runs`). A run of empty tensors reads nothing; what a cast run holds is set by
+    `planning.runs.batch_casts` once the layout says which of its tensors are converted together (until then: its
+    largest tensor, in and out)."""
+    op = group.op
+    if op.run_kind == COPY:
+        total = group.recipe.total
+        return Step(index, group, COPY, 0, {group.inputs[0].file: total} if total else {}, total, run=True)
+    return Step(index, group, CAST, max(op.in_sizes) + max(op.out_sizes), {group.inputs[0].file: sum(op.in_sizes)},
+                sum(op.out_sizes), run=True)
 
 
-def build_steps(groups: list[Group], access: SourceAccess, chunk_bytes: int, *, runs: bool = False) -> list[Step]:
-    """Steps for the groups that produce something, in schedule order (source file, then offset). With `runs`
-    (inputs raw in place), neighbouring small whole copies become one step each stretch (`planning.copy_runs`)."""
+def build_steps(groups: list[Group], access: SourceAccess, chunk_bytes: int, *,
+                coalesce: Callable[[list[Group]], list[Group]] | None = None) -> list[Step]:
+    """Steps for the groups that produce something, in schedule order (source file, then offset). `coalesce` (inputs
+    raw in place: `planning.runs.coalesce_copies`) joins neighbouring small whole copies into one step each stretch."""
     files = sorted({t.file for g in groups for t in g.inputs})
     file_order = {f: i for i, f in enumerate(files)}
     never = len(files)
@@ -181,7 +190,7 @@ def build_steps(groups: list[Group], access: SourceAccess, chunk_bytes: int, *, 
         if not group.outputs:
             continue
         inputs = group.inputs
-        if len(inputs) == 1 or type(group.recipe) is CopyRun or type(group.op) is CastRun:  # a run's first input is its first byte
+        if len(inputs) == 1 or getattr(group.op, "run_kind", None) is not None:  # a run's first input is its first byte
             first = inputs[0]
             ordered.append((file_order[first.file], first.begin, index, group))
         else:
@@ -189,8 +198,8 @@ def build_steps(groups: list[Group], access: SourceAccess, chunk_bytes: int, *, 
             ordered.append((where, begin, index, group))
     ordered.sort()  # indexes are unique, so groups themselves are never compared
     in_order = [group for *_, group in ordered]
-    if runs:
-        in_order = coalesce_copies(in_order)
+    if coalesce is not None:
+        in_order = coalesce(in_order)
     steps = []
     located = access.located
     everywhere = access.all_located  # no need to ask per tensor
@@ -198,7 +207,7 @@ def build_steps(groups: list[Group], access: SourceAccess, chunk_bytes: int, *, 
         outputs = group.outputs
         recipe = group.recipe
         inputs = group.inputs
-        if type(recipe) is CopyRun or type(group.op) is CastRun:  # neighbours of one file copied whole or cast
+        if getattr(group.op, "run_kind", None) is not None:  # neighbours of one file copied whole or cast
             steps.append(step_of_run(index, group))
             continue
         if recipe is not None and len(recipe) == 1 and len(inputs) == 1:  # step_cost of a one-slice copy, inlined

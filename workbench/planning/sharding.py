@@ -2,7 +2,7 @@
 
 Shards are filled greedily with whole groups in schedule order, so a shard's tensors come from
 neighbouring source bytes and a group's outputs stay in one file whenever the group fits in one
-shard. A run of independent tensors (`planning.copy_runs`, `planning.cast_runs`) is placed tensor by
+shard. A run of independent tensors (`planning.runs`) is placed tensor by
 tensor instead, as one group each would be, and cut where it crosses into the next shard. Only the shard size decides the layout, never the number of ranks, so the output bytes are
 the same however many processes write them.
 """
@@ -17,9 +17,8 @@ from ..catalog import TensorInfo
 from ..display import format_bytes
 from ..mapper.groups import Problem
 from ..output.base import FileLayout, OutputFormat
-from .cast_runs import CastRun
-from .copy_runs import CopyRun
 from .page_align import SourceOffset, choose_residue
+from .runs import CopyRun
 from .schedule import Step, step_of_run
 
 
@@ -57,14 +56,14 @@ def _oversized(infos: list[TensorInfo], limit: int) -> list[Problem]:
             f"{len(infos)} tensors are larger than the shard size ({format_bytes(limit)}), the largest {biggest.name!r} "
             f"({format_bytes(biggest.nbytes)}): each gets a shard of its own, as the HF tools do. Raise the shard size "
             "to avoid oversized shards.",
-            tensor=biggest.name,
+            tensor=biggest.name, kind="layout",
         )]
     return [
         Problem(
             "warning",
             f"Tensor {info.name!r} ({format_bytes(info.nbytes)}) is larger than the shard size ({format_bytes(limit)}): "
             "it gets a shard of its own, as the HF tools do. Raise the shard size to avoid oversized shards.",
-            tensor=info.name,
+            tensor=info.name, kind="layout",
         )
         for info in infos
     ]
@@ -112,7 +111,7 @@ def assign_shards(steps: list[Step], limit: int) -> tuple[list[list[TensorInfo]]
         outputs = step.group.outputs
         size = step.bytes_out
         recipe, op = step.group.recipe, step.group.op
-        sizes = recipe.out_sizes if type(recipe) is CopyRun else op.out_sizes if type(op) is CastRun else None
+        sizes = (recipe.out_sizes if type(recipe) is CopyRun else op.out_sizes) if step.run else None
         if sizes is not None and (filled + size > limit or max(sizes) > limit):
             used = place_each(outputs, sizes)  # a run's tensors are independent: placed as one group each would be
             numbers = tuple(dict.fromkeys(used))

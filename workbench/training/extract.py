@@ -109,7 +109,7 @@ def select_mapper(source: Any, select: str = "model") -> tuple[Mapper | None, st
         return None, "keep"
     catalog = _catalog_of(source)
     if catalog.format == "megatron" and catalog.metadata.get("layout") == "legacy":  # rank shards: the TP/PP merge
-        from ..mapper.megatron import megatron_merge
+        from ..mapper.presets.megatron import megatron_merge
 
         return megatron_merge(catalog), "drop"
     return renames_mapper(model_tensors(catalog)), "drop"

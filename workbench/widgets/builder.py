@@ -70,11 +70,11 @@ GLOB_EACH = ("Cast", "Identity", "Drop", "Transpose", "Reshape")  # a glob sourc
 DEFAULT_ROWS = 60
 SHOWN_PER_GROUP = 5  # problems listed under each group heading (the rest counted)
 MAX_MOVE_TRIALS = 8  # positions tried (each a binding) when looking for where a step's names exist
-# kinds of binding problems, recognised by their wording (workbench.mapper.bind / claim), in display order
-PROBLEM_KINDS = (
-    ("names not found", ("matches no tensor", "is not in the source", "is missing, although")),
-    ("name clashes", ("Cannot write", "twice")),
-    ("left unconverted", ("completely:",)),
+# the groups problems are shown in, in display order, by `Problem.kind` (any other kind: "invalid operations")
+PROBLEM_GROUPS = (
+    ("names not found", ("missing",)),
+    ("name clashes", ("clash", "overwrite")),
+    ("left unconverted", ("unconverted", "unmapped")),
 )
 
 
@@ -171,7 +171,8 @@ def compare_to_target(produced: Any, target: Any) -> pd.DataFrame:
 
 
 # --- problems ---------------------------------------------------------------------------------------------
-_KIND_ORDER = {kind: k for k, (kind, _) in enumerate(PROBLEM_KINDS)}
+_KIND_ORDER = {kind: k for k, (kind, _) in enumerate(PROBLEM_GROUPS)}
+_GROUP_OF = {kind: group for group, kinds in PROBLEM_GROUPS for kind in kinds}
 
 
 _SINGULAR = {"names not found": "name not found", "name clashes": "name clash", "invalid operations": "invalid operation"}
@@ -181,12 +182,9 @@ def _counted(kind: str, n: int) -> str:
     return _SINGULAR.get(kind, kind) if n == 1 else kind
 
 
-def problem_kind(message: str) -> str:
-    """What kind of problem a binding message reports ('names not found', 'name clashes', ...; else 'invalid')."""
-    for kind, words in PROBLEM_KINDS:
-        if any(word in message for word in words):
-            return kind
-    return "invalid operations"
+def problem_group(problem: Problem) -> str:
+    """The group a problem is shown in ('names not found', 'name clashes', ...; else 'invalid operations')."""
+    return _GROUP_OF.get(problem.kind, "invalid operations")
 
 
 @dataclass
@@ -302,7 +300,7 @@ class MapperBuilder(Panel):
 
     def _preset_options(self) -> list[tuple[str, str]]:
         """(label, key) of every preset; those that apply to the source first, marked ★ (names and config only)."""
-        from ..mapper.suggest import suggest_rows
+        from ..mapper.presets.suggest import suggest_rows
 
         try:
             _, rows = suggest_rows(self.source.catalog.tensors, self.config, registry=False)
@@ -313,7 +311,7 @@ class MapperBuilder(Panel):
         return [(f"★ {labels[key]}", key) for key in suggested] + [(label, key) for key, label in labels.items() if key not in suggested]
 
     def _find_config(self) -> Path | None:
-        from ..mapper.suggest import find_config
+        from ..mapper.presets.suggest import find_config
 
         return find_config(self.source.path, self.source.catalog)  # a URL's config.json too, as the CLI finds it
 
@@ -555,7 +553,7 @@ class MapperBuilder(Panel):
             self.steps = []
             self.refresh()
             return
-        from ..mapper.suggest import build_preset
+        from ..mapper.presets.suggest import build_preset
 
         label = _presets()[key]
         try:
@@ -580,7 +578,7 @@ class MapperBuilder(Panel):
         if not key:
             self.form_message.value = message_html("Choose a preset first.", "warning")
             return False
-        from ..mapper.suggest import build_preset
+        from ..mapper.presets.suggest import build_preset
 
         names = self.names_before()
         source = self.source.catalog if not self.steps or key in ("lora_merge", "average") else names
@@ -955,7 +953,7 @@ class MapperBuilder(Panel):
         for index, problems in enumerate(wise.problems):
             by_kind: dict[str, list[Problem]] = {}
             for problem in problems:
-                by_kind.setdefault(problem_kind(problem.message), []).append(problem)
+                by_kind.setdefault(problem_group(problem), []).append(problem)
             for kind, members in sorted(by_kind.items(), key=lambda item: _KIND_ORDER.get(item[0], len(_KIND_ORDER))):
                 group = ProblemGroup(index, kind, members)
                 if kind == "names not found":
@@ -964,7 +962,7 @@ class MapperBuilder(Panel):
                         where = f"before step {target + 1}" if target < index else f"after step {target + 1}"
                         group.fixes.append((f"Move step {index + 1} {where}", lambda i=index, t=target: self.move_to(i, t)))
                 if kind == "name clashes":
-                    kept = [p.tensor for p in members if p.tensor and "already there" in p.message]
+                    kept = [p.tensor for p in members if p.tensor and p.kind == "overwrite"]
                     if kept:
                         label = f"Drop {kept[0]!r} before step {index + 1}" if len(kept) == 1 else \
                             f"Drop the {len(kept)} old tensors before step {index + 1}"
@@ -1078,14 +1076,16 @@ class MapperBuilder(Panel):
         if not text:
             self.set_target(None)
             return
+        from ..mapper.presets.transformers_target import config_target
+
         path = Path(text).expanduser()
         try:
             if path.is_file() and path.suffix == ".json":
-                target: Any = target_check.config_target(path)
+                target: Any = config_target(path)
             elif path.is_dir() and (path / "config.json").is_file() and not _holds_tensors(path):
-                target = target_check.config_target(path / "config.json")
+                target = config_target(path / "config.json")
             elif not path.exists() and _looks_like_model_type(text):
-                target = target_check.config_target(self.config, model_type=text)
+                target = config_target(self.config, model_type=text)
             else:
                 target = text
         except WorkbenchError as exc:

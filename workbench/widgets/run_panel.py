@@ -348,9 +348,9 @@ class RunPanel(Panel):
             self._finish(report=report)
 
     def _execute(self) -> RunReport:
-        from ..conversion import run_local
         from ..engine import Cancelled
         from ..launch import Launch
+        from ..launch.in_process import run_local
 
         if self.plan.nproc == 1:
             try:

@@ -1,0 +1,1 @@
+"""Tests of `workbench.cli`: the `workbench` command."""

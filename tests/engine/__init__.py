@@ -1,0 +1,1 @@
+"""Tests of `workbench.engine`: one rank's execution of a plan."""

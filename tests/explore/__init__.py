@@ -1,0 +1,1 @@
+"""Tests of `workbench.explore`: the `Checkpoint` view."""

@@ -1,0 +1,1 @@
+"""Tests of `workbench.formats`: the readers, local and remote."""

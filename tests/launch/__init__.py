@@ -1,0 +1,1 @@
+"""Tests of `workbench.launch`: N ranks."""

@@ -1,0 +1,1 @@
+"""Tests of `workbench.mapper`: the operation algebra and its presets."""

@@ -1,0 +1,1 @@
+"""Tests of `workbench.output`: the output formats and destinations."""

@@ -1,0 +1,1 @@
+"""Tests of `workbench.planning`: the dry-run plan."""

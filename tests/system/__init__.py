@@ -1,0 +1,1 @@
+"""Slow end-to-end suites: crash safety, torchrun and multinode runs, transformers round trips, benchmarks, samples, the hostile corpus."""

@@ -1,0 +1,1 @@
+"""Tests of `workbench.training`: training-state selection."""
