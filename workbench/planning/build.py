@@ -241,11 +241,12 @@ def _build_plan(
     quant_changes = _quantisation_changes(binding, mapper) if mapper is not None and extra_files else None
     extra_files = with_config_dtype(catalog.root, extra_files, options.dtype, quant_changes)
     edits, whys, conflicts = config_updates(mapper)
-    problems += [Problem("error", why) for why in conflicts]
+    problems += [Problem("error", why, kind="clash") for why in conflicts]
     if edits and output.copies_extras:
         extra_files, not_made = with_config_updates(catalog.root, extra_files, edits, whys, options.dtype)
         problems += [Problem("warning", f"The mapper states a config.json edit that this conversion cannot make ({why}): "
-                                        "edit the output's config.json yourself, or convert with extras.") for why in not_made]
+                                        "edit the output's config.json yourself, or convert with extras.", kind="preset")
+                     for why in not_made]
     if mapper is not None and extra_files and quant_changes is None and not edits:
         extra_files = with_layout_note(extra_files, layout_change(binding.groups))
     extras = [e.path for e in extra_files if e.written]
