@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from remote_servers import LYING, FaultyServer
+from remote_servers import LYING, FaultyServer, faulty_servers
 
 import workbench as wb
 from tests.formats.test_remote import SHARDS, _write_sharded
@@ -68,17 +68,8 @@ def _env(tmp_path, monkeypatch):
 
 @pytest.fixture
 def faulty(served):
-    servers = []
-
-    def make(fault: str, **kw) -> FaultyServer:
-        kw.setdefault("drip_seconds", 0.5)
-        server = FaultyServer(served, fault, **kw)
-        servers.append(server)
-        return server
-
-    yield make
-    for server in servers:
-        server.stop()
+    with faulty_servers(served, drip_seconds=0.5) as make:
+        yield make
 
 
 @pytest.mark.parametrize("folder", ["llama", "torch"])  # the safetensors and torch.save zip readers

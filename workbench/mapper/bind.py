@@ -21,6 +21,7 @@ from ..names import Template, fill, placeholders_of
 from .base import Mapper, Meta, Rest
 from .claim import Claim
 from .compose import Parallel, PrefixScope, Sequential
+from .config_update import ConfigUpdate
 from .groups import Binding, Problem, ProblemKind
 from .op import Op
 from .ranges import expand as expand_ranges
@@ -186,6 +187,8 @@ class Binder:
             self.run_scope(mapper, state, path)
         elif isinstance(mapper, Claim):
             self.check_claim(mapper, state)
+        elif isinstance(mapper, ConfigUpdate):
+            pass  # a statement about config.json, which the planner carries; no tensor is read or written
         else:  # pragma: no cover
             raise MapperError(f"Cannot bind {mapper!r}: unknown mapper type {type(mapper).__name__}.")
 

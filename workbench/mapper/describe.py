@@ -7,6 +7,7 @@ norms kept F32". For lists of steps (the MapperBuilder); the code (`short()`, `t
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -16,6 +17,7 @@ from ..dtypes import is_float
 from .base import Mapper
 from .claim import Claim
 from .compose import Parallel, PrefixScope, Sequential
+from .config_update import ConfigUpdate
 from .op import Op
 from .ops import Cast, Concat, Drop, Identity, Rename, Split
 
@@ -41,12 +43,14 @@ def _describe(step: Mapper, before: Mapping[str, TensorInfo], instances: list[Op
         return f"replace prefix `{step.source_prefix}` → `{step.target_prefix}`{count}"
     if isinstance(step, Claim):
         return f"check: nothing of {_family(step)} left unconverted"
-    leaves = [leaf for leaf in step.leaves() if not isinstance(leaf, Claim)]
+    if isinstance(step, ConfigUpdate):
+        return f"config.json: {step.key} -> {json.dumps(step.value)}"
+    leaves = [leaf for leaf in step.leaves() if not isinstance(leaf, (Claim, ConfigUpdate))]
     checked = " + check" if any(isinstance(leaf, Claim) for leaf in step.leaves()) and leaves else ""
     if not leaves:
         return step.short()
     kinds = {type(leaf) for leaf in leaves}
-    done = [op for op in instances if not isinstance(op, Claim)]
+    done = [op for op in instances if not isinstance(op, (Claim, ConfigUpdate))]
     if kinds == {Cast}:
         if len(leaves) == 1 and not leaves[0].is_template:
             return f"cast {leaves[0].name} → {leaves[0].dtype}"  # type: ignore[attr-defined]

@@ -14,6 +14,7 @@ from ..errors import MapperError
 from .base import Mapper
 from .claim import Claim
 from .compose import Parallel, PrefixScope, Sequential
+from .config_update import ConfigUpdate
 from .op import Op
 from .ranges import has_ranges, zero_based
 
@@ -52,7 +53,7 @@ def _invert(mapper: Mapper, path: tuple[int, ...], binder: Any) -> Mapper | None
             )
         inner = _invert(mapper.mapper, path + (0,), binder)
         return PrefixScope(inner if inner is not None else Sequential(), mapper.target_prefix, mapper.source_prefix)
-    if isinstance(mapper, Claim):
+    if isinstance(mapper, (Claim, ConfigUpdate)):
         return None  # a check on this mapper's source; the inverse reads another layout
     raise MapperError(f"Cannot invert {mapper!r}: unknown mapper type {type(mapper).__name__}.")
 
