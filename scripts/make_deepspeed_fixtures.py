@@ -30,6 +30,7 @@ TORCH = "2.13.0"
 DEEPSPEED = os.environ.get("WB_DEEPSPEED_VERSION", "")  # empty: what the resolver picks, recorded after install
 REPO = Path(__file__).resolve().parent.parent
 CACHE = REPO / ".cache" / "fixtures"
+COMMITTED = REPO / "tests" / "fixtures" / "deepspeed"  # what the tests read: a copy of one build, see --commit
 STAGES = tuple(int(s) for s in os.environ.get("WB_ZERO_STAGES", "1,2,3").split(","))
 # fp16 runs (loss scaler, fp16 module weights) for these stages too; bf16 for every stage in STAGES.
 FP16_STAGES = tuple(int(s) for s in os.environ.get("WB_ZERO_FP16_STAGES", "2").split(",") if s)
@@ -235,13 +236,38 @@ def build_sample(dest: Path) -> None:
         shutil.copy(work / "expected.safetensors", dest.parent / f"{dest.name}_expected.safetensors")
 
 
+def commit(root: Path) -> None:
+    """Copy the built runs (not the scripts that made them) to tests/fixtures/deepspeed/ with the tool versions
+    (`done`) and each file's deterministic digest (MANIFEST.json, see scripts/fixture_manifest.py)."""
+    import shutil
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from fixture_manifest import write_manifest
+
+    runs = [name for *_, name in _runs()]
+    shutil.rmtree(COMMITTED, ignore_errors=True)
+    COMMITTED.mkdir(parents=True)
+    for name in runs:
+        shutil.copytree(root / name, COMMITTED / name)
+    shutil.copy(root / "done", COMMITTED / "done")
+    tools = dict(line.split(" ", 1) for line in (root / "done").read_text().splitlines() if line.strip())
+    write_manifest(COMMITTED, tools, f"scripts/{Path(__file__).name} (fixture version {FIXTURE_VERSION})", runs)
+    print(COMMITTED)
+
+
 def main() -> int:
     if "--sample" in sys.argv:
         build_sample(Path(sys.argv[sys.argv.index("--sample") + 1]).resolve())
         return 0
+    if "--print-root" in sys.argv:  # the committed runs the tests read
+        print(COMMITTED)
+        return 0
     root = fixture_root()
-    if "--print-root" in sys.argv:
+    if "--print-built-root" in sys.argv:  # this machine's build (`make fixtures`), which may not exist yet
         print(root)
+        return 0
+    if "--commit" in sys.argv:  # replace the committed runs with this machine's build
+        commit(build(root))
         return 0
     try:
         root = build(root)

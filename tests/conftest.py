@@ -32,6 +32,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     tests/gguf_support/prebuild.py: it fills the core the rest of the suite leaves idle)."""
     if session.config.option.collectonly or importlib.util.find_spec("gguf") is None:
         return
+    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":  # under pytest-xdist, one pre-build (worker gw0's) for all
+        return
     if not any("test_gguf" in item.nodeid for item in session.items):
         return
     log = REPO / ".cache" / "fixtures" / "gguf-prebuild.log"
@@ -40,6 +42,22 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     with open(log, "w") as out:
         _PREBUILD.append(subprocess.Popen(["nice", "-n", "10", sys.executable, str(REPO / "tests" / "gguf_support" / "prebuild.py")],
                                           stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+
+
+# What runs alone: `make test` runs `pytest -n 2 -m "not serial"` (pytest-xdist), then `pytest -m serial`. Tests that
+# start torchrun or a JupyterLab + chromium (markers `distributed`, `browser`) keep both cores busy by themselves and
+# are timed out as a whole, so they are serial without saying it again; tests that measure a peak RSS or wall time mark
+# themselves `serial`. Counts of bytes read are the package's own per-process counters (workbench.iostats), which a
+# neighbouring process cannot change, so those tests run in parallel.
+SERIAL_MARKERS = ("serial", "distributed", "browser")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the tests carrying one of SERIAL_MARKERS `serial` (so that `-m serial` / `-m "not serial"` split the suite)."""
+    for item in items:
+        if any(item.get_closest_marker(name) for name in SERIAL_MARKERS[1:]):
+            item.add_marker(pytest.mark.serial)
 
 
 # The group watch: a small process in pytest's own process group that logs every signal reaching the group. Run from

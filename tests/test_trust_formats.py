@@ -294,6 +294,7 @@ print((status("VmHWM") - before) / header)
 """
 
 
+@pytest.mark.serial  # measures peak RSS
 def test_header_work_of_100k_tensors_stays_within_4x_the_header(tmp_path: Path) -> None:
     """Opening a safetensors file of 10^5 tensors (8.9 MB of header) peaks at under 4x the header bytes above the
     interpreter (measured 3.7x; 13.5x before the table was read without json.loads's tree). The 10^6-tensor
