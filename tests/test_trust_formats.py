@@ -130,7 +130,7 @@ def test_the_largest_torch_dimension_still_loads(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("name", "ranks"), [("stage1-w3", 3), ("stage2-w3", 3), ("stage2-odd", 2)])
 def test_bf16_zero_with_a_shorter_last_partition_matches_zero_to_fp32(name: str, ranks: int) -> None:
-    """3 ranks: the group's flat buffer (92,288 elements) is no multiple of 2 * 3; 2 ranks of a model with one more
+    """3 ranks: the group's flat buffer (27,712 elements) is no multiple of 2 * 3; 2 ranks of a model with one more
     3-element parameter: an odd count. DeepSpeed saves the last rank's fp32 partition shorter (it strips the
     alignment padding); zero_to_fp32 reads it, and so must we, to the bit, masters and Adam moments alike."""
     from safetensors.torch import load_file
