@@ -52,13 +52,13 @@ fixtures: setup
 	$(BIN)/python scripts/make_gguf_references.py
 	WB_FIXTURES_REBUILT=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_fixtures_committed.py
 
-# Unit tests in two processes (pytest-xdist); tests marked `serial` (they measure RSS, bytes read or time, or start
-# servers and torchrun) run after, alone, so that a neighbour cannot skew what they measure.
+# pytest in two processes (pytest-xdist). Tests marked `serial` (they measure a peak RSS, or start torchrun, servers or
+# a browser: see tests/conftest.py) form one xdist group, so they run one after another on one worker while the
+# other worker runs the rest.
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider --timeout=300
 test: setup browser servers
 	$(BIN)/ruff check workbench tests benchmarks scripts
-	$(PYTEST) -n 2 -m "not serial" tests
-	$(PYTEST) -m serial tests
+	$(PYTEST) -n 2 --dist loadgroup tests
 	$(PYTEST) --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks
 
 # Refresh the README's widget pictures (docs/*.png) from the browser tests; `make test` writes them to a temp folder.

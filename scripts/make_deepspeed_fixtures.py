@@ -247,8 +247,8 @@ def commit(root: Path) -> None:
     runs = [name for *_, name in _runs()]
     shutil.rmtree(COMMITTED, ignore_errors=True)
     COMMITTED.mkdir(parents=True)
-    for name in runs:
-        shutil.copytree(root / name, COMMITTED / name)
+    for name in runs:  # not the zero_to_*.py scripts DeepSpeed drops beside a run: its code, not the run's data
+        shutil.copytree(root / name, COMMITTED / name, ignore=shutil.ignore_patterns("zero_to_*.py"))
     shutil.copy(root / "done", COMMITTED / "done")
     tools = dict(line.split(" ", 1) for line in (root / "done").read_text().splitlines() if line.strip())
     write_manifest(COMMITTED, tools, f"scripts/{Path(__file__).name} (fixture version {FIXTURE_VERSION})", runs)

@@ -44,20 +44,24 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                                           stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True))
 
 
-# What runs alone: `make test` runs `pytest -n 2 -m "not serial"` (pytest-xdist), then `pytest -m serial`. Tests that
-# start torchrun or a JupyterLab + chromium (markers `distributed`, `browser`) keep both cores busy by themselves and
-# are timed out as a whole, so they are serial without saying it again; tests that measure a peak RSS or wall time mark
-# themselves `serial`. Counts of bytes read are the package's own per-process counters (workbench.iostats), which a
-# neighbouring process cannot change, so those tests run in parallel.
+# What runs alone: `make test` runs `pytest -n 2 --dist loadgroup` (pytest-xdist), and every test marked `serial` joins
+# one xdist group, so serial tests run one after another on one worker while the other worker runs the rest. Tests
+# that start torchrun or a JupyterLab + chromium (markers `distributed`, `browser`) are serial without saying it
+# again: two of them at once would oversubscribe the two cores and time out; tests that measure a peak RSS mark
+# themselves `serial`. What they measure is per process (a child's VmHWM; bytes read are the package's own
+# per-process counters, workbench.iostats), so a unit test on the other worker does not change it; only two
+# multi-process tests together would. `-m serial` / `-m "not serial"` select either part.
 SERIAL_MARKERS = ("serial", "distributed", "browser")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the tests carrying one of SERIAL_MARKERS `serial` (so that `-m serial` / `-m "not serial"` split the suite)."""
+    """Mark the tests carrying one of SERIAL_MARKERS `serial`, and put every serial test in one xdist group (run
+    before pytest-xdist's own hook reads the groups)."""
     for item in items:
-        if any(item.get_closest_marker(name) for name in SERIAL_MARKERS[1:]):
+        if any(item.get_closest_marker(name) for name in SERIAL_MARKERS):
             item.add_marker(pytest.mark.serial)
+            item.add_marker(pytest.mark.xdist_group("serial"))
 
 
 # The group watch: a small process in pytest's own process group that logs every signal reaching the group. Run from
