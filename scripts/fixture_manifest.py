@@ -65,7 +65,7 @@ def digests(folder: Path, runs: list[str] | None = None) -> dict[str, str]:
     out = {}
     for root in roots:
         for path in sorted(p for p in root.rglob("*") if p.is_file()):
-            if path.name in SKIP or path.name.startswith("."):
+            if path.name in SKIP or path.name.startswith(".") or path.suffix == ".py":  # scripts a tool drops are not data
                 continue
             out[path.relative_to(folder).as_posix()] = file_digest(path)
     return out
