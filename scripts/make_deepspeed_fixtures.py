@@ -10,7 +10,9 @@ Each `stage<N>/` holds the run folder (`latest`, `global_step2/`), `reference.sa
 dict DeepSpeed's own `get_fp32_state_dict_from_zero_checkpoint` returns) and `live_reference.safetensors`
 (what DeepSpeed's `safe_get_full_fp32_param` / `safe_get_full_optimizer_state` gathered from the live
 engine: fp32 masters and Adam moments by parameter name). Re-running is a no-op
-when the `done` marker exists and every run is built. Usage: python scripts/make_deepspeed_fixtures.py [--print-root]
+when the `done` marker exists and every run is built. Usage: python scripts/make_deepspeed_fixtures.py
+[--print-root (the committed copy the tests read: tests/fixtures/deepspeed) | --print-built-root (this build)
+| --commit (build, then replace the committed copy and its MANIFEST.json)]
 
 `--sample DIR` instead trains the notebook's tiny ZeRO-3 run (hidden 16, one layer, bf16, 2 ranks) and writes
 the run folder (`latest`, `global_step2/`, config.json; not the zero_to_fp32.py DeepSpeed drops beside it) to

@@ -31,7 +31,9 @@ is built on "cuda"), and the CUDA RNG tracker's `fork` is a no-op (dropout is 0)
 psutil in the venv: without it megatron's writer process dies and the save waits forever (the "hang" seen
 before), and the script's code under `if __name__ == "__main__"` (the writer is a spawned process).
 
-Re-running is a no-op when the `done` marker exists. Usage: python scripts/make_megatron_fixtures.py [--print-root]
+Re-running is a no-op when the `done` marker exists. Usage: python scripts/make_megatron_fixtures.py
+[--print-root (the committed copy the tests read: tests/fixtures/megatron) | --print-built-root (this build)
+| --commit (build, then replace the committed copy and its MANIFEST.json)]
 `--sample DIR` instead writes the notebook's small TP=2 x PP=2 sample (model only) to DIR
 (`sample_checkpoints/training/megatron_tp2pp2`).
 """
