@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from forked import run_code
 
 import workbench as wb
 from workbench.conversion import execute
@@ -59,7 +58,10 @@ print("EVENTS", events[0])
 
 
 def run_child(source: Path, dest: Path, kill_at: int, shard_size: str = SHARD_SIZE) -> subprocess.CompletedProcess:
-    return run_code(CHILD, [source, dest, kill_at, shard_size], timeout=120)  # forked from a preloaded server: tests/forked.py
+    return subprocess.run(
+        [sys.executable, "-c", CHILD, str(source), str(dest), str(kill_at), shard_size],
+        capture_output=True, text=True, timeout=120,
+    )
 
 
 def assert_nothing_incomplete_is_presented(dest: Path, clean: Path) -> None:
@@ -131,7 +133,8 @@ wb.convert(sys.argv[1], sys.argv[2], shard_size="400KB", quiet=True)
 def test_file_size_limit_fails_clearly_and_leaves_nothing_that_looks_complete(llama_sample: Path, tmp_path: Path, clean_run) -> None:
     clean, _ = clean_run
     dest = tmp_path / "out"
-    child = run_code(LIMITED_CHILD, [llama_sample, dest, "300000"], timeout=120)
+    child = subprocess.run([sys.executable, "-c", LIMITED_CHILD, str(llama_sample), str(dest), "300000"],
+                           capture_output=True, text=True, timeout=120)
     assert child.returncode == 1
     last = child.stderr.strip().splitlines()[-1]
     assert last.startswith("workbench.errors.PlanError: Cannot write the conversion into") and "file size limit" in last
