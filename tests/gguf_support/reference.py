@@ -119,8 +119,10 @@ def _train_sentencepiece(prefix: Path) -> None:
     from gguf_support.models import TRAIN_SENTENCEPIECE
 
     text = SCRIPT.parent / "README.md"
-    subprocess.run([sys.executable, "-c", TRAIN_SENTENCEPIECE, str(text), str(prefix)], check=True, capture_output=True,
-                   timeout=300, env={**os.environ, "PYTHONPATH": str(EXTRA)})
+    # From the folder, with a relative prefix: the model records its prefix, and a path would make the file (and the
+    # committed references' key of this input) differ from checkout to checkout.
+    subprocess.run([sys.executable, "-c", TRAIN_SENTENCEPIECE, str(text), prefix.name], check=True, capture_output=True,
+                   timeout=300, env={**os.environ, "PYTHONPATH": str(EXTRA)}, cwd=prefix.parent)
 
 
 def model_folder(family: str, tokenizer: str | None = None) -> Path:
