@@ -64,7 +64,7 @@ def rebuild() -> int:
     shutil.rmtree(RECORD, ignore_errors=True)
     env = {**os.environ, "WB_LLAMA_CPP": "real", "WB_LLAMA_CPP_RECORD": str(RECORD),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    tests = sorted(str(p) for p in (REPO / "tests").glob("test_*gguf*.py"))
+    tests = sorted(str(p) for p in (REPO / "tests").rglob("test_*gguf*.py"))  # wherever the test tree puts them
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout=900", *tests], env=env).returncode
 
 
