@@ -187,9 +187,10 @@ def reference_split(family: str, outtype: str, split_max_size: str) -> list[Path
 
 
 def input_key(folder: Path, outtype: str, extra: tuple[str, ...] = ()) -> str:
-    """The manifest's key of one conversion: a digest of every file under `folder` (names and bytes), the outtype and
-    the converter's extra arguments."""
-    digest = hashlib.sha256()
+    """The manifest's key of one conversion: a digest of the folder's name (the converter names the model after it:
+    general.name, size label), of every file under it (names and bytes), the outtype and the converter's extra
+    arguments."""
+    digest = hashlib.sha256(folder.name.encode() + b"\0")
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         digest.update(path.relative_to(folder).as_posix().encode() + b"\0")
         digest.update(hashlib.sha256(path.read_bytes()).digest())
