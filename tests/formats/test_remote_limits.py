@@ -167,6 +167,7 @@ def _child_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+@pytest.mark.serial  # measures peak RSS
 @pytest.mark.parametrize("command", ["inspect", "convert"])
 @pytest.mark.parametrize("mode", LYING)
 def test_lying_server_under_an_address_space_cap(faulty, mode, command, tmp_path):
@@ -180,6 +181,7 @@ def test_lying_server_under_an_address_space_cap(faulty, mode, command, tmp_path
     assert rss <= RSS_LIMIT, f"{mode}: peak RSS {rss / 2**20:.0f} MiB"
 
 
+@pytest.mark.serial  # measures peak RSS
 def test_inspect_of_a_server_ignoring_range_stops_at_the_budget(faulty, tmp_path):
     """D13: a 300 MB file answered whole to a 256 KiB range is refused before its body is read."""
     server = faulty("ignore_range", times=None, min_bytes=0)
