@@ -50,7 +50,7 @@ fixtures: setup
 	$(BIN)/python scripts/make_deepspeed_fixtures.py
 	$(BIN)/python scripts/make_megatron_fixtures.py
 	$(BIN)/python scripts/make_gguf_references.py
-	WB_FIXTURES_REBUILT=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_fixtures_committed.py
+	WB_FIXTURES_REBUILT=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/system/test_fixtures_committed.py
 
 # pytest in two processes (pytest-xdist). Tests marked `serial` (they measure a peak RSS, or start torchrun, servers or
 # a browser: see tests/conftest.py) form one xdist group, so they run one after another on one worker while the

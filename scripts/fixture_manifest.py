@@ -6,7 +6,7 @@ of the same script with the same tool versions is the tensor data: for a torch z
 storage member (`<archive>/data/<n>`); for `.safetensors` the header's names, dtypes and shapes and each tensor's
 bytes; for any other file (json, text, DCP's `.distcp`) its bytes. `digests(folder)` maps each file to that digest;
 `MANIFEST.json` beside the runs records them with the tool versions and the script that made them, and
-tests/test_fixtures_committed.py compares it with the committed files (always) and with a rebuild from
+tests/system/test_fixtures_committed.py compares it with the committed files (always) and with a rebuild from
 `make fixtures` (when one is present).
 
     python scripts/fixture_manifest.py tests/fixtures/deepspeed   # print the digests

@@ -2,7 +2,7 @@
 
 The fixtures are committed in tests/fixtures/deepspeed/, made by `scripts/make_deepspeed_fixtures.py` (its own venv
 under `.cache/fixtures/`, since deepspeed must not sit in the project venv); `make fixtures` rebuilds them and checks
-the rebuild's tensors against the committed ones (tests/test_fixtures_committed.py).
+the rebuild's tensors against the committed ones (tests/system/test_fixtures_committed.py).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ input folder's files, the outtype and the converter's extra arguments), with the
 and it counts as llama.cpp's only when its SHA-256 is the one llama.cpp's converter wrote (a difference fails
 there, naming both digests). Only an input the manifest does not know runs the converter. `make fixtures` runs the
 GGUF tests with the real converter (WB_LLAMA_CPP=real) and records what it wrote (WB_LLAMA_CPP_RECORD=<folder>);
-tests/test_fixtures_committed.py compares that record with the manifest, and scripts/make_gguf_references.py
+tests/system/test_fixtures_committed.py compares that record with the manifest, and scripts/make_gguf_references.py
 `--commit` replaces the committed set.
 """
 
