@@ -66,7 +66,6 @@ OUTPUT_HINTS = {
 SINGLE_SOURCE = ("Rename", "Split", "Unstack", "Transpose", "Reshape", "Cast", "Identity", "Drop")
 PER_SOURCE = ("Cast", "Identity", "Drop")  # several sources and no output name: one operation each
 NO_OUTPUTS = ("Identity", "Drop", CODE)
-GLOB_EACH = ("Cast", "Identity", "Drop", "Transpose", "Reshape")  # a glob source: one operation per matched template
 DEFAULT_ROWS = 60
 SHOWN_PER_GROUP = 5  # problems listed under each group heading (the rest counted)
 MAX_MOVE_TRIALS = 8  # positions tried (each a binding) when looking for where a step's names exist
@@ -675,10 +674,10 @@ class MapperBuilder(Panel):
             raise MapperError(f"Cannot add {kind}: no source names. Pick names and click 'Add selected', or type names (one per line).")
         names = self.names_before(self._editing)
         keep = tuple(_split_names(self.keep_box.value)) if kind == "Cast" else ()
-        if any(globs.is_glob(name) for name in sources) or keep:
+        if keep:  # kinds kept in another dtype: no glob says "all but norms", so the names are listed (see _expand_globs)
             return self._expand_globs(kind, sources, outputs, names, keep)
         if kind == "Rename" and len(sources) == 1 and len(outputs) == 1 and _is_prefix_only(sources[0], names):
-            return globs.glob_rename(sources[0] + ".*", outputs[0] + ".*", list(names))  # a module prefix such as 'model.layers.{i}'
+            return M.Rename(sources[0] + ".*", outputs[0] + ".*")  # a module prefix such as 'model.layers.{i}': a glob
         if kind in SINGLE_SOURCE and len(sources) > 1:
             if kind in PER_SOURCE and not outputs:
                 return M.Parallel(*[self._single(kind, name, None) for name in sources])
@@ -702,25 +701,13 @@ class MapperBuilder(Panel):
 
     def _expand_globs(self, kind: str, sources: list[str], outputs: list[str], names: Mapping[str, TensorInfo],
                       keep: tuple[str, ...]) -> Mapper:
-        """Operations for sources with globs (`*`): expanded against the names at this step (see workbench.mapper.globs)."""
-        if kind == "Rename":
-            if len(sources) != 1 or len(outputs) != 1:
-                raise MapperError("Cannot add Rename: a glob rename takes one source and one new name, each '*' standing for the "
-                                  "text the source's '*' matched, e.g. 'model.*' -> '*'.")
-            return globs.glob_rename(sources[0], outputs[0], list(names))
-        if kind not in GLOB_EACH:
-            raise MapperError(f"Cannot add {kind} with a glob source: globs work for Rename, {', '.join(GLOB_EACH)}. "
-                              "Use {i} templates for the inputs of a fusion.")
+        """A Cast keeping named kinds (norms, biases) in F32: the casts of the names each source matches at this step,
+        listed (folded into {i} templates). Every other glob is added as written and binds where its step runs."""
         if outputs:
-            raise MapperError(f"Cannot add {kind}: a glob source writes each tensor under its own name; clear Output.")
+            raise MapperError("Cannot add Cast with 'keep F32' words: each tensor keeps its own name; clear Output.")
         parts: list[Mapper] = []
         for source in sources:
-            if kind == "Cast":
-                part = globs.glob_cast(source, names, self.dtype_picker.value, keep=keep)
-            elif not globs.is_glob(source):
-                part = self._single(kind, source, None)
-            else:
-                part = globs.expand_each(source, list(names), lambda template: self._single(kind, template, None), kind.lower())
+            part = globs.glob_cast(source, names, self.dtype_picker.value, keep=keep)
             parts.extend(part.mappers if isinstance(part, M.Parallel) else [part])
         return parts[0] if len(parts) == 1 else M.Parallel(*parts)
 
