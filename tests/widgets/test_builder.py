@@ -468,6 +468,7 @@ def test_glob_steps_export_as_globs_and_rebind_when_moved(builder, llama_sample,
     builder.move(1, -1)  # before the strip, 'layers.*' names nothing yet: the glob re-binds there
     assert builder.steps[0] == M.Cast("layers.*", "BF16") and builder.step_labels()[0] == "cast (no tensor matched yet)"
     assert any("glob 'layers.*' matches no tensor name" in p.message for p in builder.binding.problems)
+    assert "Move step 1 after step 2" in [label for group in builder.problem_groups() for label, _ in group.fixes]
     builder.move(0, +1)
     assert builder.stepwise.problems[1] == [] and builder.step_labels()[1].startswith(f"cast {len(layer_tensors)} tensors")
     wider = M.Sequential(M.Rename("model.*", "*"), M.Cast("*", "BF16"))  # the same glob from code binds the same way

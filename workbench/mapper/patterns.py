@@ -137,6 +137,7 @@ def _filler(text: str, values: dict[str, str], texts: list[str]) -> str:
 def instances(op: Op, nodes: Mapping[str, Meta | None]) -> list[Op]:
     """The concrete operations `op` (holding a glob input) stands for over `nodes` (name -> metadata at its step),
     in the order of `nodes`. Empty when the glob matches nothing."""
+    from .op import build_unchecked
     from .ops import Cast, Identity, Rename
 
     source = op.inputs[0]
@@ -155,7 +156,8 @@ def instances(op: Op, nodes: Mapping[str, Meta | None]) -> list[Op]:
             meta = nodes[name]
             if meta is not None and (not is_float(meta[0]) or meta[0] == op.dtype):
                 target = concrete.outputs[0]
-                concrete = Identity(name) if target == name else Rename(name, target)
+                # real names, maybe holding '[' or '*': built without the construction checks of typed names
+                concrete = build_unchecked(Identity, name=name) if target == name else build_unchecked(Rename, src=name, dst=target)
         out.append(concrete)
     return out
 

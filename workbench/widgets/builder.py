@@ -38,6 +38,8 @@ from ..mapper.describe import describe_step
 from ..mapper.export import code_expr
 from ..mapper.groups import Problem
 from ..mapper.op import Op
+from ..mapper.patterns import is_glob
+from ..mapper.patterns import matcher as glob_matcher
 from ..names import Template, filter_names, placeholders_of
 from .common import (
     Panel,
@@ -197,9 +199,12 @@ class ProblemGroup:
 
 
 def _names_match(text: str, names: Mapping[str, TensorInfo]) -> bool:
-    """True when `text` (a name or a {placeholder} template) names at least one of `names`."""
+    """True when `text` (a name, a {placeholder} template or a glob) names at least one of `names`."""
     if text in names:
         return True
+    if is_glob(text):
+        match = glob_matcher(text)
+        return any(match(name) is not None for name in names)
     if "{" not in text:
         return False
     template = Template(text, placeholders_of(text))
