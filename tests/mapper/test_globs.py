@@ -144,6 +144,9 @@ def test_inverse_keeps_the_glob_where_it_stands_for_the_same_names_else_spells_t
     undo = strip.inverse(source)
     assert isinstance(undo, M.Parallel) and M.Rename("norm.weight", "model.norm.weight") in undo.mappers
     assert sorted(undo.apply(strip.apply(tensors))) == sorted(tensors)
+    sibling = M.Parallel(M.Cast("*.up_proj.weight", "F32"), M.Rename("model.norm.weight", "model.up_proj.weight"))
+    spelled = sibling.inverse(source)  # the inverse glob would also catch the sibling's output: spelled out
+    assert M.Cast("model.layers.0.mlp.up_proj.weight", "BF16") in spelled.mappers[0].mappers
     with pytest.raises(MapperError, match="not invertible|data is gone"):
         M.Drop("*.bias").inverse(source)
 

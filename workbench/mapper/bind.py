@@ -111,7 +111,7 @@ class Effect:
 class Binder:
     """One binding run: walks the tree, tracks components and problems."""
 
-    def __init__(self, mapper: Mapper, infos: list[TensorInfo], *, record: bool = False) -> None:
+    def __init__(self, mapper: Mapper, infos: list[TensorInfo], *, record: bool = False, keep_after: bool = False) -> None:
         self.mapper = mapper
         self.infos = infos
         self.problems: list[Problem] = []
@@ -120,6 +120,7 @@ class Binder:
         self.records: dict[Path, list[tuple[Op, tuple[Meta, ...]]]] | None = {} if record else None
         self.scope_clashes: dict[Path, str] = {}  # scope path -> an outside name that lands under target_prefix
         self.after: dict[Path, dict[str, Meta | None]] = {}  # glob leaf path -> names (metadata) once its step ran (inverse)
+        self.keep_after = keep_after
         self._infer_cache: dict[tuple[Path, tuple[Meta, ...]], list[Meta]] = {}
         self._templates: dict[Path, tuple[tuple[str, ...], list[Template]]] = {}
         self._failed_templates: set[str] = set()
@@ -166,7 +167,7 @@ class Binder:
     def run(self, mapper: Mapper, state: State, path: Path) -> None:
         if isinstance(mapper, Op):
             self.commit(state, self.leaf_effect(mapper, state, path), mapper)
-            if self.records is not None and has_globs(mapper):
+            if self.keep_after and has_globs(mapper):
                 self.after[path] = {name: node.meta for name, node in state.nodes.items()}
         elif isinstance(mapper, Sequential):
             for index, child in enumerate(mapper.mappers):
@@ -179,7 +180,7 @@ class Binder:
                 else:
                     merged.absorb(self.effect_of(child, state, path + (index,)))
             self.commit(state, merged, mapper)
-            if self.records is not None and any(isinstance(child, Op) and has_globs(child) for child in mapper.mappers):
+            if self.keep_after and any(isinstance(child, Op) and has_globs(child) for child in mapper.mappers):
                 after = {name: node.meta for name, node in state.nodes.items()}
                 self.after.update({path + (index,): after for index, child in enumerate(mapper.mappers)
                                    if isinstance(child, Op) and has_globs(child)})
@@ -201,7 +202,11 @@ class Binder:
         if isinstance(mapper, Op):
             return self.leaf_effect(mapper, state, path)
         scratch = state.copy()
-        self.run(mapper, scratch, path)
+        keep_after, self.keep_after = self.keep_after, False  # a scratch state is not what the inverse of a leaf in it reads
+        try:
+            self.run(mapper, scratch, path)
+        finally:
+            self.keep_after = keep_after
         effect = Effect(self)
         for name, node in state.nodes.items():
             if scratch.nodes.get(name) is not node:
@@ -578,7 +583,7 @@ def run_binder(mapper: Mapper, source: Any, rest: Rest = "keep", *, record: bool
     collecting = gc.isenabled()
     gc.disable()
     try:
-        binder = Binder(mapper, source_infos(source), record=record)
+        binder = Binder(mapper, source_infos(source), record=record, keep_after=record)
         binder.run(mapper, binder.state, ())
         return build_binding(binder, rest), binder
     finally:
