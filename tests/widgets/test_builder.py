@@ -431,6 +431,19 @@ def test_glob_cast_keeping_norms(builder, llama_sample):
     assert M.Cast("model.layers.{i}.mlp.up_proj.weight", "BF16") in step.mappers
 
 
+def test_a_cast_keeping_norms_is_listed_again_where_it_moves(builder, llama_sample):
+    add_typed(builder, "Cast", "*", "", {"keep_box": "norm"})
+    builder.keep_box.value = ""
+    add_typed(builder, "Drop", "*.mlp.*", "", {})
+    floats = len(source_names(llama_sample)) - 9  # 9 norms kept
+    assert builder.step_labels() == [f"cast {floats} tensors → BF16, norms kept F32", "drop 12 tensors: *.mlp.*"]
+    builder.move(0, +1)  # after the drop, the cast lists the names left there (no mlp tensor, no 'others')
+    assert builder.binding.ok and builder.step_labels()[1] == f"cast {floats - 12} tensors → BF16, norms kept F32"
+    assert not any(".mlp." in leaf.name for leaf in builder.steps[1].leaves())
+    builder.move(1, -1)
+    assert builder.binding.ok and builder.step_labels()[0] == f"cast {floats} tensors → BF16, norms kept F32"
+
+
 def test_glob_sources_for_drop_rename_and_templates(builder, llama_sample):
     add_typed(builder, "Drop", "model.layers.{i}.*norm*", "", {})
     outputs = builder.binding.outputs

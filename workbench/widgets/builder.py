@@ -2,8 +2,8 @@
 
 Start empty or from a preset (Replace) and add presets as steps (Append preset); add operations by
 picking source names as they are where the step runs (layer templates such as
-`model.layers.{i}.self_attn.q_proj.weight` are offered; a glob such as `*` or `model.*` picks many, a
-Rename can strip or add a prefix) and an operation with its parameters; edit, reorder or remove steps,
+`model.layers.{i}.self_attn.q_proj.weight` are offered; a glob such as `*.weight` is added as written and
+binds where its step runs, a Rename can strip or add a prefix) and an operation with its parameters; edit, reorder or remove steps,
 listed in words ("strip prefix `model.`") with their code beside. Problems are grouped by step, with a
 fix where one is obvious. Every change re-binds the mapper to the source (metadata only) and updates
 the preview of outputs, the problems, the target check and the exported code. `builder.mapper` is an
@@ -279,6 +279,9 @@ class MapperBuilder(Panel):
         self._graph_stale = True
         self._quiet = False
         self._fold_cache: dict[str, str] = {}
+        # Casts with 'keep F32' words list their names (no glob says "all but the norms"); each remembers how it was
+        # asked for, so that moved elsewhere it is listed again for the names there: id -> (step, recipe, built after)
+        self._kept_casts: dict[int, tuple[Mapper, tuple[tuple[str, ...], str, tuple[str, ...]], tuple[Mapper, ...]]] = {}
         self.max_rows = max_rows
 
         self._build_controls()
@@ -710,11 +713,40 @@ class MapperBuilder(Panel):
         listed (folded into {i} templates). Every other glob is added as written and binds where its step runs."""
         if outputs:
             raise MapperError("Cannot add Cast with 'keep F32' words: each tensor keeps its own name; clear Output.")
+        position = len(self.steps) if self._editing is None else self._editing
+        before = () if self.combine_picker.value == "Parallel" else tuple(self.steps[:position])
+        return self._list_kept_cast((tuple(sources), self.dtype_picker.value, keep), names, before)
+
+    def _list_kept_cast(self, recipe: tuple[tuple[str, ...], str, tuple[str, ...]], names: Mapping[str, TensorInfo],
+                        before: tuple[Mapper, ...]) -> Mapper:
+        sources, dtype, keep = recipe
         parts: list[Mapper] = []
         for source in sources:
-            part = globs.glob_cast(source, names, self.dtype_picker.value, keep=keep)
+            part = globs.glob_cast(source, names, dtype, keep=keep)
             parts.extend(part.mappers if isinstance(part, M.Parallel) else [part])
-        return parts[0] if len(parts) == 1 else M.Parallel(*parts)
+        step = parts[0] if len(parts) == 1 else M.Parallel(*parts)
+        self._kept_casts[id(step)] = (step, recipe, before)
+        return step
+
+    def _relist_kept_casts(self) -> None:
+        """List each keep-words Cast again for the names where it now runs, when the steps before it changed."""
+        parallel = self.combine_picker.value == "Parallel"
+        for index, step in enumerate(self.steps):
+            entry = self._kept_casts.get(id(step))
+            if entry is None or entry[0] is not step:
+                continue
+            before = () if parallel else tuple(self.steps[:index])
+            if len(entry[2]) == len(before) and all(a is b for a, b in zip(entry[2], before, strict=True)):
+                continue
+            names = dict(self.source.catalog.tensors) if not before else bind_steps(self.steps[:index], self.source).before[index]
+            try:
+                fresh = self._list_kept_cast(entry[1], names, before)
+            except MapperError:  # it matches nothing here: the old list stays, and its problems say why
+                self._kept_casts[id(step)] = (step, entry[1], before)
+                continue
+            self.steps[index] = fresh
+            if fresh is not step:
+                self._kept_casts.pop(id(step), None)
 
     def _single(self, kind: str, name: str, dst: str | None) -> Mapper:
         if kind == "Rename":
@@ -828,6 +860,7 @@ class MapperBuilder(Panel):
     # --- refresh ----------------------------------------------------------------------------------------
     def refresh(self, select: int | None = None) -> None:
         """Re-bind the steps to the source (one walk, recording what each step sees) and update every view."""
+        self._relist_kept_casts()
         self.stepwise = bind_steps(self.steps, self.source, parallel=self.combine_picker.value == "Parallel")
         self.binding = self.stepwise.binding
         self.header.value = self._header_html()
