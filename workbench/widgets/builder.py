@@ -687,7 +687,7 @@ class MapperBuilder(Panel):
         if kind == "Rename" and len(sources) == 1 and len(outputs) == 1 and _is_prefix_only(sources[0], names):
             return M.Rename(sources[0] + ".*", outputs[0] + ".*")  # a module prefix such as 'model.layers.{i}': a glob
         if kind in SINGLE_SOURCE and len(sources) > 1:
-            if kind in PER_SOURCE and not outputs:
+            if (kind in PER_SOURCE or kind in ("Transpose", "Reshape")) and not outputs:  # e.g. several globs
                 return M.Parallel(*[self._single(kind, name, None) for name in sources])
             raise MapperError(f"Cannot add {kind}: it takes one source, and {len(sources)} are listed. Keep one (or use a {{i}} template).")
         if kind in ("Concat", "Stack"):
