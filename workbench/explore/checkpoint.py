@@ -176,6 +176,28 @@ class Checkpoint:
         return frame
 
     @cached_property
+    def metadata(self) -> pd.DataFrame:
+        """The checkpoint's header key/values, one row per key: for a GGUF file its type ('UINT32', 'STRING',
+        'ARRAY[STRING]' ...), count (items of an array) and value (arrays summarised: type, length, first items);
+        for other formats the header metadata (a safetensors `__metadata__`) as `value`."""
+        listing = getattr(self.catalog.reader, "key_values", None)
+        if listing is not None:
+            rows = [(v.key, v.type, v.count, v.shown()) for v in listing()]
+            return pd.DataFrame.from_records(rows, columns=["key", "type", "count", "value"]).set_index("key")
+        rows = [(k, v) for k, v in self.catalog.metadata.items()]
+        return pd.DataFrame.from_records(rows, columns=["key", "value"]).set_index("key")
+
+    @cached_property
+    def tokenizer(self) -> pd.DataFrame:
+        """The vocabulary a GGUF file embeds, one row per token: id (index), token, score, type ('normal', 'control',
+        'byte' ...); an empty table for checkpoints that hold none. Reads the vocabulary arrays of the header only."""
+        table = getattr(self.catalog.reader, "tokenizer_table", None)
+        columns = table() if table is not None else {}
+        if not columns:
+            return pd.DataFrame({"token": [], "score": [], "type": []}, index=pd.Index([], name="id"))
+        return pd.DataFrame(columns).set_index("id")
+
+    @cached_property
     def format_columns(self) -> list[str]:
         """Names of the extra `.tensors` columns this checkpoint's format fills, in catalog order (a name
         that clashes with a standard column gets a `format_` prefix)."""

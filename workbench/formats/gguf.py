@@ -17,10 +17,13 @@ and `block` columns say what they hold, and `gguf.quants.dequantize` turns them 
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import math
 import os
 import re
 import struct
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,14 +62,25 @@ PLAIN_TYPES = {"F32": "F32", "F16": "F16", "BF16": "BF16", "F64": "F64", "I8": "
 _fail = CannotRead("GGUF file", "The file is corrupt, truncated or not a GGUF file: re-download it or convert it again.")
 
 
+@functools.cache
 def ggml_types() -> dict[int, tuple[str, int, int]]:
-    """GGML type id -> (name, elements per block, bytes per block), from the installed `gguf` package."""
-    try:
-        from gguf.constants import GGML_QUANT_SIZES
-    except ImportError:
-        raise CheckpointError("Cannot read GGUF files: the `gguf` package (llama.cpp's container library) is not installed. "
-                              "Install it: pip install 'workbench[gguf]' (or pip install gguf).") from None
-    return {int(kind): (kind.name, block, size) for kind, (block, size) in GGML_QUANT_SIZES.items()}
+    """GGML type id -> (name, elements per block, bytes per block), from the installed `gguf` package's constants.
+
+    `import gguf` costs 0.4-0.7 s here (its writer, tensor mapping and numpy); its `constants.py` alone, which imports
+    only `enum`, 0.1 s: unless the package is already imported, that one module is loaded on its own."""
+    module = sys.modules.get("gguf.constants")
+    if module is None:
+        spec = importlib.util.find_spec("gguf")
+        where = spec.submodule_search_locations if spec is not None else None
+        if not where:
+            raise CheckpointError("Cannot read GGUF files: the `gguf` package (llama.cpp's container library) is not installed. "
+                                  "Install it: pip install 'workbench[gguf]' (or pip install gguf).")
+        found = importlib.util.spec_from_file_location("workbench_gguf_constants", os.path.join(list(where)[0], "constants.py"))
+        if found is None or found.loader is None:
+            raise CheckpointError("Cannot read GGUF files: the installed gguf package has no constants.py. Reinstall it: pip install -U gguf.")
+        module = importlib.util.module_from_spec(found)
+        found.loader.exec_module(module)
+    return {int(kind): (kind.name, block, size) for kind, (block, size) in module.GGML_QUANT_SIZES.items()}
 
 
 @dataclass(frozen=True)
@@ -209,19 +223,40 @@ def _value(cur: _Cursor, key: str, kind: int, depth: int = 0) -> tuple[Any, str,
         cur.walk(count, f"the array {key!r} of {count} items")
         for k in range(count):
             if item_type == STRING:
+                if k == FIRST_ITEMS:
+                    _skip_strings(cur, count - k, key)
+                    break
                 n = cur.u64(f"the length of item {k} of {key!r}")
-                if k < FIRST_ITEMS:
-                    data = cur.raw(n, f"item {k} of {key!r}") if n <= 256 else b"..."
-                    if n > 256:
-                        cur.skip(n, f"item {k} of {key!r}")
-                    first.append(data.decode("utf-8", "replace"))
+                if n <= 256:
+                    first.append(cur.raw(n, f"item {k} of {key!r}").decode("utf-8", "replace"))
                 else:
                     cur.skip(n, f"item {k} of {key!r}")
+                    first.append(f"<{n} bytes>")
             else:
                 item = _value(cur, key, ARRAY, depth + 1)
                 if k < FIRST_ITEMS:
                     first.append(f"{item[1]} of {item[2]}")
     return first, f"ARRAY[{VALUE_TYPES[item_type][0]}]", count, start, item_type
+
+
+_U64 = struct.Struct("<Q").unpack_from
+
+
+def _skip_strings(cur: _Cursor, count: int, key: str) -> None:
+    """Step over `count` strings at the cursor (a vocabulary: the hot loop of opening a GGUF file), reading only
+    their lengths; each is checked against the file's end."""
+    buf, base, pos, size = cur.buf, cur.base, cur.pos, cur.size
+    stop = base + len(buf) - 8  # the last position whose length field lies in the buffer
+    for _ in range(count):
+        if pos > stop:
+            cur.pos = pos
+            cur.need(8, f"the length of a string of {key!r}")
+            buf, base = cur.buf, cur.base
+            stop = base + len(buf) - 8
+        pos += 8 + _U64(buf, pos - base)[0]
+        if pos > size:
+            raise _fail(cur.where, f"a string of the array {key!r} ends at byte {pos}, past the end of the {size}-byte file")
+    cur.pos = pos
 
 
 def read_header(path: str | os.PathLike, *, rel: str | None = None) -> GgufHeader:
@@ -439,7 +474,7 @@ def open_path(path: Path) -> Catalog:
     if len(files) > 1:
         _check_split(files, headers)
     tensors: dict[str, TensorInfo] = {}
-    columns: dict[str, dict[str, object]] = {"gguf_type": {}, "logical_shape": {}, "block": {}}
+    columns: dict[str, dict[str, object]] = {"gguf_type": {}, "logical_shape": {}, "block": {}, "stored_as": {}}
     for rel, header in headers.items():
         for info in header.tensors:
             if info.name in tensors:
@@ -449,12 +484,10 @@ def open_path(path: Path) -> Catalog:
             kind, logical, block, size = header.kinds[info.name]
             columns["gguf_type"][info.name] = kind
             columns["logical_shape"][info.name] = logical
-            columns["block"][info.name] = f"{block} / {size} B" if block > 1 else f"1 / {size} B"
+            columns["block"][info.name] = (block, size)
+            columns["stored_as"][info.name] = "values" if kind in PLAIN_TYPES else "raw blocks"
     first = next(iter(headers.values()))
     metadata = {v.key: v.shown() for v in first.values.values()}
     files_info = {rel: FileInfo(rel, h.file_size, h.data_start, len(h.tensors)) for rel, h in headers.items()}
-    quantised = sorted({k for k in columns["gguf_type"].values() if k not in PLAIN_TYPES})
-    warnings = [f"Block-quantised tensors ({', '.join(quantised)}) are listed as their raw bytes (U8, rows x blocks*bytes per block): "
-                "the gguf_type and logical_shape columns say what they hold; gguf.quants.dequantize gives their values."] if quantised else []
-    return Catalog(root=root, format="gguf", tensors=tensors, files=files_info, metadata=metadata, warnings=warnings,
-                   reader=GgufFileReader(root, headers), columns=columns)
+    return Catalog(root=root, format="gguf", tensors=tensors, files=files_info, metadata=metadata,
+                   reader=GgufFileReader(root, headers), columns=columns, shown_columns=("gguf_type", "logical_shape"))
