@@ -24,6 +24,7 @@ import os
 import re
 import struct
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -397,6 +398,39 @@ class GgufFileReader(FileReader):
         for k in range(entry.count):
             out.append(cur.raw(cur.u64(f"item {k} of {key!r}"), f"item {k} of {key!r}").decode("utf-8", "replace"))
         return out
+
+    def kind_of(self, info: TensorInfo) -> tuple[str, tuple[int, ...], int, int]:
+        """(GGML type, logical shape, elements per block, bytes per block) of one tensor."""
+        return self.headers[info.file].kinds[info.name]
+
+    def dequantized_chunks(self, info: TensorInfo, chunk_elements: int) -> Iterator[Any] | None:
+        """A block-quantised tensor's values as (float32 numpy array, bytes read) of whole rows (about `chunk_elements`
+        values each, at least one row), dequantised by `gguf.quants.dequantize`; None for tensors whose bytes are their
+        values."""
+        kind, logical, block, size = self.kind_of(info)
+        if kind in PLAIN_TYPES:
+            return None
+        return self._dequantized(info, kind, logical, block, size, chunk_elements)
+
+    def _dequantized(self, info: TensorInfo, kind: str, logical: tuple[int, ...], block: int, size: int, chunk_elements: int) -> Iterator[Any]:
+        import gguf
+        import numpy as np
+
+        row_elements = logical[-1] if logical else 0
+        row_bytes = row_elements // block * size
+        rows = math.prod(logical[:-1]) if row_elements else 0
+        step = max(1, chunk_elements // max(row_elements, 1))
+        fd = self.files.fd(info.file)
+        for first in range(0, rows, step):
+            count = min(step, rows - first)
+            raw = np.frombuffer(read_at(fd, count * row_bytes, info.begin + first * row_bytes), dtype=np.uint8)
+            try:
+                values = gguf.quants.dequantize(raw.reshape(count, row_bytes), gguf.GGMLQuantizationType[kind])
+            except NotImplementedError:
+                raise CheckpointError(f"Cannot read the values of tensor {info.name!r}: the installed gguf package cannot "
+                                      f"dequantise {kind}. Upgrade it (pip install -U gguf), or look at its raw bytes with "
+                                      "read_bytes.", file=info.file, tensor=info.name) from None
+            yield np.ascontiguousarray(values, dtype=np.float32).reshape(-1), count * row_bytes
 
     def tokenizer_table(self) -> dict[str, list[Any]]:
         """The vocabulary as columns: id, token, score, type (llama.cpp's token types: 1 normal, 2 unknown, 3 control,
