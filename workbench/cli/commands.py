@@ -177,10 +177,10 @@ def _csv_cell(value: Any) -> Any:
 
 def _suggestions(catalog: Any, path: str) -> list[dict[str, str]]:
     """Presets that apply to the checkpoint (from config.json and names); [] when its config cannot be read."""
-    from ..mapper.presets.suggest import find_config, suggest_rows
+    from ..mapper.presets.suggest import model_config, suggest_rows
 
     try:
-        _, rows = suggest_rows(catalog.tensors, find_config(path, catalog), registry=False)
+        _, rows = suggest_rows(catalog.tensors, model_config(path, catalog), registry=False)
     except WorkbenchError as exc:
         _warn(f"no preset suggestions: {exc.message}")
         return []

@@ -339,9 +339,9 @@ class Checkpoint:
     def suggest(self, config: Any = None) -> pd.DataFrame:
         """The presets that apply (columns `preset`, `why`; model type in `.attrs['model_type']`), from the tensor
         names and config.json (beside the checkpoint unless `config` is given). Reads no tensor data."""
-        from ..mapper.presets.suggest import find_config, suggest
+        from ..mapper.presets.suggest import model_config, suggest
 
-        return suggest(self.catalog.tensors, config if config is not None else find_config(self.path, self.catalog))
+        return suggest(self.catalog.tensors, config if config is not None else model_config(self.path, self.catalog))
 
     def diff(
         self,
