@@ -135,6 +135,7 @@ def test_cli_inspect_verify_and_diff_on_gguf_outputs(written: dict[str, Path], c
     assert cli_main(["inspect", str(written["q8"] / "model.gguf")]) == 0
     out = capsys.readouterr().out
     assert "gguf_type" in out and "logical_shape" in out
+    assert "99,008 parameters" in out  # the values Q8_0 blocks hold, not their bytes (105,176)
     assert any(line.split()[:1] == ["blk.0.attn_q.weight"] and "Q8_0" in line and "[64, 64]" in line for line in out.splitlines())
     assert any(line.startswith("llama.block_count") and "UINT32" in line for line in out.splitlines())
     assert cli_main(["inspect", str(written["split"]), "--format", "json"]) == 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import traceback
@@ -96,11 +97,13 @@ def checkpoint_summary(catalog: Any, path: str) -> dict[str, Any]:
     """The facts of the inspect header line: format, counts, total size, dtypes, metadata, warnings."""
     dtypes: dict[str, dict[str, int]] = {}
     params = 0
+    logical = catalog.columns.get("logical_shape", {})  # quantised blocks stored as bytes: count their values
     for info in catalog.tensors.values():
         entry = dtypes.setdefault(info.dtype, {"tensors": 0, "bytes": 0})
         entry["tensors"] += 1
         entry["bytes"] += info.nbytes
-        params += info.numel
+        shape = logical.get(info.name)
+        params += info.numel if shape is None else math.prod(shape)
     return {
         "path": path,
         "format": catalog.format,
