@@ -68,6 +68,7 @@ def test_own_gguf_output_is_listed_as_gguf_py_reads_it(written: dict[str, Path])
             assert table.loc[t.name, "shape"] == logical
             assert np.array_equal(ck.load(t.name).numpy(), np.asarray(t.data))
     assert ck.tensors["gguf_type"].value_counts().to_dict() == {"Q8_0": 16, "F32": 5}
+    assert ck.summary().parameters == ck.parameter_count == 99_008  # values, not Q8_0 block bytes
 
 
 def test_metadata_and_tokenizer_tables(written: dict[str, Path]) -> None:

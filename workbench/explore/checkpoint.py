@@ -254,7 +254,7 @@ class Checkpoint:
             format=self.format,
             path=self.location,
             n_tensors=len(t),
-            parameters=int(t["numel"].sum()),
+            parameters=self.parameter_count,
             total_bytes=total,
             by_dtype=by_dtype,
             files=self.files,
@@ -412,8 +412,17 @@ class Checkpoint:
         t = self.tensors
         return (
             f"{len(t):,} tensors in {len(self.catalog.files):,} file(s), {format_bytes(int(t['nbytes'].sum()))}, "
-            f"{int(t['numel'].sum()):,} parameters"
+            f"{self.parameter_count:,} parameters"
         )
+
+    @cached_property
+    def parameter_count(self) -> int:
+        """Values held by the tensors: their numel, except where the format lists a tensor's stored bytes rather
+        than its values (a GGUF Q4_K tensor, `logical_shape` column): there the values of its logical shape."""
+        logical = self.catalog.columns.get("logical_shape", {})
+        if not logical:
+            return int(self.tensors["numel"].sum())
+        return sum(math.prod(logical[n]) if n in logical else t.numel for n, t in self.catalog.tensors.items())
 
     def _dtype_lines(self) -> list[str]:
         t = self.tensors
