@@ -116,6 +116,9 @@ class Catalog(Mapping[str, TensorInfo]):
     # Optional per-tensor facts a format knows (e.g. 'stage' of a pipeline DCP, 'shared_with' of a torch file):
     # column name -> {tensor name -> value}; tensors without a value are simply absent.
     columns: dict[str, dict[str, object]] = field(default_factory=dict)
+    # The `columns` that `workbench inspect` shows in its table (a GGUF file's `gguf_type`, `logical_shape`): facts
+    # without which a row misleads (a Q4_K tensor listed as U8 bytes).
+    shown_columns: tuple[str, ...] = ()
     # The safetensors `__metadata__` of each source file (path relative to the root -> its string mapping);
     # empty for formats without header metadata. Conversions carry it over where it is unambiguous.
     file_metadata: dict[str, dict[str, str]] = field(default_factory=dict)

@@ -31,6 +31,7 @@ from workbench.formats.safetensors import read_header
 EXAMPLES = {
     "safetensors": 400,
     "hf-index": 250,
+    "gguf": 250,
     "torch-zip": 250,
     "torch-pickle": 200,
     "torch-pickle-deflated": 120,

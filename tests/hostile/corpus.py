@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
+from . import gguf_files as G
 from .seeds import INDEX_NAME, TRAINING, _hf_index_seed, _safetensors_seed
 
 MAX_HEADER = 100_000_000  # workbench.formats.safetensors.MAX_HEADER_BYTES (the reference reader's limit)
@@ -578,6 +579,83 @@ def _dcp_zero_size_and_scalars(folder: Path, marker: Path) -> Path:
     return _dcp(folder, {"scalar": torch.tensor(2.5), "empty": torch.zeros(0, 3), "w": torch.ones(2)})
 
 
+# ----------------------------------------------------------------------------------------- GGUF headers (hand-written)
+
+_GGUF_KVS = [G.kv("general.architecture", "STRING", "llama")]
+_GGUF_TENSORS = [("w", (2, 32), "F32"), ("q", (2, 32), "Q8_0")]
+
+
+def _gguf(**kw) -> Callable[[Path, Path], Path]:
+    """A small GGUF file (two tensors, one key) written with `gguf_files.write(**kw)`."""
+    def build(folder: Path, marker: Path) -> Path:
+        options = {"kvs": _GGUF_KVS, "tensors": _GGUF_TENSORS, **kw}
+        return G.write(folder / "model.gguf", options.pop("kvs"), options.pop("tensors"), **options)
+
+    return build
+
+
+def _gguf_raw(tail: bytes, *, counts: tuple[int, int] = (0, 1), size: int = 0) -> Callable[[Path, Path], Path]:
+    """A GGUF file: header with `counts` (tensors, key/values), then `tail`; made `size` bytes long (a hole) if larger."""
+    def build(folder: Path, marker: Path) -> Path:
+        path = folder / "model.gguf"
+        path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, *counts) + tail)
+        if size > path.stat().st_size:
+            _sparse(path, size)
+        return path
+
+    return build
+
+
+def _gguf_record(dims: tuple[int, ...], type_id: int = 0, offset: int = 0, n_dims: int | None = None) -> Callable[[Path, Path], Path]:
+    """One tensor record with these GGUF dims (innermost first), type id and offset, and 64 bytes of data."""
+    record = G.string("t") + struct.pack("<I", len(dims) if n_dims is None else n_dims)
+    record += b"".join(struct.pack("<Q", d) for d in dims) + struct.pack("<IQ", type_id, offset)
+    head = b"GGUF" + struct.pack("<IQQ", 3, 1, 0) + record
+    return lambda folder, marker: _write(folder / "model.gguf", head + bytes(-len(head) % 32) + bytes(64))
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def _gguf_nested(depth: int) -> bytes:
+    value = struct.pack("<IQ", 0, 0)  # an empty UINT8 array
+    for _ in range(depth):
+        value = struct.pack("<IQ", 9, 1) + value
+    return G.string("deep") + struct.pack("<I", 9) + value
+
+
+def _gguf_overlap(folder: Path, marker: Path) -> Path:
+    path = folder / "model.gguf"
+    records = G.record("a", (16,), "F32", 0) + G.record("b", (16,), "F32", 32)
+    head = b"GGUF" + struct.pack("<IQQ", 3, 2, 0) + records
+    return _write(path, head + bytes(-len(head) % 32) + bytes(128))
+
+
+def _gguf_split_missing(folder: Path, marker: Path) -> Path:
+    split = [G.kv("split.no", "UINT16", 0), G.kv("split.count", "UINT16", 3), G.kv("split.tensors.count", "INT32", 3)]
+    G.write(folder / "model-00001-of-00003.gguf", split, [("a", (4,), "F32")])
+    G.write(folder / "model-00003-of-00003.gguf", split, [("c", (4,), "F32")])
+    return folder / "model-00001-of-00003.gguf"
+
+
+def _gguf_long_string(folder: Path, marker: Path) -> Path:
+    """A key whose string value is 1 GiB long (a hole): summarised, never read."""
+    path = folder / "model.gguf"
+    head = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + G.string("big") + struct.pack("<IQ", 8, 1 << 30)
+    path.write_bytes(head)
+    _sparse(path, len(head) + (1 << 30) + 32)
+    return path
+
+
+def _gguf_key(key: str, value: str) -> Callable[[object], None]:
+    def check(catalog) -> None:
+        assert catalog.metadata[key] == value, catalog.metadata
+
+    return check
+
+
 # ----------------------------------------------------------------------------------------- checks
 
 
@@ -689,4 +767,30 @@ CASES: list[Case] = [
          check=_shapes(**{"layer.weight": (2, 3), "layer.bias": (4,), "step": (), "empty": (0, 3), "mask": (3,)})),
     Case("torch 0-d and zero-size tensors", _zero_size_and_scalars, "listed", check=_shapes(scalar=(), empty=(0, 3), step=())),
     Case("DCP 0-d and zero-size tensors", _dcp_zero_size_and_scalars, "listed", check=_shapes(scalar=(), empty=(0, 3), w=(2,))),
+    # GGUF headers: every count, length, dim and offset checked against the file before use (issue 33)
+    Case("GGUF key/value count 2**63", _gguf_raw(b"", counts=(0, 2**63)), "refused", "claims 9223372036854775808 key/values"),
+    Case("GGUF tensor count 2**63", _gguf_raw(b"", counts=(2**63, 0)), "refused", "claims 9223372036854775808 tensors"),
+    Case("GGUF key of 2**62 bytes", _gguf_raw(struct.pack("<Q", 2**62), size=4096), "refused", "above the 65536-byte limit"),
+    Case("GGUF string value past the end of the file", _gguf_raw(G.string("k") + struct.pack("<IQ", 8, 1 << 20) + b"abc"),
+         "refused", "the file has only 3 left"),
+    Case("GGUF UINT8 array of 2**62 items", _gguf_raw(G.string("k") + struct.pack("<IIQ", 9, 0, 2**62)), "refused",
+         "claims 4611686018427387904 items"),
+    Case("GGUF 2**25 empty strings in a 256 MiB hole", _gguf_raw(G.string("k") + struct.pack("<IIQ", 9, 8, 2**25), size=(2**25 + 16) * 8),
+         "refused", "more than 16777216 strings"),
+    Case("GGUF arrays nested 5 deep", _gguf_raw(_gguf_nested(5)), "refused", "nests arrays more than 3 deep"),
+    Case("GGUF value type 99", _gguf_raw(G.string("k") + struct.pack("<I", 99) + bytes(8)), "refused", "value type 99"),
+    Case("GGUF key repeated", _gguf(kvs=[*_GGUF_KVS, *_GGUF_KVS]), "refused", "'general.architecture' appears twice"),
+    Case("GGUF unknown tensor type id 99", _gguf_record((16,), type_id=99), "refused", "GGML type id 99"),
+    Case("GGUF dims 2**40 x 2**40", _gguf_record((2**40, 2**40)), "refused", "overflow 64 bits"),
+    Case("GGUF dimension count 2**31", _gguf_record((16,), n_dims=2**31), "refused", "GGUF tensors have at most 4"),
+    Case("GGUF Q8_0 rows of 17 elements", _gguf_record((17,), type_id=8), "refused", "not whole Q8_0 blocks of 32"),
+    Case("GGUF tensor data past the end of the file", _gguf_record((64,), offset=32), "refused", "end past the end"),
+    Case("GGUF tensor offset 2**64-32", _gguf_record((4,), offset=2**64 - 32), "refused", "end past the end"),
+    Case("GGUF misaligned tensor offset", _gguf_record((4,), offset=4), "refused", "not a multiple of the alignment 32"),
+    Case("GGUF overlapping tensor data", _gguf_overlap, "refused", "overlaps that of 'a'"),
+    Case("GGUF tensor count larger than the records", _gguf(counts=(5, 1)), "refused", "end past the end"),
+    Case("GGUF split set with a file missing", _gguf_split_missing, "refused", "model-00002-of-00003.gguf"),
+    Case("GGUF string value of 1 GiB (a hole): summarised, not read", _gguf_long_string, "listed",
+         check=lambda c: (_listed()(c), _gguf_key("big", "<string of 1073741824 bytes>")(c))),
+    Case("GGUF Q8_0 and F32 tensors", _gguf(), "listed", check=_shapes(w=(2, 32), q=(2, 34))),
 ]

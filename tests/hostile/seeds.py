@@ -50,6 +50,20 @@ def _safetensors_seed(folder: Path) -> Path:
     return folder / "model.safetensors"
 
 
+def _gguf_seed(folder: Path) -> Path:
+    """A small GGUF file written by hand: scalar, string and array keys (a 5-token vocabulary), F32, F16 and Q8_0 tensors."""
+    from .gguf_files import kv, write
+
+    kvs = [kv("general.architecture", "STRING", "llama"), kv("llama.block_count", "UINT32", 1),
+           kv("general.alignment", "UINT32", 32), kv("llama.rope.freq_base", "FLOAT32", 10000.0),
+           kv("tokenizer.ggml.tokens", "ARRAY", ("STRING", ["<s>", "</s>", "a", "b", "ab"])),
+           kv("tokenizer.ggml.scores", "ARRAY", ("FLOAT32", [0.0, 0.0, -1.0, -2.0, -3.0])),
+           kv("tokenizer.ggml.token_type", "ARRAY", ("INT32", [3, 3, 1, 1, 1]))]
+    data = {"norm": np.arange(8, dtype=np.float32).tobytes(), "half": np.ones((2, 4), np.float16).tobytes(),
+            "q": bytes(range(68))}
+    return write(folder / "model.gguf", kvs, [("norm", (8,), "F32"), ("half", (2, 4), "F16"), ("q", (2, 32), "Q8_0")], data=data)
+
+
 def _hf_index_seed(folder: Path) -> Path:
     shards = {
         "model-00001-of-00002.safetensors": {"a.weight": np.ones((2, 2), np.float32), "a.bias": np.zeros(2, np.float32)},
@@ -113,6 +127,7 @@ TARGETS: dict[str, Target] = {
     for t in (
         Target("safetensors", _safetensors_seed, ("model.safetensors",)),
         Target("hf-index", _hf_index_seed, (INDEX_NAME,)),
+        Target("gguf", _gguf_seed, ("model.gguf",)),
         Target("torch-zip", _copy_sample(TRAINING / "torch" / TORCH_FILE), (TORCH_FILE,)),
         Target("torch-pickle", _copy_sample(TRAINING / "torch" / TORCH_FILE), ("data.pkl",), _rezip_pickle, _read_pickle),
         # A deflated data.pkl multiplies what a few bytes on disk can ask of the unpickler (the memo bomb family).

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import traceback
@@ -96,11 +97,13 @@ def checkpoint_summary(catalog: Any, path: str) -> dict[str, Any]:
     """The facts of the inspect header line: format, counts, total size, dtypes, metadata, warnings."""
     dtypes: dict[str, dict[str, int]] = {}
     params = 0
+    logical = catalog.columns.get("logical_shape", {})  # quantised blocks stored as bytes: count their values
     for info in catalog.tensors.values():
         entry = dtypes.setdefault(info.dtype, {"tensors": 0, "bytes": 0})
         entry["tensors"] += 1
         entry["bytes"] += info.nbytes
-        params += info.numel
+        shape = logical.get(info.name)
+        params += info.numel if shape is None else math.prod(shape)
     return {
         "path": path,
         "format": catalog.format,
@@ -132,8 +135,12 @@ def tensor_records(catalog: Any, names: Iterable[str]) -> Iterator[dict[str, Any
     tensors = catalog.tensors
     for name in names:
         t = tensors[name]
-        yield {"name": name, "dtype": t.dtype, "shape": list(t.shape), "numel": t.numel, "nbytes": t.nbytes,
-               "file": t.file, "begin": t.begin, "end": t.end}
+        record = {"name": name, "dtype": t.dtype, "shape": list(t.shape), "numel": t.numel, "nbytes": t.nbytes,
+                  "file": t.file, "begin": t.begin, "end": t.end}
+        for column in catalog.shown_columns:
+            value = catalog.columns.get(column, {}).get(name)
+            record[column] = list(value) if isinstance(value, tuple) else value
+        yield record
 
 
 def layer_records(catalog: Any, names: Iterable[str]) -> list[dict[str, Any]]:
@@ -173,10 +180,10 @@ def _csv_cell(value: Any) -> Any:
 
 def _suggestions(catalog: Any, path: str) -> list[dict[str, str]]:
     """Presets that apply to the checkpoint (from config.json and names); [] when its config cannot be read."""
-    from ..mapper.presets.suggest import find_config, suggest_rows
+    from ..mapper.presets.suggest import model_config, suggest_rows
 
     try:
-        _, rows = suggest_rows(catalog.tensors, find_config(path, catalog), registry=False)
+        _, rows = suggest_rows(catalog.tensors, model_config(path, catalog), registry=False)
     except WorkbenchError as exc:
         _warn(f"no preset suggestions: {exc.message}")
         return []
@@ -207,7 +214,7 @@ def run_inspect(args: argparse.Namespace) -> int:
         if args.layers:
             columns = list(records[0]) if records else ["pattern"]
         else:
-            columns = list(TENSOR_FIELDS)
+            columns = [*TENSOR_FIELDS, *catalog.shown_columns]
         write_csv(sys.stdout, columns, ([_csv_cell(r[c]) for c in columns] for r in records))
         return EXIT_OK
 
@@ -227,17 +234,39 @@ def run_inspect(args: argparse.Namespace) -> int:
         _print_suggestions(suggestions)
         return EXIT_OK
     many_files = len(catalog.files) > 1
-    columns = ["name", "dtype", "shape", "numel", "size"] + (["file"] if many_files else [])
+    extra = [(column, catalog.columns.get(column, {})) for column in catalog.shown_columns]
+    columns = ["name", "dtype", "shape", "numel", "size"] + [c for c, _ in extra] + (["file"] if many_files else [])
 
     def rows() -> Iterator[list[str]]:
         for name in names:
             t = catalog.tensors[name]
             row = [escape(name), t.dtype, format_shape(t.shape), f"{t.numel:,}", format_bytes(t.nbytes)]
+            row += [_column_cell(values.get(name)) for _, values in extra]
             yield [*row, escape(t.file)] if many_files else row
 
     _print_table(columns, rows, right=("numel", "size"))
+    _print_key_values(catalog)
     _print_suggestions(suggestions)
     return EXIT_OK
+
+
+def _column_cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, tuple) and all(isinstance(v, int) for v in value):
+        return format_shape(value)
+    return escape(str(value))
+
+
+def _print_key_values(catalog: Any) -> None:
+    """A GGUF file's key/values (any reader offering `key_values()`), arrays summarised, long values cut."""
+    listing = getattr(catalog.reader, "key_values", None)
+    if listing is None:
+        return
+    rows = [(escape(v.key), v.type, escape(v.shown()[:100])) for v in listing()]
+    if rows:
+        _print()
+        _print(text_table(("key", "type", "value"), rows, indent="", limit=None, rule=True))
 
 
 def _print_table(columns: list[str], rows: Callable[[], Iterator[list[str]]], right: tuple[str, ...]) -> None:

@@ -166,10 +166,10 @@ def _mapper(args: argparse.Namespace) -> tuple[Any, str]:
     if getattr(args, "preset", None):
         from ..formats import open_catalog
         from ..mapper import Sequential
-        from ..mapper.presets.suggest import build_preset, find_config
+        from ..mapper.presets.suggest import build_preset, model_config
 
         source: Any = open_catalog(args.source, **open_options(args))
-        config = find_config(args.source, source)
+        config = model_config(args.source, source)
         chain = []
         for name in [part.strip() for part in args.preset.split(",") if part.strip()]:
             if chain:  # a later preset sees what the earlier ones make (e.g. dequantize_fp8,from_transformers)

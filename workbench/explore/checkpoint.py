@@ -176,6 +176,28 @@ class Checkpoint:
         return frame
 
     @cached_property
+    def metadata(self) -> pd.DataFrame:
+        """The checkpoint's header key/values, one row per key: for a GGUF file its type ('UINT32', 'STRING',
+        'ARRAY[STRING]' ...), count (items of an array) and value (arrays summarised: type, length, first items);
+        for other formats the header metadata (a safetensors `__metadata__`) as `value`."""
+        listing = getattr(self.catalog.reader, "key_values", None)
+        if listing is not None:
+            rows = [(v.key, v.type, v.count, v.shown()) for v in listing()]
+            return pd.DataFrame.from_records(rows, columns=["key", "type", "count", "value"]).set_index("key")
+        rows = [(k, v) for k, v in self.catalog.metadata.items()]
+        return pd.DataFrame.from_records(rows, columns=["key", "value"]).set_index("key")
+
+    @cached_property
+    def tokenizer(self) -> pd.DataFrame:
+        """The vocabulary a GGUF file embeds, one row per token: id (index), token, score, type ('normal', 'control',
+        'byte' ...); an empty table for checkpoints that hold none. Reads the vocabulary arrays of the header only."""
+        table = getattr(self.catalog.reader, "tokenizer_table", None)
+        columns = table() if table is not None else {}
+        if not columns:
+            return pd.DataFrame({"token": [], "score": [], "type": []}, index=pd.Index([], name="id"))
+        return pd.DataFrame(columns).set_index("id")
+
+    @cached_property
     def format_columns(self) -> list[str]:
         """Names of the extra `.tensors` columns this checkpoint's format fills, in catalog order (a name
         that clashes with a standard column gets a `format_` prefix)."""
@@ -232,7 +254,7 @@ class Checkpoint:
             format=self.format,
             path=self.location,
             n_tensors=len(t),
-            parameters=int(t["numel"].sum()),
+            parameters=self.parameter_count,
             total_bytes=total,
             by_dtype=by_dtype,
             files=self.files,
@@ -317,9 +339,9 @@ class Checkpoint:
     def suggest(self, config: Any = None) -> pd.DataFrame:
         """The presets that apply (columns `preset`, `why`; model type in `.attrs['model_type']`), from the tensor
         names and config.json (beside the checkpoint unless `config` is given). Reads no tensor data."""
-        from ..mapper.presets.suggest import find_config, suggest
+        from ..mapper.presets.suggest import model_config, suggest
 
-        return suggest(self.catalog.tensors, config if config is not None else find_config(self.path, self.catalog))
+        return suggest(self.catalog.tensors, config if config is not None else model_config(self.path, self.catalog))
 
     def diff(
         self,
@@ -390,8 +412,17 @@ class Checkpoint:
         t = self.tensors
         return (
             f"{len(t):,} tensors in {len(self.catalog.files):,} file(s), {format_bytes(int(t['nbytes'].sum()))}, "
-            f"{int(t['numel'].sum()):,} parameters"
+            f"{self.parameter_count:,} parameters"
         )
+
+    @cached_property
+    def parameter_count(self) -> int:
+        """Values held by the tensors: their numel, except where the format lists a tensor's stored bytes rather
+        than its values (a GGUF Q4_K tensor, `logical_shape` column): there the values of its logical shape."""
+        logical = self.catalog.columns.get("logical_shape", {})
+        if not logical:
+            return int(self.tensors["numel"].sum())
+        return sum(math.prod(logical[n]) if n in logical else t.numel for n, t in self.catalog.tensors.items())
 
     def _dtype_lines(self) -> list[str]:
         t = self.tensors

@@ -71,8 +71,16 @@ def iter_chunks(
 
     if chunk_elements < 1:
         raise CheckpointError(f"Cannot read tensor {name!r} in chunks of {chunk_elements} elements: use a positive chunk size.")
-    _check_chunkable(catalog, name)
     info = catalog[name]
+    values = getattr(catalog.reader, "dequantized_chunks", None)  # a GGUF Q4_K tensor: its values, not its block bytes
+    chunks = values(info, chunk_elements) if values is not None else None
+    if chunks is not None:
+        for chunk, nbytes in chunks:
+            if on_read is not None:
+                on_read(nbytes)
+            yield torch.from_numpy(chunk)
+        return
+    _check_chunkable(catalog, name)
     dtype = to_torch(info.dtype)
     item = DTYPE_BITS[info.dtype] // 8
     total = info.numel

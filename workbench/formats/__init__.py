@@ -98,11 +98,13 @@ def _open_catalog(path: str | os.PathLike, **options: object) -> Catalog:
 
 
 # Training-checkpoint layouts: folders recognised by their marker files go first, torch.save files last.
-from . import atorch, dcp, deepspeed, megatron, torch_folder, torch_zip  # noqa: E402
+from . import atorch, dcp, deepspeed, gguf, megatron, meta_pth, torch_folder, torch_zip  # noqa: E402
 
 register("dcp", dcp.detect, dcp.open_path, first=True)
 register("deepspeed", deepspeed.detect, deepspeed.open_path, first=True, options=("weights", "moments"))
 register("megatron", megatron.detect, megatron.open_path, first=True, options=("optimizer",))
 register("atorch-flat", atorch.detect, atorch.open_path, first=True)
+register("meta-pth", meta_pth.detect, meta_pth.open_path, first=True)
 register("torch-sharded", torch_folder.detect, torch_folder.open_path)
 register("torch", torch_zip.detect, torch_zip.open_path)
+register("gguf", gguf.detect, gguf.open_path)

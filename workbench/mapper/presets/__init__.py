@@ -29,7 +29,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "dequantize_fp8": ("quantized", "dequantize_fp8"), "dequantize_mxfp4": ("quantized", "dequantize_mxfp4"),
     "quantize_fp8": ("quantized", "quantize_fp8"), "from_transformers": ("transformers_layout", "from_transformers"),
     "megatron_merge": ("megatron", "megatron_merge"), "megatron_to_hf": ("megatron", "megatron_to_hf"),
-    "megatron_hf_config": ("megatron", "hf_config"),
+    "megatron_hf_config": ("megatron", "hf_config"), "meta_mp_merge": ("output_presets", "meta_mp_merge"),
 }
 
 __all__ = sorted([*_LAZY, "PRESETS"])
@@ -45,6 +45,7 @@ PRESETS: dict[str, str] = {
     "fused_to_hf": "fused → HF q/k/v + gate/up",
     "hf_to_meta": "HF Llama → Meta original",
     "meta_to_hf": "Meta original → HF Llama",
+    "meta_mp_merge": "Meta model-parallel consolidated.NN.pth files → whole tensors (Meta names)",
     "hf_to_megatron_qkv": "HF → Megatron interleaved QKV",
     "megatron_qkv_to_hf": "Megatron interleaved QKV → HF",
     "megatron_merge": "Megatron TP/PP rank shards → whole tensors (Megatron names)",

@@ -6,6 +6,7 @@ builds llama.cpp's layout on `gguf_preset.hf_to_gguf`, Meta `.pth` uses the HF -
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ...catalog import TensorInfo
@@ -92,6 +93,53 @@ def meta_mp_split(config: Any, nproc_mp: int, embedding_dim: int | None = None) 
     parts += [Function("workbench.mapper.presets.output_presets:replicate", (name,), tuple(f"mp{r}/{name}" for r in range(nproc_mp)),
                        infer="workbench.mapper.presets.output_presets:infer_replicate", params=(("n", nproc_mp),))
               for name in replicated]
+    return Parallel(*parts)
+
+
+_MP_PREFIX = re.compile(r"mp(\d+)/(.+)")
+
+
+def _split_dim(name: str, tables: tuple[tuple[str, int], ...]) -> int | None:
+    for template, dim in tables:
+        if re.fullmatch(re.escape(template).replace(r"\{i\}", r"\d+"), name):
+            return dim
+    return None
+
+
+def meta_mp_merge(source: Any) -> Mapper:
+    """Meta's model-parallel files, listed as `mp<r>/<meta name>` (a Meta folder with several `consolidated.NN.pth`),
+    -> whole Meta tensors: the inverse of `meta_mp_split`. Split tensors are concatenated along the dim Meta's
+    parallel layers split them (`tok_embeddings` along rows when its parts hold whole rows of the model's width,
+    Llama 3's VocabParallelEmbedding, else columns); replicated ones (norms, `wo` / `w2` biases) are taken from rank 0
+    and the other ranks' copies dropped."""
+    ranks: dict[str, dict[int, Any]] = {}
+    for name in source:
+        m = _MP_PREFIX.fullmatch(name)
+        if m:
+            ranks.setdefault(m.group(2), {})[int(m.group(1))] = source[name]
+    if not ranks:
+        raise MapperError("Cannot merge Meta model-parallel files: the source has no mp<r>/<name> tensors. Open a folder of "
+                          "several consolidated.NN.pth files.")
+    count = max(len(parts) for parts in ranks.values())
+    width = next((parts[0].shape[0] for name, parts in ranks.items() if name == "norm.weight" and 0 in parts), None)
+    from ..compose import Parallel
+    from ..ops import Concat, Drop, Rename
+
+    tables = (*_MP_SPLIT, *_MP_SPLIT_BIASES, *_MP_MLP_BIASES)
+    parts: list[Mapper] = []
+    for name, held in sorted(ranks.items()):
+        if sorted(held) != list(range(count)):
+            raise MapperError(f"Cannot merge Meta model-parallel files: {name!r} is held by ranks {sorted(held)}, not by all "
+                              f"{count}. Download every consolidated.NN.pth.")
+        names = [f"mp{r}/{name}" for r in range(count)]
+        dim = _split_dim(name, tables)
+        if name == "tok_embeddings.weight":
+            dim = 0 if width is not None and held[0].shape[-1] == width else 1
+        if dim is None or count == 1:
+            parts.append(Rename(names[0], name))
+            parts += [Drop(n) for n in names[1:]]
+        else:
+            parts.append(Concat(names, name, dim=dim))
     return Parallel(*parts)
 
 

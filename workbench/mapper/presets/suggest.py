@@ -102,6 +102,9 @@ def suggest_rows(names: Iterable[str], config: Any = None, *, registry: bool = T
         rows.append(("megatron_qkv_to_hf", "Megatron interleaved QKV: split into HF q/k/v"))
     if any(n.startswith("layers.") and ".attention.wq." in n for n in names):
         rows.append(("meta_to_hf", "Meta original Llama names: HF names with HF's rotary permutation"))
+    elif any(re.match(r"mp\d+/layers\.\d+\.attention\.wq\.", n) for n in names):
+        rows.append(("meta_mp_merge", "Meta model-parallel files (mp<r>/...): merge into whole tensors; then meta_to_hf "
+                                      "(--preset meta_mp_merge,meta_to_hf)"))
     checked = set(BOUND_BEFORE_OFFERED) - (set() if registry else {"from_transformers"})  # registry=False: no transformers
     if config is None:  # nothing to build them from: say so rather than offer a preset that cannot run as it is
         rows = [(name, why + " (needs the model's config.json beside the checkpoint)") if name in checked else (name, why)
@@ -226,3 +229,17 @@ def find_config(path: Any, catalog: Any = None) -> Path | None:
         if (folder / "config.json").is_file():
             return folder / "config.json"
     return None
+
+
+def model_config(path: Any, catalog: Any = None) -> Any:
+    """The model's config for presets: config.json beside the checkpoint (`find_config`), else, for a Meta folder
+    (params.json, no config.json), the HF Llama config built from params.json and its tensors (a dict, see
+    `meta_config`); None when there is neither."""
+    found = find_config(path, catalog)
+    inner = getattr(catalog, "catalog", catalog)
+    if found is not None or inner is None:
+        return found
+    from .meta_config import hf_config_from_meta, meta_params_of
+
+    params = meta_params_of(getattr(inner, "metadata", {}) or {})
+    return hf_config_from_meta(params, inner.tensors) if params is not None else None
