@@ -412,6 +412,60 @@ def quantize_fp8(block: Sequence[int] = (128, 128), *, source: Any = None, targe
     return _functions(pairs, outputs, [i.name for i in infos], make)
 
 
+# -- the dequantised view of a checkpoint ------------------------------------------------------------
+def dequantized_view(infos: Iterable[TensorInfo], dtype: str = "bf16") -> tuple[dict[str, TensorInfo], list[str]]:
+    """The tensors as `dequantize_fp8` / `dequantize_mxfp4` leave them (name -> TensorInfo, in order), and the
+    quantised kinds found ('FP8', 'MXFP4'): what a layout preset composed after a dequantising step sees.
+
+    An FP8 weight with `*_scale_inv` beside it becomes `dtype` and loses its scales; `X_blocks` + `X_scales` become
+    `X` (transformers' gpt-oss layout). Metadata only; the kinds are empty when nothing is quantised.
+    """
+    code = _output_code(dtype)
+    tensors = {info.name: info for info in infos}
+    fp8 = {name[: -len(SCALE_SUFFIX)] for name in tensors if name.endswith(SCALE_SUFFIX)
+           and getattr(tensors.get(name[: -len(SCALE_SUFFIX)]), "dtype", None) in QUANTISED_DTYPES}
+    mxfp4: dict[str, TensorInfo] = {}  # base -> its dequantised TensorInfo
+    for name, info in tensors.items():
+        if name.endswith("_blocks") and name[: -len("_blocks")] + "_scales" in tensors:
+            base = name[: -len("_blocks")]
+            try:
+                ((out_code, shape),) = infer_dequantize_mxfp4(info, tensors[base + "_scales"], dtype=code)
+            except MapperError:  # not a pair dequantize_mxfp4 converts: left as it is (and claimed)
+                continue
+            mxfp4[base] = TensorInfo(base, out_code, shape)
+    if not fp8 and not mxfp4:
+        return tensors, []
+    view: dict[str, TensorInfo] = {}
+    for name, info in tensors.items():
+        if name in fp8:
+            view[name] = TensorInfo(name, code, tuple(info.shape))
+        elif name.endswith(SCALE_SUFFIX) and name[: -len(SCALE_SUFFIX)] in fp8:
+            continue
+        elif name.endswith("_blocks") and name[: -len("_blocks")] in mxfp4:
+            view[name[: -len("_blocks")]] = mxfp4[name[: -len("_blocks")]]
+        elif not (name.endswith("_scales") and name[: -len("_scales")] in mxfp4):
+            view[name] = info
+    return view, [kind for kind, found in (("FP8", fp8), ("MXFP4", mxfp4)) if found]
+
+
+def quantised_claim(kinds: Sequence[str], family: str) -> Any:
+    """A `Claim` on the quantised companions (`*_scale_inv`, `*_blocks`, `*_scales`) of `kinds`: a layout preset
+    derived from `dequantized_view` places it after its steps, so that used alone on a quantised checkpoint its
+    plan names the scales left behind; after a dequantising step they are consumed and it reports nothing."""
+    from ..claim import Claim
+
+    suffixes = [SCALE_SUFFIX] * ("FP8" in kinds) + ["_blocks", "_scales"] * ("MXFP4" in kinds)
+    steps = ", ".join(f"M.presets.{'dequantize_fp8' if kind == 'FP8' else 'dequantize_mxfp4'}(config)" for kind in kinds)
+    names = ",".join(f"{'dequantize_fp8' if kind == 'FP8' else 'dequantize_mxfp4'}" for kind in kinds)
+    return Claim(
+        f"{'/'.join(kinds)} quantised ({family})",
+        f".+(?:{'|'.join(suffixes)})",
+        f"Dequantise first: M.Sequential({steps}, M.presets.{family}(config)) (workbench convert --preset {names},{family}).",
+        f"but {family} gives the layout of the dequantised model, so the output would hold quantised weights apart from "
+        "their scales",
+    )
+
+
 # -- what a conversion does to config.json -----------------------------------------------------------
 def fp8_quantization_config(block: Sequence[int]) -> dict[str, Any]:
     """The `quantization_config` transformers writes for fine-grained FP8 (FineGrainedFP8Config.to_dict())."""
