@@ -18,7 +18,7 @@ from ..dtypes import dtype_bits, nbytes_of
 from ..mapper.groups import ByteSlice, Group
 from ..mapper.recipes import LazyRecipe
 
-COPY, CAST, COMPUTE, ROWS = "copy", "cast", "compute", "rows"
+COPY, CAST, COMPUTE, ROWS, PIECES = "copy", "cast", "compute", "rows", "pieces"
 
 
 @dataclass(slots=True)
@@ -28,7 +28,8 @@ class Step:
     index: int
     group: Group
     kind: str  # COPY (bytes moved, no tensors), CAST (chunked elementwise cast), COMPUTE (tensors in, op, out),
-    # ROWS (a row job its op offers, run a few rows at a time with numpy: mapper.row_jobs)
+    # ROWS (a row job its op offers, run a few rows at a time with numpy: mapper.row_jobs), PIECES (one output stacked
+    # from computed pieces, each computed, written at its byte range and freed: mapper.pieces)
     held_bytes: int  # tensor bytes the engine holds at the peak of this step
     reads: dict[str, int]  # source file (relative) -> bytes read from it
     bytes_out: int  # tensor bytes of the group's outputs
@@ -62,7 +63,7 @@ def cast_chunk(numel: int, src_dtype: str, dst_dtype: str, chunk_bytes: int) -> 
 
 def step_kind(group: Group, access: SourceAccess | None = None) -> str:
     """How the engine runs a group: byte copy, chunked cast, the row job its op offers (`mapper.row_jobs`; inputs
-    raw on disk), or tensor compute."""
+    raw on disk), its one output stacked from computed pieces (`mapper.pieces`), or tensor compute."""
     if group.recipe is not None:
         return COPY
     if group.chunk_cast is not None and (len(group.inputs) == 1 and len(group.outputs) == 1 or run_kind(group) == CAST):
@@ -73,6 +74,10 @@ def step_kind(group: Group, access: SourceAccess | None = None) -> str:
 
     if row_job(group) is not None and all(access.located(t) for t in group.inputs):
         return ROWS
+    from ..mapper.pieces import output_pieces
+
+    if output_pieces(group) is not None:
+        return PIECES
     return COMPUTE
 
 
@@ -135,6 +140,12 @@ def step_cost(group: Group, kind: str, bytes_out: int, access: SourceAccess, chu
         job = row_job(group)
         assert job is not None
         return job.held_bytes(chunk_bytes), reads
+    if kind == PIECES:
+        from ..mapper.pieces import output_pieces
+
+        pieces = output_pieces(group)
+        assert pieces is not None
+        return pieces.held_bytes, reads
     if kind == CAST:
         src, out = group.inputs[0], group.outputs[0]
         per, held = cast_chunk(src.numel, src.dtype, out.dtype, chunk_bytes)
