@@ -20,6 +20,7 @@ from typing import Any
 from ..catalog import TensorInfo
 from ..dtypes import nbytes_of
 from .evaluate import checked_compute, run
+from .function import Function
 from .ops import Concat, Identity, Rename, Stack
 
 Meta = tuple[str, tuple[int, ...]]
@@ -123,11 +124,18 @@ def _evaluate(value: Value, read: Callable[[TensorInfo], Any], cache: dict[int, 
 
 
 def _walk(group: Any) -> dict[str, Value]:
-    """The group's op run over symbolic values: output name -> the Value that makes it."""
+    """The group's op run over symbolic values: output name -> the Value that makes it. A `Function`'s inference
+    depends on its callable, parameters and input metadata only, so the experts of a stack share one answer."""
     state: dict[str, Any] = {info.name: Value((info.dtype, tuple(info.shape)), info=info) for info in group.inputs}
+    inferred: dict[Any, list[Meta]] = {}
 
     def leaf(op: Any, values: list[Value]) -> list[Value]:
-        metas = op._infer([value.meta for value in values])
+        key = (op.fn, op.infer, op.params, tuple(value.meta for value in values)) if isinstance(op, Function) else None
+        metas = inferred.get(key) if key is not None else None
+        if metas is None:
+            metas = op._infer([value.meta for value in values])
+            if key is not None:
+                inferred[key] = metas
         args = tuple(values)
         return [Value((dtype, tuple(shape)), op, args, k) for k, (dtype, shape) in enumerate(metas)]
 
@@ -168,7 +176,7 @@ def output_pieces(group: Any) -> Pieces | None:
     if group.recipe is not None or len(group.outputs) != 1 or not group.inputs:
         return None
     output = group.outputs[0]
-    if len(output.shape) < 1 or output.shape[0] < 2:
+    if len(output.shape) < 1 or output.shape[0] < 2 or not any(isinstance(leaf, (Stack, Concat)) for leaf in group.op.leaves()):
         return None
     try:
         values = _walk(group)

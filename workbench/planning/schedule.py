@@ -76,9 +76,12 @@ def step_kind(group: Group, access: SourceAccess | None = None) -> str:
         return ROWS
     from ..mapper.pieces import output_pieces
 
-    if output_pieces(group) is not None:
-        return PIECES
-    return COMPUTE
+    pieces = output_pieces(group)
+    _last_pieces[:] = [group, pieces]  # step_cost asks next for the same group
+    return COMPUTE if pieces is None else PIECES
+
+
+_last_pieces: list = [None, None]  # (group, its pieces) of the last step_kind, so step_cost does not find them again
 
 
 class SourceAccess:
@@ -143,7 +146,7 @@ def step_cost(group: Group, kind: str, bytes_out: int, access: SourceAccess, chu
     if kind == PIECES:
         from ..mapper.pieces import output_pieces
 
-        pieces = output_pieces(group)
+        pieces = _last_pieces[1] if _last_pieces[0] is group else output_pieces(group)
         assert pieces is not None
         return pieces.held_bytes, reads
     if kind == CAST:
