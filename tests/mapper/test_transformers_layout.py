@@ -270,3 +270,18 @@ def test_dequantize_mxfp4_then_from_transformers_composes(tmp_path: Path) -> Non
     plan = wb.plan(src, recipe)
     assert plan.ok, plan.problems
     assert {"model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj"} <= set(plan.outputs.index)
+
+
+def test_the_inverse_composes_stacked_experts_back_to_per_expert_fp8(family_dirs: dict[str, Path], deepseek_fp8: Path,
+                                                                    tmp_path: Path) -> None:
+    """transformers' layout (experts stacked) -> per-expert FP8 with block scales: the layout's inverse, then
+    quantize_fp8 built on the names it makes, gives the FP8 checkpoint quantised from the saved files, byte for byte."""
+    base = family_dirs["deepseek_v3"]
+    wb.convert(base, tmp_path / "memory", M.presets.from_transformers(base), quiet=True)
+    memory = wb.open_checkpoint(tmp_path / "memory")
+    back = M.presets.from_transformers(base).inverse(wb.open_checkpoint(base))
+    quantize = M.presets.quantize_fp8(block=FP8_BLOCK, source=back.bind(memory).outputs, targets=FP8_TARGETS)
+    wb.convert(memory, tmp_path / "fp8", M.Sequential(back, quantize), quiet=True)
+    got, expected = _read(tmp_path / "fp8"), _read(deepseek_fp8)
+    assert sorted(got) == sorted(expected)
+    assert all(torch.equal(got[k].view(torch.uint8), expected[k].view(torch.uint8)) for k in expected)
