@@ -46,6 +46,7 @@ def test_the_plan_holds_one_expert_not_the_stack(fp8_experts: Path) -> None:
     assert step.kind == "pieces" and step.bytes_out == EXPERTS * 2 * MIB
     one_expert = MIB + (ROWS // BLOCK) * (COLS // BLOCK) * 4 + 2 * MIB  # FP8 in, its scales, bf16 out
     assert step.held_bytes == one_expert == plan.peak_bytes  # was inputs + output: 64 + 128 MiB
+    assert "(piece by piece)" in plan._repr_html_()
 
 
 def test_pieces_written_at_their_byte_ranges_equal_the_whole_computation(fp8_experts: Path, tmp_path: Path) -> None:
