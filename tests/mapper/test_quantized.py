@@ -458,3 +458,23 @@ def test_a_dtype_policy_on_top_of_a_mapper_plans(fp8_checkpoint, tmp_path) -> No
     folder, _ = fp8_checkpoint
     plan = wb.plan(folder, M.presets.dequantize_fp8(folder), dtype="fp32", dest=tmp_path / "out")
     assert plan.ok, plan.problems
+
+
+def test_mxfp4_experts_are_dequantised_a_few_experts_at_a_time(mxfp4_checkpoint, tmp_path):
+    """dequantize_mxfp4 offers a row job over experts (mapper.row_jobs): a small chunk size makes a `rows` step that
+    holds one expert in and out (plus the scales), and the output is transformers' dequantisation, bit for bit."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    folder, tensors = mxfp4_checkpoint
+    mapper = M.presets.dequantize_mxfp4(folder)
+    name = "model.layers.0.mlp.experts.gate_up_proj_blocks"
+    blocks, scales = tensors[name], tensors[name.replace("_blocks", "_scales")]
+    expert = blocks[0].numel() + blocks[0].numel() * 2 * 2  # uint8 blocks in, bf16 values out (two a byte)
+    plan = wb.plan(folder, mapper, chunk_size=expert)
+    (step,) = [s for s in plan.steps if s.group.inputs[0].name == name]
+    assert step.kind == "rows" and step.held_bytes == expert + scales.numel() + 3 * 4 * Q.PIECE
+    report = wb.convert(folder, tmp_path / "out", mapper, chunk_size=expert, quiet=True, verify=True)
+    assert report.verified
+    got = load_file(tmp_path / "out" / "model.safetensors")
+    base = name.removesuffix("_blocks")
+    assert _same_bits(got[base], convert_moe_packed_tensors(blocks, scales, dtype=torch.bfloat16))

@@ -183,3 +183,105 @@ def test_builder_lists_the_presets_that_apply_first(family_dirs: dict[str, Path]
     assert options[1][1] == "from_transformers" and options[1][0].startswith("★")
     builder.load_preset("from_transformers")
     assert builder.mapper == M.presets.from_transformers(family_dirs["mixtral"])
+
+
+# -- quantised MoE checkpoints: dequantise, then transformers' layout, in one recipe (issue 31, item 2) -------------
+FP8_BLOCK = (4, 4)  # divides every dim of the tiny DeepSeek-V3, so transformers' own dequantisation is exact too
+FP8_TARGETS = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@pytest.fixture(scope="module")
+def deepseek_fp8(family_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny DeepSeek-V3 (real values, 4 routed experts of 8 x 32 and a shared one) as a fine-grained FP8
+    checkpoint: one tensor per expert, `weight_scale_inv` per 4 x 4 tile, quantization_config in config.json."""
+    out = tmp_path_factory.mktemp("deepseek_fp8") / "fp8"
+    base = family_dirs["deepseek_v3"]
+    wb.convert(base, out, M.presets.quantize_fp8(block=FP8_BLOCK, source=base, targets=FP8_TARGETS), quiet=True)
+    return out
+
+
+def _dequantised_by_hand(tensors: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    scale = tensors[name + "_scale_inv"].repeat_interleave(FP8_BLOCK[0], 0).repeat_interleave(FP8_BLOCK[1], 1)
+    return (tensors[name].float() * scale).to(torch.bfloat16)
+
+
+def test_dequantize_then_from_transformers_is_one_recipe_equal_to_the_stacked_reference(deepseek_fp8: Path, tmp_path: Path) -> None:
+    mapper = M.Sequential(M.presets.dequantize_fp8(deepseek_fp8), M.presets.from_transformers(deepseek_fp8))
+    plan = wb.plan(deepseek_fp8, mapper)
+    assert plan.ok, plan.problems
+    wb.convert(deepseek_fp8, tmp_path / "out", mapper, quiet=True)
+    got, fp8 = _read(tmp_path / "out"), _read(deepseek_fp8)
+    experts = "model.layers.1.mlp.experts"
+    count = transformers.AutoConfig.from_pretrained(deepseek_fp8).n_routed_experts
+    gate_up = torch.stack([torch.cat([_dequantised_by_hand(fp8, f"{experts}.{e}.gate_proj.weight"),
+                                      _dequantised_by_hand(fp8, f"{experts}.{e}.up_proj.weight")]) for e in range(count)])
+    down = torch.stack([_dequantised_by_hand(fp8, f"{experts}.{e}.down_proj.weight") for e in range(count)])
+    assert torch.equal(got[f"{experts}.gate_up_proj"].view(torch.int16), gate_up.view(torch.int16))
+    assert torch.equal(got[f"{experts}.down_proj"].view(torch.int16), down.view(torch.int16))
+    assert not any(name.endswith("_scale_inv") or ".experts.0." in name for name in got)
+    # transformers' own loading of the FP8 folder (it dequantises on CPU and stacks the experts) holds the same values
+    model = transformers.AutoModelForCausalLM.from_pretrained(deepseek_fp8)
+    theirs = model.state_dict()
+    assert sorted(got) == sorted(theirs)
+    for name, tensor in got.items():
+        assert torch.equal(theirs[name].to(tensor.dtype), tensor), name
+    assert "quantization_config" not in json.loads((tmp_path / "out" / "config.json").read_text())
+
+
+def test_from_transformers_alone_on_fp8_names_the_scales_and_the_recipe(deepseek_fp8: Path) -> None:
+    plan = wb.plan(deepseek_fp8, M.presets.from_transformers(deepseek_fp8))
+    assert not plan.ok
+    (problem,) = plan.errors
+    assert "weight_scale_inv" in problem.message and "M.presets.dequantize_fp8(config)" in problem.message
+
+
+def test_suggest_proposes_the_one_recipe_on_an_fp8_moe_folder_and_it_plans(deepseek_fp8: Path) -> None:
+    from workbench.mapper.presets.suggest import build_preset
+
+    ck = wb.open_checkpoint(deepseek_fp8)
+    offered = list(ck.suggest()["preset"])
+    assert offered[0] == "dequantize_fp8,from_transformers" and "from_transformers" not in offered
+    plan = wb.plan(ck, build_preset(offered[0], ck.catalog, deepseek_fp8 / "config.json"))
+    assert plan.ok, plan.problems
+    assert any(name.endswith("experts.gate_up_proj") for name in plan.outputs.index)
+
+
+def test_dequantize_mxfp4_then_from_transformers_composes(tmp_path: Path) -> None:
+    """gpt-oss stores its experts MXFP4 and already stacked: the same recipe plans, and from_transformers alone
+    names the blocks and scales it would leave behind."""
+    from safetensors.torch import save_file
+
+    gen = torch.Generator().manual_seed(3)
+    tensors = {"model.embed_tokens.weight": torch.randn(100, 64, generator=gen).to(torch.bfloat16)}
+    for proj, rows, cols in (("gate_up_proj", 128, 64), ("down_proj", 64, 64)):
+        base = f"model.layers.0.mlp.experts.{proj}"
+        tensors[base + "_blocks"] = torch.randint(0, 256, (4, rows, cols // 32, 16), generator=gen, dtype=torch.uint8)
+        tensors[base + "_scales"] = torch.randint(118, 130, (4, rows, cols // 32), generator=gen, dtype=torch.uint8)
+    tmp_path.joinpath("mx").mkdir()
+    save_file(tensors, tmp_path / "mx" / "model.safetensors")
+    config = {"model_type": "gpt_oss", "hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 1, "vocab_size": 100,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_local_experts": 4,
+              "layer_types": ["full_attention"], "quantization_config": {"quant_method": "mxfp4"}}
+    (tmp_path / "mx" / "config.json").write_text(json.dumps(config))
+    src = tmp_path / "mx"
+    alone = wb.plan(src, M.presets.from_transformers(src))
+    assert not alone.ok and "_blocks" in alone.errors[0].message and "dequantize_mxfp4" in alone.errors[0].message
+    recipe = M.Sequential(M.presets.dequantize_mxfp4(src), M.presets.from_transformers(src))
+    plan = wb.plan(src, recipe)
+    assert plan.ok, plan.problems
+    assert {"model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj"} <= set(plan.outputs.index)
+
+
+def test_the_inverse_composes_stacked_experts_back_to_per_expert_fp8(family_dirs: dict[str, Path], deepseek_fp8: Path,
+                                                                    tmp_path: Path) -> None:
+    """transformers' layout (experts stacked) -> per-expert FP8 with block scales: the layout's inverse, then
+    quantize_fp8 built on the names it makes, gives the FP8 checkpoint quantised from the saved files, byte for byte."""
+    base = family_dirs["deepseek_v3"]
+    wb.convert(base, tmp_path / "memory", M.presets.from_transformers(base), quiet=True)
+    memory = wb.open_checkpoint(tmp_path / "memory")
+    back = M.presets.from_transformers(base).inverse(wb.open_checkpoint(base))
+    quantize = M.presets.quantize_fp8(block=FP8_BLOCK, source=back.bind(memory).outputs, targets=FP8_TARGETS)
+    wb.convert(memory, tmp_path / "fp8", M.Sequential(back, quantize), quiet=True)
+    got, expected = _read(tmp_path / "fp8"), _read(deepseek_fp8)
+    assert sorted(got) == sorted(expected)
+    assert all(torch.equal(got[k].view(torch.uint8), expected[k].view(torch.uint8)) for k in expected)

@@ -166,16 +166,11 @@ def _mapper(args: argparse.Namespace) -> tuple[Any, str]:
     if getattr(args, "preset", None):
         from ..formats import open_catalog
         from ..mapper import Sequential
-        from ..mapper.presets.suggest import build_preset, model_config
+        from ..mapper.presets.suggest import build_chain, model_config
 
         source: Any = open_catalog(args.source, **open_options(args))
-        config = model_config(args.source, source)
-        chain = []
-        for name in [part.strip() for part in args.preset.split(",") if part.strip()]:
-            if chain:  # a later preset sees what the earlier ones make (e.g. dequantize_fp8,from_transformers)
-                source = Sequential(*chain).bind(source).raise_for_problems().outputs
-            chain.append(build_preset(name, source, config))
-        preset = chain[0] if len(chain) == 1 else Sequential(*chain)
+        preset = build_chain([part.strip() for part in args.preset.split(",") if part.strip()], source,
+                             model_config(args.source, source))
         mapper = preset if mapper is None else Sequential(preset, mapper)
     if args.adapter:
         from ..mapper import Sequential, presets

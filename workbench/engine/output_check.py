@@ -23,7 +23,7 @@ from ..digest import tensor_sha256
 from ..dtypes import DTYPE_BITS, is_float, to_torch
 from ..errors import WorkbenchError
 from ..overflow import attributed, collect, count_torch, may_overflow
-from ..planning.schedule import CAST, COPY, ROWS
+from ..planning.schedule import CAST, COPY, PIECES, ROWS
 from .sources import SourceFiles
 
 CHUNK_BYTES = 16 << 20
@@ -217,6 +217,41 @@ def _check_compute(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, 
                      overflowed.get(planned.name, 0), "" if same else "differs from the op re-applied to the source"))
 
 
+def _check_pieces(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, rows: list) -> None:
+    """An output the engine made piece by piece (`mapper.pieces`), re-computed a piece at a time from the source and
+    compared with the bytes at that piece's range: memory stays one piece's, as in the run."""
+    import torch
+
+    from ..mapper.pieces import output_pieces
+
+    pieces = output_pieces(group)
+    if pieces is None:  # the planner made a PIECES step of it, so it is one; anything else is re-applied whole
+        _check_compute(group, source, output, out_catalog, rows)
+        return
+    got = out_catalog[pieces.output.name]
+
+    def read(info):  # noqa: ANN001, ANN202 - a piece's source tensor, from the source's bytes
+        data = bytearray(source.read(info, 0, info.nbytes))
+        return torch.frombuffer(data, dtype=to_torch(info.dtype)).reshape(info.shape)
+
+    same, worst, overflowed, at = True, 0.0, 0, 0
+    for piece in pieces.pieces:
+        with collect() as found:
+            expected = piece.compute(read).contiguous()
+        overflowed += sum(entry[0] for entry in attributed(found, [got.name], group.label).values())
+        size = piece.rows * pieces.row_bytes
+        written = output.read(got, at, at + size)
+        if bytes(expected.reshape(-1).view(torch.uint8).numpy()) != written:
+            same = False
+            if expected.is_floating_point():
+                actual = torch.frombuffer(bytearray(written), dtype=expected.dtype).reshape(expected.shape)
+                delta = (actual.double() - expected.double()).abs()
+                worst = max(worst, float(delta[~torch.isnan(delta)].max()) if delta.numel() else 0.0)
+        at += size
+    rows.append((got.name, "compute", "ok" if same else "mismatch", 0.0 if same else worst, overflowed,
+                 "" if same else "differs from the op re-applied to the source, piece by piece"))
+
+
 def _check_rows(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, rows: list) -> None:
     """An output the engine converted by row chunks (the row job its op offers, `mapper.row_jobs`), converted again
     the same way a chunk at a time and compared byte for byte; a "compute" row like any op re-applied to the source."""
@@ -297,7 +332,7 @@ def check_outputs(plan, on_read: Callable[[int], None] | None = None) -> OutputC
                 continue
             if absent:
                 continue
-            check = {COPY: _check_copy, CAST: _check_cast, ROWS: _check_rows}.get(step.kind, _check_compute)
+            check = {COPY: _check_copy, CAST: _check_cast, ROWS: _check_rows, PIECES: _check_pieces}.get(step.kind, _check_compute)
             check(group, source, output, out_catalog, result.rows)
         result.rows += plan.output_format.check_generated([f.layout for f in plan.output_file_list], out_catalog)
         result.rows += _statement_rows(plan, out_catalog, result)

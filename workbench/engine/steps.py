@@ -19,7 +19,7 @@ from ..output.safetensors import SafetensorsWriter
 from ..overflow import OverflowCounts, attributed, collect, count_torch, describe, may_overflow
 from ..planning.model import Plan
 from ..planning.rss import NUMPY, TORCH, libraries_for, row_libraries
-from ..planning.schedule import CAST, COPY, ROWS, Step, cast_chunk
+from ..planning.schedule import CAST, COPY, PIECES, ROWS, Step, cast_chunk
 from .cast_batch import run_cast_batch
 from .cast_buffers import CastBuffers
 from .copier import FLUSH_BYTES, FLUSH_PIECES, CopyQueue, Piece
@@ -413,8 +413,14 @@ def _run_rows(ctx: RankContext, step: Step) -> None:
     run_rows(ctx, step)
 
 
+def _run_pieces(ctx: RankContext, step: Step) -> None:
+    from .pieces import run_pieces  # here, as the row runner: imported by plans that have such steps
+
+    run_pieces(ctx, step)
+
+
 # The runner of each step kind (`planning.schedule`); any other kind is a tensor compute.
-RUNNERS = {COPY: run_copy, CAST: run_cast, ROWS: _run_rows}
+RUNNERS = {COPY: run_copy, CAST: run_cast, ROWS: _run_rows, PIECES: _run_pieces}
 
 
 def run_step(ctx: RankContext, step: Step) -> None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from ..display import format_bytes, format_count, format_decimal, html_table, text_table
 from .extras import COPIED, SKIPPED, UPDATED
 from .lanes import rank_lanes
-from .schedule import COMPUTE, COPY, ROWS
+from .schedule import COMPUTE, COPY, PIECES, ROWS
 
 if TYPE_CHECKING:  # pragma: no cover
     from .model import Plan
@@ -147,8 +147,9 @@ def plan_html(plan: Plan) -> str:
                  + html_table(["file", "rank", "bytes read"], _read_rows(plan)) + "</details>")
     for title, columns, rows in plan.output_details:
         parts.append(f"<details><summary>{html.escape(title)}</summary>" + html_table(columns, rows) + "</details>")
-    compute = [s for s in plan.steps if s.kind == COMPUTE][:20]
+    compute = [s for s in plan.steps if s.kind in (COMPUTE, PIECES)][:20]
     if compute:
-        rows = [(s.index, s.group.label, format_bytes(s.held_bytes)) for s in compute]
+        rows = [(s.index, s.group.label + (" (piece by piece)" if s.kind == PIECES else ""), format_bytes(s.held_bytes))
+                for s in compute]
         parts.append("<details><summary>compute groups</summary>" + html_table(["step", "group", "held"], rows) + "</details>")
     return "".join(parts)

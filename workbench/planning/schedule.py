@@ -18,7 +18,7 @@ from ..dtypes import dtype_bits, nbytes_of
 from ..mapper.groups import ByteSlice, Group
 from ..mapper.recipes import LazyRecipe
 
-COPY, CAST, COMPUTE, ROWS = "copy", "cast", "compute", "rows"
+COPY, CAST, COMPUTE, ROWS, PIECES = "copy", "cast", "compute", "rows", "pieces"
 
 
 @dataclass(slots=True)
@@ -28,7 +28,8 @@ class Step:
     index: int
     group: Group
     kind: str  # COPY (bytes moved, no tensors), CAST (chunked elementwise cast), COMPUTE (tensors in, op, out),
-    # ROWS (a row job its op offers, run a few rows at a time with numpy: mapper.row_jobs)
+    # ROWS (a row job its op offers, run a few rows at a time with numpy: mapper.row_jobs), PIECES (one output stacked
+    # from computed pieces, each computed, written at its byte range and freed: mapper.pieces)
     held_bytes: int  # tensor bytes the engine holds at the peak of this step
     reads: dict[str, int]  # source file (relative) -> bytes read from it
     bytes_out: int  # tensor bytes of the group's outputs
@@ -62,7 +63,7 @@ def cast_chunk(numel: int, src_dtype: str, dst_dtype: str, chunk_bytes: int) -> 
 
 def step_kind(group: Group, access: SourceAccess | None = None) -> str:
     """How the engine runs a group: byte copy, chunked cast, the row job its op offers (`mapper.row_jobs`; inputs
-    raw on disk), or tensor compute."""
+    raw on disk), its one output stacked from computed pieces (`mapper.pieces`), or tensor compute."""
     if group.recipe is not None:
         return COPY
     if group.chunk_cast is not None and (len(group.inputs) == 1 and len(group.outputs) == 1 or run_kind(group) == CAST):
@@ -73,7 +74,14 @@ def step_kind(group: Group, access: SourceAccess | None = None) -> str:
 
     if row_job(group) is not None and all(access.located(t) for t in group.inputs):
         return ROWS
-    return COMPUTE
+    from ..mapper.pieces import output_pieces
+
+    pieces = output_pieces(group)
+    _last_pieces[:] = [group, pieces]  # step_cost asks next for the same group
+    return COMPUTE if pieces is None else PIECES
+
+
+_last_pieces: list = [None, None]  # (group, its pieces) of the last step_kind, so step_cost does not find them again
 
 
 class SourceAccess:
@@ -135,6 +143,12 @@ def step_cost(group: Group, kind: str, bytes_out: int, access: SourceAccess, chu
         job = row_job(group)
         assert job is not None
         return job.held_bytes(chunk_bytes), reads
+    if kind == PIECES:
+        from ..mapper.pieces import output_pieces
+
+        pieces = _last_pieces[1] if _last_pieces[0] is group else output_pieces(group)
+        assert pieces is not None
+        return pieces.held_bytes, reads
     if kind == CAST:
         src, out = group.inputs[0], group.outputs[0]
         per, held = cast_chunk(src.numel, src.dtype, out.dtype, chunk_bytes)

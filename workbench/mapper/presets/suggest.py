@@ -25,6 +25,7 @@ from ...errors import MapperError, WorkbenchError
 from .model_shape import read_config
 
 LLAMA_LIKE = ("llama", "mistral")
+SCALE_SUFFIX = "_scale_inv"  # FP8 block scales beside their weight (quantized.SCALE_SUFFIX; quantized imports layouts)
 # Layout presets built from the config alone: offered only when they bind to the checkpoint's tensors (when the
 # caller passes TensorInfos, e.g. `catalog.tensors`), so a suggestion is never a plan that then fails.
 BOUND_BEFORE_OFFERED = ("hf_to_fused", "fused_to_hf", "hf_to_meta", "meta_to_hf", "megatron_qkv_to_hf", "from_transformers")
@@ -84,6 +85,7 @@ def suggest_rows(names: Iterable[str], config: Any = None, *, registry: bool = T
             rows.append(("from_transformers", f"transformers 5 loads {model_type} through its conversion rules: {changed} of "
                                               f"{len(names)} tensors change (experts stacked, fused or renamed); this gives its "
                                               "in-memory layout (.inverse(source): the save direction)"))
+    rows = _chain_dequantising(rows, names)
     has = set(n.split(".", 3)[-1] if n.startswith("model.layers.") else n for n in names)
     if {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"} <= has and data.get("num_attention_heads"):
         if {"mlp.gate_proj.weight", "mlp.up_proj.weight"} <= has:
@@ -106,6 +108,7 @@ def suggest_rows(names: Iterable[str], config: Any = None, *, registry: bool = T
         rows.append(("meta_mp_merge", "Meta model-parallel files (mp<r>/...): merge into whole tensors; then meta_to_hf "
                                       "(--preset meta_mp_merge,meta_to_hf)"))
     checked = set(BOUND_BEFORE_OFFERED) - (set() if registry else {"from_transformers"})  # registry=False: no transformers
+    checked |= {name for name, _ in rows if "," in name and (registry or "from_transformers" not in name)}
     if config is None:  # nothing to build them from: say so rather than offer a preset that cannot run as it is
         rows = [(name, why + " (needs the model's config.json beside the checkpoint)") if name in checked else (name, why)
                 for name, why in rows]
@@ -114,6 +117,22 @@ def suggest_rows(names: Iterable[str], config: Any = None, *, registry: bool = T
         sample = representative(infos)
         rows = [row for row in rows if row[0] not in checked or _binds(row[0], sample, config)]
     return model_type, rows
+
+
+def _chain_dequantising(rows: list[tuple[str, str]], names: list[str]) -> list[tuple[str, str]]:
+    """With quantised tensors in the names and transformers' layout offered: the one recipe that dequantises then
+    lays out (`dequantize_fp8,from_transformers`), first, instead of `from_transformers` alone (whose plan would
+    name the scales left behind)."""
+    kinds = {"dequantize_fp8": any(n.endswith(SCALE_SUFFIX) for n in names),
+             "dequantize_mxfp4": any(n.endswith("_blocks") for n in names) and any(n.endswith("_scales") for n in names)}
+    first = [name for name, _ in rows if kinds.get(name)]
+    if not first or "from_transformers" not in [name for name, _ in rows]:
+        return rows
+    chain = ",".join([*first, "from_transformers"])
+    steps = ", ".join(f"M.presets.{name}(config)" for name in first)
+    why = (f"quantised weights dequantised to bf16, then transformers 5's in-memory layout (experts stacked): "
+           f"M.Sequential({steps}, M.presets.from_transformers(config)) (workbench convert --preset {chain})")
+    return [(chain, why)] + [row for row in rows if row[0] != "from_transformers"]
 
 
 def representative(infos: Mapping[str, TensorInfo]) -> dict[str, TensorInfo]:
@@ -162,7 +181,11 @@ def _binds(name: str, infos: Mapping[str, TensorInfo], config: Any) -> bool:
 
 def build_preset(name: str, source: Any, config: Any, options: dict[str, Any] | None = None) -> Any:
     """`workbench.mapper.presets.<name>` called with what it takes: the config, the source, or nothing.
-    `options`: keyword arguments passed on when the preset takes them (e.g. `layers`), the others ignored."""
+    `options`: keyword arguments passed on when the preset takes them (e.g. `layers`), the others ignored.
+    A comma-separated chain ('dequantize_fp8,from_transformers') is their Sequential, each preset built on what
+    the ones before it make."""
+    if "," in name:
+        return build_chain([part.strip() for part in name.split(",") if part.strip()], source, config, options)
     from .. import presets
 
     factory = getattr(presets, name, None)
@@ -194,6 +217,20 @@ def build_preset(name: str, source: Any, config: Any, options: dict[str, Any] | 
         return factory(*args, **kwargs)
     except TypeError as exc:
         raise MapperError(f"Cannot use preset {name!r} from the command line: {exc}. Write a mapper file instead.") from None
+
+
+def build_chain(names: list[str], source: Any, config: Any, options: dict[str, Any] | None = None) -> Any:
+    """`Sequential` of the presets `names`, each built (`build_preset`) on the tensors the earlier ones make."""
+    from ..compose import Sequential
+
+    chain: list[Any] = []
+    for name in names:
+        if chain:  # a later preset sees what the earlier ones make (e.g. dequantize_fp8,from_transformers)
+            source = Sequential(*chain).bind(source).raise_for_problems().outputs
+        chain.append(build_preset(name, source, config, options))
+    if not chain:
+        raise MapperError("Cannot use an empty preset chain: name at least one preset (e.g. dequantize_fp8,from_transformers).")
+    return chain[0] if len(chain) == 1 else Sequential(*chain)
 
 
 def _adapter_path(source: Any) -> str:

@@ -521,6 +521,12 @@ def from_transformers(config: Any, source: Any | None = None) -> Mapper:
     The steps are folded into templates, so the mapper also fits other sizes of the same family;
     `.inverse(source)` gives the save direction. Steps transformers performs that have no workbench
     equivalent, and tensors the model has no parameter for, are `Unsupported` steps: plan problems.
+
+    A quantised checkpoint (FP8 weights with `*_scale_inv`, MXFP4 `*_blocks` + `*_scales`) is derived as the
+    dequantising presets leave it, so the obvious recipe needs no config editing:
+    `M.Sequential(M.presets.dequantize_fp8(config), M.presets.from_transformers(config))`. Its scales are then
+    covered by a `Claim` at the end: consumed by the dequantising step before it, they raise nothing; used alone
+    on the quantised folder, the plan names them and says to dequantise first.
     """
     if source is None and isinstance(config, (str, os.PathLike)):
         folder = Path(config)
@@ -531,6 +537,12 @@ def from_transformers(config: Any, source: Any | None = None) -> Mapper:
         from ...formats import open_catalog
 
         source = open_catalog(source)
+    kinds: list[str] = []
+    if source is not None:
+        from ..bind import source_infos
+        from .quantized import dequantized_view
+
+        source, kinds = dequantized_view(source_infos(source))
     steps, metas = derive(config, source)
     stages: dict[int, list[tuple[str, list[str], list[str], dict[str, Any]]]] = {}
     for stage, kind, ins, outs, params in steps:
@@ -541,7 +553,13 @@ def from_transformers(config: Any, source: Any | None = None) -> Mapper:
         from ...catalog import TensorInfo
 
         source = {name: TensorInfo(name, dtype, shape) for name, (dtype, shape) in metas.items()}
-    return folded if _same_outputs(folded, concrete, source) else concrete
+    chosen = folded if _same_outputs(folded, concrete, source) else concrete
+    if not kinds:
+        return chosen
+    from .quantized import quantised_claim
+
+    steps_of = list(chosen.mappers) if type(chosen) is Sequential else [chosen]
+    return Sequential(*steps_of, quantised_claim(kinds, "from_transformers"))
 
 
 def _same_outputs(folded: Mapper, concrete: Mapper, source: Any) -> bool:
