@@ -176,7 +176,8 @@ def output_pieces(group: Any) -> Pieces | None:
     if group.recipe is not None or len(group.outputs) != 1 or not group.inputs:
         return None
     output = group.outputs[0]
-    if len(output.shape) < 1 or output.shape[0] < 2 or not any(isinstance(leaf, (Stack, Concat)) for leaf in group.op.leaves()):
+    leaves = getattr(group.op, "leaves", None)  # a hand-made group may hold any object with `apply`
+    if len(output.shape) < 1 or output.shape[0] < 2 or leaves is None or not any(isinstance(leaf, (Stack, Concat)) for leaf in leaves()):
         return None
     try:
         values = _walk(group)
