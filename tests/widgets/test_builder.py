@@ -76,7 +76,7 @@ def test_building_the_fused_layout_with_the_controls(builder, llama_sample):
     assert "model.layers.0.self_attn.q_proj.weight" not in preview.index
     assert len(preview) == 39 - 4 * 5 + 4 * 2
     assert "model.layers.{i}.self_attn.qkv_proj.weight" in builder.preview_table.value
-    assert "No problems" in builder.problems_view.value
+    assert "No problems" in builder.problems_html
     assert "2 step(s) · 27 output tensors · 0 problem(s)" in builder.header.value
     builder.changed_only.value = True
     assert "model.norm.weight" not in builder.preview_table.value
@@ -158,11 +158,11 @@ def test_problems_appear_and_go_away(builder):
     builder.add_button.click()
     assert len(builder.steps) == 1
     assert "new problem" in builder.form_message.value
-    assert "x_proj" in builder.problems_view.value and "matches no tensor" in builder.problems_view.value
+    assert "x_proj" in builder.problems_html and "matches no tensor" in builder.problems_html
     assert "1 problem(s)" in builder.header.value
     builder.steps_list.value = 0
     builder.remove_button.click()
-    assert builder.steps == [] and "No problems" in builder.problems_view.value
+    assert builder.steps == [] and "No problems" in builder.problems_html
 
 
 def test_edit_reorder_and_remove_steps(builder):
@@ -406,7 +406,7 @@ def test_appended_presets_are_built_for_the_names_at_that_step(builder):
     strip_model_prefix(builder)
     builder.preset_picker.value = "hf_to_fused"  # its layers are found under the new prefix
     builder.append_preset_button.click()
-    assert builder.binding.ok, builder.problems_view.value
+    assert builder.binding.ok, builder.problems_html
     assert builder.binding.outputs["layers.0.self_attn.qkv_proj.weight"].shape == (128, 64)
     builder.preset_picker.value = "cast_policy"  # lists the names as they are after the fusion
     builder.append_preset_button.click()
@@ -486,13 +486,37 @@ def test_problems_are_grouped_by_step_with_a_fix(builder):
     assert not builder.binding.ok
     groups = builder.problem_groups()
     assert [(g.step, g.kind) for g in groups] == [(1, "names not found")]
-    assert "Step 2 · fuse q/k/v → qkv_proj — 1 name not found" in builder.problems_view.value
-    fixes = [button.description for button in builder.fixes_box.children[0].children]
+    assert "Step 2 · fuse q/k/v → qkv_proj — 1 name not found" in builder.problems_html
+    heading, fix_row = builder.problem_groups_box.children[0].children  # the group's fixes sit right under it
+    assert "1 name not found" in heading.value
+    fixes = [button.description for button in fix_row.children]
     assert fixes == ["Move step 2 before step 1", "Remove step 2"]
-    builder.fixes_box.children[0].children[0].click()
+    fix_row.children[0].click()
     assert builder.binding.ok and isinstance(builder.steps[0], M.Concat)
     assert "layers.0.self_attn.qkv_proj.weight" in builder.binding.outputs
     assert builder.problems_panel.layout.max_height and builder.problems_panel.layout.overflow == "auto"
+
+
+def test_cast_moved_before_the_strip_gives_two_groups_each_with_its_fixes_in_the_scrolled_box(builder):
+    """Issue 34 item 1: 6 problems in 2 groups; each group's fix-its sit under it inside the capped box, whose parts
+    keep their height (flex 0 0 auto) so that the box scrolls instead of squeezing the fix-it rows to 0 px."""
+    builder.preset_picker.value = "hf_to_fused"
+    builder.append_preset_button.click()
+    strip_model_prefix(builder)
+    add_typed(builder, "Cast", "*", "", {"keep_box": "norm"})
+    builder.move(2, -1)
+    groups = builder.problem_groups()
+    assert [(g.step, g.kind, len(g.problems)) for g in groups] == [(1, "names not found", 5), (2, "name clashes", 1)]
+    assert "Problems (6)" in builder.problems_html
+    boxes = builder.problem_groups_box.children
+    assert len(boxes) == 2 and builder.problem_groups_box in builder.problems_panel.children
+    rows = [box.children[1] for box in boxes]
+    assert [[b.description for b in row.children] for row in rows] == [
+        ["Move step 2 after step 3", "Remove step 2"], ["Drop 'embed_tokens.weight' before step 3", "Remove step 3"]]
+    parts = [builder.problems_view, builder.problem_groups_box, *boxes, *rows, *(box.children[0] for box in boxes)]
+    assert all(part.layout.flex == "0 0 auto" for part in parts)
+    rows[0].children[0].click()
+    assert builder.binding.ok and "problem(s) fewer" in builder.form_message.value
 
 
 def test_problem_kinds_and_many_groups_stay_in_a_capped_box(builder):
@@ -562,7 +586,7 @@ def test_export_tab_has_one_copy_button(builder):
 
 def test_problem_messages_quote_names_as_typed(builder):
     add_typed(builder, "Cast", "model\\.norm\\.weight", "", {})  # a regular expression typed where a name goes
-    problems = html.unescape(builder.problems_view.value)
+    problems = html.unescape(builder.problems_html)
     assert "input 'model\\.norm\\.weight' is not in the source" in problems and "\\\\." not in problems.split("is not in")[0][-40:]
 
 
