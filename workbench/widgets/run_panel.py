@@ -48,7 +48,7 @@ TICK_SECONDS = 0.5  # elapsed time, speed and time left refresh this often while
 PHASE_STYLE = (
     "<style>.wb-run-phases{font-size:12px;margin:2px 0}.wb-run-phases span{padding:1px 6px;margin-right:2px;"
     "border-radius:3px;color:var(--jp-ui-font-color2,#666)}"
-    ".wb-run-phases span.wb-phase-now{background:var(--jp-brand-color1,#1976d2);color:#fff;font-weight:bold}"
+    ".wb-run-phases span.wb-phase-now{background:#1565c0;color:#fff;font-weight:bold}"  # 5.7:1 in both themes
     ".wb-run-phases span.wb-phase-past{color:var(--jp-ui-font-color1,#222)}</style>"
 )
 
