@@ -4,7 +4,7 @@
   MapperBuilder (6 problems with their fix-its), the PlanPanel and the RunPanel (after a run and a "Run again")
   reads at WCAG AA (>= 4.5:1 against the background actually behind it), in the light and the dark theme;
 - a fix-it of the second problem group, at the bottom of the capped problems box, can be scrolled to and clicked,
-  and the problem count drops;
+  and the problem count drops; "Add all matching" with no search adds `*`;
 - the RunPanel's last timing line shows the same speed as its report; after Done the button says "Run again", and
   running again over the complete destination says "Already complete, nothing written".
 
@@ -47,6 +47,7 @@ CELLS = [
     "PlanPanel(wb.plan(sample, dest='planned', shard_size='300KB'))",
     "RunPanel(sample, 'converted', shard_size='300KB')",
 ]
+PANEL_DOM = ".jp-NotebookPanel:not(.lm-mod-hidden)"  # PANEL, for querySelector
 WIDGETS = {"Explorer": ".wb-explorer", "MapperBuilder": ".wb-builder", "PlanPanel": ".wb-plan", "RunPanel": ".wb-run"}
 # Every visible element of `root` that shows text (its own text nodes, or a form control's value), with the WCAG
 # contrast of that text against what is behind it: colours with alpha, and the opacity of the element and its
@@ -155,6 +156,10 @@ def test_every_widget_reads_in_both_themes_fixits_click_and_runs_say_what_happen
         drop.scroll_into_view_if_needed()
         drop.click()  # a real click: playwright fails it if another element would receive it
         problems.filter(has_text="Problems (5)").wait_for(timeout=30_000)
+        assert builder.locator(".wb-builder-search input").input_value() == ""
+        builder.locator("button.wb-builder-add-pattern").click()  # no search: "Add all matching" adds all
+        page.wait_for_function(f"() => document.querySelector('{PANEL_DOM} .wb-builder-sources textarea').value === '*'",
+                               timeout=20_000)
 
         # RunPanel: Start, Done; the timing line's speed is the report's; Run again over the complete output.
         run = page.locator(f"{PANEL} .wb-run")

@@ -601,6 +601,9 @@ def test_add_all_matching_adds_a_whole_name_glob_or_the_listed_names(builder):
     assert sorted(builder.sources_box.value.splitlines()) == sorted(f"model.layers.{{i}}.self_attn.{p}_proj.weight" for p in "qkvo")
     builder.add_button.click()
     assert not any(".self_attn." in name for name in builder.binding.outputs)
+    builder.name_search.value = ""  # no search: "all matching" is all of them
+    builder.add_pattern_button.click()
+    assert builder.sources_box.value == "*"
 
 
 def test_a_glob_written_in_code_gets_a_hint(llama_sample):

@@ -360,7 +360,8 @@ class MapperBuilder(Panel):
                                           "wb-builder-add-source")
         self.add_pattern_button = labelled(
             W.Button(description="Add all matching", icon="asterisk", layout=W.Layout(width="auto"),
-                     tooltip="append the search itself when it is a glob of whole names (model.*, *), else every name it lists"),
+                     tooltip="append the search itself when it is a glob of whole names (model.*, *), else every name it lists; "
+                             "with no search: every name (*)"),
             "wb-builder-add-pattern")
         self.clear_sources_button = labelled(W.Button(description="Clear", icon="eraser", layout=W.Layout(width="90px")), "wb-builder-clear")
         self.sources_box = labelled(
@@ -642,10 +643,7 @@ class MapperBuilder(Panel):
     def add_matching(self) -> None:
         """Append what the search selects: the search text itself when, read as a glob of whole names, it picks
         exactly the names listed (`model.*`, `*`), else each listed name or template."""
-        text = self.name_search.value.strip()
-        if not text:
-            self.form_message.value = message_html("Type a search first ('*' selects every name).", "warning")
-            return
+        text = self.name_search.value.strip() or "*"  # no search: all of them, as the button says
         names = list(self.names_before(self._editing))
         try:
             exact = set(globs.match_names(text, names)) == set(filter_names(names, text))
