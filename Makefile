@@ -40,17 +40,26 @@ servers:
 lab: setup
 	$(BIN)/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-# Real DeepSpeed ZeRO and Megatron checkpoints, made by DeepSpeed / megatron-core in their own venvs under
-# .cache/fixtures/ (neither may sit in the project venv: transformers imports deepspeed when present).
-# Built once per tool version; a no-op after.
+# The tool-made fixtures the tests read are committed (tests/fixtures/: real DeepSpeed ZeRO and Megatron TP/PP runs, and
+# llama.cpp's converter outputs as digests and small files), each with a MANIFEST.json naming the script, the tool
+# versions and the digests. `make fixtures` rebuilds them with the real tools (DeepSpeed and megatron-core in their own
+# venvs under .cache/fixtures/: transformers imports deepspeed when present; the GGUF tests rerun with llama.cpp's
+# converter) and checks that the rebuild holds what is committed. After a deliberate change,
+# `python scripts/make_{deepspeed,megatron}_fixtures.py --commit` / `make_gguf_references.py --commit` replace it.
 fixtures: setup
 	$(BIN)/python scripts/make_deepspeed_fixtures.py
 	$(BIN)/python scripts/make_megatron_fixtures.py
+	$(BIN)/python scripts/make_gguf_references.py
+	WB_FIXTURES_REBUILT=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/system/test_fixtures_committed.py
 
-test: setup browser servers fixtures
+# pytest in two processes (pytest-xdist). Tests marked `serial` (they measure a peak RSS, or start torchrun, servers or
+# a browser: see tests/conftest.py) form one xdist group, so they run one after another on one worker while the
+# other worker runs the rest.
+PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider --timeout=300
+test: setup browser servers
 	$(BIN)/ruff check workbench tests benchmarks scripts
-	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=300 tests
-	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=300 --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks
+	$(PYTEST) -n 2 --dist loadgroup tests
+	$(PYTEST) --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks
 
 # The documentation site from docs/ and the docstrings (mkdocs-material + mkdocstrings), in strict mode: a broken
 # link, a page missing from the nav or an API name that does not resolve fails. `make test` builds it too, in

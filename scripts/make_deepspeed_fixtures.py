@@ -10,7 +10,9 @@ Each `stage<N>/` holds the run folder (`latest`, `global_step2/`), `reference.sa
 dict DeepSpeed's own `get_fp32_state_dict_from_zero_checkpoint` returns) and `live_reference.safetensors`
 (what DeepSpeed's `safe_get_full_fp32_param` / `safe_get_full_optimizer_state` gathered from the live
 engine: fp32 masters and Adam moments by parameter name). Re-running is a no-op
-when the `done` marker exists and every run is built. Usage: python scripts/make_deepspeed_fixtures.py [--print-root]
+when the `done` marker exists and every run is built. Usage: python scripts/make_deepspeed_fixtures.py
+[--print-root (the committed copy the tests read: tests/fixtures/deepspeed) | --print-built-root (this build)
+| --commit (build, then replace the committed copy and its MANIFEST.json)]
 
 `--sample DIR` instead trains the notebook's tiny ZeRO-3 run (hidden 16, one layer, bf16, 2 ranks) and writes
 the run folder (`latest`, `global_step2/`, config.json; not the zero_to_fp32.py DeepSpeed drops beside it) to
@@ -30,16 +32,17 @@ TORCH = "2.13.0"
 DEEPSPEED = os.environ.get("WB_DEEPSPEED_VERSION", "")  # empty: what the resolver picks, recorded after install
 REPO = Path(__file__).resolve().parent.parent
 CACHE = REPO / ".cache" / "fixtures"
+COMMITTED = REPO / "tests" / "fixtures" / "deepspeed"  # what the tests read: a copy of one build, see --commit
 STAGES = tuple(int(s) for s in os.environ.get("WB_ZERO_STAGES", "1,2,3").split(","))
 # fp16 runs (loss scaler, fp16 module weights) for these stages too; bf16 for every stage in STAGES.
 FP16_STAGES = tuple(int(s) for s in os.environ.get("WB_ZERO_FP16_STAGES", "2").split(",") if s)
-# bf16 runs on 3 ranks for these stages too (`stage<N>-w3`): the group's flat buffer (92,288 elements) is not a multiple of
+# bf16 runs on 3 ranks for these stages too (`stage<N>-w3`): the group's flat buffer (27,712 elements) is not a multiple of
 # 2 * 3, so DeepSpeed saves the last rank's partition shorter (it strips the alignment padding).
 WIDE_STAGES = tuple(int(s) for s in os.environ.get("WB_ZERO_WIDE_STAGES", "1,2").split(",") if s)
 # bf16 runs on 2 ranks of a model with one more parameter of 3 elements (`stage<N>-odd`): an odd count, so the
 # last partition is 1 element shorter.
 ODD_STAGES = tuple(int(s) for s in os.environ.get("WB_ZERO_ODD_STAGES", "2").split(",") if s)
-HIDDEN = int(os.environ.get("WB_ZERO_HIDDEN", "64"))
+HIDDEN = int(os.environ.get("WB_ZERO_HIDDEN", "32"))
 LAYERS = int(os.environ.get("WB_ZERO_LAYERS", "2"))
 
 TRAIN = r'''
@@ -235,13 +238,38 @@ def build_sample(dest: Path) -> None:
         shutil.copy(work / "expected.safetensors", dest.parent / f"{dest.name}_expected.safetensors")
 
 
+def commit(root: Path) -> None:
+    """Copy the built runs (not the scripts that made them) to tests/fixtures/deepspeed/ with the tool versions
+    (`done`) and each file's deterministic digest (MANIFEST.json, see scripts/fixture_manifest.py)."""
+    import shutil
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from fixture_manifest import write_manifest
+
+    runs = [name for *_, name in _runs()]
+    shutil.rmtree(COMMITTED, ignore_errors=True)
+    COMMITTED.mkdir(parents=True)
+    for name in runs:  # not the zero_to_*.py scripts DeepSpeed drops beside a run: its code, not the run's data
+        shutil.copytree(root / name, COMMITTED / name, ignore=shutil.ignore_patterns("zero_to_*.py"))
+    shutil.copy(root / "done", COMMITTED / "done")
+    tools = dict(line.split(" ", 1) for line in (root / "done").read_text().splitlines() if line.strip())
+    write_manifest(COMMITTED, tools, f"scripts/{Path(__file__).name} (fixture version {FIXTURE_VERSION})", runs)
+    print(COMMITTED)
+
+
 def main() -> int:
     if "--sample" in sys.argv:
         build_sample(Path(sys.argv[sys.argv.index("--sample") + 1]).resolve())
         return 0
+    if "--print-root" in sys.argv:  # the committed runs the tests read
+        print(COMMITTED)
+        return 0
     root = fixture_root()
-    if "--print-root" in sys.argv:
+    if "--print-built-root" in sys.argv:  # this machine's build (`make fixtures`), which may not exist yet
         print(root)
+        return 0
+    if "--commit" in sys.argv:  # replace the committed runs with this machine's build
+        commit(build(root))
         return 0
     try:
         root = build(root)

@@ -31,7 +31,9 @@ is built on "cuda"), and the CUDA RNG tracker's `fork` is a no-op (dropout is 0)
 psutil in the venv: without it megatron's writer process dies and the save waits forever (the "hang" seen
 before), and the script's code under `if __name__ == "__main__"` (the writer is a spawned process).
 
-Re-running is a no-op when the `done` marker exists. Usage: python scripts/make_megatron_fixtures.py [--print-root]
+Re-running is a no-op when the `done` marker exists. Usage: python scripts/make_megatron_fixtures.py
+[--print-root (the committed copy the tests read: tests/fixtures/megatron) | --print-built-root (this build)
+| --commit (build, then replace the committed copy and its MANIFEST.json)]
 `--sample DIR` instead writes the notebook's small TP=2 x PP=2 sample (model only) to DIR
 (`sample_checkpoints/training/megatron_tp2pp2`).
 """
@@ -48,6 +50,7 @@ TORCH = "2.13.0"
 MEGATRON = os.environ.get("WB_MEGATRON_VERSION", "")  # empty: what the resolver picks, recorded after install
 REPO = Path(__file__).resolve().parent.parent
 CACHE = REPO / ".cache" / "fixtures"
+COMMITTED = REPO / "tests" / "fixtures" / "megatron"  # what the tests read: a copy of one build, see --commit
 FIXTURE_VERSION = 3  # bump when what the fixtures hold changes
 
 MODEL = r'''
@@ -354,13 +357,38 @@ def build_sample(out: Path) -> None:
         shutil.copytree(Path(tmp) / "run", out)
 
 
+def commit(root: Path) -> None:
+    """Copy the built runs (not the scripts that made them) to tests/fixtures/megatron/ with the tool versions
+    (`done`) and each file's deterministic digest (MANIFEST.json, see scripts/fixture_manifest.py)."""
+    import shutil
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from fixture_manifest import write_manifest
+
+    runs = [name for name, _ in RUNS]
+    shutil.rmtree(COMMITTED, ignore_errors=True)
+    COMMITTED.mkdir(parents=True)
+    for name in runs:
+        shutil.copytree(root / name, COMMITTED / name)
+    shutil.copy(root / "done", COMMITTED / "done")
+    tools = dict(line.split(" ", 1) for line in (root / "done").read_text().splitlines() if line.strip())
+    write_manifest(COMMITTED, tools, f"scripts/{Path(__file__).name} (fixture version {FIXTURE_VERSION})", runs)
+    print(COMMITTED)
+
+
 def main() -> int:
     if "--sample" in sys.argv:
         build_sample(Path(sys.argv[sys.argv.index("--sample") + 1]))
         return 0
+    if "--print-root" in sys.argv:  # the committed runs the tests read
+        print(COMMITTED)
+        return 0
     root = fixture_root()
-    if "--print-root" in sys.argv:
+    if "--print-built-root" in sys.argv:  # this machine's build (`make fixtures`), which may not exist yet
         print(root)
+        return 0
+    if "--commit" in sys.argv:  # replace the committed runs with this machine's build
+        commit(build(root))
         return 0
     try:
         root = build(root)

@@ -32,6 +32,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     tests/gguf_support/prebuild.py: it fills the core the rest of the suite leaves idle)."""
     if session.config.option.collectonly or importlib.util.find_spec("gguf") is None:
         return
+    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":  # under pytest-xdist, one pre-build (worker gw0's) for all
+        return
     if not any("test_gguf" in item.nodeid for item in session.items):
         return
     log = REPO / ".cache" / "fixtures" / "gguf-prebuild.log"
@@ -40,6 +42,26 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     with open(log, "w") as out:
         _PREBUILD.append(subprocess.Popen(["nice", "-n", "10", sys.executable, str(REPO / "tests" / "gguf_support" / "prebuild.py")],
                                           stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+
+
+# What runs alone: `make test` runs `pytest -n 2 --dist loadgroup` (pytest-xdist), and every test marked `serial` joins
+# one xdist group, so serial tests run one after another on one worker while the other worker runs the rest. Tests
+# that start torchrun or a JupyterLab + chromium (markers `distributed`, `browser`) are serial without saying it
+# again: two of them at once would oversubscribe the two cores and time out; tests that measure a peak RSS mark
+# themselves `serial`. What they measure is per process (a child's VmHWM; bytes read are the package's own
+# per-process counters, workbench.iostats), so a unit test on the other worker does not change it; only two
+# multi-process tests together would. `-m serial` / `-m "not serial"` select either part.
+SERIAL_MARKERS = ("serial", "distributed", "browser")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the tests carrying one of SERIAL_MARKERS `serial`, and put every serial test in one xdist group (run
+    before pytest-xdist's own hook reads the groups)."""
+    for item in items:
+        if any(item.get_closest_marker(name) for name in SERIAL_MARKERS):
+            item.add_marker(pytest.mark.serial)
+            item.add_marker(pytest.mark.xdist_group("serial"))
 
 
 # The group watch: a small process in pytest's own process group that logs every signal reaching the group. Run from

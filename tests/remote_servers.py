@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -545,3 +546,27 @@ class RedirectServer(_Served):
     def __init__(self, target: str, *, status: int = 302, certfile: str | None = None) -> None:
         self.target, self.status = target, status
         super().__init__(_RedirectHandler, certfile)
+
+
+@contextlib.contextmanager
+def faulty_servers(root: Path, **defaults):
+    """`make(fault, **kw)` starts a `FaultyServer` over `root` (`defaults` give the keywords `kw` leaves out); every
+    server made is stopped when the block ends."""
+    servers: list[FaultyServer] = []
+
+    def make(fault: str, **kw) -> FaultyServer:
+        server = FaultyServer(root, fault, **{**defaults, **kw})
+        servers.append(server)
+        return server
+
+    try:
+        yield make
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def isolated_cache(tmp_path: Path, monkeypatch) -> None:
+    """The workbench's header cache under `tmp_path` and HF_HUB_OFFLINE unset: a test starts with nothing cached."""
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)

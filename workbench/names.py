@@ -193,12 +193,15 @@ def no_match_hint(pattern: str) -> str:
     return f"A filter matches whole dotted segments; to match inside names write '*{word}*'."
 
 
-def pattern_regex(pattern: str, *, globs: bool = True) -> str:
+def pattern_regex(pattern: str, *, globs: bool = True, stars: bool = False) -> str:
     """The regular expression of a filter pattern (or, with `globs=False`, of a mapper template, where
     `*`, `?` and `[` are plain characters). Each placeholder is a named group (`ph_<name>`) of
-    `_SEGMENT_PART`; a repeated one is a back-reference, so it must be the same text."""
+    `_SEGMENT_PART`; a repeated one is a back-reference, so it must be the same text. With `stars`, the
+    k-th `*` is the group `star<k>` and takes the shortest text that lets the whole pattern match (a
+    glob in a mapper: what each `*` matched is carried to the output name)."""
     out: list[str] = []
     seen: set[str] = set()
+    star = 0
     i, n = 0, len(pattern)
     while i < n:
         c = pattern[i]
@@ -217,7 +220,11 @@ def pattern_regex(pattern: str, *, globs: bool = True) -> str:
                 "Python identifier inside, e.g. 'layers.{i}.self_attn.*'."
             )
         if globs and c == "*":
-            out.append(".*")
+            if stars:
+                out.append(f"(?P<star{star}>.*?)")
+                star += 1
+            else:
+                out.append(".*")
         elif globs and c == "?":
             out.append(".")
         elif globs and c == "[" and (end := _set_end(pattern, i)) > 0:

@@ -1,8 +1,8 @@
 """DeepSpeed ZeRO 1/2/3 checkpoints made by DeepSpeed itself, compared with its own zero_to_fp32.
 
-The fixtures come from `scripts/make_deepspeed_fixtures.py` (its own venv under `.cache/fixtures/`, since
-deepspeed must not sit in the project venv); `make test` builds them first. Tests skip, with the reason,
-only when that build could not run.
+The fixtures are committed in tests/fixtures/deepspeed/, made by `scripts/make_deepspeed_fixtures.py` (its own venv
+under `.cache/fixtures/`, since deepspeed must not sit in the project venv); `make fixtures` rebuilds them and checks
+the rebuild's tensors against the committed ones (tests/system/test_fixtures_committed.py).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Legacy Megatron checkpoints made by megatron-core itself (TP=2; TP=2 x PP=2), merged and mapped to HF.
 
-The fixtures come from `scripts/make_megatron_fixtures.py` (its own venv under `.cache/fixtures/`, since
-megatron-core must not sit in the project venv); `make test` builds them first. Tests skip, with the reason,
-only when that build could not run. The references are megatron's: the global tensors its
+The fixtures are committed in tests/fixtures/megatron/, made by `scripts/make_megatron_fixtures.py` (its own venv
+under `.cache/fixtures/`, since megatron-core must not sit in the project venv); `make fixtures` rebuilds them and checks
+the rebuild's tensors against the committed ones (tests/system/test_fixtures_committed.py). The references are megatron's: the global tensors its
 `sharded_state_dict()` placement assembles, and the logits of the TP=2 model and of a TP=1 model.
 """
 

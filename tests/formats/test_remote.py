@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from remote_servers import NGINX, FaultyServer, HubServer, Nginx
+from remote_servers import NGINX, HubServer, Nginx, faulty_servers, isolated_cache
 from safetensors.numpy import save_file
 
 import workbench as wb
@@ -155,8 +155,7 @@ def s3(served):
 
 @pytest.fixture(autouse=True)
 def _env(tmp_path, monkeypatch, request):
-    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    isolated_cache(tmp_path, monkeypatch)
     if "hub" in request.fixturenames:
         monkeypatch.setenv("HF_ENDPOINT", request.getfixturevalue("hub").url)
     if "s3" in request.fixturenames:
@@ -461,16 +460,8 @@ def test_interrupted_remote_conversion_resumes(hub, served, tmp_path, monkeypatc
 
 @pytest.fixture
 def faulty(served):
-    servers = []
-
-    def make(fault: str, **kw) -> FaultyServer:
-        server = FaultyServer(served, fault, **kw)
-        servers.append(server)
-        return server
-
-    yield make
-    for server in servers:
-        server.stop()
+    with faulty_servers(served) as make:
+        yield make
 
 
 def test_dropped_connection_is_retried_and_output_identical(faulty, local_outputs, tmp_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from remote_servers import FaultyServer
+from remote_servers import FaultyServer, isolated_cache
 
 import workbench as wb
 from tests.formats.test_remote import SHARDS, _write_sharded
@@ -37,8 +37,7 @@ def server(served):
 
 @pytest.fixture(autouse=True)
 def _env(tmp_path, monkeypatch):
-    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    isolated_cache(tmp_path, monkeypatch)
 
 
 def _swap_in_cache(cache: Path, *, rewrite_digest: bool) -> Path:

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from remote_servers import LYING, FaultyServer
+from remote_servers import LYING, FaultyServer, faulty_servers
 
 import workbench as wb
 from tests.formats.test_remote import SHARDS, _write_sharded
@@ -68,17 +68,8 @@ def _env(tmp_path, monkeypatch):
 
 @pytest.fixture
 def faulty(served):
-    servers = []
-
-    def make(fault: str, **kw) -> FaultyServer:
-        kw.setdefault("drip_seconds", 0.5)
-        server = FaultyServer(served, fault, **kw)
-        servers.append(server)
-        return server
-
-    yield make
-    for server in servers:
-        server.stop()
+    with faulty_servers(served, drip_seconds=0.5) as make:
+        yield make
 
 
 @pytest.mark.parametrize("folder", ["llama", "torch"])  # the safetensors and torch.save zip readers
@@ -176,6 +167,7 @@ def _child_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+@pytest.mark.serial  # measures peak RSS
 @pytest.mark.parametrize("command", ["inspect", "convert"])
 @pytest.mark.parametrize("mode", LYING)
 def test_lying_server_under_an_address_space_cap(faulty, mode, command, tmp_path):
@@ -189,6 +181,7 @@ def test_lying_server_under_an_address_space_cap(faulty, mode, command, tmp_path
     assert rss <= RSS_LIMIT, f"{mode}: peak RSS {rss / 2**20:.0f} MiB"
 
 
+@pytest.mark.serial  # measures peak RSS
 def test_inspect_of_a_server_ignoring_range_stops_at_the_budget(faulty, tmp_path):
     """D13: a 300 MB file answered whole to a 256 KiB range is refused before its body is read."""
     server = faulty("ignore_range", times=None, min_bytes=0)

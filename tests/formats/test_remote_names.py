@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from remote_servers import HubServer
+from remote_servers import HubServer, isolated_cache
 
 import workbench as wb
 from tests.formats.test_remote import SHARDS, _write_sharded
@@ -25,8 +25,7 @@ def hub(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _env(tmp_path, monkeypatch):
-    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    isolated_cache(tmp_path, monkeypatch)
 
 
 def test_a_local_typo_with_a_slash_is_not_asked_of_the_hub(hub, tmp_path, monkeypatch):

@@ -130,7 +130,7 @@ def test_the_largest_torch_dimension_still_loads(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("name", "ranks"), [("stage1-w3", 3), ("stage2-w3", 3), ("stage2-odd", 2)])
 def test_bf16_zero_with_a_shorter_last_partition_matches_zero_to_fp32(name: str, ranks: int) -> None:
-    """3 ranks: the group's flat buffer (92,288 elements) is no multiple of 2 * 3; 2 ranks of a model with one more
+    """3 ranks: the group's flat buffer (27,712 elements) is no multiple of 2 * 3; 2 ranks of a model with one more
     3-element parameter: an odd count. DeepSpeed saves the last rank's fp32 partition shorter (it strips the
     alignment padding); zero_to_fp32 reads it, and so must we, to the bit, masters and Adam moments alike."""
     from safetensors.torch import load_file
@@ -294,6 +294,7 @@ print((status("VmHWM") - before) / header)
 """
 
 
+@pytest.mark.serial  # measures peak RSS
 def test_header_work_of_100k_tensors_stays_within_4x_the_header(tmp_path: Path) -> None:
     """Opening a safetensors file of 10^5 tensors (8.9 MB of header) peaks at under 4x the header bytes above the
     interpreter (measured 3.7x; 13.5x before the table was read without json.loads's tree). The 10^6-tensor

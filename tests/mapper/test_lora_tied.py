@@ -118,3 +118,22 @@ def test_ensure_weight_tying_keeps_the_head_tied(tmp_path):
     out = load_file(tmp_path / "out" / "model.safetensors")
     assert torch.equal(out["lm_head.weight"], out["model.embed_tokens.weight"])
     torch.testing.assert_close(_logits(tmp_path / "out"), logits, rtol=0, atol=1e-5)
+
+
+def test_untied_merge_says_so_in_config_json(tied, tmp_path):
+    """The merge unties the head, and the output's config.json says so as PEFT's saved merge does: loaders that tie
+    by the config (older transformers, other runtimes) would otherwise put the new embedding in the head."""
+    base, adapter, logits, _ = tied
+    mapper = M.presets.lora_merge(adapter, base=base)
+    plan = wb.plan({"base": base, "adapter": adapter}, mapper, dest=tmp_path / "out")
+    assert "config.json: tie_word_embeddings true -> false" in plan.summary()
+    wb.convert({"base": base, "adapter": adapter}, tmp_path / "out", mapper, quiet=True)
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    source = json.loads((base / "config.json").read_text())
+    peft = json.loads((base.parent / "peft-merged" / "config.json").read_text())
+    assert written["tie_word_embeddings"] is False and written["tie_word_embeddings"] == peft["tie_word_embeddings"]
+    assert {k: v for k, v in written.items() if k != "tie_word_embeddings"} == {k: v for k, v in source.items() if k != "tie_word_embeddings"}
+    from transformers import AutoConfig
+
+    assert AutoConfig.from_pretrained(tmp_path / "out").tie_word_embeddings is False
+    torch.testing.assert_close(_logits(tmp_path / "out"), logits, rtol=0, atol=1e-5)

@@ -25,6 +25,9 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 
 
 
+pytestmark = pytest.mark.serial  # measures peak RSS: run alone (see conftest.SERIAL_MARKERS)
+
+
 @pytest.fixture(scope="module")
 def wide_vocab_llama(tmp_path_factory) -> Path:
     """A one-layer BF16 Llama (hidden 1024, 16 heads, 4 kv heads) whose embedding and lm_head are 128 MiB each."""

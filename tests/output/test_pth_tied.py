@@ -72,18 +72,22 @@ def test_a_tied_llama_split_two_ways_carries_output_weight_in_both_files(tied, t
     assert torch.equal(torch.cat([parts[0]["output.weight"], parts[1]["output.weight"]]), model.lm_head.weight.detach())
 
 
-def test_verify_checks_the_pth_output_against_what_metas_model_declares(tied, tmp_path: Path, monkeypatch) -> None:
-    """The old fault, put back (no output.weight for a tied model): the plan is OK and every written tensor equals its
-    ops, but the output check compares the file with Meta's layout from config.json and names the missing tensor."""
+def test_verify_checks_the_pth_output_against_what_metas_model_declares(tied, tmp_path: Path) -> None:
+    """The old fault, put back by a user mapper (no output.weight for a tied model): the plan is OK and every written
+    tensor equals its ops, but the output check compares the file with Meta's layout from config.json and names the
+    missing tensor."""
+    import json
+
+    from workbench import mapper as M
     from workbench.engine.output_check import check_outputs
-    from workbench.mapper.presets import output_presets
 
     folder, _ = tied
     report = wb.convert(folder, tmp_path / "good", to="pth", nproc_mp=2, quiet=True, verify=True)
     assert "and with the Meta Llama (llama/model.py) statement (42 tensors)" in report.output_check.summary()
-    monkeypatch.setattr(output_presets, "tied_output", lambda config: [])
-    plan = wb.plan(folder, to="pth", dest=tmp_path / "out")
+    config = json.loads((folder / "config.json").read_text())
+    mapper = M.Sequential(M.presets.hf_to_meta(config), M.Drop("output.weight"))
+    plan = wb.plan(folder, mapper, to="pth", dest=tmp_path / "out")
     assert plan.ok and "output.weight" not in set(plan.outputs.index)
-    wb.convert(folder, tmp_path / "out", to="pth", quiet=True)
+    wb.convert(folder, tmp_path / "out", mapper, to="pth", quiet=True)
     check = check_outputs(plan)
     assert not check.ok and check.mismatches == ["output.weight"]

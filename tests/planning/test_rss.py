@@ -23,6 +23,9 @@ REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
 
 
+pytestmark = pytest.mark.serial  # measures peak RSS: run alone (see conftest.SERIAL_MARKERS)
+
+
 def f32(name: str, *shape: int) -> TensorInfo:
     return TensorInfo(name, "F32", tuple(shape))
 

@@ -18,6 +18,9 @@ from safetensors.numpy import save_file
 REPO = Path(__file__).resolve().parents[2]
 
 
+pytestmark = pytest.mark.serial  # measures peak RSS: run alone (see conftest.SERIAL_MARKERS)
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory) -> Path:
     """4 shards of 40 MiB of F32 noise (160 MiB): more than the reader's window, in several ranges per shard."""

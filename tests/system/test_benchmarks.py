@@ -52,6 +52,7 @@ def test_tiny_checkpoint_is_hf_sharded_with_index_config_and_reused(tmp_path):
     assert shard.stat().st_mtime_ns == before
 
 
+@pytest.mark.serial  # measures peak RSS and wall time
 def test_child_peak_rss_is_the_childs_not_the_harness(tmp_path):
     ballast = bytearray(300 << 20)  # makes this process big; a small child must not look big
     ballast[::4096] = b"x" * len(ballast[::4096])

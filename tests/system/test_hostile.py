@@ -29,6 +29,7 @@ from workbench.output.safetensors import save_tensors
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 
+@pytest.mark.serial  # bounds each case's wall time (30 s): a memory bomb takes ~10 s alone, 30+ s beside other tests
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_hostile_input_has_its_expected_outcome(tmp_path: Path, case) -> None:
     folder, marker = tmp_path / "ck", tmp_path / "PWNED"

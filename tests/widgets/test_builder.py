@@ -431,22 +431,61 @@ def test_glob_cast_keeping_norms(builder, llama_sample):
     assert M.Cast("model.layers.{i}.mlp.up_proj.weight", "BF16") in step.mappers
 
 
+def test_a_cast_keeping_norms_is_listed_again_where_it_moves(builder, llama_sample):
+    add_typed(builder, "Cast", "*", "", {"keep_box": "norm"})
+    builder.keep_box.value = ""
+    add_typed(builder, "Drop", "*.mlp.*", "", {})
+    floats = len(source_names(llama_sample)) - 9  # 9 norms kept
+    assert builder.step_labels() == [f"cast {floats} tensors → BF16, norms kept F32", "drop 12 tensors: *.mlp.*"]
+    builder.move(0, +1)  # after the drop, the cast lists the names left there (no mlp tensor, no 'others')
+    assert builder.binding.ok and builder.step_labels()[1] == f"cast {floats - 12} tensors → BF16, norms kept F32"
+    assert not any(".mlp." in leaf.name for leaf in builder.steps[1].leaves())
+    builder.move(1, -1)
+    assert builder.binding.ok and builder.step_labels()[0] == f"cast {floats} tensors → BF16, norms kept F32"
+
+
 def test_glob_sources_for_drop_rename_and_templates(builder, llama_sample):
     add_typed(builder, "Drop", "model.layers.{i}.*norm*", "", {})
     outputs = builder.binding.outputs
     assert not any("layernorm" in name for name in outputs) and "model.norm.weight" in outputs
+    assert builder.steps[-1] == M.Drop("model.layers.{i}.*norm*")  # added as written, not as the names it matched
     add_typed(builder, "Rename", "model.layers.*.mlp.*", "blocks.*.ffn.*", {})
     outputs = builder.binding.outputs
     assert builder.binding.ok and outputs["blocks.2.ffn.down_proj.weight"].shape == (64, 128)
     assert not any(".mlp." in name for name in outputs)
-    assert builder.steps[-1] == M.Parallel(*[M.Rename(f"model.layers.{{i}}.mlp.{p}.weight", f"blocks.{{i}}.ffn.{p}.weight")
-                                             for p in ("down_proj", "gate_proj", "up_proj")])
-    add_typed(builder, "Rename", "model.layers.{i}", "layers.{i}", {})  # a module prefix with {i}: was refused
+    assert builder.steps[-1] == M.Rename("model.layers.*.mlp.*", "blocks.*.ffn.*")
+    assert builder.step_labels()[-1] == "rename 12 tensors: model.layers.*.mlp.* → blocks.*.ffn.*"
+    add_typed(builder, "Rename", "model.layers.{i}", "layers.{i}", {})  # a module prefix with {i}: a glob of what is under it
+    assert builder.steps[-1] == M.Rename("model.layers.{i}.*", "layers.{i}.*")
     assert builder.binding.ok and "layers.1.self_attn.q_proj.weight" in builder.binding.outputs
     add_typed(builder, "Concat", "layers.*", "x", {})
-    assert "globs work for Rename" in builder.form_message.value and len(builder.steps) == 3
+    assert "holds 0 '*' but the glob 'layers.*' holds 1" in html.unescape(builder.form_message.value) and len(builder.steps) == 3
     add_typed(builder, "Cast", "nothing.*", "", {})
-    assert "matches no tensor name" in builder.form_message.value
+    assert builder.steps[-1] == M.Cast("nothing.*", "BF16") and builder.step_labels()[-1] == "cast (no tensor matched yet)"
+    assert "glob 'nothing.*' matches no tensor name" in html.unescape(builder.problems_html)
+
+
+def test_glob_steps_export_as_globs_and_rebind_when_moved(builder, llama_sample, tmp_path):
+    strip_model_prefix(builder)
+    add_typed(builder, "Cast", "layers.*", "", {})
+    add_typed(builder, "Drop", "*.rotary_emb.*", "", {})
+    assert builder.steps[1:] == [M.Cast("layers.*", "BF16"), M.Drop("*.rotary_emb.*")]
+    layer_tensors = [n for n in source_names(llama_sample) if n.startswith("model.layers.")]
+    assert builder.step_labels()[1] == f"cast {len(layer_tensors)} tensors → BF16, 3 others kept F32"
+    assert builder.step_labels()[2] == "drop *.rotary_emb.* (matches no name here)"
+    code = builder.code_area.value
+    assert "M.Cast('layers.*', 'BF16')" in code and "M.Drop('*.rotary_emb.*')" in code
+    builder.save_path.value = str(tmp_path / "mapper.py")
+    builder.save_button.click()
+    assert "M.Cast('layers.*', 'BF16')" in (tmp_path / "mapper.py").read_text()
+    builder.move(1, -1)  # before the strip, 'layers.*' names nothing yet: the glob re-binds there
+    assert builder.steps[0] == M.Cast("layers.*", "BF16") and builder.step_labels()[0] == "cast (no tensor matched yet)"
+    assert any("glob 'layers.*' matches no tensor name" in p.message for p in builder.binding.problems)
+    assert "Move step 1 after step 2" in [label for group in builder.problem_groups() for label, _ in group.fixes]
+    builder.move(0, +1)
+    assert builder.stepwise.problems[1] == [] and builder.step_labels()[1].startswith(f"cast {len(layer_tensors)} tensors")
+    wider = M.Sequential(M.Rename("model.*", "*"), M.Cast("*", "BF16"))  # the same glob from code binds the same way
+    assert MapperBuilder(llama_sample, mapper=wider).binding.outputs == wider.bind(source_names(llama_sample)).outputs
 
 
 def test_prefix_field_strips_and_adds(builder):
@@ -497,14 +536,18 @@ def test_problems_are_grouped_by_step_with_a_fix(builder):
     assert builder.problems_panel.layout.max_height and builder.problems_panel.layout.overflow == "auto"
 
 
-def test_cast_moved_before_the_strip_gives_two_groups_each_with_its_fixes_in_the_scrolled_box(builder):
-    """Issue 34 item 1: 6 problems in 2 groups; each group's fix-its sit under it inside the capped box, whose parts
-    keep their height (flex 0 0 auto) so that the box scrolls instead of squeezing the fix-it rows to 0 px."""
-    builder.preset_picker.value = "hf_to_fused"
-    builder.append_preset_button.click()
+OLD_NAMES = "\n".join(f"model.layers.{{i}}.{n}.weight" for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                                                "self_attn.o_proj", "mlp.down_proj"))
+
+
+def test_an_ordering_mistake_gives_two_groups_each_with_its_fixes_in_the_scrolled_box(builder):
+    """Issue 34 item 1: a cast typed with the source's names moved below the prefix strip, and a rename onto a kept
+    name: 6 problems in 2 groups. Each group's fix-its sit under it inside the capped box, whose parts keep their
+    height (flex 0 0 auto) so that the box scrolls instead of squeezing the fix-it rows to 0 px."""
+    add_typed(builder, "Cast", OLD_NAMES, "", {})
     strip_model_prefix(builder)
-    add_typed(builder, "Cast", "*", "", {"keep_box": "norm"})
-    builder.move(2, -1)
+    add_typed(builder, "Rename", "lm_head.weight", "norm.weight", {})
+    builder.move(0, +1)
     groups = builder.problem_groups()
     assert [(g.step, g.kind, len(g.problems)) for g in groups] == [(1, "names not found", 5), (2, "name clashes", 1)]
     assert "Problems (6)" in builder.problems_html
@@ -512,11 +555,11 @@ def test_cast_moved_before_the_strip_gives_two_groups_each_with_its_fixes_in_the
     assert len(boxes) == 2 and builder.problem_groups_box in builder.problems_panel.children
     rows = [box.children[1] for box in boxes]
     assert [[b.description for b in row.children] for row in rows] == [
-        ["Move step 2 after step 3", "Remove step 2"], ["Drop 'embed_tokens.weight' before step 3", "Remove step 3"]]
+        ["Move step 2 before step 1", "Remove step 2"], ["Drop 'norm.weight' before step 3", "Remove step 3"]]
     parts = [builder.problems_view, builder.problem_groups_box, *boxes, *rows, *(box.children[0] for box in boxes)]
     assert all(part.layout.flex == "0 0 auto" for part in parts)
     rows[0].children[0].click()
-    assert builder.binding.ok and "problem(s) fewer" in builder.form_message.value
+    assert "problem(s) fewer" in builder.form_message.value and len(builder.binding.problems) == 1
 
 
 def test_problem_kinds_and_many_groups_stay_in_a_capped_box(builder):
@@ -560,7 +603,7 @@ def test_target_check_is_folded_and_takes_a_model_type_or_config(builder, llama_
 
 def test_glob_errors_quote_names_as_typed(builder):
     add_typed(builder, "Cast", "model\\.layers.*", "", {})
-    message = html.unescape(builder.form_message.value)
+    message = html.unescape(builder.problems_html)
     assert "model\\.layers.*" in message and "model\\\\.layers" not in message
     with pytest.raises(MapperError) as caught:
         M.Claim("family", "(a\\.b")
@@ -606,8 +649,8 @@ def test_add_all_matching_adds_a_whole_name_glob_or_the_listed_names(builder):
     assert builder.sources_box.value == "*"
 
 
-def test_a_glob_written_in_code_gets_a_hint(llama_sample):
+def test_a_glob_written_in_code_binds_like_the_builder_step(llama_sample):
     import workbench as wb
 
-    problems = M.Cast("model.*", "BF16").bind(wb.open_checkpoint(llama_sample)).problems
-    assert len(problems) == 1 and "workbench.mapper.globs" in problems[0].message
+    binding = M.Cast("model.*", "BF16").bind(wb.open_checkpoint(llama_sample))
+    assert binding.ok and binding.outputs["model.norm.weight"].dtype == "BF16" and binding.outputs["lm_head.weight"].dtype == "F32"

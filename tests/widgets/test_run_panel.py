@@ -295,7 +295,7 @@ def rate_of(timing_html: str) -> float:
 
 
 def test_live_speed_and_report_share_one_definition(llama_sample: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 34 item 4: a run that spends 0.4 s before its first byte (as workers starting up do). The live speed
+    """Issue 34 item 4: a run that spends 0.8 s before its first byte (as workers starting up do). The live speed
     counts from the run's start, as the report's throughput does, so at the last progress event it already agrees
     with the report within a few % (counted from the first progress event it was several times higher)."""
     from workbench.launch import in_process
@@ -303,7 +303,7 @@ def test_live_speed_and_report_share_one_definition(llama_sample: Path, tmp_path
     snapshot_for = in_process.snapshot_for
 
     def slow_start(plan):
-        time.sleep(0.4)
+        time.sleep(0.8)  # long against the commit's few ms, so that the comparison below holds on a busy machine
         return snapshot_for(plan)
 
     monkeypatch.setattr(in_process, "snapshot_for", slow_start)
@@ -312,7 +312,7 @@ def test_live_speed_and_report_share_one_definition(llama_sample: Path, tmp_path
     panel = RunPanel(llama_sample, tmp_path / "out", shard_size="300KB",
                      on_progress=lambda rank, done, total: live.append(panel._timing_text(time.monotonic())) if done == total else None)
     report = panel.start().wait(timeout=60)
-    assert report.seconds > 0.4 and live
+    assert report.seconds > 0.8 and live
     assert rate_of(live[-1]) == pytest.approx(report.throughput, rel=0.05), (live[-1], report.throughput)
     # the last line shows the report's own figures, as the report writes them
     assert f"{format_bytes(report.bytes_written)} written · {format_bytes(int(report.throughput))}/s" in panel.timing.value

@@ -347,13 +347,16 @@ def _verify_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--sidecar", metavar="PATH", help="checksum file to record or check (default: checksums.sha256.json beside the checkpoint)")
     parser.add_argument("--record", action="store_true", help="record the checksums again even if a sidecar exists")
+    parser.add_argument("--model", action="store_true",
+                        help="also check tensor names and shapes against the model transformers builds from config.json "
+                             "(on the meta device; imports torch and transformers)")
 
 
 def run_verify(args: argparse.Namespace) -> int:
     """Check a checkpoint's structure (headers, index, every shard complete) and optionally its tensors' checksums."""
     from ..explore.verify import verify
 
-    report = verify(args.path, checksums=args.checksums, sidecar=args.sidecar, record=args.record)
+    report = verify(args.path, checksums=args.checksums, sidecar=args.sidecar, record=args.record, model=args.model)
     _print(report.summary())
     for finding in report.findings:
         _print(f"  {finding}")

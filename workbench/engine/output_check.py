@@ -40,6 +40,8 @@ class OutputCheck:
     # what the output was also checked against, besides the plan (`output.statement`), e.g. "the llama.cpp GGUF (llama)
     # statement (292 tensors; every source tensor accounted for)"; None when the format states nothing
     statement: str | None = None
+    # what the output could not be checked against, and why ("not checked against transformers: ..."); None when nothing
+    unchecked: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -73,6 +75,8 @@ class OutputCheck:
             line = f"verify: {len(self.rows)} output tensors re-read and compared with the source ({how}): all match"
             if self.statement is not None:
                 line += f", and with {self.statement}"
+            if self.unchecked is not None:
+                line += f"; {self.unchecked}"
             largest = self.largest_difference()
             if largest is not None:
                 line += f"\n  largest absolute difference from the source values: {largest[1]:g} ({largest[0]})"
@@ -316,13 +320,86 @@ def _statement_rows(plan, out_catalog: Catalog, result: OutputCheck) -> list[tup
     from ..output.statement import statement_rows
 
     statement = plan.output_format.statement()
-    if statement is None:
-        return []
     written = {name: _meta(info) for name, info in out_catalog.tensors.items()}
+    model = statement is None
+    if model:
+        statement = _model_statement(plan, written)
+        if statement is None:
+            return []
+    if statement.why_unchecked:
+        result.unchecked = f"not checked against {statement.family}: {statement.why_unchecked}"
+        return []
+    if model:
+        source = plan.source.tensors  # a tensor the statement lacks that the source holds too is not this conversion's doing
+        rows = [row for row in statement_rows(statement, written, [], set())
+                if row[0] in statement.tensors or row[0] not in source or tuple(source[row[0]].shape) != tuple(written[row[0]][1])]
+        why = _not_stated(statement, plan, rows)
+        if why is not None:
+            result.unchecked = f"not checked against {statement.family}: {why}"
+            return []
+        result.statement = f"the {statement.family} statement ({_count(len(statement.tensors), 'tensor')})"
+        return rows
     read = {t.name for step in plan.steps for t in step.group.inputs}
     accounted = "; every source tensor made into one or left out on purpose" if statement.accounted is not None else ""
     result.statement = f"the {statement.family} statement ({_count(len(statement.tensors), 'tensor')}{accounted})"
     return statement_rows(statement, written, list(plan.source.tensors), read)
+
+
+def _model_statement(plan, written: dict) -> Any:
+    """For an output that carries a config.json (an HF model folder), what transformers declares the folder must hold
+    (`mapper.presets.transformers_declared`), the stated layout nearest the written one; `unchecked` (why) when transformers
+    cannot say; None for an output without config.json."""
+    import json
+
+    from ..output.statement import nearest_statement, unchecked
+
+    if plan.dest is None or "config.json" not in plan.extras:
+        return None
+    from ..errors import MapperError
+    from ..mapper.presets.transformers_declared import declared_layouts
+    from ..planning.config_dtype import read_config
+
+    raw = read_config(plan.dest / "config.json")
+    try:
+        config = json.loads(raw) if raw is not None else None
+    except (ValueError, RecursionError):
+        config = None
+    if not isinstance(config, dict):
+        return unchecked("transformers", "the output's config.json is not a JSON object")
+    try:
+        family, layouts, optional = declared_layouts(config)
+    except MapperError as exc:
+        return unchecked("transformers", exc.message)
+    return nearest_statement(family, layouts, optional, written)
+
+
+def _not_stated(statement: Any, plan, rows: list) -> str | None:
+    """Why a transformers statement the output disagrees with (`rows`) says nothing about this output, or None when the
+    disagreement is the output's fault: config.json did not describe the source either (a config that leaves the
+    sizes to defaults), or the mapper changed the layout config.json describes without stating a config edit."""
+    if not rows:
+        return None
+    source = plan.source.tensors
+    for name, (_, shape) in statement.tensors.items():
+        info = source.get(name)
+        if name not in statement.optional and (info is None or tuple(info.shape) != tuple(shape)):
+            found = "missing" if info is None else f"{list(info.shape)}, stated {list(shape)}"
+            return f"config.json does not describe the source either ({name!r} {found}), so it states nothing about the output"
+    change = _layout_change(plan)
+    if change is not None:
+        return f"the mapper {change}, and config.json describes the source's layout ({rows[0][0]!r} {rows[0][2]})"
+    return None
+
+
+def _layout_change(plan) -> str | None:
+    """How the mapper changes the layout config.json describes (`planning.extras.layout_change`), when it states no
+    config edit of its own; None when the output keeps the source's layout (copies, casts, drops, in-place merges)."""
+    from ..mapper.config_update import config_updates
+    from ..planning.extras import layout_change
+
+    if plan.mapper is None or config_updates(plan.mapper)[0]:
+        return None
+    return layout_change(plan.binding.groups)
 
 
 def _fresh_source(plan, result: OutputCheck) -> Catalog | None:

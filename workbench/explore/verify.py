@@ -48,6 +48,9 @@ class VerifyReport:
     tensor_bytes: int = 0
     findings: list[Finding] = field(default_factory=list)
     checksums: ChecksumResult | None = None  # set by verify(..., checksums=True)
+    # set by verify(..., model=True): what the tensors were checked against ("the transformers ... statement (N
+    # tensors)") or why they were not ("not checked against transformers: ...")
+    model_check: str | None = None
 
     @property
     def errors(self) -> list[Finding]:
@@ -75,6 +78,8 @@ class VerifyReport:
             f"{self.path}: {verdict}{warn} - {self.format}, {_count(self.files_checked, 'file')}, "
             f"{_count(self.tensors, 'tensor')}, {self.tensor_bytes:,} bytes of tensor data"
         )
+        if self.model_check is not None:
+            line += f"\n{self.model_check}"
         return line if self.checksums is None else f"{line}\n{self.checksums.summary()}"
 
 
@@ -89,6 +94,7 @@ def verify(
     sidecar: str | os.PathLike | None = None,
     record: bool = False,
     on_read: Callable[[int], None] | None = None,
+    model: bool = False,
 ) -> VerifyReport:
     """Check a checkpoint's headers, its index against its shards, and that every file is complete.
 
@@ -96,6 +102,9 @@ def verify(
     (`checksums.sha256.json` beside the checkpoint, or `sidecar`), later it checks them and reports each
     tensor that differs; `record=True` records again. `sidecar` or `record` imply `checksums`.
     `on_read(nbytes)` is called after each tensor is hashed (raise from it to stop).
+    `model=True` also checks the tensors' names and shapes against the model transformers builds (on the meta device)
+    from the folder's config.json (`_model_check`): each tensor it declares that is missing, each one it does not
+    declare and each of another shape is an error; it imports torch and transformers.
     """
     report = VerifyReport(os.fspath(path))
     if is_remote(path):  # opening checks every header, the index against the shards, and each file's size
@@ -106,6 +115,8 @@ def verify(
                              "Name a local one with sidecar=... (--sidecar FILE); hashing downloads every tensor.")
             else:
                 _checksums(catalog, Path(sidecar), record, report, on_read)
+        if model:
+            report.model_check = "not checked against transformers: verify reads a remote checkpoint's headers only"
         return report
     p = Path(path)
     if not p.exists():
@@ -118,7 +129,45 @@ def verify(
         catalog = _open(p, report)
         if catalog is not None and (checksums or sidecar is not None or record):
             _checksums(catalog, Path(sidecar) if sidecar is not None else default_sidecar(p), record, report, on_read)
+        if catalog is not None and model:
+            _model_check(p if p.is_dir() else p.parent, catalog, report)
+    elif model:
+        report.model_check = "not checked against transformers: the checkpoint's structure is broken (see above)"
     return report
+
+
+def _model_check(folder: Path, catalog: Catalog, report: VerifyReport) -> None:
+    """Compare the checkpoint's tensors with what transformers declares for `folder`/config.json (see
+    `mapper.presets.transformers_declared`), as the conversions' `--verify` does: one error per disagreement."""
+    import json
+
+    from ..errors import MapperError
+    from ..mapper.presets.transformers_declared import declared_layouts
+    from ..output.statement import nearest_statement, statement_rows
+    from ..planning.config_dtype import read_config
+
+    config_path = folder / "config.json"
+    raw = read_config(config_path) if config_path.is_file() and not config_path.is_symlink() else None
+    try:
+        config = json.loads(raw) if raw is not None else None
+    except (ValueError, RecursionError):
+        config = None
+    if not isinstance(config, dict):
+        why = "no config.json beside the weights" if raw is None else "config.json is not a JSON object"
+        report.model_check = f"not checked against transformers: {why}"
+        return
+    try:
+        family, layouts, optional = declared_layouts(config)
+    except MapperError as exc:
+        report.model_check = f"not checked against transformers: {exc.message}"
+        return
+    written = {name: (info.dtype, tuple(info.shape)) for name, info in catalog.tensors.items()}
+    statement = nearest_statement(family, layouts, optional, written)
+    rows = statement_rows(statement, written, [], set())
+    for name, _, status, _, _, detail in rows:
+        report.error(f"{name!r} {status}: {detail}", file=str(config_path), tensor=name)
+    report.model_check = (f"checked against the {statement.family} statement ({_count(len(statement.tensors), 'tensor')}): "
+                          + ("all present with their shapes" if not rows else f"{_count(len(rows), 'disagreement')}"))
 
 
 def _checksums(catalog: Catalog, sidecar: Path, record: bool, report: VerifyReport, on_read: Callable[[int], None] | None) -> None:

@@ -27,6 +27,8 @@ from urllib.parse import quote, unquote, urlsplit
 from ..errors import CheckpointError
 from .remote_limits import (
     LISTING_CAP,
+    MAX_LISTING_ENTRIES,
+    MAX_LISTING_PAGES,
     Limits,
     Pace,
     Refused,
@@ -528,21 +530,59 @@ class S3Store(RemoteStore):
 
     def _list(self) -> dict[str, RemoteFile] | None:
         try:
-            found = self.fs.find(self._base, detail=True)
+            found = self._find()
+        except RemoteError:
+            raise
         except Exception as exc:  # noqa: BLE001
             raise RemoteError(f"Cannot list {self.url}: {_describe(exc)}. Check the bucket, the prefix and your AWS "
                               "credentials.", file=self.url) from None
         self.stats.add("", 0)
         files = {}
-        for key, info in found.items():
+        for key, size, tag in found:
             if key == self._base:  # the URL names one object
                 rel = ""
             elif key.startswith(self._base + "/"):
                 rel = key[len(self._base) + 1:]
             else:
                 continue
-            files[rel] = RemoteFile(rel, int(info.get("size") or 0), str(info.get("ETag") or ""))
+            files[rel] = RemoteFile(rel, size, tag)
         return files
+
+    def _find(self) -> list[tuple[str, int, str]]:
+        """(bucket/key, size, ETag) of every object whose key starts with the URL's prefix, page by page within the
+        listing limits (`remote_limits.MAX_LISTING_PAGES`, `MAX_LISTING_ENTRIES`, `LISTING_CAP`): a server that
+        answers with endless pages (or repeats a continuation token) is refused with the counts, never followed."""
+        from fsspec.asyn import sync
+
+        bucket, _, prefix = self._base.partition("/")
+
+        def refuse(why: str) -> RemoteError:
+            return RemoteError(f"Cannot list {self.url}: {why}. A model folder has far fewer files; check the prefix "
+                               "(or the endpoint: a server that keeps sending pages is not S3).", file=self.url)
+
+        async def pages() -> list[tuple[str, int, str]]:
+            found: list[tuple[str, int, str]] = []
+            token, seen, size = None, set(), 0
+            for _ in range(MAX_LISTING_PAGES):
+                kwargs = {"Bucket": bucket, "Prefix": prefix, **({"ContinuationToken": token} if token else {})}
+                page = await self.fs._call_s3("list_objects_v2", **kwargs)
+                for entry in page.get("Contents") or ():
+                    key, tag = str(entry.get("Key", "")), str(entry.get("ETag") or "")
+                    size += len(key) + len(tag)
+                    if not key.endswith("/"):  # a "folder" marker object holds nothing
+                        found.append((f"{bucket}/{key}", int(entry.get("Size") or 0), tag))
+                if len(found) > MAX_LISTING_ENTRIES or size > LISTING_CAP:
+                    raise refuse(f"the listing holds more than {MAX_LISTING_ENTRIES:,} entries or {LISTING_CAP >> 20} MiB "
+                                 f"of names ({len(found):,} entries, {size:,} bytes so far)")
+                token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
+                if not token:
+                    return found
+                if token in seen:
+                    raise refuse(f"the server sent continuation token {str(token)[:40]!r} twice (a listing that loops)")
+                seen.add(token)
+            raise refuse(f"the listing did not end after {MAX_LISTING_PAGES:,} pages ({len(found):,} entries)")
+
+        return sync(self.fs.loop, pages)
 
     def _get(self, rel: str, start: int, end: int, file: RemoteFile, deadline: float,
              into: memoryview | None = None) -> bytearray | memoryview:

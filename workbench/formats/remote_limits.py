@@ -13,6 +13,8 @@ HTTP and the Hub, aiobotocore through s3fs for S3), never with a read-everything
 - **Deadline.** A request's tries start within `deadline_seconds` (default 150 s) of its first one and
   no wait outlasts it, so a dead or dripping server gives up within 2.5 minutes; a try that keeps the
   minimum pace is never cut in the middle.
+- **Listings.** A paged listing (S3) reads at most `MAX_LISTING_PAGES` pages, `MAX_LISTING_ENTRIES` entries and
+  `LISTING_CAP` bytes of keys and tags, and never follows a continuation token twice.
 - **Notice.** After `notice_seconds` (default 5 s) without data, the wait hook (`set_wait_hook`; by
   default a warning on the `workbench.remote` logger) is told "waiting for <host>".
 
@@ -30,6 +32,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 LISTING_CAP = 512 << 20  # a body whose size nothing announced (an index, a listing) stops here
+# A listing that comes in pages (S3's list_objects_v2, continued by a token) stops at whichever comes first: this
+# many pages, this many entries, or LISTING_CAP bytes of names and tags; a token the server gave before ends it too.
+# A model folder holds tens of files, a DCP run a few thousand: a server sending endless pages is refused.
+MAX_LISTING_PAGES = 1_000
+MAX_LISTING_ENTRIES = 200_000
 READ_PIECE = 1 << 20  # bytes asked of the stream per read call
 WaitHook = Callable[[str, float], object]
 _wait_hook: WaitHook | None = None

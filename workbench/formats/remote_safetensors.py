@@ -23,6 +23,7 @@ from .remote import RemoteError, RemoteFile, RemoteStore, open_store
 from .safetensors import MAX_HEADER_BYTES, SUFFIX, SafetensorsHeader, file_info, gc_paused, parse_header_bytes
 from .safetensors_folder import INDEX_NAME, SINGLE_NAME, parse_index_bytes
 from .shard_index import check_claims, check_shard_present, shard_map
+from .weight_files import names_weights
 
 # 8-byte length + JSON in one request for all but very large headers (a 400 GB repo's shards have ~50-150 KB).
 FIRST_READ = 256 * 1024
@@ -37,8 +38,6 @@ MAX_EXTRAS = 64
 # Plain HTTP cannot list a folder: these are the names asked for.
 KNOWN_EXTRAS = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                 "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja")
-_TENSOR_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".distcp", ".h5", ".msgpack", ".gguf", ".onnx",
-                    ".npz", ".npy", ".index.json")
 
 
 _fail = CannotRead("remote checkpoint", "Check the URL and the files behind it.")
@@ -269,7 +268,7 @@ def _open(store: RemoteStore) -> Catalog:
 def _listed_extras(files: dict[str, RemoteFile]) -> list[str]:
     """The small non-weight files at the top of a listed store (config, tokenizer), which conversions copy."""
     return sorted(r for r, f in files.items() if "/" not in r and r and not r.startswith(".")
-                  and not r.lower().endswith(_TENSOR_SUFFIXES) and f.size <= MAX_EXTRA_BYTES)[:MAX_EXTRAS]
+                  and not names_weights(r) and f.size <= MAX_EXTRA_BYTES)[:MAX_EXTRAS]
 
 
 class _Chunk:

@@ -20,7 +20,7 @@ from typing import Any
 # import `workbench.mapper.groups` and friends, do not pay for every preset and op module (a byte-copy
 # `workbench convert` imports about half of them).
 _LAZY = {
-    "Mapper": "base", "Claim": "claim", "Parallel": "compose", "PrefixScope": "compose", "Sequential": "compose",
+    "Mapper": "base", "Claim": "claim", "ConfigUpdate": "config_update", "Parallel": "compose", "PrefixScope": "compose", "Sequential": "compose",
     "from_json": "export", "check_module": "module_mapper", "from_module": "module_mapper", "Function": "function",
     "Binding": "groups", "ByteSlice": "groups", "Group": "groups", "Problem": "groups", "Op": "op",
     "Cast": "ops", "Concat": "ops", "Drop": "ops", "Identity": "ops", "Rename": "ops", "Reshape": "ops", "Split": "ops",
@@ -29,7 +29,7 @@ _LAZY = {
 }
 
 __all__ = [
-    "Binding", "ByteSlice", "Cast", "Claim", "Concat", "Drop", "Function", "Group", "Identity", "Mapper", "Op",
+    "Binding", "ByteSlice", "Cast", "Claim", "Concat", "ConfigUpdate", "Drop", "Function", "Group", "Identity", "Mapper", "Op",
     "Parallel", "PrefixScope", "Problem", "Rename", "Reshape", "Sequential", "Split", "Stack", "TargetReport",
     "Transpose", "Unstack", "Unsupported", "check_module", "check_target", "from_json", "from_module", "presets",
 ]

@@ -11,11 +11,13 @@ from .base import Mapper
 from .bind import bind
 from .claim import Claim
 from .evaluate import apply_concrete, checked_compute
+from .patterns import has_globs
 
 
 def apply_mapper(mapper: Mapper, tensors: Mapping[str, Any]) -> dict[str, Any]:
     """`Mapper.apply`: run directly when concrete; otherwise bind to the tensors' metadata first."""
-    if not mapper.is_template and not any(isinstance(leaf, Claim) for leaf in mapper.leaves()):  # a Claim checks at bind time
+    bound_first = any(isinstance(leaf, Claim) or has_globs(leaf) for leaf in mapper.leaves())  # a Claim checks at bind time
+    if not mapper.is_template and not bound_first:
         return apply_concrete(mapper, tensors, checked_compute)
     binding = bind(mapper, tensors, rest="keep").raise_for_problems()
     out: dict[str, Any] = {}

@@ -102,3 +102,25 @@ class Mapper:
         from .export import code_expr
 
         return code_expr(self, prefix="M.")
+
+
+class NoTensorLeaf(Mapper):
+    """A leaf that reads and writes no tensor: it states something about the conversion (`Claim`: nothing of a layout
+    is left unconverted; `ConfigUpdate`: config.json must change), checked or carried by the planner."""
+
+    __slots__ = ()
+
+    @property
+    def is_template(self) -> bool:
+        return False
+
+    def leaves(self) -> Iterator[Mapper]:
+        yield self
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return ()
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return ()

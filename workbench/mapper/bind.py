@@ -21,22 +21,17 @@ from ..names import Template, fill, placeholders_of
 from .base import Mapper, Meta, Rest
 from .claim import Claim
 from .compose import Parallel, PrefixScope, Sequential
+from .config_update import ConfigUpdate
 from .groups import Binding, Problem, ProblemKind
 from .op import Op
+from .patterns import has_globs, no_match_message
+from .patterns import instances as glob_instances
 from .ranges import expand as expand_ranges
 from .ranges import has_ranges
 from .state import Comp, Node, State, find, union
 from .unsupported import Unsupported
 
 Path = tuple[int, ...]
-
-
-_GLOB_HINT = (" A name in a mapper is a name or a {placeholder} template, not a glob: expand '*' against the names first "
-              "(the MapperBuilder's sources do; in code, workbench.mapper.globs: glob_cast, glob_rename, expand_each).")
-
-
-def _has_glob(name: str) -> bool:
-    return "*" in name or "?" in name
 
 
 def _quoted(name: str) -> str:
@@ -117,7 +112,7 @@ class Effect:
 class Binder:
     """One binding run: walks the tree, tracks components and problems."""
 
-    def __init__(self, mapper: Mapper, infos: list[TensorInfo], *, record: bool = False) -> None:
+    def __init__(self, mapper: Mapper, infos: list[TensorInfo], *, record: bool = False, keep_after: bool = False) -> None:
         self.mapper = mapper
         self.infos = infos
         self.problems: list[Problem] = []
@@ -125,6 +120,8 @@ class Binder:
         self.seq = 0
         self.records: dict[Path, list[tuple[Op, tuple[Meta, ...]]]] | None = {} if record else None
         self.scope_clashes: dict[Path, str] = {}  # scope path -> an outside name that lands under target_prefix
+        self.after: dict[Path, dict[str, Meta | None]] = {}  # glob leaf path -> names (metadata) once its step ran (inverse)
+        self.keep_after = keep_after
         self._infer_cache: dict[tuple[Path, tuple[Meta, ...]], list[Meta]] = {}
         self._templates: dict[Path, tuple[tuple[str, ...], list[Template]]] = {}
         self._failed_templates: set[str] = set()
@@ -171,6 +168,8 @@ class Binder:
     def run(self, mapper: Mapper, state: State, path: Path) -> None:
         if isinstance(mapper, Op):
             self.commit(state, self.leaf_effect(mapper, state, path), mapper)
+            if self.keep_after and has_globs(mapper):
+                self.after[path] = {name: node.meta for name, node in state.nodes.items()}
         elif isinstance(mapper, Sequential):
             for index, child in enumerate(mapper.mappers):
                 self.run(child, state, path + (index,))
@@ -182,10 +181,16 @@ class Binder:
                 else:
                     merged.absorb(self.effect_of(child, state, path + (index,)))
             self.commit(state, merged, mapper)
+            if self.keep_after and any(isinstance(child, Op) and has_globs(child) for child in mapper.mappers):
+                after = {name: node.meta for name, node in state.nodes.items()}
+                self.after.update({path + (index,): after for index, child in enumerate(mapper.mappers)
+                                   if isinstance(child, Op) and has_globs(child)})
         elif isinstance(mapper, PrefixScope):
             self.run_scope(mapper, state, path)
         elif isinstance(mapper, Claim):
             self.check_claim(mapper, state)
+        elif isinstance(mapper, ConfigUpdate):
+            pass  # a statement about config.json, which the planner carries; no tensor is read or written
         else:  # pragma: no cover
             raise MapperError(f"Cannot bind {mapper!r}: unknown mapper type {type(mapper).__name__}.")
 
@@ -200,7 +205,11 @@ class Binder:
         if isinstance(mapper, Op):
             return self.leaf_effect(mapper, state, path)
         scratch = state.copy()
-        self.run(mapper, scratch, path)
+        keep_after, self.keep_after = self.keep_after, False  # a scratch state is not what the inverse of a leaf in it reads
+        try:
+            self.run(mapper, scratch, path)
+        finally:
+            self.keep_after = keep_after
         effect = Effect(self)
         for name, node in state.nodes.items():
             if scratch.nodes.get(name) is not node:
@@ -248,6 +257,9 @@ class Binder:
     def leaf_effect(self, leaf: Op, state: State, path: Path, effect: Effect | None = None) -> Effect:
         """What `leaf` does to `state`, added to `effect` (a new one by default)."""
         effect = Effect(self) if effect is None else effect
+        if has_globs(leaf):
+            self._expand_glob(leaf, state, path, effect)
+            return effect
         if has_ranges(leaf):
             for instance, reported in expand_ranges(self, leaf, state, path):
                 self.instance(instance, state, path, effect, reported=reported)
@@ -265,6 +277,17 @@ class Binder:
         for instance, reported in self.expand(leaf, state, path):
             self.instance(instance, state, path, effect, reported=reported)
         return effect
+
+    def _expand_glob(self, leaf: Op, state: State, path: Path, effect: Effect) -> None:
+        """A leaf whose input is a glob: one instance per name it matches among those present now (`patterns`)."""
+        nodes = state.nodes
+        found = glob_instances(leaf, {name: node.meta for name, node in nodes.items()})
+        if not found:
+            if leaf.inputs[0] not in self._failed_templates:
+                self.problem(no_match_message(leaf, len(nodes)), leaf, leaf.inputs[0], kind="missing")
+            self._failed_templates.update(leaf.outputs)
+        for op in found:
+            self.instance(op, state, path, effect, reported=False)
 
     def _expand_joined(self, leaf: Op, state: State, path: Path, effect: Effect) -> bool:
         """`expand` + `instance` fused for several inputs whose placeholders are whole segments (q/k/v -> qkv).
@@ -439,7 +462,7 @@ class Binder:
         hint = f" The closest name is {_quoted(guess[0])}." if guess else ""
         self.problem(
             f"Cannot bind {leaf.short()}: template {_quoted(text)} matches no tensor ({len(state.nodes)} available).{hint} "
-            "Check the spelling against the source's tensor names, or remove the operation." + _GLOB_HINT * _has_glob(text),
+            "Check the spelling against the source's tensor names, or remove the operation.",
             leaf, text, kind="missing",
         )
 
@@ -519,8 +542,7 @@ class Binder:
             absent = self._absent_source_hint(missing[0])
             guess = [] if absent else difflib.get_close_matches(missing[0], list(state.nodes)[:20000], n=1)
             hint = f" The closest name is {_quoted(guess[0])}." if guess else ""
-            fix = absent or (" Check the name against the source's tensors (or the step that should produce it)."
-                             + _GLOB_HINT * _has_glob(missing[0]))
+            fix = absent or " Check the name against the source's tensors (or the step that should produce it)."
             self.problem(
                 f"Cannot bind {op.short()}: input {_quoted(missing[0])} is not in the source.{hint}{fix}",
                 op, missing[0], kind="missing",
@@ -564,7 +586,7 @@ def run_binder(mapper: Mapper, source: Any, rest: Rest = "keep", *, record: bool
     collecting = gc.isenabled()
     gc.disable()
     try:
-        binder = Binder(mapper, source_infos(source), record=record)
+        binder = Binder(mapper, source_infos(source), record=record, keep_after=record)
         binder.run(mapper, binder.state, ())
         return build_binding(binder, rest), binder
     finally:

@@ -15,13 +15,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..errors import MapperError
-from .base import Mapper
+from .base import NoTensorLeaf
 
 _SHOWN = 5
 
 
 @dataclass(frozen=True, repr=False)
-class Claim(Mapper):
+class Claim(NoTensorLeaf):
     """Source tensors whose whole name matches the regular expression `pattern` must not be left untouched.
 
     `family` names the layout in messages ("HF Llama (hf_to_meta)"); `hint` says how to fix a leftover; `effect`
@@ -43,21 +43,6 @@ class Claim(Mapper):
         except re.error as exc:
             # quoted as typed: a repr would double every backslash of the regular expression
             raise MapperError(f"Cannot build Claim: pattern '{self.pattern}' is not a regular expression ({exc}).") from None
-
-    @property
-    def is_template(self) -> bool:
-        return False
-
-    def leaves(self) -> Iterator[Mapper]:
-        yield self
-
-    @property
-    def inputs(self) -> tuple[str, ...]:
-        return ()
-
-    @property
-    def outputs(self) -> tuple[str, ...]:
-        return ()
 
     def leftovers(self, names: Iterator[str] | list[str]) -> list[str]:
         """The names among `names` (untouched source tensors) that this claim covers."""

@@ -7,6 +7,7 @@ norms kept F32". For lists of steps (the MapperBuilder); the code (`short()`, `t
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -16,8 +17,10 @@ from ..dtypes import is_float
 from .base import Mapper
 from .claim import Claim
 from .compose import Parallel, PrefixScope, Sequential
+from .config_update import ConfigUpdate
 from .op import Op
 from .ops import Cast, Concat, Drop, Identity, Rename, Split
+from .patterns import has_globs
 
 LABEL_WIDTH = 110
 # words that name kinds of tensors people keep in another dtype, as "norms kept F32" says it
@@ -41,14 +44,16 @@ def _describe(step: Mapper, before: Mapping[str, TensorInfo], instances: list[Op
         return f"replace prefix `{step.source_prefix}` → `{step.target_prefix}`{count}"
     if isinstance(step, Claim):
         return f"check: nothing of {_family(step)} left unconverted"
-    leaves = [leaf for leaf in step.leaves() if not isinstance(leaf, Claim)]
+    if isinstance(step, ConfigUpdate):
+        return f"config.json: {step.key} -> {json.dumps(step.value)}"
+    leaves = [leaf for leaf in step.leaves() if not isinstance(leaf, (Claim, ConfigUpdate))]
     checked = " + check" if any(isinstance(leaf, Claim) for leaf in step.leaves()) and leaves else ""
     if not leaves:
         return step.short()
     kinds = {type(leaf) for leaf in leaves}
-    done = [op for op in instances if not isinstance(op, Claim)]
+    done = [op for op in instances if not isinstance(op, (Claim, ConfigUpdate))]
     if kinds == {Cast}:
-        if len(leaves) == 1 and not leaves[0].is_template:
+        if len(leaves) == 1 and not leaves[0].is_template and not has_globs(leaves[0]):
             return f"cast {leaves[0].name} → {leaves[0].dtype}"  # type: ignore[attr-defined]
         return _casts(done, before) + checked
     if kinds == {Concat}:
@@ -60,6 +65,8 @@ def _describe(step: Mapper, before: Mapping[str, TensorInfo], instances: list[Op
         first = leaves[0]
         example = f"{first.src} → {first.dst}" if isinstance(first, Rename) else first.name  # type: ignore[attr-defined]
         more = f" and {len(leaves) - 1} more" if len(leaves) > 1 else ""
+        if not done and any(has_globs(leaf) for leaf in leaves):
+            return f"{verb} {example}{more} (matches no name here)" + checked
         return f"{verb} {_tensors(len(done) or len(leaves))}: {example}{more}" + checked
     if isinstance(step, Op):
         return step.short()
@@ -104,7 +111,8 @@ def _casts(done: list[Op], before: Mapping[str, TensorInfo]) -> str:
     """'cast 24 tensors → BF16, norms kept F32': instances by dtype; the floats left alone, when they are one kind."""
     by_dtype: dict[str, list[str]] = {}
     for op in done:
-        by_dtype.setdefault(op.dtype, []).append(op.name)  # type: ignore[attr-defined]
+        if isinstance(op, Cast):  # a glob Cast passes the non-float (and already cast) tensors it matches as they are
+            by_dtype.setdefault(op.dtype, []).append(op.name)
     if not by_dtype:
         return "cast (no tensor matched yet)"
     order = sorted(by_dtype, key=lambda d: -len(by_dtype[d]))

@@ -15,6 +15,7 @@ from ..errors import MapperError
 from .base import Mapper
 from .claim import Claim
 from .compose import Parallel, PrefixScope, Sequential
+from .config_update import ConfigUpdate
 from .op import Op
 
 LeafFn = Callable[[Op, list[Any]], list[Any]]
@@ -33,7 +34,7 @@ def run(mapper: Mapper, state: dict[str, Any], leaf_fn: LeafFn) -> None:
         _run_parallel(mapper, state, leaf_fn)
     elif isinstance(mapper, PrefixScope):
         _run_scope(mapper, state, leaf_fn)
-    elif isinstance(mapper, Claim):
+    elif isinstance(mapper, (Claim, ConfigUpdate)):
         pass  # a check on the source, made by binding (`apply_mapper` binds mappers that hold one)
     else:  # pragma: no cover - every Mapper subclass is one of the above
         raise MapperError(f"Cannot apply {mapper!r}: unknown mapper type {type(mapper).__name__}.")

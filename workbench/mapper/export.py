@@ -15,6 +15,7 @@ from ..formats.json_errors import json_problem
 from .base import Mapper
 from .claim import Claim
 from .compose import Parallel, PrefixScope, Sequential
+from .config_update import ConfigUpdate
 from .function import Function
 from .op import Op
 from .ops import Cast, Concat, Drop, Identity, Rename, Reshape, Split, Stack, Transpose, Unstack
@@ -28,7 +29,7 @@ SHORT_WIDTH = 160
 
 OPERATIONS: dict[str, type[Mapper]] = {
     cls.__name__: cls
-    for cls in (Rename, Identity, Drop, Concat, Stack, Split, Unstack, Transpose, Reshape, Cast, Unsupported, Function, Sequential, Parallel, PrefixScope, Claim)
+    for cls in (Rename, Identity, Drop, Concat, Stack, Split, Unstack, Transpose, Reshape, Cast, Unsupported, Function, Sequential, Parallel, PrefixScope, Claim, ConfigUpdate)
 }
 
 
@@ -75,7 +76,7 @@ def _pretty_leaf_args(op: Op, indent: int) -> list[str]:
 
 def _parts(mapper: Mapper, prefix: str) -> tuple[str, list[str]]:
     """Callable name and argument expressions (children rendered recursively, one line each)."""
-    if isinstance(mapper, (Op, Claim)):  # a Claim is a dataclass of plain fields, written like a leaf
+    if isinstance(mapper, (Op, Claim, ConfigUpdate)):  # a Claim is a dataclass of plain fields, written like a leaf
         return prefix + type(mapper).__name__, _leaf_args(mapper)  # type: ignore[arg-type]
     if isinstance(mapper, (Sequential, Parallel)):
         return prefix + type(mapper).__name__, [code_expr(child, prefix) for child in mapper.mappers]
@@ -130,7 +131,7 @@ def to_code(mapper: Mapper) -> str:
 
 def to_dict(mapper: Mapper) -> dict[str, Any]:
     """A JSON-ready dict describing `mapper`."""
-    if isinstance(mapper, (Op, Claim)):
+    if isinstance(mapper, (Op, Claim, ConfigUpdate)):
         out: dict[str, Any] = {"op": type(mapper).__name__}
         for field in dataclasses.fields(mapper):  # type: ignore[arg-type]
             value = getattr(mapper, field.name)

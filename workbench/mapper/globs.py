@@ -1,10 +1,10 @@
-"""Glob sources: a name with `*` (or `?`, `[...]`) picks every tensor it matches at one point of a mapper.
+"""Expanding a glob into the names it matches at one point, folded into `{i}` templates.
 
-Operations read names or `{placeholder}` templates; a glob is written in the filter syntax of
-`workbench.names` (`*` any text, dots included; `{i}` one segment or part of one) but must match the
-*whole* name. A glob is not an operation of its own: it is expanded, against the names that exist where
-the step runs, into ordinary operations over folded templates (`model.layers.{i}.mlp.up_proj.weight`),
-so the mapper stays short, exports as plain code and binds like any other. Numbered names fold into
+Operations take globs themselves (`M.Cast("*.weight", "BF16")`: see `workbench.mapper.patterns`), bound where
+their step runs and exported as written; prefer that. These helpers list instead: for what no glob can say
+(`glob_cast` with `keep` words: "every float but the norms"), and for fixes that name the tensors of one
+binding (the builder's "drop the old tensors"). The filter syntax is that of `workbench.names` (`*` any text,
+dots included; `{i}` one segment or part of one), matched against the *whole* name. Numbered names fold into
 a template only when the template catches exactly the chosen names; the others are spelled out.
 """
 
@@ -20,16 +20,11 @@ from ..names import Template, fill, pattern_regex, placeholders_of
 from .base import Mapper
 from .compose import Parallel, PrefixScope, Sequential
 from .ops import Rename
+from .patterns import GLOB_CHARACTERS, is_glob  # noqa: F401  (the one definition; kept importable here)
 from .state import Node, State
 
-GLOB_CHARACTERS = "*?["
 FOLD_PLACEHOLDERS = ("i", "j", "k", "l", "m", "n", "p", "q")
 _DIGITS = re.compile(r"^\d+$")
-
-
-def is_glob(name: str) -> bool:
-    """True when `name` holds a glob wildcard (`*`, `?` or `[`): it picks names rather than naming one."""
-    return any(c in name for c in GLOB_CHARACTERS)
 
 
 def glob_matcher(pattern: str) -> Callable[[str], bool]:

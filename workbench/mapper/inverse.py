@@ -14,7 +14,9 @@ from ..errors import MapperError
 from .base import Mapper
 from .claim import Claim
 from .compose import Parallel, PrefixScope, Sequential
+from .config_update import ConfigUpdate
 from .op import Op
+from .patterns import has_globs, inverse_keeps_glob
 from .ranges import has_ranges, zero_based
 
 
@@ -33,7 +35,7 @@ def inverse(mapper: Mapper, source: Any) -> Mapper:
 
 def _invert(mapper: Mapper, path: tuple[int, ...], binder: Any) -> Mapper | None:
     if isinstance(mapper, Op):
-        return _invert_leaf(mapper, binder.records.get(path, []))
+        return _invert_leaf(mapper, binder.records.get(path, []), binder.after.get(path))
     if isinstance(mapper, Sequential):
         parts = [_invert(child, path + (i,), binder) for i, child in enumerate(mapper.mappers)]
         kept = [part for part in reversed(parts) if part is not None]
@@ -52,14 +54,20 @@ def _invert(mapper: Mapper, path: tuple[int, ...], binder: Any) -> Mapper | None
             )
         inner = _invert(mapper.mapper, path + (0,), binder)
         return PrefixScope(inner if inner is not None else Sequential(), mapper.target_prefix, mapper.source_prefix)
-    if isinstance(mapper, Claim):
+    if isinstance(mapper, (Claim, ConfigUpdate)):
         return None  # a check on this mapper's source; the inverse reads another layout
     raise MapperError(f"Cannot invert {mapper!r}: unknown mapper type {type(mapper).__name__}.")
 
 
-def _invert_leaf(leaf: Op, records: list[tuple[Op, tuple[Any, ...]]]) -> Mapper | None:
+def _invert_leaf(leaf: Op, records: list[tuple[Op, tuple[Any, ...]]], after: Any = None) -> Mapper | None:
     if not records:
         return None
+    if has_globs(leaf):  # keep the glob only when, bound where the inverse runs, it stands for exactly the inverse instances
+        own = dict.fromkeys(metas for instance, metas in records if type(instance) is type(leaf))  # not a Cast's pass-throughs
+        candidates = {leaf._invert(list(metas)) for metas in own}
+        if len(candidates) == 1 and inverse_keeps_glob(leaf, next(iter(candidates)), records, after):
+            return candidates.pop()
+        return Parallel(*[instance._invert(list(metas)) for instance, metas in records])
     if not leaf.is_template:
         return leaf._invert(list(records[0][1]))
     if has_ranges(leaf) and not all(zero_based(leaf, instance) for instance, _ in records):

@@ -15,6 +15,7 @@ from ..errors import MapperError
 from ..names import check_name, check_placeholder_sets, is_template
 from .base import Mapper, Meta
 from .layout import Sym
+from .patterns import check_globs
 from .ranges import check_ranges, plain, without
 
 
@@ -48,6 +49,7 @@ class Op(Mapper):
                 raise MapperError(f"Cannot build {where}: {label} {dup!r} is listed twice. List each tensor once.")
         check_placeholder_sets([without(n) for n in inputs], [without(n) for n in outputs], where)
         check_ranges(self, where)
+        check_globs(self, where)
 
     def _set(self, field: str, value: Any) -> None:
         object.__setattr__(self, field, value)
@@ -60,6 +62,7 @@ class Op(Mapper):
 
     @property
     def is_template(self) -> bool:
+        # A glob is not counted: a bound instance's real names may hold '[' or '*' (see patterns.has_globs).
         return any(is_template(name) for name in self.inputs) or any("*}" in name for name in self.outputs)
 
     def leaves(self) -> Iterator[Mapper]:

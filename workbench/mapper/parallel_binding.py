@@ -26,6 +26,7 @@ from .compose import Parallel, Sequential
 from .grouping import keep_group
 from .groups import Binding, Group, Problem
 from .op import Op
+from .patterns import has_globs
 from .ranges import has_ranges
 from .recipes import LazyRecipe, Tracer
 from .restrict import GroupShape, Restrictor
@@ -46,7 +47,7 @@ class _Leaf:
 
 def _leaf(op: Mapper, path: Path) -> _Leaf | None:
     """`op` as a `_Leaf` when every input is a whole-segment template over the same placeholders, else None."""
-    if not isinstance(op, Op) or not op.outputs or not op.inputs or has_ranges(op) or not op.is_template:
+    if not isinstance(op, Op) or not op.outputs or not op.inputs or has_ranges(op) or has_globs(op) or not op.is_template:
         return None
     order = tuple(sorted(placeholders_of(op.inputs[0])))
     templates = [Template(text, order) for text in op.inputs]

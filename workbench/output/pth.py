@@ -258,6 +258,15 @@ def meta_params(config: Mapping[str, Any]) -> dict[str, Any]:
     return params
 
 
+def _files_named(mapper: Any, nproc_mp: int) -> int:
+    """How many model-parallel files the output has: `nproc_mp`, or as many as a user mapper's `mp<r>/` output names
+    say (`output_presets.hf_to_meta_mp` with the default nproc_mp=1), read from its leaves without binding it."""
+    if mapper is None or nproc_mp > 1 or not hasattr(mapper, "leaves"):
+        return nproc_mp
+    ranks = [mp_rank(name) for leaf in mapper.leaves() for name in getattr(leaf, "outputs", ()) if isinstance(name, str)]
+    return max(ranks, default=0) + 1
+
+
 class PthOutput(OutputFormat):
     """Meta's original layout: `consolidated.NN.pth` torch zips (one per model-parallel rank) and `params.json`."""
 
@@ -291,16 +300,20 @@ class PthOutput(OutputFormat):
                             "outputs mp<r>/<name>.")
         if has_config:
             config = read_config(folder, "Meta .pth")
-            if preset is not None and (mapper is None or options.nproc_mp > 1):
-                if mapper is None and hasattr(preset, "layout"):  # the preset's whole Meta layout (issue 29 D3)
-                    from .statement import meta_statement
+            if preset is not None and hasattr(preset, "layout"):  # Meta's whole layout, whoever names the tensors (D3)
+                from .statement import meta_statement_of
 
-                    stated = meta_statement(preset.layout(config, options.nproc_mp))
+                stated = meta_statement_of(preset.layout, config, _files_named(mapper, options.nproc_mp))
+            if preset is not None and (mapper is None or options.nproc_mp > 1):
                 mapper = preset(config, options.nproc_mp, before=mapper)
             try:
                 params = meta_params(config)
             except KeyError:
                 params = {}
+        if stated is None:
+            from .statement import unchecked
+
+            stated = unchecked("Meta's layout", f"{folder} has no config.json to state it" if not has_config else "no preset states it")
         return mapper, PthOutput(params, stated=stated), options
 
     def file_name(self, k: int, n: int) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,8 @@ class Statement:
     family: str
     tensors: Mapping[str, tuple[str | None, tuple[int, ...]]]
     accounted: frozenset[str] | None
+    why_unchecked: str = ""  # set: nothing was stated, and why (the verify report says so instead of passing silently)
+    optional: frozenset[str] = frozenset()  # stated names the output may leave out (a tied head, a rebuilt buffer)
 
 
 def meta_statement(layout: Mapping[str, tuple[int, ...]]) -> Statement:
@@ -42,6 +45,8 @@ def statement_rows(statement: Statement, written: Mapping[str, tuple[str, tuple[
     family = statement.family
     for name, meta in statement.tensors.items():
         found = written.get(name)
+        if found is None and name in statement.optional:
+            continue
         if found is None:
             rows.append((name, "statement", "missing", None, 0, f"the {family} statement has it; the output does not"))
         elif (meta[0] is not None and found[0] != meta[0]) or tuple(found[1]) != tuple(meta[1]):
@@ -59,4 +64,36 @@ def statement_rows(statement: Statement, written: Mapping[str, tuple[str, tuple[
     return rows
 
 
-__all__ = ["Statement", "meta_statement", "statement_rows"]
+def unchecked(family: str, why: str) -> Statement:
+    """A statement that states nothing, and why (a config the statement needs is missing or unknown): the output check
+    reports "not checked against <family>: <why>" rather than passing as if it had been checked."""
+    return Statement(family, {}, None, why)
+
+
+def meta_statement_of(layout: Any, config: Any, nproc_mp: int) -> Statement:
+    """`meta_statement` of `layout(config, nproc_mp)` (`mapper.presets.output_presets.meta_layout`), or `unchecked` naming why
+    config.json cannot state Meta's layout (not a Llama-like config: a size missing or not a number)."""
+    from ..errors import WorkbenchError
+
+    try:
+        return meta_statement(layout(config, nproc_mp))
+    except (WorkbenchError, TypeError, ValueError, KeyError, ZeroDivisionError) as exc:
+        return unchecked("Meta Llama (llama/model.py)", f"config.json does not state its layout ({getattr(exc, 'message', exc)})")
+
+
+def nearest_statement(family: str, layouts: list[tuple[str, Mapping[str, tuple[str | None, tuple[int, ...]]]]],
+                      optional: frozenset[str], written: Mapping[str, tuple[str, tuple[int, ...]]]) -> Statement:
+    """Of a model's stated layouts (`mapper.presets.transformers_declared.declared_layouts`: the names transformers saves, the
+    names it holds in memory), the statement the `written` tensors disagree with least: the output may be either."""
+    best: tuple[int, Statement] | None = None
+    for name, tensors in layouts:
+        statement = Statement(f"{family} {name}" if len(layouts) > 1 else family, tensors, None, optional=optional)
+        rows = len(statement_rows(statement, written, [], set()))
+        if best is None or rows < best[0]:
+            best = (rows, statement)
+    assert best is not None, "a model states at least one layout"
+    return best[1]
+
+
+__all__ = ["Statement", "meta_statement", "meta_statement_of", "nearest_statement", "statement_rows",
+           "unchecked"]

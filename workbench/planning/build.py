@@ -12,6 +12,7 @@ from ..display import parse_size
 from ..dtypes import policy_dtype
 from ..errors import PlanError, WorkbenchError
 from ..mapper.base import Mapper
+from ..mapper.config_update import config_updates
 from ..mapper.files import code_digest
 from ..mapper.groups import Binding, Problem
 from ..mapper.op import Op
@@ -19,7 +20,7 @@ from ..mapper.presets.output_presets import OUTPUT_PRESETS
 from ..output import OutputFormat, output_format
 from ..output.destination import local_destination
 from .destination import check_destination
-from .extras import layout_change, scan_extras, with_config_dtype, with_layout_note
+from .extras import layout_change, scan_extras, with_config_dtype, with_config_updates, with_layout_note
 from .fingerprint import changed_sources, layout_fingerprint, run_fingerprint
 from .gc_pause import gc_paused
 from .header_metadata import HeaderMetadata
@@ -239,7 +240,14 @@ def _build_plan(
     extra_files = scan_extras(catalog.root, catalog.extras, dest_path, own=catalog.files) if on_disk else []
     quant_changes = _quantisation_changes(binding, mapper) if mapper is not None and extra_files else None
     extra_files = with_config_dtype(catalog.root, extra_files, options.dtype, quant_changes)
-    if mapper is not None and extra_files and quant_changes is None:
+    edits, whys, conflicts = config_updates(mapper)
+    problems += [Problem("error", why, kind="clash") for why in conflicts]
+    if edits and output.copies_extras:
+        extra_files, not_made = with_config_updates(catalog.root, extra_files, edits, whys, options.dtype)
+        problems += [Problem("warning", f"The mapper states a config.json edit that this conversion cannot make ({why}): "
+                                        "edit the output's config.json yourself, or convert with extras.", kind="preset")
+                     for why in not_made]
+    if mapper is not None and extra_files and quant_changes is None and not edits:
         extra_files = with_layout_note(extra_files, layout_change(binding.groups))
     extras = [e.path for e in extra_files if e.written]
     committed: list[str] = []  # files written at commit beside the shards (DCP: objects file, .metadata)

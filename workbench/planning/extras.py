@@ -12,8 +12,8 @@ the reason, so an output never looks complete while something was left behind si
 Files that hold weights are never extras, whatever format chose them: copied beside a converted output,
 a `pytorch_model.bin` (or `tf_model.h5`, `model.gguf` ...) would be a second, stale copy of the model that
 loaders may pick instead of the output (after a cast to bf16, an fp32 `.bin`). The rule (`weight_kind`):
-a file holds weights when its name ends with a weight-file suffix (`WEIGHT_SUFFIXES`, or an index of
-such files, `*.index.json`), or when its first bytes carry the signature of a weight container (GGUF,
+a file holds weights when its name ends with a weight-file suffix (`formats.weight_files.WEIGHT_SUFFIXES`, or an
+index of such files, `*.index.json`), or when its first bytes carry the signature of a weight container (GGUF,
 HDF5, NumPy, a zip archive as `torch.save` writes, a pickle, a safetensors header) whatever its name.
 Such a file at the top level is listed as skipped with the format it holds; in a subfolder it makes the
 subfolder another model's (skipped whole).
@@ -30,20 +30,13 @@ from pathlib import Path
 
 from ..formats.links import leads_inside
 from ..formats.safetensors_folder import CHECKSUMS_NAME, NOT_EXTRAS
+from ..formats.weight_files import INDEX_SUFFIX, WEIGHT_SUFFIXES, names_weights
 from .config_dtype import CONFIG_NAME, CONFIG_NAMES, KEEP, config_dtype_update, config_dtypes, read_config
+from .config_edit import edit_config
 
 COPIED = "copy"
 UPDATED = "update"  # copied with changes (config.json dtype after a cast)
 SKIPPED = "skip"
-WEIGHT_SUFFIXES = {  # lower-case name suffix -> what such a file holds
-    ".safetensors": "safetensors weights", ".bin": "PyTorch weights or training state (a pickle, or raw bytes)",
-    ".pt": "PyTorch weights or training state", ".pth": "PyTorch weights or training state", ".ckpt": "a training checkpoint", ".distcp": "DCP weights", ".h5": "TensorFlow/Keras weights",
-    ".hdf5": "TensorFlow/Keras weights", ".keras": "Keras weights", ".msgpack": "Flax weights", ".ot": "rust-bert (libtorch) weights",
-    ".gguf": "GGUF weights", ".ggml": "GGML weights", ".onnx": "an ONNX model", ".onnx_data": "ONNX external weights",
-    ".onnx.data": "ONNX external weights", ".npz": "NumPy arrays", ".npy": "a NumPy array", ".tflite": "a TensorFlow Lite model",
-    ".pdparams": "PaddlePaddle weights", ".mlmodel": "a Core ML model", ".nemo": "a NeMo checkpoint",
-}
-TENSOR_SUFFIXES = tuple(WEIGHT_SUFFIXES)
 SIGNATURES = (  # leading bytes -> what a file that starts with them holds
     (b"GGUF", "GGUF weights"),
     (b"\x89HDF\r\n\x1a\n", "HDF5 (TensorFlow/Keras) weights"),
@@ -79,14 +72,9 @@ def _inside(real_root: str, path: str) -> bool:
     return leads_inside(real_root, path)
 
 
-def _holds_tensors(name: str) -> bool:
-    lower = name.lower()
-    return lower.endswith(TENSOR_SUFFIXES) or lower.endswith(".index.json")
-
-
 def _kind_by_name(name: str) -> str | None:
     lower = name.lower()
-    if lower.endswith(".index.json"):
+    if lower.endswith(INDEX_SUFFIX):
         return "an index of weight files"
     return next((what for suffix, what in WEIGHT_SUFFIXES.items() if lower.endswith(suffix)), None)
 
@@ -158,7 +146,7 @@ def _walk(real_root: str, folder: str, rel: str, ancestors: frozenset[str], dept
     before = len(found)
     for entry in entries:
         path = f"{rel}/{entry.name}"
-        if _holds_tensors(entry.name) and not entry.is_dir():
+        if names_weights(entry.name) and not entry.is_dir():
             return f"holds tensors ({path}); it belongs to another model"
         if entry.is_symlink() and not _inside(real_root, entry.path):
             found.append(Extra(path, SKIPPED, 0, "a link leading outside the source folder"))
@@ -227,7 +215,7 @@ def scan_extras(root: Path, top_level: Iterable[str], dest: Path | None = None, 
     own_files = {rel for rel in own if len(Path(rel).parts) == 1}
     for entry in sorted(os.scandir(root), key=lambda e: e.name):
         if entry.name in chosen or (entry.name not in own_files and _kind_by_name(entry.name) and not entry.is_dir()
-                                     and not entry.name.lower().endswith(".index.json")):
+                                     and not entry.name.lower().endswith(INDEX_SUFFIX)):
             out.append(_top_file(real_root, entry, entry.name in chosen))
         elif entry.is_dir() and entry.name not in source_folders:
             out.extend(_subfolder(real_root, entry, real_dest, budget))
@@ -308,10 +296,12 @@ def _join(first: str, second: str) -> str:
 
 def layout_change(groups: Iterable) -> str | None:
     """An example of how the binding's groups change the tensor layout a config describes (a rename,
-    reshape, fusion or split), or None when every output is an input under the same name and shape."""
+    reshape, fusion or split), or None when every output is an input under the same name and shape (copies, casts,
+    and updates in place such as a LoRA merge: `W` and the adapter's tensors make `W`)."""
     for group in groups:
         ins, outs = group.inputs, group.outputs
-        if len(ins) == 1 and len(outs) == 1 and ins[0].name == outs[0].name and tuple(ins[0].shape) == tuple(outs[0].shape):
+        kept = {(t.name, tuple(t.shape)) for t in ins}
+        if all((t.name, tuple(t.shape)) in kept for t in outs):  # each output an input under its name and shape (a merge)
             continue
         if len(ins) == 1 and len(outs) == 1:
             if ins[0].name != outs[0].name:
@@ -330,13 +320,52 @@ def _config_target(dtype: str | None, mapper_changes: dict) -> tuple[str | None,
     return CONFIG_NAMES.get(code) if code else None, quantization
 
 
+def with_config_updates(root: Path, extras: list[Extra], edits: dict, whys: dict, dtype: str | None) -> tuple[list[Extra], list[str]]:
+    """Mark the written top-level config.json for update with the mapper's stated edits (`mapper.config_update`):
+    its reason lists each change ("config.json: tie_word_embeddings true -> false (why)") and `Extra.config`
+    carries the edits (key "set") beside any (de)quantisation changes, so the extras step writes the edited bytes.
+    Returns the extras and the statements that could not be applied (no config.json written, a missing object)."""
+    if not edits:
+        return extras, []
+    out: list[Extra] = []
+    failed: list[str] = []
+    found = False
+    for extra in extras:
+        if extra.path != CONFIG_NAME or not extra.written:
+            out.append(extra)
+            continue
+        found = True  # (the dtype policy's update, if any, is kept: the edits apply to its bytes)
+        raw = read_config(root / CONFIG_NAME)
+        current = updated_bytes(root, extra, dtype) if extra.action == UPDATED else raw
+        new, changes, not_made = (None, [], [f"{key}: config.json cannot be read" for key in edits]) if current is None \
+            else edit_config(current, edits)
+        failed += not_made
+        if new is None:
+            out.append(extra)
+            continue
+        stated = json.loads(extra.config) if extra.config else {}
+        shown = "; ".join(f"config.json: {text}" + (f" ({whys[key]})" if whys.get(key) else "") for key, text in changes)
+        out.append(Extra(extra.path, UPDATED, len(new), _join(extra.reason, shown),
+                         json.dumps({**stated, "set": dict(edits)}, sort_keys=True)))
+    if not found:
+        failed += [f"{key}: no config.json is written with this output" for key in edits]
+    return out, failed
+
+
 def updated_bytes(root: Path, extra: Extra, dtype: str | None) -> bytes | None:
     """The bytes an UPDATED extra is written with (None when it is copied as it is)."""
     if extra.action != UPDATED or extra.path != CONFIG_NAME:
         return None
     if extra.config:
         raw = read_config(root / extra.path)
-        return None if raw is None else config_dtype_update(raw, *_config_target(dtype, json.loads(extra.config)))[0]
+        if raw is None:
+            return None
+        stated = json.loads(extra.config)
+        new = config_dtype_update(raw, *_config_target(dtype, stated))[0]
+        if stated.get("set"):
+            edited = edit_config(new if new is not None else raw, stated["set"])[0]
+            new = edited if edited is not None else new
+        return new
     if dtype not in CONFIG_NAMES:
         return None
     raw = read_config(root / extra.path)

@@ -2,8 +2,8 @@
 
 Start empty or from a preset (Replace) and add presets as steps (Append preset); add operations by
 picking source names as they are where the step runs (layer templates such as
-`model.layers.{i}.self_attn.q_proj.weight` are offered; a glob such as `*` or `model.*` picks many, a
-Rename can strip or add a prefix) and an operation with its parameters; edit, reorder or remove steps,
+`model.layers.{i}.self_attn.q_proj.weight` are offered; a glob such as `*.weight` is added as written and
+binds where its step runs, a Rename can strip or add a prefix) and an operation with its parameters; edit, reorder or remove steps,
 listed in words ("strip prefix `model.`") with their code beside. Problems are grouped by step, with a
 fix where one is obvious. Every change re-binds the mapper to the source (metadata only) and updates
 the preview of outputs, the problems, the target check and the exported code. `builder.mapper` is an
@@ -38,6 +38,8 @@ from ..mapper.describe import describe_step
 from ..mapper.export import code_expr
 from ..mapper.groups import Problem
 from ..mapper.op import Op
+from ..mapper.patterns import is_glob
+from ..mapper.patterns import matcher as glob_matcher
 from ..names import Template, filter_names, placeholders_of
 from .common import (
     Panel,
@@ -66,7 +68,6 @@ OUTPUT_HINTS = {
 SINGLE_SOURCE = ("Rename", "Split", "Unstack", "Transpose", "Reshape", "Cast", "Identity", "Drop")
 PER_SOURCE = ("Cast", "Identity", "Drop")  # several sources and no output name: one operation each
 NO_OUTPUTS = ("Identity", "Drop", CODE)
-GLOB_EACH = ("Cast", "Identity", "Drop", "Transpose", "Reshape")  # a glob source: one operation per matched template
 DEFAULT_ROWS = 60
 SHOWN_PER_GROUP = 5  # problems listed under each group heading (the rest counted)
 MAX_MOVE_TRIALS = 8  # positions tried (each a binding) when looking for where a step's names exist
@@ -203,9 +204,12 @@ class ProblemGroup:
 
 
 def _names_match(text: str, names: Mapping[str, TensorInfo]) -> bool:
-    """True when `text` (a name or a {placeholder} template) names at least one of `names`."""
+    """True when `text` (a name, a {placeholder} template or a glob) names at least one of `names`."""
     if text in names:
         return True
+    if is_glob(text):
+        match = glob_matcher(text)
+        return any(match(name) is not None for name in names)
     if "{" not in text:
         return False
     template = Template(text, placeholders_of(text))
@@ -281,6 +285,9 @@ class MapperBuilder(Panel):
         self._quiet = False
         self._fold_cache: dict[str, str] = {}
         self._groups_html = ""
+        # Casts with 'keep F32' words list their names (no glob says "all but the norms"); each remembers how it was
+        # asked for, so that moved elsewhere it is listed again for the names there: id -> (step, recipe, built after)
+        self._kept_casts: dict[int, tuple[Mapper, tuple[tuple[str, ...], str, tuple[str, ...]], tuple[Mapper, ...]]] = {}
         self.max_rows = max_rows
 
         self._build_controls()
@@ -682,12 +689,12 @@ class MapperBuilder(Panel):
             raise MapperError(f"Cannot add {kind}: no source names. Pick names and click 'Add selected', or type names (one per line).")
         names = self.names_before(self._editing)
         keep = tuple(_split_names(self.keep_box.value)) if kind == "Cast" else ()
-        if any(globs.is_glob(name) for name in sources) or keep:
+        if keep:  # kinds kept in another dtype: no glob says "all but norms", so the names are listed (see _expand_globs)
             return self._expand_globs(kind, sources, outputs, names, keep)
         if kind == "Rename" and len(sources) == 1 and len(outputs) == 1 and _is_prefix_only(sources[0], names):
-            return globs.glob_rename(sources[0] + ".*", outputs[0] + ".*", list(names))  # a module prefix such as 'model.layers.{i}'
+            return M.Rename(sources[0] + ".*", outputs[0] + ".*")  # a module prefix such as 'model.layers.{i}': a glob
         if kind in SINGLE_SOURCE and len(sources) > 1:
-            if kind in PER_SOURCE and not outputs:
+            if (kind in PER_SOURCE or kind in ("Transpose", "Reshape")) and not outputs:  # e.g. several globs
                 return M.Parallel(*[self._single(kind, name, None) for name in sources])
             raise MapperError(f"Cannot add {kind}: it takes one source, and {len(sources)} are listed. Keep one (or use a {{i}} template).")
         if kind in ("Concat", "Stack"):
@@ -709,27 +716,44 @@ class MapperBuilder(Panel):
 
     def _expand_globs(self, kind: str, sources: list[str], outputs: list[str], names: Mapping[str, TensorInfo],
                       keep: tuple[str, ...]) -> Mapper:
-        """Operations for sources with globs (`*`): expanded against the names at this step (see workbench.mapper.globs)."""
-        if kind == "Rename":
-            if len(sources) != 1 or len(outputs) != 1:
-                raise MapperError("Cannot add Rename: a glob rename takes one source and one new name, each '*' standing for the "
-                                  "text the source's '*' matched, e.g. 'model.*' -> '*'.")
-            return globs.glob_rename(sources[0], outputs[0], list(names))
-        if kind not in GLOB_EACH:
-            raise MapperError(f"Cannot add {kind} with a glob source: globs work for Rename, {', '.join(GLOB_EACH)}. "
-                              "Use {i} templates for the inputs of a fusion.")
+        """A Cast keeping named kinds (norms, biases) in F32: the casts of the names each source matches at this step,
+        listed (folded into {i} templates). Every other glob is added as written and binds where its step runs."""
         if outputs:
-            raise MapperError(f"Cannot add {kind}: a glob source writes each tensor under its own name; clear Output.")
+            raise MapperError("Cannot add Cast with 'keep F32' words: each tensor keeps its own name; clear Output.")
+        position = len(self.steps) if self._editing is None else self._editing
+        before = () if self.combine_picker.value == "Parallel" else tuple(self.steps[:position])
+        return self._list_kept_cast((tuple(sources), self.dtype_picker.value, keep), names, before)
+
+    def _list_kept_cast(self, recipe: tuple[tuple[str, ...], str, tuple[str, ...]], names: Mapping[str, TensorInfo],
+                        before: tuple[Mapper, ...]) -> Mapper:
+        sources, dtype, keep = recipe
         parts: list[Mapper] = []
         for source in sources:
-            if kind == "Cast":
-                part = globs.glob_cast(source, names, self.dtype_picker.value, keep=keep)
-            elif not globs.is_glob(source):
-                part = self._single(kind, source, None)
-            else:
-                part = globs.expand_each(source, list(names), lambda template: self._single(kind, template, None), kind.lower())
+            part = globs.glob_cast(source, names, dtype, keep=keep)
             parts.extend(part.mappers if isinstance(part, M.Parallel) else [part])
-        return parts[0] if len(parts) == 1 else M.Parallel(*parts)
+        step = parts[0] if len(parts) == 1 else M.Parallel(*parts)
+        self._kept_casts[id(step)] = (step, recipe, before)
+        return step
+
+    def _relist_kept_casts(self) -> None:
+        """List each keep-words Cast again for the names where it now runs, when the steps before it changed."""
+        parallel = self.combine_picker.value == "Parallel"
+        for index, step in enumerate(self.steps):
+            entry = self._kept_casts.get(id(step))
+            if entry is None or entry[0] is not step:
+                continue
+            before = () if parallel else tuple(self.steps[:index])
+            if len(entry[2]) == len(before) and all(a is b for a, b in zip(entry[2], before, strict=True)):
+                continue
+            names = dict(self.source.catalog.tensors) if not before else bind_steps(self.steps[:index], self.source).before[index]
+            try:
+                fresh = self._list_kept_cast(entry[1], names, before)
+            except MapperError:  # it matches nothing here: the old list stays, and its problems say why
+                self._kept_casts[id(step)] = (step, entry[1], before)
+                continue
+            self.steps[index] = fresh
+            if fresh is not step:
+                self._kept_casts.pop(id(step), None)
 
     def _single(self, kind: str, name: str, dst: str | None) -> Mapper:
         if kind == "Rename":
@@ -843,6 +867,7 @@ class MapperBuilder(Panel):
     # --- refresh ----------------------------------------------------------------------------------------
     def refresh(self, select: int | None = None) -> None:
         """Re-bind the steps to the source (one walk, recording what each step sees) and update every view."""
+        self._relist_kept_casts()
         self.stepwise = bind_steps(self.steps, self.source, parallel=self.combine_picker.value == "Parallel")
         self.binding = self.stepwise.binding
         self.header.value = self._header_html()

@@ -10,7 +10,9 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ...catalog import TensorInfo
 from ...dtypes import is_float, normalize_dtype
+from ...errors import MapperError
 from ...names import Template, placeholders_of
 from ..base import Mapper
 from ..bind import source_infos
@@ -127,13 +129,60 @@ def _rotary(shape: AttentionShape) -> list[tuple[str, str, int, list[int], list[
     return out
 
 
+def tied_output(config: Any) -> list[Mapper]:
+    """For a config with `tie_word_embeddings` (Llama 3.2 1B / 3B): the op writing Meta's `output.weight` as a copy of
+    `tok_embeddings.weight` (none otherwise). Meta's Transformer has its own output layer and its checkpoints hold it;
+    without it, Meta's code loads with strict=False and runs an uninitialised output layer."""
+    if not attention_shape(config).tie_word_embeddings:
+        return []
+    from ..function import Function
+
+    return [Function("workbench.mapper.presets.output_presets:replicate", ("tok_embeddings.weight",), ("tok_embeddings.weight", "output.weight"),
+                     infer="workbench.mapper.presets.output_presets:infer_replicate", params=(("n", 2),))]
+
+
+def untied_output(config: Any) -> list[Mapper]:
+    """For a config with `tie_word_embeddings`: the op that takes Meta's `output.weight` out (an HF tied model saves no
+    head; transformers ties it to the embedding), after checking that it equals `tok_embeddings.weight` (Meta's
+    checkpoints of tied models hold the head as the embedding's copy); none otherwise. A head that differs is refused:
+    dropped, it would be replaced by the embedding on load."""
+    if not attention_shape(config).tie_word_embeddings:
+        return []
+    from ..function import Function
+
+    return [Function("workbench.mapper.presets.layouts:tied_embedding", ("tok_embeddings.weight", "output.weight"),
+                     ("tok_embeddings.weight",), infer="workbench.mapper.presets.layouts:infer_tied_embedding")]
+
+
+def tied_embedding(embedding: Any, output: Any) -> Any:
+    """`embedding`, when `output` (Meta's head) holds the same values; else refused (see `untied_output`)."""
+    import torch
+
+    if embedding.shape != output.shape or not torch.equal(embedding, output):
+        raise MapperError("Cannot convert Meta's output.weight to a tied HF model: it differs from tok_embeddings.weight, so "
+                          "tying them (config.json says tie_word_embeddings: true) would change the model's logits. Set "
+                          "tie_word_embeddings to false in config.json, so that the head is kept as lm_head.weight.",
+                          tensor="output.weight")
+    return embedding
+
+
+def infer_tied_embedding(embedding: TensorInfo, output: TensorInfo) -> list[tuple[str, tuple[int, ...]]]:
+    """The embedding's metadata; the head must have its shape and dtype."""
+    if (embedding.dtype, tuple(embedding.shape)) != (output.dtype, tuple(output.shape)):
+        raise MapperError(f"Cannot convert Meta's output.weight ({output.dtype} {list(output.shape)}) to a tied HF model: "
+                          f"tok_embeddings.weight is {embedding.dtype} {list(embedding.shape)}, so they cannot be one tensor. "
+                          "Set tie_word_embeddings to false in config.json.", tensor=output.name)
+    return [(embedding.dtype, tuple(embedding.shape))]
+
+
 def hf_to_meta(config: Any) -> Mapper:
     """HF Llama names -> Meta's original names, undoing HF's rotary permutation of q and k rows.
 
     HF stores each head's rows as [all first halves, all second halves]; Meta interleaves the pairs.
     Per head: view (2, head_dim/2, in), swap the first two dims, flatten back. Biases and q/k norms
     (Qwen2, Qwen3, `attention_bias` / `mlp_bias` models) follow; any other tensor of the HF layout is
-    reported rather than left under its HF name.
+    reported rather than left under its HF name. A tied model (`tie_word_embeddings`, Llama 3.2 1B / 3B) gets Meta's
+    `output.weight` as the embedding's copy (`tied_output`): Meta's model has its own output layer.
     """
     shape = attention_shape(config)
     half = shape.head_dim // 2
@@ -145,16 +194,20 @@ def hf_to_meta(config: Any) -> Mapper:
         ),
         Parallel(*[Transpose(meta, 1, 2) for _, meta, *_ in rotary]),
         Parallel(*[Reshape(meta, final) for _, meta, _, _, final in rotary]),
+        *tied_output(config),
         Claim("HF Llama (presets.hf_to_meta)", r"(?:model|lm_head)\..*", _UNKNOWN_HINT),
     )
 
 
 def meta_to_hf(config: Any) -> Mapper:
-    """Meta's original Llama names -> HF names, applying the rotary permutation HF's converter applies."""
+    """Meta's original Llama names -> HF names, applying the rotary permutation HF's converter applies. For a tied
+    config the head Meta's checkpoint holds is checked to equal the embedding and left out (`untied_output`):
+    transformers saves no `lm_head.weight` for a tied model."""
     shape = attention_shape(config)
     half = shape.head_dim // 2
     rotary = _rotary(shape)
     return Sequential(
+        *untied_output(config),
         Parallel(
             *[Rename(meta, hf) for hf, meta in _meta_pairs(shape)],
             *[Reshape(meta, [lead, half, 2, *tail], dst=hf) for hf, meta, lead, tail, _ in rotary],

@@ -35,6 +35,7 @@ from ...catalog import TensorInfo
 from ...errors import MapperError
 from ..base import Mapper
 from ..compose import Parallel
+from ..config_update import ConfigUpdate
 from ..function import Function
 from ..ops import Drop, Rename
 from .adapter_config import CONFIG_FILE, AdapterSettings, pattern_key, read_config, short, validate
@@ -208,9 +209,9 @@ def _replacements(replaced: dict[str, str], source: str, where: str, facts: tupl
 
     PEFT on a tied model (tie_word_embeddings) with `modules_to_save=["embed_tokens"]`: the trained copy replaces
     the embedding only; the output head keeps the base's embedding, so merge_and_unload unties them and
-    save_pretrained writes `lm_head.weight` (the base embedding) beside the new embedding. Here the base
-    embedding moves to `lm_head.weight` (a rename, no arithmetic). transformers does not tie two saved tensors
-    whose values differ, so the output loads as PEFT's does. With `ensure_weight_tying` PEFT saves the head too:
+    save_pretrained writes `lm_head.weight` (the base embedding) beside the new embedding, with
+    `tie_word_embeddings: false` in config.json. Here the base embedding moves to `lm_head.weight` (a rename, no
+    arithmetic) and a `ConfigUpdate` states the config edit, so no loader re-ties the head. With `ensure_weight_tying` PEFT saves the head too:
     a copy the base does not hold is added rather than replaced. When whether the base is tied is unknown (no
     `base=`), an adapter that replaces an input embedding needs the base's own `lm_head.weight`, or is refused.
     """
@@ -224,7 +225,8 @@ def _replacements(replaced: dict[str, str], source: str, where: str, facts: tupl
         if target == OUTPUT_HEAD and tied and (names is None or target not in names):
             ops.append(copy)  # a tied head PEFT saved too (ensure_weight_tying), which the base does not hold: added
         elif embedding and tied and (names is None or OUTPUT_HEAD not in names):
-            ops += [Rename(target, OUTPUT_HEAD), copy]  # untie as PEFT does: the head keeps the base embedding
+            ops += [Rename(target, OUTPUT_HEAD), copy,  # untie as PEFT does: the head keeps the base embedding
+                    ConfigUpdate("tie_word_embeddings", False, why="lora_merge unties the head from the replaced embedding, as PEFT does")]
         elif embedding and tied is None:
             # the base must then have its own head: if it has none (tied), binding stops here, this op in the message
             # (kept short: the whole op, `why` included, fits in the one-line form the binding message quotes)

@@ -58,7 +58,7 @@ def _check_divisible(config: Any, nproc_mp: int, embedding_dim: int) -> None:
              "intermediate_size": _get(config, "intermediate_size")}
     if embedding_dim == 1:
         sizes["hidden_size"] = _get(config, "hidden_size")
-    sizes["vocab_size"] = _get(config, "vocab_size")  # output.weight splits its rows, tied or not (`tied_output`)
+    sizes["vocab_size"] = _get(config, "vocab_size")  # output.weight splits its rows, tied or not (`layouts.tied_output`)
     for key, size in sizes.items():
         if size is not None and int(size) % nproc_mp:
             raise MapperError(f"Cannot split the Meta layout {nproc_mp} ways: {key} ({size}) is not a multiple of {nproc_mp}, "
@@ -95,26 +95,12 @@ def meta_mp_split(config: Any, nproc_mp: int, embedding_dim: int | None = None) 
     return Parallel(*parts)
 
 
-def tied_output(config: Any) -> list[Mapper]:
-    """For a config with `tie_word_embeddings` (Llama 3.2 1B / 3B): the op writing Meta's `output.weight` as a copy of
-    `tok_embeddings.weight` (none otherwise). Meta's Transformer has its own output layer and its checkpoints hold it;
-    without it, Meta's code loads with strict=False and runs an uninitialised output layer."""
-    if not attention_shape(config).tie_word_embeddings:
-        return []
-    from ..function import Function
-
-    return [Function("workbench.mapper.presets.output_presets:replicate", ("tok_embeddings.weight",), ("tok_embeddings.weight", "output.weight"),
-                     infer="workbench.mapper.presets.output_presets:infer_replicate", params=(("n", 2),))]
-
-
 def hf_to_meta_pth(config: Any) -> Mapper:
-    """HF Llama -> Meta's whole layout: `presets.hf_to_meta`'s names and, for tied embeddings, `output.weight`
-    (`tied_output`)."""
-    from ..compose import Sequential
+    """HF Llama -> Meta's whole layout: `presets.hf_to_meta`, which writes `output.weight` for tied embeddings itself
+    (`layouts.tied_output`)."""
     from .layouts import hf_to_meta
 
-    tied = tied_output(config)
-    return Sequential(hf_to_meta(config), *tied) if tied else hf_to_meta(config)
+    return hf_to_meta(config)
 
 
 def hf_to_meta_mp(config: Any, nproc_mp: int, embedding_dim: int | None = None) -> Mapper:
@@ -199,4 +185,4 @@ OUTPUT_PRESETS = {"gguf": hf_to_gguf, "pth": MetaPthPreset()}
 
 
 __all__ = ["LLAMA3_VOCAB", "OUTPUT_PRESETS", "MetaPthPreset", "embedding_split_dim", "hf_to_meta_mp", "hf_to_meta_pth", "infer_replicate",
-           "meta_layout", "meta_mp_split", "meta_pth", "replicate", "tied_output"]
+           "meta_layout", "meta_mp_split", "meta_pth", "replicate"]
