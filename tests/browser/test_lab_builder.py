@@ -229,8 +229,9 @@ def test_names_problems_fix_and_folded_target_by_clicking(browser: object, lab: 
         user.press(".wb-builder-add")
         message(builder, "new problem")
         problems = builder.locator(".wb-builder-problems")
-        assert "Step 2 · fuse q/k/v → qkv_proj — 1 name not found" in problems.inner_text()
         panel = builder.locator(".wb-builder-problems-panel")
+        panel.locator(".wb-builder-fix").first.wait_for(timeout=20_000)
+        assert "Step 2 · fuse q/k/v → qkv_proj — 1 name not found" in panel.inner_text()
         assert panel.evaluate("e => [getComputedStyle(e).maxHeight, getComputedStyle(e).overflowY]") == ["220px", "auto"]
         user.press(".wb-builder-fix", "Move step 2 before step 1")
         message(builder, "problem(s) fewer")

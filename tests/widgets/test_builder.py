@@ -76,7 +76,7 @@ def test_building_the_fused_layout_with_the_controls(builder, llama_sample):
     assert "model.layers.0.self_attn.q_proj.weight" not in preview.index
     assert len(preview) == 39 - 4 * 5 + 4 * 2
     assert "model.layers.{i}.self_attn.qkv_proj.weight" in builder.preview_table.value
-    assert "No problems" in builder.problems_view.value
+    assert "No problems" in builder.problems_html
     assert "2 step(s) · 27 output tensors · 0 problem(s)" in builder.header.value
     builder.changed_only.value = True
     assert "model.norm.weight" not in builder.preview_table.value
@@ -158,11 +158,11 @@ def test_problems_appear_and_go_away(builder):
     builder.add_button.click()
     assert len(builder.steps) == 1
     assert "new problem" in builder.form_message.value
-    assert "x_proj" in builder.problems_view.value and "matches no tensor" in builder.problems_view.value
+    assert "x_proj" in builder.problems_html and "matches no tensor" in builder.problems_html
     assert "1 problem(s)" in builder.header.value
     builder.steps_list.value = 0
     builder.remove_button.click()
-    assert builder.steps == [] and "No problems" in builder.problems_view.value
+    assert builder.steps == [] and "No problems" in builder.problems_html
 
 
 def test_edit_reorder_and_remove_steps(builder):
@@ -406,7 +406,7 @@ def test_appended_presets_are_built_for_the_names_at_that_step(builder):
     strip_model_prefix(builder)
     builder.preset_picker.value = "hf_to_fused"  # its layers are found under the new prefix
     builder.append_preset_button.click()
-    assert builder.binding.ok, builder.problems_view.value
+    assert builder.binding.ok, builder.problems_html
     assert builder.binding.outputs["layers.0.self_attn.qkv_proj.weight"].shape == (128, 64)
     builder.preset_picker.value = "cast_policy"  # lists the names as they are after the fusion
     builder.append_preset_button.click()
@@ -462,7 +462,7 @@ def test_glob_sources_for_drop_rename_and_templates(builder, llama_sample):
     assert "holds 0 '*' but the glob 'layers.*' holds 1" in html.unescape(builder.form_message.value) and len(builder.steps) == 3
     add_typed(builder, "Cast", "nothing.*", "", {})
     assert builder.steps[-1] == M.Cast("nothing.*", "BF16") and builder.step_labels()[-1] == "cast (no tensor matched yet)"
-    assert "glob 'nothing.*' matches no tensor name" in html.unescape(builder.problems_view.value)
+    assert "glob 'nothing.*' matches no tensor name" in html.unescape(builder.problems_html)
 
 
 def test_glob_steps_export_as_globs_and_rebind_when_moved(builder, llama_sample, tmp_path):
@@ -525,13 +525,41 @@ def test_problems_are_grouped_by_step_with_a_fix(builder):
     assert not builder.binding.ok
     groups = builder.problem_groups()
     assert [(g.step, g.kind) for g in groups] == [(1, "names not found")]
-    assert "Step 2 · fuse q/k/v → qkv_proj — 1 name not found" in builder.problems_view.value
-    fixes = [button.description for button in builder.fixes_box.children[0].children]
+    assert "Step 2 · fuse q/k/v → qkv_proj — 1 name not found" in builder.problems_html
+    heading, fix_row = builder.problem_groups_box.children[0].children  # the group's fixes sit right under it
+    assert "1 name not found" in heading.value
+    fixes = [button.description for button in fix_row.children]
     assert fixes == ["Move step 2 before step 1", "Remove step 2"]
-    builder.fixes_box.children[0].children[0].click()
+    fix_row.children[0].click()
     assert builder.binding.ok and isinstance(builder.steps[0], M.Concat)
     assert "layers.0.self_attn.qkv_proj.weight" in builder.binding.outputs
     assert builder.problems_panel.layout.max_height and builder.problems_panel.layout.overflow == "auto"
+
+
+OLD_NAMES = "\n".join(f"model.layers.{{i}}.{n}.weight" for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                                                "self_attn.o_proj", "mlp.down_proj"))
+
+
+def test_an_ordering_mistake_gives_two_groups_each_with_its_fixes_in_the_scrolled_box(builder):
+    """Issue 34 item 1: a cast typed with the source's names moved below the prefix strip, and a rename onto a kept
+    name: 6 problems in 2 groups. Each group's fix-its sit under it inside the capped box, whose parts keep their
+    height (flex 0 0 auto) so that the box scrolls instead of squeezing the fix-it rows to 0 px."""
+    add_typed(builder, "Cast", OLD_NAMES, "", {})
+    strip_model_prefix(builder)
+    add_typed(builder, "Rename", "lm_head.weight", "norm.weight", {})
+    builder.move(0, +1)
+    groups = builder.problem_groups()
+    assert [(g.step, g.kind, len(g.problems)) for g in groups] == [(1, "names not found", 5), (2, "name clashes", 1)]
+    assert "Problems (6)" in builder.problems_html
+    boxes = builder.problem_groups_box.children
+    assert len(boxes) == 2 and builder.problem_groups_box in builder.problems_panel.children
+    rows = [box.children[1] for box in boxes]
+    assert [[b.description for b in row.children] for row in rows] == [
+        ["Move step 2 before step 1", "Remove step 2"], ["Drop 'norm.weight' before step 3", "Remove step 3"]]
+    parts = [builder.problems_view, builder.problem_groups_box, *boxes, *rows, *(box.children[0] for box in boxes)]
+    assert all(part.layout.flex == "0 0 auto" for part in parts)
+    rows[0].children[0].click()
+    assert "problem(s) fewer" in builder.form_message.value and len(builder.binding.problems) == 1
 
 
 def test_problem_kinds_and_many_groups_stay_in_a_capped_box(builder):
@@ -575,7 +603,7 @@ def test_target_check_is_folded_and_takes_a_model_type_or_config(builder, llama_
 
 def test_glob_errors_quote_names_as_typed(builder):
     add_typed(builder, "Cast", "model\\.layers.*", "", {})
-    message = html.unescape(builder.problems_view.value)
+    message = html.unescape(builder.problems_html)
     assert "model\\.layers.*" in message and "model\\\\.layers" not in message
     with pytest.raises(MapperError) as caught:
         M.Claim("family", "(a\\.b")
@@ -601,7 +629,7 @@ def test_export_tab_has_one_copy_button(builder):
 
 def test_problem_messages_quote_names_as_typed(builder):
     add_typed(builder, "Cast", "model\\.norm\\.weight", "", {})  # a regular expression typed where a name goes
-    problems = html.unescape(builder.problems_view.value)
+    problems = html.unescape(builder.problems_html)
     assert "input 'model\\.norm\\.weight' is not in the source" in problems and "\\\\." not in problems.split("is not in")[0][-40:]
 
 
@@ -616,6 +644,9 @@ def test_add_all_matching_adds_a_whole_name_glob_or_the_listed_names(builder):
     assert sorted(builder.sources_box.value.splitlines()) == sorted(f"model.layers.{{i}}.self_attn.{p}_proj.weight" for p in "qkvo")
     builder.add_button.click()
     assert not any(".self_attn." in name for name in builder.binding.outputs)
+    builder.name_search.value = ""  # no search: "all matching" is all of them
+    builder.add_pattern_button.click()
+    assert builder.sources_box.value == "*"
 
 
 def test_a_glob_written_in_code_binds_like_the_builder_step(llama_sample):

@@ -256,3 +256,15 @@ def test_folded_format_column_counts_differing_values():
     assert "&lt;NA&gt;" not in explorer.table.value and "2 values" in explorer.table.value
     explorer.fold_toggle.value = False
     assert str(explorer.rows["stage"].dtype) == "Int64" and "&lt;NA&gt;" not in explorer.table.value
+
+
+def test_one_pattern_is_singular_and_the_bytes_tab_has_no_redundant_plot_button(explorer):
+    """Issue 34 item 7: "folded into 1 pattern", and the Bytes tab redraws on its own (no "Plot" button shown)."""
+    explorer.filter_box.value = "mlp.up_proj"
+    assert "folded into 1 pattern " in explorer.count_label.value.replace("—", " ")
+    bytes_tab = explorer.tabs.children[1]
+    assert explorer.plot_button not in bytes_tab.children and explorer.bytes_by in bytes_tab.children
+    explorer.tabs.selected_index = 1  # opening the tab draws
+    assert "layer" in explorer.bytes_table.value
+    explorer.bytes_by.value = "dtype"  # choosing redraws
+    assert "F32" in explorer.bytes_table.value and "layer" not in explorer.bytes_table.value

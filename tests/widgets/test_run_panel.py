@@ -14,6 +14,7 @@ import pytest
 import workbench as wb
 from tests.conftest import assert_same_folder, process_gone
 from workbench import conversion
+from workbench.display import format_bytes
 from workbench.engine import Cancelled, progress, rank
 from workbench.engine import steps as engine_steps
 from workbench.engine.output_check import check_bytes, check_outputs
@@ -283,3 +284,63 @@ def test_output_check_reports_every_byte_it_reads(llama_sample: Path, fused, tmp
     seen: list[int] = []
     assert check_outputs(plan, on_read=seen.append).ok
     assert sum(seen) == check_bytes(plan) == 723200 + 723200 // 2  # every F32 source byte, every BF16 output byte
+
+
+def rate_of(timing_html: str) -> float:
+    """The speed a timing line shows ('… · 6.5 MiB/s'), in bytes per second."""
+    import re
+
+    number, unit = re.search(r"([\d.]+) (B|KiB|MiB|GiB)/s", timing_html).groups()
+    return float(number) * {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}[unit]
+
+
+def test_live_speed_and_report_share_one_definition(llama_sample: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 34 item 4: a run that spends 0.8 s before its first byte (as workers starting up do). The live speed
+    counts from the run's start, as the report's throughput does, so at the last progress event it already agrees
+    with the report within a few % (counted from the first progress event it was several times higher)."""
+    from workbench.launch import in_process
+
+    snapshot_for = in_process.snapshot_for
+
+    def slow_start(plan):
+        time.sleep(0.8)  # long against the commit's few ms, so that the comparison below holds on a busy machine
+        return snapshot_for(plan)
+
+    monkeypatch.setattr(in_process, "snapshot_for", slow_start)
+    monkeypatch.setattr(progress, "MIN_INTERVAL", 0)
+    live: list[str] = []
+    panel = RunPanel(llama_sample, tmp_path / "out", shard_size="300KB",
+                     on_progress=lambda rank, done, total: live.append(panel._timing_text(time.monotonic())) if done == total else None)
+    report = panel.start().wait(timeout=60)
+    assert report.seconds > 0.8 and live
+    assert rate_of(live[-1]) == pytest.approx(report.throughput, rel=0.05), (live[-1], report.throughput)
+    # the last line shows the report's own figures, as the report writes them
+    assert f"{format_bytes(report.bytes_written)} written · {format_bytes(int(report.throughput))}/s" in panel.timing.value
+    assert f"{format_bytes(report.throughput)}/s" in report.summary()
+
+
+def test_run_again_after_done_is_the_clis_no_op_and_says_so(llama_sample: Path, tmp_path: Path) -> None:
+    """Issue 34 item 5: after Done the button reads "Run again"; on a complete destination it writes nothing and the
+    words say so (not "index written", not shards "kept from an interrupted run")."""
+    dest = tmp_path / "out"
+    panel = RunPanel(llama_sample, dest, shard_size="300KB")
+    assert panel.start_button.description == "Start"
+    panel.start_button.click()
+    first = panel.wait(timeout=60)
+    assert "index written" in panel.status.value and not first.already_complete
+    assert panel.start_button.description == "Run again" and "nothing written" in panel.start_button.tooltip
+    stamps = {p.name: p.stat().st_mtime_ns for p in dest.iterdir()}
+    panel.start_button.click()
+    again = panel.wait(timeout=60)
+    assert again.already_complete and again.bytes_written == 0 and again.ranks == []
+    assert {p.name: p.stat().st_mtime_ns for p in dest.iterdir()} == stamps  # not one file touched
+    words = " ".join(w.value for w in (panel.header, panel.status, panel.timing, panel.report_view))
+    assert "Already complete, nothing written" in panel.status.value and "nothing read or written" in panel.timing.value
+    assert "index written" not in words and "interrupted" not in words and "0 B/s" not in words
+    assert "writes: nothing" in panel.header.value and panel.state == "done"
+
+    os.remove(dest / sorted(n for n in os.listdir(dest) if n.endswith(".safetensors"))[0])  # one shard lost: resumed
+    panel.start_button.click()
+    resumed = panel.wait(timeout=60)
+    assert not resumed.already_complete and resumed.kept and "2 files written" in panel.status.value  # the shard and the index
+    assert f"{len(resumed.kept)} already there" in panel.status.value

@@ -180,3 +180,29 @@ def test_generic_sort_orders_shapes_by_dimensions_and_names_naturally():
     assert table.row_keys == ["layers.1.w", "layers.2.w", "layers.10.w", "norm"]
     table.sort_column = "file"
     assert table.row_keys == ["layers.1.w", "layers.2.w", "layers.10.w", "norm"]  # a, b.9, b.10, blank last
+
+
+def _contrast(a: str, b: str) -> float:
+    def luminance(hex_colour: str) -> float:
+        channels = [int(hex_colour[k:k + 2], 16) / 255 for k in (1, 3, 5)]
+        r, g, b = (c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels)
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+    light, dark = sorted((luminance(a), luminance(b)), reverse=True)
+    return (light + 0.05) / (dark + 0.05)
+
+
+def test_the_selected_row_reads_in_both_themes():
+    """Issue 34 item 2: the selected row was white on light blue in JupyterLab Light (the theme's inverse text colour):
+    each theme kind gets a fixed text/background pair of at least 4.5:1 (the browser test measures it on the page)."""
+    import re
+
+    from workbench.widgets.table import _DATATABLE_CSS
+
+    assert "inverse-font-color" not in _DATATABLE_CSS
+    pairs = re.findall(r"(body\[data-jp-theme-light=false\] )?\.wb-datatable \.wb-table tbody tr\.wb-selected\{background:(#\w{6});color:(#\w{3,6})\}",
+                       _DATATABLE_CSS)
+    assert {bool(dark) for dark, _, _ in pairs} == {False, True}
+    for _, background, text in pairs:
+        text = text if len(text) == 7 else "#" + "".join(c * 2 for c in text[1:])
+        assert _contrast(background, text) >= 4.5, (background, text)

@@ -182,7 +182,8 @@ class RunReport:
 
     @property
     def throughput(self) -> float:
-        """Bytes written per second of wall time."""
+        """Bytes written to the output files per second of wall time since the run started (worker start-up and
+        commit included): the one definition of speed, also the RunPanel's live figure."""
         return self.bytes_written / self.seconds if self.seconds > 0 else 0.0
 
     @property
@@ -289,6 +290,8 @@ class RunReport:
         return self.summary()
 
     def _repr_html_(self) -> str:
+        if self.already_complete:  # nothing ran: no table of zeros
+            return "".join(f"<div>{html.escape(line)}</div>" for line in self.summary().splitlines())
         head = html.escape(self.summary().splitlines()[0])
         note = f"<div>{html.escape(self.rss_note)}</div>" if self.rss_note is not None else ""
         balance = f"<div>{html.escape(self._balance_line().strip())}</div>" if self.nproc > 1 else ""

@@ -37,8 +37,7 @@ def headline(plan: Plan) -> list[str]:
         f"tensors, {format_bytes(plan.total_size)} in {format_count(n_files, 'file')} "
         + (f"(shard size {format_decimal(plan.options.shard_size)})" if plan.options.shard_size < 1 << 60 else "(no size limit)"),
         f"reads: {len(reads)} of {len(src.files)} source files, {format_bytes(sum(reads.values()))}; "
-        f"writes: {format_bytes(plan.bytes_written)}"
-        + (f" ({len(plan.kept)} shard(s) kept from an interrupted run)" if plan.kept else ""),
+        + _writes(plan),
         *_download_lines(plan),
         f"RAM to provision: {format_bytes(plan.rss_bytes)} per process (predicted RSS); "
         f"peak tensor memory: {format_bytes(plan.peak_bytes)} per process; ranks: {plan.nproc}"
@@ -49,6 +48,14 @@ def headline(plan: Plan) -> list[str]:
     if plan.copied_objects:
         lines.append(f"non-tensor entries copied verbatim: {len(plan.copied_objects)}")
     return lines
+
+
+def _writes(plan: Plan) -> str:
+    """What the run writes, and why not more: finished shards of an interrupted run are kept; a finished
+    conversion at the destination means nothing is written at all."""
+    if plan.ok and plan.complete:
+        return "writes: nothing (the destination already holds this conversion's finished output)"
+    return f"writes: {format_bytes(plan.bytes_written)}" + (f" ({len(plan.kept)} shard(s) kept from an interrupted run)" if plan.kept else "")
 
 
 def library_note(plan: Plan) -> str:

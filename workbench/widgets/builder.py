@@ -79,6 +79,11 @@ PROBLEM_GROUPS = (
 )
 
 
+def _unshrunk() -> widgets.Layout:
+    """The layout of a part of a capped, scrolled box: it keeps its own height (a flex item would shrink)."""
+    return widgets.Layout(flex="0 0 auto")
+
+
 # --- presets -------------------------------------------------------------------------------------------
 def _presets() -> dict[str, str]:
     """The presets the builder offers: `M.presets.PRESETS` (name -> label), the one list every front end uses."""
@@ -279,6 +284,7 @@ class MapperBuilder(Panel):
         self._graph_stale = True
         self._quiet = False
         self._fold_cache: dict[str, str] = {}
+        self._groups_html = ""
         # Casts with 'keep F32' words list their names (no glob says "all but the norms"); each remembers how it was
         # asked for, so that moved elsewhere it is listed again for the names there: id -> (step, recipe, built after)
         self._kept_casts: dict[int, tuple[Mapper, tuple[tuple[str, ...], str, tuple[str, ...]], tuple[Mapper, ...]]] = {}
@@ -361,7 +367,8 @@ class MapperBuilder(Panel):
                                           "wb-builder-add-source")
         self.add_pattern_button = labelled(
             W.Button(description="Add all matching", icon="asterisk", layout=W.Layout(width="auto"),
-                     tooltip="append the search itself when it is a glob of whole names (model.*, *), else every name it lists"),
+                     tooltip="append the search itself when it is a glob of whole names (model.*, *), else every name it lists; "
+                             "with no search: every name (*)"),
             "wb-builder-add-pattern")
         self.clear_sources_button = labelled(W.Button(description="Clear", icon="eraser", layout=W.Layout(width="90px")), "wb-builder-clear")
         self.sources_box = labelled(
@@ -399,10 +406,13 @@ class MapperBuilder(Panel):
         self.remove_button = labelled(W.Button(description="Remove", icon="trash", layout=W.Layout(width="100px")), "wb-builder-remove")
         self.up_button = W.Button(description="Up", icon="arrow-up", layout=W.Layout(width="80px"))
         self.down_button = W.Button(description="Down", icon="arrow-down", layout=W.Layout(width="90px"))
-        self.problems_view = labelled(W.HTML(), "wb-builder-problems")
-        self.fixes_box = labelled(W.VBox(), "wb-builder-fixes")
-        # capped and scrolled, so that a long list never pushes the preview out of view
-        self.problems_panel = labelled(W.VBox([self.problems_view, self.fixes_box], layout=W.Layout(max_height="220px", overflow="auto")),
+        self.problems_view = labelled(W.HTML(layout=_unshrunk()), "wb-builder-problems")
+        # one box per problem group: its problems, then its fix-it buttons right under them
+        self.problem_groups_box = labelled(W.VBox(layout=_unshrunk()), "wb-builder-problem-groups")
+        # capped and scrolled, so that a long list never pushes the preview out of view; its parts keep their
+        # height (flex items of a capped box would otherwise shrink, the fix-it rows to 0 px) and scroll instead
+        self.problems_panel = labelled(W.VBox([self.problems_view, self.problem_groups_box],
+                                              layout=W.Layout(max_height="220px", overflow="auto")),
                                        "wb-builder-problems-panel")
 
         self.changed_only = W.Checkbox(value=False, description="changed only", indent=False, layout=W.Layout(width="130px"))
@@ -640,10 +650,7 @@ class MapperBuilder(Panel):
     def add_matching(self) -> None:
         """Append what the search selects: the search text itself when, read as a glob of whole names, it picks
         exactly the names listed (`model.*`, `*`), else each listed name or template."""
-        text = self.name_search.value.strip()
-        if not text:
-            self.form_message.value = message_html("Type a search first ('*' selects every name).", "warning")
-            return
+        text = self.name_search.value.strip() or "*"  # no search: all of them, as the button says
         names = list(self.names_before(self._editing))
         try:
             exact = set(globs.match_names(text, names)) == set(filter_names(names, text))
@@ -1034,11 +1041,32 @@ class MapperBuilder(Panel):
         groups = self.problem_groups()
         if not groups:
             self.problems_view.value = message_html("No problems: every operation binds to the source.", "ok")
-            self.fixes_box.children = ()
+            self.problem_groups_box.children = ()
+            self._groups_html = ""
             return
-        labels = self.step_labels()
         total = sum(len(group.problems) for group in groups)
-        parts = [f"<b>Problems ({total})</b> — grouped by step; fixes below"]
+        self.problems_view.value = f"<b>Problems ({total})</b> — grouped by step, each with its fixes"
+        boxes = []
+        texts = self._group_html(groups)
+        self._groups_html = "".join(texts)
+        for group, text in zip(groups, texts, strict=True):
+            buttons = []
+            for label, action in group.fixes:
+                button = widgets.Button(description=label, icon="wrench", layout=widgets.Layout(width="auto", flex="0 0 auto"),
+                                        tooltip=f"{label}: fixes '{group.kind}' of step {group.step + 1}")
+                button.add_class("wb-builder-fix")
+                button.on_click(lambda _, act=action: act())
+                buttons.append(button)
+            fixes = labelled(widgets.HBox(buttons, layout=widgets.Layout(flex_flow="row wrap", flex="0 0 auto", margin="0 0 4px 16px")),
+                             "wb-builder-fixes")
+            boxes.append(labelled(widgets.VBox([widgets.HTML(text, layout=_unshrunk()), fixes], layout=_unshrunk()),
+                                  "wb-builder-problem-group"))
+        self.problem_groups_box.children = tuple(boxes)
+
+    def _group_html(self, groups: list[ProblemGroup]) -> list[str]:
+        """Each problem group as HTML: a heading (step, count, kind) over its first problems."""
+        labels = self.step_labels()
+        parts = []
         for group in groups:
             step = f"Step {group.step + 1} · {html.escape(labels[group.step])}" if group.step < len(labels) else "Steps"
             n = len(group.problems)
@@ -1050,16 +1078,12 @@ class MapperBuilder(Panel):
                 f'<details class="wb-problem-group" open><summary style="color:{color}">{step} — {n} {html.escape(_counted(group.kind, n))}'
                 f'</summary><ul class="wb-problems" style="margin:2px 0">{items}{more}</ul></details>'
             )
-        self.problems_view.value = "".join(parts)
-        buttons = []
-        for group in groups:
-            for label, action in group.fixes:
-                button = widgets.Button(description=label, icon="wrench", layout=widgets.Layout(width="auto"),
-                                        tooltip=f"{label}: fixes '{group.kind}' of step {group.step + 1}")
-                button.add_class("wb-builder-fix")
-                button.on_click(lambda _, act=action: act())
-                buttons.append(button)
-        self.fixes_box.children = (widgets.HBox(buttons, layout=widgets.Layout(flex_flow="row wrap")),)
+        return parts
+
+    @property
+    def problems_html(self) -> str:
+        """The problems as one piece of HTML (heading and every group), for the static copy and for tests."""
+        return self.problems_view.value + self._groups_html
 
     def _on_tab(self, change: Any) -> None:
         if change["new"] == 1 and self._graph_stale:
@@ -1192,7 +1216,7 @@ class MapperBuilder(Panel):
         steps = "".join(f"<li>{html.escape(label)}</li>" for label in self.step_labels()) or "<li>(no steps)</li>"
         return (
             f'<div class="wb-builder-static">{self._header_html()}'
-            f"<b>{html.escape(self.combine_picker.value)} steps</b><ol>{steps}</ol>{self.problems_view.value}"
+            f"<b>{html.escape(self.combine_picker.value)} steps</b><ol>{steps}</ol>{self.problems_html}"
             f"<b>Preview</b>{self.preview_table.value}"
             + (f"<b>Target</b>{self.target_view.value}" if self.target is not None else "")
             + f"<b>Code</b><pre>{html.escape(self.code_area.value)}</pre></div>"

@@ -16,7 +16,7 @@ import ipywidgets as widgets
 import numpy as np
 import pandas as pd
 
-from ..display import format_bytes, format_shape
+from ..display import format_bytes, format_count, format_shape
 from ..errors import WorkbenchError
 from ..explore.layers import PLACEHOLDERS, Fold, fold_name
 from ..names import name_filter, no_match_hint
@@ -161,6 +161,7 @@ class Explorer(Panel):
         self.task = labelled(BackgroundTask(), "wb-explorer-task")  # value stats and histograms of large tensors
 
         self.bytes_by = labelled(widgets.ToggleButtons(options=["layer", "file", "dtype"], value="layer", description="Bytes by"), "wb-explorer-bytes-by")
+        # not shown: choosing "Bytes by" or opening the tab draws the chart; kept for code that clicks it
         self.plot_button = widgets.Button(description="Plot", icon="refresh")
         self.bytes_table = DataTable(page_size=20, css_class="wb-explorer-bytes-table", selectable=False)
         self.bytes_output = labelled(widgets.Output(), "wb-explorer-bytes-chart")
@@ -178,7 +179,7 @@ class Explorer(Panel):
                 self.histogram_output,
             ]
         )
-        bytes_tab = widgets.VBox([widgets.HBox([self.bytes_by, self.plot_button]), self.bytes_output, self.bytes_table])
+        bytes_tab = widgets.VBox([self.bytes_by, self.bytes_output, self.bytes_table])
         children: list[widgets.Widget] = [tensors_tab, bytes_tab]
         titles = ["Tensors", "Bytes"]
         if self.other is not None:
@@ -322,7 +323,7 @@ class Explorer(Panel):
         noun = "patterns" if folded else "tensors"
         count = f"{len(matched):,} of {total:,} tensors match"
         if folded:
-            count += f", folded into {len(self.rows):,} patterns"
+            count += f", folded into {format_count(len(self.rows), 'pattern')}"
         count += f" — {format_bytes(int(matched['nbytes'].sum()))}"
         hint = no_match_hint(self.filter_box.value) if not len(matched) and self.match_mode.value == "glob" else ""
         if hint:

@@ -323,7 +323,8 @@ def headline_facts(plan: Plan) -> list[tuple[str, str]]:
     if sizes:
         spread = format_bytes(min(sizes)) if min(sizes) == max(sizes) else f"{format_bytes(min(sizes))} – {format_bytes(max(sizes))}"
         facts.append(("Output", f"{len(sizes)} shard{'s' if len(sizes) != 1 else ''}, {spread} each"
-                                + (f" ({len(plan.kept)} kept from an interrupted run)" if plan.kept else "")))
+                                + (" (already complete at the destination: nothing is written)" if plan.complete
+                                   else f" ({len(plan.kept)} kept from an interrupted run)" if plan.kept else "")))
     if plan.nproc > 1:
         written = [sum(f.size for f in plan.rank_files(r)) for r in range(plan.nproc)]
         mean = sum(written) / len(written)
@@ -433,7 +434,9 @@ class PlanPanel(Panel):
         else:
             layout_note = (f"{len(plan.output_file_list)} shards and model.safetensors.index.json "
                            f"({len(plan.index['weight_map'])} entries, written last as the commit marker).")
-        if plan.kept:
+        if plan.complete:
+            layout_note += " The destination already holds this conversion's finished output: running it writes nothing."
+        elif plan.kept:
             layout_note += f" {len(plan.kept)} shard(s) are kept from an interrupted run of this plan."
         return {
             "Memory": [

@@ -62,6 +62,8 @@ function render({ model, el }) {
   next.onclick = () => goTo(model.get("page") + 1);
   last.onclick = () => goTo(pages() - 1);
 
+  let focusKey = null;  // the row an arrow key moved to: focused again once the page is redrawn
+
   function draw() {
     const columns = model.get("columns");
     const cells = model.get("cells");
@@ -137,11 +139,25 @@ function render({ model, el }) {
           model.set("selected", keys[r]);
           model.save_changes();
         };
-        tr.onkeydown = (event) => { if (event.key === "Enter") tr.onclick(); };
+        tr.onkeydown = (event) => {
+          if (event.key === "Enter") tr.onclick();
+          // Arrow keys pick the row above or below (the page is redrawn: the new row gets the focus there).
+          const step = event.key === "ArrowDown" ? 1 : event.key === "ArrowUp" ? -1 : 0;
+          if (step && keys[r + step] !== undefined) {
+            event.preventDefault();
+            focusKey = keys[r + step];
+            model.set("selected", focusKey);
+            model.save_changes();
+          }
+        };
       }
       body.appendChild(tr);
     });
     table.append(head, body);
+    if (focusKey !== null) {
+      const row = [...body.rows].find((tr) => tr.dataset.key === focusKey);
+      if (row) { row.focus(); focusKey = null; }
+    }
     const start = total ? page * size + 1 : 0;
     const end = Math.min(total, (page + 1) * size);
     where.textContent = `${start.toLocaleString("en-US")}–${end.toLocaleString("en-US")} of ${total.toLocaleString("en-US")} ${model.get("noun")} · page ${(page + 1).toLocaleString("en-US")} of ${pages().toLocaleString("en-US")}`;

@@ -35,8 +35,9 @@ _DATATABLE_CSS = TABLE_CSS + (
     ".wb-datatable .wb-table th.wb-sorted-desc::after{content:' ▼';font-size:9px}"
     ".wb-datatable.wb-selectable .wb-table tbody tr{cursor:pointer}"
     ".wb-datatable .wb-table tbody tr:hover{background:var(--jp-layout-color2,#f3f3f3)}"
-    ".wb-datatable .wb-table tbody tr.wb-selected{background:var(--jp-brand-color3,#bbdefb);"
-    "color:var(--jp-ui-inverse-font-color0,#000)}"
+    # A fixed pair per theme kind: a theme's inverse text colour is white in JupyterLab Light, unreadable on
+    # its light brand blue (1.4:1); dark text on light blue, white on dark blue read at >= 7:1.
+    ".wb-datatable .wb-table tbody tr.wb-selected{background:#bbdefb;color:#0d1b2a}"
     "body[data-jp-theme-light=false] .wb-datatable .wb-table tbody tr.wb-selected{background:#0d47a1;color:#fff}"
     ".wb-copy-name{border:none;background:none;color:inherit;cursor:pointer;padding:0 4px 0 0;opacity:0.35;font-size:11px}"
     ".wb-datatable tr:hover .wb-copy-name{opacity:1}"
