@@ -8,6 +8,8 @@ count towards the free-space check. A subfolder holding tensors belongs to anoth
 `unet/`, a sentence-transformers `2_Dense/`) and is skipped; so are hidden folders (`.git`, the hub's
 `.cache`), whose contents describe the source files. Every extra, copied or skipped, is listed with
 the reason, so an output never looks complete while something was left behind silently.
+One extra can be generated rather than copied: the config.json a Meta folder lacks, built from its params.json when
+the mapper writes HF names (`with_generated_config`); the plan carries its text and the extras step writes it.
 
 Files that hold weights are never extras, whatever format chose them: copied beside a converted output,
 a `pytorch_model.bin` (or `tf_model.h5`, `model.gguf` ...) would be a second, stale copy of the model that
