@@ -1,6 +1,7 @@
 """Meta folders (`params.json` + `consolidated.NN.pth`, `formats/meta_pth.py`): the workbench's own `to="pth"`
 outputs open, verify and diff; model-parallel ranks merge by `meta_mp_merge`; converting back to HF builds
-config.json's values from params.json and gives the original tensors bit for bit."""
+config.json's values from params.json, writes that config.json into the output (a generated extra), and gives the
+original tensors bit for bit and, loaded by transformers, the original logits."""
 
 from __future__ import annotations
 
@@ -58,6 +59,27 @@ def test_convert_back_to_hf_builds_the_config_from_params_json(meta: dict[str, P
     _same_tensors(llama_sample, tmp_path / "back")
     assert cli_main(["convert", str(meta["two"]), str(tmp_path / "back2"), "--preset", "meta_mp_merge,meta_to_hf", "--quiet"]) == 0
     _same_tensors(llama_sample, tmp_path / "back2")
+    built = json.loads((tmp_path / "back2" / "config.json").read_text())  # model-parallel parts summed
+    assert (built["vocab_size"], built["intermediate_size"], built["num_key_value_heads"]) == (256, 128, 2)
+
+
+def test_hf_output_of_a_meta_folder_gets_a_config_and_loads_in_transformers(
+        meta: dict[str, Path], llama_sample: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "hf"
+    assert cli_main(["plan", str(meta["one"]), "--dest", str(out), "--preset", "meta_to_hf"]) == 0
+    assert "extra generated: config.json (from params.json)" in capsys.readouterr().out
+    assert cli_main(["convert", str(meta["one"]), str(out), "--preset", "meta_to_hf", "--quiet"]) == 0
+    assert not (out / "generation_config.json").exists()
+    assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is False
+    ids = torch.tensor([[1, 5, 9, 33, 70, 2, 255]])
+    with torch.no_grad():
+        expected = AutoModelForCausalLM.from_pretrained(llama_sample)(ids).logits
+        got = AutoModelForCausalLM.from_pretrained(out)(ids).logits
+    assert torch.equal(got, expected)
+    plan = wb.plan(meta["one"], dest=tmp_path / "same")  # Meta's names kept: no HF config is made for them
+    assert plan.ok and "config.json" not in plan.extras and "params.json" in plan.extras
 
 
 def test_config_from_params_of_a_llama3_and_a_llama2_folder() -> None:

@@ -55,13 +55,13 @@ def test_meta_to_hf_of_a_tied_config_ties_back(tied, tmp_path: Path) -> None:
     folder, model = tied
     config = _config(folder)
     wb.convert(folder, tmp_path / "meta", to="pth", quiet=True)
-    source = tmp_path / "meta" / "consolidated.00.pth"
+    source = tmp_path / "meta"  # the Meta folder: params.json beside the .pth
     plan = wb.plan(source, M.presets.meta_to_hf(config))
     assert plan.ok, plan.problems
     wb.convert(source, tmp_path / "hf", M.presets.meta_to_hf(config), quiet=True)
     out = load_file(tmp_path / "hf" / "model.safetensors")
     assert "lm_head.weight" not in out and set(out) == set(load_file(folder / "model.safetensors"))
-    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    assert _config(tmp_path / "hf")["tie_word_embeddings"] is True  # generated from params.json: the head is tied back
     with torch.no_grad():
         torch.testing.assert_close(AutoModelForCausalLM.from_pretrained(tmp_path / "hf")(IDS).logits, model(IDS).logits)
 

@@ -104,3 +104,25 @@ def test_weight_kind_rule() -> None:
         assert weight_kind(name) is not None, name
     for name in ["config.json", "tokenizer.json", "tokenizer.model", "vocab.txt", "README.md", "merges.txt", "modules.json"]:
         assert weight_kind(name) is None, name
+
+
+def test_a_generated_config_follows_the_dtype_policy_and_the_mapper_edits(tmp_path: Path) -> None:
+    from workbench.planning.extras import (
+        COPIED,
+        GENERATED,
+        Extra,
+        updated_bytes,
+        with_config_updates,
+        with_generated_config,
+    )
+
+    config = {"model_type": "llama", "torch_dtype": "float32", "tie_word_embeddings": False}
+    extras = with_generated_config([Extra("params.json", COPIED, 9)], config, "BF16", "from params.json")
+    generated = extras[0]
+    assert (generated.path, generated.action, generated.reason) == ("config.json", GENERATED, "from params.json")
+    assert json.loads(updated_bytes(tmp_path, generated, "BF16"))["torch_dtype"] == "bfloat16"  # no source file read
+    edited, not_made = with_config_updates(tmp_path, extras, {"tie_word_embeddings": True}, {}, "BF16")
+    assert not not_made and edited[0].action == GENERATED and "tie_word_embeddings false -> true" in edited[0].reason
+    assert json.loads(updated_bytes(tmp_path, edited[0], "BF16"))["tie_word_embeddings"] is True
+    source_has_one = [Extra("config.json", COPIED, 5)]
+    assert with_generated_config(source_has_one, config, None, "from params.json") == source_has_one

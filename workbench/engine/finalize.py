@@ -23,7 +23,7 @@ from ..planning.destination import (
     write_completion_record,
     write_manifest,
 )
-from ..planning.extras import updated_bytes
+from ..planning.extras import GENERATED, updated_bytes
 from ..planning.fingerprint import source_states
 from ..planning.model import Plan
 from .source_guard import snapshot_for
@@ -100,7 +100,8 @@ def _extra_folder(dest: Path, rel: str) -> Path:
 
 def copy_extras(plan: Plan) -> list[str]:
     """Copy the non-tensor files beside the source (config.json, tokenizer, subfolders without tensors) into the
-    destination; a config.json the plan updates (dtype after a cast) is written with its new bytes."""
+    destination; a config.json the plan updates (dtype after a cast) is written with its new bytes, one it generates
+    (a Meta folder's, from params.json) with the bytes the plan states."""
     assert plan.dest is not None
     copied = []
     for extra in plan.extra_files:
@@ -110,10 +111,11 @@ def copy_extras(plan: Plan) -> list[str]:
         if extra.path.endswith("/"):  # an empty folder
             copied.append(extra.path)
             continue
-        source = _extra_source(plan, extra.path)
+        source = _extra_source(plan, extra.path) if extra.action != GENERATED else None  # generated: no source file
         target = folder / extra.path.rsplit("/", 1)[-1]
         new = updated_bytes(plan.source.root, extra, plan.options.dtype)
         if new is None:
+            assert source is not None
             copy_atomic(source, target, sync_dir=False)
         else:
             atomic_write(target, new, sync_dir=False)

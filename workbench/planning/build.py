@@ -20,7 +20,14 @@ from ..mapper.presets.output_presets import OUTPUT_PRESETS
 from ..output import OutputFormat, output_format
 from ..output.destination import local_destination
 from .destination import check_destination
-from .extras import layout_change, scan_extras, with_config_dtype, with_config_updates, with_layout_note
+from .extras import (
+    layout_change,
+    scan_extras,
+    with_config_dtype,
+    with_config_updates,
+    with_generated_config,
+    with_layout_note,
+)
 from .fingerprint import changed_sources, layout_fingerprint, run_fingerprint
 from .gc_pause import gc_paused
 from .header_metadata import HeaderMetadata
@@ -69,6 +76,24 @@ def _scoped_outputs(binding: Binding, catalog: Catalog) -> list[Problem]:
                 tensor=names[0], kind="unmapped")
         for scope, names in left.items()
     ]
+
+
+def _meta_hf_config(catalog: Catalog, binding: Binding) -> tuple[dict | None, list[Problem]]:
+    """The HF config.json for a Meta folder (params.json, no config.json) converted to HF names (`meta_to_hf`):
+    built from params.json and the tensors' shapes (`presets.meta_config`), tied when the output has no lm_head
+    (a tied config's head is left out). None for any other source or output layout."""
+    from ..mapper.presets.meta_config import hf_config_from_meta, meta_params_of
+
+    params = meta_params_of(catalog.metadata)
+    outputs = {t.name for group in binding.groups for t in group.outputs}
+    if params is None or "model.embed_tokens.weight" not in outputs:
+        return None, []
+    try:
+        config = hf_config_from_meta(params, catalog.tensors)
+    except WorkbenchError as exc:
+        return None, [Problem("warning", f"No config.json is written with this output: {exc}", kind="preset")]
+    config["tie_word_embeddings"] = "lm_head.weight" not in outputs
+    return config, []
 
 
 def _metadata_problems(header_metadata: HeaderMetadata, options: PlanOptions, output: OutputFormat) -> list[Problem]:
@@ -240,6 +265,10 @@ def _build_plan(
     extra_files = scan_extras(catalog.root, catalog.extras, dest_path, own=catalog.files) if on_disk else []
     quant_changes = _quantisation_changes(binding, mapper) if mapper is not None and extra_files else None
     extra_files = with_config_dtype(catalog.root, extra_files, options.dtype, quant_changes)
+    if on_disk:
+        meta_config, meta_problems = _meta_hf_config(catalog, binding)
+        problems += meta_problems
+        extra_files = with_generated_config(extra_files, meta_config, dtype, "from params.json")
     edits, whys, conflicts = config_updates(mapper)
     problems += [Problem("error", why, kind="clash") for why in conflicts]
     if edits and output.copies_extras:

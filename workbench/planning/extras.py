@@ -8,6 +8,8 @@ count towards the free-space check. A subfolder holding tensors belongs to anoth
 `unet/`, a sentence-transformers `2_Dense/`) and is skipped; so are hidden folders (`.git`, the hub's
 `.cache`), whose contents describe the source files. Every extra, copied or skipped, is listed with
 the reason, so an output never looks complete while something was left behind silently.
+One extra can be generated rather than copied: the config.json a Meta folder lacks, built from its params.json when
+the mapper writes HF names (`with_generated_config`); the plan carries its text and the extras step writes it.
 
 Files that hold weights are never extras, whatever format chose them: copied beside a converted output,
 a `pytorch_model.bin` (or `tf_model.h5`, `model.gguf` ...) would be a second, stale copy of the model that
@@ -36,6 +38,7 @@ from .config_edit import edit_config
 
 COPIED = "copy"
 UPDATED = "update"  # copied with changes (config.json dtype after a cast)
+GENERATED = "generate"  # written from what the plan states (config.json built from a Meta folder's params.json)
 SKIPPED = "skip"
 SIGNATURES = (  # leading bytes -> what a file that starts with them holds
     (b"GGUF", "GGUF weights"),
@@ -60,12 +63,13 @@ class Extra:
     action: str
     size: int = 0
     reason: str = ""
-    config: str = ""  # config.json only: the mapper's changes (JSON of quantized.config_changes), applied on update
+    config: str = ""  # config.json only: the mapper's changes (JSON of quantized.config_changes), applied on update;
+    # for a generated extra, the whole text written
 
     @property
     def written(self) -> bool:
         """True when the conversion writes this file into the destination."""
-        return self.action in (COPIED, UPDATED)
+        return self.action in (COPIED, UPDATED, GENERATED)
 
 
 def _inside(real_root: str, path: str) -> bool:
@@ -287,7 +291,21 @@ def with_layout_note(extras: list[Extra], change: str | None) -> list[Extra]:
     if change is None:
         return extras
     why = f"the mapper {change}, so the config may not describe the output's layout; edit it for the target model"
-    return [Extra(e.path, e.action, e.size, _join(e.reason, why)) if e.path == CONFIG_NAME and e.written else e for e in extras]
+    return [Extra(e.path, e.action, e.size, _join(e.reason, why)) if e.path == CONFIG_NAME and e.action in (COPIED, UPDATED)
+            else e for e in extras]
+
+
+def with_generated_config(extras: list[Extra], config: dict | None, dtype: str | None, why: str) -> list[Extra]:
+    """Add config.json, generated from `config` (a dict, e.g. built from a Meta folder's params.json), when the
+    source has none: the output then loads with transformers. A dtype policy's cast sets its dtype; `why` says
+    where the values come from, for the plan ("from params.json")."""
+    if config is None or any(e.path == CONFIG_NAME for e in extras):
+        return extras
+    text = json.dumps(config, indent=2, ensure_ascii=False) + "\n"
+    if dtype in CONFIG_NAMES:
+        cast = config_dtype_update(text.encode("utf-8"), CONFIG_NAMES[dtype])[0]
+        text = cast.decode("utf-8") if cast is not None else text
+    return [Extra(CONFIG_NAME, GENERATED, len(text.encode("utf-8")), why, text), *extras]
 
 
 def _join(first: str, second: str) -> str:
@@ -335,7 +353,7 @@ def with_config_updates(root: Path, extras: list[Extra], edits: dict, whys: dict
             out.append(extra)
             continue
         found = True  # (the dtype policy's update, if any, is kept: the edits apply to its bytes)
-        raw = read_config(root / CONFIG_NAME)
+        raw = read_config(root / CONFIG_NAME) if extra.action != GENERATED else extra.config.encode("utf-8")
         current = updated_bytes(root, extra, dtype) if extra.action == UPDATED else raw
         new, changes, not_made = (None, [], [f"{key}: config.json cannot be read" for key in edits]) if current is None \
             else edit_config(current, edits)
@@ -343,8 +361,11 @@ def with_config_updates(root: Path, extras: list[Extra], edits: dict, whys: dict
         if new is None:
             out.append(extra)
             continue
-        stated = json.loads(extra.config) if extra.config else {}
         shown = "; ".join(f"config.json: {text}" + (f" ({whys[key]})" if whys.get(key) else "") for key, text in changes)
+        if extra.action == GENERATED:
+            out.append(Extra(extra.path, GENERATED, len(new), _join(extra.reason, shown), new.decode("utf-8")))
+            continue
+        stated = json.loads(extra.config) if extra.config else {}
         out.append(Extra(extra.path, UPDATED, len(new), _join(extra.reason, shown),
                          json.dumps({**stated, "set": dict(edits)}, sort_keys=True)))
     if not found:
@@ -353,7 +374,9 @@ def with_config_updates(root: Path, extras: list[Extra], edits: dict, whys: dict
 
 
 def updated_bytes(root: Path, extra: Extra, dtype: str | None) -> bytes | None:
-    """The bytes an UPDATED extra is written with (None when it is copied as it is)."""
+    """The bytes an UPDATED or GENERATED extra is written with (None when it is copied as it is)."""
+    if extra.action == GENERATED:
+        return extra.config.encode("utf-8")
     if extra.action != UPDATED or extra.path != CONFIG_NAME:
         return None
     if extra.config:

@@ -9,7 +9,7 @@ import html
 from typing import TYPE_CHECKING
 
 from ..display import format_bytes, format_count, format_decimal, html_table, text_table
-from .extras import COPIED, SKIPPED, UPDATED
+from .extras import COPIED, GENERATED, SKIPPED, UPDATED
 from .lanes import rank_lanes
 from .schedule import COMPUTE, COPY, PIECES, ROWS
 
@@ -90,6 +90,7 @@ def _extras_lines(plan: Plan) -> list[str]:
         lines.append(f"extras copied: {shown}")
     lines += [f"extra copied unchanged: {e.path} ({e.reason})" for e in plan.extra_files if e.action == COPIED and e.reason]
     lines += [f"extra updated: {e.path} ({e.reason})" for e in plan.extra_files if e.action == UPDATED]
+    lines += [f"extra generated: {e.path} ({e.reason})" for e in plan.extra_files if e.action == GENERATED]
     skipped = [e for e in plan.extra_files if e.action == SKIPPED]
     if skipped:
         lines.append("extras skipped: " + "; ".join(f"{e.path} ({e.reason})" for e in skipped[:10])

@@ -1,7 +1,7 @@
 """An HF Llama `config.json` (as a dict) for a Meta checkpoint, from its `params.json` and its tensors' shapes.
 
-Meta's folders carry no config.json, which every HF-side preset (`meta_to_hf`, the GGUF output) reads: the
-inverse of `output.pth.meta_params`. Sizes come from params.json (dim, n_layers, n_heads, n_kv_heads, norm_eps,
+Meta's folders carry no config.json, which every HF-side preset (`meta_to_hf`, the GGUF output) reads, and which
+an HF output needs to load (`planning.build` writes this one into it): the inverse of `output.pth.meta_params`. Sizes come from params.json (dim, n_layers, n_heads, n_kv_heads, norm_eps,
 rope_theta, use_scaled_rope) and from the tensors where params.json does not say them exactly: the FFN width from
 `w1`'s rows (Meta computes it from multiple_of / ffn_dim_multiplier), the vocabulary from `output.weight`'s rows
 (Llama 2's params.json says -1). Model-parallel parts (`mp<r>/<name>`) are summed. The context length follows
