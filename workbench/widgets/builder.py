@@ -12,9 +12,12 @@ ordinary `M.Sequential` / `M.Parallel` of the steps; "Save .py" writes exactly `
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import html
 import os
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +37,7 @@ from ..mapper import globs
 from ..mapper import target as target_check
 from ..mapper.base import Mapper
 from ..mapper.bind import StepwiseBinding, bind_steps
+from ..mapper.compose import PrefixScope
 from ..mapper.describe import describe_step
 from ..mapper.export import code_expr
 from ..mapper.groups import Problem
@@ -71,6 +75,9 @@ NO_OUTPUTS = ("Identity", "Drop", CODE)
 DEFAULT_ROWS = 60
 SHOWN_PER_GROUP = 5  # problems listed under each group heading (the rest counted)
 MAX_MOVE_TRIALS = 8  # positions tried (each a binding) when looking for where a step's names exist
+CLOSEST_POOL = 20_000  # names compared with a misspelt one (difflib is linear in them)
+_CLOSEST = re.compile(r" The closest name is '[^']*'\.")  # the binder's hint, said again as a template when one is known
+WORDED_LEAVES = 50  # operations of a composite step whose code a problem's message may quote, said in words
 # the groups problems are shown in, in display order, by `Problem.kind` (any other kind: "invalid operations")
 PROBLEM_GROUPS = (
     ("names not found", ("missing",)),
@@ -195,12 +202,14 @@ def problem_group(problem: Problem) -> str:
 
 @dataclass
 class ProblemGroup:
-    """Problems of one kind raised by one step, and the fixes offered for them: (button label, action)."""
+    """Problems of one kind raised by one step, and the fixes offered for them: (button label, action).
+    `closest`: for names not found, the closest existing name of each misspelt one (typed -> closest)."""
 
     step: int
     kind: str
     problems: list[Problem]
     fixes: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
+    closest: dict[str, str] = field(default_factory=dict)
 
 
 def _names_match(text: str, names: Mapping[str, TensorInfo]) -> bool:
@@ -214,6 +223,75 @@ def _names_match(text: str, names: Mapping[str, TensorInfo]) -> bool:
         return False
     template = Template(text, placeholders_of(text))
     return any(template.match(name.split(".")) is not None for name in names)
+
+
+def _renamed_placeholders(template: str, names: Mapping[str, str]) -> str:
+    """`template` with its placeholders renamed ({i} -> {layer}) in one pass (no chain of renames)."""
+    return re.sub(r"\{([A-Za-z_][A-Za-z0-9_]*)\}", lambda m: "{" + names.get(m.group(1), m.group(1)) + "}", template)
+
+
+def closest_name(text: str, names: Iterable[str]) -> str | None:
+    """The existing name nearest to `text`, a misspelt name or {placeholder} template; None when none is close.
+
+    A template is compared with the names folded by layer (their whole-number segments as placeholders) and the
+    answer is a template with the typed placeholders: 'layers.{i}.self_atn.q_proj.weight' ->
+    'layers.{i}.self_attn.q_proj.weight', so that it names every layer the typed template meant to."""
+    order = placeholders_of(text)
+    if not order:
+        pool = [name for _, name in zip(range(CLOSEST_POOL), names, strict=False)]
+        found = difflib.get_close_matches(text, pool, n=1)
+        return found[0] if found else None
+    if len(order) > len(globs.FOLD_PLACEHOLDERS):
+        return None
+    folds: dict[str, None] = {}
+    for name in names:
+        template, values = globs.fold_name(name)
+        if len(values) == len(order):
+            folds[template] = None
+    probe = _renamed_placeholders(text, dict(zip(order, globs.FOLD_PLACEHOLDERS, strict=False)))
+    found = difflib.get_close_matches(probe, list(folds)[:CLOSEST_POOL], n=1)
+    if not found:
+        return None
+    return _renamed_placeholders(found[0], dict(zip(globs.FOLD_PLACEHOLDERS, order, strict=False)))
+
+
+def _unscoped_leaves(step: Mapper) -> list[Op]:
+    """The operations of `step` that read names as the step sees them (those inside a prefix scope read scoped names)."""
+    if isinstance(step, Op):
+        return [step]
+    if isinstance(step, (M.Sequential, M.Parallel)):
+        return [leaf for child in step.mappers for leaf in _unscoped_leaves(child)]
+    return []
+
+
+def _with_names(step: Mapper, swaps: Mapping[str, str]) -> Mapper:
+    """`step` with the names in `swaps` replaced (old -> new) in its operations outside prefix scopes, checked
+    again as if written so (an operation writing in place, such as a Cast without dst, writes the new name)."""
+    if isinstance(step, (M.Sequential, M.Parallel)):
+        return type(step)(*[_with_names(child, swaps) for child in step.mappers])
+    if not isinstance(step, Op) or not any(name in swaps for name in step.inputs):
+        return step
+    if not dataclasses.is_dataclass(step):
+        return step.rename_all(lambda name: swaps.get(name, name))
+    changes: dict[str, Any] = {}
+    for name_field in step.NAME_FIELDS:
+        value = getattr(step, name_field)
+        if value in swaps:
+            changes[name_field] = swaps[value]
+    for list_field in step.NAME_LIST_FIELDS:
+        values = getattr(step, list_field)
+        if any(value in swaps for value in values):
+            changes[list_field] = tuple(swaps.get(value, value) for value in values)
+    return dataclasses.replace(step, **changes)  # type: ignore[type-var]
+
+
+def _op_words(op: Op) -> str:
+    """An operation as the builder's form names it: "Cast 'model.norm.weight'", "Concat 'a' and 2 more → 'abc'"."""
+    if not op.inputs:
+        return type(op).__name__
+    more = f" and {len(op.inputs) - 1} more" if len(op.inputs) > 1 else ""
+    into = f" → '{op.outputs[0]}'" if len(op.outputs) == 1 and op.outputs != op.inputs else ""
+    return f"{type(op).__name__} '{op.inputs[0]}'{more}{into}"
 
 
 def fold_differences(frame: pd.DataFrame) -> pd.DataFrame:
@@ -993,6 +1071,12 @@ class MapperBuilder(Panel):
                     if target is not None:
                         where = f"before step {target + 1}" if target < index else f"after step {target + 1}"
                         group.fixes.append((f"Move step {index + 1} {where}", lambda i=index, t=target: self.move_to(i, t)))
+                    else:  # the names exist nowhere in the order: misspelt, perhaps
+                        swaps = group.closest = self.closest_names(index, members)
+                        if swaps:
+                            first = next(iter(swaps.values()))
+                            label = f"Use the closest name: {first}" if len(swaps) == 1 else f"Use the {len(swaps)} closest names"
+                            group.fixes.append((label, lambda i=index, s=swaps: self.use_names(i, s)))
                 if kind == "name clashes":
                     kept = [p.tensor for p in members if p.tensor and p.kind == "overwrite"]
                     if kept:
@@ -1016,6 +1100,38 @@ class MapperBuilder(Panel):
             if missing and all(_names_match(text, seen) for text in missing) and self.steps[index].bind(seen).ok:
                 return position
         return None
+
+    def closest_names(self, index: int, problems: list[Problem]) -> dict[str, str]:
+        """For each name step `index` reads as typed and did not find ('missing' problems), the closest name that
+        exists where the step runs (a template for a template, see `closest_name`): typed -> closest."""
+        if not 0 <= index < len(self.steps):
+            return {}
+        typed = {name for leaf in _unscoped_leaves(self.steps[index]) for name in leaf.inputs}
+        seen = self.names_before(index)
+        swaps: dict[str, str] = {}
+        for problem in problems:
+            text = problem.tensor
+            if problem.kind != "missing" or not text or text in swaps or text not in typed or is_glob(text):
+                continue  # a glob, or one filled instance of a template (its other layers were found)
+            guess = closest_name(text, seen)
+            if guess is not None and guess != text and _names_match(guess, seen):
+                swaps[text] = guess
+        return swaps
+
+    def use_names(self, index: int, swaps: Mapping[str, str]) -> None:
+        """Replace names (typed -> new) in step `index`: the fix-it "Use the closest name" for a misspelt name."""
+        if not 0 <= index < len(self.steps) or not swaps:
+            return
+        try:
+            self.steps[index] = _with_names(self.steps[index], swaps)
+        except MapperError as exc:
+            self.form_message.value = message_html(exc.message, "error")
+            return
+        if self._editing == index:
+            self._end_edit()
+        said = ", ".join(f"'{old}' → '{new}'" for old, new in swaps.items())
+        self.form_message.value = message_html(f"Step {index + 1} now reads the closest name(s): {said}.", "info")
+        self.refresh(select=index)
 
     def drop_before(self, index: int, names: list[str]) -> None:
         """Insert a step dropping `names` (folded into templates where exact) before step `index`: the fix the
@@ -1072,13 +1188,46 @@ class MapperBuilder(Panel):
             n = len(group.problems)
             error = any(p.severity == "error" for p in group.problems)
             color = "var(--jp-error-color1, #c62828)" if error else "var(--jp-warn-color1, #b26a00)"
-            items = "".join(f"<li>{html.escape(p.message)}</li>" for p in group.problems[:SHOWN_PER_GROUP])
+            items = "".join(f"<li>{html.escape(self.problem_text(p, group.step, labels, group.closest))}</li>"
+                            for p in group.problems[:SHOWN_PER_GROUP])
             more = f"<li>… {n - SHOWN_PER_GROUP} more (builder.binding.problems)</li>" if n > SHOWN_PER_GROUP else ""
             parts.append(
                 f'<details class="wb-problem-group" open><summary style="color:{color}">{step} — {n} {html.escape(_counted(group.kind, n))}'
                 f'</summary><ul class="wb-problems" style="margin:2px 0">{items}{more}</ul></details>'
             )
         return parts
+
+    def problem_text(self, problem: Problem, index: int, labels: list[str] | None = None, closest: Mapping[str, str] | None = None) -> str:
+        """`problem`'s message with the code of the operations it names (`short()`, e.g. "PrefixScope(Sequential(),
+        source_prefix='model.')") said as the builder lists step `index`: "step 3 (strip prefix 'model.')", or
+        "Cast 'x' in step 3 (...)" for one operation of a composite step; the closest name, when `closest` has one
+        for the problem's name, as the template its fix-it uses. The mapper's own message is unchanged."""
+        message = problem.message
+        if closest and problem.tensor in closest:
+            message = _CLOSEST.sub(lambda _: f" The closest name is '{closest[problem.tensor]}'.", message, count=1)
+        if not 0 <= index < len(self.steps) or "(" not in message:
+            return message
+        step = self.steps[index]
+        wise = self.stepwise
+        bound = wise is not None and len(wise.instances) == len(self.steps) and bool(wise.instances[index])
+        if isinstance(step, Op) and not bound:
+            label = _op_words(step)  # a label such as "cast (no tensor matched yet)" says less than the names typed
+        elif isinstance(step, PrefixScope):
+            label = describe_step(step)  # without its count of names, which reads as a second parenthesis
+        else:
+            label = (labels if labels is not None else self.step_labels())[index]
+        plain = label.replace("`", "'")
+        whole = f"step {index + 1} ({plain})"
+        words = {step.short(): whole}
+        if not isinstance(step, Op):
+            for leaf in list(_unscoped_leaves(step))[:WORDED_LEAVES]:
+                words.setdefault(leaf.short(), f"{_op_words(leaf)} in {whole}")
+        if problem.op and problem.op not in words:  # one instance of a template, or an operation in a scope
+            words[problem.op] = whole if isinstance(step, Op) else f"a {problem.op.split('(')[0]} in {whole}"
+        for code in sorted(words, key=len, reverse=True):  # the longest first: a part's code is inside its step's
+            if code in message:
+                message = message.replace(code, words[code])
+        return message
 
     @property
     def problems_html(self) -> str:
@@ -1223,4 +1372,4 @@ class MapperBuilder(Panel):
         )
 
 
-__all__ = ["MapperBuilder", "compare_to_target", "expected_tensors", "steps_of", "suggest_output"]
+__all__ = ["MapperBuilder", "closest_name", "compare_to_target", "expected_tensors", "steps_of", "suggest_output"]
