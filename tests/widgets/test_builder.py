@@ -679,6 +679,7 @@ def test_closest_name_keeps_the_typed_placeholders():
     names = [f"model.layers.{k}.mlp.{p}_proj.weight" for k in range(3) for p in ("up", "down")] + ["model.norm.weight"]
     assert closest_name("model.layers.{layer}.mlp.dwn_proj.weight", names) == "model.layers.{layer}.mlp.down_proj.weight"
     assert closest_name("model.nrm.weight", names) == "model.norm.weight"  # a plain name stays plain
+    assert closest_name("model.layers.2.mlp.dwn_proj.weight", names) == "model.layers.2.mlp.down_proj.weight"  # its index kept
     assert closest_name("something.else.entirely", names) is None
 
 

@@ -44,7 +44,7 @@ from ..mapper.groups import Problem
 from ..mapper.op import Op
 from ..mapper.patterns import is_glob
 from ..mapper.patterns import matcher as glob_matcher
-from ..names import Template, filter_names, placeholders_of
+from ..names import Template, fill, filter_names, placeholders_of
 from .common import (
     Panel,
     frame_table,
@@ -75,7 +75,8 @@ NO_OUTPUTS = ("Identity", "Drop", CODE)
 DEFAULT_ROWS = 60
 SHOWN_PER_GROUP = 5  # problems listed under each group heading (the rest counted)
 MAX_MOVE_TRIALS = 8  # positions tried (each a binding) when looking for where a step's names exist
-CLOSEST_POOL = 20_000  # names compared with a misspelt one (difflib is linear in them)
+CLOSEST_POOL = 5_000  # layer templates compared with a misspelt name (difflib is linear in them)
+CLOSEST_FALLBACK = 2_000  # names compared one by one when no template fits
 _CLOSEST = re.compile(r" The closest name is '[^']*'\.")  # the binder's hint, said again as a template when one is known
 WORDED_LEAVES = 50  # operations of a composite step whose code a problem's message may quote, said in words
 # the groups problems are shown in, in display order, by `Problem.kind` (any other kind: "invalid operations")
@@ -230,29 +231,43 @@ def _renamed_placeholders(template: str, names: Mapping[str, str]) -> str:
     return re.sub(r"\{([A-Za-z_][A-Za-z0-9_]*)\}", lambda m: "{" + names.get(m.group(1), m.group(1)) + "}", template)
 
 
-def closest_name(text: str, names: Iterable[str]) -> str | None:
+def closest_name(text: str, names: Iterable[str], folds: Mapping[int, list[str]] | None = None) -> str | None:
     """The existing name nearest to `text`, a misspelt name or {placeholder} template; None when none is close.
 
-    A template is compared with the names folded by layer (their whole-number segments as placeholders) and the
-    answer is a template with the typed placeholders: 'layers.{i}.self_atn.q_proj.weight' ->
-    'layers.{i}.self_attn.q_proj.weight', so that it names every layer the typed template meant to."""
+    Names are compared folded by layer (whole-number segments as placeholders: a few hundred templates, not every
+    tensor), so a template's answer is a template with the typed placeholders: 'layers.{i}.self_atn.q_proj.weight'
+    -> 'layers.{i}.self_attn.q_proj.weight' names every layer the typed template meant to. A plain name's answer
+    is a plain name (its indices as typed, else the nearest of the names of as many segments). `folds`: the
+    `layer_folds` of `names`, when several names are looked up among the same ones."""
+    present = names if isinstance(names, Mapping) else dict.fromkeys(names)
     order = placeholders_of(text)
-    if not order:
-        pool = [name for _, name in zip(range(CLOSEST_POOL), names, strict=False)]
-        found = difflib.get_close_matches(text, pool, n=1)
-        return found[0] if found else None
     if len(order) > len(globs.FOLD_PLACEHOLDERS):
         return None
-    folds: dict[str, None] = {}
+    if order:
+        probe, values = _renamed_placeholders(text, dict(zip(order, globs.FOLD_PLACEHOLDERS, strict=False))), order
+    else:
+        probe, values = globs.fold_name(text)
+    templates = (folds if folds is not None else layer_folds(present)).get(len(values), [])
+    found = difflib.get_close_matches(probe, templates[:CLOSEST_POOL], n=1)
+    if order:
+        return _renamed_placeholders(found[0], dict(zip(globs.FOLD_PLACEHOLDERS, order, strict=False))) if found else None
+    if found:
+        candidate = fill(found[0], dict(zip(globs.FOLD_PLACEHOLDERS, values, strict=False)))
+        if candidate in present:
+            return candidate
+    segments = text.count(".")
+    pool = [name for name in present if name.count(".") == segments][:CLOSEST_FALLBACK]
+    found = difflib.get_close_matches(text, pool, n=1)
+    return found[0] if found else None
+
+
+def layer_folds(names: Iterable[str]) -> dict[int, list[str]]:
+    """The layer templates of `names` (whole-number segments as {i}, {j}, ...) by how many placeholders they hold."""
+    out: dict[int, dict[str, None]] = {}
     for name in names:
         template, values = globs.fold_name(name)
-        if len(values) == len(order):
-            folds[template] = None
-    probe = _renamed_placeholders(text, dict(zip(order, globs.FOLD_PLACEHOLDERS, strict=False)))
-    found = difflib.get_close_matches(probe, list(folds)[:CLOSEST_POOL], n=1)
-    if not found:
-        return None
-    return _renamed_placeholders(found[0], dict(zip(globs.FOLD_PLACEHOLDERS, order, strict=False)))
+        out.setdefault(len(values), {})[template] = None
+    return {count: list(templates) for count, templates in out.items()}
 
 
 def _unscoped_leaves(step: Mapper) -> list[Op]:
@@ -1108,12 +1123,14 @@ class MapperBuilder(Panel):
             return {}
         typed = {name for leaf in _unscoped_leaves(self.steps[index]) for name in leaf.inputs}
         seen = self.names_before(index)
+        folds: dict[int, list[str]] | None = None
         swaps: dict[str, str] = {}
         for problem in problems:
             text = problem.tensor
             if problem.kind != "missing" or not text or text in swaps or text not in typed or is_glob(text):
                 continue  # a glob, or one filled instance of a template (its other layers were found)
-            guess = closest_name(text, seen)
+            folds = layer_folds(seen) if folds is None else folds
+            guess = closest_name(text, seen, folds)
             if guess is not None and guess != text and _names_match(guess, seen):
                 swaps[text] = guess
         return swaps
