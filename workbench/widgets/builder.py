@@ -378,6 +378,7 @@ class MapperBuilder(Panel):
         self._quiet = False
         self._fold_cache: dict[str, str] = {}
         self._groups_html = ""
+        self._step_words: dict[int, tuple[str, dict[str, str]]] = {}  # step -> its words for problem texts (see problem_text)
         # Casts with 'keep F32' words list their names (no glob says "all but the norms"); each remembers how it was
         # asked for, so that moved elsewhere it is listed again for the names there: id -> (step, recipe, built after)
         self._kept_casts: dict[int, tuple[Mapper, tuple[tuple[str, ...], str, tuple[str, ...]], tuple[Mapper, ...]]] = {}
@@ -1171,6 +1172,7 @@ class MapperBuilder(Panel):
         self._say_moved(index, position, before)
 
     def _show_problems(self) -> None:
+        self._step_words = {}
         groups = self.problem_groups()
         if not groups:
             self.problems_view.value = message_html("No problems: every operation binds to the source.", "ok")
@@ -1225,6 +1227,19 @@ class MapperBuilder(Panel):
         if not 0 <= index < len(self.steps) or "(" not in message:
             return message
         step = self.steps[index]
+        whole, words = self._step_words.get(index) or self._words_of(index, labels)
+        words = dict(words)
+        if problem.op and problem.op not in words:  # one instance of a template, or an operation in a scope
+            words[problem.op] = whole if isinstance(step, Op) else f"a {problem.op.split('(')[0]} in {whole}"
+        for code in sorted(words, key=len, reverse=True):  # the longest first: a part's code is inside its step's
+            if code in message:
+                message = message.replace(code, words[code])
+        return message
+
+    def _words_of(self, index: int, labels: list[str] | None) -> tuple[str, dict[str, str]]:
+        """Step `index` in words ("step 3 (strip prefix 'model.')") and the code of it and its operations -> words
+        (kept until the problems are shown again)."""
+        step = self.steps[index]
         wise = self.stepwise
         bound = wise is not None and len(wise.instances) == len(self.steps) and bool(wise.instances[index])
         if isinstance(step, Op) and not bound:
@@ -1239,12 +1254,8 @@ class MapperBuilder(Panel):
         if not isinstance(step, Op):
             for leaf in list(_unscoped_leaves(step))[:WORDED_LEAVES]:
                 words.setdefault(leaf.short(), f"{_op_words(leaf)} in {whole}")
-        if problem.op and problem.op not in words:  # one instance of a template, or an operation in a scope
-            words[problem.op] = whole if isinstance(step, Op) else f"a {problem.op.split('(')[0]} in {whole}"
-        for code in sorted(words, key=len, reverse=True):  # the longest first: a part's code is inside its step's
-            if code in message:
-                message = message.replace(code, words[code])
-        return message
+        self._step_words[index] = (whole, words)
+        return whole, words
 
     @property
     def problems_html(self) -> str:
