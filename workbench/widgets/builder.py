@@ -4,8 +4,8 @@ Start empty or from a preset (Replace) and add presets as steps (Append preset);
 picking source names as they are where the step runs (layer templates such as
 `model.layers.{i}.self_attn.q_proj.weight` are offered; a glob such as `*.weight` is added as written and
 binds where its step runs, a Rename can strip or add a prefix) and an operation with its parameters; edit, reorder or remove steps,
-listed in words ("strip prefix `model.`") with their code beside. Problems are grouped by step, with a
-fix where one is obvious. Every change re-binds the mapper to the source (metadata only) and updates
+listed in words ("strip prefix `model.`") with their code beside. Problems are grouped by step, said with
+the steps' words, with a fix where one is obvious (move the step, drop what it writes over, use the closest name). Every change re-binds the mapper to the source (metadata only) and updates
 the preview of outputs, the problems, the target check and the exported code. `builder.mapper` is an
 ordinary `M.Sequential` / `M.Parallel` of the steps; "Save .py" writes exactly `mapper.to_code()`.
 """
