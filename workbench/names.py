@@ -36,6 +36,9 @@ def is_unicode_text(text: str) -> bool:
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _ANY_BRACE = re.compile(r"[{}]")
+# Names in messages are quoted as typed, not with repr (which doubles every backslash of a pasted regular expression).
+_REGEX_HINT = (" Names are not regular expressions: a '.' is a plain dot, '*' is any text, '?' one character and "
+              "'{i}' one dotted segment.")
 # What one placeholder captures: a non-empty part of one dotted segment (the shortest, when a segment
 # holds several placeholders, so 'x_y_z' against '{a}_{b}' gives a='x', b='y_z' in templates and filters).
 _SEGMENT_PART = "[^.]+?"
@@ -62,12 +65,13 @@ def check_name(name: object, where: str) -> str:
     leftover = _ANY_BRACE.search(_PLACEHOLDER.sub("", name))
     if leftover is not None:
         raise MapperError(
-            f"Cannot build {where}: name {name!r} has a malformed placeholder. "
+            f"Cannot build {where}: name '{name}' has a malformed placeholder. "
             "Write placeholders as {name} with a Python identifier inside, e.g. 'model.layers.{i}.mlp.up_proj.weight'."
+            + (_REGEX_HINT if "\\" in name else "")
         )
     for segment in name.split("."):
         if not segment:
-            raise MapperError(f"Cannot build {where}: name {name!r} has an empty dotted segment. Remove the doubled or trailing dot.")
+            raise MapperError(f"Cannot build {where}: name '{name}' has an empty dotted segment. Remove the doubled or trailing dot.")
     return name
 
 
@@ -79,13 +83,13 @@ def check_placeholder_sets(inputs: Sequence[str], outputs: Sequence[str], where:
     for name in inputs[1:]:
         if set(placeholders_of(name)) != expected:
             raise MapperError(
-                f"Cannot build {where}: inputs {inputs[0]!r} and {name!r} use different placeholders "
+                f"Cannot build {where}: inputs '{inputs[0]}' and '{name}' use different placeholders "
                 f"({sorted(expected)} vs {sorted(placeholders_of(name))}). Give every input of one operation the same placeholders."
             )
     for name in outputs:
         if set(placeholders_of(name)) != expected:
             raise MapperError(
-                f"Cannot build {where}: output {name!r} uses placeholders {sorted(placeholders_of(name))} but the inputs use "
+                f"Cannot build {where}: output '{name}' uses placeholders {sorted(placeholders_of(name))} but the inputs use "
                 f"{sorted(expected)}. Use the same placeholders in outputs as in inputs, so each match writes its own tensor."
             )
 
@@ -216,7 +220,7 @@ def pattern_regex(pattern: str, *, globs: bool = True, stars: bool = False) -> s
             continue
         if c in "{}":
             raise WorkbenchError(
-                f"Cannot filter by {pattern!r}: it has a malformed placeholder. Write placeholders as {{name}} with a "
+                f"Cannot filter by '{pattern}': it has a malformed placeholder. Write placeholders as {{name}} with a "
                 "Python identifier inside, e.g. 'layers.{i}.self_attn.*'."
             )
         if globs and c == "*":

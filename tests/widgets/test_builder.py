@@ -12,7 +12,7 @@ from workbench.catalog import TensorInfo
 from workbench.errors import MapperError
 from workbench.mapper import presets
 from workbench.widgets import MapperBuilder
-from workbench.widgets.builder import compare_to_target, expected_tensors, suggest_output
+from workbench.widgets.builder import closest_name, compare_to_target, expected_tensors, suggest_output
 from workbench.widgets.graph import mapper_graph
 
 QKV = [f"model.layers.{{i}}.self_attn.{p}_proj.weight" for p in "qkv"]
@@ -654,3 +654,48 @@ def test_a_glob_written_in_code_binds_like_the_builder_step(llama_sample):
 
     binding = M.Cast("model.*", "BF16").bind(wb.open_checkpoint(llama_sample))
     assert binding.ok and binding.outputs["model.norm.weight"].dtype == "BF16" and binding.outputs["lm_head.weight"].dtype == "F32"
+
+
+def test_a_misspelt_template_offers_the_closest_name_as_a_template(builder):
+    """Issue 34 item 7: an unknown name's fix-it is the closest name, folded back into the typed template; a click
+    puts it into the step, and the problem goes."""
+    strip_model_prefix(builder)
+    add_typed(builder, "Cast", "layers.{i}.self_atn.q_proj.weight", "", {})  # typed after the strip, misspelt
+    [group] = builder.problem_groups()
+    assert group.kind == "names not found"
+    heading, fix_row = builder.problem_groups_box.children[0].children
+    labels = [button.description for button in fix_row.children]
+    assert labels == ["Use the closest name: layers.{i}.self_attn.q_proj.weight", "Remove step 2"]
+    text = html.unescape(builder.problems_html)
+    assert "The closest name is 'layers.{i}.self_attn.q_proj.weight'" in text  # the message says what the button does
+    assert "Cast(" not in text and "step 2 (Cast 'layers.{i}.self_atn.q_proj.weight')" in text  # the user's words
+    fix_row.children[0].click()
+    assert builder.steps[1] == M.Cast("layers.{i}.self_attn.q_proj.weight", "BF16")
+    assert builder.binding.ok and not builder.binding.problems and "No problems" in builder.problems_html
+    assert builder.binding.outputs["layers.3.self_attn.q_proj.weight"].dtype == "BF16"
+
+
+def test_closest_name_keeps_the_typed_placeholders():
+    names = [f"model.layers.{k}.mlp.{p}_proj.weight" for k in range(3) for p in ("up", "down")] + ["model.norm.weight"]
+    assert closest_name("model.layers.{layer}.mlp.dwn_proj.weight", names) == "model.layers.{layer}.mlp.down_proj.weight"
+    assert closest_name("model.nrm.weight", names) == "model.norm.weight"  # a plain name stays plain
+    assert closest_name("model.layers.2.mlp.dwn_proj.weight", names) == "model.layers.2.mlp.down_proj.weight"  # its index kept
+    assert closest_name("something.else.entirely", names) is None
+
+
+def test_follow_on_problems_name_steps_in_words(builder):
+    """A clash caused by the prefix strip is said with the step's label, not the mapper's code."""
+    add_typed(builder, "Rename", "lm_head.weight", "norm.weight", {})
+    strip_model_prefix(builder)  # model.norm.weight -> norm.weight, which the rename already wrote
+    text = html.unescape(builder.problems_html)
+    assert "Cannot write 'norm.weight': step 2 (strip prefix 'model.') produces it" in text
+    assert "PrefixScope" not in text
+    problem = builder.binding.problems[0]
+    assert problem.message.startswith("Cannot write 'norm.weight': PrefixScope(")  # the mapper's own message stays
+
+
+def test_a_regular_expression_typed_as_a_name_is_quoted_as_typed(builder):
+    add_typed(builder, "Cast", "model\\.layers\\.[0-9]{2}\\.mlp", "", {})
+    message = html.unescape(builder.form_message.value)
+    assert "name 'model\\.layers\\.[0-9]{2}\\.mlp' has a malformed placeholder" in message
+    assert "\\\\" not in message and "Names are not regular expressions" in message and builder.steps == []

@@ -65,6 +65,8 @@ def test_bad_regex_is_a_message_not_a_traceback(explorer):
     explorer.match_mode.value = "regex"
     explorer.filter_box.value = "(["
     assert "Cannot filter by regex" in explorer.count_label.value
+    explorer.filter_box.value = "layers\\.(1"
+    assert "Cannot filter by regex &#x27;layers\\.(1&#x27;" in explorer.count_label.value  # as typed: no doubled backslash
     assert explorer.error is not None and explorer.table.value == ""
     assert len(explorer.rows) == 0 and explorer.tensor_picker.options == ()
     explorer.filter_box.value = "lm_head"

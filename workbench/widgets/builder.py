@@ -4,17 +4,20 @@ Start empty or from a preset (Replace) and add presets as steps (Append preset);
 picking source names as they are where the step runs (layer templates such as
 `model.layers.{i}.self_attn.q_proj.weight` are offered; a glob such as `*.weight` is added as written and
 binds where its step runs, a Rename can strip or add a prefix) and an operation with its parameters; edit, reorder or remove steps,
-listed in words ("strip prefix `model.`") with their code beside. Problems are grouped by step, with a
-fix where one is obvious. Every change re-binds the mapper to the source (metadata only) and updates
+listed in words ("strip prefix `model.`") with their code beside. Problems are grouped by step, said with
+the steps' words, with a fix where one is obvious (move the step, drop what it writes over, use the closest name). Every change re-binds the mapper to the source (metadata only) and updates
 the preview of outputs, the problems, the target check and the exported code. `builder.mapper` is an
 ordinary `M.Sequential` / `M.Parallel` of the steps; "Save .py" writes exactly `mapper.to_code()`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import html
 import os
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,13 +37,14 @@ from ..mapper import globs
 from ..mapper import target as target_check
 from ..mapper.base import Mapper
 from ..mapper.bind import StepwiseBinding, bind_steps
+from ..mapper.compose import PrefixScope
 from ..mapper.describe import describe_step
 from ..mapper.export import code_expr
 from ..mapper.groups import Problem
 from ..mapper.op import Op
 from ..mapper.patterns import is_glob
 from ..mapper.patterns import matcher as glob_matcher
-from ..names import Template, filter_names, placeholders_of
+from ..names import Template, fill, filter_names, placeholders_of
 from .common import (
     Panel,
     frame_table,
@@ -71,6 +75,10 @@ NO_OUTPUTS = ("Identity", "Drop", CODE)
 DEFAULT_ROWS = 60
 SHOWN_PER_GROUP = 5  # problems listed under each group heading (the rest counted)
 MAX_MOVE_TRIALS = 8  # positions tried (each a binding) when looking for where a step's names exist
+CLOSEST_POOL = 5_000  # layer templates compared with a misspelt name (difflib is linear in them)
+CLOSEST_FALLBACK = 2_000  # names compared one by one when no template fits
+_CLOSEST = re.compile(r" The closest name is '[^']*'\.")  # the binder's hint, said again as a template when one is known
+WORDED_LEAVES = 50  # operations of a composite step whose code a problem's message may quote, said in words
 # the groups problems are shown in, in display order, by `Problem.kind` (any other kind: "invalid operations")
 PROBLEM_GROUPS = (
     ("names not found", ("missing",)),
@@ -195,12 +203,14 @@ def problem_group(problem: Problem) -> str:
 
 @dataclass
 class ProblemGroup:
-    """Problems of one kind raised by one step, and the fixes offered for them: (button label, action)."""
+    """Problems of one kind raised by one step, and the fixes offered for them: (button label, action).
+    `closest`: for names not found, the closest existing name of each misspelt one (typed -> closest)."""
 
     step: int
     kind: str
     problems: list[Problem]
     fixes: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
+    closest: dict[str, str] = field(default_factory=dict)
 
 
 def _names_match(text: str, names: Mapping[str, TensorInfo]) -> bool:
@@ -214,6 +224,89 @@ def _names_match(text: str, names: Mapping[str, TensorInfo]) -> bool:
         return False
     template = Template(text, placeholders_of(text))
     return any(template.match(name.split(".")) is not None for name in names)
+
+
+def _renamed_placeholders(template: str, names: Mapping[str, str]) -> str:
+    """`template` with its placeholders renamed ({i} -> {layer}) in one pass (no chain of renames)."""
+    return re.sub(r"\{([A-Za-z_][A-Za-z0-9_]*)\}", lambda m: "{" + names.get(m.group(1), m.group(1)) + "}", template)
+
+
+def closest_name(text: str, names: Iterable[str], folds: Mapping[int, list[str]] | None = None) -> str | None:
+    """The existing name nearest to `text`, a misspelt name or {placeholder} template; None when none is close.
+
+    Names are compared folded by layer (whole-number segments as placeholders: a few hundred templates, not every
+    tensor), so a template's answer is a template with the typed placeholders: 'layers.{i}.self_atn.q_proj.weight'
+    -> 'layers.{i}.self_attn.q_proj.weight' names every layer the typed template meant to. A plain name's answer
+    is a plain name (its indices as typed, else the nearest of the names of as many segments). `folds`: the
+    `layer_folds` of `names`, when several names are looked up among the same ones."""
+    present = names if isinstance(names, Mapping) else dict.fromkeys(names)
+    order = placeholders_of(text)
+    if len(order) > len(globs.FOLD_PLACEHOLDERS):
+        return None
+    if order:
+        probe, values = _renamed_placeholders(text, dict(zip(order, globs.FOLD_PLACEHOLDERS, strict=False))), order
+    else:
+        probe, values = globs.fold_name(text)
+    templates = (folds if folds is not None else layer_folds(present)).get(len(values), [])
+    found = difflib.get_close_matches(probe, templates[:CLOSEST_POOL], n=1)
+    if order:
+        return _renamed_placeholders(found[0], dict(zip(globs.FOLD_PLACEHOLDERS, order, strict=False))) if found else None
+    if found:
+        candidate = fill(found[0], dict(zip(globs.FOLD_PLACEHOLDERS, values, strict=False)))
+        if candidate in present:
+            return candidate
+    segments = text.count(".")
+    pool = [name for name in present if name.count(".") == segments][:CLOSEST_FALLBACK]
+    found = difflib.get_close_matches(text, pool, n=1)
+    return found[0] if found else None
+
+
+def layer_folds(names: Iterable[str]) -> dict[int, list[str]]:
+    """The layer templates of `names` (whole-number segments as {i}, {j}, ...) by how many placeholders they hold."""
+    out: dict[int, dict[str, None]] = {}
+    for name in names:
+        template, values = globs.fold_name(name)
+        out.setdefault(len(values), {})[template] = None
+    return {count: list(templates) for count, templates in out.items()}
+
+
+def _unscoped_leaves(step: Mapper) -> list[Op]:
+    """The operations of `step` that read names as the step sees them (those inside a prefix scope read scoped names)."""
+    if isinstance(step, Op):
+        return [step]
+    if isinstance(step, (M.Sequential, M.Parallel)):
+        return [leaf for child in step.mappers for leaf in _unscoped_leaves(child)]
+    return []
+
+
+def _with_names(step: Mapper, swaps: Mapping[str, str]) -> Mapper:
+    """`step` with the names in `swaps` replaced (old -> new) in its operations outside prefix scopes, checked
+    again as if written so (an operation writing in place, such as a Cast without dst, writes the new name)."""
+    if isinstance(step, (M.Sequential, M.Parallel)):
+        return type(step)(*[_with_names(child, swaps) for child in step.mappers])
+    if not isinstance(step, Op) or not any(name in swaps for name in step.inputs):
+        return step
+    if not dataclasses.is_dataclass(step):
+        return step.rename_all(lambda name: swaps.get(name, name))
+    changes: dict[str, Any] = {}
+    for name_field in step.NAME_FIELDS:
+        value = getattr(step, name_field)
+        if value in swaps:
+            changes[name_field] = swaps[value]
+    for list_field in step.NAME_LIST_FIELDS:
+        values = getattr(step, list_field)
+        if any(value in swaps for value in values):
+            changes[list_field] = tuple(swaps.get(value, value) for value in values)
+    return dataclasses.replace(step, **changes)  # type: ignore[type-var]
+
+
+def _op_words(op: Op) -> str:
+    """An operation as the builder's form names it: "Cast 'model.norm.weight'", "Concat 'a' and 2 more → 'abc'"."""
+    if not op.inputs:
+        return type(op).__name__
+    more = f" and {len(op.inputs) - 1} more" if len(op.inputs) > 1 else ""
+    into = f" → '{op.outputs[0]}'" if len(op.outputs) == 1 and op.outputs != op.inputs else ""
+    return f"{type(op).__name__} '{op.inputs[0]}'{more}{into}"
 
 
 def fold_differences(frame: pd.DataFrame) -> pd.DataFrame:
@@ -285,6 +378,7 @@ class MapperBuilder(Panel):
         self._quiet = False
         self._fold_cache: dict[str, str] = {}
         self._groups_html = ""
+        self._step_words: dict[int, tuple[str, dict[str, str]]] = {}  # step -> its words for problem texts (see problem_text)
         # Casts with 'keep F32' words list their names (no glob says "all but the norms"); each remembers how it was
         # asked for, so that moved elsewhere it is listed again for the names there: id -> (step, recipe, built after)
         self._kept_casts: dict[int, tuple[Mapper, tuple[tuple[str, ...], str, tuple[str, ...]], tuple[Mapper, ...]]] = {}
@@ -993,6 +1087,12 @@ class MapperBuilder(Panel):
                     if target is not None:
                         where = f"before step {target + 1}" if target < index else f"after step {target + 1}"
                         group.fixes.append((f"Move step {index + 1} {where}", lambda i=index, t=target: self.move_to(i, t)))
+                    else:  # the names exist nowhere in the order: misspelt, perhaps
+                        swaps = group.closest = self.closest_names(index, members)
+                        if swaps:
+                            first = next(iter(swaps.values()))
+                            label = f"Use the closest name: {first}" if len(swaps) == 1 else f"Use the {len(swaps)} closest names"
+                            group.fixes.append((label, lambda i=index, s=swaps: self.use_names(i, s)))
                 if kind == "name clashes":
                     kept = [p.tensor for p in members if p.tensor and p.kind == "overwrite"]
                     if kept:
@@ -1017,6 +1117,40 @@ class MapperBuilder(Panel):
                 return position
         return None
 
+    def closest_names(self, index: int, problems: list[Problem]) -> dict[str, str]:
+        """For each name step `index` reads as typed and did not find ('missing' problems), the closest name that
+        exists where the step runs (a template for a template, see `closest_name`): typed -> closest."""
+        if not 0 <= index < len(self.steps):
+            return {}
+        typed = {name for leaf in _unscoped_leaves(self.steps[index]) for name in leaf.inputs}
+        seen = self.names_before(index)
+        folds: dict[int, list[str]] | None = None
+        swaps: dict[str, str] = {}
+        for problem in problems:
+            text = problem.tensor
+            if problem.kind != "missing" or not text or text in swaps or text not in typed or is_glob(text):
+                continue  # a glob, or one filled instance of a template (its other layers were found)
+            folds = layer_folds(seen) if folds is None else folds
+            guess = closest_name(text, seen, folds)
+            if guess is not None and guess != text and _names_match(guess, seen):
+                swaps[text] = guess
+        return swaps
+
+    def use_names(self, index: int, swaps: Mapping[str, str]) -> None:
+        """Replace names (typed -> new) in step `index`: the fix-it "Use the closest name" for a misspelt name."""
+        if not 0 <= index < len(self.steps) or not swaps:
+            return
+        try:
+            self.steps[index] = _with_names(self.steps[index], swaps)
+        except MapperError as exc:
+            self.form_message.value = message_html(exc.message, "error")
+            return
+        if self._editing == index:
+            self._end_edit()
+        said = ", ".join(f"'{old}' → '{new}'" for old, new in swaps.items())
+        self.form_message.value = message_html(f"Step {index + 1} now reads the closest name(s): {said}.", "info")
+        self.refresh(select=index)
+
     def drop_before(self, index: int, names: list[str]) -> None:
         """Insert a step dropping `names` (folded into templates where exact) before step `index`: the fix the
         binder suggests when a step writes over a tensor nothing consumes."""
@@ -1038,6 +1172,7 @@ class MapperBuilder(Panel):
         self._say_moved(index, position, before)
 
     def _show_problems(self) -> None:
+        self._step_words = {}
         groups = self.problem_groups()
         if not groups:
             self.problems_view.value = message_html("No problems: every operation binds to the source.", "ok")
@@ -1072,13 +1207,55 @@ class MapperBuilder(Panel):
             n = len(group.problems)
             error = any(p.severity == "error" for p in group.problems)
             color = "var(--jp-error-color1, #c62828)" if error else "var(--jp-warn-color1, #b26a00)"
-            items = "".join(f"<li>{html.escape(p.message)}</li>" for p in group.problems[:SHOWN_PER_GROUP])
+            items = "".join(f"<li>{html.escape(self.problem_text(p, group.step, labels, group.closest))}</li>"
+                            for p in group.problems[:SHOWN_PER_GROUP])
             more = f"<li>… {n - SHOWN_PER_GROUP} more (builder.binding.problems)</li>" if n > SHOWN_PER_GROUP else ""
             parts.append(
                 f'<details class="wb-problem-group" open><summary style="color:{color}">{step} — {n} {html.escape(_counted(group.kind, n))}'
                 f'</summary><ul class="wb-problems" style="margin:2px 0">{items}{more}</ul></details>'
             )
         return parts
+
+    def problem_text(self, problem: Problem, index: int, labels: list[str] | None = None, closest: Mapping[str, str] | None = None) -> str:
+        """`problem`'s message with the code of the operations it names (`short()`, e.g. "PrefixScope(Sequential(),
+        source_prefix='model.')") said as the builder lists step `index`: "step 3 (strip prefix 'model.')", or
+        "Cast 'x' in step 3 (...)" for one operation of a composite step; the closest name, when `closest` has one
+        for the problem's name, as the template its fix-it uses. The mapper's own message is unchanged."""
+        message = problem.message
+        if closest and problem.tensor in closest:
+            message = _CLOSEST.sub(lambda _: f" The closest name is '{closest[problem.tensor]}'.", message, count=1)
+        if not 0 <= index < len(self.steps) or "(" not in message:
+            return message
+        step = self.steps[index]
+        whole, words = self._step_words.get(index) or self._words_of(index, labels)
+        words = dict(words)
+        if problem.op and problem.op not in words:  # one instance of a template, or an operation in a scope
+            words[problem.op] = whole if isinstance(step, Op) else f"a {problem.op.split('(')[0]} in {whole}"
+        for code in sorted(words, key=len, reverse=True):  # the longest first: a part's code is inside its step's
+            if code in message:
+                message = message.replace(code, words[code])
+        return message
+
+    def _words_of(self, index: int, labels: list[str] | None) -> tuple[str, dict[str, str]]:
+        """Step `index` in words ("step 3 (strip prefix 'model.')") and the code of it and its operations -> words
+        (kept until the problems are shown again)."""
+        step = self.steps[index]
+        wise = self.stepwise
+        bound = wise is not None and len(wise.instances) == len(self.steps) and bool(wise.instances[index])
+        if isinstance(step, Op) and not bound:
+            label = _op_words(step)  # a label such as "cast (no tensor matched yet)" says less than the names typed
+        elif isinstance(step, PrefixScope):
+            label = describe_step(step)  # without its count of names, which reads as a second parenthesis
+        else:
+            label = (labels if labels is not None else self.step_labels())[index]
+        plain = label.replace("`", "'")
+        whole = f"step {index + 1} ({plain})"
+        words = {step.short(): whole}
+        if not isinstance(step, Op):
+            for leaf in list(_unscoped_leaves(step))[:WORDED_LEAVES]:
+                words.setdefault(leaf.short(), f"{_op_words(leaf)} in {whole}")
+        self._step_words[index] = (whole, words)
+        return whole, words
 
     @property
     def problems_html(self) -> str:
@@ -1223,4 +1400,4 @@ class MapperBuilder(Panel):
         )
 
 
-__all__ = ["MapperBuilder", "compare_to_target", "expected_tensors", "steps_of", "suggest_output"]
+__all__ = ["MapperBuilder", "closest_name", "compare_to_target", "expected_tensors", "steps_of", "suggest_output"]

@@ -67,7 +67,7 @@ def name_mask(names: pd.Index, text: str, mode: str = "glob") -> np.ndarray:
         try:
             pattern = re.compile(text)
         except re.error as exc:
-            raise WorkbenchError(f"Cannot filter by regex {text!r}: {exc}. Fix the expression or switch to glob.") from None
+            raise WorkbenchError(f"Cannot filter by regex '{text}': {exc}. Fix the expression or switch to glob.") from None
         return np.fromiter((pattern.search(n) is not None for n in names), dtype=bool, count=len(names))
     keep = name_filter(text)
     return np.fromiter((keep(n) for n in names), dtype=bool, count=len(names))
