@@ -55,17 +55,23 @@ def read(root: Path, vocab_size: int | None, looks_special: Any, tokenizer: Any 
         text = by_id[k]
         if text in added_texts and k in added:
             _, special, normalized = added[k]
-            if not normalized:  # llama.cpp expects added tokens pre-normalised
-                text = roundtrip(text)
-            if special or looks_special(text):
-                types.append(CONTROL)
-            else:
-                text = text.replace("\u2581", " ")
-                types.append(USER_DEFINED)
+            text, kind = added_token(text, special, normalized, roundtrip, looks_special)
         else:
-            types.append(NORMAL)
+            kind = NORMAL
         tokens.append(text)
+        types.append(kind)
     return tokens, types
+
+
+def added_token(text: str, special: bool, normalized: bool, normalize: Any, looks_special: Any) -> tuple[str, int]:
+    """An added token's text and type as llama.cpp's converter writes them: pre-normalised by `normalize(text)` when the
+    tokenizer does not normalise it, CONTROL when special or `looks_special(text)`, else USER_DEFINED with SentencePiece's
+    word marker turned back into a space. Shared by both vocabulary routes (JSON files, transformers)."""
+    if not normalized:
+        text = normalize(text)
+    if special or looks_special(text):
+        return text, CONTROL
+    return text.replace("\u2581", " "), USER_DEFINED
 
 
 def _round_trip(root: Path, tokenizer: dict) -> Any:

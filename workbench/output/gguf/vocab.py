@@ -24,7 +24,7 @@ from typing import Any
 
 from ...errors import PlanError
 from .. import source_files
-from . import packed
+from . import bpe_vocab, packed
 from .packed import add_packed
 from .tokenizer_json import json_file
 
@@ -180,16 +180,13 @@ def gpt2_vocab(root: Path, vocab_size: int | None) -> tuple[list[str], list[int]
             continue
         text = by_id[k]
         if text in added:
-            if not decoder[k].normalized:  # llama.cpp expects added tokens pre-normalised
-                text = tokenizer.decode(tokenizer.encode(text, add_special_tokens=False))
-            if decoder[k].special or _looks_special(text):
-                types.append(CONTROL)
-            else:
-                text = text.replace("\u2581", " ")
-                types.append(USER_DEFINED)
+            text, kind = bpe_vocab.added_token(text, decoder[k].special, decoder[k].normalized,
+                                               lambda t: tokenizer.decode(tokenizer.encode(t, add_special_tokens=False)),
+                                               _looks_special)
         else:
-            types.append(NORMAL)
+            kind = NORMAL
         tokens.append(text)
+        types.append(kind)
     return tokens, types
 
 
@@ -265,8 +262,6 @@ def add_vocab(writer: Any, root: Path, arch: str, vocab_size: int | None) -> int
         special_vocab.add_to_gguf(writer)
         return count
     assert loaded is not None
-    from . import bpe_vocab
-
     document = loaded.document
     pre = pre_tokenizer_name(root, document)
     with SlimFolder(loaded) as folder:  # without merges in tokenizer.json, SpecialVocab reads merges.txt as the converter does
