@@ -9,7 +9,6 @@ multipart upload behind.
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 import sys
