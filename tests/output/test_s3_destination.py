@@ -82,11 +82,14 @@ def test_local_and_s3_sources_upload_the_local_bytes_within_the_spool(s3: MotoS3
     assert plan.dest is not None and str(plan.dest).startswith(str(tmp_path / "spool"))
     total = sum(f.size for f in plan.output_file_list)
     assert total >= 4 * (8 * MiB) and plan.spool_bytes == 8 * MiB  # the input is 4x the spool; the plan states the bound
+    assert f"-> {url} (through the local spool {plan.dest})" in plan.summary()
+    assert "local disk to provision: 8.0 MiB per rank" in plan.summary()
     seen = _spool_bytes_at_uploads(monkeypatch, plan.dest)
     report = wb.convert(source, url, shard_size="6MiB", quiet=True, **SPOOL)
     assert s3.output(bucket, "out") == reference  # every file, config.json and the index, byte for byte
     assert len(seen) == len(reference) and max(seen) <= plan.spool_bytes  # measured on disk, at every upload
-    assert 0 < report.spool_peak <= plan.spool_bytes
+    assert 0 < report.spool_peak <= plan.spool_bytes == report.predicted_spool_bytes
+    assert "spool peak" in report.summary()
     assert not [p for p in plan.dest.rglob("*") if p.is_file() and not p.name.startswith(".workbench")]  # spool emptied
     heads = {n: s3.client.head_object(Bucket=bucket, Key=f"out/{n}") for n in reference if n.endswith(".safetensors")}
     assert all(h["ETag"].endswith('-2"') for h in heads.values() if h["ContentLength"] > 5 * MiB)  # two multipart parts
@@ -95,6 +98,13 @@ def test_local_and_s3_sources_upload_the_local_bytes_within_the_spool(s3: MotoS3
     remote_source = s3.upload_folder(source, bucket, "src")  # an s3:// source into another prefix
     wb.convert(remote_source, f"s3://{bucket}/again/", shard_size="6MiB", quiet=True, **SPOOL)
     assert s3.output(bucket, "again") == reference
+
+
+def test_two_local_processes_upload_their_own_files(s3: MotoS3, source: Path, reference: dict) -> None:
+    bucket = s3.bucket()
+    report = wb.convert(source, f"s3://{bucket}/out/", shard_size="6MiB", nproc=2, quiet=True, **SPOOL)
+    assert report.launcher == "local" and all(r.files_written for r in report.ranks)
+    assert s3.output(bucket, "out") == reference and s3.uploads(bucket) == []
 
 
 def test_verify_and_open_checkpoint_read_the_uploaded_objects(s3: MotoS3, source: Path, tmp_path: Path) -> None:
