@@ -39,7 +39,7 @@ OWN_NAMES = (LOCK_NAME, MANIFEST_NAME, COMPLETE_NAME)
 FINGERPRINT_KEY = "workbench-fingerprint"
 SHA256_KEY = "workbench-sha256"
 MIN_PART = 5 << 20  # S3's smallest part (all but the last)
-DEFAULT_PART = 64 << 20
+DEFAULT_PART = 16 << 20  # held in memory while it uploads (one part at a time per rank)
 MAX_PARTS = 10_000
 
 
