@@ -84,6 +84,8 @@ def test_local_and_s3_sources_upload_the_local_bytes_within_the_spool(s3: MotoS3
     assert total >= 4 * (8 * MiB) and plan.spool_bytes == 8 * MiB  # the input is 4x the spool; the plan states the bound
     assert f"-> {url} (through the local spool {plan.dest})" in plan.summary()
     assert "local disk to provision: 8.0 MiB per rank" in plan.summary()
+    rss = plan.rss_breakdown
+    assert rss.loc["upload"].iloc[0] == 2 * 5 * MiB and "transport" in rss.index  # part buffers, s3fs for a local source
     seen = _spool_bytes_at_uploads(monkeypatch, plan.dest)
     report = wb.convert(source, url, shard_size="6MiB", quiet=True, **SPOOL)
     assert s3.output(bucket, "out") == reference  # every file, config.json and the index, byte for byte

@@ -74,6 +74,11 @@ class RemoteDestination(ABC):
         """The URL `wb.open_checkpoint` reads the finished output from (and `--verify` re-reads, by range)."""
         return self.url
 
+    def memory_terms(self) -> list[tuple[str, int, str]]:
+        """What uploading adds to a rank's predicted RSS (`plan.rss_bytes`): (part, bytes, detail) rows, e.g. the
+        part buffer. The transport's libraries are counted by planning (`planning.rss.REMOTE_LIBRARIES`)."""
+        return []
+
     @abstractmethod
     def state(self, files: Mapping[str, int], *, overwrite: bool) -> RemoteState:
         """What the destination holds for this plan; `files`: planned output file name -> size in bytes.

@@ -172,6 +172,10 @@ class S3Destination(RemoteDestination):
 
     # --- the interface ------------------------------------------------------------------------------------------
 
+    def memory_terms(self) -> list[tuple[str, int, str]]:
+        """One part in memory while it uploads, and the copy botocore's request holds of it."""
+        return [("upload", 2 * self.part_size, f"an S3 part of {self.part_size:,} bytes and botocore's copy of it")]
+
     def state(self, files: Mapping[str, int], *, overwrite: bool) -> RemoteState:
         """What the prefix holds for this plan (see `RemoteDestination.state`)."""
         state = RemoteState()
