@@ -29,7 +29,7 @@ plan: objects are recorded with it, so a re-run of another plan never mistakes t
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -88,11 +88,14 @@ class RemoteDestination(ABC):
         """
 
     @abstractmethod
-    def begin(self, files: Mapping[str, int], kept: Sequence[str], markers: Sequence[str] = ()) -> None:
+    def begin(self, files: Mapping[str, int], kept: Sequence[str], markers: Sequence[str] = (),
+              stale: Callable[[str], bool] | None = None) -> None:
         """Lock, hide the commit marker, clean up an interrupted run's leftovers, record the plan (rank 0).
 
         `files`: planned name -> size; `kept`: the names `state` recognised as finished (not written again);
-        `markers`: the names whose presence says "complete" (the index, `.metadata`): removed first.
+        `markers`: the names whose presence says "complete" (the index, `.metadata`): removed first;
+        `stale` (overwrite=True only): whether a name is an output file some format writes (`output.owned`):
+        such files of an older conversion that this plan does not write are removed too.
 
         Raises `PlanError` naming the URL when another conversion holds the lock, or when the store cannot
         take a lock safely (then the message says how to proceed).

@@ -25,7 +25,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -234,7 +234,8 @@ class S3Destination(RemoteDestination):
         raise PlanError(f"Cannot lock {self.url}: the lock {self.where(LOCK_NAME)} keeps coming back. Another conversion "
                         "may be starting there; wait for it, then run again.", file=self.where(LOCK_NAME))
 
-    def begin(self, files: Mapping[str, int], kept: Sequence[str], markers: Sequence[str] = ()) -> None:
+    def begin(self, files: Mapping[str, int], kept: Sequence[str], markers: Sequence[str] = (),
+              stale: Callable[[str], bool] | None = None) -> None:
         """Lock, hide the markers, abort leftover multipart uploads, remove stale planned objects, write the manifest."""
         self.lock()
         for name in (COMPLETE_NAME, *markers):  # first: from here on nothing there looks complete
@@ -245,8 +246,8 @@ class S3Destination(RemoteDestination):
             except (FileNotFoundError, OSError):
                 pass
         present = self.listing()
-        for name in files:
-            if name in present and name not in kept:
+        for name in present:
+            if name not in kept and (name in files or (stale is not None and "/" not in name and stale(name))):
                 self.delete(name)
         self.put_json(MANIFEST_NAME, {"workbench_convert": 1, "fingerprint": self.fingerprint, "files": dict(files)})
 
