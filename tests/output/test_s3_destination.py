@@ -109,6 +109,18 @@ def test_two_local_processes_upload_their_own_files(s3: MotoS3, source: Path, re
     assert s3.output(bucket, "out") == reference and s3.uploads(bucket) == []
 
 
+def test_a_dcp_output_uploads_its_metadata_last(s3: MotoS3, source: Path, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    wb.convert(source, tmp_path / "dcp", to="dcp", shard_size="6MiB", quiet=True)
+    bucket = s3.bucket()
+    order: list[str] = []
+    upload = S3Destination.file_done
+    monkeypatch.setattr(S3Destination, "file_done", lambda self, name, *rest: (order.append(name), upload(self, name, *rest)))
+    report = wb.convert(source, f"s3://{bucket}/dcp/", to="dcp", shard_size="6MiB", quiet=True, verify=True, **SPOOL)
+    assert report.verified and s3.output(bucket, "dcp") == folder_files(tmp_path / "dcp")
+    assert order[-1] == ".metadata" and len(order) == len(folder_files(tmp_path / "dcp"))
+
+
 def test_verify_and_open_checkpoint_read_the_uploaded_objects(s3: MotoS3, source: Path, tmp_path: Path) -> None:
     from workbench.engine.output_check import check_outputs
 
