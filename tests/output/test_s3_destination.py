@@ -198,6 +198,18 @@ def test_the_lock_is_a_conditional_write(s3: MotoS3, source: Path) -> None:
     assert INDEX in s3.objects(bucket, "out") and LOCK_NAME not in s3.objects(bucket, "out")
 
 
+def test_a_dead_lock_is_removed_only_while_it_is_the_one_read(s3: MotoS3) -> None:
+    bucket = s3.bucket()
+    destination = S3Destination(f"s3://{bucket}/out/", "fp")
+    key = f"out/{LOCK_NAME}"
+    stale = s3.client.put_object(Bucket=bucket, Key=key, Body=b'{"host": "h", "pid": 1}')["ETag"]
+    s3.client.put_object(Bucket=bucket, Key=key, Body=b'{"host": "h", "pid": 2}')  # another run took it over meanwhile
+    destination._remove_stale_lock(stale)
+    assert json.loads(s3.objects(bucket, "out")[LOCK_NAME])["pid"] == 2  # the newer lock stays
+    destination._remove_stale_lock(s3.client.head_object(Bucket=bucket, Key=key)["ETag"])
+    assert LOCK_NAME not in s3.objects(bucket, "out")
+
+
 def _dead_pid() -> int:
     import subprocess
     import sys
