@@ -347,7 +347,7 @@ class S3Destination(RemoteDestination):
         self.delete(LOCK_NAME)
         self._locked = False
 
-    def abort(self) -> None:
+    def abort(self, *, keep_lock: bool = False) -> None:
         """Abort this process's unfinished multipart uploads; release the lock if this process took it."""
         with self._guard:
             pending, self._uploads = dict(self._uploads), {}
@@ -356,7 +356,7 @@ class S3Destination(RemoteDestination):
                 self.call("abort_multipart_upload", key, Key=key, UploadId=upload)
             except Exception:  # noqa: BLE001 - cleanup: the next run's begin aborts what is left
                 pass
-        if self._locked:
+        if self._locked and not keep_lock:
             try:
                 self.release()
             except Exception:  # noqa: BLE001
