@@ -221,3 +221,62 @@ def test_missing_scale_and_wrong_shape_are_clear_errors(checkpoints, tmp_path):
     save_file({**tensors, scale: tensors[scale][:, :1].contiguous()}, broken / "model.safetensors")
     with pytest.raises(WorkbenchError, match="k_proj.weight_scale.*expected"):
         M.presets.decompress(broken)
+
+
+def make_moe_checkpoint(folder: Path, scheme: str = "w4-group-asym") -> tuple[Path, dict[str, torch.Tensor]]:
+    """A tiny Mixtral saved by transformers (one tensor per expert), every linear but the router and lm_head compressed
+    with the library's own compressor for `scheme`; returns the folder and the library's decompressed weights."""
+    import transformers
+    from compressed_tensors.config import CompressionFormat
+    from compressed_tensors.quantization import QuantizationStatus
+
+    config = transformers.MixtralConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2, vocab_size=128, num_local_experts=3, num_experts_per_tok=2)
+    torch.manual_seed(1)
+    transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16).save_pretrained(folder)
+    dense = load_file(folder / "model.safetensors")
+    chosen = _scheme(scheme)
+    chosen.format = CompressionFormat.pack_quantized.value
+    compressor = BaseCompressor.get_value_from_registry(chosen.format)
+    args = chosen.weights
+    tensors, reference = {}, {}
+    for name, weight in dense.items():
+        module = name.removesuffix(".weight")
+        if weight.ndim != 2 or module.rsplit(".", 1)[-1] not in ("q_proj", "k_proj", "v_proj", "o_proj", "w1", "w2", "w3"):
+            tensors[name] = weight
+            continue
+        grouped = weight.unflatten(-1, (-1, args.group_size))
+        scale, zero = calculate_qparams(grouped.amin(-1), grouped.amax(-1), args)
+        local = compressor.compress({"weight": weight, "weight_scale": scale.to(weight.dtype), "weight_zero_point": zero}, chosen)
+        tensors.update({f"{module}.{k}": v.contiguous() for k, v in local.items()})
+        reference[name] = compressor.decompress(local, chosen)["weight"]
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    data = json.loads((folder / "config.json").read_text())
+    quant = QuantizationConfig(config_groups={"group_0": chosen}, ignore=["lm_head"], format=chosen.format,
+                               quantization_status=QuantizationStatus.COMPRESSED)
+    data["quantization_config"] = {"quant_method": "compressed-tensors", **quant.model_dump(exclude=["quant_method"])}
+    (folder / "config.json").write_text(json.dumps(data))
+    return folder, reference
+
+
+def test_decompress_then_transformers_layout_in_one_recipe(tmp_path):
+    """`decompress,from_transformers` (what suggest proposes first): experts dequantised, then stacked as transformers 5
+    holds them, equal to the library's decompression stacked by hand; from_transformers alone names the parts."""
+    from workbench.mapper.presets.suggest import build_preset
+
+    folder, reference = make_moe_checkpoint(tmp_path / "mixtral")
+    ck = wb.open_checkpoint(folder)
+    suggested = list(ck.suggest()["preset"])
+    assert suggested[0] == "decompress,from_transformers"
+    mapper = build_preset("decompress,from_transformers", ck, folder / "config.json")
+    wb.convert(folder, tmp_path / "out", mapper)
+    got = load_file(tmp_path / "out" / "model.safetensors")
+    experts = "model.layers.1.mlp.experts"
+    gate_up = torch.stack([torch.cat([reference[f"model.layers.1.block_sparse_moe.experts.{e}.w1.weight"],
+                                      reference[f"model.layers.1.block_sparse_moe.experts.{e}.w3.weight"]]) for e in range(3)])
+    assert _same_bits(got[f"{experts}.gate_up_proj"], gate_up)
+    down = torch.stack([reference[f"model.layers.1.block_sparse_moe.experts.{e}.w2.weight"] for e in range(3)])
+    assert _same_bits(got[f"{experts}.down_proj"], down)
+    assert _same_bits(got["model.layers.0.self_attn.q_proj.weight"], reference["model.layers.0.self_attn.q_proj.weight"])
+    alone = wb.plan(folder, M.presets.from_transformers(folder / "config.json"))
+    assert not alone.ok and any("decompress" in str(p) for p in alone.problems)
