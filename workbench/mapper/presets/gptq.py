@@ -15,8 +15,8 @@ AWQ_ORDER.index(j)); `qzeros` [groups, out * bits / 32] likewise; `scales` [grou
 As the reference dequantisers do (GPTQModel's `dequantize_weight`, compressed-tensors' AutoAWQ converter followed by
 its pack-quantized decompression), the difference of two integers is multiplied by the scale in the scale's dtype;
 the result is then cast to the output dtype. Packed along the input dim, a weight cannot be read by output rows
-from disk: a group holds one linear's packed tensors and its dense output (the plan counts both), and the kernel
-works a few output rows at a time, so its scratch stays small.
+from disk: a step holds one linear's packed tensors and its dense output (the plan counts both; `GptqRows` runs it
+with numpy alone), and the kernel works a few output rows at a time, so its scratch stays small.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 
 from ...catalog import TensorInfo
 from ...errors import MapperError
-from .compressed import _np_dtype, _numpy, _round_twice, _scale_code
+from .compressed import SCRATCH, _np_dtype, _numpy, _round_twice, _scale_code
 from .packed import PackedModule, gptq_shape
 from .quantized import PIECE, _out, _output_code
 
@@ -86,6 +86,80 @@ def dequantize_gptq_tensor(*tensors: Any, roles: Sequence[str], method: str, bit
         values *= scales[g_idx, o0:o1]
         out[o0:o1] = _round_twice(values, scale_code, code).T
     return _out(out, code, torch_in)
+
+
+class GptqRows:
+    """The row job of `dequantize_gptq_tensor` (`mapper.row_jobs`) with one "row", the whole linear: packed along its
+    input dim, a weight cannot be cut into output rows on disk, but as a row job it is converted with numpy alone
+    (no torch in the process), its qweight read raw, its scales, zeros and g_idx read whole beside it."""
+
+    libraries = ("ml_dtypes",)
+    library_bytes = 2_720_000  # as quantized.ML_DTYPES_BYTES
+    library_detail = "ml_dtypes: GPTQ / AWQ weights dequantised with numpy"
+
+    def __init__(self, parts: dict[str, TensorInfo], output: TensorInfo, kwargs: dict[str, Any]) -> None:
+        self.parts, self.kwargs = parts, kwargs
+        self.inputs, self.output = (parts["packed"],), output
+        self.code = kwargs.get("dtype", "BF16")
+        self.overflow_dtype = self.value_dtype = self.code
+        self.extra = tuple(parts[r] for r in kwargs["roles"] if r != "packed")
+
+    rows = 1
+
+    @property
+    def in_row(self) -> int:
+        return self.inputs[0].nbytes
+
+    @property
+    def out_row(self) -> int:
+        return self.output.nbytes
+
+    def whole(self, k: int) -> tuple[TensorInfo, ...]:
+        return self.extra
+
+    def budget(self, chunk_bytes: int) -> int:
+        return chunk_bytes
+
+    def chunk_rows(self, budget: int) -> int:
+        return 1
+
+    def held(self, rows: int) -> int:
+        """qweight in, the weight out, the parts read whole and their decoded copies, and the kernel's scratch."""
+        decoded = 4 * math.prod(self.parts["scale"].shape) + 8 * self.output.shape[1]  # float32 scales, int64 g_idx
+        return self.in_row + self.out_row + sum(t.nbytes for t in self.extra) + decoded + SCRATCH
+
+    def held_bytes(self, chunk_bytes: int) -> int:
+        return self.held(1)
+
+    def converter(self, rows: int) -> Any:
+        import numpy as np
+
+        roles = [r for r in self.kwargs["roles"] if r != "packed"]
+        kwargs = {k: v for k, v in self.kwargs.items() if k != "roles"}
+
+        def convert(k: int, first: int, raw: Any, whole: Any) -> tuple[Any, int, float]:
+            arrays = {role: np.frombuffer(buf, _np_dtype(info.dtype)).reshape(info.shape)
+                      for role, buf, info in zip(roles, whole, self.extra, strict=True)}
+            arrays["packed"] = np.frombuffer(raw, np.int32).reshape(self.inputs[0].shape)
+            order = list(self.kwargs["roles"])
+            out = dequantize_gptq_tensor(*(arrays[r] for r in order), roles=order, **kwargs)
+            return np.ascontiguousarray(out).reshape(-1).view(np.uint8), 0, 0.0
+
+        return convert
+
+
+def _gptq_rows(op: Any, group: Any, ahead: tuple[Any, ...] = ()) -> GptqRows | None:
+    """The row job of a GPTQ / AWQ group (one linear and its parts), None for any other."""
+    if ahead or len(group.outputs) != 1:
+        return None
+    infos = {info.name: info for info in group.inputs}
+    roles = op.kwargs.get("roles", ())
+    if len(roles) != len(op.inputs) or any(name not in infos for name in op.inputs):
+        return None
+    return GptqRows({role: infos[name] for role, name in zip(roles, op.inputs, strict=True)}, group.outputs[0], op.kwargs)
+
+
+dequantize_gptq_tensor.rows = _gptq_rows  # type: ignore[attr-defined]  # the row job `Function.rows` finds
 
 
 def _zeros(qzeros: Any, bits: int, o0: int, o1: int, groups: int, symmetric: bool) -> Any:
