@@ -184,6 +184,7 @@ def test_plan_streams_rows_and_says_what_is_dequantised(checkpoints):
     dequantised = groups[groups["label"] == "decompress_tensor"]
     assert len(dequantised) == 14 and set(dequantised["kind"]) == {"rows"}  # each packed weight a few rows at a time
     assert set(groups[groups["label"] != "decompress_tensor"]["kind"]) == {"copy"}  # norms, embeddings: copied
+    assert "dequantised: 14 tensors (e.g. model.layers.0.mlp.down_proj.weight); copied as they are: 7 tensors" in plan.summary()
     largest = max(dequantised["bytes_out"])
     assert (dequantised["held_bytes"] < largest + 4096 + 3 * 1024 * 1024).all()  # one chunk + parts + scratch
 

@@ -43,11 +43,31 @@ def headline(plan: Plan) -> list[str]:
         f"peak tensor memory: {format_bytes(plan.peak_bytes)} per process; ranks: {plan.nproc}"
         + f"; {library_note(plan)}",
     ]
+    lines += _dequantised_lines(plan)
     lines += _extras_lines(plan)
     lines += _metadata_lines(plan)
     if plan.copied_objects:
         lines.append(f"non-tensor entries copied verbatim: {len(plan.copied_objects)}")
     return lines
+
+
+def _dequantised_lines(plan: Plan) -> list[str]:
+    """With quantised weights dequantised (`mapper.presets.quantized.DEQUANTIZING`): how many tensors are, an example,
+    and how many are only copied, so a dry-run says which work is arithmetic and which is bytes."""
+    from ..mapper.presets.quantized import DEQUANTIZING
+
+    dequantised: list[str] = []
+    copied = 0
+    for step in plan.steps:
+        leaves = step.group.op.leaves() if hasattr(step.group.op, "leaves") else [step.group.op]
+        if any(getattr(leaf, "fn", None) in DEQUANTIZING for leaf in leaves):
+            dequantised += [t.name for t in step.group.outputs]
+        elif step.kind == COPY:
+            copied += len(step.group.outputs)
+    if not dequantised:
+        return []
+    return [f"dequantised: {len(dequantised)} tensors (e.g. {min(dequantised)}); copied as they are: {copied} tensors "
+            "(plan.groups: label and kind per group)"]
 
 
 def _writes(plan: Plan) -> str:
