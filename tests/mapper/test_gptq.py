@@ -188,3 +188,17 @@ def test_malformed_gptq_is_refused_naming_the_tensor(tmp_path):
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(MapperError, match="3 bits"):
         M.presets.decompress(folder)
+
+
+def test_inspect_shows_the_packed_columns(tmp_path, capsys):
+    from workbench.cli import main
+
+    folder = tmp_path / "awq"
+    make_gptq(folder, method="awq", bits=4, sym=False)
+    assert main(["inspect", str(folder), "--format", "json"]) == 0
+    records = {r["name"]: r for r in json.loads(capsys.readouterr().out)["tensors"]}
+    row = records["model.layers.0.mlp.gate_proj.qweight"]
+    assert (row["quant_format"], row["quant_role"], row["quant_bits"], row["quant_group"], row["quant_sym"]) == (
+        "awq", "packed", 4, "32", False)
+    assert row["quant_parts"] == ["model.layers.0.mlp.gate_proj.scales", "model.layers.0.mlp.gate_proj.qzeros"]
+    assert "quant_format" not in records["model.norm.weight"] or records["model.norm.weight"]["quant_format"] is None

@@ -258,6 +258,8 @@ def _column_cell(value: Any) -> str:
         return ""
     if isinstance(value, tuple) and all(isinstance(v, int) for v in value):
         return format_shape(value)
+    if isinstance(value, tuple):  # names (a packed weight's parts): their last segments, the rest is the row's own
+        return escape(", ".join(str(v).rsplit(".", 1)[-1] for v in value))
     return escape(str(value))
 
 
