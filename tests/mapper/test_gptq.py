@@ -202,3 +202,16 @@ def test_inspect_shows_the_packed_columns(tmp_path, capsys):
         "awq", "packed", 4, "32", False)
     assert row["quant_parts"] == ["model.layers.0.mlp.gate_proj.scales", "model.layers.0.mlp.gate_proj.qzeros"]
     assert "quant_format" not in records["model.norm.weight"] or records["model.norm.weight"]["quant_format"] is None
+
+
+def test_the_explorer_shows_the_packed_columns(tmp_path):
+    pytest.importorskip("ipywidgets")
+    from workbench.widgets.explorer import Explorer
+
+    folder = tmp_path / "gptq"
+    make_gptq(folder, bits=8, sym=True, desc_act=True)
+    explorer = Explorer(folder)
+    assert "<th>quant_format</th>" in explorer.table.value
+    explorer.select("model.layers.0.mlp.up_proj.qweight")
+    assert "<th>quant_role</th><td>packed</td>" in explorer.details.value
+    assert "<th>quant_bits</th><td>8</td>" in explorer.details.value
