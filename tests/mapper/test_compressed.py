@@ -281,3 +281,42 @@ def test_decompress_then_transformers_layout_in_one_recipe(tmp_path):
     assert _same_bits(got["model.layers.0.self_attn.q_proj.weight"], reference["model.layers.0.self_attn.q_proj.weight"])
     alone = wb.plan(folder, M.presets.from_transformers(folder / "config.json"))
     assert not alone.ok and any("decompress" in str(p) for p in alone.problems)
+
+
+def test_mixed_precision_groups_by_regex_targets(tmp_path):
+    """Two config groups (attention FP8 per channel, MLP int4 groups), each module's scheme found by its regex target;
+    the mapper exports to code and verifies after the run."""
+    import transformers
+
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=128)
+    torch.manual_seed(2)
+    model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+    attention, mlp = _scheme("fp8-channel"), _scheme("w4-group-asym")
+    attention.targets, mlp.targets = ["re:.*self_attn.*"], ["re:.*mlp.*"]
+    apply_quantization_config(model, QuantizationConfig(config_groups={"attention": attention, "mlp": mlp}, ignore=["lm_head"]))
+    _calibrate(model)
+    compressor = ModelCompressor.from_pretrained_model(model)
+    compressor.compress_model(model)
+    folder = tmp_path / "mixed"
+    model.config.save_pretrained(folder)
+    compressor.update_config(str(folder))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "model.safetensors")
+    quant = json.loads((folder / "config.json").read_text())["quantization_config"]
+    tensors = load_file(folder / "model.safetensors")
+    mapper = M.presets.decompress(folder)
+    namespace: dict = {}
+    exec(mapper.to_code(), namespace)
+    assert namespace["mapper"] == mapper
+    report = wb.convert(folder, tmp_path / "out", mapper, verify=True, quiet=True)
+    assert report.verified
+    got = load_file(tmp_path / "out" / "model.safetensors")
+    for group in quant["config_groups"].values():
+        scheme = QuantizationScheme.model_validate(group)
+        library = BaseCompressor.get_value_from_registry(group["format"])
+        kind = "self_attn" if group["targets"] == ["re:.*self_attn.*"] else "mlp"
+        modules = {n.rsplit(".", 1)[0] for n in tensors if n.endswith(".weight_scale") and f".{kind}." in n}
+        assert len(modules) == (8 if kind == "self_attn" else 6)
+        for module in modules:
+            local = {n[len(module) + 1:]: t for n, t in tensors.items() if n.rsplit(".", 1)[0] == module}
+            assert _same_bits(got[f"{module}.weight"], library.decompress(local, scheme)["weight"].to(torch.bfloat16)), module
