@@ -53,14 +53,19 @@ def headline(plan: Plan) -> list[str]:
 
 def _dequantised_lines(plan: Plan) -> list[str]:
     """With quantised weights dequantised (`mapper.presets.quantized.DEQUANTIZING`): how many tensors are, an example,
-    and how many are only copied, so a dry-run says which work is arithmetic and which is bytes."""
-    from ..mapper.presets.quantized import DEQUANTIZING
+    and how many are only copied, so a dry-run says which work is arithmetic and which is bytes. Binding such an op
+    imported its module (its `infer`), so a plan without it imports nothing here."""
+    import sys
 
+    quantized = sys.modules.get("workbench.mapper.presets.quantized")
+    if quantized is None or all(step.kind == COPY for step in plan.steps):
+        return []
+    dequantising = quantized.DEQUANTIZING
     dequantised: list[str] = []
     copied = 0
     for step in plan.steps:
         leaves = step.group.op.leaves() if hasattr(step.group.op, "leaves") else [step.group.op]
-        if any(getattr(leaf, "fn", None) in DEQUANTIZING for leaf in leaves):
+        if any(getattr(leaf, "fn", None) in dequantising for leaf in leaves):
             dequantised += [t.name for t in step.group.outputs]
         elif step.kind == COPY:
             copied += len(step.group.outputs)
