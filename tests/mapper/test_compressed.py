@@ -320,3 +320,15 @@ def test_mixed_precision_groups_by_regex_targets(tmp_path):
         for module in modules:
             local = {n[len(module) + 1:]: t for n, t in tensors.items() if n.rsplit(".", 1)[0] == module}
             assert _same_bits(got[f"{module}.weight"], library.decompress(local, scheme)["weight"].to(torch.bfloat16)), module
+
+
+def test_a_weight_shape_that_disagrees_stops_the_run_naming_the_tensor(checkpoints, tmp_path):
+    folder = checkpoints("w4-group-sym")
+    tensors = load_file(folder / "model.safetensors")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((folder / "config.json").read_text())
+    name = "model.layers.1.mlp.gate_proj.weight_shape"
+    save_file({**tensors, name: torch.tensor([96, 65])}, broken / "model.safetensors")
+    with pytest.raises(WorkbenchError, match=r"gate_proj.weight_packed.*weight_shape holds \[96, 65\]"):
+        wb.convert(broken, tmp_path / "out", M.presets.decompress(broken), quiet=True)

@@ -215,3 +215,13 @@ def test_the_explorer_shows_the_packed_columns(tmp_path):
     explorer.select("model.layers.0.mlp.up_proj.qweight")
     assert "<th>quant_role</th><td>packed</td>" in explorer.details.value
     assert "<th>quant_bits</th><td>8</td>" in explorer.details.value
+
+
+def test_a_g_idx_outside_the_groups_stops_the_run(tmp_path):
+    folder = tmp_path / "gptq"
+    make_gptq(folder, bits=4, desc_act=True)
+    tensors = load_file(folder / "model.safetensors")
+    name = "model.layers.0.self_attn.q_proj.g_idx"
+    save_file({**tensors, name: torch.full_like(tensors[name], 7)}, folder / "model.safetensors")
+    with pytest.raises(WorkbenchError, match="g_idx model.layers.0.self_attn.q_proj.g_idx names groups outside 0..1"):
+        wb.convert(folder, tmp_path / "out", M.presets.decompress(folder), quiet=True)

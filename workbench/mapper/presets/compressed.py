@@ -194,20 +194,29 @@ def decompress_tensor(*tensors: Any, roles: Sequence[str], format: str, bits: in
                       shape: Sequence[int], dtype: str = "BF16") -> Any:
     """One compressed-tensors weight, its tensors given in `roles` order ('packed', 'scale', 'zero_point', 'shape',
     'global_scale') -> the dense weight of `shape` in `dtype`, a few rows at a time."""
-    import numpy as np
 
     code = _output_code(dtype)
     arrays = [_numpy(t) for t in tensors]
     torch_in = any(flag for _, flag in arrays)
     parts = _parts([a for a, _ in arrays], roles)
-    stored_shape = parts.get("shape")
-    if stored_shape is not None and tuple(int(v) for v in np.asarray(stored_shape).reshape(-1)) != tuple(shape):
-        raise MapperError(f"Cannot decompress: its weight_shape holds {np.asarray(stored_shape).tolist()}, but the packed "
-                          f"tensor and scales say {list(shape)}. The checkpoint is inconsistent.")
+    _check_stored_shape(parts.get("shape"), shape)
     scale_code = _scale_code(tensors[list(roles).index("scale")])
     decoder = _Decoder(parts, format=format, bits=bits, strategy=strategy, group_size=group_size, symmetric=symmetric,
                        block=block, shape=shape, scale_code=scale_code, dtype=code)
     return _out(decoder.rows(parts["packed"], 0).reshape(tuple(shape)), code, torch_in)
+
+
+def _check_stored_shape(stored: Any, shape: Sequence[int], name: str = "") -> None:
+    """Refuse a `weight_shape` tensor that disagrees with the shape the packed tensor and its scales give."""
+    import numpy as np
+
+    if stored is None:
+        return
+    values = np.asarray(stored).reshape(-1)
+    if values.size != len(shape) or tuple(int(v) for v in values) != tuple(shape):
+        raise MapperError(f"Cannot decompress{f' {name!r}' if name else ''}: its weight_shape holds {values.tolist()}, but "
+                          f"the packed tensor and scales say {list(shape)}. The checkpoint is inconsistent.",
+                          tensor=name or None)
 
 
 def _scale_code(tensor: Any) -> str:
@@ -293,7 +302,7 @@ class PackedRows:
         self.inputs, self.output = (infos["packed"],), output
         self.code = kwargs.get("dtype", "BF16")
         self.overflow_dtype = self.value_dtype = self.code
-        self.extra = tuple(infos[r] for r in kwargs["roles"] if r not in ("packed", "shape"))
+        self.extra = tuple(infos[r] for r in kwargs["roles"] if r != "packed")  # weight_shape too: checked
 
     @property
     def rows(self) -> int:
@@ -330,7 +339,7 @@ class PackedRows:
         import numpy as np
 
         packed, kwargs = self.inputs[0], self.kwargs
-        roles = [r for r in kwargs["roles"] if r not in ("packed", "shape")]
+        roles = [r for r in kwargs["roles"] if r != "packed"]
         stored_dtype = _np_dtype(packed.dtype)
         decoder: list[_Decoder] = []
 
@@ -338,6 +347,7 @@ class PackedRows:
             if not decoder:
                 parts = {role: np.frombuffer(buf, _np_dtype(info.dtype)).reshape(info.shape)
                          for role, buf, info in zip(roles, whole, self.extra, strict=True)}
+                _check_stored_shape(parts.get("shape"), kwargs["shape"], packed.name)
                 decoder.append(_Decoder(parts, format=kwargs["format"], bits=kwargs["bits"], strategy=kwargs["strategy"],
                                         group_size=kwargs.get("group_size"), symmetric=kwargs.get("symmetric", True),
                                         block=kwargs.get("block"), shape=kwargs["shape"],

@@ -45,9 +45,11 @@ def _unpack_words(words: Any, bits: int) -> Any:
 
 
 def dequantize_gptq_tensor(*tensors: Any, roles: Sequence[str], method: str, bits: int, group_size: int | None,
-                           symmetric: bool = True, variant: str = "gptq", shape: Sequence[int], dtype: str = "BF16") -> Any:
+                           symmetric: bool = True, variant: str = "gptq", shape: Sequence[int], dtype: str = "BF16",
+                           name: str = "") -> Any:
     """One GPTQ / AWQ linear (its tensors in `roles` order: 'packed' = qweight, 'zero_point' = qzeros, 'scale' =
-    scales, 'g_idx') -> the dense weight [out, in] in `dtype`, a few output rows at a time."""
+    scales, 'g_idx') -> the dense weight [out, in] in `dtype`, a few output rows at a time. `name`: the g_idx
+    tensor's, for errors."""
     import numpy as np
 
     code = _output_code(dtype)
@@ -64,8 +66,9 @@ def dequantize_gptq_tensor(*tensors: Any, roles: Sequence[str], method: str, bit
     if method == "gptq":
         g_idx = parts["g_idx"].astype(np.int64) if "g_idx" in parts else np.arange(in_features) // group
         if g_idx.shape != (in_features,) or (g_idx.size and (g_idx.min() < 0 or g_idx.max() >= scales.shape[0])):
-            raise MapperError(f"Cannot dequantise a GPTQ weight: its g_idx names groups outside 0..{scales.shape[0] - 1}. "
-                              "The checkpoint is inconsistent.")
+            raise MapperError(f"Cannot dequantise a GPTQ weight: its g_idx {name or ''} names groups outside "
+                              f"0..{scales.shape[0] - 1} (the scales' rows). The checkpoint is inconsistent.",
+                              tensor=name or None)
     else:
         g_idx = np.arange(in_features) // group
     out = np.empty((out_features, in_features), _np_dtype(code))
@@ -142,7 +145,8 @@ class GptqRows:
                       for role, buf, info in zip(roles, whole, self.extra, strict=True)}
             arrays["packed"] = np.frombuffer(raw, np.int32).reshape(self.inputs[0].shape)
             order = list(self.kwargs["roles"])
-            out = dequantize_gptq_tensor(*(arrays[r] for r in order), roles=order, **kwargs)
+            out = dequantize_gptq_tensor(*(arrays[r] for r in order), roles=order, **kwargs,
+                                         name=self.parts["g_idx"].name if "g_idx" in self.parts else "")
             return np.ascontiguousarray(out).reshape(-1).view(np.uint8), 0, 0.0
 
         return convert
@@ -187,7 +191,8 @@ def _awq_columns(words: Any, bits: int) -> Any:
 
 
 def infer_dequantize_gptq(*infos: TensorInfo, roles: Sequence[str], method: str, bits: int, group_size: int | None,
-                          symmetric: bool = True, variant: str = "gptq", shape: Sequence[int], dtype: str = "BF16") -> list:
+                          symmetric: bool = True, variant: str = "gptq", shape: Sequence[int], dtype: str = "BF16",
+                          name: str = "") -> list:
     """Metadata of `dequantize_gptq_tensor`: checks every part's dtype and shape against the weight's `shape`."""
     code = _output_code(dtype)
     check_gptq(dict(zip(roles, infos, strict=True)), method=method, bits=bits, group_size=group_size, shape=tuple(shape))
