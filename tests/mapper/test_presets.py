@@ -192,7 +192,7 @@ def test_one_preset_registry_serves_the_builder_and_the_cli() -> None:
     for name in PRESETS:
         assert callable(getattr(M.presets, name)), name
         # need quantised weights / several sources / Megatron rank shards / Meta model-parallel files
-        if name.startswith("dequantize") or name in ("lora_merge", "average", "megatron_merge", "meta_mp_merge"):
+        if name.startswith(("dequantize", "decompress")) or name in ("lora_merge", "average", "megatron_merge", "meta_mp_merge"):
             with pytest.raises(MapperError, match=r"^Cannot "):  # a clear refusal, not a crash
                 build_preset(name, catalog, find_config(llama))
             continue

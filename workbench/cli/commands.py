@@ -196,6 +196,9 @@ def run_inspect(args: argparse.Namespace) -> int:
     from ..formats import open_catalog
 
     catalog = open_catalog(args.path, **open_options(args))
+    from ..mapper.presets.packed import annotate_local
+
+    annotate_local(catalog)  # packed quantised tensors: format, role, bits, group, which scales belong to which
     names = _selected(sorted(catalog.tensors, key=natural_key), args.filter)
     if args.filter and not names:
         hints = " ".join(filter(None, map(no_match_hint, args.filter)))
@@ -255,6 +258,8 @@ def _column_cell(value: Any) -> str:
         return ""
     if isinstance(value, tuple) and all(isinstance(v, int) for v in value):
         return format_shape(value)
+    if isinstance(value, tuple):  # names (a packed weight's parts): their last segments, the rest is the row's own
+        return escape(", ".join(str(v).rsplit(".", 1)[-1] for v in value))
     return escape(str(value))
 
 

@@ -492,5 +492,8 @@ def open_checkpoint(path: CheckpointLike, **options: object) -> Checkpoint:
 
         return Checkpoint(open_sources(path))
     from ..formats import open_catalog
+    from ..mapper.presets.packed import annotate_local
 
-    return Checkpoint(open_catalog(path, **options))
+    catalog = open_catalog(path, **options)
+    annotate_local(catalog)  # packed quantised tensors (compressed-tensors, GPTQ, AWQ): what each one is
+    return Checkpoint(catalog)

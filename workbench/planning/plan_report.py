@@ -49,11 +49,36 @@ def headline(plan: Plan) -> list[str]:
     if plan.remote is not None:
         lines.append(f"local disk to provision: {format_bytes(plan.spool_bytes)} per rank (spool of finished files waiting "
                      f"for upload, --spool-size {format_bytes(plan.options.spool_size)}); the index is uploaded last")
+    lines += _dequantised_lines(plan)
     lines += _extras_lines(plan)
     lines += _metadata_lines(plan)
     if plan.copied_objects:
         lines.append(f"non-tensor entries copied verbatim: {len(plan.copied_objects)}")
     return lines
+
+
+def _dequantised_lines(plan: Plan) -> list[str]:
+    """With quantised weights dequantised (`mapper.presets.quantized.DEQUANTIZING`): how many tensors are, an example,
+    and how many are only copied, so a dry-run says which work is arithmetic and which is bytes. Binding such an op
+    imported its module (its `infer`), so a plan without it imports nothing here."""
+    import sys
+
+    quantized = sys.modules.get("workbench.mapper.presets.quantized")
+    if quantized is None or all(step.kind == COPY for step in plan.steps):
+        return []
+    dequantising = quantized.DEQUANTIZING
+    dequantised: list[str] = []
+    copied = 0
+    for step in plan.steps:
+        leaves = step.group.op.leaves() if hasattr(step.group.op, "leaves") else [step.group.op]
+        if any(getattr(leaf, "fn", None) in dequantising for leaf in leaves):
+            dequantised += [t.name for t in step.group.outputs]
+        elif step.kind == COPY:
+            copied += len(step.group.outputs)
+    if not dequantised:
+        return []
+    return [f"dequantised: {len(dequantised)} tensors (e.g. {min(dequantised)}); copied as they are: {copied} tensors "
+            "(plan.groups: label and kind per group)"]
 
 
 def _writes(plan: Plan) -> str:
