@@ -289,11 +289,19 @@ class _HubHandler(_Quiet):
     def route(self, *, head: bool) -> None:
         hub: HubServer = self.server.owner
         path = self.path.split("?", 1)[0]
+        m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/auth-check(/write)?", path)
+        if m:  # HfApi.auth_check: may this token read (write) the repo
+            if m[1] not in hub.main:
+                return self.error(404, "Repository not found", "RepoNotFound")
+            refused = hub.refuse(self.headers.get("Authorization")) if m[2] else None
+            return self.error(*refused) if refused else self.answer({})
         m = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?", path)
         if m:
             found = hub.lookup(m[1], m[2] or "main")
             if found is None:
-                return self.error(404, "Repository or revision not found")
+                if m[1] in hub.main:
+                    return self.error(404, "Revision not found", "RevisionNotFound")
+                return self.error(404, "Repository not found", "RepoNotFound")
             commit, folder = found
             siblings = []
             for f in sorted(p for p in folder.rglob("*") if p.is_file()):
@@ -383,7 +391,8 @@ class _HubHandler(_Quiet):
             request = json.loads(self.body() or b"{}")
             repo_id = f"{request.get('organization') or 'user'}/{request['name']}"
             if repo_id in hub.main:
-                return self.error(409, "You already created this model repo")
+                message = "You already created this model repo"
+                return self.answer({"error": message, "url": f"{hub.url}/{repo_id}"}, 409, {"X-Error-Message": message})
             hub.create(repo_id, private=request.get("visibility") == "private" or bool(request.get("private")))
             return self.answer({"url": f"{hub.url}/{repo_id}", "name": repo_id, "id": repo_id})
         m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/xet-write-token/([^/]+)", path)
@@ -632,6 +641,24 @@ class HubServer(_Served):
             if create_pr:
                 answer["pullRequestUrl"] = f"{self.url}/{repo_id}/discussions/{ref.rsplit('/', 1)[1]}"
             return answer
+
+
+def hub_writes(monkeypatch, hub: HubServer, token: str | None = "hf_test_write") -> None:
+    """Point huggingface_hub at `hub` for writes in this process and its children: HF_ENDPOINT, HF_TOKEN (unset
+    when `token` is None) and HF_HUB_DISABLE_XET (the fixture speaks LFS; huggingface_hub reads the flag at import,
+    so the constant is patched too)."""
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_XET", True)
+    no_file = str(hub.store / "no-token-file")  # a token stored by `hf auth login` on this machine is not used
+    monkeypatch.setenv("HF_TOKEN_PATH", no_file)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", no_file)
+    if token is None:
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+    else:
+        monkeypatch.setenv("HF_TOKEN", token)
 
 
 class _FaultHandler(_Quiet):
