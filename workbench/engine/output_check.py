@@ -299,9 +299,13 @@ def check_outputs(plan, on_read: Callable[[int], None] | None = None) -> OutputC
     `on_read(nbytes)` is called as ranges are read (about `check_bytes(plan)` in all); raise from it to stop."""
     from ..formats import open_catalog
 
-    result = OutputCheck(str(plan.dest))
+    remote = getattr(plan, "remote", None)
+    result = OutputCheck(remote.read_url if remote is not None else str(plan.dest))
     try:
-        out_catalog = plan.output_format.open_written(plan.dest, [f.layout for f in plan.output_file_list])
+        if remote is not None:  # the uploaded objects, read back by range (the spool copies are gone)
+            out_catalog = open_catalog(remote.read_url)
+        else:
+            out_catalog = plan.output_format.open_written(plan.dest, [f.layout for f in plan.output_file_list])
         if out_catalog is None:
             out_catalog = open_catalog(plan.dest)
     except WorkbenchError as exc:
@@ -388,8 +392,8 @@ def _model_statement(plan, written: dict) -> Any:
 
     from ..output.statement import nearest_statement, unchecked
 
-    if plan.dest is None or "config.json" not in plan.extras:
-        return None
+    if plan.dest is None or "config.json" not in plan.extras or getattr(plan, "remote", None) is not None:
+        return None  # (a remote output's config.json is not re-read: its spool copy is gone)
     from ..errors import MapperError
     from ..mapper.presets.transformers_declared import declared_layouts
     from ..planning.config_dtype import read_config

@@ -34,6 +34,7 @@ class RankResult:
     predicted_rss_bytes: int = 0  # the plan's predicted peak RSS of this rank's process (planning.rss)
     rss_baseline: int = 0
     rss_peak: int = 0
+    spool_peak: int = 0  # a remote destination: the most bytes this rank's local spool held (planned: plan.spool_bytes)
     overflow: dict[str, list] = field(default_factory=dict)  # output tensor -> [values a cast could not hold, largest magnitude, dtype]
 
     def to_dict(self) -> dict:
@@ -136,6 +137,11 @@ class RunReport:
     def rss_peak(self) -> int:
         """Largest process RSS high-water mark over the ranks."""
         return max((r.rss_peak for r in self.ranks), default=0)
+
+    @property
+    def spool_peak(self) -> int:
+        """A remote destination: the most bytes one rank's local spool held (compare with `plan.spool_bytes`)."""
+        return max((r.spool_peak for r in self.ranks), default=0)
 
     @property
     def predicted_rss_bytes(self) -> int:

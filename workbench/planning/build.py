@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 from ..api_types import CheckpointLike, OnOverflow, OutputName, Rest
@@ -18,8 +19,8 @@ from ..mapper.groups import Binding, Problem
 from ..mapper.op import Op
 from ..mapper.presets.output_presets import OUTPUT_PRESETS
 from ..output import OutputFormat, output_format
-from ..output.destination import local_destination
-from .destination import check_destination
+from ..output.destination import local_destination, remote_url
+from .destination import check_destination, check_remote, spool_problems
 from .extras import (
     layout_change,
     scan_extras,
@@ -155,7 +156,8 @@ ON_OVERFLOW = ("warn", "error")
 
 def make_options(shard_size: int | str | None, nproc: int, rest: str, dtype: Any, extras: bool, overwrite: bool,
                  chunk_size: int | str, to: str = "safetensors", on_overflow: str = "warn",
-                 page_align: bool = True, nproc_mp: int = 1) -> PlanOptions:
+                 page_align: bool = True, nproc_mp: int = 1, spool_size: int | str | None = None,
+                 spool_dir: str | os.PathLike | None = None, remote_options: dict | None = None) -> PlanOptions:
     """Validate and normalise the user's options (a dtype policy must name a float dtype the engine produces)."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise PlanError(f"Cannot plan with nproc={nproc!r}: it must be a whole number of processes, at least 1.")
@@ -181,6 +183,9 @@ def make_options(shard_size: int | str | None, nproc: int, rest: str, dtype: Any
         on_overflow=on_overflow,
         page_align=bool(page_align),
         nproc_mp=nproc_mp,
+        spool_size=parse_size(spool_size, what="spool size") if spool_size is not None else PlanOptions.spool_size,
+        spool_dir=os.fspath(spool_dir) if spool_dir is not None else None,
+        remote=dict(remote_options or {}),
     )
 
 
@@ -215,7 +220,13 @@ def _build_plan(
     catalog: Catalog, mapper: Any, options: PlanOptions, dest: str | os.PathLike | None, check_dest: bool,
     kept: Iterable[str],
 ) -> Plan:
-    dest_path = local_destination(dest) if dest is not None else None  # a URL is refused before any work
+    url = remote_url(dest) if dest is not None else None  # a URL the workbench cannot write to is refused before any work
+    if url is not None:
+        from ..output.remote.spool import spool_folder
+
+        dest_path: Path | None = spool_folder(url, options.spool_dir)  # files are written here, then uploaded
+    else:
+        dest_path = local_destination(dest) if dest is not None else None
     output = output_format(options.to)
     user_mapper = mapper  # what workers receive: they re-run `prepare` (and this default) themselves
     mapper, options = _format_default(catalog, mapper, options)
@@ -291,7 +302,17 @@ def _build_plan(
     kept_names = set(kept)
     complete = False
     code = code_digest(mapper)
-    if dest_path is not None and check_dest and files:
+    remote = None
+    if url is not None:
+        from ..output.remote import open_destination
+
+        remote = open_destination(url, layout_fp, options.remote)
+    if remote is not None and check_dest and files:
+        state = check_remote(remote, files, overwrite=options.overwrite)
+        problems += state.problems
+        kept_names |= state.kept
+        complete = state.complete
+    elif dest_path is not None and check_dest and files:
         sources = [catalog.root / rel if catalog.root.is_dir() else catalog.root for rel in catalog.files]
         state = check_destination(
             dest_path, files, extras + committed, layout_fp, overwrite=options.overwrite, source_root=catalog.root,
@@ -303,12 +324,15 @@ def _build_plan(
         complete = state.complete
     for f in files:
         f.kept = f.name in kept_names
-    return Plan(
+    result = Plan(
         source=catalog, dest=dest_path, options=options, binding=binding, steps=steps, files=files, problems=problems,
         extras=extras, extra_files=extra_files, layout_fingerprint=layout_fp, fingerprint=run_fingerprint(layout_fp, files, options.nproc),
         mapper=user_mapper, mapper_json=exported if user_mapper is mapper else mapper_json(user_mapper),
-        header_metadata=header_metadata, output=output, complete=complete, code_digest=code,
+        header_metadata=header_metadata, output=output, complete=complete, code_digest=code, remote=remote,
     )
+    if remote is not None and check_dest and files and not complete:
+        problems += spool_problems(result)
+    return result
 
 
 def plan(
@@ -327,6 +351,9 @@ def plan(
     on_overflow: OnOverflow = "warn",
     page_align: bool = True,
     nproc_mp: int = 1,
+    spool_size: int | str | None = None,
+    spool_dir: str | os.PathLike | None = None,
+    remote_options: dict | None = None,
 ) -> Plan:
     """Dry-run a conversion from metadata only; no tensor data is read.
 
@@ -343,9 +370,14 @@ def plan(
     `page_align=False` keeps every safetensors header minimal, byte-identical to `safetensors.save_file`
     (by default a file filled by kernel copies gets up to 4 KiB of header spaces so the copies run page-congruent).
     `nproc_mp` (with to='pth'): Meta's model-parallel files, consolidated.00 .. NN.pth, split as Meta's code expects.
+    `dest` may be `s3://bucket/prefix/` or `hf://org/repo[@revision]`: files are written into a local spool
+    (`spool_dir`, else $WORKBENCH_SPOOL_DIR, else the temporary folder) holding at most `spool_size` bytes
+    of finished files per rank (default 4 GiB; `plan.spool_bytes`), uploaded as they finish, the index last;
+    `remote_options`: the destination's own settings (S3: `part_size`; see docs/remote.md).
     """
     options = make_options(shard_size, nproc, rest, dtype, extras, overwrite, chunk_size, to, on_overflow,
-                           page_align=page_align, nproc_mp=nproc_mp)
+                           page_align=page_align, nproc_mp=nproc_mp, spool_size=spool_size, spool_dir=spool_dir,
+                           remote_options=remote_options)
     with gc_paused():
         return build_plan(resolve_catalog(source), mapper, options, dest)
 

@@ -7,7 +7,7 @@ drives the destination through five calls, always in this order:
 1. `state(files)` (rank 0, while planning): what the destination already holds: this very conversion
    finished (`complete`), files of an interrupted run of this plan that are finished and recognised
    (`kept`: name, size, digest in the destination's own records), or a refusal (another plan, not empty).
-2. `begin(files, kept)` (rank 0, under the lock, before any file is written): take the destination's lock,
+2. `begin(files, kept, markers)` (rank 0, under the lock, before any file is written): take the destination's lock,
    remove the commit marker (index / `.metadata` / completion record) so nothing looks complete while the
    run changes it, clean up what an interrupted run left (e.g. unfinished S3 multipart uploads), and record
    the plan (the manifest).
@@ -83,8 +83,11 @@ class RemoteDestination(ABC):
         """
 
     @abstractmethod
-    def begin(self, files: Mapping[str, int], kept: Sequence[str]) -> None:
+    def begin(self, files: Mapping[str, int], kept: Sequence[str], markers: Sequence[str] = ()) -> None:
         """Lock, hide the commit marker, clean up an interrupted run's leftovers, record the plan (rank 0).
+
+        `files`: planned name -> size; `kept`: the names `state` recognised as finished (not written again);
+        `markers`: the names whose presence says "complete" (the index, `.metadata`): removed first.
 
         Raises `PlanError` naming the URL when another conversion holds the lock, or when the store cannot
         take a lock safely (then the message says how to proceed).
