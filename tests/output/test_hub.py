@@ -30,6 +30,7 @@ def hub(tmp_path, monkeypatch):
     server = HubServer(tmp_path / "store", chunk_size=4096, tokens={"hf_test_write": "write", "hf_test_read": "read"})
     hub_writes(monkeypatch, server)
     monkeypatch.setenv("WORKBENCH_SPOOL_DIR", str(tmp_path / "spool"))
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
     yield server
     server.stop()
 
@@ -193,3 +194,10 @@ def test_a_commit_landing_meanwhile_is_refused(hub, tmp_path):
     HfApi(endpoint=hub.url).create_commit("org/race", [CommitOperationAdd("other.txt", b"x")], commit_message="meanwhile")
     with pytest.raises(HubError, match="moved while the conversion ran"):
         dest.finish([], {"a.safetensors": 5})
+
+
+def test_yes_no_options_from_the_cli(hub):
+    assert open_destination("hf://org/x", "fp", {"create": "false", "create_pr": "true"}).create is False
+    assert open_destination("hf://org/x", "fp", {"create_pr": "true"}).create_pr is True
+    with pytest.raises(PlanError, match="private='maybe' is not yes or no"):
+        open_destination("hf://org/x", "fp", {"private": "maybe"})

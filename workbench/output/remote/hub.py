@@ -1,23 +1,25 @@
 """`hf://org/repo[@revision][/subfolder]` destinations: every output file uploaded while the conversion runs,
 all of them published in ONE commit (or one pull request) at the end.
 
-Through huggingface_hub, so its usual configuration applies: the token (`hf auth login`, `HF_TOKEN`, or the
-`token` option), the endpoint (`HF_ENDPOINT` or the `endpoint` option) and its transfer choice (Xet when
-`hf_xet` is installed, else LFS). Options (`wb.convert(..., remote_options={...})`): `create` (create the repo,
-or the branch, when missing), `private` (a created repo is private), `create_pr` (open a pull request instead
-of committing to the branch), `commit_message`, `commit_description`.
+Through huggingface_hub, so its usual configuration applies: the token (`hf auth login` or `HF_TOKEN`; never
+an option, which would travel in the plan and the workers' job), the endpoint (`HF_ENDPOINT` or the `endpoint`
+option) and its transfer choice (Xet when `hf_xet` is installed, else LFS). Options (`wb.convert(...,
+remote_options={...})`): `create` (create the repo, or the branch, when missing), `private` (a created repo is
+private), `create_pr` (open a pull request instead of committing to the branch), `commit_message`,
+`commit_description`, `ledger_dir` (see below).
 
 `file_done` pre-uploads a finished spool file (`HfApi.preupload_lfs_files`): the content is stored on the Hub
 but belongs to no commit, so nothing is visible in the repo until `finish` commits every file at once. Each
-upload is recorded in a ledger beside the spool (one JSON line per file: name, size, sha256, fingerprint);
+upload is recorded in a local ledger (one JSON line per file: name, size, sha256, fingerprint);
 a re-run reads it back and keeps the files whose objects the Hub still holds (asked through the LFS batch
-endpoint), so a killed conversion resumes without uploading them again. The ledger is local: ranks on
-several nodes need their spool folder (`spool_dir`, `WORKBENCH_SPOOL_DIR`) on one shared folder for rank 0
-to see every rank's uploads.
+endpoint), so a killed conversion resumes without uploading them again. The ledger lives in
+`$WORKBENCH_CACHE/hub-ledger/` (default ~/.cache/workbench), one file per destination URL; ranks on several
+nodes need `ledger_dir` on a folder they share, for rank 0 to see every rank's uploads (refused otherwise).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -29,11 +31,24 @@ from urllib.parse import quote, unquote
 
 from ...errors import PlanError, WorkbenchError
 from .base import FinishedFile, RemoteDestination, RemoteState
-from .spool import spool_folder
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
-LEDGER = "hub-ledger.jsonl"
+LEDGER = "ledger.jsonl"
+
+
+def _flag(options: Mapping[str, Any], key: str, url: str) -> bool:
+    """A yes/no option, given as a bool (Python) or as text (the CLI's --remote-option KEY=VALUE)."""
+    value = options.get(key, False)
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise PlanError(f"Cannot write to {url}: the option {key}={value!r} is not yes or no. Write {key}=true or {key}=false.",
+                    file=url)
 
 
 class HubError(WorkbenchError):
@@ -65,11 +80,13 @@ class HubDestination(RemoteDestination):
         if _COMMIT.match(self.revision):
             raise PlanError(f"Cannot write to {url}: {self.revision} is a commit, and a commit cannot change. Name a "
                             "branch (hf://org/repo@branch) or leave the revision out for main.", file=url)
-        self.create = bool(self.options.get("create", False))
-        self.private = bool(self.options.get("private", False))
-        self.create_pr = bool(self.options.get("create_pr", False))
+        self.create = _flag(self.options, "create", url)
+        self.private = _flag(self.options, "private", url)
+        self.create_pr = _flag(self.options, "create_pr", url)
         self.endpoint = (self.options.get("endpoint") or os.environ.get("HF_ENDPOINT") or "").rstrip("/") or None
-        self.folder = spool_folder(url, self.options.get("spool_dir"))
+        base = self.options.get("ledger_dir") or os.path.join(
+            os.environ.get("WORKBENCH_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "workbench"), "hub-ledger")
+        self.folder = Path(os.path.abspath(base)) / hashlib.sha256(url.encode("utf-8")).hexdigest()[:16]
         self._api = None
 
     # -- huggingface_hub -------------------------------------------------------------------------------------
@@ -77,7 +94,7 @@ class HubDestination(RemoteDestination):
     def _token(self) -> str | None:
         from huggingface_hub import get_token
 
-        return self.options.get("token") or get_token()
+        return get_token()
 
     @property
     def api(self):
@@ -98,10 +115,10 @@ class HubDestination(RemoteDestination):
         where = f"Cannot write to {self.url}"
         if isinstance(exc, RevisionNotFoundError):
             return (f"{where}: the repo {self.repo_id} has no branch {self.revision!r}. Create it (`hf repo branch create "
-                    f"{self.repo_id} {self.revision}`) or pass create=True (CLI --create-repo).")
+                    f"{self.repo_id} {self.revision}`) or pass create=True (CLI: --remote-option create=true).")
         if isinstance(exc, RepositoryNotFoundError):
             return (f"{where}: the repo {self.repo_id} does not exist, or your token cannot see it. Create it "
-                    f"(`hf repo create {self.repo_id}`), pass create=True (CLI --create-repo), or log in with a token "
+                    f"(`hf repo create {self.repo_id}`), pass create=True (CLI: --remote-option create=true), or log in with a token "
                     "that can see it.")
         status = getattr(getattr(exc, "response", None), "status_code", None)
         server = getattr(exc, "server_message", None) or ""
@@ -149,7 +166,7 @@ class HubDestination(RemoteDestination):
         return entries
 
     def _regular_copy(self, sha256: str) -> Path:
-        return self.folder / "hub-regular" / sha256
+        return self.folder / "regular" / sha256
 
     # -- the interface ---------------------------------------------------------------------------------------------
 
@@ -173,6 +190,12 @@ class HubDestination(RemoteDestination):
         from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 
         result = RemoteState()
+        world, here = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+        if here and world > here and not self.options.get("ledger_dir"):
+            result.errors.append(f"Cannot write to {self.url} from {world} ranks on several nodes: the Hub destination "
+                                 "records its uploads on the local disk. Pass remote_options={'ledger_dir': FOLDER} with "
+                                 "a folder every node shares.")
+            return result
         if not self._token():
             result.errors.append(f"Cannot write to {self.url}: no Hugging Face token. Log in (`hf auth login`) or set "
                                  "HF_TOKEN to a token with write access.")
@@ -243,8 +266,11 @@ class HubDestination(RemoteDestination):
                 kept[name] = FinishedFile(name, e["size"], e["sha256"])
         return kept
 
-    def begin(self, files: Mapping[str, int], kept: Sequence[str]) -> None:
-        """Create the repo (or branch) when asked and missing, and record the branch head the commit will build on."""
+    def begin(self, files: Mapping[str, int], kept: Sequence[str], markers: Sequence[str] = ()) -> None:
+        """Create the repo (or branch) when asked and missing, and record the branch head the commit will build on.
+
+        No lock and no marker to hide: nothing is visible before the one commit, and that commit names this head as
+        its parent, so a commit landing meanwhile makes it fail rather than overwrite."""
         from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 
         try:
