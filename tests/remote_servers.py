@@ -877,3 +877,83 @@ def isolated_cache(tmp_path: Path, monkeypatch) -> None:
     """The workbench's header cache under `tmp_path` and HF_HUB_OFFLINE unset: a test starts with nothing cached."""
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+
+
+# --------------------------------------------------------------------------- moto's S3 (destinations; H3)
+
+MOTO_ENV = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+class MotoS3:
+    """moto's S3 server on a free local port, in this process (`moto.server.ThreadedMotoServer`), with what tests of
+    S3 destinations ask it: a bucket, the objects under a prefix, the multipart uploads not completed or aborted.
+
+    moto keeps its buckets per process: give each test a bucket of its own (`bucket()`)."""
+
+    def __init__(self) -> None:
+        import logging
+
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto logs every request it serves
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self.server.start()
+        host, port = self.server.get_host_and_port()
+        self.endpoint = f"http://{host}:{port}"
+        self._buckets = 0
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a process needs to reach this server through s3fs/boto3."""
+        return {**MOTO_ENV, "AWS_ENDPOINT_URL": self.endpoint}
+
+    @property
+    def client(self):
+        """A boto3 client of this server."""
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id="test", aws_secret_access_key="test",
+                            region_name="us-east-1")
+
+    def bucket(self, stem: str = "b") -> str:
+        """A new, empty bucket's name."""
+        self._buckets += 1
+        name = f"{stem}-{self._buckets}-{os.getpid()}"
+        self.client.create_bucket(Bucket=name)
+        return name
+
+    def objects(self, bucket: str, prefix: str = "") -> dict[str, bytes]:
+        """Key (relative to `prefix`) -> bytes of every object under `prefix`."""
+        client = self.client
+        start = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
+        found = {}
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=start):
+            for entry in page.get("Contents", []):
+                found[entry["Key"][len(start):]] = client.get_object(Bucket=bucket, Key=entry["Key"])["Body"].read()
+        return found
+
+    def uploads(self, bucket: str) -> list[str]:
+        """Keys of the multipart uploads in `bucket` neither completed nor aborted."""
+        return [u["Key"] for u in self.client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
+
+    def upload_folder(self, folder: Path, bucket: str, prefix: str) -> str:
+        """Upload a local folder's files; returns its s3:// URL."""
+        client = self.client
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(folder).as_posix()}")
+        return f"s3://{bucket}/{prefix}/"
+
+    def stop(self) -> None:
+        """Stop the server."""
+        self.server.stop()
+
+    def output(self, bucket: str, prefix: str) -> dict[str, bytes]:
+        """The conversion output under `prefix`: every object but the workbench's own records (`.workbench-*`)."""
+        return {k: v for k, v in self.objects(bucket, prefix).items() if not k.startswith(".workbench-")}
+
+
+def folder_files(folder: Path) -> dict[str, bytes]:
+    """A local conversion's output files (relative POSIX names -> bytes), without its `.workbench-*` records."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and not p.name.startswith(".workbench-")}

@@ -78,7 +78,9 @@ class S3Destination(RemoteDestination):
         if not bucket:
             raise PlanError(f"Cannot write to {url}: it names no bucket. Write it as s3://bucket/prefix/.", file=url)
         self.bucket, self.prefix = bucket, prefix.strip("/")
-        part = int(self.options.get("part_size", DEFAULT_PART))
+        from ...display import parse_size
+
+        part = parse_size(self.options.get("part_size", DEFAULT_PART), what="part size")
         if part < MIN_PART:
             raise PlanError(f"Cannot write to {url} with part_size={part}: S3 parts are at least {MIN_PART} bytes. "
                             "Choose a larger part size.", file=url)
