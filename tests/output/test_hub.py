@@ -22,7 +22,7 @@ from workbench.errors import PlanError  # noqa: E402
 from workbench.output.remote import open_destination  # noqa: E402
 from workbench.output.remote.hub import HubError, parse_hub_url  # noqa: E402
 
-pytestmark = pytest.mark.serial
+pytestmark = [pytest.mark.serial, pytest.mark.filterwarnings("ignore:Use .content=:DeprecationWarning")]  # huggingface_hub's PUT
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from remote_servers import HubServer, hub_writes
 import workbench as wb
 from tests.conftest import SAMPLES, output_names
 
-pytestmark = pytest.mark.serial
+pytestmark = [pytest.mark.serial, pytest.mark.filterwarnings("ignore:Use .content=:DeprecationWarning")]  # huggingface_hub's PUT
 REPO = Path(__file__).resolve().parents[2]
 SHARD = "150KB"  # the 720 KB tiny Llama in 5 shards, bf16: 3 shards
 
@@ -182,3 +182,16 @@ def test_killed_runs_resume_to_one_identical_commit(hub, tmp_path):
     assert [r for r in hub.requests() if r[0] == "PUT"] == []  # killed before its commit, every upload was kept
     ledger = next((tmp_path / "cache" / "hub-ledger").rglob("ledger.jsonl"))
     assert sum(1 for line in ledger.read_text().splitlines() if "commit" in json.loads(line)) == 1
+
+
+def test_cli_convert_to_a_pr_and_verify(hub, local_out, capsys):
+    from workbench.cli import commands as cli
+
+    hub.create("org/cli")
+    code = cli.main(["convert", str(SAMPLES / "tiny-llama"), "hf://org/cli", "--shard-size", SHARD, "--dtype", "bf16",
+                     "--quiet", "--verify", "--remote-option", "create_pr=true", "--remote-option", "commit_message=from the cli"])
+    assert code == 0, capsys.readouterr()
+    assert [(c["ref"], c["summary"]) for c in hub.commits] == [("refs/pr/1", "from the cli")]
+    assert committed(hub, "org/cli", "refs/pr/1") == local_files(local_out)
+    assert cli.main(["convert", str(SAMPLES / "tiny-llama"), "hf://org/nowhere", "--quiet"]) != 0
+    assert "does not exist" in capsys.readouterr().err

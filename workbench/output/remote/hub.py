@@ -19,6 +19,7 @@ nodes need `ledger_dir` on a folder they share, for rank 0 to see every rank's u
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -296,7 +297,8 @@ class HubDestination(RemoteDestination):
         op = CommitOperationAdd(path_in_repo=self._path(name), path_or_fileobj=str(local_path))
         op.upload_info.sha256 = bytes.fromhex(sha256)  # known already: huggingface_hub need not read the file again
         try:
-            self.api.preupload_lfs_files(self.repo_id, [op], revision=self.revision, create_pr=self.create_pr)
+            with _quiet_hub():
+                self.api.preupload_lfs_files(self.repo_id, [op], revision=self.revision, create_pr=self.create_pr)
         except Exception as exc:  # noqa: BLE001
             raise HubError(self._refusal(exc, f"uploading {name}"), file=name) from None
         mode = getattr(op, "_upload_mode", None) or "lfs"
@@ -336,9 +338,10 @@ class HubDestination(RemoteDestination):
         message = self.options.get("commit_message") or f"Upload {len(planned)} converted file(s) with checkpoint-workbench"
         description = self.options.get("commit_description") or ""
         try:
-            info = self.api.create_commit(
-                self.repo_id, operations, commit_message=message, commit_description=description,
-                revision=self.revision, create_pr=self.create_pr, parent_commit=heads[-1] if heads else None)
+            with _quiet_hub():
+                info = self.api.create_commit(
+                    self.repo_id, operations, commit_message=message, commit_description=description,
+                    revision=self.revision, create_pr=self.create_pr, parent_commit=heads[-1] if heads else None)
         except Exception as exc:  # noqa: BLE001
             from huggingface_hub.errors import HfHubHTTPError
 
@@ -353,6 +356,22 @@ class HubDestination(RemoteDestination):
     def abort(self) -> None:
         """Nothing to undo: pre-uploaded objects belong to no commit (the Hub drops them), and the ledger keeps them
         for a re-run."""
+
+
+@contextlib.contextmanager
+def _quiet_hub():
+    """huggingface_hub's per-file upload bars off while a file uploads: the conversion's own bar reports progress, and
+    the two would garble each other's lines (its bars have no group name to turn off alone)."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    if are_progress_bars_disabled():
+        yield
+        return
+    disable_progress_bars()
+    try:
+        yield
+    finally:
+        enable_progress_bars()
 
 
 def _uploaded(path_in_repo: str, size: int, sha256: str):
