@@ -195,3 +195,15 @@ def test_cli_convert_to_a_pr_and_verify(hub, local_out, capsys):
     assert committed(hub, "org/cli", "refs/pr/1") == local_files(local_out)
     assert cli.main(["convert", str(SAMPLES / "tiny-llama"), "hf://org/nowhere", "--quiet"]) != 0
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_overwrite_replaces_an_older_output_in_one_commit(hub, local_out, tmp_path):
+    old = tmp_path / "old"
+    wb.convert(SAMPLES / "tiny-llama", old, None, shard_size="100KB", quiet=True)  # F32 in 8 shards; ours: bf16 in 3
+    assert not set(local_files(old)) >= set(local_files(local_out))
+    hub.add("org/old", old)
+    plan = wb.plan(SAMPLES / "tiny-llama", None, dest="hf://org/old", shard_size=SHARD, dtype="bf16")
+    assert any("already holds" in p.message and "overwrite=True" in p.message for p in plan.problems)
+    wb.convert(SAMPLES / "tiny-llama", "hf://org/old", None, shard_size=SHARD, dtype="bf16", quiet=True, overwrite=True)
+    assert len(hub.commits) == 1
+    assert committed(hub, "org/old") == local_files(local_out)  # the old shards are gone, not left beside the new

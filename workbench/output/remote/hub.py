@@ -226,15 +226,20 @@ class HubDestination(RemoteDestination):
         if published and all(self._same(held.get(self._path(n)), uploads.get(n), size) for n, size in files.items()):
             result.complete = True
             return result
-        clash = sorted(n for n in files if self._path(n) in held)
+        clash = sorted(n for n in self._outputs_held(held) if n in files or _owned(n))
         if clash and not overwrite and not self.create_pr:
             result.errors.append(
                 f"Cannot write to {self.url}: the repo already holds {', '.join(clash[:3])}"
                 f"{' ...' if len(clash) > 3 else ''} at {self.revision}. Pass overwrite=True (CLI --overwrite) to replace "
-                "them in one new commit, create_pr=True to propose them as a pull request, or name another repo or branch.")
+                "them in one new commit (which also deletes the older output's other files), create_pr=True to propose them as a pull request, or name another repo or branch.")
             return result
         result.kept = self._verified({n: e for n, e in uploads.items() if n in files and e["size"] == files[n]})
         return result
+
+    def _outputs_held(self, held) -> list[str]:
+        """The top-level names (under the subfolder) the revision holds: where an older output would be."""
+        prefix = f"{self.subfolder}/" if self.subfolder else ""
+        return [n[len(prefix):] for n in held if n.startswith(prefix) and "/" not in n[len(prefix):]]
 
     @staticmethod
     def _same(sibling, entry: dict | None, size: int) -> bool:
@@ -335,6 +340,7 @@ class HubDestination(RemoteDestination):
                 operations.append(_uploaded(self._path(name), e["size"], e["sha256"]))
         operations += [CommitOperationAdd(self._path(name), str(path)) for name, path in uploads]
         heads = [e["head"] for e in entries if "head" in e]
+        operations += self._stale(heads[-1] if heads else self.revision, {*planned, *(n for n, _ in uploads)})
         message = self.options.get("commit_message") or f"Upload {len(planned)} converted file(s) with checkpoint-workbench"
         description = self.options.get("commit_description") or ""
         try:
@@ -352,6 +358,18 @@ class HubDestination(RemoteDestination):
                                "built on the new head.", file=self.url) from None
             raise HubError(self._refusal(exc, "committing"), file=self.url) from None
         self._record({"commit": info.oid, "pr": info.pr_revision, "pr_url": info.pr_url})
+
+    def _stale(self, revision: str, written: set[str]) -> list:
+        """Deletions of an older output's files (any format's data files, index, markers) this commit does not
+        replace. `state` refused such files unless overwrite=True or create_pr=True, so here they are to go: a
+        repo holding old shards beside new ones would contradict its own index."""
+        from huggingface_hub import CommitOperationDelete
+
+        try:
+            held = [s.rfilename for s in self.api.model_info(self.repo_id, revision=revision).siblings or []]
+        except Exception as exc:  # noqa: BLE001
+            raise HubError(self._refusal(exc, "listing the branch before the commit"), file=self.url) from None
+        return [CommitOperationDelete(self._path(n)) for n in self._outputs_held(held) if _owned(n) and n not in written]
 
     def abort(self) -> None:
         """Nothing to undo: pre-uploaded objects belong to no commit (the Hub drops them), and the ledger keeps them
@@ -372,6 +390,17 @@ def _quiet_hub():
         yield
     finally:
         enable_progress_bars()
+
+
+# A local conversion's run records (planning/destination.py), uploaded with a folder someone pushed by hand.
+_RUN_RECORDS = (".workbench-convert.json", ".workbench-complete.json")
+
+
+def _owned(name: str) -> bool:
+    """Whether `name` belongs to an output (any format's data file, index, marker, or a workbench run record)."""
+    from .. import owned
+
+    return name in _RUN_RECORDS or owned(name)
 
 
 def _uploaded(path_in_repo: str, size: int, sha256: str):
