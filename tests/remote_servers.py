@@ -193,7 +193,14 @@ class _Quiet(BaseHTTPRequestHandler):
             with open(path, "rb") as fh:
                 fh.seek(first)
                 data = fh.read(body_len)
-            self.wfile.write(data)
+            rate = getattr(self.server.owner, "rate", 0)  # HubServer(rate=...): bytes per second per connection
+            if rate:
+                started, view = time.monotonic(), memoryview(data)
+                for at in range(0, len(data), 1 << 18):
+                    self.wfile.write(view[at:at + (1 << 18)])
+                    time.sleep(max(0.0, started + (at + min(1 << 18, len(data) - at)) / rate - time.monotonic()))
+            else:
+                self.wfile.write(data)
             sent = len(data)
         self.record(206 if rng else 200, sent)
 
@@ -489,12 +496,13 @@ class HubServer(_Served):
     /api/models/{repo}/branch/{name}`. Uploaded objects live under `store/objects/` (sha256 checked) and are
     invisible until a commit names them; each commit is a new folder under `store/commits/`, and `commits`
     lists them in order. With `tokens` (token -> "write" | "read"), writes without a known token answer 401 and
-    writes with a read token 403."""
+    writes with a read token 403 (`GET /api/models/{repo}/auth-check/write` answers the same). `rate` paces file
+    bodies (bytes per second per connection), as nginx's limit_rate does."""
 
     LFS_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".ckpt", ".distcp", ".npy", ".h5", ".msgpack")
 
     def __init__(self, store: Path | None = None, *, chunk_size: int = 8 << 20,
-                 tokens: dict[str, str] | None = None) -> None:
+                 tokens: dict[str, str] | None = None, rate: int = 0) -> None:
         import tempfile
 
         super().__init__(_HubHandler)
@@ -505,6 +513,7 @@ class HubServer(_Served):
         self.commits: list[dict] = []  # every commit made through the API: repo, oid, ref, summary, description, files
         self.pending: dict[str, int] = {}  # oid -> size of uploads the batch endpoint handed out
         self.chunk_size, self.tokens = chunk_size, tokens
+        self.rate = rate  # file bodies sent at most this many bytes per second per connection (0: unlimited)
         self.store = Path(store) if store else Path(tempfile.mkdtemp(prefix="hub-store-"))
         self.objects = self.store / "objects"
         self.objects.mkdir(parents=True, exist_ok=True)

@@ -207,3 +207,11 @@ def test_overwrite_replaces_an_older_output_in_one_commit(hub, local_out, tmp_pa
     wb.convert(SAMPLES / "tiny-llama", "hf://org/old", None, shard_size=SHARD, dtype="bf16", quiet=True, overwrite=True)
     assert len(hub.commits) == 1
     assert committed(hub, "org/old") == local_files(local_out)  # the old shards are gone, not left beside the new
+
+
+def test_two_ranks_upload_their_own_files_and_rank0_commits_once(hub, local_out):
+    report = wb.convert(SAMPLES / "tiny-llama", "hf://org/ranks", None, shard_size=SHARD, dtype="bf16", nproc=2,
+                        quiet=True, remote_options={"create": True})
+    assert len(hub.commits) == 1
+    assert committed(hub, "org/ranks") == local_files(local_out)
+    assert all(r.files_written for r in report.ranks) and len(report.ranks) == 2  # both ranks wrote and uploaded
