@@ -390,7 +390,10 @@ class _HubHandler(_Quiet):
         path, query = split.path, parse_qs(split.query)
         if path.startswith("/__lfs__/"):  # upload URLs the batch answer handed out (S3's part in the real Hub)
             return self.lfs_transfer(hub, path[len("/__lfs__/"):], put=put)
-        refused = hub.refuse(self.headers.get("Authorization"))
+        # A pull request needs only read access (the Hub lets anyone who can read propose one); so does the LFS
+        # batch call, which huggingface_hub makes without a ref for a pull request.
+        proposal = query.get("create_pr") == ["1"] or path.endswith("/info/lfs/objects/batch")
+        refused = hub.refuse(self.headers.get("Authorization"), read_is_enough=proposal)
         if refused:
             self.body()
             return self.error(*refused)
@@ -536,15 +539,16 @@ class HubServer(_Served):
         folder = self.repos.get((repo_id, commit or ""))
         return None if folder is None else (commit, folder)
 
-    def refuse(self, authorization: str | None) -> tuple[int, str] | None:
-        """(status, message) when `tokens` are set and the Authorization header does not grant writes."""
+    def refuse(self, authorization: str | None, *, read_is_enough: bool = False) -> tuple[int, str] | None:
+        """(status, message) when `tokens` are set and the Authorization header does not grant writes (or reads, for
+        what `read_is_enough` for: opening a pull request)."""
         if self.tokens is None:
             return None
         token = (authorization or "").removeprefix("Bearer ").strip()
         role = self.tokens.get(token)
         if role is None:
             return 401, "Invalid credentials in Authorization header"
-        if role != "write":
+        if role != "write" and not read_is_enough:
             return 403, "You don't have the rights to write to this repository (read-only token)"
         return None
 

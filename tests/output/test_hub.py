@@ -201,3 +201,11 @@ def test_yes_no_options_from_the_cli(hub):
     assert open_destination("hf://org/x", "fp", {"create_pr": "true"}).create_pr is True
     with pytest.raises(PlanError, match="private='maybe' is not yes or no"):
         open_destination("hf://org/x", "fp", {"private": "maybe"})
+
+
+def test_a_read_only_token_may_open_a_pull_request(hub, tmp_path, monkeypatch):
+    hub.create("org/theirs")
+    monkeypatch.setenv("HF_TOKEN", "hf_test_read")
+    assert "HTTP 403" in open_destination("hf://org/theirs", "fp").state({"model.safetensors": 8}, overwrite=False).errors[0]
+    run(open_destination("hf://org/theirs", "fp", {"create_pr": True}), tmp_path, {"model.safetensors": b"12345678"})
+    assert [c["ref"] for c in hub.commits] == ["refs/pr/1"]

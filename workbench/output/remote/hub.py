@@ -202,7 +202,7 @@ class HubDestination(RemoteDestination):
                                  "HF_TOKEN to a token with write access.")
             return result
         try:
-            self.api.auth_check(self.repo_id, write=True)
+            self.api.auth_check(self.repo_id, write=not self.create_pr)  # anyone who can read may open a pull request
         except RepositoryNotFoundError as exc:
             if not self.create:
                 result.errors.append(self._refusal(exc, "checking the repo"))
