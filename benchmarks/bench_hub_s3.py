@@ -9,6 +9,8 @@ each connection at `--rate` in both directions. Times, best of `--repeat`:
                   move the same bytes from the Hub to S3, without the workbench
 - `convert`       `wb.convert("hf://org/synth", "s3://bench/out/")`, pass-through
 - `convert bf16`  the same with `dtype="bfloat16"` (half the bytes uploaded)
+- the two halves alone, to see which side bounds the conversion: `hf://` -> a local folder, a local copy of
+  the files -> `s3://`
 
 Usage: python benchmarks/bench_hub_s3.py [--size-gib 0.25] [--repeat 3] [--rate 40m] [--copy-threads 4]
        [--workdir DIR] [--json]
@@ -171,6 +173,12 @@ def main() -> int:
                  lambda: wb.convert("hf://org/synth", "s3://bench/out/", None, quiet=True, extras=False))
         measured("convert hf:// -> s3://, bf16",
                  lambda: wb.convert("hf://org/synth", "s3://bench/out/", None, quiet=True, extras=False, dtype="bfloat16"))
+        local = work / "local-out"
+        measured("convert hf:// -> local folder (the download side alone)",
+                 lambda: wb.convert("hf://org/synth", local, None, quiet=True, extras=False, overwrite=True))
+        measured("convert local -> s3:// (the upload side alone)",
+                 lambda: wb.convert(data, "s3://bench/out/", None, quiet=True, extras=False))
+        shutil.rmtree(local, ignore_errors=True)
     finally:
         hub.stop()
         proxy.stop()
