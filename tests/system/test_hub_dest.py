@@ -215,3 +215,16 @@ def test_two_ranks_upload_their_own_files_and_rank0_commits_once(hub, local_out)
     assert len(hub.commits) == 1
     assert committed(hub, "org/ranks") == local_files(local_out)
     assert all(r.files_written for r in report.ranks) and len(report.ranks) == 2  # both ranks wrote and uploaded
+
+
+def test_a_killed_worker_rank_leaves_nothing_visible_and_the_rerun_commits_once(hub, local_out, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_KILL_RANK", "1")  # rank 1 is SIGKILLed before committing its last file
+    with pytest.raises(wb.errors.PlanError):
+        wb.convert(SAMPLES / "tiny-llama", "hf://org/worker", None, shard_size=SHARD, dtype="bf16", nproc=2, quiet=True,
+                   remote_options={"create": True})
+    assert hub.commits == [] and committed(hub, "org/worker") == {}
+    monkeypatch.delenv("WORKBENCH_KILL_RANK")
+    wb.convert(SAMPLES / "tiny-llama", "hf://org/worker", None, shard_size=SHARD, dtype="bf16", nproc=2, quiet=True,
+               remote_options={"create": True})
+    assert len(hub.commits) == 1
+    assert committed(hub, "org/worker") == local_files(local_out)
