@@ -13,7 +13,7 @@ but belongs to no commit, so nothing is visible in the repo until `finish` commi
 upload is recorded in a local ledger (one JSON line per file: name, size, sha256, fingerprint);
 a re-run reads it back and keeps the files whose objects the Hub still holds (asked through the LFS batch
 endpoint), so a killed conversion resumes without uploading them again. The ledger lives in
-`$WORKBENCH_CACHE/hub-ledger/` (default ~/.cache/workbench), one file per destination URL; ranks on several
+`$WORKBENCH_CACHE/hub-ledger/` (default ~/.cache/workbench), one per endpoint and URL; ranks on several
 nodes need `ledger_dir` on a folder they share, for rank 0 to see every rank's uploads (refused otherwise).
 """
 
@@ -87,7 +87,8 @@ class HubDestination(RemoteDestination):
         self.endpoint = (self.options.get("endpoint") or os.environ.get("HF_ENDPOINT") or "").rstrip("/") or None
         base = self.options.get("ledger_dir") or os.path.join(
             os.environ.get("WORKBENCH_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "workbench"), "hub-ledger")
-        self.folder = Path(os.path.abspath(base)) / hashlib.sha256(url.encode("utf-8")).hexdigest()[:16]
+        where = f"{self.endpoint or 'default endpoint'} {url}"  # one repo name on two endpoints is two repos
+        self.folder = Path(os.path.abspath(base)) / hashlib.sha256(where.encode("utf-8")).hexdigest()[:16]
         self._api = None
 
     # -- huggingface_hub -------------------------------------------------------------------------------------
