@@ -133,6 +133,13 @@ def test_clear_refusals(hub, monkeypatch):
     with pytest.raises(wb.errors.PlanError, match="no Hugging Face token"):
         wb.convert(SAMPLES / "tiny-llama", "hf://org/absent", None, quiet=True, remote_options={"create": True})
     assert hub.commits == [] and "org/absent" not in hub.main
+    hub.create("org/guarded")
+    hub.tokens = {"hf_ro": "read", "hf_rw": "write"}
+    for token, status in (("hf_ro", "HTTP 403"), ("hf_unknown", "HTTP 401")):
+        monkeypatch.setenv("HF_TOKEN", token)
+        with pytest.raises(wb.errors.PlanError, match=status):
+            wb.convert(SAMPLES / "tiny-llama", "hf://org/guarded", None, quiet=True)
+    assert hub.commits == []
 
 
 KILLER = textwrap.dedent("""
