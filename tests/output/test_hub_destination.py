@@ -137,6 +137,9 @@ def test_create_pr_gives_a_pr_ref_and_leaves_main(hub, tmp_path):
     assert dest.pr_revision == "refs/pr/1"
     assert files_at(hub, "org/base", "refs/pr/1")["model.safetensors"] == data["model.safetensors"]
     assert hub.commits[-1]["ref"] == "refs/pr/1"
+    # the same plan again: the pull request it opened holds it, so nothing to do (no second pull request)
+    assert open_destination("hf://org/base", "fp", {"create_pr": True}).state(
+        {"model.safetensors": 6000}, overwrite=False).complete
 
 
 def test_branch_is_created_with_create(hub, tmp_path):

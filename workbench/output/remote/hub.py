@@ -224,7 +224,7 @@ class HubDestination(RemoteDestination):
         entries = self._entries()
         uploads = {e["name"]: e for e in entries if "name" in e}
         published = [e for e in entries if "commit" in e]
-        if published and all(self._same(held.get(self._path(n)), uploads.get(n), size) for n, size in files.items()):
+        if published and self._still_published(published[-1], held, files, uploads):
             result.complete = True
             return result
         clash = sorted(n for n in self._outputs_held(held) if n in files or _owned(n))
@@ -232,10 +232,21 @@ class HubDestination(RemoteDestination):
             result.errors.append(
                 f"Cannot write to {self.url}: the repo already holds {', '.join(clash[:3])}"
                 f"{' ...' if len(clash) > 3 else ''} at {self.revision}. Pass overwrite=True (CLI --overwrite) to replace "
-                "them in one new commit (which also deletes the older output's other files), create_pr=True to propose them as a pull request, or name another repo or branch.")
+                "them in one new commit (which also deletes the older output's other files), create_pr=True to propose "
+                "them as a pull request, or name another repo or branch.")
             return result
         result.kept = self._verified({n: e for n, e in uploads.items() if n in files and e["size"] == files[n]})
         return result
+
+    def _still_published(self, entry: dict, held: dict, files: Mapping[str, int], uploads: Mapping[str, dict]) -> bool:
+        """Whether the branch (or the pull request this plan opened) still holds exactly this plan's files."""
+        if entry.get("pr"):
+            try:
+                held = {s.rfilename: s for s in self.api.model_info(
+                    self.repo_id, revision=entry["pr"], files_metadata=True).siblings or []}
+            except Exception:  # noqa: BLE001 - a closed or unreadable pull request: not published any more
+                return False
+        return all(self._same(held.get(self._path(n)), uploads.get(n), size) for n, size in files.items())
 
     def _outputs_held(self, held) -> list[str]:
         """The top-level names (under the subfolder) the revision holds: where an older output would be."""
