@@ -82,11 +82,16 @@ def test_local_and_s3_sources_upload_the_local_bytes_within_the_spool(s3: MotoS3
     assert plan.dest is not None and str(plan.dest).startswith(str(tmp_path / "spool"))
     total = sum(f.size for f in plan.output_file_list)
     assert total >= 4 * (8 * MiB) and plan.spool_bytes == 8 * MiB  # the input is 4x the spool; the plan states the bound
+    assert f"-> {url} (through the local spool {plan.dest})" in plan.summary()
+    assert "local disk to provision: 8.0 MiB per rank" in plan.summary()
+    rss = plan.rss_breakdown
+    assert rss.loc["upload"].iloc[0] == 2 * 5 * MiB and "transport" in rss.index  # part buffers, s3fs for a local source
     seen = _spool_bytes_at_uploads(monkeypatch, plan.dest)
     report = wb.convert(source, url, shard_size="6MiB", quiet=True, **SPOOL)
     assert s3.output(bucket, "out") == reference  # every file, config.json and the index, byte for byte
     assert len(seen) == len(reference) and max(seen) <= plan.spool_bytes  # measured on disk, at every upload
-    assert 0 < report.spool_peak <= plan.spool_bytes
+    assert 0 < report.spool_peak <= plan.spool_bytes == report.predicted_spool_bytes
+    assert "spool peak" in report.summary()
     assert not [p for p in plan.dest.rglob("*") if p.is_file() and not p.name.startswith(".workbench")]  # spool emptied
     heads = {n: s3.client.head_object(Bucket=bucket, Key=f"out/{n}") for n in reference if n.endswith(".safetensors")}
     assert all(h["ETag"].endswith('-2"') for h in heads.values() if h["ContentLength"] > 5 * MiB)  # two multipart parts
@@ -95,6 +100,25 @@ def test_local_and_s3_sources_upload_the_local_bytes_within_the_spool(s3: MotoS3
     remote_source = s3.upload_folder(source, bucket, "src")  # an s3:// source into another prefix
     wb.convert(remote_source, f"s3://{bucket}/again/", shard_size="6MiB", quiet=True, **SPOOL)
     assert s3.output(bucket, "again") == reference
+
+
+def test_two_local_processes_upload_their_own_files(s3: MotoS3, source: Path, reference: dict) -> None:
+    bucket = s3.bucket()
+    report = wb.convert(source, f"s3://{bucket}/out/", shard_size="6MiB", nproc=2, quiet=True, **SPOOL)
+    assert report.launcher == "local" and all(r.files_written for r in report.ranks)
+    assert s3.output(bucket, "out") == reference and s3.uploads(bucket) == []
+
+
+def test_a_dcp_output_uploads_its_metadata_last(s3: MotoS3, source: Path, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    wb.convert(source, tmp_path / "dcp", to="dcp", shard_size="6MiB", quiet=True)
+    bucket = s3.bucket()
+    order: list[str] = []
+    upload = S3Destination.file_done
+    monkeypatch.setattr(S3Destination, "file_done", lambda self, name, *rest: (order.append(name), upload(self, name, *rest)))
+    report = wb.convert(source, f"s3://{bucket}/dcp/", to="dcp", shard_size="6MiB", quiet=True, verify=True, **SPOOL)
+    assert report.verified and s3.output(bucket, "dcp") == folder_files(tmp_path / "dcp")
+    assert order[-1] == ".metadata" and len(order) == len(folder_files(tmp_path / "dcp"))
 
 
 def test_verify_and_open_checkpoint_read_the_uploaded_objects(s3: MotoS3, source: Path, tmp_path: Path) -> None:
@@ -126,7 +150,8 @@ def test_a_rerun_does_nothing_another_plan_is_refused_overwrite_replaces(s3: Mot
     assert not other.ok and "holds a finished conversion of a different plan" in other.errors[0].message
     wb.convert(source, url, shard_size="12MiB", quiet=True, overwrite=True, **SPOOL)
     names = set(s3.output(bucket, "out"))
-    assert "model-00001-of-00003.safetensors" in names and INDEX in names
+    assert names == {"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors",
+                     INDEX, "config.json"}  # the older conversion's six shards are gone
     s3.client.put_object(Bucket=bucket, Key="mine/notes.txt", Body=b"x")
     refused = wb.plan(source, dest=f"s3://{bucket}/mine/", shard_size="6MiB", **SPOOL)
     assert not refused.ok and "the prefix is not empty (1 objects: notes.txt)" in refused.errors[0].message

@@ -91,7 +91,13 @@ def _prepare_remote(plan: Plan) -> None:
     assert plan.dest is not None and plan.remote is not None
     _clear_spool(plan)
     remove_partials(plan, abort=False)
-    plan.remote.begin({f.name: f.size for f in plan.output_file_list}, sorted(plan.kept), [INDEX_NAME, *plan.commit_files])
+    stale = None
+    if plan.options.overwrite:  # an older conversion's files (any format's) would contradict the new ones
+        from ..output import owned
+
+        stale = owned
+    plan.remote.begin({f.name: f.size for f in plan.output_file_list}, sorted(plan.kept), [INDEX_NAME, *plan.commit_files],
+                      stale)
 
 
 def remove_partials(plan: Plan, *, abort: bool = True) -> None:

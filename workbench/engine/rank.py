@@ -256,5 +256,5 @@ def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankRes
     result.overflow = contexts[0].overflow.counts  # lanes run byte copies only: no casts, no overflow
     result.rss_peak = rss_peak_bytes()
     if spool is not None:
-        result.spool_peak = spool.gate.peak
+        result.spool_peak, result.predicted_spool_bytes = spool.gate.peak, plan.rank_spool_bytes(rank)
     return result

@@ -304,9 +304,13 @@ def _build_plan(
     code = code_digest(mapper)
     remote = None
     if url is not None:
+        import hashlib
+
         from ..output.remote import open_destination
 
-        remote = open_destination(url, layout_fp, options.remote)
+        # Objects are recorded with this: the layout (source states included) and the code of the mapper's Functions.
+        remote_fp = hashlib.sha256(f"{layout_fp}:{code or ''}".encode()).hexdigest()
+        remote = open_destination(url, remote_fp, options.remote)
     if remote is not None and check_dest and files:
         state = check_remote(remote, files, overwrite=options.overwrite)
         problems += state.problems

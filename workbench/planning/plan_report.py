@@ -29,9 +29,12 @@ def headline(plan: Plan) -> list[str]:
     status = "OK" if plan.ok else f"{len(plan.errors)} error(s): cannot run"
     if plan.ok and plan.complete:
         status = f"OK: already complete, nothing to do ({plan.dest} holds this conversion's finished output)"
+    where = plan.dest if plan.dest is not None else "(no destination)"
+    if plan.remote is not None:
+        where = f"{plan.remote.url} (through the local spool {plan.dest})"
     lines = [
         f"Plan: {src.location} ({src.format}, {len(src.files)} files, {len(src)} tensors, {format_bytes(src.total_bytes)})"
-        f" -> {plan.dest if plan.dest is not None else '(no destination)'}" + plan.output_format.label,
+        f" -> {where}" + plan.output_format.label,
         f"status: {status}",
         f"groups: {len(plan.steps)} ({kind_text or 'none'}); outputs: {sum(f.n_tensors for f in plan.output_file_list)} "
         f"tensors, {format_bytes(plan.total_size)} in {format_count(n_files, 'file')} "
@@ -43,6 +46,9 @@ def headline(plan: Plan) -> list[str]:
         f"peak tensor memory: {format_bytes(plan.peak_bytes)} per process; ranks: {plan.nproc}"
         + f"; {library_note(plan)}",
     ]
+    if plan.remote is not None:
+        lines.append(f"local disk to provision: {format_bytes(plan.spool_bytes)} per rank (spool of finished files waiting "
+                     f"for upload, --spool-size {format_bytes(plan.options.spool_size)}); the index is uploaded last")
     lines += _extras_lines(plan)
     lines += _metadata_lines(plan)
     if plan.copied_objects:

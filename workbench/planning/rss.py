@@ -240,6 +240,11 @@ def _parts(plan: Plan, rank: int) -> list[RssPart]:
                              f"{', s3fs, botocore' if scheme == 's3' else ''}; measured)"))
     for part, size, detail in plan.output_format.memory_terms(planned_here=entry == CLI):
         parts.append(RssPart(part, size, detail))
+    if plan.remote is not None:  # a remote destination: its transport (unless the source loaded it) and upload buffers
+        dest_scheme = plan.remote.scheme.removesuffix("://")
+        if dest_scheme != scheme and dest_scheme in REMOTE_LIBRARIES:
+            parts.append(RssPart("transport", REMOTE_LIBRARIES[dest_scheme], f"the {dest_scheme} destination's libraries (measured)"))
+        parts += [RssPart(part, size, detail) for part, size, detail in plan.remote.memory_terms()]
     parts.append(RssPart("metadata", calibrated.PER_TENSOR * tensors,
                          f"catalog and plan: {tensors:,} tensors × {calibrated.PER_TENSOR:,} bytes ({measured})"))
     detail = f"output headers {headers:,} bytes"

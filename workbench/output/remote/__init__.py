@@ -45,6 +45,9 @@ def open_destination(url: str, fingerprint: str, options: Mapping[str, Any] | No
             try:
                 cls = getattr(importlib.import_module(f"{__name__}.{module}"), name)
             except ImportError as exc:
+                if (exc.name or "").startswith("workbench."):  # the scheme's own module is not part of this version
+                    raise PlanError(f"Cannot write to {url}: {scheme} destinations are not available in this version of "
+                                    "the workbench. Convert into a local folder, then upload it.", file=url) from None
                 raise PlanError(f"Cannot write to {url}: {exc.name or exc} is not installed. Install the remote extra: "
                                 "pip install 'checkpoint-workbench[remote]'.", file=url) from None
             return cls(url, fingerprint, options)

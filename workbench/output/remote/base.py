@@ -29,7 +29,7 @@ plan: objects are recorded with it, so a re-run of another plan never mistakes t
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -74,6 +74,11 @@ class RemoteDestination(ABC):
         """The URL `wb.open_checkpoint` reads the finished output from (and `--verify` re-reads, by range)."""
         return self.url
 
+    def memory_terms(self) -> list[tuple[str, int, str]]:
+        """What uploading adds to a rank's predicted RSS (`plan.rss_bytes`): (part, bytes, detail) rows, e.g. the
+        part buffer. The transport's libraries are counted by planning (`planning.rss.REMOTE_LIBRARIES`)."""
+        return []
+
     @abstractmethod
     def state(self, files: Mapping[str, int], *, overwrite: bool) -> RemoteState:
         """What the destination holds for this plan; `files`: planned output file name -> size in bytes.
@@ -83,11 +88,14 @@ class RemoteDestination(ABC):
         """
 
     @abstractmethod
-    def begin(self, files: Mapping[str, int], kept: Sequence[str], markers: Sequence[str] = ()) -> None:
+    def begin(self, files: Mapping[str, int], kept: Sequence[str], markers: Sequence[str] = (),
+              stale: Callable[[str], bool] | None = None) -> None:
         """Lock, hide the commit marker, clean up an interrupted run's leftovers, record the plan (rank 0).
 
         `files`: planned name -> size; `kept`: the names `state` recognised as finished (not written again);
-        `markers`: the names whose presence says "complete" (the index, `.metadata`): removed first.
+        `markers`: the names whose presence says "complete" (the index, `.metadata`): removed first;
+        `stale` (overwrite=True only): whether a name is an output file some format writes (`output.owned`):
+        such files of an older conversion that this plan does not write are removed too.
 
         Raises `PlanError` naming the URL when another conversion holds the lock, or when the store cannot
         take a lock safely (then the message says how to proceed).

@@ -25,7 +25,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ OWN_NAMES = (LOCK_NAME, MANIFEST_NAME, COMPLETE_NAME)
 FINGERPRINT_KEY = "workbench-fingerprint"
 SHA256_KEY = "workbench-sha256"
 MIN_PART = 5 << 20  # S3's smallest part (all but the last)
-DEFAULT_PART = 64 << 20
+DEFAULT_PART = 16 << 20  # held in memory while it uploads (one part at a time per rank)
 MAX_PARTS = 10_000
 
 
@@ -172,6 +172,10 @@ class S3Destination(RemoteDestination):
 
     # --- the interface ------------------------------------------------------------------------------------------
 
+    def memory_terms(self) -> list[tuple[str, int, str]]:
+        """One part in memory while it uploads, and the copy botocore's request holds of it."""
+        return [("upload", 2 * self.part_size, f"an S3 part of {self.part_size:,} bytes and botocore's copy of it")]
+
     def state(self, files: Mapping[str, int], *, overwrite: bool) -> RemoteState:
         """What the prefix holds for this plan (see `RemoteDestination.state`)."""
         state = RemoteState()
@@ -230,7 +234,8 @@ class S3Destination(RemoteDestination):
         raise PlanError(f"Cannot lock {self.url}: the lock {self.where(LOCK_NAME)} keeps coming back. Another conversion "
                         "may be starting there; wait for it, then run again.", file=self.where(LOCK_NAME))
 
-    def begin(self, files: Mapping[str, int], kept: Sequence[str], markers: Sequence[str] = ()) -> None:
+    def begin(self, files: Mapping[str, int], kept: Sequence[str], markers: Sequence[str] = (),
+              stale: Callable[[str], bool] | None = None) -> None:
         """Lock, hide the markers, abort leftover multipart uploads, remove stale planned objects, write the manifest."""
         self.lock()
         for name in (COMPLETE_NAME, *markers):  # first: from here on nothing there looks complete
@@ -241,8 +246,8 @@ class S3Destination(RemoteDestination):
             except (FileNotFoundError, OSError):
                 pass
         present = self.listing()
-        for name in files:
-            if name in present and name not in kept:
+        for name in present:
+            if name not in kept and (name in files or (stale is not None and "/" not in name and stale(name))):
                 self.delete(name)
         self.put_json(MANIFEST_NAME, {"workbench_convert": 1, "fingerprint": self.fingerprint, "files": dict(files)})
 
