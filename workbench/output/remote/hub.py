@@ -25,7 +25,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
@@ -284,11 +284,13 @@ class HubDestination(RemoteDestination):
                 kept[name] = FinishedFile(name, e["size"], e["sha256"])
         return kept
 
-    def begin(self, files: Mapping[str, int], kept: Sequence[str], markers: Sequence[str] = ()) -> None:
+    def begin(self, files: Mapping[str, int], kept: Sequence[str], markers: Sequence[str] = (),
+              stale: Callable[[str], bool] | None = None) -> None:
         """Create the repo (or branch) when asked and missing, and record the branch head the commit will build on.
 
         No lock and no marker to hide: nothing is visible before the one commit, and that commit names this head as
-        its parent, so a commit landing meanwhile makes it fail rather than overwrite."""
+        its parent, so a commit landing meanwhile makes it fail rather than overwrite. `stale` files are deleted by
+        that commit (`finish`), not here: until then the branch stays as it was."""
         from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 
         try:
