@@ -154,8 +154,10 @@ def test_branch_is_created_with_create(hub, tmp_path):
 def test_small_text_files_go_inline(hub, tmp_path):
     hub.create("org/txt")
     data = {"notes.txt": b"plain text\n", "model.safetensors": os.urandom(50)}
-    run(open_destination("hf://org/txt", "fp"), tmp_path, data)
+    dest = open_destination("hf://org/txt", "fp")
+    run(dest, tmp_path, data)
     assert {n: d for n, d in files_at(hub, "org/txt").items() if n in data} == data
+    assert hub.commits[0]["files"] and not list((dest.folder / "regular").iterdir())  # its kept copy went with the commit
 
 
 def test_refusals_name_the_fix(hub, tmp_path, monkeypatch):

@@ -372,6 +372,9 @@ class HubDestination(RemoteDestination):
                                "built on the new head.", file=self.url) from None
             raise HubError(self._refusal(exc, "committing"), file=self.url) from None
         self._record({"commit": info.oid, "pr": info.pr_revision, "pr_url": info.pr_url})
+        for e in recorded.values():  # the inline copies are in the commit now
+            if e.get("mode") == "regular":
+                self._regular_copy(e["sha256"]).unlink(missing_ok=True)
 
     def _stale(self, revision: str, written: set[str]) -> list:
         """Deletions of an older output's files (any format's data files, index, markers) this commit does not
