@@ -134,7 +134,7 @@ def test_create_pr_gives_a_pr_ref_and_leaves_main(hub, tmp_path):
     data = {"model.safetensors": os.urandom(6000)}
     run(dest, tmp_path, data)
     assert hub.main["org/base"] == main_before
-    assert dest.pr_revision == "refs/pr/1"
+    assert dest.pr_revision == "refs/pr/1" and dest.pr_url == f"{hub.url}/org/base/discussions/1"
     assert files_at(hub, "org/base", "refs/pr/1")["model.safetensors"] == data["model.safetensors"]
     assert hub.commits[-1]["ref"] == "refs/pr/1"
     # the same plan again: the pull request it opened holds it, so nothing to do (no second pull request)

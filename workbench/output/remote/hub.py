@@ -187,6 +187,12 @@ class HubDestination(RemoteDestination):
         commits = [e for e in self._entries() if e.get("pr")]
         return commits[-1]["pr"] if commits else None
 
+    @property
+    def pr_url(self) -> str | None:
+        """The pull request's page on the Hub when `finish` opened one (what to tell the user to review)."""
+        commits = [e for e in self._entries() if e.get("pr_url")]
+        return commits[-1]["pr_url"] if commits else None
+
     def state(self, files: Mapping[str, int], *, overwrite: bool) -> RemoteState:
         """Token, repo, branch and permission checked; this plan's earlier uploads recognised (see module doc)."""
         from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
