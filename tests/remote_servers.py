@@ -283,7 +283,24 @@ class _Served:
 
 
 def blob_id(path: Path) -> str:
-    return hashlib.sha1(path.read_bytes()).hexdigest()
+    return _digests(path)[0]
+
+
+def _digests(path: Path) -> tuple[str, str]:
+    """(sha1, sha256) of a served file, computed once per version of it (size and mtime): every listing and every
+    range GET needs them, and hashing a large file each time would make the fixture, not the client, the cost."""
+    st = path.stat()
+    return _digests_of(str(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4096)
+def _digests_of(path: str, size: int, mtime_ns: int) -> tuple[str, str]:
+    sha1, sha256 = hashlib.sha1(), hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            sha1.update(block)
+            sha256.update(block)
+    return sha1.hexdigest(), sha256.hexdigest()
 
 
 class _HubHandler(_Quiet):
@@ -312,7 +329,7 @@ class _HubHandler(_Quiet):
             commit, folder = found
             siblings = []
             for f in sorted(p for p in folder.rglob("*") if p.is_file()):
-                digest = hashlib.sha256(f.read_bytes()).hexdigest()
+                digest = _digests(f)[1]
                 entry = {"rfilename": f.relative_to(folder).as_posix(), "size": f.stat().st_size, "blobId": blob_id(f)}
                 if f.suffix == ".safetensors":
                     entry["lfs"] = {"size": f.stat().st_size, "sha256": digest, "pointerSize": 134}
