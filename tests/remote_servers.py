@@ -918,7 +918,7 @@ class MotoS3:
     """moto's S3 server on a free local port, in this process (`moto.server.ThreadedMotoServer`), with what tests of
     S3 destinations ask it: a bucket, the objects under a prefix, the multipart uploads not completed or aborted.
 
-    moto keeps its buckets per process: give each test a bucket of its own (`bucket()`)."""
+    moto keeps its buckets per process, whichever server made them: give each test a bucket of its own (`bucket()`)."""
 
     def __init__(self) -> None:
         import logging
@@ -930,7 +930,6 @@ class MotoS3:
         self.server.start()
         host, port = self.server.get_host_and_port()
         self.endpoint = f"http://{host}:{port}"
-        self._buckets = 0
 
     @property
     def env(self) -> dict[str, str]:
@@ -947,8 +946,9 @@ class MotoS3:
 
     def bucket(self, stem: str = "b") -> str:
         """A new, empty bucket's name."""
-        self._buckets += 1
-        name = f"{stem}-{self._buckets}-{os.getpid()}"
+        import uuid
+
+        name = f"{stem}-{uuid.uuid4().hex[:16]}"  # moto's buckets outlive a server in the same process
         self.client.create_bucket(Bucket=name)
         return name
 

@@ -198,6 +198,18 @@ def test_the_lock_is_a_conditional_write(s3: MotoS3, source: Path) -> None:
     assert INDEX in s3.objects(bucket, "out") and LOCK_NAME not in s3.objects(bucket, "out")
 
 
+def test_a_dead_lock_is_removed_only_while_it_is_the_one_read(s3: MotoS3) -> None:
+    bucket = s3.bucket()
+    destination = S3Destination(f"s3://{bucket}/out/", "fp")
+    key = f"out/{LOCK_NAME}"
+    stale = s3.client.put_object(Bucket=bucket, Key=key, Body=b'{"host": "h", "pid": 1}')["ETag"]
+    s3.client.put_object(Bucket=bucket, Key=key, Body=b'{"host": "h", "pid": 2}')  # another run took it over meanwhile
+    destination._remove_stale_lock(stale)
+    assert json.loads(s3.objects(bucket, "out")[LOCK_NAME])["pid"] == 2  # the newer lock stays
+    destination._remove_stale_lock(s3.client.head_object(Bucket=bucket, Key=key)["ETag"])
+    assert LOCK_NAME not in s3.objects(bucket, "out")
+
+
 def _dead_pid() -> int:
     import subprocess
     import sys
@@ -213,3 +225,19 @@ def test_other_schemes_are_refused_by_name(url: str, source: Path, tmp_path: Pat
     with pytest.raises(PlanError, match=f"Cannot write to {url}: the workbench writes to local folders and to s3://, hf://"):
         wb.plan(source, None, dest=url)
     assert os.listdir(tmp_path) == []
+
+
+def test_the_cli_converts_into_s3_with_a_spool_and_verifies(s3: MotoS3, source: Path, reference: dict,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from workbench import cli
+
+    bucket = s3.bucket()
+    url = f"s3://{bucket}/cli/"
+    status = cli.main(["convert", str(source), url, "--shard-size", "6MiB", "--spool-size", "8MiB", "--remote-option",
+                       "part_size=5MiB", "--verify", "--quiet"])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    assert f"-> {url} (through the local spool" in out and "local disk to provision: 8.0 MiB per rank" in out
+    assert s3.output(bucket, "cli") == reference
+    assert cli.main(["convert", str(source), url, "--remote-option", "part_size"]) == 2
+    assert "Cannot read --remote-option 'part_size': write it as KEY=VALUE" in capsys.readouterr().err

@@ -221,14 +221,12 @@ def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankRes
         else:
             contexts = _run_lanes(plan, lanes, files, last_step, last_file, rank, committer, source, progress, spool)
         result.files_written.extend(committer.finish())
-    except OSError as exc:
-        if plan.remote is not None:
-            plan.remote.abort()
-        raise write_failure(plan.dest, exc) from exc
-    except BaseException:
+    except BaseException as exc:
         if plan.remote is not None:
             committer.close()  # no upload may still be running when its multipart upload is aborted
-            plan.remote.abort()
+            plan.remote.abort(keep_lock=True)  # the job's end (remove_partials) releases the lock
+        if isinstance(exc, OSError):
+            raise write_failure(plan.dest, exc) from exc
         raise
     finally:
         committer.close()  # before the launcher removes partial files: no commit may still be running

@@ -118,5 +118,6 @@ class RemoteDestination(ABC):
         path) in order, the last being the commit marker, record completion, release the lock (rank 0)."""
 
     @abstractmethod
-    def abort(self) -> None:
-        """Abandon this process's unfinished uploads and release a lock it holds; never raises for cleanup."""
+    def abort(self, *, keep_lock: bool = False) -> None:
+        """Abandon this process's unfinished uploads and release a lock it holds (unless `keep_lock`: a rank's own
+        failure, reported to rank 0, which ends the job); never raises for cleanup."""

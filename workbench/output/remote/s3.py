@@ -222,10 +222,10 @@ class S3Destination(RemoteDestination):
             except Exception as exc:  # noqa: BLE001
                 if not _conflict(exc):
                     raise
-            holder = self.read_json(LOCK_NAME) or {}
+            holder, tag = self._read_lock()
             pid = holder.get("pid")
             if holder.get("host") == body["host"] and isinstance(pid, int) and not _pid_alive(pid):
-                self.delete(LOCK_NAME)  # its run was killed: nobody else can be writing under this host's lock
+                self._remove_stale_lock(tag)  # its run was killed: nobody else can be writing under this host's lock
                 continue
             who = f"process {pid} on {holder.get('host')}" if holder else "a run whose lock could not be read"
             raise PlanError(f"Cannot write to {self.url}: another conversion is writing there ({who}; {self.where(LOCK_NAME)}). "
@@ -233,6 +233,30 @@ class S3Destination(RemoteDestination):
                             file=self.where(LOCK_NAME))
         raise PlanError(f"Cannot lock {self.url}: the lock {self.where(LOCK_NAME)} keeps coming back. Another conversion "
                         "may be starting there; wait for it, then run again.", file=self.where(LOCK_NAME))
+
+    def _read_lock(self) -> tuple[dict, str | None]:
+        """The lock's body and ETag ({} and None when it cannot be read)."""
+        try:
+            answer = self.call("get_object", LOCK_NAME, Key=self.key(LOCK_NAME))
+            data = json.loads(_read_all(self.fs, answer["Body"]))
+        except Exception:  # noqa: BLE001 - gone, or not ours to parse
+            return {}, None
+        return (data if isinstance(data, dict) else {}), answer.get("ETag")
+
+    def _remove_stale_lock(self, tag: str | None) -> None:
+        """Delete the stale lock only if it is still the one read (`If-Match`): two runs taking over the same dead
+        lock cannot both delete it, so at most one of them creates the next. A store without conditional deletes
+        gets a plain delete."""
+        if tag is None:
+            return
+        try:
+            self.fs.call_s3("delete_object", Bucket=self.bucket, Key=self.key(LOCK_NAME), IfMatch=tag)
+        except FileNotFoundError:
+            pass
+        except Exception as exc:  # noqa: BLE001
+            if _conflict(exc) or "pre-conditions" in str(exc):
+                return  # another run replaced it first: the next round reads the new holder
+            self.delete(LOCK_NAME)
 
     def begin(self, files: Mapping[str, int], kept: Sequence[str], markers: Sequence[str] = (),
               stale: Callable[[str], bool] | None = None) -> None:
@@ -323,7 +347,7 @@ class S3Destination(RemoteDestination):
         self.delete(LOCK_NAME)
         self._locked = False
 
-    def abort(self) -> None:
+    def abort(self, *, keep_lock: bool = False) -> None:
         """Abort this process's unfinished multipart uploads; release the lock if this process took it."""
         with self._guard:
             pending, self._uploads = dict(self._uploads), {}
@@ -332,7 +356,7 @@ class S3Destination(RemoteDestination):
                 self.call("abort_multipart_upload", key, Key=key, UploadId=upload)
             except Exception:  # noqa: BLE001 - cleanup: the next run's begin aborts what is left
                 pass
-        if self._locked:
+        if self._locked and not keep_lock:
             try:
                 self.release()
             except Exception:  # noqa: BLE001
