@@ -6,7 +6,9 @@
   `GET /api/models/{org}/{repo}/revision/{rev}?blobs=true` (HfApi.model_info with files_metadata:
   id, sha, siblings with rfilename/size/blobId/lfs) and `GET|HEAD /{org}/{repo}/resolve/{rev}/{path}`
   (ranges -> 206 with Content-Range, ETag and X-Repo-Commit headers). It serves files from
-  `repos[(repo_id, commit)] = folder`, revision "main" naming the latest commit added.
+  `repos[(repo_id, commit)] = folder`, revision "main" naming the latest commit added. It also accepts what
+  huggingface_hub sends to write (repo creation, preupload, LFS uploads, NDJSON commits, pull requests; see the
+  class), so `hf://` destinations are tested against it; `hub_writes(monkeypatch, hub)` points a test at it.
 - `FaultyServer`: HTTP ranges with a chosen fault: drop the connection mid-body (`drop`), answer 200
   with the whole file (`ignore_range`), send a complete-looking but short 206 whose Content-Length
   lies about the range (`short`), or change the file's ETag after every GET (`change`); and the lying
