@@ -214,3 +214,14 @@ def test_a_read_only_token_may_open_a_pull_request(hub, tmp_path, monkeypatch):
     assert "HTTP 403" in open_destination("hf://org/theirs", "fp").state({"model.safetensors": 8}, overwrite=False).errors[0]
     run(open_destination("hf://org/theirs", "fp", {"create_pr": True}), tmp_path, {"model.safetensors": b"12345678"})
     assert [c["ref"] for c in hub.commits] == ["refs/pr/1"]
+
+
+def test_several_nodes_need_a_shared_ledger(hub, tmp_path, monkeypatch):
+    hub.create("org/nodes")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two nodes of two ranks
+    errors = open_destination("hf://org/nodes", "fp").state({"model.safetensors": 8}, overwrite=False).errors
+    assert "several nodes" in errors[0] and "ledger_dir" in errors[0]
+    shared = open_destination("hf://org/nodes", "fp", {"ledger_dir": str(tmp_path / "shared")})
+    assert shared.state({"model.safetensors": 8}, overwrite=False).errors == []
+    assert shared.ledger.is_relative_to(tmp_path / "shared")
