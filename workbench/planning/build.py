@@ -104,7 +104,7 @@ def _gguf_hf_files(catalog: Catalog, binding: Binding, dtype: str | None) -> tup
     import json
 
     from ..mapper.presets.gguf_config import generation_config, hf_config
-    from ..mapper.presets.gguf_to_hf import gguf_values, model_type
+    from ..mapper.presets.gguf_inverse import gguf_values, model_type
     from ..output.gguf.hf_tokenizer import tokenizer_files
 
     outputs = {t.name: t for group in binding.groups for t in group.outputs}

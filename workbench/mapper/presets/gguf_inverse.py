@@ -136,7 +136,7 @@ def gguf_to_hf(source: Any, dtype: str | None = None) -> Mapper:
 
     `dtype`: the dtype of every output ('F32', 'F16', 'BF16'); None keeps F32/F16/BF16 tensors in their type (byte
     copies) and de-quantises block-quantised ones (Q8_0, Q4_K, ...) to F32, the values gguf-py computes (and
-    transformers loads). `plan_of(...)` gives the table of what becomes what."""
+    transformers loads). `gguf_to_hf_plan` gives the table of what becomes what."""
     mapper, _ = gguf_to_hf_plan(source, dtype)
     return mapper
 
