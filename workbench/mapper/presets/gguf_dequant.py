@@ -27,10 +27,11 @@ FROM_GGUF_FN = "workbench.mapper.presets.gguf_dequant:from_gguf"
 INFER_FN = "workbench.mapper.presets.gguf_dequant:infer_from_gguf"
 OUTPUT_DTYPES = ("F32", "F16", "BF16")
 PLAIN = ("F32", "F16", "BF16")  # GGUF types whose stored elements are a safetensors dtype
-# Float32 arrays the `gguf` package's de-quantisers make per value at once, beside their result (K-quants: scales
-# and minimums broadcast per sub-block, the unpacked quants, their product): measured peak of `dequantize` on a
-# Q4_K / Q6_K chunk over its float32 result, rounded up.
-DEQUANT_TEMPORARIES = 4
+# Peak bytes `gguf.quants.dequantize` allocates per float32 value it returns (its result included), by type: measured
+# with tracemalloc on 64 x 1024 chunks (gguf 0.19, numpy 2.4; Q4_K's scale unpacking makes int64 temporaries), plus
+# a byte or two for the copies around it (un-permuting, rounding). Types not listed get the largest.
+DEQUANT_BYTES_PER_VALUE = {"F32": 4, "F16": 6, "BF16": 11, "Q8_0": 11, "Q4_0": 11, "Q4_1": 12, "Q5_0": 12, "Q5_1": 12,
+                           "Q2_K": 12, "Q3_K": 12, "Q4_K": 60, "Q5_K": 13, "Q6_K": 12}
 ROW_BUDGET = 8 << 20  # bytes a row chunk holds at most (a plan's smaller chunk size wins), as the GGUF writer's
 # ml_dtypes and the gguf package, imported and used on top of numpy (as gguf_rows.GGUF_LIBRARIES measured it)
 GGUF_LIBRARIES = 8_110_000
@@ -179,11 +180,12 @@ class DequantJob:
         return min(chunk_bytes, ROW_BUDGET)
 
     def held(self, rows: int) -> int:
-        """Bytes held converting `rows` rows: the stored rows, their float32 values and the de-quantiser's
-        temporaries, the un-permuted copy, the rounded output."""
-        values = 4 * rows * self.cols
-        temporaries = 0 if self.kind in PLAIN else DEQUANT_TEMPORARIES * values
-        return rows * self.in_row + values + temporaries + (values if self.heads else 0) + rows * self.out_row
+        """Bytes held converting `rows` rows: the stored rows, what the de-quantiser allocates (its float32 result
+        included), the un-permuted copy, the rounded output (a copy unless float32 rows are written as they are)."""
+        count = rows * self.cols
+        dequantizing = int(DEQUANT_BYTES_PER_VALUE.get(self.kind, max(DEQUANT_BYTES_PER_VALUE.values())) * count)
+        permuted = 4 * count if self.heads else 0
+        return rows * self.in_row + dequantizing + permuted + (rows * self.out_row if self.dtype != "F32" or self.heads else 0)
 
     def chunk_rows(self, budget: int) -> int:
         """Rows per chunk: whole units, as many as keep `held` within `budget` (one unit at least), at most all."""

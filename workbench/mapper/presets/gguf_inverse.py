@@ -176,13 +176,9 @@ def gguf_to_hf_plan(source: Any, dtype: str | None = None) -> tuple[Mapper, dict
             if kind in PLAIN and out_dtype == kind:
                 stage1.append(Unstack(name, outs))
                 how = "copied"
-            elif kind in PLAIN:
-                stage1.append(Unstack(name, outs))
-                stage4.extend(Cast(o, out_dtype) for o in outs)
-                how = "cast"
-            else:
+            else:  # de-quantised or cast, by rows
                 stage1.append(from_gguf_function(name, outs, kind, shape, out_dtype))
-                how = _DEQUANTIZED
+                how = _DEQUANTIZED if kind not in PLAIN else "cast"
             for e, out in enumerate(outs):
                 planned[out] = HfTensor(out, out_dtype, shape[1:], name, kind, how, expert=e)
             continue
@@ -191,8 +187,8 @@ def gguf_to_hf_plan(source: Any, dtype: str | None = None) -> tuple[Mapper, dict
             continue  # the claim at the end names it
         heads = _heads(values, arch, name) if permute else 0
         target = _hf_shape(out, shape)
-        if kind in PLAIN and (heads == 0 or out_dtype == kind or len(shape) == 1):
-            # bytes kept (renamed, reshaped, rows permuted as slices), then cast if asked
+        if kind in PLAIN and (out_dtype == kind or (len(shape) == 1 and heads)):
+            # bytes kept (renamed, reshaped, rows permuted as slices), then cast if asked (a permuted bias)
             if heads:
                 half = shape[0] // heads // 2
                 stage1.append(Reshape(name, [heads, half, 2, *shape[1:]], dst=out))
