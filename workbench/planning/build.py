@@ -103,27 +103,36 @@ def _gguf_hf_files(catalog: Catalog, binding: Binding, dtype: str | None) -> tup
     (`gguf_to_hf`): built from its key/values and vocabulary. None unless the output holds the HF embeddings."""
     import json
 
-    from ..mapper.presets.gguf_config import generation_config, hf_config
+    from ..mapper.presets.gguf_config import CLASSES, DTYPE_NAMES, generation_config, hf_config
     from ..mapper.presets.gguf_inverse import gguf_values, model_type
-    from ..output.gguf.hf_tokenizer import tokenizer_files
+    from ..output.gguf.hf_tokenizer import TRANSFORMERS_CONFIG, tokenizer_files
 
     outputs = {t.name: t for group in binding.groups for t in group.outputs}
     embed = outputs.get("model.embed_tokens.weight")
     if embed is None:
         return [], []
+    path = catalog.root if catalog.root.is_file() else catalog.root / next(iter(catalog.files))
+    tokenizer, missing = tokenizer_files(path)
+    tokenizer = dict(tokenizer)  # the cached answer stays whole
+    code = dtype if dtype in ("F32", "F16", "BF16") else embed.dtype
+    why = "from the GGUF metadata"
     try:
         values = gguf_values(catalog)
-        config = hf_config(values, model_type(values, catalog.tensors), {n: tuple(t.shape) for n, t in outputs.items()},
-                           dtype if dtype in ("F32", "F16", "BF16") else embed.dtype)
+        family = model_type(values, catalog.tensors)
+        if family in CLASSES:
+            config = hf_config(values, family, {n: tuple(t.shape) for n, t in outputs.items()}, code)
+        elif TRANSFORMERS_CONFIG in tokenizer:
+            config = {**json.loads(tokenizer[TRANSFORMERS_CONFIG]), "dtype": DTYPE_NAMES[code]}
+            why = "transformers' config of the GGUF file"
+        else:
+            raise WorkbenchError(f"the workbench has no config table for {family} and transformers gave none ({missing})")
     except WorkbenchError as exc:
         return [], [Problem("warning", f"No config.json is written with this output: {exc}", kind="preset")]
-    why = "from the GGUF metadata"
+    tokenizer.pop(TRANSFORMERS_CONFIG, None)
     texts = {"config.json": json.dumps(config, indent=2, ensure_ascii=False) + "\n"}
     generation = generation_config(values)
     if generation is not None:
         texts["generation_config.json"] = json.dumps(generation, indent=2) + "\n"
-    path = catalog.root if catalog.root.is_file() else catalog.root / next(iter(catalog.files))
-    tokenizer, missing = tokenizer_files(path)
     problems = [] if not missing else [Problem("warning", f"No tokenizer files are written with this output: {missing}.",
                                                kind="preset")]
     extras = [Extra(name, GENERATED, len(text.encode("utf-8")), why, text) for name, text in texts.items()]

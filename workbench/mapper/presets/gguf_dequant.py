@@ -53,10 +53,14 @@ def stored_row_bytes(kind: str, cols: int) -> int:
     return cols // block * size
 
 
-def from_gguf_function(name: str, outputs: tuple[str, ...], kind: str, shape: tuple[int, ...], dtype: str, heads: int = 0) -> Function:
+def from_gguf_function(name: str, outputs: tuple[str, ...], kind: str, shape: tuple[int, ...], dtype: str, heads: int = 0,
+                       shift: float = 0.0) -> Function:
     """The op making HF tensor(s) `outputs` (several: one per expert of a stacked tensor) of `dtype` from GGUF tensor
-    `name` of type `kind` and logical `shape`, undoing llama.cpp's q/k row permutation over `heads` when > 0."""
+    `name` of type `kind` and logical `shape`, undoing llama.cpp's q/k row permutation over `heads` when > 0 and
+    subtracting `shift` in float32 (Gemma's norms, stored plus one)."""
     params: tuple[tuple[str, Any], ...] = (("kind", kind), ("shape", tuple(shape)), ("dtype", dtype), ("heads", heads))
+    if shift:
+        params += (("shift", float(shift)),)
     if len(outputs) > 1:
         params += (("experts", len(outputs)),)
     return Function(FROM_GGUF_FN, (name,), outputs, infer=INFER_FN, params=params)
@@ -71,7 +75,7 @@ def _split(shape: tuple[int, ...], experts: int) -> tuple[tuple[int, ...], int, 
 
 
 def infer_from_gguf(info: TensorInfo, *, kind: str, shape: tuple[int, ...], dtype: str, heads: int = 0,
-                    experts: int = 1) -> list[tuple[str, tuple[int, ...]]]:
+                    experts: int = 1, shift: float = 0.0) -> list[tuple[str, tuple[int, ...]]]:
     """Output metadata of `from_gguf`: (dtype, shape) per output; MapperError naming the tensor when it cannot be made."""
     shape = tuple(shape)
     if dtype not in OUTPUT_DTYPES:
@@ -93,9 +97,10 @@ def infer_from_gguf(info: TensorInfo, *, kind: str, shape: tuple[int, ...], dtyp
     return [(dtype, one)] * count
 
 
-def dequantized_rows(raw: Any, kind: str, cols: int, heads: int, dtype: str, scratch: Any = None) -> Any:
+def dequantized_rows(raw: Any, kind: str, cols: int, heads: int, dtype: str, scratch: Any = None, shift: float = 0.0) -> Any:
     """Output bytes (uint8) of whole stored rows `raw` (uint8, rows x stored row bytes; whole heads when `heads`):
-    de-quantised to float32 by `gguf.quants.dequantize`, q/k rows put back in HF order, rounded to `dtype`."""
+    de-quantised to float32 by `gguf.quants.dequantize`, q/k rows put back in HF order, `shift` subtracted in float32,
+    rounded to `dtype`."""
     import gguf
     import numpy as np
 
@@ -107,6 +112,8 @@ def dequantized_rows(raw: Any, kind: str, cols: int, heads: int, dtype: str, scr
         target = np.empty((n, cols), np.float32) if scratch is None else scratch[: n * cols].reshape(n, cols)
         np.copyto(target.reshape(heads, 2, half, cols), values.reshape(heads, half, 2, cols).swapaxes(1, 2))
         values = target
+    if shift:
+        values = values - np.float32(shift)
     if dtype == "F32":
         out = np.ascontiguousarray(values, dtype=np.float32)
     elif dtype == "F16":
@@ -128,6 +135,7 @@ class DequantJob:
     kind: str
     dtype: str
     heads: int
+    shift: float = 0.0
 
     libraries = ("ml_dtypes", "gguf")
     library_bytes = GGUF_LIBRARIES
@@ -185,7 +193,8 @@ class DequantJob:
         count = rows * self.cols
         dequantizing = int(DEQUANT_BYTES_PER_VALUE.get(self.kind, max(DEQUANT_BYTES_PER_VALUE.values())) * count)
         permuted = 4 * count if self.heads else 0
-        return rows * self.in_row + dequantizing + permuted + (rows * self.out_row if self.dtype != "F32" or self.heads else 0)
+        shifted = 4 * count if self.shift else 0
+        return rows * self.in_row + dequantizing + permuted + shifted + (rows * self.out_row if self.dtype != "F32" or self.heads else 0)
 
     def chunk_rows(self, budget: int) -> int:
         """Rows per chunk: whole units, as many as keep `held` within `budget` (one unit at least), at most all."""
@@ -202,12 +211,12 @@ class DequantJob:
         import numpy as np
 
         scratch = np.empty(rows * self.cols, np.float32) if self.heads else None
-        kind, cols, dtype, unit, in_row = self.kind, self.cols, self.dtype, self.unit, self.in_row
+        kind, cols, dtype, unit, in_row, shift = self.kind, self.cols, self.dtype, self.unit, self.in_row, self.shift
 
         def convert(k: int, first: int, raw: Any, whole: Sequence[Any]) -> tuple[Any, int, float]:
             data = np.frombuffer(raw, dtype=np.uint8)
             heads = len(raw) // in_row // unit if self.heads else 0
-            return dequantized_rows(data, kind, cols, heads, dtype, scratch), 0, 0.0
+            return dequantized_rows(data, kind, cols, heads, dtype, scratch, shift), 0, 0.0
 
         return convert
 
@@ -227,10 +236,11 @@ def offer_rows(op: Function, group: Any, ahead: tuple[Any, ...] = ()) -> Dequant
                        for k in range(count))
     else:
         inputs = (source,)
-    return DequantJob(inputs, outputs, params["kind"], params["dtype"], int(params.get("heads", 0)))
+    return DequantJob(inputs, outputs, params["kind"], params["dtype"], int(params.get("heads", 0)), float(params.get("shift", 0.0)))
 
 
-def from_gguf(tensor: Any, *, kind: str, shape: tuple[int, ...], dtype: str, heads: int = 0, experts: int = 1) -> Any:
+def from_gguf(tensor: Any, *, kind: str, shape: tuple[int, ...], dtype: str, heads: int = 0, experts: int = 1,
+              shift: float = 0.0) -> Any:
     """`from_gguf` on a whole torch tensor (verification, or a group with other ops): the engine's numpy conversion
     over the whole tensor. Returns one torch tensor, or a list of one per expert of a stacked tensor (`experts` > 1)."""
     import numpy as np
@@ -244,7 +254,7 @@ def from_gguf(tensor: Any, *, kind: str, shape: tuple[int, ...], dtype: str, hea
     torch_dtype = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[dtype]
     outs = []
     for e in range(experts):
-        part = dequantized_rows(data[e * per:(e + 1) * per], kind, cols, heads, dtype)
+        part = dequantized_rows(data[e * per:(e + 1) * per], kind, cols, heads, dtype, shift=shift)
         outs.append(torch.from_numpy(part.copy()).view(torch_dtype).reshape(one))
     return outs if experts > 1 else outs[0]
 

@@ -26,7 +26,18 @@ from .gguf_preset import _LAYER, _SUFFIXES, _TOP
 
 # GGUF architecture -> (HF model_type, q/k rows permuted by llama.cpp); `llama` is refined by the file (mistral, mixtral).
 ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False),
-                 "qwen2moe": ("qwen2_moe", False), "qwen3moe": ("qwen3_moe", False), "olmoe": ("olmoe", False)}
+                 "qwen2moe": ("qwen2_moe", False), "qwen3moe": ("qwen3_moe", False), "olmoe": ("olmoe", False),
+                 "phi3": ("phi3", False), "gemma2": ("gemma2", False), "gemma3": ("gemma3_text", False)}
+# Families the workbench does not write, read back by their own module tables (GGUF module -> HF module) as
+# llama.cpp's converters name them (`gguf.TensorNameMap`): GGUF's modules that differ from the Llama table.
+_GEMMA_LAYER = (("attn_norm", "input_layernorm"), ("post_attention_norm", "post_attention_layernorm"),
+                ("ffn_norm", "pre_feedforward_layernorm"), ("post_ffw_norm", "post_feedforward_layernorm"))
+FAMILY_LAYERS = {
+    "phi3": (("attn_qkv", "self_attn.qkv_proj"), ("ffn_up", "mlp.gate_up_proj")),
+    "gemma2": _GEMMA_LAYER, "gemma3": _GEMMA_LAYER,
+}
+# llama.cpp stores Gemma's RMS norm weights plus one (Gemma multiplies by 1 + w); transformers subtracts it in float32.
+NORM_SHIFT = {"gemma2": 1.0, "gemma3": 1.0}
 # Stacked experts: GGUF projection -> HF per-expert name, per model_type (what transformers saves, `gguf_preset` reads).
 _QWEN_EXPERTS = {"ffn_gate_exps": "mlp.experts.{e}.gate_proj.weight", "ffn_up_exps": "mlp.experts.{e}.up_proj.weight",
                  "ffn_down_exps": "mlp.experts.{e}.down_proj.weight"}
@@ -93,8 +104,9 @@ def model_type(values: dict[str, Any], names: Any) -> str:
     return hf
 
 
-def hf_name(gguf: str, family: str) -> str | None:
-    """The HF name of a (not stacked) GGUF tensor name in `family` (an HF model_type), or None when unknown."""
+def hf_name(gguf: str, family: str, arch: str = "") -> str | None:
+    """The HF name of a (not stacked) GGUF tensor name in `family` (an HF model_type) of GGUF architecture `arch`, or
+    None when unknown."""
     module, _, suffix = gguf.rpartition(".")
     if suffix not in _SUFFIXES:
         return None
@@ -105,6 +117,9 @@ def hf_name(gguf: str, family: str) -> str | None:
     if len(parts) != 3 or parts[0] != "blk" or not parts[1].isdecimal():
         return None
     layer, what = parts[1], parts[2]
+    for dst, src in FAMILY_LAYERS.get(arch, ()):
+        if what == dst:
+            return f"model.layers.{layer}.{src}.{suffix}"
     if what == "ffn_gate_inp" and family in _ROUTER:
         return f"model.layers.{layer}.{_ROUTER[family]}.{suffix}"
     for src, dst in _LAYER:
@@ -182,11 +197,16 @@ def gguf_to_hf_plan(source: Any, dtype: str | None = None) -> tuple[Mapper, dict
             for e, out in enumerate(outs):
                 planned[out] = HfTensor(out, out_dtype, shape[1:], name, kind, how, expert=e)
             continue
-        out = hf_name(name, family)
+        out = hf_name(name, family, arch)
         if out is None:
             continue  # the claim at the end names it
         heads = _heads(values, arch, name) if permute else 0
         target = _hf_shape(out, shape)
+        shift = NORM_SHIFT.get(arch, 0.0) if name.endswith("norm.weight") else 0.0
+        if shift:
+            stage1.append(from_gguf_function(name, (out,), kind, shape, out_dtype, shift=shift))
+            planned[out] = HfTensor(out, out_dtype, shape, name, kind, f"{_DEQUANTIZED if kind not in PLAIN else 'cast'}, minus {shift:g}")
+            continue
         if kind in PLAIN and (out_dtype == kind or (len(shape) == 1 and heads)):
             # bytes kept (renamed, reshaped, rows permuted as slices), then cast if asked (a permuted bias)
             if heads:
@@ -216,7 +236,7 @@ def gguf_to_hf_plan(source: Any, dtype: str | None = None) -> tuple[Mapper, dict
 def dequantized_outputs(source: Any, dtype: str | None = None) -> dict[str, str]:
     """HF name -> 'dequantized Q4_K -> F32' / 'copied F16' / 'cast F16 -> F32': what the conversion does to each."""
     _, planned = gguf_to_hf_plan(source, dtype)
-    return {name: (f"{t.how} {t.gguf_type} -> {t.dtype}" if t.how != "copied" else f"copied {t.gguf_type}")
+    return {name: (f"{t.how}: {t.gguf_type} -> {t.dtype}" if t.how != "copied" else f"copied {t.gguf_type}")
             for name, t in planned.items()}
 
 

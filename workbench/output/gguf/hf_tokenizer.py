@@ -1,4 +1,5 @@
-"""tokenizer.json and tokenizer_config.json from a GGUF file's vocabulary, as transformers builds them.
+"""tokenizer.json and tokenizer_config.json from a GGUF file's vocabulary, as transformers builds them (and its
+config.json for the file, used for families the workbench has no config table for).
 
 transformers converts a GGUF vocabulary (`tokenizer.ggml.*`: SentencePiece-style `llama` or byte-level `gpt2`, its
 merges, token types and special ids) into a fast tokenizer when it opens `from_pretrained(..., gguf_file=...)`. The
@@ -24,11 +25,16 @@ _LOAD_KEYS = ("is_local", "local_files_only", "name_or_path")
 TIMEOUT = 600
 MAX_TEXT = 256 << 20  # a tokenizer.json larger than this is not read back
 _CHILD = """
-import sys
-from transformers import AutoTokenizer
+import os, sys
+from transformers import AutoConfig, AutoTokenizer
 folder, name, out = sys.argv[1:4]
 AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out)
+try:
+    AutoConfig.from_pretrained(folder, gguf_file=name).save_pretrained(os.path.join(out, "transformers"))
+except Exception:
+    pass
 """
+TRANSFORMERS_CONFIG = "transformers/config.json"  # transformers' own config of the GGUF file, when it has one
 _cache: dict[tuple[str, int, int], tuple[dict[str, str], str]] = {}
 
 
@@ -50,7 +56,7 @@ def tokenizer_files(path: str | os.PathLike) -> tuple[dict[str, str], str]:
             result: tuple[dict[str, str], str] = ({}, f"transformers could not build them from the GGUF vocabulary ({last[:300]})")
         else:
             files = {}
-            for name in FILES:
+            for name in (*FILES, TRANSFORMERS_CONFIG):
                 target = Path(out) / name
                 if target.is_file() and target.stat().st_size <= MAX_TEXT:
                     files[name] = target.read_text(encoding="utf-8")
@@ -58,10 +64,13 @@ def tokenizer_files(path: str | os.PathLike) -> tuple[dict[str, str], str]:
                 config = json.loads(files["tokenizer_config.json"])
                 for drop in _LOAD_KEYS:
                     config.pop(drop, None)
+                # the generic fast tokenizer: tokenizer.json as built. A model's class (GemmaTokenizer) rebuilds its own
+                # pipeline when loaded and then tokenises otherwise than the GGUF file (Gemma 3 with a byte-level BPE)
+                config["tokenizer_class"] = "PreTrainedTokenizerFast"
                 files["tokenizer_config.json"] = json.dumps(config, indent=2, ensure_ascii=False) + "\n"
             result = (files, "")
     _cache[key] = result
     return result
 
 
-__all__ = ["FILES", "tokenizer_files"]
+__all__ = ["FILES", "TRANSFORMERS_CONFIG", "tokenizer_files"]
