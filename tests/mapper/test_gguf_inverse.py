@@ -44,7 +44,7 @@ def test_every_type_dequantised_by_row_chunks_equals_gguf_py(kquant: Path, tmp_p
     mapper, planned = gguf_to_hf_plan(kquant, "F32")
     plan = wb.plan(kquant, mapper, extras=False, chunk_size="64KB")
     kinds = dict(zip(plan.groups["label"], plan.groups["kind"], strict=False))
-    assert plan.ok and kinds["from_gguf"] == "rows" and "(no torch)" in str(plan)
+    assert plan.ok and kinds["dequantize_gguf"] == "rows" and "(no torch)" in str(plan)
     assert {t.gguf_type for t in planned.values() if t.how == "dequantized"} >= {"Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q5_K", "Q2_K", "Q3_K"}
     wb.convert(kquant, tmp_path / "hf", mapper, extras=False, chunk_size="64KB", quiet=True)
     out = load_file(tmp_path / "hf" / "model.safetensors")
@@ -142,7 +142,7 @@ def test_config_and_generation_config_from_metadata(tmp_path: Path) -> None:
     assert ours.encode(text).ids == theirs.encode(text).ids
 
 
-def test_suggest_and_diff_through_the_name_mapping() -> None:
+def test_suggest_and_diff_through_the_name_mapping(capsys: pytest.CaptureFixture[str]) -> None:
     from gguf_support.reference import model_folder, reference_gguf
 
     path = reference_gguf("mistral", "q8_0")
@@ -155,6 +155,11 @@ def test_suggest_and_diff_through_the_name_mapping() -> None:
     assert 0 < row["max_abs_diff"] < 0.05  # Q8_0's error, with the permutation undone (else ~1)
     assert set(frame["status"]) == {"dtype changed"}
     assert frame.loc["model.norm.weight", "max_abs_diff"] == 0
+    from workbench.cli.commands import main as cli_main
+
+    assert cli_main(["diff", str(path), str(model_folder("mistral")), "--format", "json"]) == 1  # 1: they differ
+    shown = json.loads(capsys.readouterr().out)
+    assert any(r["name"] == "model.layers.0.self_attn.q_proj.weight" and r["gguf_type"] == "Q8_0" for r in shown["differences"])
 
 
 def test_unknown_architecture_is_refused(tmp_path: Path) -> None:

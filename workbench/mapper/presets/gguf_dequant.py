@@ -23,8 +23,8 @@ from ...errors import MapperError
 from ..function import Function
 from ..row_jobs import Converter
 
-FROM_GGUF_FN = "workbench.mapper.presets.gguf_dequant:from_gguf"
-INFER_FN = "workbench.mapper.presets.gguf_dequant:infer_from_gguf"
+DEQUANTIZE_GGUF_FN = "workbench.mapper.presets.gguf_dequant:dequantize_gguf"
+INFER_FN = "workbench.mapper.presets.gguf_dequant:infer_dequantize_gguf"
 OUTPUT_DTYPES = ("F32", "F16", "BF16")
 PLAIN = ("F32", "F16", "BF16")  # GGUF types whose stored elements are a safetensors dtype
 # Peak bytes `gguf.quants.dequantize` allocates per float32 value it returns (its result included), by type: measured
@@ -53,7 +53,7 @@ def stored_row_bytes(kind: str, cols: int) -> int:
     return cols // block * size
 
 
-def from_gguf_function(name: str, outputs: tuple[str, ...], kind: str, shape: tuple[int, ...], dtype: str, heads: int = 0,
+def dequantize_gguf_function(name: str, outputs: tuple[str, ...], kind: str, shape: tuple[int, ...], dtype: str, heads: int = 0,
                        shift: float = 0.0) -> Function:
     """The op making HF tensor(s) `outputs` (several: one per expert of a stacked tensor) of `dtype` from GGUF tensor
     `name` of type `kind` and logical `shape`, undoing llama.cpp's q/k row permutation over `heads` when > 0 and
@@ -63,7 +63,7 @@ def from_gguf_function(name: str, outputs: tuple[str, ...], kind: str, shape: tu
         params += (("shift", float(shift)),)
     if len(outputs) > 1:
         params += (("experts", len(outputs)),)
-    return Function(FROM_GGUF_FN, (name,), outputs, infer=INFER_FN, params=params)
+    return Function(DEQUANTIZE_GGUF_FN, (name,), outputs, infer=INFER_FN, params=params)
 
 
 def _split(shape: tuple[int, ...], experts: int) -> tuple[tuple[int, ...], int, int]:
@@ -74,9 +74,9 @@ def _split(shape: tuple[int, ...], experts: int) -> tuple[tuple[int, ...], int, 
     return one, (math.prod(one[:-1]) if one else 1), cols
 
 
-def infer_from_gguf(info: TensorInfo, *, kind: str, shape: tuple[int, ...], dtype: str, heads: int = 0,
+def infer_dequantize_gguf(info: TensorInfo, *, kind: str, shape: tuple[int, ...], dtype: str, heads: int = 0,
                     experts: int = 1, shift: float = 0.0) -> list[tuple[str, tuple[int, ...]]]:
-    """Output metadata of `from_gguf`: (dtype, shape) per output; MapperError naming the tensor when it cannot be made."""
+    """Output metadata of `dequantize_gguf`: (dtype, shape) per output; MapperError naming the tensor when it cannot be made."""
     shape = tuple(shape)
     if dtype not in OUTPUT_DTYPES:
         raise MapperError(f"Cannot de-quantise {info.name!r} to {dtype!r}: choose one of {', '.join(OUTPUT_DTYPES)}.", tensor=info.name)
@@ -222,8 +222,8 @@ class DequantJob:
 
 
 def offer_rows(op: Function, group: Any, ahead: tuple[Any, ...] = ()) -> DequantJob | None:
-    """The row-wise de-quantisation `group` is (`op`: its `from_gguf` Function alone), or None."""
-    if ahead or not isinstance(op, Function) or op.fn != FROM_GGUF_FN or len(group.inputs) != 1:
+    """The row-wise de-quantisation `group` is (`op`: its `dequantize_gguf` Function alone), or None."""
+    if ahead or not isinstance(op, Function) or op.fn != DEQUANTIZE_GGUF_FN or len(group.inputs) != 1:
         return None
     params = dict(op.params)
     source = group.inputs[0]
@@ -239,9 +239,9 @@ def offer_rows(op: Function, group: Any, ahead: tuple[Any, ...] = ()) -> Dequant
     return DequantJob(inputs, outputs, params["kind"], params["dtype"], int(params.get("heads", 0)), float(params.get("shift", 0.0)))
 
 
-def from_gguf(tensor: Any, *, kind: str, shape: tuple[int, ...], dtype: str, heads: int = 0, experts: int = 1,
+def dequantize_gguf(tensor: Any, *, kind: str, shape: tuple[int, ...], dtype: str, heads: int = 0, experts: int = 1,
               shift: float = 0.0) -> Any:
-    """`from_gguf` on a whole torch tensor (verification, or a group with other ops): the engine's numpy conversion
+    """`dequantize_gguf` on a whole torch tensor (verification, or a group with other ops): the engine's numpy conversion
     over the whole tensor. Returns one torch tensor, or a list of one per expert of a stacked tensor (`experts` > 1)."""
     import numpy as np
     import torch
@@ -259,8 +259,8 @@ def from_gguf(tensor: Any, *, kind: str, shape: tuple[int, ...], dtype: str, hea
     return outs if experts > 1 else outs[0]
 
 
-from_gguf.rows = offer_rows  # type: ignore[attr-defined]  # the row job `Function.rows` finds (mapper.row_jobs)
+dequantize_gguf.rows = offer_rows  # type: ignore[attr-defined]  # the row job `Function.rows` finds (mapper.row_jobs)
 
 
-__all__ = ["DequantJob", "FROM_GGUF_FN", "OUTPUT_DTYPES", "block_of", "dequantized_rows", "from_gguf", "from_gguf_function",
-           "infer_from_gguf", "offer_rows", "stored_row_bytes"]
+__all__ = ["DequantJob", "DEQUANTIZE_GGUF_FN", "OUTPUT_DTYPES", "block_of", "dequantized_rows", "dequantize_gguf", "dequantize_gguf_function",
+           "infer_dequantize_gguf", "offer_rows", "stored_row_bytes"]

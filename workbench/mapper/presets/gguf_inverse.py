@@ -6,7 +6,7 @@ undone per head; each layer's stacked experts (`ffn_{gate,up,down}_exps`) become
 names transformers saves (`block_sparse_moe.experts.E.w1` for Mixtral, `mlp.experts.E.gate_proj` for the Qwen MoEs
 and OLMoE), which is also what `gguf_preset` reads, so HF -> GGUF -> HF gives back the same names. A tensor kept in its
 GGUF type is a byte copy (renamed, unstacked, or permuted as row slices); every other one is one
-`gguf_dequant.from_gguf` op, which the engine runs a row chunk at a time: de-quantised by the `gguf` package
+`gguf_dequant.dequantize_gguf` op, which the engine runs a row chunk at a time: de-quantised by the `gguf` package
 (any type it can de-quantise), un-permuted, rounded once to the output dtype.
 """
 
@@ -21,7 +21,7 @@ from ..base import Mapper
 from ..claim import Claim
 from ..compose import Parallel, Sequential
 from ..ops import Cast, Drop, Rename, Reshape, Transpose, Unstack
-from .gguf_dequant import OUTPUT_DTYPES, PLAIN, from_gguf_function
+from .gguf_dequant import OUTPUT_DTYPES, PLAIN, dequantize_gguf_function
 from .gguf_preset import _LAYER, _SUFFIXES, _TOP
 
 # GGUF architecture -> (HF model_type, q/k rows permuted by llama.cpp); `llama` is refined by the file (mistral, mixtral).
@@ -192,7 +192,7 @@ def gguf_to_hf_plan(source: Any, dtype: str | None = None) -> tuple[Mapper, dict
                 stage1.append(Unstack(name, outs))
                 how = "copied"
             else:  # de-quantised or cast, by rows
-                stage1.append(from_gguf_function(name, outs, kind, shape, out_dtype))
+                stage1.append(dequantize_gguf_function(name, outs, kind, shape, out_dtype))
                 how = _DEQUANTIZED if kind not in PLAIN else "cast"
             for e, out in enumerate(outs):
                 planned[out] = HfTensor(out, out_dtype, shape[1:], name, kind, how, expert=e)
@@ -204,7 +204,7 @@ def gguf_to_hf_plan(source: Any, dtype: str | None = None) -> tuple[Mapper, dict
         target = _hf_shape(out, shape)
         shift = NORM_SHIFT.get(arch, 0.0) if name.endswith("norm.weight") else 0.0
         if shift:
-            stage1.append(from_gguf_function(name, (out,), kind, shape, out_dtype, shift=shift))
+            stage1.append(dequantize_gguf_function(name, (out,), kind, shape, out_dtype, shift=shift))
             planned[out] = HfTensor(out, out_dtype, shape, name, kind, f"{_DEQUANTIZED if kind not in PLAIN else 'cast'}, minus {shift:g}")
             continue
         if kind in PLAIN and (out_dtype == kind or (len(shape) == 1 and heads)):
@@ -223,7 +223,7 @@ def gguf_to_hf_plan(source: Any, dtype: str | None = None) -> tuple[Mapper, dict
                 stage4.append(Cast(out, out_dtype))
                 how = "cast"
         else:
-            stage1.append(from_gguf_function(name, (out,), kind, shape, out_dtype, heads))
+            stage1.append(dequantize_gguf_function(name, (out,), kind, shape, out_dtype, heads))
             if target != shape:
                 stage2.append(Reshape(out, list(target)))
             how = _DEQUANTIZED if kind not in PLAIN else "cast"
