@@ -111,7 +111,8 @@ def test_experts_unstacked_equal_gguf_py(tmp_path: Path) -> None:
     for family in ("mixtral", "qwen3_moe"):
         path = reference_gguf(family, "q8_0")
         mapper, planned = gguf_to_hf_plan(path, "F32")
-        wb.convert(path, tmp_path / family, mapper, extras=False, quiet=True)
+        report = wb.convert(path, tmp_path / family, mapper, extras=False, quiet=True, verify=True)
+        assert report.verified  # each expert converted again by rows from its byte range and compared
         out = load_file(tmp_path / family / "model.safetensors")
         expected = _expected(path, planned)
         assert any(t.expert == 3 for t in planned.values())
