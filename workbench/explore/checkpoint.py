@@ -359,12 +359,18 @@ class Checkpoint:
         dtypes and shapes, and with `values=True` the max absolute difference (data compared chunk-wise).
 
         With `mapper`, this checkpoint is first seen through it (outputs computed group by group on demand),
-        so a converted checkpoint can be compared with its source up to the layout change. `on_read(nbytes)` is
+        so a converted checkpoint can be compared with its source up to the layout change. A GGUF file compared with
+        a checkpoint of another format is seen through `M.presets.gguf_to_hf` (HF names, de-quantised to F32 where
+        quantised), with columns saying which GGUF tensor and type each row comes from. `on_read(nbytes)` is
         called after each chunk read for the value comparison (raise from it to stop)."""
         from .diff import diff_catalogs
 
         theirs = open_checkpoint(other).catalog
         mine = self.catalog
+        if mapper is None and (mine.format == "gguf") != (theirs.format == "gguf"):
+            from .gguf_diff import diff_gguf
+
+            return diff_gguf(mine, theirs, values=values, include_same=include_same, chunk_elements=chunk_elements, on_read=on_read)
         if mapper is not None:
             from .mapped import mapped_catalog
 

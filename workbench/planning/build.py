@@ -22,6 +22,8 @@ from ..output import OutputFormat, output_format
 from ..output.destination import local_destination, remote_url
 from .destination import check_destination, check_remote, spool_problems
 from .extras import (
+    GENERATED,
+    Extra,
     layout_change,
     scan_extras,
     with_config_dtype,
@@ -95,6 +97,49 @@ def _meta_hf_config(catalog: Catalog, binding: Binding) -> tuple[dict | None, li
         return None, [Problem("warning", f"No config.json is written with this output: {exc}", kind="preset")]
     config["tie_word_embeddings"] = "lm_head.weight" not in outputs
     return config, []
+
+
+def _gguf_hf_files(catalog: Catalog, binding: Binding, dtype: str | None) -> tuple[list[Extra], list[Problem]]:
+    """config.json, generation_config.json and the tokenizer files for a GGUF file converted to HF names
+    (`gguf_to_hf`): built from its key/values and vocabulary. None unless the output holds the HF embeddings."""
+    import json
+
+    from ..mapper.presets.gguf_config import CLASSES, DTYPE_NAMES, generation_config, hf_config
+    from ..mapper.presets.gguf_inverse import gguf_values, model_type
+    from ..output.gguf.hf_tokenizer import TRANSFORMERS_CONFIG, tokenizer_files
+
+    outputs = {t.name: t for group in binding.groups for t in group.outputs}
+    embed = outputs.get("model.embed_tokens.weight")
+    if embed is None:
+        return [], []
+    path = catalog.root if catalog.root.is_file() else catalog.root / next(iter(catalog.files))
+    tokenizer, missing = tokenizer_files(path)
+    tokenizer = dict(tokenizer)  # the cached answer stays whole
+    code = dtype if dtype in ("F32", "F16", "BF16") else embed.dtype
+    why = "from the GGUF metadata"
+    try:
+        values = gguf_values(catalog)
+        family = model_type(values, catalog.tensors)
+        if family in CLASSES:
+            config = hf_config(values, family, {n: tuple(t.shape) for n, t in outputs.items()}, code)
+        elif TRANSFORMERS_CONFIG in tokenizer:
+            config = {**json.loads(tokenizer[TRANSFORMERS_CONFIG]), "dtype": DTYPE_NAMES[code]}
+            why = "transformers' config of the GGUF file"
+        else:
+            raise WorkbenchError(f"the workbench has no config table for {family} and transformers gave none ({missing})")
+    except WorkbenchError as exc:
+        return [], [Problem("warning", f"No config.json is written with this output: {exc}", kind="preset")]
+    tokenizer.pop(TRANSFORMERS_CONFIG, None)
+    texts = {"config.json": json.dumps(config, indent=2, ensure_ascii=False) + "\n"}
+    generation = generation_config(values)
+    if generation is not None:
+        texts["generation_config.json"] = json.dumps(generation, indent=2) + "\n"
+    problems = [] if not missing else [Problem("warning", f"No tokenizer files are written with this output: {missing}.",
+                                               kind="preset")]
+    extras = [Extra(name, GENERATED, len(text.encode("utf-8")), why, text) for name, text in texts.items()]
+    extras += [Extra(name, GENERATED, len(text.encode("utf-8")), "from the GGUF vocabulary, as transformers builds it", text)
+               for name, text in tokenizer.items()]
+    return extras, problems
 
 
 def _metadata_problems(header_metadata: HeaderMetadata, options: PlanOptions, output: OutputFormat) -> list[Problem]:
@@ -280,6 +325,10 @@ def _build_plan(
         meta_config, meta_problems = _meta_hf_config(catalog, binding)
         problems += meta_problems
         extra_files = with_generated_config(extra_files, meta_config, dtype, "from params.json")
+    if options.extras and output.copies_extras and catalog.format == "gguf":
+        gguf_files, gguf_problems = _gguf_hf_files(catalog, binding, dtype)
+        problems += gguf_problems
+        extra_files = [*gguf_files, *(e for e in extra_files if e.path not in {g.path for g in gguf_files})]
     edits, whys, conflicts = config_updates(mapper)
     problems += [Problem("error", why, kind="clash") for why in conflicts]
     if edits and output.copies_extras:

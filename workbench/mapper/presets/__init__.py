@@ -28,6 +28,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     )},
     "dequantize_fp8": ("quantized", "dequantize_fp8"), "dequantize_mxfp4": ("quantized", "dequantize_mxfp4"),
     "quantize_fp8": ("quantized", "quantize_fp8"), "decompress": ("packed_preset", "decompress"), "from_transformers": ("transformers_layout", "from_transformers"),
+    "gguf_to_hf": ("gguf_inverse", "gguf_to_hf"),
     "megatron_merge": ("megatron", "megatron_merge"), "megatron_to_hf": ("megatron", "megatron_to_hf"),
     "megatron_hf_config": ("megatron", "hf_config"), "meta_mp_merge": ("output_presets", "meta_mp_merge"),
 }
@@ -56,6 +57,7 @@ PRESETS: dict[str, str] = {
     "dequantize_fp8": "FP8 block-scaled weights → bf16 (scales from quantization_config)",
     "dequantize_mxfp4": "MXFP4 experts (gpt-oss) → bf16, transformers layout",
     "decompress": "compressed-tensors / GPTQ / AWQ packed weights → bf16 (format from quantization_config)",
+    "gguf_to_hf": "llama.cpp GGUF → HF safetensors (de-quantised, q/k un-permuted, config and tokenizer from metadata)",
     "quantize_fp8": "linear weights → FP8 with 128×128 block scales (+ quantization_config)",
     "lora_merge": "merge the PEFT adapter of source 'adapter'",
     "average": "average every source (uniform)",

@@ -89,6 +89,9 @@ def suggest_rows(names: Iterable[str], config: Any = None, *, registry: bool = T
                                               f"{len(names)} tensors change (experts stacked, fused or renamed); this gives its "
                                               "in-memory layout (.inverse(source): the save direction)"))
     rows = _chain_dequantising(rows, names)
+    if "token_embd.weight" in names and any(n.startswith("blk.") for n in names):
+        rows.append(("gguf_to_hf", "llama.cpp GGUF tensors (token_embd, blk.N.*): HF names and layout, quantised types "
+                                   "de-quantised, config.json and tokenizer files from the GGUF metadata"))
     has = set(n.split(".", 3)[-1] if n.startswith("model.layers.") else n for n in names)
     if {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"} <= has and data.get("num_attention_heads"):
         if {"mlp.gate_proj.weight", "mlp.up_proj.weight"} <= has:
