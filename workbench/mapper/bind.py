@@ -281,7 +281,16 @@ class Binder:
     def _expand_glob(self, leaf: Op, state: State, path: Path, effect: Effect) -> None:
         """A leaf whose input is a glob: one instance per name it matches among those present now (`patterns`)."""
         nodes = state.nodes
-        found = glob_instances(leaf, {name: node.meta for name, node in nodes.items()})
+        metas = {name: node.meta for name, node in nodes.items()}
+        expand = getattr(leaf, "bind_instances", None)  # an op that expands itself (a whole-checkpoint merge)
+        if expand is not None:
+            found, problems = expand(metas)
+            for message, tensor, kind in problems:
+                self.problem(message, leaf, tensor, kind=kind)
+            for op in found:
+                self.instance(op, state, path, effect, reported=False)
+            return
+        found = glob_instances(leaf, metas)
         if not found:
             if leaf.inputs[0] not in self._failed_templates:
                 self.problem(no_match_message(leaf, len(nodes)), leaf, leaf.inputs[0], kind="missing")
