@@ -488,7 +488,7 @@ class Binder:
             self._report_missing(op, state, present, reported)
             present = [(name, node) for name, node in present if node is not None]
         else:
-            key = (path, metas)
+            key = (path, type(op), metas)  # a self-expanding leaf's instances are of several kinds (Merge, Drop)
             outputs = self._infer_cache.get(key)  # type: ignore[arg-type]
             if outputs is None:
                 try:

@@ -1,0 +1,127 @@
+"""`wb.merge_config`: a mergekit merge config (YAML file or mapping) -> the multi-source checkpoint and its mapper.
+
+    ck, mapper = wb.merge_config("merge.yml")
+    wb.plan(ck, mapper).problems          # the dry-run: memory, files, and every key the workbench refuses
+    wb.convert(ck, "merged/", mapper)
+
+Model references are local folders or files (relative ones resolve against the config file's folder, or `root`),
+`hf://`, `https://` and `s3://` URLs, or Hub ids `org/name` (read as `hf://org/name`, as mergekit reads them). Each
+model becomes one source of the checkpoint, named after its folder (`base`, `ft1`, ...; made unique); the base
+model (else the first model) is the primary source, whose config.json and tokenizer files the output gets.
+`model+lora` references (mergekit's LoRA shorthand) are refused: open the adapter as a source and use
+`M.presets.lora_merge` first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from .errors import MapperError
+
+URL = re.compile(r"^[a-z0-9+.-]+://", re.IGNORECASE)
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class MergeSetup(NamedTuple):
+    """What `merge_config` returns: the multi-source checkpoint and the mapper (unpacks as `ck, mapper`)."""
+
+    checkpoint: Any
+    mapper: Any
+
+
+def read_config(path_or_dict: Any) -> tuple[dict, Path]:
+    """(the config as a dict, the folder relative model paths resolve against)."""
+    if isinstance(path_or_dict, Mapping):
+        return json.loads(json.dumps(dict(path_or_dict))), Path.cwd()
+    path = Path(os.fspath(path_or_dict))
+    try:
+        import yaml
+    except ImportError:  # pragma: no cover - pyyaml is a dependency
+        raise MapperError("Cannot read a merge config: PyYAML is not installed. Fix: pip install pyyaml.") from None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise MapperError(f"Cannot read merge config {path}: {exc.strerror or exc}. Check the path.") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise MapperError(f"Cannot read merge config {path}: not valid YAML ({str(exc).splitlines()[0]}). Fix the file.") from None
+    if not isinstance(data, dict):
+        raise MapperError(f"Cannot read merge config {path}: expected a mapping of keys such as merge_method and models.")
+    return data, path.resolve().parent
+
+
+def resolve_reference(ref: str, root: Path) -> str:
+    """Where a model reference points: a URL as is, a local path (relative to `root`), else a Hub id as hf://."""
+    if "+" in ref and not URL.match(ref):
+        raise MapperError(f"Cannot merge model {ref!r}: mergekit's 'model+lora' shorthand is not supported. Open the adapter "
+                          "as its own source and merge it with M.presets.lora_merge first.")
+    if URL.match(ref):
+        return ref
+    local = Path(ref).expanduser()
+    local = local if local.is_absolute() else root / local
+    if local.exists() or not HUB_ID.match(ref):
+        return str(local)
+    return f"hf://{ref}"
+
+
+def source_names(refs: list[str]) -> dict[str, str]:
+    """model reference -> a unique source name (its last path segment, made unique with -2, -3, ...)."""
+    out: dict[str, str] = {}
+    taken: set[str] = set()
+    for ref in refs:
+        stem = re.sub(r"[^\w.-]", "_", ref.rstrip("/").rpartition("/")[2].removesuffix(".safetensors")) or "model"
+        name, n = stem, 1
+        while name in taken:
+            n += 1
+            name = f"{stem}-{n}"
+        taken.add(name)
+        out[ref] = name
+    return out
+
+
+def _vocabulary(path: str) -> dict | None:
+    """token -> id of a local model folder's tokenizer.json (model vocabulary and added tokens); None when absent."""
+    file = Path(path) / "tokenizer.json"
+    if not file.is_file():
+        return None
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+        vocab = dict(data.get("model", {}).get("vocab") or {})
+        vocab.update({t["content"]: t["id"] for t in data.get("added_tokens") or []})
+        return vocab
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def same_vocabulary(paths: list[str]) -> bool:
+    """True when every model has the same tokenizer vocabulary (token -> id) and it can be read; False otherwise."""
+    vocabularies = [_vocabulary(p) for p in paths]
+    return all(v is not None and v == vocabularies[0] for v in vocabularies)
+
+
+def merge_config(path_or_dict: Any, *, root: str | os.PathLike | None = None, seed: int | None = None) -> MergeSetup:
+    """Read a mergekit merge config (a YAML file or a mapping) and return `(checkpoint, mapper)`: the models opened as
+    one multi-source checkpoint and the mapper that merges them as mergekit would (see workbench.mapper.presets.mergekit
+    for the keys; unsupported ones are plan problems naming the key). `root`: the folder relative model paths resolve
+    against (default: the config file's folder; the working folder for a mapping). `seed`: the random methods' seed
+    (mergekit's `--random-seed`)."""
+    from .explore.checkpoint import open_checkpoint
+    from .mapper.presets.mergekit import config_mapper, model_references, tokenizer_source
+
+    config, folder = read_config(path_or_dict)
+    base = Path(root) if root is not None else folder
+    refs = model_references(config)
+    if not refs:
+        raise MapperError("Cannot read merge config: it names no model. Give models: or slices: with model paths.")
+    names = source_names(refs)
+    paths = {ref: resolve_reference(ref, base) for ref in refs}
+    source, _ = tokenizer_source(config)
+    same = True if source is None else same_vocabulary([paths[r] for r in refs])
+    checkpoint = open_checkpoint({names[ref]: paths[ref] for ref in refs})
+    return MergeSetup(checkpoint, config_mapper(config, names, same_vocabulary=same, seed=seed))
