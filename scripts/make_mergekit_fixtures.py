@@ -128,7 +128,20 @@ def _write_model(folder: Path, weights: dict, dtype: str, words: list[str]) -> N
 
 
 INPUT_MODELS = [f"{s}/{m}" for s in ("fp32", "bf16") for m in ("base", "ft1", "ft2", "ft3")] + \
-    ["tok/base", "tok/ft1", "tok/ft3"]
+    ["tok/base", "tok/ft1", "tok/ft3", "llama/base", "llama/ft1", "llama/ft2"]
+SAMPLE = REPO / "sample_checkpoints" / "tiny-llama"  # notebook 07 merges two fine-tunes of it
+
+
+def sample_fine_tune(seed: int) -> dict:
+    """A "fine-tune" of the bundled tiny Llama, as notebook 07 makes it: every tensor + 0.02 * normal noise drawn
+    from one torch generator seeded `seed`, tensors in name order (fp32, like the sample)."""
+    import torch
+    from safetensors.torch import load_file
+
+    base = {k: v for f in sorted(SAMPLE.glob("*.safetensors")) for k, v in load_file(f).items()}
+    gen = torch.Generator().manual_seed(seed)
+    return {name: base[name] + 0.02 * torch.randn(base[name].shape, generator=gen, dtype=base[name].dtype)
+            for name in sorted(base)}
 
 
 def build_inputs(folder: Path) -> Path:
@@ -146,6 +159,13 @@ def build_inputs(folder: Path) -> Path:
     wide = _weights(1003, vocab + len(EXTRA), base)
     words = WORDS[:50] + list(reversed(WORDS[50:])) + EXTRA  # same strings, other ids for the last ten
     _write_model(folder / "tok" / "ft3", wide, "float32", words)
+    from safetensors.torch import save_file
+
+    shutil.copytree(SAMPLE, folder / "llama" / "base", dirs_exist_ok=True)
+    for i in (1, 2):
+        (folder / "llama" / f"ft{i}").mkdir(parents=True, exist_ok=True)
+        shutil.copy(SAMPLE / "config.json", folder / "llama" / f"ft{i}" / "config.json")
+        save_file(sample_fine_tune(i), str(folder / "llama" / f"ft{i}" / "model.safetensors"), metadata={"format": "pt"})
     return folder
 
 
@@ -170,10 +190,11 @@ def input_digests(folder: Path) -> dict[str, dict[str, str]]:
     """model name -> {tensor name -> sha256 of dtype|shape|bytes} (the committed check that inputs did not change)."""
     out = {}
     for model in INPUT_MODELS:
-        tensors = tensor_digests(folder / model / "model.safetensors")
+        tensors = tensor_digests(folder / model)
         digest = hashlib.sha256()
         for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-            digest.update((folder / model / name).read_bytes())
+            if (folder / model / name).is_file():
+                digest.update((folder / model / name).read_bytes())
         out[model] = {"files": digest.hexdigest(),
                       **{n: hashlib.sha256(f"{e['dtype']}|{e['shape']}|{e['sha256']}".encode()).hexdigest()
                          for n, e in tensors.items()}}
@@ -249,6 +270,13 @@ def cases() -> dict[str, dict]:
                                      "tokenizer_source": "union", "dtype": "float32"}
     out["task_arithmetic-tokenizer-union"] = {"merge_method": "task_arithmetic", "models": tok, "base_model": "tok/base",
                                               "tokenizer_source": "union", "dtype": "float32"}
+    # notebook 07: two fine-tunes of the bundled tiny Llama, by SLERP with a gradient and by TIES
+    llama = _models("llama", ["ft1", "ft2"], [None, None])
+    out["notebook-slerp"] = {"merge_method": "slerp", "base_model": "llama/ft1", "models": llama,
+                             "parameters": {"t": [0, 0.5, 1]}}
+    out["notebook-ties"] = {"merge_method": "ties", "base_model": "llama/base", "dtype": "float32",
+                            "models": _models("llama", ["ft1", "ft2"], [{"weight": 0.6, "density": 0.5},
+                                                                        {"weight": 0.4, "density": 0.5}])}
     return out
 
 
