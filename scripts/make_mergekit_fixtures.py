@@ -50,7 +50,7 @@ FORMAT = (
     "random: true when the method draws random numbers, tensors: {output tensor name -> {dtype (safetensors code), "
     "shape, sha256 of the raw little-endian bytes}}, output_config: the output config.json's num_hidden_layers / "
     "vocab_size / dtype, logits: {input_ids, values (fp32 logits of the merged model loaded by transformers in fp32, "
-    "[len(input_ids)][vocab] as %.8g)}}; tools: versions; failed: case -> mergekit's error (not built)."
+    "one string per input position: the vocabulary's values as %.8g separated by spaces)}}; tools: versions; failed: case -> mergekit's error (not built)."
 )
 
 
@@ -186,6 +186,11 @@ def tensor_digests(path: Path) -> dict[str, dict]:
     return dict(sorted(out.items()))
 
 
+def logits_values(entry: dict) -> list[list[float]]:
+    """A case's recorded logits as numbers ([position][vocabulary])."""
+    return [[float(v) for v in row.split()] for row in entry["logits"]["values"]]
+
+
 def input_digests(folder: Path) -> dict[str, dict[str, str]]:
     """model name -> {tensor name -> sha256 of dtype|shape|bytes} (the committed check that inputs did not change)."""
     out = {}
@@ -293,7 +298,7 @@ for folder in sys.argv[2:]:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
         with torch.no_grad():
             logits = model(input_ids=ids).logits[0]
-        out[folder] = [[float("%.8g" % v) for v in row] for row in logits.tolist()]
+        out[folder] = [" ".join("%.8g" % v for v in row) for row in logits.tolist()]
     except Exception as exc:  # recorded, the case's logits check then skips
         out[folder] = f"{type(exc).__name__}: {exc}"
 print(json.dumps(out))
