@@ -128,7 +128,6 @@ def compare(method: str, ours: dict, theirs: dict) -> str:
         return f"names differ: only ours {sorted(set(ours) - set(theirs))[:3]}, only mergekit {sorted(set(theirs) - set(ours))[:3]}"
     bad = [n for n in theirs if ours[n].dtype != theirs[n].dtype or not torch.equal(ours[n], theirs[n])]
     if method in RANDOM:
-        kept = [float((ours[n] != 0).float().mean()) for n in theirs]
         diff = max(float((ours[n].float() - theirs[n].float()).abs().mean()) for n in theirs)
         return f"random: {len(bad)}/{len(theirs)} differ (expected), max mean |diff| {diff:.2e}"
     if bad:
