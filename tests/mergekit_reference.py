@@ -63,5 +63,6 @@ def differences(name: str, out: Path) -> list[str]:
 
 
 def deterministic_cases() -> list[str]:
-    """Cases whose method draws no random numbers and whose models share one vocabulary."""
-    return sorted(k for k, v in manifest()["cases"].items() if not v["random"] and "tokenizer" not in k)
+    """Cases whose method draws no random numbers and whose tokenizer setting the workbench carries out (not union
+    over different vocabularies, which it refuses)."""
+    return sorted(k for k, v in manifest()["cases"].items() if not v["random"] and "tokenizer-union" not in k)

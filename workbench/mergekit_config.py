@@ -86,17 +86,63 @@ def source_names(refs: list[str]) -> dict[str, str]:
 
 
 def _vocabulary(path: str) -> dict | None:
-    """token -> id of a local model folder's tokenizer.json (model vocabulary and added tokens); None when absent."""
+    """token -> id of a local model folder's tokenizer.json (the model's vocabulary, a Unigram list by position, and
+    the added tokens), as transformers' get_vocab() gives it; None when absent or unreadable."""
     file = Path(path) / "tokenizer.json"
     if not file.is_file():
         return None
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
-        vocab = dict(data.get("model", {}).get("vocab") or {})
-        vocab.update({t["content"]: t["id"] for t in data.get("added_tokens") or []})
+        raw = data.get("model", {}).get("vocab") or {}
+        vocab = {str(entry[0]): i for i, entry in enumerate(raw)} if isinstance(raw, list) else {str(k): int(v) for k, v in raw.items()}
+        vocab.update({str(t["content"]): int(t["id"]) for t in data.get("added_tokens") or []})
         return vocab
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, IndexError):
         return None
+
+
+def _vocab_size(path: str, fallback: int) -> int:
+    """config.json's vocab_size of a local model folder (the rows its embeddings have), else `fallback`."""
+    try:
+        value = json.loads((Path(path) / "config.json").read_text(encoding="utf-8")).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return fallback
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else fallback
+
+
+VOCAB_TENSOR = re.compile(r"(?:^|\.)(?:embed_tokens|lm_head|wte|word_embeddings|embed_out)\.weight$")
+
+
+def _alignment(config: dict, refs: list[str], names: dict[str, str], paths: dict[str, str], checkpoint: Any) -> Any:
+    """For `tokenizer_source: base` over models of different vocabularies: the step moving every model's embedding
+    and lm_head rows to the base model's vocabulary (mergekit's rule); None when it cannot be matched (the preset then
+    refuses the key): no base model, slices, a model without a readable tokenizer.json, a base vocabulary with gaps."""
+    from .mapper import Parallel
+    from .mapper.merge.vocabulary import AlignVocabulary, align_rows
+
+    base = config.get("base_model")
+    if base is None or not config.get("models") or config.get("slices"):
+        return None
+    models = [entry["model"] for entry in config["models"]]
+    models += [base] if base not in models else []
+    vocabularies = [_vocabulary(paths[m]) for m in models]
+    if any(v is None for v in vocabularies):
+        return None
+    sizes = [_vocab_size(paths[m], len(v)) for m, v in zip(models, vocabularies, strict=True)]
+    b = models.index(base)
+    out_vocab = {tok: i for tok, i in vocabularies[b].items() if i < sizes[b]}
+    if sorted(out_vocab.values()) != list(range(len(out_vocab))):
+        return None
+    tables = align_rows(out_vocab, vocabularies, sizes, b)
+    primary = names[refs[0]]
+    tensors = [n for n in checkpoint.catalog.sources[primary].tensors if VOCAB_TENSOR.search(n)]
+
+    def scoped(model: str, tensor: str) -> str:
+        return tensor if names[model] == primary else f"{names[model]}::{tensor}"
+
+    steps = [AlignVocabulary([scoped(m, t) for m in models], [scoped(m, t) for m in models], tables, dtype=config.get("dtype"))
+             for t in sorted(tensors)]
+    return steps[0] if len(steps) == 1 else Parallel(*steps) if steps else None
 
 
 def same_vocabulary(paths: list[str]) -> bool:
@@ -124,4 +170,5 @@ def merge_config(path_or_dict: Any, *, root: str | os.PathLike | None = None, se
     source, _ = tokenizer_source(config)
     same = True if source is None else same_vocabulary([paths[r] for r in refs])
     checkpoint = open_checkpoint({names[ref]: paths[ref] for ref in refs})
-    return MergeSetup(checkpoint, config_mapper(config, names, same_vocabulary=same, seed=seed))
+    align = _alignment(config, refs, names, paths, checkpoint) if source == "base" and not same else None
+    return MergeSetup(checkpoint, config_mapper(config, names, same_vocabulary=same, seed=seed, align=align))

@@ -92,10 +92,35 @@ def test_unknown_parameters_and_model_keys_are_refused() -> None:
     assert any("'models[0].weights'" in m for m in messages)
 
 
-def test_tokenizer_source_with_different_vocabularies_is_refused() -> None:
+def test_tokenizer_union_over_different_vocabularies_is_refused() -> None:
     ck, mapper = wb.merge_config(config("task_arithmetic-tokenizer-union"), root=inputs_folder())
     problems = wb.plan(ck, mapper).problems
     assert any("'tokenizer_source'" in p.message and "vocabularies differ" in p.message for p in problems)
+
+
+def test_tokenizer_source_base_moves_rows_by_token_as_mergekit(tmp_path) -> None:
+    # tok/ft3 has ten tokens at other ids and two more tokens: its rows are moved to the base's vocabulary
+    ck, mapper = wb.merge_config(config("linear-tokenizer-base"), root=inputs_folder())
+    assert isinstance(mapper, M.Sequential) and isinstance(mapper.mappers[0], M.Parallel)
+    namespace: dict = {}
+    exec(mapper.to_code(), namespace)
+    assert namespace["mapper"] == mapper
+    plan = wb.plan(ck, mapper)
+    assert plan.ok, plan.problems
+    assert tuple(plan.outputs.loc["lm_head.weight", "shape"]) == (64, 32)
+    wb.convert(ck, tmp_path / "out", mapper, quiet=True)
+    assert differences("linear-tokenizer-base", tmp_path / "out") == []
+
+
+def test_vocabulary_rows_follow_mergekits_defaults() -> None:
+    from workbench.mapper.merge.vocabulary import align_rows
+
+    out = {"a": 0, "b": 1, "c": 2, "d": 3}
+    vocabs = [{"a": 0, "b": 1}, {"b": 0, "a": 1, "c": 2}, {"a": 0, "b": 1, "c": 2, "d": 3}]
+    tables = align_rows(out, vocabs, [2, 3, 3], base=None)  # model 2's "d" is beyond its 3 rows: absent
+    assert tables[0] == (((0, 0),), ((0, 1),), ((1, 2), (2, 2)), ())  # c: the average of the two that have it; d: zeros
+    assert tables[1][:2] == (((1, 1),), ((1, 0),))  # own rows, moved by token
+    assert align_rows(out, vocabs, [2, 3, 3], base=2)[0][2] == ((2, 2),)  # the base's row before an average
 
 
 def test_tokenizer_source_base_with_one_vocabulary_is_a_plain_merge(tmp_path) -> None:

@@ -32,7 +32,8 @@ def test_every_deterministic_case_is_bit_identical_to_mergekit(case: str, tmp_pa
 
 
 @pytest.mark.parametrize("case", ["slerp-gradient-bf16", "ties-fp32", "passthrough-slices-fp32", "slerp-slices-bf16",
-                                  "model_stock-bf16", "multislerp-fp32"])
+                                  "model_stock-bf16", "multislerp-fp32", "linear-tokenizer-base",
+                                  "notebook-ties"])
 def test_logits_equal_mergekits(case: str, tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     import torch

@@ -10,7 +10,9 @@ merge, `names` mapping each model reference of the config to its source name in 
   `parameters`) -> `MergeSlices` plus a config.json update of `num_hidden_layers`;
 - `merge_method`, `base_model`, `parameters`, `dtype`, `out_dtype` -> the same-named arguments;
 - `tokenizer_source` / `tokenizer.source`: `base`, `union` or a model, carried out where every model's
-  vocabulary is the same (then the embeddings need no remapping: `same_vocabulary=True`), otherwise refused;
+  vocabulary is the same (then the embeddings need no remapping: `same_vocabulary=True`); `base` over different
+  vocabularies with the `align` step (`merge/vocabulary.py`'s `AlignVocabulary`, built by `wb.merge_config`);
+  otherwise refused;
 - anything else (`modules:`, `chat_template`, `tokenizer.tokens`, a misspelt key) -> `Refused`, a plan problem
   naming the key: mergekit ignores unknown keys silently, the workbench does not.
 """
@@ -82,10 +84,11 @@ def tokenizer_source(config: Mapping[str, Any]) -> tuple[str | None, list[Refuse
 
 
 def config_mapper(config: Mapping[str, Any], names: Mapping[str, str], *, same_vocabulary: bool = True,
-                  seed: int | None = None) -> Mapper:
+                  seed: int | None = None, align: Mapper | None = None) -> Mapper:
     """The mapper doing the merge `config` describes (see the module docstring); `names`: model reference -> source
     name; `same_vocabulary`: whether every model's tokenizer has the same tokens at the same ids (the tokenizer
-    settings are refused otherwise); `seed`: the random methods' seed (mergekit's `--random-seed`)."""
+    settings are refused otherwise, unless `align` is given: the step moving every model's vocabulary rows to the
+    output vocabulary, run before the merge); `seed`: the random methods' seed (mergekit's `--random-seed`)."""
     if not isinstance(config, Mapping):
         raise MapperError(f"Cannot read merge config: expected a mapping of keys such as merge_method, models (got {type(config).__name__}).")
     refused: list[Refused] = []
@@ -100,7 +103,7 @@ def config_mapper(config: Mapping[str, Any], names: Mapping[str, str], *, same_v
                                "chat template in the output's tokenizer_config.json yourself."))
     source, more = tokenizer_source(config)
     refused += more
-    if source is not None and not same_vocabulary:
+    if source is not None and not same_vocabulary and align is None:
         refused.append(Refused("tokenizer_source", f"{source!r} needs the embedding and lm_head rows remapped by token string "
                                "(the models' vocabularies differ); the workbench merges models of one vocabulary only. "
                                "Run mergekit for this merge, or align the vocabularies first."))
@@ -117,7 +120,7 @@ def config_mapper(config: Mapping[str, Any], names: Mapping[str, str], *, same_v
               "seed": seed}
     if not isinstance(common["parameters"], Mapping):
         raise MapperError(f"Cannot read merge config: parameters is {common['parameters']!r}; give a mapping name -> value.")
-    steps: list[Mapper] = []
+    steps: list[Mapper] = [align] if align is not None and not same_vocabulary else []
     if models:
         model_names, model_parameters = [], {}
         for i, entry in enumerate(models):
