@@ -47,7 +47,7 @@ FORMAT = (
     "inputs: model name (e.g. 'fp32/base') -> {tensor name -> sha256 of dtype|shape|bytes} of the inputs that "
     "build_inputs() in scripts/make_mergekit_fixtures.py regenerates; cases: case name -> {config: path of the "
     "mergekit YAML under configs/ (model paths relative to the inputs folder), seed: mergekit's --random-seed, "
-    "random: true when the method draws random numbers, tensors: {output tensor name -> {dtype (safetensors code), "
+    "random: true when the method draws random numbers (then statistics: {changed_fraction, mean_abs_delta} of the output against the base model, over all tensors}, tensors: {output tensor name -> {dtype (safetensors code), "
     "shape, sha256 of the raw little-endian bytes}}, output_config: the output config.json's num_hidden_layers / "
     "vocab_size / dtype, logits: {input_ids, values (fp32 logits of the merged model loaded by transformers in fp32, "
     "one string per input position: the vocabulary's values as %.8g separated by spaces)}}; tools: versions; failed: case -> mergekit's error (not built)."
@@ -375,9 +375,30 @@ def run_case(bin_dir: Path, name: str, config: dict, inputs: Path, root: Path) -
             shutil.rmtree(out, ignore_errors=True)
             return {"failed": (done.stderr.strip().splitlines() or ["?"])[-1]}
     cfg = json.loads((out / "config.json").read_text())
-    return {"config": f"configs/{name}.yml", "seed": SEED, "random": config["merge_method"] in RANDOM,
-            "tensors": tensor_digests(out),
-            "output_config": {k: cfg.get(k) for k in ("num_hidden_layers", "vocab_size", "dtype")}}
+    entry = {"config": f"configs/{name}.yml", "seed": SEED, "random": config["merge_method"] in RANDOM,
+             "tensors": tensor_digests(out),
+             "output_config": {k: cfg.get(k) for k in ("num_hidden_layers", "vocab_size", "dtype")}}
+    if entry["random"]:
+        entry["statistics"] = delta_statistics(out, inputs / config["base_model"])
+    return entry
+
+
+def delta_statistics(out: Path, base: Path) -> dict[str, float]:
+    """What a random merge (DARE, DELLA) keeps, over all its tensors: the fraction of elements that differ from the
+    base model's, and the mean absolute difference (the tests compare these where the draws differ)."""
+    import torch
+    from safetensors.torch import load_file
+
+    merged = {k: v for f in sorted(out.glob("*.safetensors")) for k, v in load_file(f).items()}
+    reference = {k: v for f in sorted(base.glob("*.safetensors")) for k, v in load_file(f).items()}
+    changed = total = 0
+    delta = 0.0
+    for name, tensor in merged.items():
+        diff = tensor.float() - reference[name].float()
+        changed += int((diff != 0).sum())
+        total += diff.numel()
+        delta += float(diff.abs().sum())
+    return {"changed_fraction": round(changed / total, 6), "mean_abs_delta": float("%.6g" % (delta / total))}
 
 
 def _logits(bin_dir: Path, folders: list[Path]) -> dict[str, object]:

@@ -69,6 +69,7 @@ def test_mapper_round_trips_through_code() -> None:
     namespace: dict = {}
     exec(mapper.to_code(), namespace)
     assert namespace["mapper"] == mapper
+    assert M.from_json(mapper.to_json()) == mapper  # what workers receive
 
 
 @pytest.mark.parametrize(("key", "value"), [("modules", {"text": {}}), ("chat_template", "chatml"), ("lora_rank", 8),
