@@ -386,7 +386,6 @@ def run_case(bin_dir: Path, name: str, config: dict, inputs: Path, root: Path) -
 def delta_statistics(out: Path, base: Path) -> dict[str, float]:
     """What a random merge (DARE, DELLA) keeps, over all its tensors: the fraction of elements that differ from the
     base model's, and the mean absolute difference (the tests compare these where the draws differ)."""
-    import torch
     from safetensors.torch import load_file
 
     merged = {k: v for f in sorted(out.glob("*.safetensors")) for k, v in load_file(f).items()}
