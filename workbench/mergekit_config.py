@@ -27,6 +27,10 @@ URL = re.compile(r"^[a-z0-9+.-]+://", re.IGNORECASE)
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a merge config is a few hundred bytes; a bigger file is refused before parsing
+MAX_CONFIG_NODES = 100_000  # values counted with every alias expanded: YAML anchors cannot multiply the work
+
+
 class MergeSetup(NamedTuple):
     """What `merge_config` returns: the multi-source checkpoint and the mapper (unpacks as `ck, mapper`)."""
 
@@ -37,23 +41,51 @@ class MergeSetup(NamedTuple):
 def read_config(path_or_dict: Any) -> tuple[dict, Path]:
     """(the config as a dict, the folder relative model paths resolve against)."""
     if isinstance(path_or_dict, Mapping):
-        return json.loads(json.dumps(dict(path_or_dict))), Path.cwd()
+        _check_size(dict(path_or_dict), "(a mapping)")
+        try:
+            return json.loads(json.dumps(dict(path_or_dict))), Path.cwd()
+        except (TypeError, ValueError):
+            raise MapperError("Cannot read merge config: the mapping holds values that are not numbers, strings, lists or "
+                              "mappings. Pass plain data, as YAML gives it.") from None
     path = Path(os.fspath(path_or_dict))
     try:
         import yaml
     except ImportError:  # pragma: no cover - pyyaml is a dependency
         raise MapperError("Cannot read a merge config: PyYAML is not installed. Fix: pip install pyyaml.") from None
     try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise MapperError(f"Cannot read merge config {path}: it is larger than {MAX_CONFIG_BYTES} bytes. A merge config "
+                              "is a short YAML file; check the path.")
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise MapperError(f"Cannot read merge config {path}: {exc.strerror or exc}. Check the path.") from None
+    except UnicodeDecodeError:
+        raise MapperError(f"Cannot read merge config {path}: it is not UTF-8 text. Check the path.") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise MapperError(f"Cannot read merge config {path}: not valid YAML ({str(exc).splitlines()[0]}). Fix the file.") from None
     if not isinstance(data, dict):
         raise MapperError(f"Cannot read merge config {path}: expected a mapping of keys such as merge_method and models.")
+    _check_size(data, str(path))
     return data, path.resolve().parent
+
+
+def _check_size(data: Any, where: str) -> None:
+    """Refuse a config whose values, aliases expanded, exceed MAX_CONFIG_NODES (a YAML 'billion laughs')."""
+    budget = MAX_CONFIG_NODES
+    stack = [data]
+    while stack:
+        value = stack.pop()
+        budget -= 1
+        if budget < 0:
+            raise MapperError(f"Cannot read merge config {where}: it expands to more than {MAX_CONFIG_NODES} values "
+                              "(YAML anchors repeated). A merge config is small; check the file.")
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
 
 
 def resolve_reference(ref: str, root: Path) -> str:

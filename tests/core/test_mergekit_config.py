@@ -54,3 +54,15 @@ def test_vocabularies_compare_by_token_and_id() -> None:
     assert same_vocabulary([str(tok / "base"), str(tok / "ft1")])
     assert not same_vocabulary([str(tok / "base"), str(tok / "ft3")])
     assert not same_vocabulary([str(tok / "base"), str(tok / "missing")])
+
+
+def test_yaml_anchor_bombs_and_huge_files_are_refused(tmp_path: Path) -> None:
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [*a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}]"
+              for i in range(1, 9)]
+    (tmp_path / "bomb.yml").write_text("\n".join(lines) + "\nmerge_method: linear\n")
+    with pytest.raises(MapperError, match="expands to more than"):
+        read_config(tmp_path / "bomb.yml")
+    (tmp_path / "big.yml").write_text("# " + "x" * (1 << 20) + "\n")
+    with pytest.raises(MapperError, match="larger than"):
+        read_config(tmp_path / "big.yml")

@@ -39,10 +39,22 @@ def merge_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_merge(args: argparse.Namespace) -> int:
     """`workbench merge`: print the dry-run of the config's merge, run it, print the report."""
+    from ..launch.inplace import under_torchrun
     from ..mergekit_config import merge_config
     from ..planning import plan
 
     checkpoint, mapper = merge_config(args.config, seed=args.random_seed)
+    if under_torchrun() and not args.dry_run:  # started by the user's torchrun: each rank does its share
+        import os
+
+        from ..conversion import convert
+
+        with _overflow_in_the_report():
+            report = convert(checkpoint, args.dest, mapper, shard_size=args.shard_size, dtype=args.dtype,
+                             extras=not args.no_extras, overwrite=args.overwrite, quiet=args.quiet, verify=args.verify)
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(report.summary())
+        return _verdict(report)
     the_plan = plan(checkpoint, mapper, shard_size=args.shard_size, nproc=args.nproc, dest=args.dest, dtype=args.dtype,
                     extras=not args.no_extras, overwrite=args.overwrite)
     print(the_plan.summary())
