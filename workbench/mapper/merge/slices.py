@@ -9,7 +9,7 @@ Each slice lists one source per model, all spanning the same number of layers; t
 slices' layers in order, renumbered from 0. Layer `k` of a slice merges layer `layer_range[0] + k` of every
 source by `method`, its gradient position `t = k / (n - 1)` over the slice's `n` layers (1 when `n == 1`),
 as mergekit plans them. Tensors outside the layers come from the first slice's models when their name holds
-`embed` (embeddings: mergekit's "pre" weights) and from the last slice's models otherwise (final norm,
+`embed` (or GPT-2's `wte` / `wpe`: mergekit's "pre" weights) and from the last slice's models otherwise (final norm,
 lm_head: its "post" weights), at `t = 0`. Parameters are looked up as mergekit does: a source's own
 `parameters`, then the slice's, then the global ones; a model's parameters filter on its input tensor's name,
 the shared ones on the output's. With `passthrough` and one source per slice (no `scale`) every output is a
@@ -20,6 +20,7 @@ whose sources the models name (the first source unscoped, the others `NAME::tens
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,9 @@ from .op import Merge, _dtype_or_none, _thaw
 from .parameters import LAYER, check, first_set
 
 SLICE_KEYS = {"sources", "base_model", "parameters"}
+# Tensors before the layers (mergekit's "pre" weights: token and position embeddings); the others outside the layers
+# (final norm, lm_head) are "post" weights.
+PRE_WEIGHT = re.compile(r"embed|(?:^|\.)(?:wte|wpe)\.")
 SOURCE_KEYS = {"model", "layer_range", "parameters"}
 
 
@@ -221,7 +225,7 @@ class MergeSlices(Op):
                 out_layer += 1
         outside = [name for name in tensors[slices[0]["sources"][0]["model"]] if LAYER.search(name) is None]
         for name in outside:
-            item = slices[0] if "embed" in name else slices[-1]
+            item = slices[0] if PRE_WEIGHT.search(name) else slices[-1]
             models = [src["model"] for src in item["sources"]]
             lacking = [m for m in models if name not in tensors[m]]
             if lacking:
