@@ -173,7 +173,7 @@ def test_average_of_three_equals_torch(tmp_path):
     plan = wb.plan(ck, mapper)
     assert plan.ok, plan.problems
     big = 64 * 32 * 4
-    assert 3 * big <= plan.peak_bytes <= 4 * big  # one group: the N inputs of a tensor and its output ...
+    assert plan.peak_bytes == 5 * big  # one group: the N inputs of a tensor, its output and the fp32 accumulator ...
     assert plan.peak_bytes < sum(ck.tensors["nbytes"]) / 3  # ... never a whole checkpoint
     wb.convert(ck, tmp_path / "out", mapper, quiet=True)
     out = load_file(tmp_path / "out" / "model.safetensors")

@@ -204,6 +204,21 @@ class Merge(Op):
             return [syms[0]]  # an unscaled passthrough copies bytes
         return [Sym(dtype, shape, None)]
 
+    def scratch_bytes(self, inputs: Sequence[Any]) -> int:
+        """Bytes of work tensors the method holds besides `inputs` (this merge's input TensorInfos) and the output:
+        what the plan adds to the group's memory (see `memory`)."""
+        from math import prod
+
+        from .memory import scratch_bytes
+
+        dtypes = [info.dtype for info in inputs]
+        if not dtypes or not all(is_float(d) for d in dtypes):
+            return 0
+        base = self.base if self.spec.base != "ignored" else None
+        numel = prod(inputs[0].shape)
+        return scratch_bytes(self.method, dtypes, numel, self.compute_dtype(dtypes), len(self.models) - (base is not None),
+                             self.spec.options)
+
     def generator_seed(self) -> int:
         """The seed of this tensor's random stream: `seed` (0 when unset) with the output name, so every rank and every
         order of groups draws the same numbers for this tensor."""

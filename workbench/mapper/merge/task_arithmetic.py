@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+CHUNK = 1 << 20  # elements per slice of the sign vote and the sum
+
 
 def _rescaled(tensor: Any, mask: Any, rescale: bool) -> Any:
     """`tensor · mask`, scaled back to `tensor`'s L1 norm when `rescale` (unless either norm is below 1e-7)."""
@@ -127,17 +129,27 @@ def merge_task_vectors(tensors: Sequence[Any], models: Sequence[str], base: str 
     while deltas.dim() > weights.dim():
         weights.unsqueeze_(-1)
     deltas.mul_(weights)
-    if consensus:
-        mask = sign_mask(deltas, torch.int8 if params["int8_mask"] else base_tensor.dtype)
-        mixed = (deltas * mask).sum(dim=0)
-        divisor = (weights * mask).sum(dim=0)
-        divisor[divisor == 0] = 1
-    else:
-        mixed = deltas.sum(dim=0)
-        divisor = weights.sum(dim=0)
-        divisor[divisor.abs() < 1e-8] = 1
-    if params["normalize"]:
-        mixed /= divisor
-    if params["lambda"] != 1:
-        mixed *= params["lambda"]
-    return (base_tensor + mixed).to(base_tensor.dtype)
+    # Every step below is per element (sums run over the models), so it runs on slices of CHUNK elements: the vote's
+    # masks and products then take a slice's memory, not the tensor's, with the same bits.
+    out = torch.empty_like(base_tensor)
+    flat_deltas = deltas.view(len(others), -1)
+    flat_base, flat_out = base_tensor.reshape(-1), out.view(-1)
+    column = weights.reshape(len(others), 1)
+    mask_dtype = torch.int8 if params["int8_mask"] else base_tensor.dtype
+    for start in range(0, max(flat_base.numel(), 1), CHUNK):
+        part = flat_deltas[:, start:start + CHUNK]
+        if consensus:
+            mask = sign_mask(part, mask_dtype)
+            mixed = (part * mask).sum(dim=0)
+            divisor = (column * mask).sum(dim=0)
+            divisor[divisor == 0] = 1
+        else:
+            mixed = part.sum(dim=0)
+            divisor = column.sum(dim=0)
+            divisor[divisor.abs() < 1e-8] = 1
+        if params["normalize"]:
+            mixed /= divisor
+        if params["lambda"] != 1:
+            mixed *= params["lambda"]
+        flat_out[start:start + CHUNK] = (flat_base[start:start + CHUNK] + mixed).to(base_tensor.dtype)
+    return out
