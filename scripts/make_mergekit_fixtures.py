@@ -267,6 +267,18 @@ def cases() -> dict[str, dict]:
             {"sources": [{"model": b, "layer_range": [0, 2]}, {"model": f"{store}/ft1", "layer_range": [0, 2]}]},
             {"sources": [{"model": b, "layer_range": [1, 4]}, {"model": f"{store}/ft2", "layer_range": [1, 4]}]}],
             "parameters": {"t": [0, 1]}}
+        # overlapping slices merged by TIES: per-source parameters (a filter, a gradient), a slice's own parameters
+        # and base model, layers read twice
+        out[f"ties-slices-{store}"] = {"merge_method": "ties", "base_model": b, "slices": [
+            {"sources": [{"model": b, "layer_range": [0, 3]},
+                         {"model": f"{store}/ft1", "layer_range": [0, 3],
+                          "parameters": {"weight": [{"filter": "mlp", "value": [0.2, 0.9]}, {"value": 0.6}], "density": 0.5}},
+                         {"model": f"{store}/ft2", "layer_range": [1, 4], "parameters": {"weight": 0.4, "density": 0.7}}],
+             "parameters": {"normalize": False}},
+            {"sources": [{"model": f"{store}/ft3", "layer_range": [2, 4], "parameters": {"weight": 1.0}},
+                         {"model": f"{store}/ft1", "layer_range": [2, 4], "parameters": {"weight": 0.5}},
+                         {"model": b, "layer_range": [2, 4], "parameters": {"weight": 0.3}}],
+             "base_model": f"{store}/ft3", "parameters": {"density": 0.6}}]}
     # tokenizer_source: the vocabulary of the base, and the union of all (ft3 has two more tokens, ten moved)
     tok = _models("tok", ["base", "ft1", "ft3"], [{"weight": 0.2}, {"weight": 0.5}, {"weight": 0.3}])
     out["linear-tokenizer-base"] = {"merge_method": "linear", "models": tok, "base_model": "tok/base",
