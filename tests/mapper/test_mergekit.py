@@ -143,3 +143,17 @@ def test_malformed_slices_are_refused_when_built() -> None:
 
 def test_manifest_describes_its_format() -> None:
     assert "inputs" in manifest()["format"] and manifest()["tools"]["mergekit"] == "0.1.5"
+
+
+def test_parameter_table_lists_the_values_each_tensor_gets() -> None:
+    from workbench.mapper.merge.table import parameter_table
+
+    ck, mapper = wb.merge_config(config("ties-slices-fp32"), root=inputs_folder())
+    table = parameter_table(mapper, ck)
+    assert len(table) == len(wb.plan(ck, mapper).outputs)
+    up = table.loc[[f"model.layers.{i}.mlp.up_proj.weight" for i in range(5)]]
+    # slice 1: ft1's mlp weight is the gradient [0.2, 0.9] over its 3 layers; slice 2: its own base (ft3), flat weights
+    assert list(up["weight"]) == ["ft1=0.2, ft2=0.4", "ft1=0.55, ft2=0.4", "ft1=0.9, ft2=0.4", "ft1=0.5, base=0.3",
+                                  "ft1=0.5, base=0.3"]
+    assert list(up["base"]) == ["base", "base", "base", "ft3", "ft3"]
+    assert table.loc["model.layers.1.self_attn.q_proj.weight", "weight"] == "ft1=0.6, ft2=0.4"  # the filter's default
