@@ -113,6 +113,12 @@ def test_tokenizer_source_base_moves_rows_by_token_as_mergekit(tmp_path) -> None
     assert differences("linear-tokenizer-base", tmp_path / "out") == []
 
 
+def test_tokenizer_source_base_without_a_base_model_says_what_it_needs() -> None:
+    cfg = {k: v for k, v in config("linear-tokenizer-base").items() if k != "base_model"}
+    ck, mapper = wb.merge_config(cfg, root=inputs_folder())
+    assert any("'tokenizer_source'" in p.message and "needs base_model" in p.message for p in wb.plan(ck, mapper).problems)
+
+
 def test_vocabulary_rows_follow_mergekits_defaults() -> None:
     from workbench.mapper.merge.vocabulary import align_rows
 

@@ -104,9 +104,14 @@ def config_mapper(config: Mapping[str, Any], names: Mapping[str, str], *, same_v
     source, more = tokenizer_source(config)
     refused += more
     if source is not None and not same_vocabulary and align is None:
-        refused.append(Refused("tokenizer_source", f"{source!r} needs the embedding and lm_head rows remapped by token string "
-                               "(the models' vocabularies differ); the workbench merges models of one vocabulary only. "
-                               "Run mergekit for this merge, or align the vocabularies first."))
+        if source == "base":
+            why = ("moving the embedding and lm_head rows to the base vocabulary (the models' vocabularies differ) needs "
+                   "base_model, models: (not slices) and a readable tokenizer.json in every model folder.")
+        else:
+            why = (f"{source!r} over different vocabularies (the models' vocabularies differ) needs a new tokenizer built "
+                   "and written, which the workbench does not do (it does carry out tokenizer_source: base). Run mergekit "
+                   "for this merge, or align the vocabularies first.")
+        refused.append(Refused("tokenizer_source", why))
     method = config.get("merge_method")
     if not isinstance(method, str):
         raise MapperError(f"Cannot read merge config: merge_method is {method!r}; give one of mergekit's methods, e.g. 'slerp'.")
