@@ -122,7 +122,7 @@ class Binder:
         self.scope_clashes: dict[Path, str] = {}  # scope path -> an outside name that lands under target_prefix
         self.after: dict[Path, dict[str, Meta | None]] = {}  # glob leaf path -> names (metadata) once its step ran (inverse)
         self.keep_after = keep_after
-        self._infer_cache: dict[tuple[Path, tuple[Meta, ...]], list[Meta]] = {}
+        self._infer_cache: dict[tuple[Path, type, tuple[Meta, ...]], list[Meta]] = {}
         self._templates: dict[Path, tuple[tuple[str, ...], list[Template]]] = {}
         self._failed_templates: set[str] = set()
         self._scopes: set[str] | None = None  # the named sources of a multi-source catalog (NAME of NAME::tensor)
@@ -281,7 +281,16 @@ class Binder:
     def _expand_glob(self, leaf: Op, state: State, path: Path, effect: Effect) -> None:
         """A leaf whose input is a glob: one instance per name it matches among those present now (`patterns`)."""
         nodes = state.nodes
-        found = glob_instances(leaf, {name: node.meta for name, node in nodes.items()})
+        metas = {name: node.meta for name, node in nodes.items()}
+        expand = getattr(leaf, "bind_instances", None)  # an op that expands itself (a whole-checkpoint merge)
+        if expand is not None:
+            found, problems = expand(metas)
+            for message, tensor, kind in problems:
+                self.problem(message, leaf, tensor, kind=kind)
+            for op in found:
+                self.instance(op, state, path, effect, reported=False)
+            return
+        found = glob_instances(leaf, metas)
         if not found:
             if leaf.inputs[0] not in self._failed_templates:
                 self.problem(no_match_message(leaf, len(nodes)), leaf, leaf.inputs[0], kind="missing")
@@ -320,7 +329,7 @@ class Binder:
             names = op.inputs
             found_nodes = [nodes[name] for name in names]
             metas = tuple([node.meta for node in found_nodes])
-            outputs = cache.get((path, metas))  # type: ignore[arg-type]
+            outputs = cache.get((path, type(op), metas))  # type: ignore[arg-type]
             general = outputs is None
             if not general:
                 for name, node in zip(names, found_nodes, strict=True):
@@ -373,7 +382,7 @@ class Binder:
             out = op.outputs[0]
             outputs = inferred.get(meta)  # type: ignore[arg-type]
             if outputs is None and meta is not None:
-                outputs = cache.get((path, (meta,)))
+                outputs = cache.get((path, type(op), (meta,)))
                 if outputs is not None:
                     inferred[meta] = outputs
             if outputs is None or name in consumed or out in produced:
@@ -479,7 +488,7 @@ class Binder:
             self._report_missing(op, state, present, reported)
             present = [(name, node) for name, node in present if node is not None]
         else:
-            key = (path, metas)
+            key = (path, type(op), metas)  # a self-expanding leaf's instances are of several kinds (Merge, Drop)
             outputs = self._infer_cache.get(key)  # type: ignore[arg-type]
             if outputs is None:
                 try:

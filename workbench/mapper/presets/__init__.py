@@ -29,7 +29,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "dequantize_fp8": ("quantized", "dequantize_fp8"), "dequantize_mxfp4": ("quantized", "dequantize_mxfp4"),
     "quantize_fp8": ("quantized", "quantize_fp8"), "decompress": ("packed_preset", "decompress"), "from_transformers": ("transformers_layout", "from_transformers"),
     "gguf_to_hf": ("gguf_inverse", "gguf_to_hf"),
-    "megatron_merge": ("megatron", "megatron_merge"), "megatron_to_hf": ("megatron", "megatron_to_hf"),
+    "megatron_merge": ("megatron", "megatron_merge"), "merge": ("averaging", "merge"),
+    "megatron_to_hf": ("megatron", "megatron_to_hf"),
     "megatron_hf_config": ("megatron", "hf_config"), "meta_mp_merge": ("output_presets", "meta_mp_merge"),
 }
 
