@@ -169,14 +169,47 @@ def remote_scheme(plan: Plan) -> str | None:
 
 
 def prefetch_bytes(plan: Plan, rank: int) -> int:
-    """The remote reader's buffers for a URL source: ranges are submitted while less than its window is ahead of
-    the consumer, the ranges in flight included, so at most the window plus one range; never more than the rank
-    reads; 0 for local files (read straight into tensor buffers). Bodies are read straight into these buffers."""
+    """The remote reader's buffers for a URL source beyond the rank's tensor peak; 0 for local files (read straight
+    into tensor buffers).
+
+    Worked out by replaying the reader on the rank's reads (`formats.remote_safetensors`): ranges are submitted
+    while less than its window is ahead of the consumer, so the window holds up to the window plus the last range
+    submitted (a large tensor is one range); a range the consumer takes whole is handed over (counted once), a
+    tensor cut from a coalesced range is a copy held beside it. The largest of (window + what the step holds)
+    over the steps, less the tensor peak the prediction counts anyway."""
     if not plan.source.url:
         return 0
-    from ..formats.remote_safetensors import CHUNK_BYTES, WINDOW_BYTES
+    return max(0, remote_peak_bytes(plan, rank) - plan.rank_peak_bytes(rank))
 
-    return min(WINDOW_BYTES + CHUNK_BYTES, sum(plan.reads(rank).values()))
+
+def remote_peak_bytes(plan: Plan, rank: int) -> int:
+    """Bytes a remote source's reader and the steps of `rank` hold at most together (see `prefetch_bytes`)."""
+    from ..formats.remote_safetensors import WINDOW_BYTES, chunk_ranges
+
+    steps = plan.rank_steps(rank)
+    chunks = chunk_ranges(info for step in steps for info in step.group.inputs)
+    chunk_of = {name: i for i, chunk in enumerate(chunks) for name in chunk.names}
+    left = [chunk.left for chunk in chunks]
+    submitted = ahead = peak = 0
+    for step in steps:
+        taken = 0  # input bytes the consumer holds in this step (handed-over ranges and copies)
+        for info in step.group.inputs:
+            index = chunk_of.pop(info.name, None)
+            if index is not None:
+                while submitted < len(chunks) and (submitted <= index or ahead < WINDOW_BYTES):
+                    ahead += chunks[submitted].end - chunks[submitted].start
+                    submitted += 1
+                left[index] -= 1
+                whole = chunks[index].start == info.begin and chunks[index].end == info.end
+                if left[index] == 0:
+                    ahead -= chunks[index].end - chunks[index].start
+                elif whole:  # still listed in the window and handed over: counted there
+                    continue
+            taken += info.nbytes
+            peak = max(peak, ahead + taken)
+        inputs = sum(info.nbytes for info in step.group.inputs)
+        peak = max(peak, ahead + taken + max(0, step.held_bytes - inputs))
+    return peak
 
 
 def direct_write_bytes(plan: Plan, rank: int) -> int:
@@ -244,7 +277,7 @@ def _parts(plan: Plan, rank: int) -> list[RssPart]:
                          f"catalog and plan: {tensors:,} tensors × {calibrated.PER_TENSOR:,} bytes ({measured})"))
     detail = f"output headers {headers:,} bytes"
     if prefetch:
-        detail = f"remote prefetch window {prefetch:,} bytes; " + detail
+        detail = f"remote prefetch window beyond the tensor peak {prefetch:,} bytes; " + detail
     direct = direct_write_bytes(plan, rank)
     if direct:
         detail += f"; direct-write buffers {direct:,} bytes"
@@ -299,4 +332,4 @@ def rank_rss_bytes(plan: Plan, rank: int) -> int:
     return sum(p.bytes for p in rss_parts(plan, rank))
 
 
-__all__ = ["RssPart", "calibration_mismatch", "entry_point", "intermediate_bytes", "peak_step", "prefetch_bytes", "rank_libraries", "rank_rss_bytes", "rss_parts"]
+__all__ = ["RssPart", "calibration_mismatch", "entry_point", "intermediate_bytes", "peak_step", "prefetch_bytes", "rank_libraries", "remote_peak_bytes", "rank_rss_bytes", "rss_parts"]
