@@ -585,7 +585,7 @@ class MapperBuilder(Panel):
             box.observe(lambda _: self._show_preview(), names="value")
         self.graph_button.on_click(lambda _: self.draw_graph())
         self.tabs.observe(self._on_tab, names="selected_index")
-        self.target_button.on_click(lambda _: self.set_target_text(self.target_box.value))
+        self.target_button.on_click(lambda _: self.check_clicked())
         self.copy_button.on_click(lambda _: self.copy_code())
         self.save_button.on_click(lambda _: self.save())
         self._show_parameters()
@@ -1320,6 +1320,19 @@ class MapperBuilder(Panel):
         self.set_target(target)
         if not isinstance(target, str):
             self.target_box.value = text  # keep what was typed: it names the target
+
+    def check_clicked(self) -> None:
+        """The Check button: the check takes seconds for a model type (transformers builds it on the meta device), so
+        the button says "Checking…" and is disabled, and the view says what is being checked, until it ends."""
+        text = self.target_box.value.strip()
+        button = self.target_button
+        button.disabled, button.description, button.icon = True, "Checking…", "hourglass-half"
+        if text:
+            self.target_view.value = message_html(f"Checking the outputs against {text}…")
+        try:
+            self.set_target_text(text)
+        finally:
+            button.disabled, button.description, button.icon = False, "Check", "check"
 
     def target_report(self) -> pd.DataFrame | None:
         """The last target check's differences (see `compare_to_target`), None without a target;
