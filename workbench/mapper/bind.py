@@ -26,6 +26,7 @@ from .groups import Binding, Problem, ProblemKind
 from .op import Op
 from .patterns import has_globs, no_match_message
 from .patterns import instances as glob_instances
+from .patterns import matcher as glob_matcher
 from .ranges import expand as expand_ranges
 from .ranges import has_ranges
 from .state import Comp, Node, State, find, union
@@ -282,6 +283,13 @@ class Binder:
         """A leaf whose input is a glob: one instance per name it matches among those present now (`patterns`)."""
         nodes = state.nodes
         found = glob_instances(leaf, {name: node.meta for name, node in nodes.items()})
+        glob = leaf.inputs[0]
+        if "{" not in glob and glob in nodes:  # the literal name wins: say so when the glob would match more
+            others = [name for name in nodes if name != glob and glob_matcher(glob)(name) is not None]
+            if others:
+                self.problem(f"'{glob}' is the name of a tensor and a glob: {type(leaf).__name__} takes that one tensor, "
+                             f"not the {len(others)} other name(s) the glob matches (e.g. '{others[0]}'). To reach those, "
+                             "write a pattern that is not itself a tensor's name.", leaf, glob, "warning", kind="clash")
         if not found:
             if leaf.inputs[0] not in self._failed_templates:
                 self.problem(no_match_message(leaf, len(nodes)), leaf, leaf.inputs[0], kind="missing")
