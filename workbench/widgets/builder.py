@@ -47,6 +47,7 @@ from ..mapper.patterns import matcher as glob_matcher
 from ..names import Template, fill, filter_names, placeholders_of
 from .common import (
     Panel,
+    fit_narrow,
     frame_table,
     labelled,
     message_html,
@@ -561,7 +562,9 @@ class MapperBuilder(Panel):
         )
         sources = W.HBox([self.checkpoint_name, self.checkpoint_path, self.add_checkpoint_button])
         presets = W.HBox([self.preset_picker, self.append_preset_button, self.load_preset_button])
-        return [self.header, sources, presets, self.combine_picker, form, steps, self.tabs]
+        parts = [self.header, sources, presets, self.combine_picker, form, steps, self.tabs]
+        fit_narrow(*parts)
+        return parts
 
     def _wire(self) -> None:
         self.load_preset_button.on_click(lambda _: self.load_preset())

@@ -25,6 +25,7 @@ from .background import BackgroundTask
 from .common import (
     TABLE_STYLE,
     Panel,
+    fit_narrow,
     frame_table,
     labelled,
     message_html,
@@ -202,7 +203,9 @@ class Explorer(Panel):
         self.verify_task = labelled(BackgroundTask(), "wb-explorer-verify-task")  # re-hashing tensors against a checksum sidecar
         self.verify_view = labelled(widgets.HTML(), "wb-explorer-verified")
         self.verify_button.on_click(lambda _: self.verify())
-        super().__init__([widgets.HBox([header, self.verify_button]), self.verify_task, self.verify_view, self.tabs])
+        parts = [widgets.HBox([header, self.verify_button]), self.verify_task, self.verify_view, self.tabs]
+        fit_narrow(*parts)
+        super().__init__(parts)
         self.add_class("wb-explorer")
 
         for control in (self.filter_box, self.match_mode, self.fold_toggle, self.sort_by, self.descending):
