@@ -1,8 +1,9 @@
 """`plan.rss_bytes` held to ±15 % (or 8 MiB) of a real run's peak RSS (VmHWM) on a wider set of workloads than the
 calibration's, on an input of odd shapes (hidden 1531, kv 389, intermediate 4111, vocabulary 12347: 0.33 GiB,
-headers only, sparse on disk): numpy casts, torch transposes and a three-way fusion with a cast, two ranks, and a
-pass-through of the same folder served over HTTP (issue 34 item 8). GGUF row conversions are measured the same way
-in tests/output/test_gguf_rss.py."""
+headers only, sparse on disk): numpy casts, torch transposes and a three-way fusion with a cast, two ranks, a
+pass-through of the same folder served over HTTP, and an FP8 block-quantised checkpoint of the same odd shapes
+dequantised to bf16 (issue 34 item 8). GGUF row conversions are measured the same way in
+tests/output/test_gguf_rss.py."""
 
 from __future__ import annotations
 
@@ -51,13 +52,7 @@ def odd_llama(tmp_path_factory) -> Path:
                   TensorInfo(layer + "mlp.down_proj.weight", "F32", (HIDDEN, INTERMEDIATE)),
                   TensorInfo(layer + "input_layernorm.weight", "F32", (HIDDEN,))]
     infos.append(TensorInfo("lm_head.weight", "F32", (VOCAB, HIDDEN)))
-    folder = tmp_path_factory.mktemp("odd") / "src"
-    folder.mkdir()
-    layout = layout_file("model.safetensors", infos)
-    with open(folder / "model.safetensors", "wb") as fh:
-        fh.write(layout.header)
-        fh.truncate(layout.size)
-    return folder
+    return write_headers_only(tmp_path_factory.mktemp("odd") / "src", infos)
 
 
 def assert_within(predicted: int, measured: int, plan, rank: int = 0) -> None:
@@ -77,6 +72,16 @@ def measured_min(args: list[str], out: Path, predicted: int) -> int:
         if abs(predicted - best) <= max(0.15 * best, 8 * MIB):
             break
     return best
+
+
+def write_headers_only(folder: Path, infos: list[TensorInfo]) -> Path:
+    """One model.safetensors with a real header and zero data (a sparse file)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    layout = layout_file("model.safetensors", infos)
+    with open(folder / "model.safetensors", "wb") as fh:
+        fh.write(layout.header)
+        fh.truncate(layout.size)
+    return folder
 
 
 @pytest.mark.parametrize("workload", list(WORKLOADS))
@@ -119,3 +124,23 @@ def test_a_remote_pass_through_peaks_within_15_percent_of_the_prediction(odd_lla
         assert_within(plan.rss_bytes, measured_min(["convert", url, str(out)], out, plan.rss_bytes), plan)
     finally:
         server.stop()
+
+
+def test_an_fp8_dequantisation_peaks_within_15_percent_of_the_prediction(tmp_path: Path) -> None:
+    """`presets.dequantize_fp8` (tile scales of 128×128, partial edge tiles) on odd shapes: a function computing its
+    bf16 output piece by piece holds its input, scales and output, and no float32 copy of the whole result."""
+    infos = []
+    for i, shape in enumerate([(VOCAB, HIDDEN), (INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE)]):
+        name = f"model.layers.{i}.mlp.proj.weight"
+        infos += [TensorInfo(name, "F8_E4M3", shape),
+                  TensorInfo(name + "_scale_inv", "F32", (-(-shape[0] // 128), -(-shape[1] // 128)))]
+    source = write_headers_only(tmp_path / "fp8", infos)
+    (source / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}))
+    mapper = M.presets.dequantize_fp8(source)
+    (tmp_path / "mapper.py").write_text(mapper.to_code())
+    plan = wb.plan(source, mapper)
+    assert plan.ok and plan.peak_bytes > 40 * MIB
+    assert {p.part: p.bytes for p in rss_parts(plan, 0)}["intermediates"] == 0  # was a float32 copy of the largest output
+    out = tmp_path / "out"
+    args = ["convert", str(source), str(out), "--mapper", str(tmp_path / "mapper.py")]
+    assert_within(plan.rss_bytes, measured_min(args, out, plan.rss_bytes), plan)
