@@ -144,3 +144,39 @@ def test_an_fp8_dequantisation_peaks_within_15_percent_of_the_prediction(tmp_pat
     out = tmp_path / "out"
     args = ["convert", str(source), str(out), "--mapper", str(tmp_path / "mapper.py")]
     assert_within(plan.rss_bytes, measured_min(args, out, plan.rss_bytes), plan)
+
+
+def test_gguf_rows_of_odd_widths_peak_within_15_percent_of_the_prediction(tmp_path: Path) -> None:
+    """`--to gguf --dtype q8_0` by rows (numpy, no torch) of a one-layer BF16 Llama of widths unlike the calibration's
+    and tests/output/test_gguf_rss.py's (hidden 1056, intermediate 2848, vocabulary 30011)."""
+    import sys
+
+    import ml_dtypes
+    import numpy as np
+
+    bench = str(Path(__file__).resolve().parents[2] / "benchmarks")
+    sys.path.insert(0, bench)
+    try:
+        from gguf_support.models import _tokenizer
+        from make_llama_like import LlamaShape, write_sharded
+    finally:
+        sys.path.remove(bench)
+    source = tmp_path / "llama"
+    source.mkdir()
+    _tokenizer(source)
+    shape = LlamaShape(hidden=1056, intermediate=2848, heads=16, kv_heads=4, layers=1, vocab=30011)
+
+    def fill(info: TensorInfo) -> np.ndarray:
+        values = (np.arange(info.numel, dtype=np.float32) % 251 - 125) * np.float32(0.004)
+        return values.astype(ml_dtypes.bfloat16).view(np.uint16)
+
+    write_sharded(source, [(n, s, "BF16") for n, s in shape.tensors()], 1, fill)
+    config = {**shape.hf_config(), "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2, "head_dim": shape.head_dim}
+    (source / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "out"
+    plan = wb.plan(source, to="gguf", dtype="q8_0", dest=out)
+    assert {s.kind for s in plan.steps} == {"rows"}
+    imported, measured = run_cli_measured(["convert", str(source), str(out), "--to", "gguf", "--dtype", "q8_0", "--quiet"],
+                                          whole_process=True)
+    assert "torch" not in imported
+    assert_within(plan.rss_bytes, measured, plan)
