@@ -401,15 +401,16 @@ class Checkpoint:
 
     def plot_histogram(
         self, name: str, bins: int = 100, *, log: bool = True, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
-        on_read: ReadHook | None = None,
+        on_read: ReadHook | None = None, value_range: tuple[float, float] | None = None,
     ) -> Any:
         """A histogram (matplotlib Figure) of one tensor's finite values, computed chunk-wise (the tensor is
-        read twice: min/max, then counts; `on_read(nbytes)` is called after each chunk)."""
+        read twice: min/max, then counts, or once when `value_range` is given; `on_read(nbytes)` is called
+        after each chunk)."""
         from .plots import histogram_figure
         from .stats import histogram
 
         info = self._info(name)
-        counts, edges = histogram(self.catalog, name, bins=bins, chunk_elements=chunk_elements, on_read=on_read)
+        counts, edges = histogram(self.catalog, name, bins=bins, value_range=value_range, chunk_elements=chunk_elements, on_read=on_read)
         return histogram_figure(counts, edges, f"{name} ({info.dtype} {list(info.shape)})", log=log)
 
     # --- display ---------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from .groups import Binding, Problem, ProblemKind
 from .op import Op
 from .patterns import has_globs, no_match_message
 from .patterns import instances as glob_instances
+from .patterns import matcher as glob_matcher
 from .ranges import expand as expand_ranges
 from .ranges import has_ranges
 from .state import Comp, Node, State, find, union
@@ -258,6 +259,7 @@ class Binder:
         """What `leaf` does to `state`, added to `effect` (a new one by default)."""
         effect = Effect(self) if effect is None else effect
         if has_globs(leaf):
+            self._warn_literal_glob(leaf, state)
             self._expand_glob(leaf, state, path, effect)
             return effect
         if has_ranges(leaf):
@@ -277,6 +279,20 @@ class Binder:
         for instance, reported in self.expand(leaf, state, path):
             self.instance(instance, state, path, effect, reported=reported)
         return effect
+
+    def _warn_literal_glob(self, leaf: Op, state: State) -> None:
+        """A glob that is exactly a present tensor's name names that tensor (`patterns`): say so when the glob would
+        have matched other names too, so a pattern meant for many does not silently take one."""
+        glob = leaf.inputs[0] if leaf.inputs else ""
+        nodes = state.nodes
+        if "{" in glob or glob not in nodes:
+            return
+        match = glob_matcher(glob)
+        others = [name for name in nodes if name != glob and match(name) is not None]
+        if others:
+            self.problem(f"'{glob}' is the name of a tensor and a glob: {type(leaf).__name__} takes that one tensor, "
+                         f"not the {len(others)} other name(s) the glob matches (e.g. '{others[0]}'). To reach those, "
+                         "write a pattern that is not itself a tensor's name.", leaf, glob, "warning", kind="clash")
 
     def _expand_glob(self, leaf: Op, state: State, path: Path, effect: Effect) -> None:
         """A leaf whose input is a glob: one instance per name it matches among those present now (`patterns`)."""
