@@ -27,6 +27,7 @@ from ..display import format_bytes, format_count, format_shape, text_table
 from ..errors import WorkbenchError
 from ..names import name_filter, no_match_hint
 from .convert import convert_arguments, open_arguments, open_options, plan_arguments, run_convert, run_plan
+from .merge import merge_arguments, run_merge
 from .terminal import escape, guarded_output
 
 URL_FORMS = "hf://org/repo[@revision][/subfolder], https://host/folder/, s3://bucket/prefix/ (headers by range requests, cached)"
@@ -407,6 +408,7 @@ SUBCOMMANDS: list[Subcommand] = [
     Subcommand("plan", "dry-run a conversion: layout, files and bytes read, peak memory, problems", plan_arguments, run_plan),
     Subcommand("convert", "convert a checkpoint to safetensors shards, DCP, GGUF or Meta .pth (dry-run first, report after)",
                convert_arguments, run_convert),
+    Subcommand("merge", "merge models by a mergekit config (YAML): dry-run first, report after", merge_arguments, run_merge),
 ]
 
 

@@ -128,7 +128,7 @@ class Binder:
         self.scope_clashes: dict[Path, str] = {}  # scope path -> an outside name that lands under target_prefix
         self.after: dict[Path, dict[str, Meta | None]] = {}  # glob leaf path -> names (metadata) once its step ran (inverse)
         self.keep_after = keep_after
-        self._infer_cache: dict[tuple[Path, tuple[Meta, ...]], list[Meta]] = {}
+        self._infer_cache: dict[tuple[Path, type, tuple[Meta, ...]], list[Meta]] = {}
         self._templates: dict[Path, tuple[tuple[str, ...], list[Template]]] = {}
         self._failed_templates: set[str] = set()
         self._scopes: set[str] | None = None  # the named sources of a multi-source catalog (NAME of NAME::tensor)
@@ -336,7 +336,7 @@ class Binder:
             names = op.inputs
             found_nodes = [nodes[name] for name in names]
             metas = tuple([node.meta for node in found_nodes])
-            outputs = cache.get((path, metas))  # type: ignore[arg-type]
+            outputs = cache.get((path, type(op), metas))  # type: ignore[arg-type]
             general = outputs is None
             if not general:
                 for name, node in zip(names, found_nodes, strict=True):
@@ -389,7 +389,7 @@ class Binder:
             out = op.outputs[0]
             outputs = inferred.get(meta)  # type: ignore[arg-type]
             if outputs is None and meta is not None:
-                outputs = cache.get((path, (meta,)))
+                outputs = cache.get((path, type(op), (meta,)))
                 if outputs is not None:
                     inferred[meta] = outputs
             if outputs is None or name in consumed or out in produced:
@@ -495,7 +495,7 @@ class Binder:
             self._report_missing(op, state, present, reported)
             present = [(name, node) for name, node in present if node is not None]
         else:
-            key = (path, metas)
+            key = (path, type(op), metas)  # a self-expanding leaf's instances are of several kinds (Merge, Drop)
             outputs = self._infer_cache.get(key)  # type: ignore[arg-type]
             if outputs is None:
                 try:

@@ -18,6 +18,9 @@ from .compose import Parallel, PrefixScope, Sequential
 from .config_update import ConfigUpdate
 from .function import Function
 from .merge import Merge, MergeModels
+from .merge.refusal import Refused
+from .merge.slices import Duplicate, MergeSlices, SliceCopies
+from .merge.vocabulary import AlignVocabulary
 from .op import Op
 from .ops import Cast, Concat, Drop, Identity, Rename, Reshape, Split, Stack, Transpose, Unstack
 from .ranges import ORDER_NOTE, has_ranges
@@ -30,7 +33,7 @@ SHORT_WIDTH = 160
 
 OPERATIONS: dict[str, type[Mapper]] = {
     cls.__name__: cls
-    for cls in (Rename, Identity, Drop, Concat, Stack, Split, Unstack, Transpose, Reshape, Cast, Unsupported, Function, Merge, MergeModels, Sequential, Parallel, PrefixScope, Claim, ConfigUpdate)
+    for cls in (Rename, Identity, Drop, Concat, Stack, Split, Unstack, Transpose, Reshape, Cast, Unsupported, Function, Merge, MergeModels, MergeSlices, SliceCopies, Duplicate, Refused, AlignVocabulary, Sequential, Parallel, PrefixScope, Claim, ConfigUpdate)
 }
 
 
@@ -137,7 +140,7 @@ def to_code(mapper: Mapper) -> str:
 
 def to_dict(mapper: Mapper) -> dict[str, Any]:
     """A JSON-ready dict describing `mapper`."""
-    if isinstance(mapper, (Merge, MergeModels)):
+    if isinstance(mapper, (Merge, MergeModels, MergeSlices, AlignVocabulary)):  # SliceCopies is a MergeSlices
         return {"op": type(mapper).__name__, **mapper.arguments()}
     if isinstance(mapper, (Op, Claim, ConfigUpdate)):
         out: dict[str, Any] = {"op": type(mapper).__name__}
