@@ -291,7 +291,8 @@ class Binder:
         metas = {name: node.meta for name, node in nodes.items()}
         expand = getattr(leaf, "bind_instances", None)  # an op that expands itself (a whole-checkpoint merge)
         if expand is not None:
-            found, problems = expand(metas, self.source_names)
+            # a leaf that asks for them also gets the checkpoint's source names (the primary first)
+            found, problems = expand(metas, self.source_names) if getattr(leaf, "BIND_WITH_SOURCES", False) else expand(metas)
             for message, tensor, kind in problems:
                 self.problem(message, leaf, tensor, kind=kind)
             for op in found:

@@ -52,6 +52,7 @@ class MergeModels(Op):
     seed: int | None = None
 
     POSITIONAL = ("method", "models")
+    BIND_WITH_SOURCES = True  # the binder passes the checkpoint's source names to `bind_instances`
 
     def __init__(self, method: str, models: Sequence[str], *, base_model: str | None = None,
                  parameters: Mapping[str, Any] | None = None, model_parameters: Mapping[str, Mapping[str, Any]] | None = None,
