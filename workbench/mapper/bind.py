@@ -69,6 +69,12 @@ def source_infos(source: Any) -> list[TensorInfo]:
     return infos
 
 
+def source_names(source: Any) -> list[str] | None:
+    """The source names of a multi-source catalog (the primary, whose names are unscoped, first); None otherwise."""
+    names = getattr(getattr(source, "catalog", source), "sources", None)
+    return list(names) if isinstance(names, Mapping) and names else None
+
+
 class Effect:
     """What one step does to the state: names it consumes and nodes it produces (checked for clashes)."""
 
@@ -127,6 +133,7 @@ class Binder:
         self._templates: dict[Path, tuple[tuple[str, ...], list[Template]]] = {}
         self._failed_templates: set[str] = set()
         self._scopes: set[str] | None = None  # the named sources of a multi-source catalog (NAME of NAME::tensor)
+        self.source_names: list[str] | None = None  # a multi-source catalog's source names, the primary first
         nodes = {info.name: Node((info.dtype, tuple(info.shape)), None, index) for index, info in enumerate(infos)}
         self.state = State(nodes)
 
@@ -300,7 +307,8 @@ class Binder:
         metas = {name: node.meta for name, node in nodes.items()}
         expand = getattr(leaf, "bind_instances", None)  # an op that expands itself (a whole-checkpoint merge)
         if expand is not None:
-            found, problems = expand(metas)
+            # a leaf that asks for them also gets the checkpoint's source names (the primary first)
+            found, problems = expand(metas, self.source_names) if getattr(leaf, "BIND_WITH_SOURCES", False) else expand(metas)
             for message, tensor, kind in problems:
                 self.problem(message, leaf, tensor, kind=kind)
             for op in found:
@@ -612,6 +620,7 @@ def run_binder(mapper: Mapper, source: Any, rest: Rest = "keep", *, record: bool
     gc.disable()
     try:
         binder = Binder(mapper, source_infos(source), record=record, keep_after=record)
+        binder.source_names = source_names(source)
         binder.run(mapper, binder.state, ())
         return build_binding(binder, rest), binder
     finally:
@@ -679,6 +688,7 @@ def bind_steps(steps: list[Mapper], source: Any, *, parallel: bool = False, rest
     gc.disable()
     try:
         binder = Binder(mapper, source_infos(source), record=True)
+        binder.source_names = source_names(source)
         before: list[Mapping[str, TensorInfo]] = []
         problems: list[list[Problem]] = []
         if parallel:

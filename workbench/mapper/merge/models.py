@@ -52,6 +52,7 @@ class MergeModels(Op):
     seed: int | None = None
 
     POSITIONAL = ("method", "models")
+    BIND_WITH_SOURCES = True  # the binder passes the checkpoint's source names to `bind_instances`
 
     def __init__(self, method: str, models: Sequence[str], *, base_model: str | None = None,
                  parameters: Mapping[str, Any] | None = None, model_parameters: Mapping[str, Mapping[str, Any]] | None = None,
@@ -109,9 +110,11 @@ class MergeModels(Op):
         raise MapperError(f"Cannot apply {self.short()} before binding: bind it to the multi-source checkpoint.")
 
     # -- binding -----------------------------------------------------------------------------------------------
-    def bind_instances(self, nodes: Mapping[str, Meta | None]) -> tuple[list[Op], list[tuple[str, str | None, str]]]:
+    def bind_instances(self, nodes: Mapping[str, Meta | None], sources: Sequence[str] | None = None
+                       ) -> tuple[list[Op], list[tuple[str, str | None, str]]]:
         """The `Merge` of every tensor the models hold among `nodes` (name -> metadata where the step runs), and the
-        problems as (message, tensor, kind)."""
+        problems as (message, tensor, kind). `sources`: the checkpoint's source names, the primary first (unknown for
+        a plain mapping of tensors: then the one model whose names are unscoped is taken as the primary)."""
         spec = _known(self.method)
         problems: list[tuple[str, str | None, str]] = []
         parameters = json.loads(self.parameters)
@@ -124,7 +127,7 @@ class MergeModels(Op):
         reason = spec.check_inputs(self.models, self.base_model)
         if reason:
             return [], [*problems, (f"Cannot merge {list(self.models)} by {spec.name}: {reason}.", None, "invalid")]
-        tensors = self._tensors_by_model(nodes, problems)
+        tensors = self._tensors_by_model(nodes, problems, sources)
         if tensors is None:
             return [], problems
         merged = {full for names in tensors.values() for full in names.values()}
@@ -163,16 +166,17 @@ class MergeModels(Op):
                              params=params, dtype=self.dtype, out_dtype=self.out_dtype, seed=self.seed))
         return ops, problems
 
-    def _tensors_by_model(self, nodes: Mapping[str, Meta | None],
-                          problems: list[tuple[str, str | None, str]]) -> dict[str, dict[str, str]] | None:
+    def _tensors_by_model(self, nodes: Mapping[str, Meta | None], problems: list[tuple[str, str | None, str]],
+                          sources: Sequence[str] | None) -> dict[str, dict[str, str]] | None:
         """model -> (tensor name -> name where the step runs); None, with a problem, when a model is not a source."""
         scopes = {name.partition(SCOPE)[0] for name in nodes if SCOPE in name}
+        primary = sources[0] if sources else None
         unscoped = [m for m in self.models if m not in scopes]
         has_primary = any(SCOPE not in name for name in nodes)
-        if len(unscoped) > (1 if has_primary else 0):
-            absent = unscoped[1:] if has_primary else unscoped
-            problems.append((f"Cannot merge models {absent}: the checkpoint has no such sources (it has "
-                             f"{sorted(scopes)} besides its first source). Open them together, e.g. "
+        absent = [m for m in unscoped if m != primary] if primary else unscoped[1:] if has_primary else unscoped
+        if absent:
+            have = f"its sources are {list(sources)}" if sources else f"it has {sorted(scopes)} besides its first source"
+            problems.append((f"Cannot merge models {absent}: the checkpoint has no such sources ({have}). Open them together, e.g. "
                              "wb.open_checkpoint({'a': 'a/', 'b': 'b/'}), and name the models as the sources.", None, "missing"))
             return None
         out: dict[str, dict[str, str]] = {}

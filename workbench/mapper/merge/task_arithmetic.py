@@ -41,9 +41,10 @@ def _magnitude(tensor: Any, density: float, rescale: bool) -> Any:
     if density <= 0 or tensor.numel() == 0:
         return torch.zeros_like(tensor)
     keep = max(1, int(density * tensor.numel()))
+    order = torch.argsort(tensor.abs().reshape(-1).float(), descending=True)  # the peak: held alone, the mask comes after
     mask = torch.zeros(tensor.numel(), dtype=tensor.dtype, device=tensor.device)
-    order = torch.argsort(tensor.abs().reshape(-1).float(), descending=True)
     mask[order[:keep]] = 1
+    del order
     return _rescaled(tensor, mask.reshape_as(tensor), rescale)
 
 
@@ -59,6 +60,7 @@ def _magnitude_outliers(tensor: Any, density: float, rescale: bool, gamma: float
     order = torch.sort(tensor.abs().reshape(-1).float(), descending=False).indices
     mask = torch.zeros(count, dtype=tensor.dtype, device=tensor.device)
     mask[order[bottom:bottom + keep]] = 1
+    del order
     return _rescaled(tensor, mask.reshape_as(tensor), rescale)
 
 
