@@ -8,7 +8,9 @@ per process (a second) and checks them against the recorded digests first, so a 
 
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
 import sys
 import tempfile
 from functools import lru_cache
@@ -32,6 +34,7 @@ def manifest() -> dict[str, Any]:
 def inputs_folder() -> Path:
     """The input models, regenerated in a temporary folder and checked against the manifest's digests."""
     folder = Path(tempfile.mkdtemp(prefix="wb-mergekit-inputs-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # one folder per test process, gone when it ends
     maker.build_inputs(folder)
     got, want = maker.input_digests(folder), manifest()["inputs"]
     changed = sorted(f"{m}:{t}" for m in want for t in want[m] if got.get(m, {}).get(t) != want[m][t])

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from ..catalog import TensorInfo
 from ..dtypes import dtype_bits, nbytes_of
 from ..mapper.groups import ByteSlice, Group
-from ..mapper.merge.memory import group_scratch_bytes
 from ..mapper.recipes import LazyRecipe
 
 COPY, CAST, COMPUTE, ROWS, PIECES = "copy", "cast", "compute", "rows", "pieces"
@@ -49,6 +48,25 @@ class Step:
     def bytes_read(self) -> int:
         """Bytes the step reads from the source, all files together."""
         return sum(self.reads.values())
+
+
+def group_scratch_bytes(group: Group) -> int:
+    """Work bytes (beyond inputs and outputs) of the operations of a bound group that declare them
+    (`scratch_bytes(inputs)`: merges), at most the largest one's (the steps of a group run one after another); 0 for
+    every other group. Asked by duck typing, so a plan with no merge imports no merge module."""
+    op = group.op
+    own = getattr(op, "scratch_bytes", None)
+    if own is not None:
+        return int(own(group.inputs))
+    if not hasattr(op, "mappers"):
+        return 0
+    by_name = {info.name: info for info in group.inputs}
+    most = 0
+    for leaf in op.leaves():
+        leaf_scratch = getattr(leaf, "scratch_bytes", None)
+        if leaf_scratch is not None:
+            most = max(most, int(leaf_scratch([by_name[n] for n in leaf.inputs if n in by_name] or list(group.inputs))))
+    return most
 
 
 @functools.lru_cache(maxsize=4096)  # asked per cast step by the planner and the engine; few distinct answers

@@ -54,21 +54,3 @@ def scratch_bytes(method: str, dtypes: Sequence[str], numel: int, compute: str, 
         vote = ((3 * non_base + 3) if consensus else 2) * min(n, CHUNK) * c  # per slice of CHUNK elements
         work = non_base * n * c + max(per_vector, vote)
     return casts + work
-
-
-def group_scratch_bytes(group: Any) -> int:
-    """Work bytes of the operations of a bound group that declare them (`scratch_bytes(inputs)`: merges), at most
-    the largest one's (the steps of a group run one after another); 0 for every other group."""
-    op = group.op
-    own = getattr(op, "scratch_bytes", None)
-    if own is not None:
-        return int(own(group.inputs))
-    if not hasattr(op, "mappers"):
-        return 0
-    by_name = {info.name: info for info in group.inputs}
-    most = 0
-    for leaf in op.leaves():
-        leaf_scratch = getattr(leaf, "scratch_bytes", None)
-        if leaf_scratch is not None:
-            most = max(most, int(leaf_scratch([by_name[n] for n in leaf.inputs if n in by_name] or list(group.inputs))))
-    return most
