@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from make_sparse import STAMP, Spec, _build, shard_evenly  # noqa: E402
+from make_sparse import STAMP, Spec, _build  # noqa: E402
 
 FP8_BLOCK = 128
 FP8_CONFIG = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [FP8_BLOCK, FP8_BLOCK]}

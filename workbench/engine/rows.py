@@ -36,7 +36,12 @@ def run_rows(ctx: RankContext, step: Step) -> None:
         buffer = bytearray(per * in_row)
         convert = job.converter(per)
         at = 0
+        low, high = step.part or (0, len(job.inputs) * job.rows * out_row)  # a part (`planning.parts`): chunks starting in it
         for k, info in enumerate(job.inputs):
+            span = job.rows * out_row
+            if at + span <= low or at >= high:  # none of this input's chunks: not even its whole extras are read
+                at += span
+                continue
             fd, begin = _located(ctx, info)
             whole = []
             for extra in job.whole(k):
@@ -46,6 +51,9 @@ def run_rows(ctx: RankContext, step: Step) -> None:
                 whole.append(grid)
             for first in range(0, job.rows, per):
                 n = min(per, job.rows - first)
+                if not low <= at < high:
+                    at += n * out_row
+                    continue
                 view = memoryview(buffer)[: n * in_row]
                 read_into(fd, view, begin + first * in_row)
                 data, count, largest = convert(k, first, view, whole)

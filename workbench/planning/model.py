@@ -138,7 +138,7 @@ class Plan:
 
     @cached_property
     def _steps_by_rank(self) -> dict[int, list[Step]]:
-        if not any(f.kept for f in self.output_file_list) and {f.rank for f in self.output_file_list} <= {0}:
+        if not any(f.kept or f.ranks for f in self.output_file_list) and {f.rank for f in self.output_file_list} <= {0}:
             return {0: list(self.steps)} if self.steps else {}  # one rank, nothing kept: every step, no walk
         by_rank: dict[int, list[Step]] = {}
         active = self._active_indexes
@@ -153,7 +153,20 @@ class Plan:
 
     def rank_files(self, rank: int) -> list[OutputFile]:
         """The output files `rank` writes (kept ones excluded)."""
-        return [f for f in self.output_file_list if f.rank == rank and not f.kept]
+        return [f for f in self.output_file_list if (rank in f.ranks if f.ranks else f.rank == rank) and not f.kept]
+
+    def rank_output_bytes(self, rank: int) -> int:
+        """Tensor bytes `rank` writes: its files' whole, and its own ranges of files it shares (`planning.ranks`)."""
+        total = 0
+        shared = set()
+        for f in self.rank_files(rank):
+            if f.ranks:
+                shared.add(f.name)
+            else:
+                total += f.tensor_bytes
+        if shared:
+            total += sum(s.bytes_out for s in self._steps_by_rank.get(rank, ()) if shared.intersection(s.files))
+        return total
 
     @cached_property
     def _file_by_name(self) -> dict[str, OutputFile]:

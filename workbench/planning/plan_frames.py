@@ -24,6 +24,8 @@ def outputs_frame(plan: Plan) -> pd.DataFrame:
     placement = plan.placement
     rows = []
     for step in plan.steps:
+        if step.part is not None and step.part[0]:  # a later part of a tensor several ranks write: listed once
+            continue
         for t in step.group.outputs:
             file, offset = placement[t.name]
             rows.append((t.name, t.dtype, t.shape, t.nbytes, file, offset, step.rank, step.group.label))
