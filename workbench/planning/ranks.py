@@ -109,46 +109,39 @@ def written_spread(steps: list[Step], nproc: int) -> float:
 
 
 def share_ranks(files: list[OutputFile], steps: list[Step], nproc: int, access: SourceAccess, chunk_bytes: int) -> bool:
-    """Give rank r the r-th 1/`nproc` of the output bytes in schedule order, cutting steps into parts at the
-    boundaries (see the module text); renumbers `steps` in place and sets each file's `ranks`. False (nothing
+    """Give the ranks even shares of the output bytes in schedule order (each rank an even split of what the ranks
+    before it left), cutting steps into parts at the boundaries (see the module text); renumbers `steps` in place and sets each file's `ranks`. False (nothing
     changed) when cutting does not bring the balance within `BALANCE`."""
     from .parts import part_of, units
 
     total = sum(step.bytes_out for step in steps)
     if total < nproc:
         return False
-    bounds = [total * r // nproc for r in range(1, nproc)] + [total]
-
-    def rank_at(position: int) -> int:  # the rank whose share holds byte `position` (bisect on few bounds)
-        lo, hi = 0, nproc - 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if position < bounds[mid]:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
-
     before = [step.rank for step in steps]
     new_steps: list[Step] = []
-    at = 0
+    rank, start, at = 0, 0, 0  # the rank being filled, where its bytes began, where the next step's begin
+
+    def past_share(position: float) -> bool:  # the current rank's share (an even split of what is left) ends before
+        return rank < nproc - 1 and position > start + (total - start) / (nproc - rank)
+
     for step in steps:
         size = step.bytes_out
-        first, last = rank_at(at), rank_at(at + size - 1) if size else rank_at(at)
-        sizes = units(step, access, chunk_bytes) if first != last else None
-        if sizes is None:  # whole: to the rank holding its middle byte
-            step.rank = rank_at(at + size // 2)
+        sizes = units(step, access, chunk_bytes) if past_share(at + size) else None
+        if sizes is None:  # whole: to the next rank when its middle lies past this rank's share
+            if past_share(at + size / 2) and at > start:
+                rank, start = rank + 1, at
+            step.rank = rank
             new_steps.append(step)
             at += size
             continue
         begin = offset = 0
-        rank = first
         for unit in sizes:
-            if at + offset + unit // 2 >= bounds[rank] and offset > begin:  # the unit's middle lies past the share
-                new_steps.append(part_of(step, begin, offset, access, chunk_bytes))
-                new_steps[-1].rank = rank
+            if past_share(at + offset + unit / 2) and at + offset > start:  # the unit's middle lies past the share
+                if offset > begin:
+                    new_steps.append(part_of(step, begin, offset, access, chunk_bytes))
+                    new_steps[-1].rank = rank
                 begin = offset
-                rank = rank_at(at + offset + unit // 2)
+                rank, start = rank + 1, at + offset
             offset += unit
         new_steps.append(part_of(step, begin, offset, access, chunk_bytes))
         new_steps[-1].rank = rank

@@ -650,3 +650,8 @@ __all__ = [
     "fp8_quantization_config", "quantize_fp8", "quantize_fp8_tensor",
 ]
 
+
+
+from .fp8_rows import fp8_rows as _fp8_rows  # noqa: E402 - the row job of dense FP8 weights (its own module)
+
+dequantize_fp8_tensor.rows = _fp8_rows  # type: ignore[attr-defined]  # the row job `Function.rows` finds
