@@ -11,6 +11,8 @@ walk over the same units, so the bytes each rank writes are the planned ones.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..catalog import TensorInfo
 from .schedule import COPY, PIECES, ROWS, SourceAccess, Step
 
@@ -29,16 +31,27 @@ def _copy_unit(step: Step, chunk_bytes: int) -> int:
     return -(-max(chunk_bytes, 1) // row) * row
 
 
-def units(step: Step, access: SourceAccess, chunk_bytes: int) -> list[int] | None:
-    """Bytes of each unit of `step`'s one output, in order, when it can be cut between units; None otherwise."""
+def _pieces(group: object, cache: dict | None) -> object:
+    """`output_pieces(group)`, found once per group when a `cache` (id -> pieces) is kept across calls."""
+    from ..mapper.pieces import output_pieces
+
+    if cache is None:
+        return output_pieces(group)
+    key = id(group)
+    if key not in cache:
+        cache[key] = (group, output_pieces(group))  # the group is kept so its id stays its own
+    return cache[key][1]
+
+
+def units(step: Step, access: SourceAccess, chunk_bytes: int, cache: dict | None = None) -> list[int] | None:
+    """Bytes of each unit of `step`'s one output, in order, when it can be cut between units; None otherwise.
+    `cache`: a dict kept across calls (and given to `part_of`), so a stack's pieces are found once."""
     group = step.group
     if step.run or step.batch is not None or step.part is not None or len(group.outputs) != 1 or step.bytes_out < 2:
         return None
     if step.kind == PIECES:
-        from ..mapper.pieces import output_pieces
-
-        pieces = output_pieces(group)
-        return None if pieces is None else [p.rows * pieces.row_bytes for p in pieces.pieces]
+        pieces = _pieces(group, cache)
+        return None if pieces is None else [p.rows * pieces.row_bytes for p in pieces.pieces]  # type: ignore[attr-defined]
     if step.kind == ROWS:
         from ..mapper.row_jobs import row_job
 
@@ -57,15 +70,13 @@ def _add(reads: dict[str, int], file: str, n: int) -> None:
         reads[file] = reads.get(file, 0) + n
 
 
-def part_of(step: Step, begin: int, end: int, access: SourceAccess, chunk_bytes: int) -> Step:
+def part_of(step: Step, begin: int, end: int, access: SourceAccess, chunk_bytes: int, cache: dict | None = None) -> Step:
     """The step writing bytes [begin, end) of `step`'s one output (unit boundaries), its reads and held bytes its own."""
     group = step.group
     reads: dict[str, int] = {}
     held = step.held_bytes
     if step.kind == PIECES:
-        from ..mapper.pieces import output_pieces
-
-        pieces = output_pieces(group)
+        pieces: Any = _pieces(group, cache)
         assert pieces is not None
         at, held = 0, 0
         for piece in pieces.pieces:

@@ -118,6 +118,7 @@ def share_ranks(files: list[OutputFile], steps: list[Step], nproc: int, access: 
     if total < nproc:
         return False
     before = [step.rank for step in steps]
+    cache: dict = {}  # group id -> its pieces, found once for `units` and every part
     new_steps: list[Step] = []
     rank, start, at = 0, 0, 0  # the rank being filled, where its bytes began, where the next step's begin
 
@@ -126,7 +127,7 @@ def share_ranks(files: list[OutputFile], steps: list[Step], nproc: int, access: 
 
     for step in steps:
         size = step.bytes_out
-        sizes = units(step, access, chunk_bytes) if past_share(at + size) else None
+        sizes = units(step, access, chunk_bytes, cache) if past_share(at + size) else None
         if sizes is None:  # whole: to the next rank when its middle lies past this rank's share
             if past_share(at + size / 2) and at > start:
                 rank, start = rank + 1, at
@@ -138,12 +139,12 @@ def share_ranks(files: list[OutputFile], steps: list[Step], nproc: int, access: 
         for unit in sizes:
             if past_share(at + offset + unit / 2) and at + offset > start:  # the unit's middle lies past the share
                 if offset > begin:
-                    new_steps.append(part_of(step, begin, offset, access, chunk_bytes))
+                    new_steps.append(part_of(step, begin, offset, access, chunk_bytes, cache))
                     new_steps[-1].rank = rank
                 begin = offset
                 rank, start = rank + 1, at + offset
             offset += unit
-        new_steps.append(part_of(step, begin, offset, access, chunk_bytes))
+        new_steps.append(part_of(step, begin, offset, access, chunk_bytes, cache))
         new_steps[-1].rank = rank
         at += size
     if written_spread(new_steps, nproc) > BALANCE:
