@@ -82,3 +82,18 @@ def test_a_format_that_cannot_share_keeps_whole_files(moe: Path) -> None:
     """DCP writes one file per rank of its own: nothing is cut, whatever the balance."""
     plan = wb.plan(moe, _recipe(moe), nproc=4, to="dcp", **OPTIONS)
     assert all(step.part is None for step in plan.steps) and not any(f.ranks for f in plan.output_file_list)
+
+
+def test_a_failing_rank_leaves_no_shared_file_and_the_run_again_completes(moe: Path, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from workbench.engine.rank import FAIL_RANK_ENV
+    from workbench.errors import PlanError
+
+    dest = tmp_path / "out"
+    monkeypatch.setenv(FAIL_RANK_ENV, "2")  # rank 2 fails just before releasing its last range of the shared file
+    with pytest.raises(PlanError, match="rank 2"):
+        wb.convert(moe, dest, _recipe(moe), nproc=4, quiet=True, **OPTIONS)
+    assert not list(dest.glob("*.safetensors")) and not list(dest.glob("*.partial"))
+    monkeypatch.delenv(FAIL_RANK_ENV)
+    report = wb.convert(moe, dest, _recipe(moe), nproc=4, quiet=True, **OPTIONS)
+    assert report.ok and [p.name for p in dest.glob("*.safetensors")] == ["model.safetensors"]
