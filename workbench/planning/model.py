@@ -168,6 +168,11 @@ class Plan:
             total += sum(s.bytes_out for s in self._steps_by_rank.get(rank, ()) if shared.intersection(s.files))
         return total
 
+    def rank_bytes_written(self, rank: int) -> int:
+        """Bytes `rank` writes: its own files whole (headers included), its ranges of files it shares (their headers
+        are written before the ranks start)."""
+        return self.rank_output_bytes(rank) + sum(len(f.layout.header) for f in self.rank_files(rank) if not f.ranks)
+
     @cached_property
     def _file_by_name(self) -> dict[str, OutputFile]:
         return {f.name: f for f in self.output_file_list}

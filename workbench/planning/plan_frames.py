@@ -101,7 +101,7 @@ def ranks_frame(plan: Plan) -> pd.DataFrame:
     for rank in range(plan.nproc):
         files = plan.rank_files(rank)
         reads = plan.reads(rank)
-        rows.append((rank, [f.name for f in files], list(reads), sum(reads.values()), sum(f.size for f in files),
+        rows.append((rank, [f.name for f in files], list(reads), sum(reads.values()), plan.rank_bytes_written(rank),
                      plan.rank_peak_bytes(rank), len(plan.rank_steps(rank))))
     return pd.DataFrame(rows, columns=list(RANK_COLUMNS))
 
