@@ -9,6 +9,7 @@ by row chunks (`planning.parts`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ...catalog import TensorInfo
@@ -23,8 +24,10 @@ class Fp8Rows:
     library_bytes = 2_720_000  # as quantized.ML_DTYPES_BYTES
     library_detail = "ml_dtypes: FP8 weights dequantised by rows"
 
-    def __init__(self, weight: TensorInfo, scales: TensorInfo, output: TensorInfo, block: tuple[int, int], code: str) -> None:
+    def __init__(self, weight: TensorInfo, scales: TensorInfo, output: TensorInfo, block: tuple[int, int], code: str,
+                 kernel: Callable[..., Any], numpy_dtype: Callable[[str], Any]) -> None:
         self.inputs, self.output, self.scales, self.block, self.code = (weight,), output, scales, block, code
+        self.kernel, self.numpy_dtype = kernel, numpy_dtype  # quantized.dequantize_fp8_tensor and its dtype table
         self.overflow_dtype = self.value_dtype = code
 
     @property
@@ -59,24 +62,24 @@ class Fp8Rows:
     def converter(self, rows: int) -> Any:
         import numpy as np
 
-        from .quantized import _numpy_dtype, dequantize_fp8_tensor
-
-        weight, b0 = self.inputs[0], self.block[0]
-        cols, grid, in_dtype = weight.shape[1], self.scales.shape, _numpy_dtype(weight.dtype)
-        scale_dtype = _numpy_dtype(self.scales.dtype)
+        weight, b0, kernel = self.inputs[0], self.block[0], self.kernel
+        cols, grid, in_dtype = weight.shape[1], self.scales.shape, self.numpy_dtype(weight.dtype)
+        scale_dtype = self.numpy_dtype(self.scales.dtype)
 
         def convert(k: int, first: int, raw: Any, whole: Any) -> tuple[Any, int, float]:
             values = np.frombuffer(raw, in_dtype).reshape(-1, cols)
             tile = first // b0
             scales = np.frombuffer(whole[0], scale_dtype).reshape(grid)[tile: tile + -(-values.shape[0] // b0)]
-            out = dequantize_fp8_tensor(values, scales, block=self.block, dtype=self.code)
+            out = kernel(values, scales, block=self.block, dtype=self.code)
             return np.ascontiguousarray(out).reshape(-1).view(np.uint8), 0, 0.0
 
         return convert
 
 
-def fp8_rows(op: Any, group: Any, ahead: tuple[Any, ...] = ()) -> Fp8Rows | None:
-    """The row job of a dense FP8 group (a 2-D float8 weight and its float scale grid, nothing after), None otherwise."""
+def fp8_rows(op: Any, group: Any, ahead: tuple[Any, ...], *, kernel: Callable[..., Any], numpy_dtype: Callable[[str], Any],
+             output_code: Callable[[Any], str]) -> Fp8Rows | None:
+    """The row job of a dense FP8 group (a 2-D float8 weight and its float scale grid, nothing after), None otherwise.
+    `kernel`, `numpy_dtype`, `output_code`: `quantized`'s (given, so this module imports nothing of it)."""
     if ahead or len(group.inputs) != 2 or len(group.outputs) != 1:
         return None
     infos = {info.name: info for info in group.inputs}
@@ -87,12 +90,10 @@ def fp8_rows(op: Any, group: Any, ahead: tuple[Any, ...] = ()) -> Fp8Rows | None
     block = kwargs.get("block")
     if not isinstance(block, (list, tuple)) or len(block) != 2 or scales.dtype not in ("F32", "BF16", "F16"):
         return None
-    from .quantized import _output_code
-
     output = group.outputs[0]
-    if tuple(output.shape) != tuple(weight.shape) or output.dtype != _output_code(kwargs.get("dtype", "BF16")):
+    if tuple(output.shape) != tuple(weight.shape) or output.dtype != output_code(kwargs.get("dtype", "BF16")):
         return None
-    return Fp8Rows(weight, scales, output, (int(block[0]), int(block[1])), output.dtype)
+    return Fp8Rows(weight, scales, output, (int(block[0]), int(block[1])), output.dtype, kernel, numpy_dtype)
 
 
 __all__ = ["Fp8Rows", "fp8_rows"]

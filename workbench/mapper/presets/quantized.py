@@ -652,6 +652,11 @@ __all__ = [
 
 
 
-from .fp8_rows import fp8_rows as _fp8_rows  # noqa: E402 - the row job of dense FP8 weights (its own module)
+def _fp8_rows(op: Any, group: Any, ahead: tuple[Any, ...] = ()) -> Any:
+    """The row job of a dense FP8 group (`fp8_rows`), given this module's kernel and dtype tables."""
+    from .fp8_rows import fp8_rows
+
+    return fp8_rows(op, group, ahead, kernel=dequantize_fp8_tensor, numpy_dtype=_numpy_dtype, output_code=_output_code)
+
 
 dequantize_fp8_tensor.rows = _fp8_rows  # type: ignore[attr-defined]  # the row job `Function.rows` finds
