@@ -251,8 +251,8 @@ def test_predicted_memory_of_casts_and_compute(four_files: Path) -> None:
     assert to_f16.needs_torch and "torch needed" in to_f16.summary()
     fused = wb.plan(four_files, M.Sequential(M.Concat(["t03", "t04"], "cat"), M.Cast("cat", "bf16")), rest="drop")
     (step,) = fused.steps
-    assert step.kind == "compute" and step.held_bytes == 2 * 4096 + 2048 * 2  # inputs + BF16 output, held together
-    assert fused.peak_bytes == 12288
+    assert step.kind == "pieces" and step.held_bytes == 4096 + 2048  # each input cast and written alone (mapper.pieces)
+    assert fused.peak_bytes == 6144
 
 
 def test_problems_from_binding_duplicates_and_empty_output(four_files: Path) -> None:

@@ -169,9 +169,10 @@ class Plan:
         return total
 
     def rank_bytes_written(self, rank: int) -> int:
-        """Bytes `rank` writes: its own files whole (headers included), its ranges of files it shares (their headers
-        are written before the ranks start)."""
-        return self.rank_output_bytes(rank) + sum(len(f.layout.header) for f in self.rank_files(rank) if not f.ranks)
+        """Bytes `rank` writes: its own files whole, its ranges of files it shares, and the headers of the files it
+        owns (a shared file's is written before the ranks start, counted for its first rank): the ranks add up to
+        `bytes_written`."""
+        return self.rank_output_bytes(rank) + sum(len(f.layout.header) for f in self.rank_files(rank) if f.rank == rank)
 
     @cached_property
     def _file_by_name(self) -> dict[str, OutputFile]:
