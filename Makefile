@@ -41,15 +41,16 @@ lab: setup
 	$(BIN)/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 # The tool-made fixtures the tests read are committed (tests/fixtures/: real DeepSpeed ZeRO and Megatron TP/PP runs, and
-# llama.cpp's converter outputs as digests and small files), each with a MANIFEST.json naming the script, the tool
+# llama.cpp's converter outputs and mergekit's merges as digests and small files), each with a MANIFEST.json naming the script, the tool
 # versions and the digests. `make fixtures` rebuilds them with the real tools (DeepSpeed and megatron-core in their own
 # venvs under .cache/fixtures/: transformers imports deepspeed when present; the GGUF tests rerun with llama.cpp's
 # converter) and checks that the rebuild holds what is committed. After a deliberate change,
-# `python scripts/make_{deepspeed,megatron}_fixtures.py --commit` / `make_gguf_references.py --commit` replace it.
+# `python scripts/make_{deepspeed,megatron,mergekit}_fixtures.py --commit` / `make_gguf_references.py --commit` replace it.
 fixtures: setup
 	$(BIN)/python scripts/make_deepspeed_fixtures.py
 	$(BIN)/python scripts/make_megatron_fixtures.py
 	$(BIN)/python scripts/make_gguf_references.py
+	$(BIN)/python scripts/make_mergekit_fixtures.py
 	WB_FIXTURES_REBUILT=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/system/test_fixtures_committed.py
 
 # pytest in two processes (pytest-xdist). Tests marked `serial` (they measure a peak RSS, or start torchrun, servers or

@@ -6,7 +6,9 @@
   `GET /api/models/{org}/{repo}/revision/{rev}?blobs=true` (HfApi.model_info with files_metadata:
   id, sha, siblings with rfilename/size/blobId/lfs) and `GET|HEAD /{org}/{repo}/resolve/{rev}/{path}`
   (ranges -> 206 with Content-Range, ETag and X-Repo-Commit headers). It serves files from
-  `repos[(repo_id, commit)] = folder`, revision "main" naming the latest commit added.
+  `repos[(repo_id, commit)] = folder`, revision "main" naming the latest commit added. It also accepts what
+  huggingface_hub sends to write (repo creation, preupload, LFS uploads, NDJSON commits, pull requests; see the
+  class), so `hf://` destinations are tested against it; `hub_writes(monkeypatch, hub)` points a test at it.
 - `FaultyServer`: HTTP ranges with a chosen fault: drop the connection mid-body (`drop`), answer 200
   with the whole file (`ignore_range`), send a complete-looking but short 206 whose Content-Length
   lies about the range (`short`), or change the file's ETag after every GET (`change`); and the lying
@@ -18,6 +20,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import hashlib
@@ -192,7 +195,14 @@ class _Quiet(BaseHTTPRequestHandler):
             with open(path, "rb") as fh:
                 fh.seek(first)
                 data = fh.read(body_len)
-            self.wfile.write(data)
+            rate = getattr(self.server.owner, "rate", 0)  # HubServer(rate=...): bytes per second per connection
+            if rate:
+                started, view = time.monotonic(), memoryview(data)
+                for at in range(0, len(data), 1 << 18):
+                    self.wfile.write(view[at:at + (1 << 18)])
+                    time.sleep(max(0.0, started + (at + min(1 << 18, len(data) - at)) / rate - time.monotonic()))
+            else:
+                self.wfile.write(data)
             sent = len(data)
         self.record(206 if rng else 200, sent)
 
@@ -275,7 +285,24 @@ class _Served:
 
 
 def blob_id(path: Path) -> str:
-    return hashlib.sha1(path.read_bytes()).hexdigest()
+    return _digests(path)[0]
+
+
+def _digests(path: Path) -> tuple[str, str]:
+    """(sha1, sha256) of a served file, computed once per version of it (size and mtime): every listing and every
+    range GET needs them, and hashing a large file each time would make the fixture, not the client, the cost."""
+    st = path.stat()
+    return _digests_of(str(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4096)
+def _digests_of(path: str, size: int, mtime_ns: int) -> tuple[str, str]:
+    sha1, sha256 = hashlib.sha1(), hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            sha1.update(block)
+            sha256.update(block)
+    return sha1.hexdigest(), sha256.hexdigest()
 
 
 class _HubHandler(_Quiet):
@@ -288,27 +315,29 @@ class _HubHandler(_Quiet):
     def route(self, *, head: bool) -> None:
         hub: HubServer = self.server.owner
         path = self.path.split("?", 1)[0]
-        m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/revision/([^/]+)", path)
+        m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/auth-check(/write)?", path)
+        if m:  # HfApi.auth_check: may this token read (write) the repo
+            if m[1] not in hub.main:
+                return self.error(404, "Repository not found", "RepoNotFound")
+            refused = hub.refuse(self.headers.get("Authorization")) if m[2] else None
+            return self.error(*refused) if refused else self.answer({})
+        m = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?", path)
         if m:
-            found = hub.lookup(m[1], m[2])
+            found = hub.lookup(m[1], m[2] or "main")
             if found is None:
-                return self.error(404, "Repository or revision not found")
+                if m[1] in hub.main:
+                    return self.error(404, "Revision not found", "RevisionNotFound")
+                return self.error(404, "Repository not found", "RepoNotFound")
             commit, folder = found
             siblings = []
             for f in sorted(p for p in folder.rglob("*") if p.is_file()):
-                digest = hashlib.sha256(f.read_bytes()).hexdigest()
+                digest = _digests(f)[1]
                 entry = {"rfilename": f.relative_to(folder).as_posix(), "size": f.stat().st_size, "blobId": blob_id(f)}
                 if f.suffix == ".safetensors":
                     entry["lfs"] = {"size": f.stat().st_size, "sha256": digest, "pointerSize": 134}
                 siblings.append(entry)
-            body = json.dumps({"id": m[1], "modelId": m[1], "sha": commit, "private": False, "siblings": siblings}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            self.record(200, len(body))
-            return
+            return self.answer({"id": m[1], "modelId": m[1], "sha": commit, "private": m[1] in hub.private,
+                                "siblings": siblings})
         m = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)
         if m:
             found = hub.lookup(m[1], m[2])
@@ -323,24 +352,194 @@ class _HubHandler(_Quiet):
             return self.send_file_part(target, f'"{blob_id(target)}"', {"X-Repo-Commit": commit}, head=head)
         self.error(404, "Not found")
 
-    def error(self, status: int, message: str) -> None:
-        body = json.dumps({"error": message}).encode()
+    def error(self, status: int, message: str, code: str = "") -> None:
+        self.answer({"error": message}, status, {"X-Error-Message": message, **({"X-Error-Code": code} if code else {})})
+
+    def answer(self, value, status: int = 200, headers: dict[str, str] | None = None) -> None:
+        body = json.dumps(value).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
-        self.send_header("X-Error-Message", message)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
         self.record(status, len(body))
 
+    # The write side, as huggingface_hub 2.x's create_repo / preupload_lfs_files / create_commit use it.
+    def do_POST(self) -> None:
+        self.write(put=False)
+
+    def do_PUT(self) -> None:
+        self.write(put=True)
+
+    def body_to(self, out) -> int:
+        """Copy the request body (Content-Length or chunked) into the binary file `out`; its length."""
+        total = 0
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            while (size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)) > 0:
+                out.write(self.rfile.read(size))
+                self.rfile.readline()
+                total += size
+            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                pass
+            return total
+        left = int(self.headers.get("Content-Length") or 0)
+        while left > 0:
+            block = self.rfile.read(min(left, 1 << 20))
+            if not block:
+                break
+            out.write(block)
+            left -= len(block)
+            total += len(block)
+        return total
+
+    def body(self) -> bytes:
+        import io
+
+        buf = io.BytesIO()
+        self.body_to(buf)
+        return buf.getvalue()
+
+    def write(self, *, put: bool) -> None:
+        from urllib.parse import parse_qs, unquote, urlsplit
+
+        hub: HubServer = self.server.owner
+        split = urlsplit(self.path)
+        path, query = split.path, parse_qs(split.query)
+        if path.startswith("/__lfs__/"):  # upload URLs the batch answer handed out (S3's part in the real Hub)
+            return self.lfs_transfer(hub, path[len("/__lfs__/"):], put=put)
+        # A pull request needs only read access (the Hub lets anyone who can read propose one); so does the LFS
+        # batch call, which huggingface_hub makes without a ref for a pull request.
+        proposal = query.get("create_pr") == ["1"] or path.endswith("/info/lfs/objects/batch")
+        refused = hub.refuse(self.headers.get("Authorization"), read_is_enough=proposal)
+        if refused:
+            self.body()
+            return self.error(*refused)
+        if path == "/api/repos/create":
+            request = json.loads(self.body() or b"{}")
+            repo_id = f"{request.get('organization') or 'user'}/{request['name']}"
+            if repo_id in hub.main:
+                message = "You already created this model repo"
+                return self.answer({"error": message, "url": f"{hub.url}/{repo_id}"}, 409, {"X-Error-Message": message})
+            hub.create(repo_id, private=request.get("visibility") == "private" or bool(request.get("private")))
+            return self.answer({"url": f"{hub.url}/{repo_id}", "name": repo_id, "id": repo_id})
+        m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/xet-write-token/([^/]+)", path)
+        if m:
+            self.body()
+            return self.error(501, "This local Hub speaks LFS only: set HF_HUB_DISABLE_XET=1")
+        m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/(preupload|commit|branch)/([^/]+)", path) or re.fullmatch(
+            r"/([^/]+/[^/]+)\.git/info/lfs/objects/(batch)()", path)
+        if not m:
+            self.body()
+            return self.error(404, "Not found")
+        repo_id, action, revision = m[1], m[2], unquote(m[3])
+        if repo_id not in hub.main:
+            self.body()
+            return self.error(404, "Repository not found", "RepoNotFound")
+        if action == "preupload":
+            request = json.loads(self.body())
+            files = [{"path": f["path"], "uploadMode": hub.upload_mode(f["path"], f["size"], base64.b64decode(f["sample"])),
+                      "shouldIgnore": False, "oid": None} for f in request["files"]]
+            return self.answer({"files": files, "commitOid": hub.main[repo_id]})
+        if action == "batch":
+            request = json.loads(self.body())
+            return self.answer(hub.batch(request["objects"]), headers={"Content-Type": "application/vnd.git-lfs+json"})
+        if action == "branch":
+            self.body()
+            if (repo_id, revision) in hub.branches:
+                return self.error(409, "Reference already exists")
+            hub.branches[(repo_id, revision)] = hub.main[repo_id]
+            return self.answer({})
+        lines = [json.loads(line) for line in self.body().splitlines() if line.strip()]
+        try:
+            return self.answer(hub.commit(repo_id, revision, lines, create_pr=query.get("create_pr") == ["1"]))
+        except LookupError as exc:
+            return self.error(404, str(exc), "RevisionNotFound")
+        except ValueError as exc:
+            return self.error(400, str(exc))
+
+    def lfs_transfer(self, hub: HubServer, rest: str, *, put: bool) -> None:
+        parts = rest.split("/")
+        if parts == ["verify"]:
+            request = json.loads(self.body())
+            found = hub.objects / request["oid"]
+            if not found.is_file() or found.stat().st_size != request["size"]:
+                return self.error(404, f"Object {request['oid']} not found")
+            return self.answer({})
+        oid = parts[0]
+        size = hub.pending.get(oid)
+        if size is None:
+            self.body()
+            return self.error(404, f"No upload pending for {oid}")
+        if put and len(parts) == 3 and parts[1] == "part":  # one part of a multipart upload
+            target = hub.store / "parts" / oid / f"{int(parts[2]):05d}"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(target, "wb") as out:
+                self.body_to(out)
+            etag = hashlib.md5(target.read_bytes()).hexdigest()
+            self.send_response(200)
+            self.send_header("ETag", f'"{etag}"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            self.record(200, 0)
+            return
+        staged = hub.store / "parts" / f"{oid}.upload"
+        staged.parent.mkdir(parents=True, exist_ok=True)
+        if put:  # basic transfer: the whole object in one PUT
+            with open(staged, "wb") as out:
+                self.body_to(out)
+        else:  # multipart completion: the parts, in order, with their ETags
+            request = json.loads(self.body())
+            folder = hub.store / "parts" / oid
+            with open(staged, "wb") as out:
+                for part in request["parts"]:
+                    data = (folder / f"{part['partNumber']:05d}").read_bytes()
+                    if f'"{hashlib.md5(data).hexdigest()}"' != part["etag"]:
+                        return self.error(400, f"Part {part['partNumber']} of {oid}: ETag mismatch")
+                    out.write(data)
+            shutil.rmtree(folder, ignore_errors=True)
+        problem = hub.accept(oid, size, staged)
+        if problem:
+            return self.error(400, problem)
+        return self.answer({})
+
 
 class HubServer(_Served):
-    """A local Hub endpoint (set HF_ENDPOINT to `url`) serving folders as repo commits."""
+    """A local Hub endpoint (set HF_ENDPOINT to `url`) serving folders as repo commits, and accepting writes.
 
-    def __init__(self) -> None:
+    Reads: `repos[(repo_id, commit)] = folder`, `main[repo_id]` the latest commit of branch main. Writes, as
+    huggingface_hub 2.x sends them (LFS only: clients must set HF_HUB_DISABLE_XET=1, the xet token endpoint
+    says so): `POST /api/repos/create`; `POST /api/models/{repo}/preupload/{rev}` (uploadMode "lfs" for
+    `LFS_SUFFIXES`, binary samples and files over 10 MiB, else "regular"); `POST /{repo}.git/info/lfs/objects/batch`
+    (no actions for an object already stored; "basic" PUT, or "multipart" with `chunk_size`-byte parts when the
+    object is larger than `chunk_size`, then a verify action); `POST /api/models/{repo}/commit/{rev}` (NDJSON:
+    header, file, lfsFile, deletedFile, deletedFolder; `?create_pr=1` makes `refs/pr/N`); `POST
+    /api/models/{repo}/branch/{name}`. Uploaded objects live under `store/objects/` (sha256 checked) and are
+    invisible until a commit names them; each commit is a new folder under `store/commits/`, and `commits`
+    lists them in order. With `tokens` (token -> "write" | "read"), writes without a known token answer 401 and
+    writes with a read token 403 (`GET /api/models/{repo}/auth-check/write` answers the same). `rate` paces file
+    bodies (bytes per second per connection), as nginx's limit_rate does."""
+
+    LFS_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".ckpt", ".distcp", ".npy", ".h5", ".msgpack")
+
+    def __init__(self, store: Path | None = None, *, chunk_size: int = 8 << 20,
+                 tokens: dict[str, str] | None = None, rate: int = 0) -> None:
+        import tempfile
+
         super().__init__(_HubHandler)
         self.repos: dict[tuple[str, str], Path] = {}
         self.main: dict[str, str] = {}
+        self.branches: dict[tuple[str, str], str] = {}  # (repo_id, branch or "refs/pr/N") -> commit, beside main
+        self.private: set[str] = set()
+        self.commits: list[dict] = []  # every commit made through the API: repo, oid, ref, summary, description, files
+        self.pending: dict[str, int] = {}  # oid -> size of uploads the batch endpoint handed out
+        self.chunk_size, self.tokens = chunk_size, tokens
+        self.rate = rate  # file bodies sent at most this many bytes per second per connection (0: unlimited)
+        self.store = Path(store) if store else Path(tempfile.mkdtemp(prefix="hub-store-"))
+        self.objects = self.store / "objects"
+        self.objects.mkdir(parents=True, exist_ok=True)
+        self._write_lock = threading.Lock()
 
     def add(self, repo_id: str, folder: Path, commit: str | None = None) -> str:
         commit = commit or hashlib.sha1(f"{repo_id}{len(self.repos)}".encode()).hexdigest()
@@ -349,9 +548,149 @@ class HubServer(_Served):
         return commit
 
     def lookup(self, repo_id: str, revision: str) -> tuple[str, Path] | None:
-        commit = self.main.get(repo_id) if revision == "main" else revision
+        from urllib.parse import unquote
+
+        revision = unquote(revision)
+        if revision == "main":
+            commit = self.main.get(repo_id)
+        else:
+            commit = self.branches.get((repo_id, revision), revision)
         folder = self.repos.get((repo_id, commit or ""))
         return None if folder is None else (commit, folder)
+
+    def refuse(self, authorization: str | None, *, read_is_enough: bool = False) -> tuple[int, str] | None:
+        """(status, message) when `tokens` are set and the Authorization header does not grant writes (or reads, for
+        what `read_is_enough` for: opening a pull request)."""
+        if self.tokens is None:
+            return None
+        token = (authorization or "").removeprefix("Bearer ").strip()
+        role = self.tokens.get(token)
+        if role is None:
+            return 401, "Invalid credentials in Authorization header"
+        if role != "write" and not read_is_enough:
+            return 403, "You don't have the rights to write to this repository (read-only token)"
+        return None
+
+    def create(self, repo_id: str, *, private: bool = False) -> str:
+        """A new repo whose first commit holds `.gitattributes`, as the Hub makes it."""
+        folder = self.store / "commits" / hashlib.sha1(f"init {repo_id}".encode()).hexdigest()
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / ".gitattributes").write_text("".join(f"*{s} filter=lfs diff=lfs merge=lfs -text\n" for s in self.LFS_SUFFIXES))
+        if private:
+            self.private.add(repo_id)
+        return self.add(repo_id, folder, folder.name)
+
+    def upload_mode(self, path: str, size: int, sample: bytes) -> str:
+        lfs = path.endswith(self.LFS_SUFFIXES) or size > 10 << 20 or b"\0" in sample
+        return "lfs" if lfs and size > 0 else "regular"
+
+    def batch(self, objects: list[dict]) -> dict:
+        answers, transfer = [], "basic"
+        for obj in objects:
+            oid, size = obj["oid"], int(obj["size"])
+            stored = self.objects / oid
+            answer = {"oid": oid, "size": size, "authenticated": True}
+            if not (stored.is_file() and stored.stat().st_size == size):
+                self.pending[oid] = size
+                href = f"{self.url}/__lfs__/{oid}"
+                upload = {"href": href}
+                if size > self.chunk_size:
+                    transfer = "multipart"
+                    count = -(-size // self.chunk_size)
+                    upload["header"] = {"chunk_size": str(self.chunk_size),
+                                        **{f"{n:05d}": f"{href}/part/{n}" for n in range(1, count + 1)}}
+                answer["actions"] = {"upload": upload, "verify": {"href": f"{self.url}/__lfs__/verify"}}
+            answers.append(answer)
+        return {"transfer": transfer, "objects": answers}
+
+    def accept(self, oid: str, size: int, staged: Path) -> str:
+        """Move an uploaded object in place when its size and sha256 are right; else why not."""
+        digest = hashlib.sha256()
+        with open(staged, "rb") as fh:
+            while block := fh.read(1 << 20):
+                digest.update(block)
+        if staged.stat().st_size != size or digest.hexdigest() != oid:
+            staged.unlink()
+            return f"Object {oid}: uploaded {staged.stat().st_size if staged.exists() else 'bytes'} do not match its size/sha256"
+        os.replace(staged, self.objects / oid)
+        return ""
+
+    def commit(self, repo_id: str, revision: str, lines: list[dict], *, create_pr: bool) -> dict:
+        """Apply one NDJSON commit on top of `revision`; the new commit's answer (with its PR URL when `create_pr`)."""
+        with self._write_lock:
+            found = self.lookup(repo_id, revision)
+            if found is None:
+                raise LookupError(f"Revision {revision} not found")
+            parent, parent_folder = found
+            header = next((line["value"] for line in lines if line["key"] == "header"), {})
+            if header.get("parentCommit") and header["parentCommit"] != parent:
+                raise ValueError(f"parentCommit {header['parentCommit']} is not the head of {revision} ({parent})")
+            oid = hashlib.sha1(json.dumps([repo_id, parent, lines, len(self.commits)]).encode()).hexdigest()
+            folder = self.store / "commits" / oid
+            for f in parent_folder.rglob("*"):
+                if f.is_file():
+                    target = folder / f.relative_to(parent_folder)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(f, target)
+            files = []
+            for line in lines:
+                key, value = line["key"], line["value"]
+                if key == "header":
+                    continue
+                target = folder / value["path"]
+                if key in ("file", "lfsFile"):
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    files.append(value["path"])
+                if key == "file":
+                    target.write_bytes(base64.b64decode(value["content"]))
+                elif key == "lfsFile":
+                    stored = self.objects / value["oid"]
+                    if not stored.is_file():
+                        shutil.rmtree(folder, ignore_errors=True)
+                        raise ValueError(f"Your push was rejected: LFS object {value['oid']} ({value['path']}) was never uploaded")
+                    shutil.copyfile(stored, target)
+                elif key == "deletedFile":
+                    target.unlink(missing_ok=True)
+                elif key == "deletedFolder":
+                    shutil.rmtree(target, ignore_errors=True)
+                else:
+                    shutil.rmtree(folder, ignore_errors=True)
+                    raise ValueError(f"Unknown commit operation {key!r}")
+            self.repos[(repo_id, oid)] = folder
+            if create_pr:
+                number = 1 + sum(1 for (repo, ref) in self.branches if repo == repo_id and ref.startswith("refs/pr/"))
+                ref = f"refs/pr/{number}"
+                self.branches[(repo_id, ref)] = oid
+            elif revision == "main":
+                ref = "main"
+                self.main[repo_id] = oid
+            else:
+                ref = revision
+                self.branches[(repo_id, revision)] = oid
+            self.commits.append({"repo": repo_id, "oid": oid, "ref": ref, "summary": header.get("summary", ""),
+                                 "description": header.get("description", ""), "files": files})
+            answer = {"commitUrl": f"{self.url}/{repo_id}/commit/{oid}", "commitOid": oid, "success": True}
+            if create_pr:
+                answer["pullRequestUrl"] = f"{self.url}/{repo_id}/discussions/{ref.rsplit('/', 1)[1]}"
+            return answer
+
+
+def hub_writes(monkeypatch, hub: HubServer, token: str | None = "hf_test_write") -> None:
+    """Point huggingface_hub at `hub` for writes in this process and its children: HF_ENDPOINT, HF_TOKEN (unset
+    when `token` is None) and HF_HUB_DISABLE_XET (the fixture speaks LFS; huggingface_hub reads the flag at import,
+    so the constant is patched too)."""
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_XET", True)
+    no_file = str(hub.store / "no-token-file")  # a token stored by `hf auth login` on this machine is not used
+    monkeypatch.setenv("HF_TOKEN_PATH", no_file)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", no_file)
+    if token is None:
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+    else:
+        monkeypatch.setenv("HF_TOKEN", token)
 
 
 class _FaultHandler(_Quiet):
@@ -570,3 +909,83 @@ def isolated_cache(tmp_path: Path, monkeypatch) -> None:
     """The workbench's header cache under `tmp_path` and HF_HUB_OFFLINE unset: a test starts with nothing cached."""
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+
+
+# --------------------------------------------------------------------------- moto's S3 (destinations; H3)
+
+MOTO_ENV = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+class MotoS3:
+    """moto's S3 server on a free local port, in this process (`moto.server.ThreadedMotoServer`), with what tests of
+    S3 destinations ask it: a bucket, the objects under a prefix, the multipart uploads not completed or aborted.
+
+    moto keeps its buckets per process, whichever server made them: give each test a bucket of its own (`bucket()`)."""
+
+    def __init__(self) -> None:
+        import logging
+
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto logs every request it serves
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self.server.start()
+        host, port = self.server.get_host_and_port()
+        self.endpoint = f"http://{host}:{port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a process needs to reach this server through s3fs/boto3."""
+        return {**MOTO_ENV, "AWS_ENDPOINT_URL": self.endpoint}
+
+    @property
+    def client(self):
+        """A boto3 client of this server."""
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id="test", aws_secret_access_key="test",
+                            region_name="us-east-1")
+
+    def bucket(self, stem: str = "b") -> str:
+        """A new, empty bucket's name."""
+        import uuid
+
+        name = f"{stem}-{uuid.uuid4().hex[:16]}"  # moto's buckets outlive a server in the same process
+        self.client.create_bucket(Bucket=name)
+        return name
+
+    def objects(self, bucket: str, prefix: str = "") -> dict[str, bytes]:
+        """Key (relative to `prefix`) -> bytes of every object under `prefix`."""
+        client = self.client
+        start = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
+        found = {}
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=start):
+            for entry in page.get("Contents", []):
+                found[entry["Key"][len(start):]] = client.get_object(Bucket=bucket, Key=entry["Key"])["Body"].read()
+        return found
+
+    def uploads(self, bucket: str) -> list[str]:
+        """Keys of the multipart uploads in `bucket` neither completed nor aborted."""
+        return [u["Key"] for u in self.client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
+
+    def upload_folder(self, folder: Path, bucket: str, prefix: str) -> str:
+        """Upload a local folder's files; returns its s3:// URL."""
+        client = self.client
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(folder).as_posix()}")
+        return f"s3://{bucket}/{prefix}/"
+
+    def stop(self) -> None:
+        """Stop the server."""
+        self.server.stop()
+
+    def output(self, bucket: str, prefix: str) -> dict[str, bytes]:
+        """The conversion output under `prefix`: every object but the workbench's own records (`.workbench-*`)."""
+        return {k: v for k, v in self.objects(bucket, prefix).items() if not k.startswith(".workbench-")}
+
+
+def folder_files(folder: Path) -> dict[str, bytes]:
+    """A local conversion's output files (relative POSIX names -> bytes), without its `.workbench-*` records."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and not p.name.startswith(".workbench-")}

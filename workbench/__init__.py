@@ -29,6 +29,7 @@ _LAZY = {
     "plan": ("workbench.planning", "plan"),
     "Plan": ("workbench.planning", "Plan"),
     "convert": ("workbench.conversion", "convert"),
+    "merge_config": ("workbench.mergekit_config", "merge_config"),
     "lightning_to_hf": ("workbench.training.extract", "lightning_to_hf"),
     "lightning_matching": ("workbench.training.extract", "lightning_matching"),
     "mapper": ("workbench.mapper", None),

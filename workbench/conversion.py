@@ -94,6 +94,9 @@ def convert(
     on_overflow: OnOverflow = "warn",
     page_align: bool = True,
     nproc_mp: int = 1,
+    spool_size: int | str | None = None,
+    spool_dir: str | os.PathLike | None = None,
+    remote_options: dict | None = None,
 ) -> RunReport:
     """Convert `source` into HF safetensors shards in `dest`, exactly as `wb.plan` describes.
 
@@ -114,11 +117,14 @@ def convert(
     to `safetensors.save_file` (see `wb.plan`).
     `to='pth', nproc_mp=N` writes Meta's `consolidated.00 .. 0{N-1}.pth`, each tensor split along the dim Meta's
     model-parallel layers expect (norms replicated); `to='gguf'` writes llama.cpp's GGUF (see docs/gguf.md).
+    `dest` may be `s3://bucket/prefix/` or `hf://org/repo[@revision]`: each file is uploaded from a bounded local
+    spool as soon as it is finished (`spool_size`, `spool_dir`, `remote_options`: see `wb.plan`, docs/remote.md).
     Returns a `RunReport` (predicted next to measured); raises `PlanError` when the plan has errors
     or a rank fails (naming the rank and the cause; no index is written then).
     """
     options = make_options(shard_size, nproc, rest, dtype, extras, overwrite, chunk_size, to, on_overflow,
-                           page_align=page_align, nproc_mp=nproc_mp)
+                           page_align=page_align, nproc_mp=nproc_mp, spool_size=spool_size, spool_dir=spool_dir,
+                           remote_options=remote_options)
     check_launcher(launcher)
     if under_torchrun():
         report = convert_in_place(source, dest, mapper, options, quiet=quiet, on_progress=on_progress)

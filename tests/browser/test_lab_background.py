@@ -1,5 +1,6 @@
 """Long reads, the RunPanel's phases and the SVG graph in a real JupyterLab, driven by clicking in headless
-chromium: a large value-stats read asks first, shows a moving bar with bytes, and stops on Cancel; a 2-process
+chromium: a large value-stats read asks first, shows a moving bar with bytes, keeps Value stats and
+Histogram disabled while it runs, and stops on Cancel (the buttons come back); a 2-process
 run on the local launcher names that launcher, shows a "starting workers" phase and a time-left estimate, and
 offers Verify / Open in Explorer once done (Start no longer the primary button); the mapper graph is an SVG
 whose boxes carry shapes. Screenshots in light and dark themes go to the screenshot folder."""
@@ -43,8 +44,16 @@ header += b" " * (-len(header) % 8)
 with open(big, "wb") as fh:
     fh.write(struct.pack("<Q", len(header)) + header)
     fh.truncate(8 + len(header) + 4 * elements)''',
-    '''explorer = Explorer(big)
+    '''import time
+explorer = Explorer(big)
 explorer.task.confirm_above = 128 << 20  # this 256 MiB read asks first, as one over 1 GiB does by default
+read_stats = explorer.checkpoint.stats
+def slowed_stats(name, *, chunk_elements, on_read):  # ~40 MiB/s, so the test can watch the read before it ends
+    def hook(nbytes):
+        time.sleep(0.05)
+        on_read(nbytes)
+    return read_stats(name, chunk_elements=chunk_elements, on_read=hook)
+explorer.checkpoint.stats = slowed_stats
 explorer.select("model.big.weight")
 explorer''',
     '''import shutil
@@ -103,6 +112,8 @@ def test_cancel_a_read_watch_a_run_and_read_the_graph(browser: object, lab: LabF
         assert "reads 256.0 MiB from disk" in explorer.locator(".wb-explorer-task .wb-task-text").inner_text()
         confirm.click()
         page.wait_for_function(f"() => ({BAR_WIDTH})() > 0", timeout=60_000)
+        read_buttons = (explorer.locator(".wb-explorer-stats"), explorer.locator(".wb-explorer-hist"))
+        assert all(b.is_disabled() for b in read_buttons)  # one read at a time: both wait for this one
         first = page.evaluate(BAR_WIDTH)
         page.wait_for_function(f"() => ({BAR_WIDTH})() > {first}", timeout=60_000)  # the bar moves
         task_text = explorer.locator(".wb-explorer-task .wb-task-text")
@@ -120,6 +131,9 @@ def test_cancel_a_read_watch_a_run_and_read_the_graph(browser: object, lab: LabF
                                timeout=20_000)
         # the kernel sends the text and the hidden buttons as two updates: the button goes within moments, not at once
         explorer.locator(".wb-explorer-task .wb-task-cancel").wait_for(state="hidden", timeout=10_000)
+        page.wait_for_function("() => !document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .wb-explorer-stats').disabled",
+                               timeout=10_000)
+        assert not any(b.is_disabled() for b in read_buttons)  # usable again after the cancel
         assert "min" not in explorer.locator(".wb-explorer-details ~ *").first.inner_text()  # no stats shown
 
         # 2. the RunPanel: launcher named, phases and time left while it runs, Verify / Explorer after Done

@@ -206,7 +206,8 @@ def test_fuse_strip_and_cast_in_ten_clicks(browser: object, lab: LabFolder, them
 
 def test_names_problems_fix_and_folded_target_by_clicking(browser: object, lab: LabFolder) -> None:
     """Dark theme: after a prefix strip only the new names are offered; a fusion typed with the old names is one
-    grouped problem with a fix-it that works; the target check takes a model type and folds its rows."""
+    grouped problem with a fix-it that works; a misspelt name's fix-it uses the closest name; the target check
+    says "Checking…" while it runs, takes a model type and folds its rows."""
     page = browser.new_page(viewport={"width": 1500, "height": 1600})  # type: ignore[attr-defined]
     try:
         open_notebook(page, lab, "builder_clicks.ipynb")
@@ -239,11 +240,31 @@ def test_names_problems_fix_and_folded_target_by_clicking(browser: object, lab: 
         steps = option_texts(builder.locator(".wb-builder-steps select"))
         assert steps == ["1. fuse q/k/v → qkv_proj (×4)", "2. strip prefix `model.` (30 names)"]
 
+        # a misspelt name: the fix-it offers the closest name as a template, and a click puts it in the step
+        user.press(".wb-builder-op button", "Cast")
+        user.type(".wb-builder-sources", "layers.{i}.self_attn.o_prj.weight")
+        user.press(".wb-builder-add")
+        message(builder, "new problem")
+        fix = panel.locator(".wb-builder-fix").filter(has_text="Use the closest name")
+        fix.first.wait_for(timeout=20_000)
+        assert "layers.{i}.self_attn.o_proj.weight" in fix.first.inner_text()
+        assert "The closest name is 'layers.{i}.self_attn.o_proj.weight'" in panel.inner_text()
+        fix.first.click()
+        problems.filter(has_text="No problems").wait_for(timeout=20_000)
+        steps = option_texts(builder.locator(".wb-builder-steps select"))
+        assert len(steps) == 3 and steps[2].startswith("3. cast 4 tensors → BF16"), steps  # the 4 o_proj, found
+
         builder.locator(".lm-TabBar-tab", has_text="Target").click()
         user.type(".wb-builder-target", "llama")
+        page.evaluate("""() => { window.wbCheck = []; const note = () => document.querySelectorAll('.wb-builder-target-check')
+          .forEach(b => window.wbCheck.push([b.innerText.trim(), b.disabled]));
+          new MutationObserver(note).observe(document.body, {subtree: true, childList: true, characterData: true, attributes: true}); }""")
         user.press(".wb-builder-target-check")
         view = builder.locator(".wb-builder-target-view")
         view.filter(has_text="LlamaForCausalLM from model type").wait_for(timeout=120_000)
+        seen = page.evaluate("() => window.wbCheck")
+        assert ["Checking…", True] in seen, seen[:10]  # a busy sign while the seconds-long check runs
+        assert seen[-1] == ["Check", False]
         text = view.inner_text()
         assert "layers.{i}.self_attn.qkv_proj.weight" in text and "×4" in text and "difference patterns" in text
         assert "model.layers.0.self_attn.q_proj.weight" not in text  # folded

@@ -118,3 +118,34 @@ def test_plot_histogram_counts_finite_values(tiny_checkpoint):
     heights = [p.get_height() for p in ax.patches]
     assert len(heights) == 10 and sum(heights) == 1000
     assert "x (F32 [1001])" in ax.get_title()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32, torch.uint8, torch.bool])
+def test_stats_of_every_widened_dtype_match_torch_across_blocks(tiny_checkpoint, dtype):
+    from workbench.explore.stats import BLOCK_ELEMENTS
+
+    torch.manual_seed(1)
+    values = (torch.randn(BLOCK_ELEMENTS * 2 + 17) * 40).to(dtype) if dtype != torch.bool else torch.rand(BLOCK_ELEMENTS * 2 + 17) > 0.3
+    ck = wb.open_checkpoint(tiny_checkpoint({"v": values}, single_file=True))
+    row = ck.stats(["v"], chunk_elements=BLOCK_ELEMENTS + 5).loc["v"]  # chunks and blocks that do not line up
+    assert_close_stats(row, finite_reference(values))
+
+
+def test_histogram_counts_equal_numpy_and_a_known_range_reads_once(tiny_checkpoint):
+    from workbench.explore.stats import histogram
+
+    torch.manual_seed(2)
+    x = torch.randn(100_003)
+    x[5] = float("nan")
+    x[6] = float("inf")
+    ck = wb.open_checkpoint(tiny_checkpoint({"x": x}, single_file=True))
+    seen = []
+    counts, edges = histogram(ck.catalog, "x", bins=37, chunk_elements=4099, on_read=seen.append)
+    finite = x[torch.isfinite(x)].double().numpy()
+    expected, expected_edges = np.histogram(finite, bins=37, range=(finite.min(), finite.max()))
+    assert np.array_equal(edges, expected_edges) and np.array_equal(counts, expected)
+    assert sum(seen) == 2 * x.nbytes  # the range pass, then the counts
+    seen.clear()
+    counts, _ = histogram(ck.catalog, "x", bins=4, value_range=(-1.0, 1.0), on_read=seen.append)
+    assert np.array_equal(counts, np.histogram(finite, bins=4, range=(-1.0, 1.0))[0])  # outside the range: left out
+    assert sum(seen) == x.nbytes

@@ -179,3 +179,20 @@ def test_placeholders_ranges_and_plain_names_bind_exactly_as_before():
     assert not template.bind(source).problems and len(template.bind(source).outputs) == len(NAMES)
     missing = M.Cast("model.nothing.weight", "BF16").bind(source).problems
     assert [p.kind for p in missing] == ["missing"] and "is not in the source" in missing[0].message
+
+
+def test_a_literal_name_that_wins_over_its_glob_is_a_warning_naming_what_the_glob_would_match():
+    odd = {"a[0].w": TensorInfo("a[0].w", "F32", (2,)), "a0.w": TensorInfo("a0.w", "F32", (2,)), "b.w": TensorInfo("b.w", "F32", (2,))}
+    binding = M.Drop("a[0].w").bind(odd)
+    assert list(binding.outputs) == ["a0.w", "b.w"]  # the present name wins, as before globs
+    [warning] = binding.problems
+    assert warning.severity == "warning" and warning.tensor == "a[0].w" and binding.ok
+    assert "takes that one tensor, not the 1 other name(s) the glob matches (e.g. 'a0.w')" in warning.message
+    assert not M.Drop(escape_name("a[0].w")).bind(odd).problems  # escaped: no glob, nothing to say
+    assert not M.Drop("b.w").bind(odd).problems  # no glob characters
+
+
+def escape_name(name: str) -> str:
+    from workbench.mapper.patterns import escape
+
+    return escape(name)

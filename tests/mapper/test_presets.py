@@ -191,8 +191,10 @@ def test_one_preset_registry_serves_the_builder_and_the_cli() -> None:
     assert MapperBuilder.presets() == PRESETS
     for name in PRESETS:
         assert callable(getattr(M.presets, name)), name
-        # need quantised weights / several sources / Megatron rank shards / Meta model-parallel files
-        if name.startswith("dequantize") or name in ("lora_merge", "average", "megatron_merge", "meta_mp_merge"):
+        # need quantised weights / several sources / Megatron rank shards / Meta model-parallel files / a GGUF file
+        if name.startswith(("dequantize", "decompress")) or name in (
+            "lora_merge", "average", "megatron_merge", "meta_mp_merge", "gguf_to_hf"
+        ):
             with pytest.raises(MapperError, match=r"^Cannot "):  # a clear refusal, not a crash
                 build_preset(name, catalog, find_config(llama))
             continue

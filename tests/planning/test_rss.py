@@ -96,13 +96,30 @@ def test_ranks_are_workers_and_the_largest_rank_is_the_plan_number(two_layers: P
 
 
 def test_url_sources_add_the_prefetch_window_bounded_by_what_is_read(two_layers: Path, monkeypatch) -> None:
-    from workbench.formats.remote_safetensors import CHUNK_BYTES, PARALLEL, WINDOW_BYTES
-    from workbench.planning.rss import prefetch_bytes
+    from workbench.formats.remote_safetensors import PARALLEL
+    from workbench.planning.rss import CONNECTION_BYTES, prefetch_bytes
 
     plan = wb.plan(two_layers)
     assert prefetch_bytes(plan, 0) == 0
     monkeypatch.setattr(plan.source, "url", "https://example.invalid/repo/")  # the reader stays local: only the window is asked
-    assert prefetch_bytes(plan, 0) == min(WINDOW_BYTES + PARALLEL * CHUNK_BYTES, plan.bytes_read) == 6 * MIB
+    # the six 1 MiB tensors are one 6 MiB range in the window; each copy step holds a 1 MiB copy cut from it; and
+    # each fetching thread holds its own buffers
+    assert prefetch_bytes(plan, 0) == 7 * MIB + PARALLEL * CONNECTION_BYTES
+
+
+def test_a_remote_tensor_taken_whole_is_counted_once_and_the_window_holds_what_follows(tmp_path: Path, monkeypatch) -> None:
+    from workbench.formats.remote_safetensors import PARALLEL, WINDOW_BYTES
+    from workbench.planning.rss import CONNECTION_BYTES, prefetch_bytes, remote_peak_bytes
+
+    big = [f32(f"model.layers.{i}.mlp.down_proj.weight", 10240, 1024) for i in range(6)]  # 40 MiB each: one range each
+    plan = wb.plan(write_headers_only(tmp_path / "big", "model.safetensors", big), dtype="bf16")
+    monkeypatch.setattr(plan.source, "url", "https://example.invalid/repo/")
+    cast_extra = max(s.held_bytes for s in plan.steps) - 40 * MIB  # the cast's output beside its input
+    # ranges are submitted while less than the 128 MiB window is ahead: four (the fourth starts at 120 MiB), the
+    # one being cast among them (handed over, not copied), then the cast's output
+    assert WINDOW_BYTES == 128 * MIB
+    assert remote_peak_bytes(plan, 0) == 4 * 40 * MIB + cast_extra + PARALLEL * CONNECTION_BYTES
+    assert prefetch_bytes(plan, 0) == remote_peak_bytes(plan, 0) - plan.peak_bytes
 
 
 def _synthetic_llama(folder: Path) -> Path:

@@ -50,6 +50,34 @@ def test_rebuilt_fixtures_hold_the_committed_tensors(tool: str) -> None:
     assert not differ, f"the rebuild differs from the committed fixtures in: {differ}"
 
 
+def test_mergekit_references_match_their_configs_and_a_rebuild() -> None:
+    """The committed mergekit fixture (configs + digests, no weights) names the configs the script makes, records the
+    tool versions, and (with `WB_FIXTURES_REBUILT=1`, after `make fixtures`) equals the rebuild, case for case."""
+    import json
+
+    import make_mergekit_fixtures as maker
+    import yaml
+
+    folder = REPO / "tests" / "fixtures" / "mergekit"
+    manifest = json.loads((folder / "MANIFEST.json").read_text())
+    assert manifest["made_by"].startswith("scripts/make_mergekit_fixtures.py") and manifest["tools"]["mergekit"]
+    assert set(manifest["cases"]) | set(manifest["failed"]) == set(maker.cases())
+    for name, config in maker.cases().items():
+        assert yaml.safe_load((folder / "configs" / f"{name}.yml").read_text()) == config, name
+    versions = dict(line.split(" ", 1) for line in (folder / "done").read_text().splitlines() if line.strip())
+    assert versions == manifest["tools"]
+    if os.environ.get("WB_FIXTURES_REBUILT") != "1":
+        return
+    built = maker.fixture_root() / "manifest.json"
+    assert built.exists(), f"no rebuild at {built.parent}; run `make fixtures`"
+    rebuilt = json.loads(built.read_text())
+    assert rebuilt["tools"] == manifest["tools"], "the tool versions differ from the committed fixture's"
+    assert rebuilt["inputs"] == manifest["inputs"], "inputs changed: the input models differ from the committed digests"
+    differ = sorted(k for k in set(rebuilt["cases"]) | set(manifest["cases"])
+                    if rebuilt["cases"].get(k, {}).get("tensors") != manifest["cases"].get(k, {}).get("tensors"))
+    assert not differ, f"mergekit's rebuilt outputs differ from the committed digests in: {differ}"
+
+
 def test_llama_cpp_references_are_what_the_converter_wrote() -> None:
     """Every committed llama.cpp output (digest, and the stored file when small) is what the converter wrote in the
     last `make fixtures` run (its record), input for input."""

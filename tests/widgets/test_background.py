@@ -201,3 +201,55 @@ def test_verify_checks_structure_and_rehashes_against_a_sidecar_in_the_backgroun
     path.write_bytes(bytes(data))
     explorer.verify(background=False)
     assert "does not match its recorded checksum" in explorer.verify_view.value and "wb-error" in explorer.verify_view.value
+
+
+@pytest.mark.parametrize("ending", ["done", "cancelled", "failed"])
+def test_value_stats_and_histogram_are_disabled_while_a_read_runs(tmp_path, small_values, ending):
+    path = write_safetensors(tmp_path / "d.safetensors", {SMALL: small_values})
+    explorer = Explorer(path)
+    explorer.select(SMALL)
+    buttons = (explorer.stats_button, explorer.histogram_button)
+    assert not any(b.disabled for b in buttons)
+    started, release = threading.Event(), threading.Event()
+    real_stats = explorer.checkpoint.stats
+
+    def held_stats(name, *, chunk_elements, on_read):  # the read waits until the test lets it go on
+        started.set()
+        release.wait(30)
+        if ending == "failed":
+            raise wb_error("Cannot read tensor: the disk went away (test).")
+        on_read(0)  # the cancelled read stops at its next chunk
+        return real_stats(name, chunk_elements=chunk_elements, on_read=on_read)
+
+    explorer.checkpoint.stats = held_stats
+    assert explorer.show_stats(background=True) is None  # as the button does for a large tensor
+    assert started.wait(30)
+    assert all(b.disabled for b in buttons)  # one read at a time
+    explorer.histogram_button.click()  # a click on a disabled button (as a script can do) starts nothing
+    assert explorer.task.what == f"value stats of {SMALL}"
+    if ending == "cancelled":
+        explorer.task.cancel_button.click()
+        assert all(b.disabled for b in buttons)  # still unwinding
+    release.set()
+    wait_until(lambda: not explorer.task.running)
+    assert explorer.task.state == ending
+    assert not any(b.disabled for b in buttons)
+
+
+def wb_error(message: str) -> Exception:
+    from workbench.errors import CheckpointError
+
+    return CheckpointError(message)
+
+
+def test_a_histogram_after_value_stats_reads_the_tensor_once(tmp_path, small_values):
+    path = write_safetensors(tmp_path / "o.safetensors", {SMALL: small_values})
+    explorer = Explorer(path)
+    explorer.select(SMALL)
+    explorer.show_stats(background=True)
+    explorer.task.wait(timeout=60)
+    explorer.show_histogram(background=True)
+    explorer.task.wait(timeout=60)
+    assert explorer.task.done_bytes == small_values.nbytes  # the stats' min and max were the range
+    (shown,) = explorer.histogram_output.outputs
+    assert "image/png" in shown["data"]

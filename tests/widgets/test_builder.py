@@ -699,3 +699,20 @@ def test_a_regular_expression_typed_as_a_name_is_quoted_as_typed(builder):
     message = html.unescape(builder.form_message.value)
     assert "name 'model\\.layers\\.[0-9]{2}\\.mlp' has a malformed placeholder" in message
     assert "\\\\" not in message and "Names are not regular expressions" in message and builder.steps == []
+
+
+def test_the_target_check_shows_a_busy_sign_while_it_runs(builder, tiny_checkpoint, monkeypatch):
+    builder.target_box.value = str(tiny_checkpoint(layers=1))
+    seen = []
+    real = builder.set_target_text
+
+    def watched(text):  # what the page shows while the (seconds-long) check runs
+        button = builder.target_button
+        seen.append((button.disabled, button.description, "Checking the outputs against" in builder.target_view.value))
+        real(text)
+
+    monkeypatch.setattr(builder, "set_target_text", watched)
+    builder.target_button.click()
+    assert seen == [(True, "Checking…", True)]
+    assert not builder.target_button.disabled and builder.target_button.description == "Check"
+    assert "Does not match the target" in builder.target_view.value

@@ -57,6 +57,8 @@ def test_text_is_large_and_the_view_zooms(source, chain):
     page = figure._repr_html_()
     assert page.count('type="radio"') == 3 and "overflow:auto" in page and figure.svg in page
     assert f"width:{figure.width * 1.5:.0f}px" in page and "width:100%;height:auto" in page
+    # "fit" never shrinks the 12 px labels below 9 px (issue 34 item 7: a wide graph fitted had ~6 px text)
+    assert f"width:100%;height:auto;min-width:{figure.width * 0.75:.0f}px" in page
     assert page == mapper_graph_figure(chain, source)._repr_html_()  # no random ids: notebook outputs stay stable
     assert "4 operations" in repr(figure)
 

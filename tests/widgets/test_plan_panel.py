@@ -226,3 +226,13 @@ def test_static_html_carries_problems_tables_and_figures(panel: PlanPanel) -> No
 def test_panel_refuses_what_is_not_a_plan(llama_sample: Path) -> None:
     with pytest.raises(PlanError, match="wb.plan"):
         PlanPanel(llama_sample)
+
+
+def test_the_memory_table_numbers_steps_as_the_chart_axis_does(panel: PlanPanel, fused_cast_plan) -> None:
+    """Issue 34 item 7: the chart's x is each rank's own schedule; the table's 'rank step' is that same number."""
+    steps = panel.tables["memory"]
+    for index, row in steps.iterrows():
+        schedule = [s.index for s in fused_cast_plan.steps if s.rank == row["rank"] and fused_cast_plan.step_active(s)]
+        assert schedule.index(index) == row["rank step"]
+    top = steps.index[0]
+    assert f"at step {top} (rank {steps['rank'].iloc[0]}&#x27;s step {steps['rank step'].iloc[0]} on the memory chart" in panel.headline.value

@@ -27,6 +27,7 @@ from ..display import format_bytes, format_count, format_shape, text_table
 from ..errors import WorkbenchError
 from ..names import name_filter, no_match_hint
 from .convert import convert_arguments, open_arguments, open_options, plan_arguments, run_convert, run_plan
+from .merge import merge_arguments, run_merge
 from .terminal import escape, guarded_output
 
 URL_FORMS = "hf://org/repo[@revision][/subfolder], https://host/folder/, s3://bucket/prefix/ (headers by range requests, cached)"
@@ -196,6 +197,9 @@ def run_inspect(args: argparse.Namespace) -> int:
     from ..formats import open_catalog
 
     catalog = open_catalog(args.path, **open_options(args))
+    from ..mapper.presets.packed import annotate_local
+
+    annotate_local(catalog)  # packed quantised tensors: format, role, bits, group, which scales belong to which
     names = _selected(sorted(catalog.tensors, key=natural_key), args.filter)
     if args.filter and not names:
         hints = " ".join(filter(None, map(no_match_hint, args.filter)))
@@ -255,6 +259,8 @@ def _column_cell(value: Any) -> str:
         return ""
     if isinstance(value, tuple) and all(isinstance(v, int) for v in value):
         return format_shape(value)
+    if isinstance(value, tuple):  # names (a packed weight's parts): their last segments, the rest is the row's own
+        return escape(", ".join(str(v).rsplit(".", 1)[-1] for v in value))
     return escape(str(value))
 
 
@@ -407,6 +413,7 @@ SUBCOMMANDS: list[Subcommand] = [
     Subcommand("plan", "dry-run a conversion: layout, files and bytes read, peak memory, problems", plan_arguments, run_plan),
     Subcommand("convert", "convert a checkpoint to safetensors shards, DCP, GGUF or Meta .pth (dry-run first, report after)",
                convert_arguments, run_convert),
+    Subcommand("merge", "merge models by a mergekit config (YAML): dry-run first, report after", merge_arguments, run_merge),
 ]
 
 

@@ -55,6 +55,13 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
                              "or dcp (a torch.distributed.checkpoint folder), gguf (llama.cpp), pth (Meta consolidated.NN.pth)")
     parser.add_argument("--nproc-mp", type=int, default=1, metavar="N",
                         help="with --to pth: Meta's N model-parallel files consolidated.00 .. NN.pth (default 1)")
+    parser.add_argument("--spool-size", default=None, metavar="SIZE",
+                        help="remote destinations (s3://, hf://): bytes of finished files a rank's local spool may hold "
+                             "while they upload (default 4GiB; the plan states what it needs as spool)")
+    parser.add_argument("--spool-dir", default=None, metavar="DIR",
+                        help="remote destinations: the local spool folder (default $WORKBENCH_SPOOL_DIR, else the temp folder)")
+    parser.add_argument("--remote-option", action="append", default=[], metavar="KEY=VALUE", dest="remote_options",
+                        help="a remote destination's own setting, e.g. part_size=64MiB for s3:// (see docs/remote.md); repeatable")
     parser.add_argument("--source", action="append", default=[], metavar="NAME=PATH", dest="sources",
                         help="another checkpoint to read from, its tensors named NAME::tensor (SRC is source 'base')")
     parser.add_argument("--adapter", metavar="DIR", action="append",
@@ -194,7 +201,21 @@ def _plan(args: argparse.Namespace, dest: str | None):
         source, mapper, shard_size=args.shard_size, nproc=args.nproc, rest=rest, dest=dest,
         dtype=args.dtype, extras=not args.no_extras, overwrite=args.overwrite, to=args.to,
         on_overflow=getattr(args, "on_overflow", "warn"), page_align=args.page_align, nproc_mp=args.nproc_mp,
+        **_remote_arguments(args),
     )
+
+
+def _remote_arguments(args: argparse.Namespace) -> dict:
+    """--spool-size, --spool-dir and --remote-option KEY=VALUE as keyword arguments of wb.plan / wb.convert."""
+    from ..errors import PlanError
+
+    options: dict = {}
+    for item in args.remote_options:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise PlanError(f"Cannot read --remote-option {item!r}: write it as KEY=VALUE, e.g. part_size=64MiB.")
+        options[key.strip()] = value
+    return {"spool_size": args.spool_size, "spool_dir": args.spool_dir, "remote_options": options}
 
 
 def _refuse(command: str, the_plan) -> int:
@@ -225,7 +246,7 @@ def run_convert(args: argparse.Namespace) -> int:
             report = convert(source, args.dest, mapper, shard_size=args.shard_size, rest=rest, dtype=args.dtype,
                              extras=not args.no_extras, overwrite=args.overwrite, quiet=args.quiet, to=args.to,
                              verify=args.verify, on_overflow=args.on_overflow, page_align=args.page_align,
-                             nproc_mp=args.nproc_mp)
+                             nproc_mp=args.nproc_mp, **_remote_arguments(args))
         if int(os.environ.get("RANK", "0")) == 0:
             print(report.summary())
         return _verdict(report)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -21,10 +22,10 @@ class Committable(Protocol):
 
 
 class _Job:
-    __slots__ = ("name", "writer", "done", "error")
+    __slots__ = ("name", "writer", "then", "done", "error")
 
-    def __init__(self, name: str, writer: Committable) -> None:
-        self.name, self.writer = name, writer
+    def __init__(self, name: str, writer: Committable, then: Callable[[str], None] | None) -> None:
+        self.name, self.writer, self.then = name, writer, then
         self.done = threading.Event()
         self.error: BaseException | None = None
 
@@ -37,6 +38,13 @@ class _Job:
                 self.writer.abort()  # a failed fsync or rename leaves no partial file (a no-op when commit removed it)
             except BaseException:  # noqa: BLE001 - the commit's own error is the one to report
                 pass
+            self.done.set()
+            return
+        try:
+            if self.then is not None:  # a remote destination: upload the committed file (spool.py)
+                self.then(self.name)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            self.error = exc
         finally:
             self.done.set()
 
@@ -48,9 +56,11 @@ def _serve(jobs: queue.SimpleQueue) -> None:
 
 class Committer:
     """Runs `writer.commit` for finished files in the background, in submission order; errors reach the caller
-    at its next `submit` or at `finish`."""
+    at its next `submit` or at `finish`. `then(name)` runs after each commit on the same thread (a remote
+    destination's upload of the finished file)."""
 
-    def __init__(self) -> None:
+    def __init__(self, then: Callable[[str], None] | None = None) -> None:
+        self._then = then
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None  # started with the first commit
         self._pending: list[_Job] = []
@@ -63,7 +73,7 @@ class Committer:
             if self._thread is None:
                 self._thread = threading.Thread(target=_serve, args=(self._jobs,), name="workbench-commit", daemon=True)
                 self._thread.start()
-            job = _Job(name, writer)
+            job = _Job(name, writer, self._then)
             self._pending.append(job)
             self._jobs.put(job)
             self._collect(wait=False)

@@ -3,6 +3,8 @@
 Before: the folder exists, leftovers an overwrite replaces are gone, the manifest names the plan.
 After (rank 0, once every rank succeeded): extras copied, the index written last as the commit
 marker, the manifest removed. On failure or cancel: temporary `.partial` files removed.
+A remote destination (`plan.remote`): `plan.dest` is the local spool; the destination's `begin` and `finish`
+do the same there (lock, manifest, checked files, the index uploaded last; see output/remote/base.py).
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ def prepare_destination(plan: Plan) -> None:
     dest = plan.dest
     assert dest is not None
     dest.mkdir(parents=True, exist_ok=True)
+    if plan.remote is not None:
+        _prepare_remote(plan)
+        return
     remove_completion_record(dest)  # first: from here on the folder no longer holds a finished output
     planned = {f.name for f in plan.output_file_list}
     if plan.options.overwrite:  # an older conversion's files (any format's) would contradict the new ones
@@ -64,9 +69,46 @@ def prepare_destination(plan: Plan) -> None:
     fsync_dir(dest)
 
 
-def remove_partials(plan: Plan) -> None:
-    """Delete temporary files this plan's writers may have left (after a failure or a cancel)."""
+def _spool_names(plan: Plan) -> list[str]:
+    """Every name a run may leave in its spool folder (files, commit files, extras' top names)."""
+    return [*(f.name for f in plan.output_file_list), INDEX_NAME, *plan.commit_files,
+            *{e.split("/", 1)[0] for e in plan.extras}]
+
+
+def _clear_spool(plan: Plan) -> None:
+    """Remove this plan's names from its spool folder (the workbench's own folder: subfolders of extras too)."""
+    import shutil
+
     assert plan.dest is not None
+    for name in _spool_names(plan):
+        path = plan.dest / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            remove_entry(path)
+
+
+def _prepare_remote(plan: Plan) -> None:
+    """Empty the spool of this plan's names (a killed run's copies are uploaded again, never trusted), then let the
+    destination lock, hide its marker, clean up and record the plan."""
+    assert plan.dest is not None and plan.remote is not None
+    _clear_spool(plan)
+    remove_partials(plan, abort=False)
+    stale = None
+    if plan.options.overwrite:  # an older conversion's files (any format's) would contradict the new ones
+        from ..output import owned
+
+        stale = owned
+    plan.remote.begin({f.name: f.size for f in plan.output_file_list}, sorted(plan.kept), [INDEX_NAME, *plan.commit_files],
+                      stale)
+
+
+def remove_partials(plan: Plan, *, abort: bool = True) -> None:
+    """Delete temporary files this plan's writers may have left (after a failure or a cancel); a remote destination
+    also abandons this process's unfinished uploads and releases its lock (`abort=False`: only the files)."""
+    assert plan.dest is not None
+    if plan.remote is not None and abort:
+        plan.remote.abort()
     extras = [e for e in plan.extras if not e.endswith("/")]
     for name in [*(f.name for f in plan.output_file_list), INDEX_NAME, MANIFEST_NAME, COMPLETE_NAME, *plan.commit_files, *extras]:
         try:
@@ -145,6 +187,8 @@ def finalize_destination(plan: Plan) -> bool:
     """Commit a completed run: extras, then the index (last), then drop the manifest; True if an index was written."""
     assert plan.dest is not None
     snapshot_for(plan).check(plan.dest, "writing the index")
+    if plan.remote is not None:
+        return _finalize_remote(plan)
     copy_extras(plan)
     for file in plan.output_file_list:  # every rank synced its ranges of a shared file: it is complete
         if file.ranks and not file.kept:
@@ -154,4 +198,17 @@ def finalize_destination(plan: Plan) -> bool:
     _record_completion(plan, plan.commit_files)
     remove_manifest(plan.dest)
     fsync_dir(plan.dest)
+    return committed
+
+
+def _finalize_remote(plan: Plan) -> bool:
+    """Publish a remote destination: extras and commit files written into the spool, then handed to the
+    destination's `finish` (which checks every planned file is there and uploads the marker last)."""
+    assert plan.dest is not None and plan.remote is not None
+    copied = [e for e in copy_extras(plan) if not e.endswith("/")]  # an empty folder is no object
+    committed = plan.output_format.commit(plan.dest, [f.layout for f in plan.output_file_list], plan.source.reader,
+                                          objects=bool(plan.copied_objects))
+    names = [*copied, *(n for n in plan.commit_files if (plan.dest / n).is_file())]
+    plan.remote.finish([(n, plan.dest / n) for n in names], {f.name: f.size for f in plan.output_file_list})
+    _clear_spool(plan)
     return committed

@@ -255,25 +255,38 @@ def _check_pieces(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, r
 def _check_rows(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, rows: list) -> None:
     """An output the engine converted by row chunks (the row job its op offers, `mapper.row_jobs`), converted again
     the same way a chunk at a time and compared byte for byte; a "compute" row like any op re-applied to the source."""
-    import numpy as np
-
-    from ..dtypes import numpy_dtype
     from ..mapper.row_jobs import row_job
 
     job = row_job(group)
     if job is None:  # the planner made a ROWS step of it, so it is one; anything else is re-applied by torch
         _check_compute(group, source, output, out_catalog, rows)
         return
-    got = out_catalog[job.output.name]
+    outputs = getattr(job, "outputs", None)  # one per input (a stacked tensor unstacked): each checked on its own
+    if outputs is not None:
+        for k, output_info in enumerate(outputs):
+            _check_row_inputs(job, (k,), out_catalog[output_info.name], source, output, rows)
+        return
+    _check_row_inputs(job, tuple(range(len(job.inputs))), out_catalog[job.output.name], source, output, rows)
+
+
+def _check_row_inputs(job, inputs: tuple[int, ...], got, source: _Bytes, output: _Bytes, rows: list) -> None:
+    """Convert the job's `inputs` again (into consecutive rows of output `got`) and compare; one row of `rows`."""
+    import numpy as np
+
+    from ..dtypes import numpy_dtype
+
     per = job.chunk_rows(CHUNK_BYTES)
     in_row, out_row = job.in_row, job.out_row
     convert = job.converter(per)
     same, worst, overflowed, at = True, 0.0, 0, 0
-    for k, info in enumerate(job.inputs):
+    for k in inputs:
+        info = job.inputs[k]
+        listed = source.catalog.tensors.get(info.name)
+        base = info.begin - listed.begin if listed is not None and info.end - info.begin != listed.nbytes else 0  # a part's offset
         whole = [source.read(extra, 0, extra.nbytes) for extra in job.whole(k)]
         for first in range(0, job.rows, per):
             n = min(per, job.rows - first)
-            data, count, _ = convert(k, first, source.read(info, first * in_row, (first + n) * in_row), whole)
+            data, count, _ = convert(k, first, source.read(info, base + first * in_row, base + (first + n) * in_row), whole)
             written = output.read(got, at, at + n * out_row)
             overflowed += count
             if data.tobytes() != written:
@@ -304,9 +317,13 @@ def check_outputs(plan, on_read: Callable[[int], None] | None = None) -> OutputC
     `on_read(nbytes)` is called as ranges are read (about `check_bytes(plan)` in all); raise from it to stop."""
     from ..formats import open_catalog
 
-    result = OutputCheck(str(plan.dest))
+    remote = getattr(plan, "remote", None)
+    result = OutputCheck(remote.read_url if remote is not None else str(plan.dest))
     try:
-        out_catalog = plan.output_format.open_written(plan.dest, [f.layout for f in plan.output_file_list])
+        if remote is not None:  # the uploaded objects, read back by range (the spool copies are gone)
+            out_catalog = open_catalog(remote.read_url)
+        else:
+            out_catalog = plan.output_format.open_written(plan.dest, [f.layout for f in plan.output_file_list])
         if out_catalog is None:
             out_catalog = open_catalog(plan.dest)
     except WorkbenchError as exc:
@@ -393,8 +410,8 @@ def _model_statement(plan, written: dict) -> Any:
 
     from ..output.statement import nearest_statement, unchecked
 
-    if plan.dest is None or "config.json" not in plan.extras:
-        return None
+    if plan.dest is None or "config.json" not in plan.extras or getattr(plan, "remote", None) is not None:
+        return None  # (a remote output's config.json is not re-read: its spool copy is gone)
     from ..errors import MapperError
     from ..mapper.presets.transformers_declared import declared_layouts
     from ..planning.config_dtype import read_config

@@ -26,6 +26,7 @@ from .progress import Progress
 from .report import RankResult
 from .source_guard import snapshot_for
 from .steps import RankContext, StepFailed, preload_libraries, run_copies, run_step
+from .uploads import SpoolUploads
 
 FAIL_RANK_ENV = "WORKBENCH_FAIL_RANK"  # tests: make this rank fail just before committing its last file
 KILL_RANK_ENV = "WORKBENCH_KILL_RANK"  # tests: SIGKILL this rank there instead (it dies without a status)
@@ -82,7 +83,7 @@ class _Stopped(Exception):
 
 def _run_lane(ctx: RankContext, steps: list[Step], files: dict, last_step: dict[str, int], last_file: str | None,
               rank: int, committer: Committer, source, stop: threading.Event, progress: Progress | None = None,
-              done_elsewhere=lambda: 0) -> None:
+              done_elsewhere=lambda: 0, spool: SpoolUploads | None = None) -> None:
     """Run `steps` in order, opening each file's writer at its first step and handing it to `committer` after its
     last. On failure its own writers are aborted (after its copies have stopped) and the error is raised."""
     plan = ctx.plan
@@ -97,6 +98,8 @@ def _run_lane(ctx: RankContext, steps: list[Step], files: dict, last_step: dict[
                 if name in files and name not in ctx.writers:
                     file = files[name]
                     output = plan.output_format
+                    if spool is not None:  # a remote destination: wait for room in the local spool
+                        spool.opening(name, stop)
                     ctx.writers[name] = (output.join_writer if file.ranks else output.open_writer)(plan.dest, file.layout)
             try:
                 if step.kind == COPY:  # a stretch of copies into these files, queued in one call
@@ -123,6 +126,8 @@ def _run_lane(ctx: RankContext, steps: list[Step], files: dict, last_step: dict[
                     if files[name].ranks:  # shared: this rank's ranges synced; the finish renames the file
                         ctx.writers.pop(name).release()
                     else:
+                        if spool is not None:
+                            spool.finished(name)
                         committer.submit(name, ctx.writers.pop(name))
             if progress is not None:
                 progress.update(ctx.done_bytes + done_elsewhere())
@@ -144,7 +149,8 @@ def _run_lane(ctx: RankContext, steps: list[Step], files: dict, last_step: dict[
 
 
 def _run_lanes(plan: Plan, lanes: list[list[Step]], files: dict, last_step: dict[str, int], last_file: str | None,
-               rank: int, committer: Committer, source, progress: Progress | None) -> list[RankContext]:
+               rank: int, committer: Committer, source, progress: Progress | None,
+               spool: SpoolUploads | None = None) -> list[RankContext]:
     """Run the lanes on threads of their own (the first on this one); raises the first lane's real failure."""
     contexts = [RankContext(plan) for _ in lanes]
     stop = threading.Event()
@@ -152,7 +158,7 @@ def _run_lanes(plan: Plan, lanes: list[list[Step]], files: dict, last_step: dict
 
     def lane(k: int) -> None:
         try:
-            _run_lane(contexts[k], lanes[k], files, last_step, last_file, rank, committer, source, stop)
+            _run_lane(contexts[k], lanes[k], files, last_step, last_file, rank, committer, source, stop, spool=spool)
         except BaseException as exc:  # noqa: BLE001 - raised on the rank's thread below
             errors[k] = exc
 
@@ -162,7 +168,7 @@ def _run_lanes(plan: Plan, lanes: list[list[Step]], files: dict, last_step: dict
     others = contexts[1:]
     try:
         _run_lane(contexts[0], lanes[0], files, last_step, last_file, rank, committer, source, stop, progress,
-                  lambda: sum(c.done_bytes for c in others))
+                  lambda: sum(c.done_bytes for c in others), spool=spool)
     except BaseException as exc:  # noqa: BLE001 - raised below, after the other lanes have stopped
         errors[0] = exc
         stop.set()
@@ -205,18 +211,28 @@ def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankRes
         plan.source.reader.take_counts()  # the run's counts start here
         announce([info for step in steps for info in step.group.inputs])
     started = time.perf_counter()
-    committer = Committer()
+    spool = None
+    if plan.remote is not None:  # files go through a local spool folder (this rank's, on its own node)
+        plan.dest.mkdir(parents=True, exist_ok=True)
+        spool = SpoolUploads(plan)
+    committer = Committer(spool.upload if spool is not None else None)
     contexts = [ctx]
     try:
         if last_file is None:
             _injected_failure(rank, "(no file)")
         if lanes is None:
-            _run_lane(ctx, steps, files, last_step, last_file, rank, committer, source, threading.Event(), progress)
+            _run_lane(ctx, steps, files, last_step, last_file, rank, committer, source, threading.Event(), progress,
+                      spool=spool)
         else:
-            contexts = _run_lanes(plan, lanes, files, last_step, last_file, rank, committer, source, progress)
+            contexts = _run_lanes(plan, lanes, files, last_step, last_file, rank, committer, source, progress, spool)
         result.files_written.extend(committer.finish())
-    except OSError as exc:
-        raise write_failure(plan.dest, exc) from exc
+    except BaseException as exc:
+        if plan.remote is not None:
+            committer.close()  # no upload may still be running when its multipart upload is aborted
+            plan.remote.abort(keep_lock=True)  # the job's end (remove_partials) releases the lock
+        if isinstance(exc, OSError):
+            raise write_failure(plan.dest, exc) from exc
+        raise
     finally:
         committer.close()  # before the launcher removes partial files: no commit may still be running
         _release_source_files(plan)
@@ -242,4 +258,6 @@ def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankRes
     result.peak_tensor_bytes = max(c.held.peak for c in contexts)
     result.overflow = contexts[0].overflow.counts  # lanes run byte copies only: no casts, no overflow
     result.rss_peak = rss_peak_bytes()
+    if spool is not None:
+        result.spool_peak, result.predicted_spool_bytes = spool.gate.peak, plan.rank_spool_bytes(rank)
     return result

@@ -34,6 +34,8 @@ class RankResult:
     predicted_rss_bytes: int = 0  # the plan's predicted peak RSS of this rank's process (planning.rss)
     rss_baseline: int = 0
     rss_peak: int = 0
+    spool_peak: int = 0  # a remote destination: the most bytes this rank's local spool held
+    predicted_spool_bytes: int = 0  # ... and what the plan said it would need (plan.rank_spool_bytes)
     overflow: dict[str, list] = field(default_factory=dict)  # output tensor -> [values a cast could not hold, largest magnitude, dtype]
 
     def to_dict(self) -> dict:
@@ -138,6 +140,16 @@ class RunReport:
         return max((r.rss_peak for r in self.ranks), default=0)
 
     @property
+    def spool_peak(self) -> int:
+        """A remote destination: the most bytes one rank's local spool held (compare with `plan.spool_bytes`)."""
+        return max((r.spool_peak for r in self.ranks), default=0)
+
+    @property
+    def predicted_spool_bytes(self) -> int:
+        """A remote destination: the plan's spool bound of one rank, the largest over ranks (`plan.spool_bytes`)."""
+        return max((r.predicted_spool_bytes for r in self.ranks), default=0)
+
+    @property
     def predicted_rss_bytes(self) -> int:
         """The plan's predicted peak RSS of one process (the largest over ranks): compare with `rss_peak`."""
         return max((r.predicted_rss_bytes for r in self.ranks), default=0)
@@ -221,6 +233,7 @@ class RunReport:
             ("overflowed values", 0, self.overflow_values),
             ("RSS peak", self.predicted_rss_bytes or None, self.rss_peak),
             ("RSS above start", None, self.rss_above_baseline),
+            *((("spool peak", self.predicted_spool_bytes, self.spool_peak),) if self.spool_peak else ()),
             ("seconds", None, round(self.seconds, 3)),
             ("throughput (bytes/s)", None, round(self.throughput)),
         ]
@@ -247,6 +260,7 @@ class RunReport:
             ("overflowed values", "0", str(self.overflow_values)),
             ("RSS peak", size(self.predicted_rss_bytes) if self.predicted_rss_bytes else "-", size(self.rss_peak)),
             ("RSS above start", "-", size(self.rss_above_baseline)),
+            *((("spool peak", size(self.predicted_spool_bytes), size(self.spool_peak)),) if self.spool_peak else ()),
             ("time", "-", f"{self.seconds:.2f}s"),
             ("throughput", "-", f"{size(self.throughput)}/s"),
         ]

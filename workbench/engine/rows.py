@@ -4,7 +4,8 @@ The inputs lie raw on disk (the planner makes a ROWS step only then); each chunk
 reused buffer, handed to the job's converter (numpy, and whatever the job's kernels import; no torch) with the
 tensors the job reads whole beside that input, and the bytes it returns are written at their place in the output
 slot. Inputs are converted one after another into consecutive rows of the output. The ledger holds the bytes the
-planner counted for the step (`RowJob.held_bytes`), which bounds what the chunk loop allocates. The engine does not
+planner counted for the step (`RowJob.held_bytes`), which bounds what the chunk loop allocates. A job with
+`outputs` (one per input: a stacked tensor unstacked) writes input k whole into `outputs[k]` instead. The engine does not
 know what a job makes: the kernels belong to the op that offers it.
 """
 
@@ -23,11 +24,11 @@ def run_rows(ctx: RankContext, step: Step) -> None:
     job = row_job(step.group)
     if job is None:
         raise PlanError(f"Cannot run step {step.index}: its op no longer offers a row conversion. Plan again.")
+    outputs = getattr(job, "outputs", None)
     out = job.output
     target = ctx.target(out.name)
-    if target is None or not job.rows:
+    if (target is None and outputs is None) or not job.rows:
         return
-    writer = target[0]
     per = job.chunk_rows(job.budget(ctx.plan.options.chunk_bytes))
     in_row, out_row = job.in_row, job.out_row
     held = job.held(per)
@@ -38,10 +39,17 @@ def run_rows(ctx: RankContext, step: Step) -> None:
         at = 0
         low, high = step.part or (0, len(job.inputs) * job.rows * out_row)  # a part (`planning.parts`): chunks starting in it
         for k, info in enumerate(job.inputs):
+            if outputs is not None:  # input k makes outputs[k], from its first byte (such a step is never cut into parts)
+                out, at = outputs[k], 0
+                target = ctx.target(out.name)
+                if target is None:
+                    continue
             span = job.rows * out_row
             if at + span <= low or at >= high:  # none of this input's chunks: not even its whole extras are read
                 at += span
                 continue
+            assert target is not None
+            writer = target[0]
             fd, begin = _located(ctx, info)
             whole = []
             for extra in job.whole(k):

@@ -359,12 +359,18 @@ class Checkpoint:
         dtypes and shapes, and with `values=True` the max absolute difference (data compared chunk-wise).
 
         With `mapper`, this checkpoint is first seen through it (outputs computed group by group on demand),
-        so a converted checkpoint can be compared with its source up to the layout change. `on_read(nbytes)` is
+        so a converted checkpoint can be compared with its source up to the layout change. A GGUF file compared with
+        a checkpoint of another format is seen through `M.presets.gguf_to_hf` (HF names, de-quantised to F32 where
+        quantised), with columns saying which GGUF tensor and type each row comes from. `on_read(nbytes)` is
         called after each chunk read for the value comparison (raise from it to stop)."""
         from .diff import diff_catalogs
 
         theirs = open_checkpoint(other).catalog
         mine = self.catalog
+        if mapper is None and (mine.format == "gguf") != (theirs.format == "gguf"):
+            from .gguf_diff import diff_gguf
+
+            return diff_gguf(mine, theirs, values=values, include_same=include_same, chunk_elements=chunk_elements, on_read=on_read)
         if mapper is not None:
             from .mapped import mapped_catalog
 
@@ -395,15 +401,16 @@ class Checkpoint:
 
     def plot_histogram(
         self, name: str, bins: int = 100, *, log: bool = True, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
-        on_read: ReadHook | None = None,
+        on_read: ReadHook | None = None, value_range: tuple[float, float] | None = None,
     ) -> Any:
         """A histogram (matplotlib Figure) of one tensor's finite values, computed chunk-wise (the tensor is
-        read twice: min/max, then counts; `on_read(nbytes)` is called after each chunk)."""
+        read twice: min/max, then counts, or once when `value_range` is given; `on_read(nbytes)` is called
+        after each chunk)."""
         from .plots import histogram_figure
         from .stats import histogram
 
         info = self._info(name)
-        counts, edges = histogram(self.catalog, name, bins=bins, chunk_elements=chunk_elements, on_read=on_read)
+        counts, edges = histogram(self.catalog, name, bins=bins, value_range=value_range, chunk_elements=chunk_elements, on_read=on_read)
         return histogram_figure(counts, edges, f"{name} ({info.dtype} {list(info.shape)})", log=log)
 
     # --- display ---------------------------------------------------------------------------------
@@ -492,5 +499,8 @@ def open_checkpoint(path: CheckpointLike, **options: object) -> Checkpoint:
 
         return Checkpoint(open_sources(path))
     from ..formats import open_catalog
+    from ..mapper.presets.packed import annotate_local
 
-    return Checkpoint(open_catalog(path, **options))
+    catalog = open_catalog(path, **options)
+    annotate_local(catalog)  # packed quantised tensors (compressed-tensors, GPTQ, AWQ): what each one is
+    return Checkpoint(catalog)

@@ -515,16 +515,23 @@ class HubStore(HttpStore):
     _conditional = False
 
 
+def s3_filesystem():
+    """An s3fs file system configured as users configure S3 for sources and destinations alike: credentials,
+    profile and region from the usual AWS configuration, the endpoint from `AWS_ENDPOINT_URL_S3` or
+    `AWS_ENDPOINT_URL`. Returns (file system, endpoint URL or None)."""
+    import s3fs
+
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    kwargs = {"client_kwargs": {"endpoint_url": endpoint}} if endpoint else {}
+    return s3fs.S3FileSystem(skip_instance_cache=True, **kwargs), endpoint
+
+
 class S3Store(RemoteStore):
     """`s3://bucket/prefix/` through s3fs (credentials and endpoint from the usual AWS configuration)."""
 
     def __init__(self, url: str) -> None:
         super().__init__(url)
-        import s3fs
-
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        kwargs = {"client_kwargs": {"endpoint_url": endpoint}} if endpoint else {}
-        self.fs = s3fs.S3FileSystem(skip_instance_cache=True, **kwargs)
+        self.fs, endpoint = s3_filesystem()
         self._host = urlsplit(endpoint).netloc if endpoint else "s3.amazonaws.com"
         self._base = url[len("s3://"):].rstrip("/")
 

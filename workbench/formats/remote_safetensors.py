@@ -21,7 +21,7 @@ from ..errors import CannotRead, CheckpointError
 from . import remote_cache
 from .remote import RemoteError, RemoteFile, RemoteStore, open_store
 from .safetensors import MAX_HEADER_BYTES, SUFFIX, SafetensorsHeader, file_info, gc_paused, parse_header_bytes
-from .safetensors_folder import INDEX_NAME, SINGLE_NAME, parse_index_bytes
+from .safetensors_folder import INDEX_NAME, SINGLE_NAME, UNFINISHED_MARKER, parse_index_bytes
 from .shard_index import check_claims, check_shard_present, shard_map
 from .weight_files import names_weights
 
@@ -185,6 +185,9 @@ def _open(store: RemoteStore) -> Catalog:
                 index_name = index_names[0]
             else:
                 names = sorted(r for r in files if "/" not in r and r.endswith(SUFFIX))
+            if names and UNFINISHED_MARKER in files:  # as a local folder: a conversion (into s3://) never committed
+                raise _fail(url, f"it is an unfinished conversion ({UNFINISHED_MARKER} is there and the conversion never "
+                                 "committed)", fix="Run the same conversion again to finish it, or open one shard file directly.")
             torch_index = find_torch_index(files)
             if not index_name and not names and torch_index:
                 return open_torch_sharded(store, files[torch_index], url, warnings, _listed_extras(files))

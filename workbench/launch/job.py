@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from ..errors import PlanError
 from ..mapper.files import import_context, install_import_context
@@ -61,7 +60,7 @@ def job_for(plan: Plan) -> Job:
     paths = getattr(plan.source, "source_paths", None)
     return Job(
         source=[[name, path] for name, path in paths.items()] if paths else (remote or os.path.abspath(root)),
-        dest=str(plan.dest),
+        dest=plan.remote.url if plan.remote is not None else str(plan.dest),  # workers build their own spool
         mapper_json=plan.mapper_json,
         options=asdict(plan.options),
         fingerprint=plan.fingerprint,
@@ -87,7 +86,7 @@ def replan(job: Job) -> Plan:
         catalog = open_sources({name: path for name, path in job.source})
     else:
         catalog = open_catalog(job.source, **job.open_options)
-    plan = build_plan(catalog, mapper, PlanOptions(**job.options), Path(job.dest), check_dest=False, kept=job.kept)
+    plan = build_plan(catalog, mapper, PlanOptions(**job.options), job.dest, check_dest=False, kept=job.kept)
     if plan.fingerprint != job.fingerprint:
         raise PlanError(
             f"Cannot run the conversion of {job.source}: this worker's plan differs from the launcher's (fingerprint "

@@ -26,6 +26,7 @@ from .groups import Binding, Problem, ProblemKind
 from .op import Op
 from .patterns import has_globs, no_match_message
 from .patterns import instances as glob_instances
+from .patterns import matcher as glob_matcher
 from .ranges import expand as expand_ranges
 from .ranges import has_ranges
 from .state import Comp, Node, State, find, union
@@ -122,7 +123,7 @@ class Binder:
         self.scope_clashes: dict[Path, str] = {}  # scope path -> an outside name that lands under target_prefix
         self.after: dict[Path, dict[str, Meta | None]] = {}  # glob leaf path -> names (metadata) once its step ran (inverse)
         self.keep_after = keep_after
-        self._infer_cache: dict[tuple[Path, tuple[Meta, ...]], list[Meta]] = {}
+        self._infer_cache: dict[tuple[Path, type, tuple[Meta, ...]], list[Meta]] = {}
         self._templates: dict[Path, tuple[tuple[str, ...], list[Template]]] = {}
         self._failed_templates: set[str] = set()
         self._scopes: set[str] | None = None  # the named sources of a multi-source catalog (NAME of NAME::tensor)
@@ -258,6 +259,7 @@ class Binder:
         """What `leaf` does to `state`, added to `effect` (a new one by default)."""
         effect = Effect(self) if effect is None else effect
         if has_globs(leaf):
+            self._warn_literal_glob(leaf, state)
             self._expand_glob(leaf, state, path, effect)
             return effect
         if has_ranges(leaf):
@@ -278,10 +280,33 @@ class Binder:
             self.instance(instance, state, path, effect, reported=reported)
         return effect
 
+    def _warn_literal_glob(self, leaf: Op, state: State) -> None:
+        """A glob that is exactly a present tensor's name names that tensor (`patterns`): say so when the glob would
+        have matched other names too, so a pattern meant for many does not silently take one."""
+        glob = leaf.inputs[0] if leaf.inputs else ""
+        nodes = state.nodes
+        if "{" in glob or glob not in nodes:
+            return
+        match = glob_matcher(glob)
+        others = [name for name in nodes if name != glob and match(name) is not None]
+        if others:
+            self.problem(f"'{glob}' is the name of a tensor and a glob: {type(leaf).__name__} takes that one tensor, "
+                         f"not the {len(others)} other name(s) the glob matches (e.g. '{others[0]}'). To reach those, "
+                         "write a pattern that is not itself a tensor's name.", leaf, glob, "warning", kind="clash")
+
     def _expand_glob(self, leaf: Op, state: State, path: Path, effect: Effect) -> None:
         """A leaf whose input is a glob: one instance per name it matches among those present now (`patterns`)."""
         nodes = state.nodes
-        found = glob_instances(leaf, {name: node.meta for name, node in nodes.items()})
+        metas = {name: node.meta for name, node in nodes.items()}
+        expand = getattr(leaf, "bind_instances", None)  # an op that expands itself (a whole-checkpoint merge)
+        if expand is not None:
+            found, problems = expand(metas)
+            for message, tensor, kind in problems:
+                self.problem(message, leaf, tensor, kind=kind)
+            for op in found:
+                self.instance(op, state, path, effect, reported=False)
+            return
+        found = glob_instances(leaf, metas)
         if not found:
             if leaf.inputs[0] not in self._failed_templates:
                 self.problem(no_match_message(leaf, len(nodes)), leaf, leaf.inputs[0], kind="missing")
@@ -320,7 +345,7 @@ class Binder:
             names = op.inputs
             found_nodes = [nodes[name] for name in names]
             metas = tuple([node.meta for node in found_nodes])
-            outputs = cache.get((path, metas))  # type: ignore[arg-type]
+            outputs = cache.get((path, type(op), metas))  # type: ignore[arg-type]
             general = outputs is None
             if not general:
                 for name, node in zip(names, found_nodes, strict=True):
@@ -373,7 +398,7 @@ class Binder:
             out = op.outputs[0]
             outputs = inferred.get(meta)  # type: ignore[arg-type]
             if outputs is None and meta is not None:
-                outputs = cache.get((path, (meta,)))
+                outputs = cache.get((path, type(op), (meta,)))
                 if outputs is not None:
                     inferred[meta] = outputs
             if outputs is None or name in consumed or out in produced:
@@ -479,7 +504,7 @@ class Binder:
             self._report_missing(op, state, present, reported)
             present = [(name, node) for name, node in present if node is not None]
         else:
-            key = (path, metas)
+            key = (path, type(op), metas)  # a self-expanding leaf's instances are of several kinds (Merge, Drop)
             outputs = self._infer_cache.get(key)  # type: ignore[arg-type]
             if outputs is None:
                 try:

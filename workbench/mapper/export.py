@@ -17,6 +17,10 @@ from .claim import Claim
 from .compose import Parallel, PrefixScope, Sequential
 from .config_update import ConfigUpdate
 from .function import Function
+from .merge import Merge, MergeModels
+from .merge.refusal import Refused
+from .merge.slices import Duplicate, MergeSlices, SliceCopies
+from .merge.vocabulary import AlignVocabulary
 from .op import Op
 from .ops import Cast, Concat, Drop, Identity, Rename, Reshape, Split, Stack, Transpose, Unstack
 from .ranges import ORDER_NOTE, has_ranges
@@ -29,18 +33,23 @@ SHORT_WIDTH = 160
 
 OPERATIONS: dict[str, type[Mapper]] = {
     cls.__name__: cls
-    for cls in (Rename, Identity, Drop, Concat, Stack, Split, Unstack, Transpose, Reshape, Cast, Unsupported, Function, Sequential, Parallel, PrefixScope, Claim, ConfigUpdate)
+    for cls in (Rename, Identity, Drop, Concat, Stack, Split, Unstack, Transpose, Reshape, Cast, Unsupported, Function, Merge, MergeModels, MergeSlices, SliceCopies, Duplicate, Refused, AlignVocabulary, Sequential, Parallel, PrefixScope, Claim, ConfigUpdate)
 }
 
 
 def _literal(value: Any) -> str:
-    if isinstance(value, tuple):
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_literal(k)}: {_literal(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (tuple, list)):
         return "[" + ", ".join(_literal(item) for item in value) + "]"
     return repr(value)
 
 
 def _leaf_fields(op: Op) -> list[tuple[str, Any]]:
     """(keyword or '' for positional, value) for each argument worth writing."""
+    arguments = getattr(op, "arguments", None)
+    if arguments is not None:  # an op whose fields are not its constructor's arguments (Merge, MergeModels)
+        return [("" if key in op.POSITIONAL else key, value) for key, value in arguments().items()]  # type: ignore[attr-defined]
     args: list[tuple[str, Any]] = []
     keywords_only = isinstance(op, Function)
     for field in dataclasses.fields(op):  # type: ignore[arg-type]
@@ -131,6 +140,8 @@ def to_code(mapper: Mapper) -> str:
 
 def to_dict(mapper: Mapper) -> dict[str, Any]:
     """A JSON-ready dict describing `mapper`."""
+    if isinstance(mapper, (Merge, MergeModels, MergeSlices, AlignVocabulary)):  # SliceCopies is a MergeSlices
+        return {"op": type(mapper).__name__, **mapper.arguments()}
     if isinstance(mapper, (Op, Claim, ConfigUpdate)):
         out: dict[str, Any] = {"op": type(mapper).__name__}
         for field in dataclasses.fields(mapper):  # type: ignore[arg-type]

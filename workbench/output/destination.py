@@ -1,30 +1,41 @@
-"""Where a conversion may write: a local folder. A URL is refused before anything is planned.
+"""Where a conversion may write: a local folder, or a remote destination (`s3://`, `hf://`; `output/remote/`).
 
 `Path("s3://bucket/prefix/")` is the relative path `s3:/bucket/prefix`, so without this check a remote
-destination became a local folder literally named `s3:` and the run "succeeded". Until remote outputs
-exist, every destination that names a scheme (`s3://`, `hf://`, `http(s)://`, `gs://`, `file://` ...) is
-refused, naming the URL and how to get the files there.
+destination became a local folder literally named `s3:` and the run "succeeded". A destination that names a
+scheme is either one `output/remote` writes to, or refused here, naming the URL and how to get the files there.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 from ..errors import PlanError
+from .remote import SCHEMES, is_url, supported
 
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+def remote_url(dest: str | os.PathLike) -> str | None:
+    """`dest` when it is a URL the workbench writes to (`s3://`, `hf://`); None for a local path; a PlanError for
+    any other URL."""
+    text = os.fspath(dest)
+    if not is_url(text):
+        return None
+    assert isinstance(text, str)
+    if supported(text):
+        return text
+    kinds = ", ".join(SCHEMES)
+    raise PlanError(
+        f"Cannot write to {text}: the workbench writes to local folders and to {kinds} destinations, not to "
+        f"{text.split('://', 1)[0]}:// URLs. Convert into a local folder, then upload it with that store's own tool.",
+        file=text,
+    )
 
 
 def local_destination(dest: str | os.PathLike) -> Path:
-    """`dest` as an absolute local path; a PlanError when it is a URL."""
+    """`dest` as an absolute local path; a PlanError when it is a URL (remote destinations go through `remote_url`)."""
     text = os.fspath(dest)
-    if isinstance(text, str) and _URL.match(text):
-        raise PlanError(
-            f"Cannot write to {text}: it is a URL, and the workbench writes only to a local folder (remote "
-            "destinations such as s3://, hf:// and http(s):// are not supported yet). Convert into a local folder, "
-            "then upload it (e.g. `aws s3 sync OUT/ s3://bucket/prefix/`, or `hf upload org/repo OUT/`).",
-            file=text,
-        )
+    if is_url(text):
+        remote_url(text)  # an unsupported scheme: its own message
+        raise PlanError(f"Cannot use {text} as a local folder: it is a remote destination. Pass it as the conversion's "
+                        "destination (wb.convert / workbench convert), which uploads through a local spool.", file=str(text))
     return Path(os.path.abspath(text))

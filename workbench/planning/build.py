@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 from ..api_types import CheckpointLike, OnOverflow, OutputName, Rest
@@ -18,9 +19,11 @@ from ..mapper.groups import Binding, Problem
 from ..mapper.op import Op
 from ..mapper.presets.output_presets import OUTPUT_PRESETS
 from ..output import OutputFormat, output_format
-from ..output.destination import local_destination
-from .destination import check_destination
+from ..output.destination import local_destination, remote_url
+from .destination import check_destination, check_remote, spool_problems
 from .extras import (
+    GENERATED,
+    Extra,
     layout_change,
     scan_extras,
     with_config_dtype,
@@ -96,6 +99,49 @@ def _meta_hf_config(catalog: Catalog, binding: Binding) -> tuple[dict | None, li
     return config, []
 
 
+def _gguf_hf_files(catalog: Catalog, binding: Binding, dtype: str | None) -> tuple[list[Extra], list[Problem]]:
+    """config.json, generation_config.json and the tokenizer files for a GGUF file converted to HF names
+    (`gguf_to_hf`): built from its key/values and vocabulary. None unless the output holds the HF embeddings."""
+    import json
+
+    from ..mapper.presets.gguf_config import CLASSES, DTYPE_NAMES, generation_config, hf_config
+    from ..mapper.presets.gguf_inverse import gguf_values, model_type
+    from ..output.gguf.hf_tokenizer import TRANSFORMERS_CONFIG, tokenizer_files
+
+    outputs = {t.name: t for group in binding.groups for t in group.outputs}
+    embed = outputs.get("model.embed_tokens.weight")
+    if embed is None:
+        return [], []
+    path = catalog.root if catalog.root.is_file() else catalog.root / next(iter(catalog.files))
+    tokenizer, missing = tokenizer_files(path)
+    tokenizer = dict(tokenizer)  # the cached answer stays whole
+    code = dtype if dtype in ("F32", "F16", "BF16") else embed.dtype
+    why = "from the GGUF metadata"
+    try:
+        values = gguf_values(catalog)
+        family = model_type(values, catalog.tensors)
+        if family in CLASSES:
+            config = hf_config(values, family, {n: tuple(t.shape) for n, t in outputs.items()}, code)
+        elif TRANSFORMERS_CONFIG in tokenizer:
+            config = {**json.loads(tokenizer[TRANSFORMERS_CONFIG]), "dtype": DTYPE_NAMES[code]}
+            why = "transformers' config of the GGUF file"
+        else:
+            raise WorkbenchError(f"the workbench has no config table for {family} and transformers gave none ({missing})")
+    except WorkbenchError as exc:
+        return [], [Problem("warning", f"No config.json is written with this output: {exc}", kind="preset")]
+    tokenizer.pop(TRANSFORMERS_CONFIG, None)
+    texts = {"config.json": json.dumps(config, indent=2, ensure_ascii=False) + "\n"}
+    generation = generation_config(values)
+    if generation is not None:
+        texts["generation_config.json"] = json.dumps(generation, indent=2) + "\n"
+    problems = [] if not missing else [Problem("warning", f"No tokenizer files are written with this output: {missing}.",
+                                               kind="preset")]
+    extras = [Extra(name, GENERATED, len(text.encode("utf-8")), why, text) for name, text in texts.items()]
+    extras += [Extra(name, GENERATED, len(text.encode("utf-8")), "from the GGUF vocabulary, as transformers builds it", text)
+               for name, text in tokenizer.items()]
+    return extras, problems
+
+
 def _metadata_problems(header_metadata: HeaderMetadata, options: PlanOptions, output: OutputFormat) -> list[Problem]:
     """Warnings for source header metadata the output does not carry."""
     if not header_metadata.interesting:
@@ -155,7 +201,8 @@ ON_OVERFLOW = ("warn", "error")
 
 def make_options(shard_size: int | str | None, nproc: int, rest: str, dtype: Any, extras: bool, overwrite: bool,
                  chunk_size: int | str, to: str = "safetensors", on_overflow: str = "warn",
-                 page_align: bool = True, nproc_mp: int = 1) -> PlanOptions:
+                 page_align: bool = True, nproc_mp: int = 1, spool_size: int | str | None = None,
+                 spool_dir: str | os.PathLike | None = None, remote_options: dict | None = None) -> PlanOptions:
     """Validate and normalise the user's options (a dtype policy must name a float dtype the engine produces)."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise PlanError(f"Cannot plan with nproc={nproc!r}: it must be a whole number of processes, at least 1.")
@@ -181,6 +228,9 @@ def make_options(shard_size: int | str | None, nproc: int, rest: str, dtype: Any
         on_overflow=on_overflow,
         page_align=bool(page_align),
         nproc_mp=nproc_mp,
+        spool_size=parse_size(spool_size, what="spool size") if spool_size is not None else PlanOptions.spool_size,
+        spool_dir=os.fspath(spool_dir) if spool_dir is not None else None,
+        remote=dict(remote_options or {}),
     )
 
 
@@ -215,7 +265,13 @@ def _build_plan(
     catalog: Catalog, mapper: Any, options: PlanOptions, dest: str | os.PathLike | None, check_dest: bool,
     kept: Iterable[str],
 ) -> Plan:
-    dest_path = local_destination(dest) if dest is not None else None  # a URL is refused before any work
+    url = remote_url(dest) if dest is not None else None  # a URL the workbench cannot write to is refused before any work
+    if url is not None:
+        from ..output.remote.spool import spool_folder
+
+        dest_path: Path | None = spool_folder(url, options.spool_dir)  # files are written here, then uploaded
+    else:
+        dest_path = local_destination(dest) if dest is not None else None
     output = output_format(options.to)
     user_mapper = mapper  # what workers receive: they re-run `prepare` (and this default) themselves
     mapper, options = _format_default(catalog, mapper, options)
@@ -252,7 +308,8 @@ def _build_plan(
         files, warnings = [], []
     problems += warnings + _metadata_problems(header_metadata, options, output)
     if files:
-        share = (SourceAccess(catalog.reader), options.chunk_bytes) if output.shares_files else None
+        # ranks may share a file only in a local folder (a remote destination uploads each rank's whole files)
+        share = (SourceAccess(catalog.reader), options.chunk_bytes) if output.shares_files and url is None else None
         problems += assign_ranks(files, steps, options.nproc, share)
         batch_casts(steps, files, catalog.reader, options.chunk_bytes)
     exported = mapper_json(mapper)
@@ -270,6 +327,10 @@ def _build_plan(
         meta_config, meta_problems = _meta_hf_config(catalog, binding)
         problems += meta_problems
         extra_files = with_generated_config(extra_files, meta_config, dtype, "from params.json")
+    if options.extras and output.copies_extras and catalog.format == "gguf":
+        gguf_files, gguf_problems = _gguf_hf_files(catalog, binding, dtype)
+        problems += gguf_problems
+        extra_files = [*gguf_files, *(e for e in extra_files if e.path not in {g.path for g in gguf_files})]
     edits, whys, conflicts = config_updates(mapper)
     problems += [Problem("error", why, kind="clash") for why in conflicts]
     if edits and output.copies_extras:
@@ -292,7 +353,21 @@ def _build_plan(
     kept_names = set(kept)
     complete = False
     code = code_digest(mapper)
-    if dest_path is not None and check_dest and files:
+    remote = None
+    if url is not None:
+        import hashlib
+
+        from ..output.remote import open_destination
+
+        # Objects are recorded with this: the layout (source states included) and the code of the mapper's Functions.
+        remote_fp = hashlib.sha256(f"{layout_fp}:{code or ''}".encode()).hexdigest()
+        remote = open_destination(url, remote_fp, options.remote)
+    if remote is not None and check_dest and files:
+        state = check_remote(remote, files, overwrite=options.overwrite)
+        problems += state.problems
+        kept_names |= state.kept
+        complete = state.complete
+    elif dest_path is not None and check_dest and files:
         sources = [catalog.root / rel if catalog.root.is_dir() else catalog.root for rel in catalog.files]
         state = check_destination(
             dest_path, files, extras + committed, layout_fp, overwrite=options.overwrite, source_root=catalog.root,
@@ -304,12 +379,15 @@ def _build_plan(
         complete = state.complete
     for f in files:
         f.kept = f.name in kept_names
-    return Plan(
+    result = Plan(
         source=catalog, dest=dest_path, options=options, binding=binding, steps=steps, files=files, problems=problems,
         extras=extras, extra_files=extra_files, layout_fingerprint=layout_fp, fingerprint=run_fingerprint(layout_fp, files, options.nproc),
         mapper=user_mapper, mapper_json=exported if user_mapper is mapper else mapper_json(user_mapper),
-        header_metadata=header_metadata, output=output, complete=complete, code_digest=code,
+        header_metadata=header_metadata, output=output, complete=complete, code_digest=code, remote=remote,
     )
+    if remote is not None and check_dest and files and not complete:
+        problems += spool_problems(result)
+    return result
 
 
 def plan(
@@ -328,6 +406,9 @@ def plan(
     on_overflow: OnOverflow = "warn",
     page_align: bool = True,
     nproc_mp: int = 1,
+    spool_size: int | str | None = None,
+    spool_dir: str | os.PathLike | None = None,
+    remote_options: dict | None = None,
 ) -> Plan:
     """Dry-run a conversion from metadata only; no tensor data is read.
 
@@ -344,9 +425,14 @@ def plan(
     `page_align=False` keeps every safetensors header minimal, byte-identical to `safetensors.save_file`
     (by default a file filled by kernel copies gets up to 4 KiB of header spaces so the copies run page-congruent).
     `nproc_mp` (with to='pth'): Meta's model-parallel files, consolidated.00 .. NN.pth, split as Meta's code expects.
+    `dest` may be `s3://bucket/prefix/` or `hf://org/repo[@revision]`: files are written into a local spool
+    (`spool_dir`, else $WORKBENCH_SPOOL_DIR, else the temporary folder) holding at most `spool_size` bytes
+    of finished files per rank (default 4 GiB; `plan.spool_bytes`), uploaded as they finish, the index last;
+    `remote_options`: the destination's own settings (S3: `part_size`; see docs/remote.md).
     """
     options = make_options(shard_size, nproc, rest, dtype, extras, overwrite, chunk_size, to, on_overflow,
-                           page_align=page_align, nproc_mp=nproc_mp)
+                           page_align=page_align, nproc_mp=nproc_mp, spool_size=spool_size, spool_dir=spool_dir,
+                           remote_options=remote_options)
     with gc_paused():
         return build_plan(resolve_catalog(source), mapper, options, dest)
 

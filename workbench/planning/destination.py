@@ -283,3 +283,24 @@ def check_destination(
             )
         )
     return state
+
+
+def check_remote(remote, files: list[OutputFile], *, overwrite: bool) -> DestinationState:
+    """What a remote destination (`output.remote.RemoteDestination`) holds for this plan, as planning problems."""
+    found = remote.state({f.name: f.size for f in files}, overwrite=overwrite)
+    state = DestinationState(kept=set(found.kept), resumable=bool(found.kept), complete=found.complete)
+    state.problems += [Problem("error", why, kind="destination") for why in found.errors]
+    state.problems += [Problem("warning", why, kind="destination") for why in found.warnings]
+    return state
+
+
+def spool_problems(plan) -> list[Problem]:
+    """An error when the local spool of a remote destination cannot get the disk `plan.spool_bytes` says it needs."""
+    assert plan.dest is not None and plan.remote is not None
+    needed = plan.spool_bytes + sum(e.size for e in plan.extra_files if e.written)
+    free = shutil.disk_usage(_existing_ancestor(plan.dest)).free
+    if needed <= free:
+        return []
+    return [Problem("error", f"Cannot spool the upload to {plan.remote.url} in {plan.dest}: the spool needs "
+                             f"{format_bytes(needed)} per rank and {format_bytes(free)} are free. Lower --spool-size or "
+                             "--shard-size, or point --spool-dir (WORKBENCH_SPOOL_DIR) at a larger disk.", kind="destination")]

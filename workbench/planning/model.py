@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +45,9 @@ class PlanOptions:
     on_overflow: str = "warn"  # a cast meeting values its dtype cannot hold: 'warn' (count and report) or 'error' (fail the run)
     page_align: bool = True  # pad safetensors headers so kernel copies are page-congruent (planning.page_align)
     nproc_mp: int = 1  # model-parallel files of a Meta `.pth` output (consolidated.00 .. NN)
+    spool_size: int = 4 << 30  # a remote destination: bytes of finished files a rank's local spool may hold
+    spool_dir: str | None = None  # a remote destination: where the spool lives (else $WORKBENCH_SPOOL_DIR, else temp)
+    remote: dict = field(default_factory=dict)  # a remote destination's own options (JSON values, e.g. part_size)
 
 
 class Plan:
@@ -77,6 +80,7 @@ class Plan:
         output: OutputFormat | None = None,
         complete: bool = False,
         code_digest: str | None = None,
+        remote: Any = None,
     ) -> None:
         self.source = source
         self.dest = dest
@@ -97,6 +101,8 @@ class Plan:
         self.complete = complete
         # What the mapper's Functions run (mapper.files.code_digest): recorded with a finished output.
         self.code_digest = code_digest
+        # A remote destination (output.remote.RemoteDestination): `dest` is then the local spool folder.
+        self.remote = remote
 
     # -- plain data (no pandas) -------------------------------------------------------------------
 
@@ -257,6 +263,21 @@ class Plan:
         (none, numpy or torch), the catalog and plan, reader and writer buffers. Parts: `rss_breakdown`.
         """
         return max((self.rank_rss_bytes(r) for r in range(self.nproc)), default=0)
+
+    def rank_spool_bytes(self, rank: int) -> int:
+        """Local disk `rank` needs for a remote destination's spool (0 for a local destination): see `spool_bytes`."""
+        if self.remote is None:
+            return 0
+        from .spool import rank_spool_bytes
+
+        return rank_spool_bytes(self, rank)
+
+    @property
+    def spool_bytes(self) -> int:
+        """Local disk a remote destination needs per rank: the spool's bound, the largest over ranks (0 for a local
+        destination). Finished files wait there for their upload within `spool_size`; a rank never waits on files it
+        is still writing, so a step writing into files larger than the spool raises the bound to their size."""
+        return max((self.rank_spool_bytes(r) for r in range(self.nproc)), default=0)
 
     @property
     def rss_breakdown(self) -> pd.DataFrame:

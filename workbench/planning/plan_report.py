@@ -29,9 +29,12 @@ def headline(plan: Plan) -> list[str]:
     status = "OK" if plan.ok else f"{len(plan.errors)} error(s): cannot run"
     if plan.ok and plan.complete:
         status = f"OK: already complete, nothing to do ({plan.dest} holds this conversion's finished output)"
+    where = plan.dest if plan.dest is not None else "(no destination)"
+    if plan.remote is not None:
+        where = f"{plan.remote.url} (through the local spool {plan.dest})"
     lines = [
         f"Plan: {src.location} ({src.format}, {len(src.files)} files, {len(src)} tensors, {format_bytes(src.total_bytes)})"
-        f" -> {plan.dest if plan.dest is not None else '(no destination)'}" + plan.output_format.label,
+        f" -> {where}" + plan.output_format.label,
         f"status: {status}",
         f"groups: {len(plan.steps)} ({kind_text or 'none'}); outputs: {sum(f.n_tensors for f in plan.output_file_list)} "
         f"tensors, {format_bytes(plan.total_size)} in {format_count(n_files, 'file')} "
@@ -43,11 +46,39 @@ def headline(plan: Plan) -> list[str]:
         f"peak tensor memory: {format_bytes(plan.peak_bytes)} per process; ranks: {plan.nproc}"
         + f"; {library_note(plan)}",
     ]
+    if plan.remote is not None:
+        lines.append(f"local disk to provision: {format_bytes(plan.spool_bytes)} per rank (spool of finished files waiting "
+                     f"for upload, --spool-size {format_bytes(plan.options.spool_size)}); the index is uploaded last")
+    lines += _dequantised_lines(plan)
     lines += _extras_lines(plan)
     lines += _metadata_lines(plan)
     if plan.copied_objects:
         lines.append(f"non-tensor entries copied verbatim: {len(plan.copied_objects)}")
     return lines
+
+
+def _dequantised_lines(plan: Plan) -> list[str]:
+    """With quantised weights dequantised (`mapper.presets.quantized.DEQUANTIZING`): how many tensors are, an example,
+    and how many are only copied, so a dry-run says which work is arithmetic and which is bytes. Binding such an op
+    imported its module (its `infer`), so a plan without it imports nothing here."""
+    import sys
+
+    quantized = sys.modules.get("workbench.mapper.presets.quantized")
+    if quantized is None or all(step.kind == COPY for step in plan.steps):
+        return []
+    dequantising = quantized.DEQUANTIZING
+    dequantised: list[str] = []
+    copied = 0
+    for step in plan.steps:
+        leaves = step.group.op.leaves() if hasattr(step.group.op, "leaves") else [step.group.op]
+        if any(getattr(leaf, "fn", None) in dequantising for leaf in leaves):
+            dequantised += [t.name for t in step.group.outputs]
+        elif step.kind == COPY:
+            copied += len(step.group.outputs)
+    if not dequantised:
+        return []
+    return [f"dequantised: {len(dequantised)} tensors (e.g. {min(dequantised)}); copied as they are: {copied} tensors "
+            "(plan.groups: label and kind per group)"]
 
 
 def _writes(plan: Plan) -> str:

@@ -180,15 +180,51 @@ def remote_scheme(plan: Plan) -> str | None:
     return "s3" if url.startswith("s3://") else "http" if url.startswith(("http://", "https://")) else "hf"
 
 
+# What each of the reader's fetching threads holds beyond the window while it downloads (its allocator arena, the
+# client's buffers): measured as the RSS over the replayed window of pass-through runs from nginx and from a Python
+# HTTP server (16 tensors of 10 MiB: +11.0 MiB; an odd-shaped 0.33 GiB Llama: +11.6 MiB; 4 threads).
+CONNECTION_BYTES = 3_000_000
+
+
 def prefetch_bytes(plan: Plan, rank: int) -> int:
-    """The remote reader's buffers for a URL source: ranges are submitted while less than its window is ahead of
-    the consumer, the ranges in flight included, so at most the window plus one range; never more than the rank
-    reads; 0 for local files (read straight into tensor buffers). Bodies are read straight into these buffers."""
+    """The remote reader's buffers for a URL source beyond the rank's tensor peak; 0 for local files (read straight
+    into tensor buffers).
+
+    Worked out by replaying the reader on the rank's reads (`formats.remote_safetensors`): ranges are submitted
+    while less than its window is ahead of the consumer, so the window holds up to the window plus the last range
+    submitted (a large tensor is one range); a range the consumer takes whole is handed over (counted once), a
+    tensor cut from a coalesced range is a copy held beside it. The largest of (window + what the step holds)
+    over the steps, plus `CONNECTION_BYTES` per fetching thread, less the tensor peak the prediction counts anyway."""
     if not plan.source.url:
         return 0
-    from ..formats.remote_safetensors import CHUNK_BYTES, WINDOW_BYTES
+    return max(0, remote_peak_bytes(plan, rank) - plan.rank_peak_bytes(rank))
 
-    return min(WINDOW_BYTES + CHUNK_BYTES, sum(plan.reads(rank).values()))
+
+def remote_peak_bytes(plan: Plan, rank: int) -> int:
+    """Bytes a remote source's reader and the steps of `rank` hold at most together (see `prefetch_bytes`)."""
+    from ..formats.remote_safetensors import PARALLEL, WINDOW_BYTES, chunk_ranges
+
+    steps = plan.rank_steps(rank)
+    chunks = chunk_ranges(info for step in steps for info in step.group.inputs)
+    chunk_of = {name: i for i, chunk in enumerate(chunks) for name in chunk.names}
+    left = [chunk.left for chunk in chunks]
+    submitted = ahead = peak = 0
+    for step in steps:
+        taken = 0  # input bytes the consumer holds in this step (handed-over ranges and copies)
+        for info in step.group.inputs:
+            index = chunk_of.pop(info.name, None)
+            if index is not None:
+                while submitted < len(chunks) and (submitted <= index or ahead < WINDOW_BYTES):
+                    ahead += chunks[submitted].end - chunks[submitted].start
+                    submitted += 1
+                left[index] -= 1
+                if left[index] == 0:
+                    ahead -= chunks[index].end - chunks[index].start
+            taken += info.nbytes
+            peak = max(peak, ahead + taken)
+        inputs = sum(info.nbytes for info in step.group.inputs)
+        peak = max(peak, ahead + taken + max(0, step.held_bytes - inputs))
+    return peak + (PARALLEL * CONNECTION_BYTES if chunks else 0)
 
 
 def direct_write_bytes(plan: Plan, rank: int) -> int:
@@ -255,11 +291,16 @@ def _parts(plan: Plan, rank: int) -> list[RssPart]:
                              f"{', s3fs, botocore' if scheme == 's3' else ''}; measured)"))
     for part, size, detail in plan.output_format.memory_terms(planned_here=entry == CLI):
         parts.append(RssPart(part, size, detail))
+    if plan.remote is not None:  # a remote destination: its transport (unless the source loaded it) and upload buffers
+        dest_scheme = plan.remote.scheme.removesuffix("://")
+        if dest_scheme != scheme and dest_scheme in REMOTE_LIBRARIES:
+            parts.append(RssPart("transport", REMOTE_LIBRARIES[dest_scheme], f"the {dest_scheme} destination's libraries (measured)"))
+        parts += [RssPart(part, size, detail) for part, size, detail in plan.remote.memory_terms()]
     parts.append(RssPart("metadata", calibrated.PER_TENSOR * tensors,
                          f"catalog and plan: {tensors:,} tensors × {calibrated.PER_TENSOR:,} bytes ({measured})"))
     detail = f"output headers {headers:,} bytes"
     if prefetch:
-        detail = f"remote prefetch window {prefetch:,} bytes; " + detail
+        detail = f"remote prefetch window beyond the tensor peak {prefetch:,} bytes; " + detail
     direct = direct_write_bytes(plan, rank)
     if direct:
         detail += f"; direct-write buffers {direct:,} bytes"
@@ -276,17 +317,23 @@ def _parts(plan: Plan, rank: int) -> list[RssPart]:
 
 
 def intermediate_bytes(step: Step) -> int:
-    """Bytes torch builds in a compute step beyond its inputs and outputs: when an op (concat, transpose ...)
-    is followed by a cast, its result exists in the input dtype before the cast output is made."""
+    """Bytes torch builds in a compute step beyond its inputs and outputs: when an op is followed by the plan's cast
+    (`dtype=`: the group's op is a `CastOutputs`), its result exists before the cast output is made, in the input
+    dtype for a layout op (concat, stack, split, transpose, reshape), in the output's size for a function (a
+    dequantisation computes its own dtype). An op alone (a Cast, a function) makes its output directly: nothing."""
     if step.kind != COMPUTE or not step.group.inputs:
         return 0
     from ..dtypes import nbytes_of
-    from ..mapper.ops import Cast
+    from ..mapper.ops import Cast, _Cut, _Join, _Rewrite
+    from .dtype_policy import CastOutputs
 
-    if isinstance(step.group.op, Cast):  # a cast alone converts straight into its output
+    op = step.group.op
+    if not isinstance(op, CastOutputs) or isinstance(op.op, Cast):
         return 0
+    layout = isinstance(op.op, (_Join, _Cut, _Rewrite))
     source_dtype = step.group.inputs[0].dtype
-    return sum(nbytes_of(source_dtype, t.numel) for t in step.group.outputs if t.dtype != source_dtype)
+    cast = [t for t in step.group.outputs if t.name in op.names]
+    return sum(nbytes_of(source_dtype, t.numel) if layout else t.nbytes for t in cast)
 
 
 def _peak_detail(plan: Plan, rank: int) -> str:
@@ -314,4 +361,4 @@ def rank_rss_bytes(plan: Plan, rank: int) -> int:
     return sum(p.bytes for p in rss_parts(plan, rank))
 
 
-__all__ = ["RssPart", "calibration_mismatch", "entry_point", "intermediate_bytes", "peak_step", "prefetch_bytes", "rank_libraries", "rank_rss_bytes", "rss_parts"]
+__all__ = ["RssPart", "calibration_mismatch", "entry_point", "intermediate_bytes", "peak_step", "prefetch_bytes", "rank_libraries", "remote_peak_bytes", "rank_rss_bytes", "rss_parts"]

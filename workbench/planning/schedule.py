@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from ..catalog import TensorInfo
 from ..dtypes import dtype_bits, nbytes_of
 from ..mapper.groups import ByteSlice, Group
+from ..mapper.merge.memory import group_scratch_bytes
 from ..mapper.recipes import LazyRecipe
 
 COPY, CAST, COMPUTE, ROWS, PIECES = "copy", "cast", "compute", "rows", "pieces"
@@ -157,7 +158,7 @@ def step_cost(group: Group, kind: str, bytes_out: int, access: SourceAccess, chu
         if not access.located(src):  # read whole, converted chunk by chunk
             held = bytes_in + nbytes_of(out.dtype, per)
         return held, reads
-    return bytes_in + bytes_out, reads
+    return bytes_in + bytes_out + group_scratch_bytes(group), reads
 
 
 def _located_copy_reads(info: TensorInfo, recipe: Mapping[str, tuple[ByteSlice, ...]]) -> dict[str, int] | None:

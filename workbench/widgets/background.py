@@ -66,6 +66,8 @@ class BackgroundTask(widgets.VBox):
     'cancelling', 'done', 'cancelled' or 'failed'; `result` / `error` hold the outcome, `done_bytes` the
     bytes read, `updates` each bytes count the bar showed (for tests: it only grows). `wait()` blocks.
     Controls: `bar`, `text`, `cancel_button`, `confirm_button`, `dismiss_button`.
+    `on_state(callback)` calls `callback(running)` each time the state changes (from the read's thread when
+    it ends): the owner disables the buttons that start reads while one runs, so reads go one at a time.
     """
 
     def __init__(self, *, confirm_above: int = LARGE_READ_BYTES) -> None:
@@ -83,6 +85,7 @@ class BackgroundTask(widgets.VBox):
         self._pending: tuple[Any, ...] | None = None
         self._started = 0.0
         self._shown_at = 0.0
+        self._observers: list[Callable[[bool], None]] = []
 
         self.bar = labelled(widgets.IntProgress(value=0, min=0, max=BAR_STEPS, bar_style="info",
                                                 layout=widgets.Layout(width="260px")), "wb-task-bar")
@@ -112,6 +115,13 @@ class BackgroundTask(widgets.VBox):
         self.confirm_row.layout.display = None if self.state == CONFIRM else "none"
         self.cancel_button.disabled = self.state != RUNNING
         self.cancel_button.button_style = "warning" if self.state == RUNNING else ""
+        for callback in self._observers:
+            callback(self.running)
+
+    def on_state(self, callback: Callable[[bool], None]) -> None:
+        """Call `callback(running)` now and after every change of state (start, cancel, end, confirm)."""
+        self._observers.append(callback)
+        callback(self.running)
 
     # --- starting -----------------------------------------------------------------------------------
     def run(

@@ -47,6 +47,7 @@ from ..mapper.patterns import matcher as glob_matcher
 from ..names import Template, fill, filter_names, placeholders_of
 from .common import (
     Panel,
+    fit_narrow,
     frame_table,
     labelled,
     message_html,
@@ -561,7 +562,9 @@ class MapperBuilder(Panel):
         )
         sources = W.HBox([self.checkpoint_name, self.checkpoint_path, self.add_checkpoint_button])
         presets = W.HBox([self.preset_picker, self.append_preset_button, self.load_preset_button])
-        return [self.header, sources, presets, self.combine_picker, form, steps, self.tabs]
+        parts = [self.header, sources, presets, self.combine_picker, form, steps, self.tabs]
+        fit_narrow(*parts)
+        return parts
 
     def _wire(self) -> None:
         self.load_preset_button.on_click(lambda _: self.load_preset())
@@ -585,7 +588,7 @@ class MapperBuilder(Panel):
             box.observe(lambda _: self._show_preview(), names="value")
         self.graph_button.on_click(lambda _: self.draw_graph())
         self.tabs.observe(self._on_tab, names="selected_index")
-        self.target_button.on_click(lambda _: self.set_target_text(self.target_box.value))
+        self.target_button.on_click(lambda _: self.check_clicked())
         self.copy_button.on_click(lambda _: self.copy_code())
         self.save_button.on_click(lambda _: self.save())
         self._show_parameters()
@@ -1320,6 +1323,19 @@ class MapperBuilder(Panel):
         self.set_target(target)
         if not isinstance(target, str):
             self.target_box.value = text  # keep what was typed: it names the target
+
+    def check_clicked(self) -> None:
+        """The Check button: the check takes seconds for a model type (transformers builds it on the meta device), so
+        the button says "Checking…" and is disabled, and the view says what is being checked, until it ends."""
+        text = self.target_box.value.strip()
+        button = self.target_button
+        button.disabled, button.description, button.icon = True, "Checking…", "hourglass-half"
+        if text:
+            self.target_view.value = message_html(f"Checking the outputs against {text}…")
+        try:
+            self.set_target_text(text)
+        finally:
+            button.disabled, button.description, button.icon = False, "Check", "check"
 
     def target_report(self) -> pd.DataFrame | None:
         """The last target check's differences (see `compare_to_target`), None without a target;

@@ -162,3 +162,22 @@ class Panel(widgets.VBox):
         data["text/plain"] = repr(self)
         data["text/html"] = self._repr_html_()
         return data
+
+
+def fit_narrow(*roots: widgets.Widget) -> None:
+    """Keep every control whole in a narrow notebook (760 px and less): rows wrap instead of pushing their
+    last controls out of view, buttons keep the width of their text (a shrunk flex item ellipsises it), and
+    fields sized in pixels shrink to the row they sit in. Walks `roots` and their children as built."""
+    stack = list(roots)
+    while stack:
+        widget = stack.pop()
+        layout = getattr(widget, "layout", None)
+        if isinstance(widget, widgets.HBox):
+            layout.flex_flow = "row wrap"
+        elif isinstance(widget, widgets.Button):
+            layout.flex = "0 0 auto"
+            if layout.width and layout.width.endswith("px"):
+                layout.min_width, layout.width = layout.width, "auto"
+        elif layout is not None and layout.width and layout.width.endswith("px"):
+            layout.max_width = "100%"
+        stack.extend(getattr(widget, "children", ()))

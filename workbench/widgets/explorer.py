@@ -9,6 +9,7 @@ keeps tables bounded (the first `max_rows` rows and a count), so a 100k-tensor c
 from __future__ import annotations
 
 import html
+import math
 import re
 from typing import Any
 
@@ -24,6 +25,7 @@ from .background import BackgroundTask
 from .common import (
     TABLE_STYLE,
     Panel,
+    fit_narrow,
     frame_table,
     labelled,
     message_html,
@@ -201,7 +203,9 @@ class Explorer(Panel):
         self.verify_task = labelled(BackgroundTask(), "wb-explorer-verify-task")  # re-hashing tensors against a checksum sidecar
         self.verify_view = labelled(widgets.HTML(), "wb-explorer-verified")
         self.verify_button.on_click(lambda _: self.verify())
-        super().__init__([widgets.HBox([header, self.verify_button]), self.verify_task, self.verify_view, self.tabs])
+        parts = [widgets.HBox([header, self.verify_button]), self.verify_task, self.verify_view, self.tabs]
+        fit_narrow(*parts)
+        super().__init__(parts)
         self.add_class("wb-explorer")
 
         for control in (self.filter_box, self.match_mode, self.fold_toggle, self.sort_by, self.descending):
@@ -210,6 +214,7 @@ class Explorer(Panel):
         self.table.observe(self._on_page_shown, names="row_keys")
         self.table.observe(self._on_row_click, names="selected")
         self.tensor_picker.observe(self._on_pick, names="value")
+        self.task.on_state(lambda _running: self._sync_read_buttons())  # one read at a time
         self.stats_button.on_click(lambda _: self.show_stats())
         self.histogram_button.on_click(lambda _: self.show_histogram())
         self.plot_button.on_click(lambda _: self.plot_bytes(force=True))
@@ -454,9 +459,7 @@ class Explorer(Panel):
         name = self.tensor_picker.value
         self.stats_view.value = ""
         self.histogram_output.outputs = ()
-        disabled = name is None
-        self.stats_button.disabled = disabled
-        self.histogram_button.disabled = disabled
+        self._sync_read_buttons()
         self.details.value = "" if name is None else self._details_html(name)
         self._syncing_selection = True  # highlight the row of the picked tensor (its pattern when folded)
         try:
@@ -465,6 +468,12 @@ class Explorer(Panel):
             self._syncing_selection = False
         if name is not None and name in self._stats_cache:
             self.stats_view.value = self._stats_html(self._stats_cache[name])
+
+    def _sync_read_buttons(self) -> None:
+        """Value stats and Histogram are clickable when a tensor is picked and no read of them is running."""
+        disabled = self.tensor_picker.value is None or self.task.running
+        self.stats_button.disabled = disabled
+        self.histogram_button.disabled = disabled
 
     def _details_html(self, name: str) -> str:
         row = self.checkpoint.tensors.loc[name]
@@ -536,7 +545,8 @@ class Explorer(Panel):
         return stats
 
     def show_histogram(self, *, background: bool | None = None) -> Any:
-        """Read the picked tensor in chunks (twice: range, then counts) and show a histogram of its values.
+        """Read the picked tensor in chunks (twice: range, then counts; once when its value stats are known)
+        and show a histogram of its values.
 
         Large tensors are read in the background as for `show_stats` (then this returns None).
         """
@@ -545,10 +555,14 @@ class Explorer(Panel):
         name = self.tensor_picker.value
         if name is None:
             return None
-        nbytes = histogram_bytes(self.checkpoint.catalog, name)
+        known = self._stats_cache.get(name)  # value stats already read: their min and max spare the first pass
+        value_range = None
+        if known is not None and math.isfinite(known["min"].iloc[0]) and math.isfinite(known["max"].iloc[0]):
+            value_range = (float(known["min"].iloc[0]), float(known["max"].iloc[0]))
+        nbytes = histogram_bytes(self.checkpoint.catalog, name, value_range)
 
         def work(on_read: Any = None) -> Any:
-            return self.checkpoint.plot_histogram(name, chunk_elements=READ_CHUNK_ELEMENTS, on_read=on_read)
+            return self.checkpoint.plot_histogram(name, chunk_elements=READ_CHUNK_ELEMENTS, on_read=on_read, value_range=value_range)
 
         def done(fig: Any) -> None:
             if self.tensor_picker.value == name:

@@ -373,6 +373,7 @@ def graph_svg(graph: FoldedGraph, *, max_rows: int = 40, title: str | None = Non
 
 
 ZOOMS = (("fit", None), ("100%", 1.0), ("150%", 1.5))
+FIT_MIN_SCALE = 0.75  # "fit" shrinks a wide graph at most to this: labels stay >= 9 px (FONT_PX 12), the view scrolls
 
 
 class GraphFigure:
@@ -401,7 +402,10 @@ class GraphFigure:
             checked = " checked" if scale == 1.0 else ""
             radios.append(f'<input type="radio" name="{uid}" id="{uid}-{k}" class="wb-graph-zoom"{checked}>'
                           f'<label for="{uid}-{k}" style="margin:0 10px 0 2px;cursor:pointer">{label}</label>')
-            size = "width:100%;height:auto" if scale is None else f"width:{self.width * scale:.0f}px;height:{self.height * scale:.0f}px"
+            if scale is None:  # the view's width, but never so small that labels are unreadable: then it scrolls
+                size = f"width:100%;height:auto;min-width:{self.width * FIT_MIN_SCALE:.0f}px"
+            else:
+                size = f"width:{self.width * scale:.0f}px;height:{self.height * scale:.0f}px"
             rules.append(f"#{uid}-{k}:checked~.wb-graph-view svg{{{size}}}")
         style = f"<style>{''.join(rules)}#{uid} .wb-graph-view{{overflow:auto;max-height:640px;border:1px solid var(--jp-border-color2,#ddd)}}</style>"
         return (f'<div class="wb-graph" id="{uid}">{style}<span class="wb-note" style="font-size:12px">zoom </span>'

@@ -81,8 +81,10 @@ def rank_load_table(plan: Plan) -> pd.DataFrame:
 
 def largest_steps_table(plan: Plan, count: int = 10) -> pd.DataFrame:
     """The `count` steps that hold the most tensor bytes (where the predicted peak comes from), each with
-    the tensors it makes."""
-    memory = plan.memory
+    the tensors it makes, its rank and its `rank step`: its place in that rank's schedule, the memory chart's x."""
+    memory = plan.memory.copy()
+    # where the step sits on the memory chart, whose axis is each rank's own schedule (0 = its first step)
+    memory.insert(2, "rank step", memory.groupby("rank", sort=False).cumcount())
     top = memory.sort_values(["held_bytes", "step"], ascending=[False, True]).head(count).set_index("step")
     wanted = set(top.index)
     names = {s.index: _step_names(s) for s in plan.steps if s.index in wanted}
@@ -169,7 +171,7 @@ def memory_timeline_figure(plan: Plan) -> Any | None:
     fig = _figure(8.0, 3.6)
     ax = fig.add_subplot()
     ax.set_title(f"Predicted tensor memory per step: peak {format_bytes(plan.peak_bytes)} per process", fontsize=11)
-    ax.set_xlabel("step of the rank's schedule")
+    ax.set_xlabel("step of the rank's schedule (the table's 'rank step')")
     scale, unit = byte_unit(plan.peak_bytes)
     ax.set_ylabel(f"tensor data held ({unit})")
     top = peak_step(plan)
@@ -313,9 +315,10 @@ def headline_facts(plan: Plan) -> list[tuple[str, str]]:
     if top is None or not top.held_bytes:
         facts.append(("Peak step", "none: every step copies bytes between files, no tensor data is held"))
     else:
-        where = f" on rank {top.rank}" if plan.nproc > 1 else ""
-        facts.append(("Peak step", f"{format_bytes(top.held_bytes)} of tensors at step {top.index}{where} "
-                                   f"({top.kind}: {_step_names(top)})"))
+        position = [s.index for s in plan.steps if s.rank == top.rank and plan.step_active(s)].index(top.index)
+        where = f"rank {top.rank}'s step {position}" if plan.nproc > 1 else f"rank step {position}"
+        facts.append(("Peak step", f"{format_bytes(top.held_bytes)} of tensors at step {top.index} ({where} on the "
+                                   f"memory chart; {top.kind}: {_step_names(top)})"))
     reads = plan.reads()
     facts.append(("Reads / writes", f"{format_bytes(plan.bytes_read)} from {len(reads)} of {len(plan.source.files)} "
                                     f"source files / {format_bytes(plan.bytes_written)}"))

@@ -9,7 +9,7 @@ transformers config object or a dict. `layers` is the template of one decoder la
 The presets build on the operation algebra of `workbench.mapper` and nothing in the algebra imports
 them. Each family lives in its own module (HF, Meta and Megatron-QKV layouts and LoRA routing in
 `layouts`, transformers' registry in `transformers_layout`, Megatron in `megatron`, PEFT adapters in
-`lora`, quantised weights in `quantized`, averaging in `averaging`, output layouts in `output_presets`
+`lora`, quantised weights in `quantized` (packed formats: `packed`, `compressed`, `gptq`, `packed_preset`), averaging in `averaging`, output layouts in `output_presets`
 and `gguf_preset`); this package names them all, lists the ones front ends offer (`PRESETS`) and imports a module on first use, so that reading
 one preset's kernel (the engine's GGUF rows, say) does not import every family.
 """
@@ -27,8 +27,10 @@ _LAZY: dict[str, tuple[str, str]] = {
         "megatron_qkv_to_hf", "meta_to_hf", "strip_prefix",
     )},
     "dequantize_fp8": ("quantized", "dequantize_fp8"), "dequantize_mxfp4": ("quantized", "dequantize_mxfp4"),
-    "quantize_fp8": ("quantized", "quantize_fp8"), "from_transformers": ("transformers_layout", "from_transformers"),
-    "megatron_merge": ("megatron", "megatron_merge"), "megatron_to_hf": ("megatron", "megatron_to_hf"),
+    "quantize_fp8": ("quantized", "quantize_fp8"), "decompress": ("packed_preset", "decompress"), "from_transformers": ("transformers_layout", "from_transformers"),
+    "gguf_to_hf": ("gguf_inverse", "gguf_to_hf"),
+    "megatron_merge": ("megatron", "megatron_merge"), "merge": ("averaging", "merge"),
+    "megatron_to_hf": ("megatron", "megatron_to_hf"),
     "megatron_hf_config": ("megatron", "hf_config"), "meta_mp_merge": ("output_presets", "meta_mp_merge"),
 }
 
@@ -55,6 +57,8 @@ PRESETS: dict[str, str] = {
     "add_prefix": "add a 'model.' prefix",
     "dequantize_fp8": "FP8 block-scaled weights → bf16 (scales from quantization_config)",
     "dequantize_mxfp4": "MXFP4 experts (gpt-oss) → bf16, transformers layout",
+    "decompress": "compressed-tensors / GPTQ / AWQ packed weights → bf16 (format from quantization_config)",
+    "gguf_to_hf": "llama.cpp GGUF → HF safetensors (de-quantised, q/k un-permuted, config and tokenizer from metadata)",
     "quantize_fp8": "linear weights → FP8 with 128×128 block scales (+ quantization_config)",
     "lora_merge": "merge the PEFT adapter of source 'adapter'",
     "average": "average every source (uniform)",

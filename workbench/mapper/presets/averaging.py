@@ -1,106 +1,70 @@
-"""Averaging several checkpoints (model soups, EMA-style weighted means) tensor by tensor.
+"""Averaging several checkpoints (model soups, EMA-style weighted means): mergekit's `linear` merge.
 
-The sources are those of a multi-source catalog (workbench.formats.multi): the first keeps its tensor
-names, the others are read as `NAME::tensor`. Each output tensor is one group whose inputs are the N
-tensors of that name, so the plan's peak memory is one group of N inputs (plus the fp32 accumulator),
-never a whole model. Sources of the checkpoint that are not averaged are dropped. Floating tensors are accumulated in float32 in source order
-(`acc = w0·x0; acc += wi·xi`) and written in the first source's dtype (a conversion's dtype policy
-then applies as usual); other tensors (integer buffers, step counters) must be equal in every source
-and are copied from the first.
+`average(["a", "b", "c"], weights)` is `merge("linear", ...)` (workbench.mapper.merge): it names the sources of a
+multi-source checkpoint (workbench.formats.multi: the first keeps its tensor names, the others are read as
+`NAME::tensor`) and binds lazily, so it can be written before any source is opened. Each output tensor is one
+group of N inputs, so the plan's peak memory is one group (plus the float32 accumulator), never a whole model.
+Floating tensors are accumulated in float32 in source order (`acc += wi·xi`, fused), divided by `Σ wi` and
+written in the inputs' dtype, bit for bit as mergekit's linear merge; integer buffers must be equal and are
+copied. Sources left out of the average are dropped.
+
+The functions below the preset are those of mappers exported before averaging became a merge (their files name
+them, e.g. 'workbench.mapper.presets.averaging:weighted_mean'); they keep working.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...catalog import Catalog, TensorInfo
 from ...dtypes import is_float
 from ...errors import MapperError
-from ..base import Mapper
-from ..compose import Parallel
-from ..function import Function
-from ..ops import Drop
+from ..merge.models import MergeModels, merge
 
-_HERE = "workbench.mapper.presets.averaging"
+__all__ = ["average", "merge"]
 
 
-def _sources(sources: Any) -> tuple[list[str], Catalog | None]:
-    """(source names, joined catalog when it can be found) from names, a mapping of paths, or a multi catalog."""
+def _names(sources: Any) -> list[str]:
+    """The source names: given, the keys of a mapping name -> path, or those of a multi-source checkpoint."""
     catalog = getattr(sources, "catalog", sources)
     if isinstance(catalog, Catalog):
         if getattr(catalog, "sources", None):
-            return list(catalog.sources), catalog  # type: ignore[attr-defined]
+            return list(catalog.sources)  # type: ignore[attr-defined]
         raise MapperError(f"Cannot average {catalog.root}: it is one checkpoint. Open the checkpoints to average together, "
                           "e.g. wb.open_checkpoint({'a': 'ck1/', 'b': 'ck2/', 'c': 'ck3/'}).")
     if isinstance(sources, Mapping):
-        from ...formats.multi import open_sources
-
-        joined = open_sources({str(k): os.fspath(v) for k, v in sources.items()})
-        return list(joined.sources), joined
-    if isinstance(sources, Sequence) and not isinstance(sources, str):
-        return [str(s) for s in sources], None
+        return [str(k) for k in sources]
+    if isinstance(sources, Sequence) and not isinstance(sources, str) and all(isinstance(s, str) for s in sources):
+        return list(sources)
     raise MapperError(
-        f"Cannot average {type(sources).__name__}: pass the source names (with like=the multi-source checkpoint), "
-        "a mapping name -> path, or a checkpoint opened from such a mapping."
+        f"Cannot average {type(sources).__name__}: pass the source names (['a', 'b']), a mapping name -> path, or a "
+        "checkpoint opened from such a mapping."
     )
 
 
-def average(sources: Any, weights: Sequence[float] | None = None, *, like: Any = None) -> Mapper:
-    """A mapper writing the (weighted) mean of the same-named tensors of every source.
+def average(sources: Any, weights: Sequence[float] | None = None, *, like: Any = None) -> MergeModels:
+    """A mapper writing the (weighted) mean of the same-named tensors of every source: mergekit's `linear` merge.
 
-    `sources`: a multi-source checkpoint/catalog, a mapping name -> path, or a list of source names together with
-    `like=` that checkpoint (the first source names the outputs). `weights`: one per source, normalised to sum 1
-    (default: uniform), e.g. an EMA's decayed weights or a soup's.
+    `sources`: source names (`["a", "b"]`, usable before any source is opened), a mapping name -> path, or a
+    multi-source checkpoint. `weights`: one per source (default: uniform), divided by their sum, e.g. an EMA's
+    decayed weights or a soup's. `like=` (a checkpoint) is accepted for older code and not needed.
     """
-    names, catalog = _sources(sources)
+    names = _names(sources)
+    if len(names) < 2:
+        raise MapperError(f"Cannot average sources {names}: need at least two.")
     if like is not None:
-        catalog = getattr(like, "catalog", like)
-    if catalog is None or not getattr(catalog, "sources", None):
-        raise MapperError("Cannot average: the sources' tensor names are unknown. Pass like=wb.open_checkpoint({...}) "
-                          "(the multi-source checkpoint these names belong to).")
-    known = list(catalog.sources)  # type: ignore[attr-defined]
-    unknown = [n for n in names if n not in known]
-    if len(names) < 2 or unknown:
-        raise MapperError(f"Cannot average sources {names}: {'unknown ' + repr(unknown) if unknown else 'need at least two'}. "
-                          f"The checkpoint has sources {known}.")
+        known = list(getattr(getattr(like, "catalog", like), "sources", None) or [])
+        unknown = [n for n in names if known and n not in known]
+        if unknown:
+            raise MapperError(f"Cannot average sources {names}: unknown {unknown!r}. The checkpoint has sources {known}.")
     if weights is None:
-        weights = [1.0] * len(names)
-    if len(weights) != len(names) or any(not isinstance(w, (int, float)) or w < 0 for w in weights) or sum(weights) <= 0:
+        return merge("linear", names, parameters={"weight": 1.0})
+    if len(weights) != len(names) or any(isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0 for w in weights) \
+            or sum(weights) <= 0:
         raise MapperError(f"Cannot average with weights {list(weights)}: give one non-negative number per source "
                           f"({len(names)}), not all zero.")
-    total = float(sum(weights))
-    norm = [float(w) / total for w in weights]
-    primary = known[0]
-
-    def name_in(source: str, tensor: str) -> str:
-        return tensor if source == primary else f"{source}::{tensor}"
-
-    first = names[0]
-    prefix = "" if first == primary else f"{first}::"
-    ops: list[Mapper] = []
-    seen: set[str] = set()
-    for full, info in catalog.items():
-        if not full.startswith(prefix) or (not prefix and "::" in full):
-            continue
-        tensor = full[len(prefix):]
-        seen.add(tensor)
-        inputs = [name_in(s, tensor) for s in names]
-        if is_float(info.dtype):
-            ops.append(Function(fn=f"{_HERE}:weighted_mean", infer=f"{_HERE}:infer_mean", inputs=inputs, outputs=[tensor],
-                                params={"weights": norm}))
-        else:
-            ops.append(Function(fn=f"{_HERE}:equal_copy", infer=f"{_HERE}:infer_mean", inputs=inputs, outputs=[tensor],
-                                params={"weights": norm}))
-    for full in catalog:
-        source, _, tensor = full.partition("::") if "::" in full else (primary, "", full)
-        if source not in names:  # a source left out of the average: none of its tensors is written
-            ops.append(Drop(full))
-        elif source != first and tensor not in seen:
-            ops.append(Function(fn=f"{_HERE}:missing", infer=f"{_HERE}:infer_missing", inputs=[full], outputs=[full],
-                                params={"first": first}))
-    return Parallel(*ops)
+    return merge("linear", names, model_parameters={n: {"weight": float(w)} for n, w in zip(names, weights, strict=True)})
 
 
 def weighted_mean(*tensors: Any, weights: Sequence[float]) -> Any:

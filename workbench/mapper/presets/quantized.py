@@ -489,15 +489,21 @@ def quantize_fp8(block: Sequence[int] = (128, 128), *, source: Any = None, targe
 
 
 # -- the dequantised view of a checkpoint ------------------------------------------------------------
-def dequantized_view(infos: Iterable[TensorInfo], dtype: str = "bf16") -> tuple[dict[str, TensorInfo], list[str]]:
-    """The tensors as `dequantize_fp8` / `dequantize_mxfp4` leave them (name -> TensorInfo, in order), and the
-    quantised kinds found ('FP8', 'MXFP4'): what a layout preset composed after a dequantising step sees.
+def dequantized_view(infos: Iterable[TensorInfo], dtype: str = "bf16", config: Any = None) -> tuple[dict[str, TensorInfo], list[str]]:
+    """The tensors as `dequantize_fp8` / `dequantize_mxfp4` / `decompress` leave them (name -> TensorInfo, in order),
+    and the quantised kinds found ('FP8', 'MXFP4', 'PACKED'): what a layout preset composed after a dequantising step
+    sees.
 
     An FP8 weight with `*_scale_inv` beside it becomes `dtype` and loses its scales; `X_blocks` + `X_scales` become
-    `X` (transformers' gpt-oss layout). Metadata only; the kinds are empty when nothing is quantised.
+    `X` (transformers' gpt-oss layout); with `config`, the packed weights it describes (compressed-tensors, GPTQ,
+    AWQ) become `X.weight` without their scales, zero points and activation scales. Metadata only; the kinds are
+    empty when nothing is quantised.
     """
     code = _output_code(dtype)
     tensors = {info.name: info for info in infos}
+    packed = _packed_view(tensors, config, code) if config is not None else {}
+    if packed:
+        tensors = packed
     fp8 = {name[: -len(SCALE_SUFFIX)] for name in tensors if name.endswith(SCALE_SUFFIX)
            and getattr(tensors.get(name[: -len(SCALE_SUFFIX)]), "dtype", None) in QUANTISED_DTYPES}
     mxfp4: dict[str, TensorInfo] = {}  # base -> its dequantised TensorInfo
@@ -510,7 +516,7 @@ def dequantized_view(infos: Iterable[TensorInfo], dtype: str = "bf16") -> tuple[
                 continue
             mxfp4[base] = TensorInfo(base, out_code, shape)
     if not fp8 and not mxfp4:
-        return tensors, []
+        return tensors, ["PACKED"] if packed else []
     view: dict[str, TensorInfo] = {}
     for name, info in tensors.items():
         if name in fp8:
@@ -521,7 +527,34 @@ def dequantized_view(infos: Iterable[TensorInfo], dtype: str = "bf16") -> tuple[
             view[name[: -len("_blocks")]] = mxfp4[name[: -len("_blocks")]]
         elif not (name.endswith("_scales") and name[: -len("_scales")] in mxfp4):
             view[name] = info
-    return view, [kind for kind, found in (("FP8", fp8), ("MXFP4", mxfp4)) if found]
+    return view, [kind for kind, found in (("FP8", fp8), ("MXFP4", mxfp4), ("PACKED", packed)) if found]
+
+
+def _packed_view(tensors: dict[str, TensorInfo], config: Any, code: str) -> dict[str, TensorInfo]:
+    """`tensors` with each packed module `config` describes turned into its dense `X.weight` (in place of its packed
+    tensor; its other parts left out); {} when there is none, or when they do not fit (the preset will say why)."""
+    from .packed import dense_shape, packed_modules
+
+    try:
+        modules = packed_modules(tensors, config)
+        dense = {m.parts["packed"]: TensorInfo(m.output, code, tuple(dense_shape(m, tensors))) for m in modules}
+    except (MapperError, OSError, ValueError):
+        return {}
+    if not dense:
+        return {}
+    parts = {name for m in modules for name in (*m.parts.values(), *m.extras)}
+    view: dict[str, TensorInfo] = {}
+    for name, info in tensors.items():
+        if name in dense:
+            view[dense[name].name] = dense[name]
+        elif name not in parts:
+            view[name] = info
+    return view
+
+
+# the parts of packed weights (compressed-tensors, GPTQ, AWQ) a layout preset leaves to `decompress`
+PACKED_SUFFIXES = (r"\.weight_packed", r"\.weight_scale", r"\.weight_zero_point", r"\.weight_shape", r"\.weight_global_scale",
+                   r"\.input_scale", r"\.input_global_scale", r"\.qweight", r"\.qzeros", r"\.g_idx", r"\.scales")
 
 
 def quantised_claim(kinds: Sequence[str], family: str) -> Any:
@@ -530,9 +563,10 @@ def quantised_claim(kinds: Sequence[str], family: str) -> Any:
     plan names the scales left behind; after a dequantising step they are consumed and it reports nothing."""
     from ..claim import Claim
 
-    suffixes = [SCALE_SUFFIX] * ("FP8" in kinds) + ["_blocks", "_scales"] * ("MXFP4" in kinds)
-    steps = ", ".join(f"M.presets.{'dequantize_fp8' if kind == 'FP8' else 'dequantize_mxfp4'}(config)" for kind in kinds)
-    names = ",".join(f"{'dequantize_fp8' if kind == 'FP8' else 'dequantize_mxfp4'}" for kind in kinds)
+    suffixes = [SCALE_SUFFIX] * ("FP8" in kinds) + ["_blocks", "_scales"] * ("MXFP4" in kinds) + list(PACKED_SUFFIXES) * ("PACKED" in kinds)
+    presets = {"FP8": "dequantize_fp8", "MXFP4": "dequantize_mxfp4", "PACKED": "decompress"}
+    steps = ", ".join(f"M.presets.{presets[kind]}(config)" for kind in kinds)
+    names = ",".join(presets[kind] for kind in kinds)
     return Claim(
         f"{'/'.join(kinds)} quantised ({family})",
         f".+(?:{'|'.join(suffixes)})",
@@ -552,7 +586,11 @@ def fp8_quantization_config(block: Sequence[int]) -> dict[str, Any]:
     }
 
 
-QUANTISED_NAMES = (SCALE_SUFFIX, "_blocks", "_scales", ".activation_scale")
+QUANTISED_NAMES = (SCALE_SUFFIX, "_blocks", "_scales", ".activation_scale", ".weight_packed", ".weight_scale", ".weight_zero_point",
+                   ".weight_shape", ".weight_global_scale", ".qweight", ".qzeros", ".g_idx")
+# every op that turns quantised weights into plain ones (a conversion with one drops quantization_config)
+DEQUANTIZING = (f"{HERE}:dequantize_fp8_tensor", f"{HERE}:dequantize_mxfp4_tensor",
+                "workbench.mapper.presets.compressed:decompress_tensor", "workbench.mapper.presets.gptq:dequantize_gptq_tensor")
 QUANTISED_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F4")
 
 
@@ -563,7 +601,7 @@ def changes_config(mapper: Any) -> bool:
 
     if not isinstance(mapper, Mapper):
         return True
-    changing = (f"{HERE}:quantize_fp8_tensor", f"{HERE}:dequantize_fp8_tensor", f"{HERE}:dequantize_mxfp4_tensor")
+    changing = (f"{HERE}:quantize_fp8_tensor", *DEQUANTIZING)
     return any(getattr(leaf, "fn", None) in changing for leaf in mapper.leaves())
 
 
@@ -580,7 +618,7 @@ def config_changes(ops: Iterable[Any], outputs: Iterable[TensorInfo]) -> dict[st
         fn = getattr(op, "fn", None)
         if fn == f"{HERE}:quantize_fp8_tensor":
             blocks.add(tuple(op.kwargs["block"]))
-        elif fn in (f"{HERE}:dequantize_fp8_tensor", f"{HERE}:dequantize_mxfp4_tensor"):
+        elif fn in DEQUANTIZING:
             dequantized.add(op.kwargs["dtype"])
     if blocks and not dequantized:
         if len(blocks) > 1:

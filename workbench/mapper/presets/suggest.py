@@ -75,6 +75,9 @@ def suggest_rows(names: Iterable[str], config: Any = None, *, registry: bool = T
                                        "dequantise to bf16/fp32"))
     if method == "mxfp4" or any(n.endswith("_blocks") for n in names) and any(n.endswith("_scales") for n in names):
         rows.append(("dequantize_mxfp4", "MXFP4 weights (*_blocks + *_scales): dequantise to bf16/fp32"))
+    packed = _packed_method(quant, method, names)
+    if packed:
+        rows.append(("decompress", f"{packed} packed weights: dequantise to bf16 (or the config's dtype)"))
     if model_type and not registry:
         if any(re.search(r"\.experts\.\d+\.", n) for n in names):
             rows.append(("from_transformers", f"{model_type} stores one tensor per expert; transformers 5 holds them stacked "
@@ -86,6 +89,9 @@ def suggest_rows(names: Iterable[str], config: Any = None, *, registry: bool = T
                                               f"{len(names)} tensors change (experts stacked, fused or renamed); this gives its "
                                               "in-memory layout (.inverse(source): the save direction)"))
     rows = _chain_dequantising(rows, names)
+    if "token_embd.weight" in names and any(n.startswith("blk.") for n in names):
+        rows.append(("gguf_to_hf", "llama.cpp GGUF tensors (token_embd, blk.N.*): HF names and layout, quantised types "
+                                   "de-quantised, config.json and tokenizer files from the GGUF metadata"))
     has = set(n.split(".", 3)[-1] if n.startswith("model.layers.") else n for n in names)
     if {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"} <= has and data.get("num_attention_heads"):
         if {"mlp.gate_proj.weight", "mlp.up_proj.weight"} <= has:
@@ -123,7 +129,8 @@ def _chain_dequantising(rows: list[tuple[str, str]], names: list[str]) -> list[t
     """With quantised tensors in the names and transformers' layout offered: the one recipe that dequantises then
     lays out (`dequantize_fp8,from_transformers`), first, instead of `from_transformers` alone (whose plan would
     name the scales left behind)."""
-    kinds = {"dequantize_fp8": any(n.endswith(SCALE_SUFFIX) for n in names),
+    kinds = {"decompress": True,  # offered only when the config describes packed weights
+             "dequantize_fp8": any(n.endswith(SCALE_SUFFIX) for n in names),
              "dequantize_mxfp4": any(n.endswith("_blocks") for n in names) and any(n.endswith("_scales") for n in names)}
     first = [name for name, _ in rows if kinds.get(name)]
     if not first or "from_transformers" not in [name for name, _ in rows]:
@@ -133,6 +140,19 @@ def _chain_dequantising(rows: list[tuple[str, str]], names: list[str]) -> list[t
     why = (f"quantised weights dequantised to bf16, then transformers 5's in-memory layout (experts stacked): "
            f"M.Sequential({steps}, M.presets.from_transformers(config)) (workbench convert --preset {chain})")
     return [(chain, why)] + [row for row in rows if row[0] != "from_transformers"]
+
+
+def _packed_method(quant: Any, method: str, names: list[str]) -> str:
+    """How the config says weights are packed ('compressed-tensors pack-quantized', 'GPTQ 4-bit', ...) when the names
+    hold such weights, else ''."""
+    if not isinstance(quant, dict):
+        return ""
+    if method in ("compressed-tensors", "compressed_tensors") and any(
+            n.endswith((".weight_packed", ".weight_scale")) for n in names):
+        return f"compressed-tensors {quant.get('format') or 'packed'}"
+    if method in ("gptq", "awq") and any(n.endswith(".qweight") for n in names):
+        return f"{method.upper()} {quant.get('bits', 4)}-bit"
+    return ""
 
 
 def representative(infos: Mapping[str, TensorInfo]) -> dict[str, TensorInfo]:

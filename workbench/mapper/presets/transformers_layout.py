@@ -542,7 +542,7 @@ def from_transformers(config: Any, source: Any | None = None) -> Mapper:
         from ..bind import source_infos
         from .quantized import dequantized_view
 
-        source, kinds = dequantized_view(source_infos(source))
+        source, kinds = dequantized_view(source_infos(source), config=config)
     steps, metas = derive(config, source)
     stages: dict[int, list[tuple[str, list[str], list[str], dict[str, Any]]]] = {}
     for stage, kind, ins, outs, params in steps:

@@ -1,0 +1,243 @@
+"""Conversions into `s3://bucket/prefix/` (moto's S3 server): byte-identical to the local conversion, within the
+local spool bound, read back by range, resumed, locked; other URL schemes refused (issue 35)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+from remote_servers import MotoS3, folder_files, isolated_cache
+from safetensors.numpy import save_file
+
+import workbench as wb
+from workbench.errors import PlanError
+from workbench.output.remote.s3 import LOCK_NAME, S3Destination
+
+pytestmark = pytest.mark.serial  # a server in this process
+
+MiB = 1 << 20
+SPOOL = dict(spool_size="8MiB", remote_options={"part_size": "5MiB"})  # 6 MiB shards: multipart, two parts each
+INDEX = "model.safetensors.index.json"
+
+
+@pytest.fixture(scope="module")
+def s3() -> MotoS3:
+    pytest.importorskip("moto.server")
+    server = MotoS3()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _env(s3: MotoS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    isolated_cache(tmp_path, monkeypatch)
+    for key, value in s3.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("WORKBENCH_SPOOL_DIR", str(tmp_path / "spool"))
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    """32 MiB of float32 in four shards (sixteen 2 MiB tensors) and a config.json: 4x the 8 MiB spool."""
+    folder = tmp_path_factory.mktemp("src")
+    rng = np.random.default_rng(35)
+    tensors = {f"layers.{i}.weight": rng.standard_normal((512, 1024), dtype=np.float32) for i in range(16)}
+    names = list(tensors)
+    for k in range(4):
+        save_file({n: tensors[n] for n in names[4 * k:4 * k + 4]}, str(folder / f"model-{k + 1:05d}-of-00004.safetensors"))
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": "float32"}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def reference(source: Path, tmp_path_factory) -> dict[str, bytes]:
+    out = tmp_path_factory.mktemp("ref") / "out"
+    wb.convert(source, out, shard_size="6MiB", quiet=True)
+    return folder_files(out)
+
+
+def _spool_bytes_at_uploads(monkeypatch: pytest.MonkeyPatch, spool: Path) -> list[int]:
+    """Bytes on disk in the spool folder each time a file starts uploading (the spool is fullest then)."""
+    seen: list[int] = []
+    upload = S3Destination.file_done
+
+    def measured(self, name, local_path, size, sha256):
+        seen.append(sum(p.stat().st_size for p in spool.rglob("*") if p.is_file() and not p.name.startswith(".workbench")))
+        return upload(self, name, local_path, size, sha256)
+
+    monkeypatch.setattr(S3Destination, "file_done", measured)
+    return seen
+
+
+def test_local_and_s3_sources_upload_the_local_bytes_within_the_spool(s3: MotoS3, source: Path, reference: dict,
+                                                                       tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bucket = s3.bucket()
+    url = f"s3://{bucket}/out/"
+    plan = wb.plan(source, dest=url, shard_size="6MiB", **SPOOL)
+    assert plan.ok, plan.problems
+    assert plan.dest is not None and str(plan.dest).startswith(str(tmp_path / "spool"))
+    total = sum(f.size for f in plan.output_file_list)
+    assert total >= 4 * (8 * MiB) and plan.spool_bytes == 8 * MiB  # the input is 4x the spool; the plan states the bound
+    assert f"-> {url} (through the local spool {plan.dest})" in plan.summary()
+    assert "local disk to provision: 8.0 MiB per rank" in plan.summary()
+    rss = plan.rss_breakdown
+    assert rss.loc["upload"].iloc[0] == 2 * 5 * MiB and "transport" in rss.index  # part buffers, s3fs for a local source
+    seen = _spool_bytes_at_uploads(monkeypatch, plan.dest)
+    report = wb.convert(source, url, shard_size="6MiB", quiet=True, **SPOOL)
+    assert s3.output(bucket, "out") == reference  # every file, config.json and the index, byte for byte
+    assert len(seen) == len(reference) and max(seen) <= plan.spool_bytes  # measured on disk, at every upload
+    assert 0 < report.spool_peak <= plan.spool_bytes == report.predicted_spool_bytes
+    assert "spool peak" in report.summary()
+    assert not [p for p in plan.dest.rglob("*") if p.is_file() and not p.name.startswith(".workbench")]  # spool emptied
+    heads = {n: s3.client.head_object(Bucket=bucket, Key=f"out/{n}") for n in reference if n.endswith(".safetensors")}
+    assert all(h["ETag"].endswith('-2"') for h in heads.values() if h["ContentLength"] > 5 * MiB)  # two multipart parts
+    assert s3.uploads(bucket) == []
+
+    remote_source = s3.upload_folder(source, bucket, "src")  # an s3:// source into another prefix
+    wb.convert(remote_source, f"s3://{bucket}/again/", shard_size="6MiB", quiet=True, **SPOOL)
+    assert s3.output(bucket, "again") == reference
+
+
+def test_two_local_processes_upload_their_own_files(s3: MotoS3, source: Path, reference: dict) -> None:
+    bucket = s3.bucket()
+    report = wb.convert(source, f"s3://{bucket}/out/", shard_size="6MiB", nproc=2, quiet=True, **SPOOL)
+    assert report.launcher == "local" and all(r.files_written for r in report.ranks)
+    assert s3.output(bucket, "out") == reference and s3.uploads(bucket) == []
+
+
+def test_a_dcp_output_uploads_its_metadata_last(s3: MotoS3, source: Path, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    wb.convert(source, tmp_path / "dcp", to="dcp", shard_size="6MiB", quiet=True)
+    bucket = s3.bucket()
+    order: list[str] = []
+    upload = S3Destination.file_done
+    monkeypatch.setattr(S3Destination, "file_done", lambda self, name, *rest: (order.append(name), upload(self, name, *rest)))
+    report = wb.convert(source, f"s3://{bucket}/dcp/", to="dcp", shard_size="6MiB", quiet=True, verify=True, **SPOOL)
+    assert report.verified and s3.output(bucket, "dcp") == folder_files(tmp_path / "dcp")
+    assert order[-1] == ".metadata" and len(order) == len(folder_files(tmp_path / "dcp"))
+
+
+def test_verify_and_open_checkpoint_read_the_uploaded_objects(s3: MotoS3, source: Path, tmp_path: Path) -> None:
+    from workbench.engine.output_check import check_outputs
+
+    bucket = s3.bucket()
+    url = f"s3://{bucket}/out/"
+    report = wb.convert(source, url, shard_size="6MiB", quiet=True, verify=True, **SPOOL)
+    assert report.verified and report.output_check.dest == url
+    ck = wb.open_checkpoint(url)
+    assert len(ck.tensors) == 16
+    assert np.array_equal(ck.load("layers.3.weight").numpy(), wb.open_checkpoint(source).load("layers.3.weight").numpy())
+    # One byte changed in the bucket (the spool copies are long gone): re-reading the objects finds it.
+    key = "out/model-00002-of-00006.safetensors"
+    body = bytearray(s3.client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    body[-1] ^= 0xFF
+    s3.client.put_object(Bucket=bucket, Key=key, Body=bytes(body))
+    plan = wb.plan(source, dest=url, shard_size="6MiB", **SPOOL)
+    check = check_outputs(plan)
+    assert not check.ok and any(row[2] == "mismatch" for row in check.rows)
+
+
+def test_a_rerun_does_nothing_another_plan_is_refused_overwrite_replaces(s3: MotoS3, source: Path, reference: dict) -> None:
+    bucket = s3.bucket()
+    url = f"s3://{bucket}/out/"
+    wb.convert(source, url, shard_size="6MiB", quiet=True, **SPOOL)
+    assert wb.convert(source, url, shard_size="6MiB", quiet=True, **SPOOL).already_complete
+    other = wb.plan(source, dest=url, shard_size="3MiB", **SPOOL)
+    assert not other.ok and "holds a finished conversion of a different plan" in other.errors[0].message
+    wb.convert(source, url, shard_size="12MiB", quiet=True, overwrite=True, **SPOOL)
+    names = set(s3.output(bucket, "out"))
+    assert names == {"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors",
+                     INDEX, "config.json"}  # the older conversion's six shards are gone
+    s3.client.put_object(Bucket=bucket, Key="mine/notes.txt", Body=b"x")
+    refused = wb.plan(source, dest=f"s3://{bucket}/mine/", shard_size="6MiB", **SPOOL)
+    assert not refused.ok and "the prefix is not empty (1 objects: notes.txt)" in refused.errors[0].message
+
+
+def test_a_resumed_run_keeps_finished_objects_and_aborts_leftover_uploads(s3: MotoS3, source: Path, reference: dict,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    bucket = s3.bucket()
+    url = f"s3://{bucket}/out/"
+    calls: list[str] = []
+    upload = S3Destination.file_done
+
+    def failing(self, name, local_path, size, sha256):
+        calls.append(name)
+        if len(calls) == 3:  # the third file: a multipart upload started, then the connection "dropped"
+            self.call("create_multipart_upload", name, Key=self.key(name))
+            raise PlanError(f"Cannot upload {name}: injected failure.")
+        return upload(self, name, local_path, size, sha256)
+
+    monkeypatch.setattr(S3Destination, "file_done", failing)
+    with pytest.raises(PlanError, match="injected failure"):
+        wb.convert(source, url, shard_size="6MiB", quiet=True, **SPOOL)
+    assert INDEX not in s3.objects(bucket, "out") and len(s3.uploads(bucket)) == 1  # not visible; one upload left over
+    monkeypatch.setattr(S3Destination, "file_done", upload)
+    plan = wb.plan(source, dest=url, shard_size="6MiB", **SPOOL)
+    assert {"model-00001-of-00006.safetensors", "model-00002-of-00006.safetensors"} <= plan.kept
+    assert calls[2] not in plan.kept and len(plan.kept) < 6
+    report = wb.convert(source, url, shard_size="6MiB", quiet=True, **SPOOL)
+    assert sorted(report.kept) == sorted(plan.kept)
+    assert s3.output(bucket, "out") == reference and s3.uploads(bucket) == []
+
+
+def test_the_lock_is_a_conditional_write(s3: MotoS3, source: Path) -> None:
+    bucket = s3.bucket()
+    url = f"s3://{bucket}/out/"
+    holder = {"host": "another-node", "pid": 1, "started": 0, "fingerprint": "x"}
+    s3.client.put_object(Bucket=bucket, Key=f"out/{LOCK_NAME}", Body=json.dumps(holder).encode())
+    with pytest.raises(PlanError, match=r"another conversion is writing there \(process 1 on another-node"):
+        wb.convert(source, url, shard_size="6MiB", quiet=True, **SPOOL)
+    assert INDEX not in s3.objects(bucket, "out")
+    dead = {"host": socket.gethostname(), "pid": _dead_pid(), "started": 0, "fingerprint": "x"}  # a killed run here
+    s3.client.put_object(Bucket=bucket, Key=f"out/{LOCK_NAME}", Body=json.dumps(dead).encode())
+    wb.convert(source, url, shard_size="6MiB", quiet=True, **SPOOL)
+    assert INDEX in s3.objects(bucket, "out") and LOCK_NAME not in s3.objects(bucket, "out")
+
+
+def test_a_dead_lock_is_removed_only_while_it_is_the_one_read(s3: MotoS3) -> None:
+    bucket = s3.bucket()
+    destination = S3Destination(f"s3://{bucket}/out/", "fp")
+    key = f"out/{LOCK_NAME}"
+    stale = s3.client.put_object(Bucket=bucket, Key=key, Body=b'{"host": "h", "pid": 1}')["ETag"]
+    s3.client.put_object(Bucket=bucket, Key=key, Body=b'{"host": "h", "pid": 2}')  # another run took it over meanwhile
+    destination._remove_stale_lock(stale)
+    assert json.loads(s3.objects(bucket, "out")[LOCK_NAME])["pid"] == 2  # the newer lock stays
+    destination._remove_stale_lock(s3.client.head_object(Bucket=bucket, Key=key)["ETag"])
+    assert LOCK_NAME not in s3.objects(bucket, "out")
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+@pytest.mark.parametrize("url", ["https://example.com/out/", "gs://b/p", "file:///tmp/x"])
+def test_other_schemes_are_refused_by_name(url: str, source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(PlanError, match=f"Cannot write to {url}: the workbench writes to local folders and to s3://, hf://"):
+        wb.plan(source, None, dest=url)
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_cli_converts_into_s3_with_a_spool_and_verifies(s3: MotoS3, source: Path, reference: dict,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from workbench import cli
+
+    bucket = s3.bucket()
+    url = f"s3://{bucket}/cli/"
+    status = cli.main(["convert", str(source), url, "--shard-size", "6MiB", "--spool-size", "8MiB", "--remote-option",
+                       "part_size=5MiB", "--verify", "--quiet"])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    assert f"-> {url} (through the local spool" in out and "local disk to provision: 8.0 MiB per rank" in out
+    assert s3.output(bucket, "cli") == reference
+    assert cli.main(["convert", str(source), url, "--remote-option", "part_size"]) == 2
+    assert "Cannot read --remote-option 'part_size': write it as KEY=VALUE" in capsys.readouterr().err

@@ -1,0 +1,237 @@
+"""Conversions into `hf://org/repo` through the local Hub fixture, end to end (wb.convert, workers, the CLI).
+
+Each output must equal the local conversion byte for byte, be invisible until one commit publishes it, survive
+a kill at random moments (the re-run commits once, identical), keep the spool within its bound, and read back
+(`wb.open_checkpoint`, `verify=True`) from the uploaded objects, never the spool.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from remote_servers import HubServer, hub_writes
+
+import workbench as wb
+from tests.conftest import SAMPLES, output_names
+
+pytestmark = [pytest.mark.serial, pytest.mark.filterwarnings("ignore:Use .content=:DeprecationWarning")]  # huggingface_hub's PUT
+REPO = Path(__file__).resolve().parents[2]
+SHARD = "150KB"  # the 720 KB tiny Llama in 5 shards, bf16: 3 shards
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    server = HubServer(tmp_path / "hub-store", chunk_size=64 << 10)
+    hub_writes(monkeypatch, server)
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("WORKBENCH_SPOOL_DIR", str(tmp_path / "spool"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def local_out(tmp_path_factory):
+    out = tmp_path_factory.mktemp("local") / "out"
+    wb.convert(SAMPLES / "tiny-llama", out, None, shard_size=SHARD, dtype="bf16", quiet=True)
+    return out
+
+
+def committed(hub: HubServer, repo: str, rev: str = "main") -> dict[str, bytes]:
+    found = hub.lookup(repo, rev)
+    assert found is not None, f"{repo}@{rev} does not exist"
+    return {p.relative_to(found[1]).as_posix(): p.read_bytes() for p in found[1].rglob("*")
+            if p.is_file() and p.name != ".gitattributes"}
+
+
+def local_files(folder: Path) -> dict[str, bytes]:
+    return {n: (folder / n).read_bytes() for n in output_names(folder) if not n.startswith(".")}
+
+
+def spooled(tmp_path: Path) -> list[str]:
+    return sorted(p.name for p in (tmp_path / "spool").rglob("*") if p.is_file())
+
+
+def test_local_source_to_hub_is_the_local_conversion(hub, tmp_path, local_out, monkeypatch):
+    from workbench.output.remote.hub import HubDestination
+
+    seen = []
+    original = HubDestination.file_done
+
+    def watched(self, name, path, size, sha256):
+        seen.append((name, sorted(committed(hub, "org/out")) if "org/out" in hub.main else None))
+        return original(self, name, path, size, sha256)
+
+    monkeypatch.setattr(HubDestination, "file_done", watched)
+    report = wb.convert(SAMPLES / "tiny-llama", "hf://org/out", None, shard_size=SHARD, dtype="bf16", quiet=True,
+                        remote_options={"create": True, "private": True, "commit_message": "bf16 shards"})
+    assert committed(hub, "org/out") == local_files(local_out)
+    assert [c["summary"] for c in hub.commits] == ["bf16 shards"]
+    assert len(seen) == 3 and all(files == [] for _, files in seen)  # each upload happened with nothing committed
+    assert "org/out" in hub.private
+    assert spooled(tmp_path) == []  # every spool copy deleted
+    assert report.spool_peak > 0
+
+
+def test_hub_source_to_hub_and_read_back_from_the_commit(hub, tmp_path, local_out):
+    hub.add("org/src", SAMPLES / "tiny-llama")
+    report = wb.convert("hf://org/src", "hf://org/dst", None, shard_size=SHARD, dtype="bf16", quiet=True,
+                        remote_options={"create": True}, verify=True)
+    assert committed(hub, "org/dst") == local_files(local_out)
+    assert report.output_check is not None and report.output_check.ok
+    commit = hub.commits[-1]["oid"]
+    reads = [r for r in hub.requests() if r[0] == "GET" and f"/org/dst/resolve/{commit}/" in r[1]]
+    assert reads, "verify did not read the uploaded objects"
+    assert spooled(tmp_path) == []  # nothing left locally that verify could have read instead
+    back = wb.open_checkpoint(f"hf://org/dst@{commit}")
+    ours = wb.open_checkpoint(local_out)
+    assert list(back.tensors.index) == list(ours.tensors.index)
+    name = back.tensors.index[3]
+    assert back.load(name).equal(ours.load(name))
+
+
+def test_create_pr_and_read_the_pr(hub, local_out):
+    hub.create("org/model")
+    main = hub.main["org/model"]
+    wb.convert(SAMPLES / "tiny-llama", "hf://org/model", None, shard_size=SHARD, dtype="bf16", quiet=True,
+               remote_options={"create_pr": True, "commit_message": "bf16 weights", "commit_description": "from tests"})
+    assert hub.main["org/model"] == main
+    assert [(c["ref"], c["description"]) for c in hub.commits] == [("refs/pr/1", "from tests")]
+    assert committed(hub, "org/model", "refs/pr/1") == local_files(local_out)
+    pr = wb.open_checkpoint("hf://org/model@refs%2Fpr%2F1")
+    assert len(pr.tensors) == len(wb.open_checkpoint(local_out).tensors)
+
+
+def test_spool_bound_held_on_an_output_four_times_larger(hub, tmp_path):
+    source = SAMPLES / "tiny-llama"  # 727 KB; spool 150 KB, shards of 50 KB
+    plan = wb.plan(source, None, dest="hf://org/big", shard_size="50KB", spool_size="150KB",
+                   remote_options={"create": True})
+    total = sum(f.size for f in plan.output_file_list)
+    assert total >= 4 * plan.options.spool_size
+    assert plan.spool_bytes <= plan.options.spool_size + max(f.size for f in plan.output_file_list)
+    report = wb.convert(source, "hf://org/big", None, shard_size="50KB", spool_size="150KB", quiet=True,
+                        remote_options={"create": True})
+    assert report.spool_peak <= plan.spool_bytes
+    local = tmp_path / "local"
+    wb.convert(source, local, None, shard_size="50KB", quiet=True)
+    assert committed(hub, "org/big") == local_files(local)
+
+
+def test_clear_refusals(hub, monkeypatch):
+    plan = wb.plan(SAMPLES / "tiny-llama", None, dest="hf://org/absent", shard_size=SHARD)
+    assert any("does not exist" in p.message and "create=True" in p.message for p in plan.problems)
+    monkeypatch.delenv("HF_TOKEN")
+    plan = wb.plan(SAMPLES / "tiny-llama", None, dest="hf://org/absent", shard_size=SHARD, remote_options={"create": True})
+    assert any("no Hugging Face token" in p.message for p in plan.problems)
+    with pytest.raises(wb.errors.PlanError, match="no Hugging Face token"):
+        wb.convert(SAMPLES / "tiny-llama", "hf://org/absent", None, quiet=True, remote_options={"create": True})
+    assert hub.commits == [] and "org/absent" not in hub.main
+    hub.create("org/guarded")
+    hub.tokens = {"hf_ro": "read", "hf_rw": "write"}
+    for token, status in (("hf_ro", "HTTP 403"), ("hf_unknown", "HTTP 401")):
+        monkeypatch.setenv("HF_TOKEN", token)
+        with pytest.raises(wb.errors.PlanError, match=status):
+            wb.convert(SAMPLES / "tiny-llama", "hf://org/guarded", None, quiet=True)
+    assert hub.commits == []
+
+
+KILLER = textwrap.dedent("""
+    import os, signal, sys
+    import workbench as wb
+    from workbench.output.remote import hub
+    when, count = sys.argv[1], int(sys.argv[2])
+    calls = []
+    upload, finish = hub.HubDestination.file_done, hub.HubDestination.finish
+    def file_done(self, *args):
+        calls.append(1)
+        if when == "before" and len(calls) == count:
+            os.kill(os.getpid(), signal.SIGKILL)
+        upload(self, *args)
+        if when == "after" and len(calls) == count:
+            os.kill(os.getpid(), signal.SIGKILL)
+    def finishing(self, *args):
+        if when == "finish":
+            os.kill(os.getpid(), signal.SIGKILL)
+        finish(self, *args)
+    hub.HubDestination.file_done, hub.HubDestination.finish = file_done, finishing
+    wb.convert(sys.argv[3], "hf://org/killed", None, shard_size="50KB", dtype="bf16", quiet=True,
+               remote_options={"create": True})
+""")
+
+
+def test_killed_runs_resume_to_one_identical_commit(hub, tmp_path):
+    source = SAMPLES / "tiny-llama"
+    local = tmp_path / "local"
+    wb.convert(source, local, None, shard_size="50KB", dtype="bf16", quiet=True)
+    rng = random.Random(35)
+    # each run uploads only what the earlier ones did not: kill it before or after one of its first few uploads
+    kills = [("before", 1), ("after", rng.randint(1, 2)), ("before", rng.randint(1, 2)), ("after", 1),
+             ("before", 1), ("finish", 0)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for when, k in kills:
+        run = subprocess.run([sys.executable, "-c", KILLER, when, str(k), str(source)], env=env, cwd=REPO,
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == -signal.SIGKILL, (when, k, run.stderr[-2000:])
+        assert hub.commits == []  # nothing published by a killed run
+        if "org/killed" in hub.main:
+            assert committed(hub, "org/killed") == {}  # the repo shows nothing of it
+    hub.reset()
+    wb.convert(source, "hf://org/killed", None, shard_size="50KB", dtype="bf16", quiet=True, remote_options={"create": True})
+    assert len(hub.commits) == 1
+    assert committed(hub, "org/killed") == local_files(local)
+    assert [r for r in hub.requests() if r[0] == "PUT"] == []  # killed before its commit, every upload was kept
+    ledger = next((tmp_path / "cache" / "hub-ledger").rglob("ledger.jsonl"))
+    assert sum(1 for line in ledger.read_text().splitlines() if "commit" in json.loads(line)) == 1
+
+
+def test_cli_convert_to_a_pr_and_verify(hub, local_out, capsys):
+    from workbench.cli import commands as cli
+
+    hub.create("org/cli")
+    code = cli.main(["convert", str(SAMPLES / "tiny-llama"), "hf://org/cli", "--shard-size", SHARD, "--dtype", "bf16",
+                     "--quiet", "--verify", "--remote-option", "create_pr=true", "--remote-option", "commit_message=from the cli"])
+    assert code == 0, capsys.readouterr()
+    assert [(c["ref"], c["summary"]) for c in hub.commits] == [("refs/pr/1", "from the cli")]
+    assert committed(hub, "org/cli", "refs/pr/1") == local_files(local_out)
+    assert cli.main(["convert", str(SAMPLES / "tiny-llama"), "hf://org/nowhere", "--quiet"]) != 0
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_overwrite_replaces_an_older_output_in_one_commit(hub, local_out, tmp_path):
+    old = tmp_path / "old"
+    wb.convert(SAMPLES / "tiny-llama", old, None, shard_size="100KB", quiet=True)  # F32 in 8 shards; ours: bf16 in 3
+    assert not set(local_files(old)) >= set(local_files(local_out))
+    hub.add("org/old", old)
+    plan = wb.plan(SAMPLES / "tiny-llama", None, dest="hf://org/old", shard_size=SHARD, dtype="bf16")
+    assert any("already holds" in p.message and "overwrite=True" in p.message for p in plan.problems)
+    wb.convert(SAMPLES / "tiny-llama", "hf://org/old", None, shard_size=SHARD, dtype="bf16", quiet=True, overwrite=True)
+    assert len(hub.commits) == 1
+    assert committed(hub, "org/old") == local_files(local_out)  # the old shards are gone, not left beside the new
+
+
+def test_two_ranks_upload_their_own_files_and_rank0_commits_once(hub, local_out):
+    report = wb.convert(SAMPLES / "tiny-llama", "hf://org/ranks", None, shard_size=SHARD, dtype="bf16", nproc=2,
+                        quiet=True, remote_options={"create": True})
+    assert len(hub.commits) == 1
+    assert committed(hub, "org/ranks") == local_files(local_out)
+    assert all(r.files_written for r in report.ranks) and len(report.ranks) == 2  # both ranks wrote and uploaded
+
+
+def test_a_killed_worker_rank_leaves_nothing_visible_and_the_rerun_commits_once(hub, local_out, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_KILL_RANK", "1")  # rank 1 is SIGKILLed before committing its last file
+    with pytest.raises(wb.errors.PlanError):
+        wb.convert(SAMPLES / "tiny-llama", "hf://org/worker", None, shard_size=SHARD, dtype="bf16", nproc=2, quiet=True,
+                   remote_options={"create": True})
+    assert hub.commits == [] and committed(hub, "org/worker") == {}
+    monkeypatch.delenv("WORKBENCH_KILL_RANK")
+    wb.convert(SAMPLES / "tiny-llama", "hf://org/worker", None, shard_size=SHARD, dtype="bf16", nproc=2, quiet=True,
+               remote_options={"create": True})
+    assert len(hub.commits) == 1
+    assert committed(hub, "org/worker") == local_files(local_out)

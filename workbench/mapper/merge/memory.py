@@ -1,0 +1,74 @@
+"""What a merge holds besides its inputs and its output: the method's scratch, for the plan's memory prediction.
+
+The planner counts a group's inputs and outputs; a merge also allocates work tensors whose size follows from
+the method's operations (see the kernel modules): `linear` one float32 accumulator, `slerp` a few slices of
+2^20 float32 elements, the task-arithmetic family its stacked task vectors plus the sparsification's sort
+(float32 magnitudes, int64 indices) or the sign vote's masks of one 2^20-element slice, and so on. The figures are the peak of live
+work tensors in each kernel, counted from its code, in the compute dtype; a cast of the inputs into `dtype`
+adds one copy of each input it changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ...dtypes import dtype_bits
+
+CHUNK = 1 << 20  # elements per slice of slerp's passes
+
+
+def _bytes(dtype: str) -> int:
+    return max(1, dtype_bits(dtype) // 8)
+
+
+def scratch_bytes(method: str, dtypes: Sequence[str], numel: int, compute: str, non_base: int, options: Any = None) -> int:
+    """Peak bytes of work tensors of `method` merging len(dtypes) inputs of `numel` elements in dtype `compute`
+    (`non_base` of them besides the base), beyond the inputs and the output."""
+    n, c, count = numel, _bytes(compute), len(dtypes)
+    casts = sum(n * c for dtype in dtypes if dtype != compute)
+    wide = 8 if compute == "F64" else 4
+    options = options or {}
+    if method == "linear":
+        work = n * wide
+    elif method == "passthrough":
+        work = 0
+    elif method == "nearswap":
+        work = 4 * n * c
+    elif method == "slerp":
+        work = 4 * min(n, CHUNK) * wide
+    elif method == "nuslerp":
+        work = 6 * n * c
+    elif method == "multislerp":
+        work = 4 * non_base * n * c
+    elif method == "karcher":
+        work = (count + 4) * n * c
+    elif method == "model_stock":
+        work = (non_base + 4) * n * c
+    elif method == "sce":
+        work = 5 * non_base * n * c
+    else:  # the task-arithmetic family: stacked task vectors, then one sparsification at a time, then the vote
+        sparsify, consensus = options.get("sparsify"), options.get("consensus")
+        per_vector = {None: n * c, "magnitude": 3 * n * c + 24 * n, "magnitude_outliers": 3 * n * c + 24 * n,
+                      "random": 2 * n * c + 3 * n * 4, "della_magprune": 2 * n * c + 28 * n}[sparsify]
+        vote = ((3 * non_base + 3) if consensus else 2) * min(n, CHUNK) * c  # per slice of CHUNK elements
+        work = non_base * n * c + max(per_vector, vote)
+    return casts + work
+
+
+def group_scratch_bytes(group: Any) -> int:
+    """Work bytes of the operations of a bound group that declare them (`scratch_bytes(inputs)`: merges), at most
+    the largest one's (the steps of a group run one after another); 0 for every other group."""
+    op = group.op
+    own = getattr(op, "scratch_bytes", None)
+    if own is not None:
+        return int(own(group.inputs))
+    if not hasattr(op, "mappers"):
+        return 0
+    by_name = {info.name: info for info in group.inputs}
+    most = 0
+    for leaf in op.leaves():
+        leaf_scratch = getattr(leaf, "scratch_bytes", None)
+        if leaf_scratch is not None:
+            most = max(most, int(leaf_scratch([by_name[n] for n in leaf.inputs if n in by_name] or list(group.inputs))))
+    return most

@@ -1,0 +1,200 @@
+"""`MergeModels`: a whole-checkpoint merge, written before any source is opened and bound lazily.
+
+    M.presets.merge("slerp", ["a", "b"], base_model="a", parameters={"t": [0, 0.5, 1]})
+
+names the models by their source names in a multi-source checkpoint (`wb.open_checkpoint({"a": ..., "b": ...})`:
+the first source keeps its tensor names, the others are `b::name`). When bound, it becomes one `Merge` per
+tensor name the models hold, each with its parameters resolved for that tensor in mergekit's forms (scalar,
+gradient over the layers, `{"filter": ..., "value": ...}` lists; see `parameters`), the model's own
+`model_parameters` before the global `parameters`. The base model, when not among `models`, is merged as the
+last input (mergekit's order). Unknown parameters, a model that is not a source, a tensor some model lacks:
+plan problems naming the key, the model or the tensor. Tensors of the checkpoint's other sources are dropped
+(they would otherwise land on the merged names or keep their `NAME::` prefix).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import MapperError
+from ..base import Meta
+from ..op import Op, build_unchecked
+from ..ops import Drop
+from .methods import method
+from .op import Merge, _dtype_or_none
+from .parameters import check, first_set, layer_of, position
+
+SCOPE = "::"
+
+
+def _plain(value: Any) -> Any:
+    """`value` as JSON data (mappings with string keys, lists), or MapperError."""
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError):
+        raise MapperError(f"Cannot use merge parameters {value!r}: use numbers, booleans, strings, lists and mappings.") from None
+
+
+@dataclass(frozen=True, init=False, repr=False)
+class MergeModels(Op):
+    """Merge every tensor of `models` by `method` (see the module docstring); binds to one `Merge` per tensor."""
+
+    method: str
+    models: tuple[str, ...]
+    base_model: str | None = None
+    parameters: str = "{}"  # JSON text: a mapping stays hashable and compares by value
+    model_parameters: str = "{}"
+    dtype: str | None = None
+    out_dtype: str | None = None
+    seed: int | None = None
+
+    POSITIONAL = ("method", "models")
+
+    def __init__(self, method: str, models: Sequence[str], *, base_model: str | None = None,
+                 parameters: Mapping[str, Any] | None = None, model_parameters: Mapping[str, Mapping[str, Any]] | None = None,
+                 dtype: str | None = None, out_dtype: str | None = None, seed: int | None = None) -> None:
+        spec = _known(method)
+        where = f"merge {spec.name!r}"
+        if isinstance(models, str) or not isinstance(models, Sequence) or not models or not all(isinstance(m, str) for m in models):
+            raise MapperError(f"Cannot {where}: models must be a list of source names, e.g. ['a', 'b'] (got {models!r}).")
+        names = list(models)
+        if len(set(names)) != len(names):
+            raise MapperError(f"Cannot {where}: a model is listed twice in {names}. List each model once.")
+        if base_model is not None and base_model not in names:
+            names.append(base_model)  # mergekit merges the base as the last input when the models omit it
+        parameters = _plain(dict(parameters or {}))
+        model_parameters = _plain({str(k): dict(v) for k, v in (model_parameters or {}).items()})
+        for key, value in parameters.items():
+            check(value, key)
+        for model, values in model_parameters.items():
+            if model not in names:
+                raise MapperError(f"Cannot {where}: model_parameters names {model!r}, which is not among the models {names}.")
+            for key, value in values.items():
+                check(value, key)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise MapperError(f"Cannot {where}: seed must be an integer (got {seed!r}).")
+        for name, value in (("method", spec.name), ("models", tuple(names)), ("base_model", base_model),
+                            ("parameters", json.dumps(parameters)), ("model_parameters", json.dumps(model_parameters)),
+                            ("dtype", _dtype_or_none(dtype, "dtype", where)), ("out_dtype", _dtype_or_none(out_dtype, "out_dtype", where)),
+                            ("seed", seed)):
+            object.__setattr__(self, name, value)
+
+    # Every name present where the step runs is a candidate: the op reads like a glob (bound where its step runs).
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return ("*",)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return ("*",)
+
+    def arguments(self) -> dict[str, Any]:
+        """Constructor arguments worth writing (export)."""
+        out: dict[str, Any] = {"method": self.method, "models": list(self.models)}
+        if self.base_model is not None:
+            out["base_model"] = self.base_model
+        for name in ("parameters", "model_parameters"):
+            value = json.loads(getattr(self, name))
+            if value:
+                out[name] = value
+        for name in ("dtype", "out_dtype", "seed"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
+
+    def _infer(self, metas: list[Meta]) -> list[Meta]:  # pragma: no cover - binding uses the instances
+        raise MapperError(f"Cannot apply {self.short()} before binding: bind it to the multi-source checkpoint.")
+
+    # -- binding -----------------------------------------------------------------------------------------------
+    def bind_instances(self, nodes: Mapping[str, Meta | None]) -> tuple[list[Op], list[tuple[str, str | None, str]]]:
+        """The `Merge` of every tensor the models hold among `nodes` (name -> metadata where the step runs), and the
+        problems as (message, tensor, kind)."""
+        spec = _known(self.method)
+        problems: list[tuple[str, str | None, str]] = []
+        parameters = json.loads(self.parameters)
+        model_parameters = json.loads(self.model_parameters)
+        for key in dict.fromkeys([*parameters, *(k for values in model_parameters.values() for k in values)]):
+            if spec.parameter(key) is None:
+                problems.append((f"Cannot merge by {spec.name}: parameter {key!r} is unknown to this method (it takes "
+                                 f"{', '.join(spec.names) or 'no parameters'}). mergekit ignores such keys silently; remove "
+                                 "it or fix its spelling.", None, "invalid"))
+        reason = spec.check_inputs(self.models, self.base_model)
+        if reason:
+            return [], [*problems, (f"Cannot merge {list(self.models)} by {spec.name}: {reason}.", None, "invalid")]
+        tensors = self._tensors_by_model(nodes, problems)
+        if tensors is None:
+            return [], problems
+        merged = {full for names in tensors.values() for full in names.values()}
+        ops: list[Op] = [build_unchecked(Drop, name=name) for name in nodes if name not in merged]  # sources not merged
+        first = tensors[self.models[0]]
+        layers = [index for name in first if (index := layer_of(name)) is not None]
+        num_layers = max(layers) + 1 if layers else 0
+        missing_reported = 0
+        base = self.base_model if spec.base != "ignored" else None
+        for name in dict.fromkeys(n for model in self.models for n in tensors[model]):
+            lacking = [m for m in self.models if name not in tensors[m]]
+            if lacking:
+                missing_reported += 1
+                if missing_reported <= 20:
+                    problems.append((f"Cannot merge {name!r}: model {lacking[0]!r} has no such tensor. Merge models of one "
+                                     "architecture, or drop the tensor first.", tensors[next(m for m in self.models if m not in lacking)][name], "missing"))
+                continue
+            t = position(layer_of(name), num_layers)
+            params: dict[str, Any] = {}
+            for parameter in spec.parameters:
+                if parameter.scope == "shared":
+                    value = first_set([parameters], parameter.name, name, t)
+                    if value is not None:
+                        params[parameter.name] = value
+                    continue
+                per = {}
+                for model in self.models:
+                    if parameter.scope == "non_base" and model == base:
+                        continue
+                    value = first_set([model_parameters.get(model), parameters], parameter.name, name, t)
+                    if value is not None:
+                        per[model] = value
+                if per:
+                    params[parameter.name] = per
+            ops.append(Merge(spec.name, name, {m: tensors[m][name] for m in self.models}, base=self.base_model,
+                             params=params, dtype=self.dtype, out_dtype=self.out_dtype, seed=self.seed))
+        return ops, problems
+
+    def _tensors_by_model(self, nodes: Mapping[str, Meta | None],
+                          problems: list[tuple[str, str | None, str]]) -> dict[str, dict[str, str]] | None:
+        """model -> (tensor name -> name where the step runs); None, with a problem, when a model is not a source."""
+        scopes = {name.partition(SCOPE)[0] for name in nodes if SCOPE in name}
+        unscoped = [m for m in self.models if m not in scopes]
+        has_primary = any(SCOPE not in name for name in nodes)
+        if len(unscoped) > (1 if has_primary else 0):
+            absent = unscoped[1:] if has_primary else unscoped
+            problems.append((f"Cannot merge models {absent}: the checkpoint has no such sources (it has "
+                             f"{sorted(scopes)} besides its first source). Open them together, e.g. "
+                             "wb.open_checkpoint({'a': 'a/', 'b': 'b/'}), and name the models as the sources.", None, "missing"))
+            return None
+        out: dict[str, dict[str, str]] = {}
+        for model in self.models:
+            if model in scopes:
+                prefix = model + SCOPE
+                out[model] = {name[len(prefix):]: name for name in nodes if name.startswith(prefix)}
+            else:
+                out[model] = {name: name for name in nodes if SCOPE not in name}
+        return out
+
+
+def _known(name: str) -> Any:
+    return method(name)
+
+
+def merge(method: str, models: Sequence[str], *, base_model: str | None = None, parameters: Mapping[str, Any] | None = None,
+          model_parameters: Mapping[str, Mapping[str, Any]] | None = None, dtype: str | None = None,
+          out_dtype: str | None = None, seed: int | None = None) -> MergeModels:
+    """A mapper merging whole checkpoints (the sources `models` of a multi-source checkpoint) by a mergekit method:
+    linear, slerp, nuslerp, multislerp, karcher, task_arithmetic, ties, dare_linear, dare_ties, breadcrumbs,
+    breadcrumbs_ties, della, della_linear, sce, model_stock, nearswap, passthrough. `parameters` and
+    `model_parameters` take mergekit's forms (scalars, gradients over layers, filtered lists); see docs/merging.md."""
+    return MergeModels(method, models, base_model=base_model, parameters=parameters, model_parameters=model_parameters,
+                       dtype=dtype, out_dtype=out_dtype, seed=seed)

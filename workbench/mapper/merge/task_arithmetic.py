@@ -1,0 +1,155 @@
+"""Kernels of the task-arithmetic family: task_arithmetic, ties, dare_linear, dare_ties, breadcrumbs,
+breadcrumbs_ties, della, della_linear — one kernel, varied by a sparsification and a sign consensus.
+
+Each model's task vector (`model - base`) is sparsified (`magnitude`: keep the `density` largest; `random`:
+keep each entry with probability `density` (DARE); `magnitude_outliers`: drop the `gamma` largest then keep
+`density` (breadcrumbs); `della_magprune`: keep with a probability rising with magnitude rank (DELLA)),
+rescaled to its L1 norm when `rescale` (mergekit restores each tensor's sum of absolute values, not
+1/density), weighted, optionally sign-elected (`sum`: the sign of the summed vectors, TIES), summed,
+normalised by the weights that voted, scaled by `lambda`, and added to the base. The operations and their
+order are mergekit 0.1.5's, in the inputs' dtype; ties in the magnitude ranking fall in `torch.argsort`'s
+order, as in mergekit. The random sparsifications draw from a generator seeded per output tensor (see
+`Merge.generator_seed`), so a merge is reproducible whatever the ranks; mergekit draws from one global stream
+in its own task order, so its random masks differ from these (same kept fraction, same rescaling).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+CHUNK = 1 << 20  # elements per slice of the sign vote and the sum
+
+
+def _rescaled(tensor: Any, mask: Any, rescale: bool) -> Any:
+    """`tensor · mask`, scaled back to `tensor`'s L1 norm when `rescale` (unless either norm is below 1e-7)."""
+    kept = tensor * mask
+    if not rescale:
+        return kept
+    before = tensor.abs().sum()
+    after = kept.abs().sum()
+    if before < 1e-7 or after < 1e-7:
+        return kept
+    return kept * (before / after)
+
+
+def _magnitude(tensor: Any, density: float, rescale: bool) -> Any:
+    import torch
+
+    if density >= 1:
+        return tensor
+    if density <= 0 or tensor.numel() == 0:
+        return torch.zeros_like(tensor)
+    keep = max(1, int(density * tensor.numel()))
+    mask = torch.zeros(tensor.numel(), dtype=tensor.dtype, device=tensor.device)
+    order = torch.argsort(tensor.abs().reshape(-1).float(), descending=True)
+    mask[order[:keep]] = 1
+    return _rescaled(tensor, mask.reshape_as(tensor), rescale)
+
+
+def _magnitude_outliers(tensor: Any, density: float, rescale: bool, gamma: float) -> Any:
+    import torch
+
+    if density >= 1:
+        return tensor
+    count = tensor.numel()
+    keep = int(density * count)
+    top = int(gamma * count)
+    bottom = max(0, count - keep - top)
+    order = torch.sort(tensor.abs().reshape(-1).float(), descending=False).indices
+    mask = torch.zeros(count, dtype=tensor.dtype, device=tensor.device)
+    mask[order[bottom:bottom + keep]] = 1
+    return _rescaled(tensor, mask.reshape_as(tensor), rescale)
+
+
+def _random(tensor: Any, density: float, rescale: bool, generator: Any) -> Any:
+    import torch
+
+    if density >= 1:
+        return tensor
+    work = tensor.dtype if tensor.dtype == torch.bfloat16 else torch.float32
+    mask = torch.bernoulli(torch.full_like(tensor, density, dtype=work), generator=generator)
+    return _rescaled(tensor.to(work), mask, rescale).to(tensor.dtype)
+
+
+def _della(tensor: Any, density: float, rescale: bool, epsilon: float, generator: Any) -> Any:
+    import torch
+
+    from ...errors import MapperError
+
+    if density >= 1:
+        return tensor
+    if density <= 0:
+        return torch.zeros_like(tensor)
+    if density + epsilon >= 1 or density - epsilon <= 0:
+        raise MapperError(f"Cannot merge by DELLA with density {density} and epsilon {epsilon}: density ± epsilon must lie "
+                          "strictly between 0 and 1. Lower epsilon.")
+    shape = tensor.shape
+    work = tensor.dtype if tensor.dtype == torch.bfloat16 else torch.float32
+    rows = tensor.unsqueeze(0) if tensor.dim() < 2 else tensor
+    ranks = torch.argsort(rows.abs(), dim=1, descending=False).argsort(dim=1).to(work) + 1
+    low = ranks.min(dim=1, keepdim=True).values
+    high = ranks.max(dim=1, keepdim=True).values
+    spread = ((ranks - low) / (high - low)).clamp(0, 1)
+    mask = torch.bernoulli((density - epsilon) + spread * 2 * epsilon, generator=generator).to(work)
+    return _rescaled(rows.to(work), mask, rescale).to(rows.dtype).reshape(shape)
+
+
+def sign_mask(deltas: Any, mask_dtype: Any) -> Any:
+    """Where each stacked delta agrees with the elected sign (the sign of their sum; + for a zero sum)."""
+    sign = deltas.sign().to(mask_dtype)
+    elected = (deltas.sum(dim=0) >= 0).to(mask_dtype) * 2 - 1
+    return sign == elected
+
+
+def merge_task_vectors(tensors: Sequence[Any], models: Sequence[str], base: str | None, params: dict[str, Any], *,
+                       consensus: str | None, sparsify: str | None, generator: Any = None) -> Any:
+    """The family's kernel (see the module docstring); `consensus` 'sum' or None, `sparsify` the method or None."""
+    import torch
+
+    base_tensor = tensors[models.index(base)]  # type: ignore[arg-type]
+    others = [(m, t) for m, t in zip(models, tensors, strict=True) if m != base]
+    if not others:
+        return base_tensor
+    deltas = base_tensor.new_empty((len(others), *base_tensor.shape))
+    for index, (model, tensor) in enumerate(others):
+        delta = tensor - base_tensor
+        density = params["density"][model]
+        if sparsify == "magnitude":
+            delta = _magnitude(delta, density, params["rescale"])
+        elif sparsify == "random":
+            delta = _random(delta, density, params["rescale"], generator)
+        elif sparsify == "magnitude_outliers":
+            delta = _magnitude_outliers(delta, density, params["rescale"], params["gamma"][model])
+        elif sparsify == "della_magprune":
+            delta = _della(delta, density, params["rescale"], params["epsilon"][model], generator)
+        deltas[index] = delta
+        del delta
+    weights = torch.tensor([params["weight"][m] for m, _ in others], dtype=deltas.dtype, device=deltas.device)
+    while deltas.dim() > weights.dim():
+        weights.unsqueeze_(-1)
+    deltas.mul_(weights)
+    # Every step below is per element (sums run over the models), so it runs on slices of CHUNK elements: the vote's
+    # masks and products then take a slice's memory, not the tensor's, with the same bits.
+    out = torch.empty_like(base_tensor)
+    flat_deltas = deltas.view(len(others), -1)
+    flat_base, flat_out = base_tensor.reshape(-1), out.view(-1)
+    column = weights.reshape(len(others), 1)
+    mask_dtype = torch.int8 if params["int8_mask"] else base_tensor.dtype
+    for start in range(0, max(flat_base.numel(), 1), CHUNK):
+        part = flat_deltas[:, start:start + CHUNK]
+        if consensus:
+            mask = sign_mask(part, mask_dtype)
+            mixed = (part * mask).sum(dim=0)
+            divisor = (column * mask).sum(dim=0)
+            divisor[divisor == 0] = 1
+        else:
+            mixed = part.sum(dim=0)
+            divisor = column.sum(dim=0)
+            divisor[divisor.abs() < 1e-8] = 1
+        if params["normalize"]:
+            mixed /= divisor
+        if params["lambda"] != 1:
+            mixed *= params["lambda"]
+        flat_out[start:start + CHUNK] = (flat_base[start:start + CHUNK] + mixed).to(base_tensor.dtype)
+    return out

@@ -1,0 +1,96 @@
+"""An HF config.json and generation_config.json from a GGUF file's key/values, for the folder `gguf_to_hf` writes.
+
+The keys are the ones llama.cpp's converter writes from config.json (`<arch>.block_count`, `.embedding_length`,
+`.attention.head_count` ...), read back under transformers 5's names (`rope_parameters`, `dtype`). Floats GGUF stores
+as float32 (norm epsilon, RoPE base) are written as the shortest decimal that is the same float32 (1e-05, not
+9.999999747378752e-06), which is what config.json held before conversion in the usual case.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ...errors import MapperError
+
+CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM",
+           "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+           "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
+DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def _f32(value: Any) -> float:
+    """The shortest decimal of a float32 value (GGUF stores config floats as float32)."""
+    import numpy as np
+
+    return float(np.format_float_positional(np.float32(value), unique=True, trim="-")) if value is not None else value
+
+
+def hf_config(values: Mapping[str, Any], family: str, shapes: Mapping[str, tuple[int, ...]], dtype: str) -> dict[str, Any]:
+    """config.json for HF `family` (a model_type) from the GGUF key/values `values`; `shapes`: the HF output tensors'
+    shapes (vocabulary size, tied embeddings, biases); `dtype`: the weights' dtype code (F32, F16, BF16)."""
+    arch = str(values.get("general.architecture", ""))
+
+    def get(key: str, default: Any = None) -> Any:
+        return values.get(f"{arch}.{key}", default)
+
+    if get("block_count") is None or get("embedding_length") is None or get("attention.head_count") is None:
+        raise MapperError(f"Cannot build config.json: the GGUF file lacks {arch}.block_count, .embedding_length or "
+                          ".attention.head_count. Write config.json by hand.")
+    heads = int(get("attention.head_count"))
+    embed = shapes.get("model.embed_tokens.weight")
+    config: dict[str, Any] = {
+        "architectures": [CLASSES[family]], "model_type": family,
+        "vocab_size": int(embed[0]) if embed else int(get("vocab_size") or 0),
+        "hidden_size": int(get("embedding_length")), "intermediate_size": int(get("feed_forward_length") or 0),
+        "num_hidden_layers": int(get("block_count")), "num_attention_heads": heads,
+        "num_key_value_heads": int(get("attention.head_count_kv") or heads),
+        "max_position_embeddings": int(get("context_length") or 2048),
+        "rms_norm_eps": _f32(get("attention.layer_norm_rms_epsilon", 1e-6)), "hidden_act": "silu",
+        "tie_word_embeddings": "lm_head.weight" not in shapes, "dtype": DTYPE_NAMES.get(dtype, "float32"),
+    }
+    key_length = get("attention.key_length")
+    if key_length is not None:
+        config["head_dim"] = int(key_length)
+    rope: dict[str, Any] = {"rope_theta": _f32(get("rope.freq_base", 10000.0)), "rope_type": "default"}
+    scaling = get("rope.scaling.type")
+    if scaling in ("linear", "yarn"):
+        rope.update(rope_type=scaling, factor=_f32(get("rope.scaling.factor", 1.0)))
+        if get("rope.scaling.original_context_length") is not None:
+            rope["original_max_position_embeddings"] = int(get("rope.scaling.original_context_length"))
+    config["rope_parameters"] = rope
+    if family in ("llama", "mistral", "qwen3", "mixtral"):
+        config["attention_bias"] = any(n.endswith("self_attn.q_proj.bias") for n in shapes)
+    if family == "llama":
+        config["mlp_bias"] = any(n.endswith("mlp.up_proj.bias") for n in shapes)
+    experts, used = get("expert_count"), get("expert_used_count")
+    if family == "mixtral":
+        config.update(num_local_experts=int(experts or 0), num_experts_per_tok=int(used or 0))
+    elif family in ("qwen2_moe", "qwen3_moe", "olmoe"):
+        config.update(num_experts=int(experts or 0), num_experts_per_tok=int(used or 0))
+        if get("expert_feed_forward_length") is not None:
+            config["moe_intermediate_size"] = int(get("expert_feed_forward_length"))
+        if family == "olmoe" and get("expert_feed_forward_length") is not None:
+            config["intermediate_size"] = int(get("expert_feed_forward_length"))
+        if get("expert_shared_feed_forward_length") is not None:
+            config["shared_expert_intermediate_size"] = int(get("expert_shared_feed_forward_length"))
+    config.update(_token_ids(values))
+    return config
+
+
+def _token_ids(values: Mapping[str, Any]) -> dict[str, int]:
+    found = {}
+    for key, name in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("padding", "pad_token_id")):
+        value = values.get(f"tokenizer.ggml.{key}_token_id")
+        if value is not None:
+            found[name] = int(value)
+    return found
+
+
+def generation_config(values: Mapping[str, Any]) -> dict[str, Any] | None:
+    """generation_config.json: the special token ids the GGUF file records (None when it records none)."""
+    ids = _token_ids(values)
+    return dict(ids) if ids else None
+
+
+__all__ = ["CLASSES", "generation_config", "hf_config"]
