@@ -94,3 +94,19 @@ def test_two_ranks_write_the_same_bytes(fp8_experts: Path, tmp_path: Path) -> No
     files = sorted(p.name for p in (tmp_path / "one").glob("*.safetensors"))
     assert len(files) == 2 and files == sorted(p.name for p in (tmp_path / "two").glob("*.safetensors"))
     assert all((tmp_path / "one" / f).read_bytes() == (tmp_path / "two" / f).read_bytes() for f in files)
+
+
+def test_a_cast_after_a_stack_is_cast_piece_by_piece(fp8_experts: Path, tmp_path: Path) -> None:
+    """Stack then Cast (e.g. a dtype change of stacked experts): each expert is dequantised, cast and written alone."""
+    names = f"{PREFIX}.{{e*}}.down_proj.weight"
+    mapper = M.Sequential(M.presets.dequantize_fp8(fp8_experts), M.Stack([names], "stacked"), M.Cast("stacked", "f32"))
+    plan = wb.plan(fp8_experts, mapper)
+    (step,) = plan.steps
+    assert step.kind == "pieces" and step.bytes_out == EXPERTS * 4 * MIB
+    assert step.held_bytes == MIB + (ROWS // BLOCK) * (COLS // BLOCK) * 4 + 2 * MIB + 4 * MIB  # in, scales, bf16, f32
+    wb.convert(fp8_experts, tmp_path / "out", mapper, quiet=True)
+    got = load_file(tmp_path / "out" / "model.safetensors")["stacked"]
+    whole = wb.convert(fp8_experts, tmp_path / "ref", _recipe(fp8_experts), quiet=True)
+    assert whole.ok
+    expected = load_file(tmp_path / "ref" / "model.safetensors")[f"{PREFIX}.down_proj"].float()
+    assert got.dtype == torch.float32 and torch.equal(got, expected)

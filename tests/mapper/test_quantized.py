@@ -123,12 +123,12 @@ def test_plan_counts_scales_as_group_inputs(fp8_checkpoint):
 
 
 def test_multi_group_run_stays_within_predicted_peak(tmp_path, monkeypatch):
-    """Three groups of 3 MB FP8 each: the engine's ledger stays within the plan's peak, and the memory Python
-    and numpy actually allocate during each step (tracemalloc) is the step's predicted bytes plus a small
-    scratch: the kernel never materialises a float32 copy of the whole tensor."""
+    """Three groups of 3 MB FP8 each, converted by row blocks (`fp8_rows`): the engine's ledger stays within the
+    plan's peak, and the memory Python and numpy actually allocate during each step (tracemalloc) is the step's
+    predicted bytes plus a small scratch: the kernel never materialises a float32 copy of the whole tensor."""
     import tracemalloc
 
-    from workbench.engine import steps as engine_steps
+    from workbench.engine import rows as engine_steps
 
     gen = torch.Generator().manual_seed(5)
     tensors = {}
@@ -138,15 +138,15 @@ def test_multi_group_run_stays_within_predicted_peak(tmp_path, monkeypatch):
     save_file(tensors, tmp_path / "model.safetensors")
     (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"weight_block_size": list(BLOCK)}}))
     measured: list[tuple[int, int]] = []
-    run_compute = engine_steps.run_compute
+    run_rows = engine_steps.run_rows
 
     def traced(ctx, step):
         tracemalloc.reset_peak()
         start = tracemalloc.get_traced_memory()[0]
-        run_compute(ctx, step)
+        run_rows(ctx, step)
         measured.append((tracemalloc.get_traced_memory()[1] - start, step.held_bytes))
 
-    monkeypatch.setattr(engine_steps, "run_compute", traced)
+    monkeypatch.setattr(engine_steps, "run_rows", traced)
     tracemalloc.start()
     try:
         report = wb.convert(tmp_path, tmp_path / "out", M.presets.dequantize_fp8(tmp_path), quiet=True)

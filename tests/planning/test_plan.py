@@ -184,7 +184,11 @@ def test_ranks_own_contiguous_balanced_runs_of_files(four_files: Path) -> None:
         assert files and all(f.rank == rank for f in plan.output_file_list if f.name in plan.ranks.loc[rank, "files"])
     # rank 0 reads the first source files only: source-file affinity
     assert set(plan.reads(0)) <= {"model-00001-of-00004.safetensors", "model-00002-of-00004.safetensors"}
-    idle = wb.plan(four_files, shard_size="1GB", nproc=2)
+    shared = wb.plan(four_files, shard_size="1GB", nproc=2)  # one file: both ranks write half its tensors (planning.ranks)
+    (file,) = shared.output_file_list
+    assert shared.ok and file.ranks == (0, 1) and not shared.warnings
+    assert [sum(s.bytes_out for s in shared.rank_steps(r)) for r in (0, 1)] == [file.tensor_bytes // 2] * 2
+    idle = wb.plan(four_files, M.Rename("t09", "only"), rest="drop", nproc=2)  # one small tensor cannot be cut
     assert idle.ok and any("Only 1 of 2 ranks" in p.message for p in idle.warnings)
 
 
@@ -247,8 +251,8 @@ def test_predicted_memory_of_casts_and_compute(four_files: Path) -> None:
     assert to_f16.needs_torch and "torch needed" in to_f16.summary()
     fused = wb.plan(four_files, M.Sequential(M.Concat(["t03", "t04"], "cat"), M.Cast("cat", "bf16")), rest="drop")
     (step,) = fused.steps
-    assert step.kind == "compute" and step.held_bytes == 2 * 4096 + 2048 * 2  # inputs + BF16 output, held together
-    assert fused.peak_bytes == 12288
+    assert step.kind == "pieces" and step.held_bytes == 4096 + 2048  # each input cast and written alone (mapper.pieces)
+    assert fused.peak_bytes == 6144
 
 
 def test_problems_from_binding_duplicates_and_empty_output(four_files: Path) -> None:

@@ -25,7 +25,7 @@ def _busy(folder: Path) -> Path:
 CASES = {
     "destination not empty": (lambda tmp: {"dest": _busy(tmp)}, "destination"),
     "tensors larger than the shard size": (lambda tmp: {"shard_size": 1000}, "layout"),
-    "more ranks than files": (lambda tmp: {"nproc": 2}, "ranks"),
+    "more ranks than tensors": (lambda tmp: {"nproc": 3}, "ranks"),  # 2 tensors: shared by 2 ranks, never 3
     "everything dropped": (lambda tmp: {"mapper": M.Drop("a"), "rest": "drop"}, "empty"),
     "header metadata a DCP output cannot keep": (lambda tmp: {"to": "dcp"}, "metadata"),
     "a binding problem": (lambda tmp: {"mapper": M.Rename("nope", "x")}, "missing"),

@@ -169,8 +169,9 @@ def test_two_ranks_fill_one_bar_each(llama_sample: Path, fused, reference: Path,
     assert [r.children[0].description for r in panel.rank_rows.children] == ["rank 0", "rank 1"]
     report = panel.wait(timeout=120)
     assert report.nproc == 2 and report.ok and report.files_match_plan
-    assert [(bar.value, bar.max, bar.bar_style) for bar in panel.bars] == [
-        (279296, 279296, "success"), (443904, 443904, "success")]
+    bars = [(bar.value, bar.max, bar.bar_style) for bar in panel.bars]
+    assert all(value == total and style == "success" for value, total, style in bars)
+    assert max(v for v, _, _ in bars) <= 1.10 * min(v for v, _, _ in bars)  # the ranks share files evenly (planning.ranks)
     assert all("(100%)" in label.value for label in panel.bar_labels)
     assert "files opened" in panel.report_view.value  # the per-rank table of the report
     assert_same_folder(reference, tmp_path / "out")

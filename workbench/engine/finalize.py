@@ -62,6 +62,9 @@ def prepare_destination(plan: Plan) -> None:
     for name in planned - plan.kept:
         remove_entry(dest / name)
     remove_partials(plan)
+    for file in plan.output_file_list:  # files several ranks write: made whole now, before any rank joins them
+        if file.ranks and not file.kept:
+            plan.output_format.create_shared(dest, file.layout)
     write_manifest(dest, plan.layout_fingerprint, plan.output_file_list, source_states(plan.source))
     fsync_dir(dest)
 
@@ -187,6 +190,9 @@ def finalize_destination(plan: Plan) -> bool:
     if plan.remote is not None:
         return _finalize_remote(plan)
     copy_extras(plan)
+    for file in plan.output_file_list:  # every rank synced its ranges of a shared file: it is complete
+        if file.ranks and not file.kept:
+            plan.output_format.commit_shared(plan.dest, file.layout)
     committed = plan.output_format.commit(plan.dest, [f.layout for f in plan.output_file_list], plan.source.reader,
                                           objects=bool(plan.copied_objects))
     _record_completion(plan, plan.commit_files)

@@ -301,9 +301,14 @@ def _check_row_inputs(job, inputs: tuple[int, ...], got, source: _Bytes, output:
                  "" if same else "differs from the op re-applied to the source"))
 
 
+def _groups(plan) -> list:
+    """The plan's steps, a group cut into parts for several ranks (`planning.parts`) once: each output checked once."""
+    return [s for s in plan.steps if s.part is None or not s.part[0]]
+
+
 def check_bytes(plan) -> int:
     """About how many bytes `check_outputs(plan)` reads: every group's inputs and outputs (for a progress bar)."""
-    return sum(t.nbytes for step in plan.steps for t in (*step.group.inputs, *step.group.outputs))
+    return sum(t.nbytes for step in _groups(plan) for t in (*step.group.inputs, *step.group.outputs))
 
 
 def check_outputs(plan, on_read: Callable[[int], None] | None = None) -> OutputCheck:
@@ -322,21 +327,21 @@ def check_outputs(plan, on_read: Callable[[int], None] | None = None) -> OutputC
         if out_catalog is None:
             out_catalog = open_catalog(plan.dest)
     except WorkbenchError as exc:
-        result.rows = [(t.name, "open", "missing", None, 0, exc.message) for s in plan.steps for t in s.group.outputs]
+        result.rows = [(t.name, "open", "missing", None, 0, exc.message) for s in _groups(plan) for t in s.group.outputs]
         return result
     try:
         fresh = _fresh_source(plan, result)
     except WorkbenchError as exc:  # the server cannot be reached now: the committed output stays, unverified
         fresh = None
         result.rows = [(t.name, "source", "unchecked", None, 0, f"the source could not be re-read to check this output "
-                        f"({exc.message})") for s in plan.steps for t in s.group.outputs]
+                        f"({exc.message})") for s in _groups(plan) for t in s.group.outputs]
     if fresh is None:
         if out_catalog.reader is not None:
             out_catalog.reader.close()
         return result
     source, output = _Bytes(fresh, on_read), _Bytes(out_catalog, on_read)
     try:
-        for step in plan.steps:
+        for step in _groups(plan):
             group = step.group
             absent = [t for t in group.outputs if t.name not in out_catalog or _meta(out_catalog[t.name]) != _meta(t)]
             for t in absent:

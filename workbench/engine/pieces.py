@@ -30,7 +30,11 @@ def run_pieces(ctx: RankContext, step: Step) -> None:
     ctx.held.hold(step.held_bytes)
     try:
         at = 0
+        low, high = step.part or (0, out.nbytes)  # a part (`planning.parts`): only the pieces that start in it
         for piece in pieces.pieces:
+            if not low <= at < high:
+                at += piece.rows * pieces.row_bytes
+                continue
             buffers = []
 
             def read(info, buffers=buffers):  # noqa: ANN001, ANN202 - a piece's source tensors, read when it needs them

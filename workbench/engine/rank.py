@@ -96,9 +96,11 @@ def _run_lane(ctx: RankContext, steps: list[Step], files: dict, last_step: dict[
                 raise _Stopped()
             for name in step.files:
                 if name in files and name not in ctx.writers:
+                    file = files[name]
+                    output = plan.output_format
                     if spool is not None:  # a remote destination: wait for room in the local spool
                         spool.opening(name, stop)
-                    ctx.writers[name] = plan.output_format.open_writer(plan.dest, files[name].layout)
+                    ctx.writers[name] = (output.join_writer if file.ranks else output.open_writer)(plan.dest, file.layout)
             try:
                 if step.kind == COPY:  # a stretch of copies into these files, queued in one call
                     index = run_copies(ctx, steps, index, commit_at)
@@ -121,9 +123,12 @@ def _run_lane(ctx: RankContext, steps: list[Step], files: dict, last_step: dict[
                     if name == last_file:
                         _injected_failure(rank, name)
                     source.check(plan.dest, f"committing {name}")
-                    if spool is not None:
-                        spool.finished(name)
-                    committer.submit(name, ctx.writers.pop(name))
+                    if files[name].ranks:  # shared: this rank's ranges synced; the finish renames the file
+                        ctx.writers.pop(name).release()
+                    else:
+                        if spool is not None:
+                            spool.finished(name)
+                        committer.submit(name, ctx.writers.pop(name))
             if progress is not None:
                 progress.update(ctx.done_bytes + done_elsewhere())
         ctx.cast.wait()

@@ -37,12 +37,17 @@ def run_rows(ctx: RankContext, step: Step) -> None:
         buffer = bytearray(per * in_row)
         convert = job.converter(per)
         at = 0
+        low, high = step.part or (0, len(job.inputs) * job.rows * out_row)  # a part (`planning.parts`): chunks starting in it
         for k, info in enumerate(job.inputs):
-            if outputs is not None:  # input k makes outputs[k], from its first byte
+            if outputs is not None:  # input k makes outputs[k], from its first byte (such a step is never cut into parts)
                 out, at = outputs[k], 0
                 target = ctx.target(out.name)
                 if target is None:
                     continue
+            span = job.rows * out_row
+            if at + span <= low or at >= high:  # none of this input's chunks: not even its whole extras are read
+                at += span
+                continue
             assert target is not None
             writer = target[0]
             fd, begin = _located(ctx, info)
@@ -54,6 +59,9 @@ def run_rows(ctx: RankContext, step: Step) -> None:
                 whole.append(grid)
             for first in range(0, job.rows, per):
                 n = min(per, job.rows - first)
+                if not low <= at < high:
+                    at += n * out_row
+                    continue
                 view = memoryview(buffer)[: n * in_row]
                 read_into(fd, view, begin + first * in_row)
                 data, count, largest = convert(k, first, view, whole)

@@ -15,6 +15,7 @@ from ..catalog import Catalog, TensorInfo
 from ..dtypes import nbytes_of, to_torch
 from ..errors import CastOverflowError, PlanError, WorkbenchError
 from ..iostats import read_into
+from ..mapper.groups import ByteSlice
 from ..output.safetensors import SafetensorsWriter
 from ..overflow import OverflowCounts, attributed, collect, count_torch, describe, may_overflow
 from ..planning.model import Plan
@@ -115,6 +116,7 @@ def run_copy(ctx: RankContext, step: Step) -> None:
     single = group.inputs[0] if len(group.inputs) == 1 else None
     inputs = {} if single is not None else {t.name: t for t in group.inputs}
     whole: dict[str, bytearray] = {}
+    low, high = step.part or (0, step.bytes_out)  # a part (`planning.parts`): only these bytes of the one output
     try:
         for out_name, pieces in group.recipe.items():
             target = ctx.target(out_name)
@@ -123,6 +125,13 @@ def run_copy(ctx: RankContext, step: Step) -> None:
             writer, begin = target
             at = 0
             for piece in pieces:
+                if step.part is not None:
+                    if at + piece.length <= low or at >= high:
+                        at += piece.length
+                        continue
+                    cut = max(low - at, 0)
+                    piece = ByteSlice(piece.source, piece.begin + cut, piece.begin + min(piece.length, high - at))
+                    at += cut
                 if piece.end > piece.begin:
                     info = single if single is not None else inputs[piece.source]
                     where = ctx.locate(info)
@@ -139,7 +148,7 @@ def run_copy(ctx: RankContext, step: Step) -> None:
                             if start is not None:
                                 start(out_name, at, piece.length)
                 at += piece.length
-            ctx.done_bytes += at
+            ctx.done_bytes += at if step.part is None else high - low
     finally:
         ctx.held.release(sum(len(d) for d in whole.values()))
 
@@ -189,7 +198,7 @@ def run_copies(ctx: RankContext, steps: list[Step], start: int, commit_at: set[i
             group = step.group
             recipe = group.recipe
             piece = None  # the one slice of the common copy: one input, one output
-            if raw and len(group.inputs) == 1 and len(recipe) == 1:
+            if raw and step.part is None and len(group.inputs) == 1 and len(recipe) == 1:
                 ((out_name, pieces),) = recipe.items()
                 if len(pieces) == 1:
                     piece = pieces[0]
@@ -226,7 +235,7 @@ def run_copies(ctx: RankContext, steps: list[Step], start: int, commit_at: set[i
                         batch.append((last_order, fd, info.begin, dst, name, 0, length))
                         queued += length
                     done += length
-            elif raw and (spans := None if type(recipe) is dict else getattr(recipe, "spans", None)) is not None:
+            elif raw and step.part is None and (spans := None if type(recipe) is dict else getattr(recipe, "spans", None)) is not None:
                 # a shared recipe (`LazyRecipe`, e.g. a fused q/k/v): its spans, no ByteSlices
                 by_name = {t.name: t for t in group.inputs}
                 for out_name in recipe:

@@ -28,7 +28,7 @@ def run_local(plan: Plan, *, quiet: bool = False, on_progress: ProgressCallback 
     snapshot_for(plan)  # the source as it is before anything is written
     with DestinationLock(plan.dest):
         prepare_destination(plan)
-        total = sum(f.tensor_bytes for f in plan.rank_files(0))
+        total = plan.rank_output_bytes(0)
         progress = Progress(total, bar=not quiet, callback=on_progress)
         try:
             result = run_rank(plan, 0, progress)

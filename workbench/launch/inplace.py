@@ -95,7 +95,7 @@ def _run_locked(dist, source, dest, mapper, options, quiet, on_progress, locks: 
             plan = build_plan(catalog, mapper, options, dest, check_dest=False, kept=verdict["kept"])
             if plan.fingerprint != verdict["fingerprint"]:
                 raise PlanError(f"Cannot run rank {rank}: its plan differs from rank 0's (different source or mapper on this rank?).")
-        progress = Progress(sum(f.tensor_bytes for f in plan.rank_files(rank)), rank=rank,
+        progress = Progress(plan.rank_output_bytes(rank), rank=rank,
                             bar=not quiet and rank == 0, callback=on_progress)
         try:
             result = run_rank(plan, rank, progress)

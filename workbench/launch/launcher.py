@@ -87,7 +87,7 @@ class Launch:
         self.quiet = quiet
         self.on_progress = on_progress
         self.env = env
-        self.totals = {r: sum(f.tensor_bytes for f in plan.rank_files(r)) for r in range(plan.nproc)}
+        self.totals = {r: plan.rank_output_bytes(r) for r in range(plan.nproc)}
         self.done = dict.fromkeys(self.totals, 0)
         self.worker_pids: dict[int, int] = {}
         self.worker_started: dict[int, int | None] = {}  # each worker's start tick: its pid is signalled only while it runs

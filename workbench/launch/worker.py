@@ -48,7 +48,7 @@ def run_worker(jobdir: Path, rank: int, world: int) -> int:
         plan = replan(job)
         if plan.nproc != world:
             raise PlanError(f"Cannot run rank {rank}: the plan is for {plan.nproc} processes but {world} were started.")
-        progress = Progress(sum(f.tensor_bytes for f in plan.rank_files(rank)), rank=rank, json_lines=True)
+        progress = Progress(plan.rank_output_bytes(rank), rank=rank, json_lines=True)
         result = run_rank(plan, rank, progress)
         progress.close()
     except Exception as exc:

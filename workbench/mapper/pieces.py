@@ -4,7 +4,7 @@ Experts dequantised then stacked (`Sequential(dequantize_fp8, from_transformers)
 bytes of an expert. Computing it whole holds every input, every dequantised expert and the output at once. But
 each dim-0 slab of such an output depends on its own inputs only: `Stack(xs, dim=0)`'s slab e is `xs[e]`;
 `Concat(xs, dim=0)`'s slabs are those of its inputs in turn; `Concat(xs, dim=d > 0)` of inputs cut into the same
-slabs is, slab by slab, the concatenation of theirs along d. `output_pieces(group)` finds that structure on the
+slabs is, slab by slab, the concatenation of theirs along d; a `Cast` of such an output is the cast of each slab. `output_pieces(group)` finds that structure on the
 group's op (metadata only: the op is walked over symbolic values, as binding infers) and returns `Pieces`: one
 `Piece` per contiguous byte range of the output, each knowing the source tensors it reads and what it holds at
 most. The engine computes a piece, writes it at its byte range and frees it; the planner counts the largest piece.
@@ -21,7 +21,7 @@ from ..catalog import TensorInfo
 from ..dtypes import nbytes_of
 from .evaluate import checked_compute, run
 from .function import Function
-from .ops import Concat, Identity, Rename, Stack
+from .ops import Cast, Concat, Identity, Rename, Stack
 
 Meta = tuple[str, tuple[int, ...]]
 
@@ -143,6 +143,14 @@ def _walk(group: Any) -> dict[str, Value]:
     return state
 
 
+def _cast_piece(piece: Piece, op: Cast) -> Piece:
+    """`piece` followed by the elementwise `op` (its parts each cast when it is a concatenation)."""
+    if piece.value is not None:
+        inner = piece.value
+        return Piece(piece.rows, value=Value((op.dtype, inner.meta[1]), op, (inner,)), unsqueeze=piece.unsqueeze)
+    return Piece(piece.rows, dim=piece.dim, parts=tuple(_cast_piece(part, op) for part in piece.parts))
+
+
 def _pieces_of(value: Value) -> list[Piece] | None:
     """`value` cut into dim-0 pieces each computed on its own, or None when it is not such a stack/concatenation."""
     op = value.op
@@ -150,6 +158,9 @@ def _pieces_of(value: Value) -> list[Piece] | None:
         return None
     if isinstance(op, (Rename, Identity)):
         return _pieces_of(value.args[0])
+    if isinstance(op, Cast):  # elementwise: each piece cast on its own
+        inner = _pieces_of(value.args[0])
+        return None if inner is None else [_cast_piece(piece, op) for piece in inner]
     shape = value.meta[1]
     if isinstance(op, Stack) and op.dim == 0:
         return [Piece(1, value=arg, unsqueeze=True) for arg in value.args]

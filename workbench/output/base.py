@@ -47,6 +47,9 @@ class OutputFormat:
     # whether the planner may make one step of many neighbouring whole copies or casts (`planning.copy_runs`,
     # `planning.cast_runs`): the format lays tensors out one after another in schedule order, one header per file
     plans_runs: bool = False
+    # whether several ranks may write disjoint byte ranges of one file (`join_writer`; `planning.parts`): its file is
+    # created whole (header, size) before the ranks start, each rank writes and syncs its ranges, the finish renames it
+    shares_files: bool = False
 
     def policy(self, dtype: Any) -> str:
         """The code a `dtype=` policy stands for in this format (default: a float dtype every tensor is cast to)."""
@@ -85,6 +88,19 @@ class OutputFormat:
 
     def open_writer(self, folder: str | os.PathLike, layout: FileLayout) -> Writer:
         """The streaming writer that fills one planned data file (temporary name until its commit)."""
+        raise NotImplementedError
+
+    def create_shared(self, folder: str | os.PathLike, layout: FileLayout) -> None:
+        """Create the temporary file of `layout` whole (header written, full size) for ranks to join."""
+        raise NotImplementedError
+
+    def join_writer(self, folder: str | os.PathLike, layout: FileLayout) -> Writer:
+        """A writer into the temporary file `create_shared` made, for one rank's byte ranges; `release()` syncs and
+        closes it without renaming (the finish renames the file once every rank is done: `commit_shared`)."""
+        raise NotImplementedError
+
+    def commit_shared(self, folder: str | os.PathLike, layout: FileLayout) -> None:
+        """Rename a shared file, complete once every rank succeeded, to its final name."""
         raise NotImplementedError
 
     def carried_objects(self, reader: Any, rest: str) -> tuple[list[Any], list[str]]:

@@ -22,7 +22,7 @@ from typing import Any
 from ..catalog import TensorInfo
 from ..dtypes import DTYPE_BITS
 from ..errors import PlanError
-from ..files import PARTIAL_SUFFIX, atomic_write, claim_temp, fsync_dir, replace_into, temp_path  # noqa: F401 (re-exported)
+from ..files import PARTIAL_SUFFIX, atomic_write, claim_temp, fsync_dir, open_regular, replace_into, temp_path  # noqa: F401 (re-exported)
 from ..formats.safetensors_folder import INDEX_NAME  # the commit marker of a sharded output
 from ..iostats import IO
 from ..names import is_unicode_text
@@ -266,14 +266,17 @@ class SafetensorsWriter:
     _buffer: memoryview | None = None  # copies that are not page-congruent go through it (WRITE_CALL_MAX bytes)
     _direct: int | None | object = _UNOPENED  # the O_DIRECT descriptor (`assemble_span`), opened when first asked
 
-    def __init__(self, folder: str | os.PathLike, layout: FileLayout) -> None:
+    def __init__(self, folder: str | os.PathLike, layout: FileLayout, *, joined: bool = False) -> None:
         self.folder = Path(folder)
         self.layout = layout
         self.final_path = self.folder / layout.file
         self.partial_path = temp_path(self.final_path)
         self._by_name = layout.by_name()
         self._written: dict[str, int] = dict.fromkeys(self._by_name, 0)
-        self._fd: int | None = claim_temp(self.partial_path)  # exclusive, no-follow: nothing planted there is written through
+        if joined:  # a shared file (`OutputFormat.join_writer`): made whole before the ranks started, header included
+            self._fd = open_regular(self.partial_path, os.O_WRONLY)
+            return
+        self._fd = claim_temp(self.partial_path)  # exclusive, no-follow: nothing planted there is written through
         try:
             preallocate(self._fd, layout.size)
             self._pwrite(layout.header, 0)
@@ -574,6 +577,15 @@ class SafetensorsWriter:
             fsync_dir(self.folder)
         return self.final_path
 
+    def release(self) -> None:
+        """Sync and close a joined shared file without renaming it (its finish renames it once every rank is done)."""
+        if self._fd is None:
+            return
+        self._close_direct()
+        os.fsync(self._fd)
+        os.close(self._fd)
+        self._fd = None
+
     def abort(self) -> None:
         """Close and remove the partial file."""
         self._close_direct()
@@ -655,6 +667,18 @@ class SafetensorsOutput(OutputFormat):
 
     def open_writer(self, folder: str | os.PathLike, layout: FileLayout) -> SafetensorsWriter:
         return SafetensorsWriter(folder, layout)
+
+    shares_files = True
+
+    def create_shared(self, folder: str | os.PathLike, layout: FileLayout) -> None:
+        SafetensorsWriter(folder, layout).release()
+
+    def join_writer(self, folder: str | os.PathLike, layout: FileLayout) -> SafetensorsWriter:
+        return SafetensorsWriter(folder, layout, joined=True)
+
+    def commit_shared(self, folder: str | os.PathLike, layout: FileLayout) -> None:
+        final = Path(folder) / layout.file
+        replace_into(temp_path(final), final)
 
     def index(self, layouts: Sequence[FileLayout]) -> dict | None:
         if len(layouts) < 2:

@@ -308,7 +308,9 @@ def _build_plan(
         files, warnings = [], []
     problems += warnings + _metadata_problems(header_metadata, options, output)
     if files:
-        problems += assign_ranks(files, steps, options.nproc)
+        # ranks may share a file only in a local folder (a remote destination uploads each rank's whole files)
+        share = (SourceAccess(catalog.reader), options.chunk_bytes) if output.shares_files and url is None else None
+        problems += assign_ranks(files, steps, options.nproc, share)
         batch_casts(steps, files, catalog.reader, options.chunk_bytes)
     exported = mapper_json(mapper)
     layout_fp = layout_fingerprint(catalog, steps, files, exported)

@@ -139,5 +139,5 @@ def _recipe_text(recipe: Mapping[str, tuple[ByteSlice, ...]]) -> str:
 
 def run_fingerprint(layout: str, files: list[OutputFile], nproc: int) -> str:
     """A hex digest of the layout plus who writes which file."""
-    text = layout + f"\nnproc {nproc}\n" + "\n".join(f"{f.name} {f.rank}" for f in files)
+    text = layout + f"\nnproc {nproc}\n" + "\n".join(f"{f.name} {f.rank}{f.ranks or ''}" for f in files)
     return hashlib.sha256(text.encode()).hexdigest()

@@ -144,7 +144,7 @@ class Plan:
 
     @cached_property
     def _steps_by_rank(self) -> dict[int, list[Step]]:
-        if not any(f.kept for f in self.output_file_list) and {f.rank for f in self.output_file_list} <= {0}:
+        if not any(f.kept or f.ranks for f in self.output_file_list) and {f.rank for f in self.output_file_list} <= {0}:
             return {0: list(self.steps)} if self.steps else {}  # one rank, nothing kept: every step, no walk
         by_rank: dict[int, list[Step]] = {}
         active = self._active_indexes
@@ -159,7 +159,26 @@ class Plan:
 
     def rank_files(self, rank: int) -> list[OutputFile]:
         """The output files `rank` writes (kept ones excluded)."""
-        return [f for f in self.output_file_list if f.rank == rank and not f.kept]
+        return [f for f in self.output_file_list if (rank in f.ranks if f.ranks else f.rank == rank) and not f.kept]
+
+    def rank_output_bytes(self, rank: int) -> int:
+        """Tensor bytes `rank` writes: its files' whole, and its own ranges of files it shares (`planning.ranks`)."""
+        total = 0
+        shared = set()
+        for f in self.rank_files(rank):
+            if f.ranks:
+                shared.add(f.name)
+            else:
+                total += f.tensor_bytes
+        if shared:
+            total += sum(s.bytes_out for s in self._steps_by_rank.get(rank, ()) if shared.intersection(s.files))
+        return total
+
+    def rank_bytes_written(self, rank: int) -> int:
+        """Bytes `rank` writes: its own files whole, its ranges of files it shares, and the headers of the files it
+        owns (a shared file's is written before the ranks start, counted for its first rank): the ranks add up to
+        `bytes_written`."""
+        return self.rank_output_bytes(rank) + sum(len(f.layout.header) for f in self.rank_files(rank) if f.rank == rank)
 
     @cached_property
     def _file_by_name(self) -> dict[str, OutputFile]:

@@ -24,6 +24,8 @@ def outputs_frame(plan: Plan) -> pd.DataFrame:
     placement = plan.placement
     rows = []
     for step in plan.steps:
+        if step.part is not None and step.part[0]:  # a later part of a tensor several ranks write: listed once
+            continue
         for t in step.group.outputs:
             file, offset = placement[t.name]
             rows.append((t.name, t.dtype, t.shape, t.nbytes, file, offset, step.rank, step.group.label))
@@ -99,7 +101,7 @@ def ranks_frame(plan: Plan) -> pd.DataFrame:
     for rank in range(plan.nproc):
         files = plan.rank_files(rank)
         reads = plan.reads(rank)
-        rows.append((rank, [f.name for f in files], list(reads), sum(reads.values()), sum(f.size for f in files),
+        rows.append((rank, [f.name for f in files], list(reads), sum(reads.values()), plan.rank_bytes_written(rank),
                      plan.rank_peak_bytes(rank), len(plan.rank_steps(rank))))
     return pd.DataFrame(rows, columns=list(RANK_COLUMNS))
 

@@ -160,6 +160,18 @@ def entry_point(plan: Plan) -> str:
 REMOTE_LIBRARIES = {"http": 13_150_000, "hf": 22_250_000, "s3": 24_400_000}
 
 
+# What building a recipe from transformers' registry (`M.presets.from_transformers`) leaves resident in the process
+# that built it, on top of torch: transformers and its conversion modules (measured as REMOTE_LIBRARIES, 90 MB on
+# transformers 5). Counted for one process (the CLI plans and runs in the same process); workers re-plan from the
+# exported recipe and never import it.
+TRANSFORMERS_BYTES = 89_900_000
+
+
+def built_with_transformers(plan: Plan) -> bool:
+    """True when the plan's recipe was built from transformers' registry in this process (its import stays)."""
+    return "from_transformers" in (plan.mapper_json or "") and "transformers" in sys.modules
+
+
 def remote_scheme(plan: Plan) -> str | None:
     """'http', 'hf' or 's3' for a remote source (which transport it loads), None for local files."""
     url = plan.source.url
@@ -269,6 +281,9 @@ def _parts(plan: Plan, rank: int) -> list[RssPart]:
         parts.append(RssPart("imports", calibrated.LIBRARY[TORCH],
                              f"torch: tensor ops or casts numpy does not do ({measured}; up to {spread / 2**20:.0f} MiB less "
                              "when the kernel paged torch's files in by faults rather than reading them whole)"))
+    if entry == CLI and built_with_transformers(plan):
+        parts.append(RssPart("recipe", TRANSFORMERS_BYTES, "transformers, imported to build the recipe "
+                             "(M.presets.from_transformers), stays resident in the process that built it (measured)"))
     scheme = remote_scheme(plan)
     if scheme is not None:
         parts.append(RssPart("transport", REMOTE_LIBRARIES[scheme],

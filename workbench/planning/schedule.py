@@ -43,6 +43,8 @@ class Step:
     spans: tuple[tuple[int, int], ...] | None = None
     # A run (`planning.runs`): neighbours of one file copied whole or cast as one group, its tensors independent.
     run: bool = False
+    # A part (`planning.parts`): bytes [begin, end) of the one output, when ranks share the output (None: all of it).
+    part: tuple[int, int] | None = None
 
     @property
     def bytes_read(self) -> int:

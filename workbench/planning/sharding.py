@@ -29,7 +29,8 @@ class OutputFile:
     name: str
     layout: FileLayout
     steps: list[int] = field(default_factory=list)  # indexes of the steps that write to it, in order
-    rank: int = 0
+    rank: int = 0  # the rank that writes it; of a shared file, the rank of its first step
+    ranks: tuple[int, ...] = ()  # a file several ranks write (`planning.ranks.share_ranks`): those ranks, else ()
     kept: bool = False  # already complete at the destination (resume): not rewritten
 
     @property

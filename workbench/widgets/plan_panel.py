@@ -329,7 +329,7 @@ def headline_facts(plan: Plan) -> list[tuple[str, str]]:
                                 + (" (already complete at the destination: nothing is written)" if plan.complete
                                    else f" ({len(plan.kept)} kept from an interrupted run)" if plan.kept else "")))
     if plan.nproc > 1:
-        written = [sum(f.size for f in plan.rank_files(r)) for r in range(plan.nproc)]
+        written = [plan.rank_bytes_written(r) for r in range(plan.nproc)]
         mean = sum(written) / len(written)
         idle = sum(1 for n in written if n == 0)
         balance = (f"the busiest rank writes {max(written) / mean:.2f}× the mean ({format_bytes(max(written))})"

@@ -202,7 +202,7 @@ class RunPanel(Panel):
         plan = self.plan
         self._show_header()
         self.problems_view.value = "".join(message_html(f"{p.severity}: {p.message}", p.severity) for p in plan.problems)
-        self.totals = {r: sum(f.tensor_bytes for f in plan.rank_files(r)) for r in range(plan.nproc)}
+        self.totals = {r: plan.rank_output_bytes(r) for r in range(plan.nproc)}
         self.done = dict.fromkeys(self.totals, 0)
         self.bars: list[widgets.IntProgress] = []
         self.bar_labels: list[widgets.HTML] = []

@@ -688,3 +688,13 @@ __all__ = [
     "fp8_quantization_config", "quantize_fp8", "quantize_fp8_tensor",
 ]
 
+
+
+def _fp8_rows(op: Any, group: Any, ahead: tuple[Any, ...] = ()) -> Any:
+    """The row job of a dense FP8 group (`fp8_rows`), given this module's kernel and dtype tables."""
+    from .fp8_rows import fp8_rows
+
+    return fp8_rows(op, group, ahead, kernel=dequantize_fp8_tensor, numpy_dtype=_numpy_dtype, output_code=_output_code)
+
+
+dequantize_fp8_tensor.rows = _fp8_rows  # type: ignore[attr-defined]  # the row job `Function.rows` finds
