@@ -92,6 +92,8 @@ def test_local_and_s3_sources_upload_the_local_bytes_within_the_spool(s3: MotoS3
     assert len(seen) == len(reference) and max(seen) <= plan.spool_bytes  # measured on disk, at every upload
     assert 0 < report.spool_peak <= plan.spool_bytes == report.predicted_spool_bytes
     assert "spool peak" in report.summary()
+    assert report.url == url and report.summary().startswith(f"Converted into {url} in ")  # the bucket, not the spool
+    assert str(plan.dest) not in report.summary().splitlines()[0]
     assert not [p for p in plan.dest.rglob("*") if p.is_file() and not p.name.startswith(".workbench")]  # spool emptied
     heads = {n: s3.client.head_object(Bucket=bucket, Key=f"out/{n}") for n in reference if n.endswith(".safetensors")}
     assert all(h["ETag"].endswith('-2"') for h in heads.values() if h["ContentLength"] > 5 * MiB)  # two multipart parts
@@ -145,7 +147,8 @@ def test_a_rerun_does_nothing_another_plan_is_refused_overwrite_replaces(s3: Mot
     bucket = s3.bucket()
     url = f"s3://{bucket}/out/"
     wb.convert(source, url, shard_size="6MiB", quiet=True, **SPOOL)
-    assert wb.convert(source, url, shard_size="6MiB", quiet=True, **SPOOL).already_complete
+    again = wb.convert(source, url, shard_size="6MiB", quiet=True, **SPOOL)
+    assert again.already_complete and again.summary().startswith(f"Already complete, nothing to do: {url} holds")
     other = wb.plan(source, dest=url, shard_size="3MiB", **SPOOL)
     assert not other.ok and "holds a finished conversion of a different plan" in other.errors[0].message
     wb.convert(source, url, shard_size="12MiB", quiet=True, overwrite=True, **SPOOL)
