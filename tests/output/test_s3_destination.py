@@ -85,7 +85,7 @@ def test_local_and_s3_sources_upload_the_local_bytes_within_the_spool(s3: MotoS3
     assert f"-> {url} (through the local spool {plan.dest})" in plan.summary()
     assert "local disk to provision: 8.0 MiB per rank" in plan.summary()
     rss = plan.rss_breakdown
-    assert rss.loc["upload"].iloc[0] == 2 * 5 * MiB and "transport" in rss.index  # part buffers, s3fs for a local source
+    assert rss.loc["upload"].iloc[0] == 4 * 2 * 5 * MiB and "transport" in rss.index  # 4 parts in flight, s3fs for a local source
     seen = _spool_bytes_at_uploads(monkeypatch, plan.dest)
     report = wb.convert(source, url, shard_size="6MiB", quiet=True, **SPOOL)
     assert s3.output(bucket, "out") == reference  # every file, config.json and the index, byte for byte
@@ -211,6 +211,65 @@ def test_a_dead_lock_is_removed_only_while_it_is_the_one_read(s3: MotoS3) -> Non
     assert json.loads(s3.objects(bucket, "out")[LOCK_NAME])["pid"] == 2  # the newer lock stays
     destination._remove_stale_lock(s3.client.head_object(Bucket=bucket, Key=key)["ETag"])
     assert LOCK_NAME not in s3.objects(bucket, "out")
+
+
+def _parts_file(tmp_path: Path) -> tuple[Path, bytes]:
+    body = np.random.default_rng(6).integers(0, 256, 16 * MiB, dtype=np.uint8).tobytes()  # 4 parts of 5 MiB (the last 1)
+    (tmp_path / "big.bin").write_bytes(body)
+    return tmp_path / "big.bin", body
+
+
+def test_parts_of_one_file_upload_at_once_and_the_plan_counts_their_buffers(s3: MotoS3, tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    bucket = s3.bucket()
+    destination = S3Destination(f"s3://{bucket}/out/", "fp", {"part_size": "5MiB", "part_threads": "2"})
+    assert destination.memory_terms()[0][1] == 2 * 2 * 5 * MiB
+    both = threading.Barrier(2, timeout=30)  # parts 1 and 2 meet here: it breaks if they were sent one after the other
+    call = S3Destination.call
+
+    def meeting(self, method, name, **kwargs):
+        if method == "upload_part" and kwargs["PartNumber"] in (1, 2):
+            both.wait()
+        return call(self, method, name, **kwargs)
+
+    monkeypatch.setattr(S3Destination, "call", meeting)
+    path, body = _parts_file(tmp_path)
+    destination.file_done("big.bin", path, len(body), "x")
+    head = s3.client.head_object(Bucket=bucket, Key="out/big.bin")
+    assert s3.objects(bucket, "out")["big.bin"] == body and head["ETag"].endswith('-4"') and s3.uploads(bucket) == []
+    with pytest.raises(PlanError, match="part_threads=0"):
+        S3Destination(f"s3://{bucket}/x/", "fp", {"part_threads": 0})
+
+
+def test_a_failed_part_aborts_the_upload_after_the_others_stopped(s3: MotoS3, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    bucket = s3.bucket()
+    destination = S3Destination(f"s3://{bucket}/out/", "fp", {"part_size": "5MiB", "part_threads": "2"})
+    import threading
+
+    sent: list[int] = []
+    call = S3Destination.call
+    part2_failed = threading.Event()
+
+    def failing(self, method, name, **kwargs):
+        if method == "upload_part":
+            if kwargs["PartNumber"] == 2:
+                part2_failed.set()
+                raise PlanError("Cannot upload part 2: injected failure.")
+            assert part2_failed.wait(30)  # part 1 is in flight while part 2 fails
+            sent.append(kwargs["PartNumber"])
+        if method == "abort_multipart_upload":
+            sent.append(0)
+        return call(self, method, name, **kwargs)
+
+    monkeypatch.setattr(S3Destination, "call", failing)
+    path, body = _parts_file(tmp_path)
+    with pytest.raises(PlanError, match="injected failure"):
+        destination.file_done("big.bin", path, len(body), "x")
+    assert sent == [1, 0]  # part 1 finished, parts 3 and 4 never sent, the upload aborted after that
+    assert s3.uploads(bucket) == [] and "big.bin" not in s3.objects(bucket, "out") and destination._uploads == {}
 
 
 def _dead_pid() -> int:
