@@ -104,6 +104,35 @@ def test_local_and_s3_sources_upload_the_local_bytes_within_the_spool(s3: MotoS3
     assert s3.output(bucket, "again") == reference
 
 
+def test_https_and_hf_sources_upload_the_local_bytes(s3: MotoS3, source: Path, reference: dict, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from remote_servers import NGINX, HubServer, Nginx
+
+    if NGINX is None:
+        pytest.skip("nginx is not installed (make test installs Debian's nginx; apt-get install nginx)")
+    import shutil
+
+    served = tmp_path / "served" / "src"  # an HTTP server cannot list a folder: the served copy has an index
+    shutil.copytree(source, served)
+    weight_map = {f"layers.{i}.weight": f"model-{i // 4 + 1:05d}-of-00004.safetensors" for i in range(16)}
+    (served / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    bucket = s3.bucket()
+    web = Nginx(served.parent, tmp_path / "nginx")
+    hub = HubServer(tmp_path / "hub-store")
+    try:
+        hub.add("org/src", source)
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        for name, url in (("web", f"{web.url}/src/"), ("hub", "hf://org/src")):
+            report = wb.convert(url, f"s3://{bucket}/{name}/", shard_size="6MiB", quiet=True, **SPOOL)
+            assert s3.output(bucket, name) == reference, name  # shards, config.json, index: the local bytes
+            assert report.files_match_plan and report.url == f"s3://{bucket}/{name}/"
+        assert any(r[1].endswith(".safetensors") and r[4] for r in web.requests())  # read from nginx, by range
+        assert s3.uploads(bucket) == []
+    finally:
+        web.stop()
+        hub.stop()
+
+
 def test_two_local_processes_upload_their_own_files(s3: MotoS3, source: Path, reference: dict) -> None:
     bucket = s3.bucket()
     report = wb.convert(source, f"s3://{bucket}/out/", shard_size="6MiB", nproc=2, quiet=True, **SPOOL)
@@ -141,6 +170,23 @@ def test_verify_and_open_checkpoint_read_the_uploaded_objects(s3: MotoS3, source
     plan = wb.plan(source, dest=url, shard_size="6MiB", **SPOOL)
     check = check_outputs(plan)
     assert not check.ok and any(row[2] == "mismatch" for row in check.rows)
+
+
+def test_verify_checks_the_uploaded_config_against_transformers(s3: MotoS3, tmp_path: Path) -> None:
+    from tests.conftest import SAMPLES
+
+    local = wb.convert(SAMPLES / "tiny-llama", tmp_path / "local", None, quiet=True, verify=True)
+    assert local.output_check.statement.startswith("the transformers LlamaForCausalLM (llama) statement")
+    bucket = s3.bucket()
+    report = wb.convert(SAMPLES / "tiny-llama", f"s3://{bucket}/out/", None, quiet=True, verify=True)
+    assert report.verified and report.output_check.unchecked is None
+    assert report.output_check.statement == local.output_check.statement  # config.json read from the bucket
+    s3.client.put_object(Bucket=bucket, Key="out/config.json", Body=b"[1, 2]")  # the uploaded config, damaged
+    plan = wb.plan(SAMPLES / "tiny-llama", None, dest=f"s3://{bucket}/out/")
+    from workbench.engine.output_check import check_outputs
+
+    check = check_outputs(plan)
+    assert check.unchecked == "not checked against transformers: the output's config.json is not a JSON object"
 
 
 def test_a_rerun_does_nothing_another_plan_is_refused_overwrite_replaces(s3: MotoS3, source: Path, reference: dict) -> None:

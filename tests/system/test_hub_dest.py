@@ -86,6 +86,7 @@ def test_hub_source_to_hub_and_read_back_from_the_commit(hub, tmp_path, local_ou
                         remote_options={"create": True}, verify=True)
     assert committed(hub, "org/dst") == local_files(local_out)
     assert report.output_check is not None and report.output_check.ok
+    assert report.output_check.statement.startswith("the transformers LlamaForCausalLM (llama) statement")  # config.json re-read
     commit = hub.commits[-1]["oid"]
     assert report.url == f"hf://org/dst@{commit}" and report.pr_url is None
     assert report.summary().startswith(f"Converted into hf://org/dst@{commit} in ")
