@@ -85,13 +85,15 @@ def test_local_and_s3_sources_upload_the_local_bytes_within_the_spool(s3: MotoS3
     assert f"-> {url} (through the local spool {plan.dest})" in plan.summary()
     assert "local disk to provision: 8.0 MiB per rank" in plan.summary()
     rss = plan.rss_breakdown
-    assert rss.loc["upload"].iloc[0] == 2 * 5 * MiB and "transport" in rss.index  # part buffers, s3fs for a local source
+    assert rss.loc["upload"].iloc[0] == 4 * 2 * 5 * MiB and "transport" in rss.index  # 4 parts in flight, s3fs for a local source
     seen = _spool_bytes_at_uploads(monkeypatch, plan.dest)
     report = wb.convert(source, url, shard_size="6MiB", quiet=True, **SPOOL)
     assert s3.output(bucket, "out") == reference  # every file, config.json and the index, byte for byte
     assert len(seen) == len(reference) and max(seen) <= plan.spool_bytes  # measured on disk, at every upload
     assert 0 < report.spool_peak <= plan.spool_bytes == report.predicted_spool_bytes
     assert "spool peak" in report.summary()
+    assert report.url == url and report.summary().startswith(f"Converted into {url} in ")  # the bucket, not the spool
+    assert str(plan.dest) not in report.summary().splitlines()[0]
     assert not [p for p in plan.dest.rglob("*") if p.is_file() and not p.name.startswith(".workbench")]  # spool emptied
     heads = {n: s3.client.head_object(Bucket=bucket, Key=f"out/{n}") for n in reference if n.endswith(".safetensors")}
     assert all(h["ETag"].endswith('-2"') for h in heads.values() if h["ContentLength"] > 5 * MiB)  # two multipart parts
@@ -100,6 +102,35 @@ def test_local_and_s3_sources_upload_the_local_bytes_within_the_spool(s3: MotoS3
     remote_source = s3.upload_folder(source, bucket, "src")  # an s3:// source into another prefix
     wb.convert(remote_source, f"s3://{bucket}/again/", shard_size="6MiB", quiet=True, **SPOOL)
     assert s3.output(bucket, "again") == reference
+
+
+def test_https_and_hf_sources_upload_the_local_bytes(s3: MotoS3, source: Path, reference: dict, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from remote_servers import NGINX, HubServer, Nginx
+
+    if NGINX is None:
+        pytest.skip("nginx is not installed (make test installs Debian's nginx; apt-get install nginx)")
+    import shutil
+
+    served = tmp_path / "served" / "src"  # an HTTP server cannot list a folder: the served copy has an index
+    shutil.copytree(source, served)
+    weight_map = {f"layers.{i}.weight": f"model-{i // 4 + 1:05d}-of-00004.safetensors" for i in range(16)}
+    (served / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    bucket = s3.bucket()
+    web = Nginx(served.parent, tmp_path / "nginx")
+    hub = HubServer(tmp_path / "hub-store")
+    try:
+        hub.add("org/src", source)
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        for name, url in (("web", f"{web.url}/src/"), ("hub", "hf://org/src")):
+            report = wb.convert(url, f"s3://{bucket}/{name}/", shard_size="6MiB", quiet=True, **SPOOL)
+            assert s3.output(bucket, name) == reference, name  # shards, config.json, index: the local bytes
+            assert report.files_match_plan and report.url == f"s3://{bucket}/{name}/"
+        assert any(r[1].endswith(".safetensors") and r[4] for r in web.requests())  # read from nginx, by range
+        assert s3.uploads(bucket) == []
+    finally:
+        web.stop()
+        hub.stop()
 
 
 def test_two_local_processes_upload_their_own_files(s3: MotoS3, source: Path, reference: dict) -> None:
@@ -141,11 +172,29 @@ def test_verify_and_open_checkpoint_read_the_uploaded_objects(s3: MotoS3, source
     assert not check.ok and any(row[2] == "mismatch" for row in check.rows)
 
 
+def test_verify_checks_the_uploaded_config_against_transformers(s3: MotoS3, tmp_path: Path) -> None:
+    from tests.conftest import SAMPLES
+
+    local = wb.convert(SAMPLES / "tiny-llama", tmp_path / "local", None, quiet=True, verify=True)
+    assert local.output_check.statement.startswith("the transformers LlamaForCausalLM (llama) statement")
+    bucket = s3.bucket()
+    report = wb.convert(SAMPLES / "tiny-llama", f"s3://{bucket}/out/", None, quiet=True, verify=True)
+    assert report.verified and report.output_check.unchecked is None
+    assert report.output_check.statement == local.output_check.statement  # config.json read from the bucket
+    s3.client.put_object(Bucket=bucket, Key="out/config.json", Body=b"[1, 2]")  # the uploaded config, damaged
+    plan = wb.plan(SAMPLES / "tiny-llama", None, dest=f"s3://{bucket}/out/")
+    from workbench.engine.output_check import check_outputs
+
+    check = check_outputs(plan)
+    assert check.unchecked == "not checked against transformers: the output's config.json is not a JSON object"
+
+
 def test_a_rerun_does_nothing_another_plan_is_refused_overwrite_replaces(s3: MotoS3, source: Path, reference: dict) -> None:
     bucket = s3.bucket()
     url = f"s3://{bucket}/out/"
     wb.convert(source, url, shard_size="6MiB", quiet=True, **SPOOL)
-    assert wb.convert(source, url, shard_size="6MiB", quiet=True, **SPOOL).already_complete
+    again = wb.convert(source, url, shard_size="6MiB", quiet=True, **SPOOL)
+    assert again.already_complete and again.summary().startswith(f"Already complete, nothing to do: {url} holds")
     other = wb.plan(source, dest=url, shard_size="3MiB", **SPOOL)
     assert not other.ok and "holds a finished conversion of a different plan" in other.errors[0].message
     wb.convert(source, url, shard_size="12MiB", quiet=True, overwrite=True, **SPOOL)
@@ -208,6 +257,65 @@ def test_a_dead_lock_is_removed_only_while_it_is_the_one_read(s3: MotoS3) -> Non
     assert json.loads(s3.objects(bucket, "out")[LOCK_NAME])["pid"] == 2  # the newer lock stays
     destination._remove_stale_lock(s3.client.head_object(Bucket=bucket, Key=key)["ETag"])
     assert LOCK_NAME not in s3.objects(bucket, "out")
+
+
+def _parts_file(tmp_path: Path) -> tuple[Path, bytes]:
+    body = np.random.default_rng(6).integers(0, 256, 16 * MiB, dtype=np.uint8).tobytes()  # 4 parts of 5 MiB (the last 1)
+    (tmp_path / "big.bin").write_bytes(body)
+    return tmp_path / "big.bin", body
+
+
+def test_parts_of_one_file_upload_at_once_and_the_plan_counts_their_buffers(s3: MotoS3, tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    bucket = s3.bucket()
+    destination = S3Destination(f"s3://{bucket}/out/", "fp", {"part_size": "5MiB", "part_threads": "2"})
+    assert destination.memory_terms()[0][1] == 2 * 2 * 5 * MiB
+    both = threading.Barrier(2, timeout=30)  # parts 1 and 2 meet here: it breaks if they were sent one after the other
+    call = S3Destination.call
+
+    def meeting(self, method, name, **kwargs):
+        if method == "upload_part" and kwargs["PartNumber"] in (1, 2):
+            both.wait()
+        return call(self, method, name, **kwargs)
+
+    monkeypatch.setattr(S3Destination, "call", meeting)
+    path, body = _parts_file(tmp_path)
+    destination.file_done("big.bin", path, len(body), "x")
+    head = s3.client.head_object(Bucket=bucket, Key="out/big.bin")
+    assert s3.objects(bucket, "out")["big.bin"] == body and head["ETag"].endswith('-4"') and s3.uploads(bucket) == []
+    with pytest.raises(PlanError, match="part_threads=0"):
+        S3Destination(f"s3://{bucket}/x/", "fp", {"part_threads": 0})
+
+
+def test_a_failed_part_aborts_the_upload_after_the_others_stopped(s3: MotoS3, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    bucket = s3.bucket()
+    destination = S3Destination(f"s3://{bucket}/out/", "fp", {"part_size": "5MiB", "part_threads": "2"})
+    import threading
+
+    sent: list[int] = []
+    call = S3Destination.call
+    part2_failed = threading.Event()
+
+    def failing(self, method, name, **kwargs):
+        if method == "upload_part":
+            if kwargs["PartNumber"] == 2:
+                part2_failed.set()
+                raise PlanError("Cannot upload part 2: injected failure.")
+            assert part2_failed.wait(30)  # part 1 is in flight while part 2 fails
+            sent.append(kwargs["PartNumber"])
+        if method == "abort_multipart_upload":
+            sent.append(0)
+        return call(self, method, name, **kwargs)
+
+    monkeypatch.setattr(S3Destination, "call", failing)
+    path, body = _parts_file(tmp_path)
+    with pytest.raises(PlanError, match="injected failure"):
+        destination.file_done("big.bin", path, len(body), "x")
+    assert sent == [1, 0]  # part 1 finished, parts 3 and 4 never sent, the upload aborted after that
+    assert s3.uploads(bucket) == [] and "big.bin" not in s3.objects(bucket, "out") and destination._uploads == {}
 
 
 def _dead_pid() -> int:

@@ -86,7 +86,10 @@ def test_hub_source_to_hub_and_read_back_from_the_commit(hub, tmp_path, local_ou
                         remote_options={"create": True}, verify=True)
     assert committed(hub, "org/dst") == local_files(local_out)
     assert report.output_check is not None and report.output_check.ok
+    assert report.output_check.statement.startswith("the transformers LlamaForCausalLM (llama) statement")  # config.json re-read
     commit = hub.commits[-1]["oid"]
+    assert report.url == f"hf://org/dst@{commit}" and report.pr_url is None
+    assert report.summary().startswith(f"Converted into hf://org/dst@{commit} in ")
     reads = [r for r in hub.requests() if r[0] == "GET" and f"/org/dst/resolve/{commit}/" in r[1]]
     assert reads, "verify did not read the uploaded objects"
     assert spooled(tmp_path) == []  # nothing left locally that verify could have read instead
@@ -100,9 +103,11 @@ def test_hub_source_to_hub_and_read_back_from_the_commit(hub, tmp_path, local_ou
 def test_create_pr_and_read_the_pr(hub, local_out):
     hub.create("org/model")
     main = hub.main["org/model"]
-    wb.convert(SAMPLES / "tiny-llama", "hf://org/model", None, shard_size=SHARD, dtype="bf16", quiet=True,
-               remote_options={"create_pr": True, "commit_message": "bf16 weights", "commit_description": "from tests"})
+    report = wb.convert(SAMPLES / "tiny-llama", "hf://org/model", None, shard_size=SHARD, dtype="bf16", quiet=True,
+                        remote_options={"create_pr": True, "commit_message": "bf16 weights", "commit_description": "from tests"})
     assert hub.main["org/model"] == main
+    assert report.pr_url == f"{hub.url}/org/model/discussions/1"
+    assert report.summary().splitlines()[0].endswith(f"; pull request to review: {hub.url}/org/model/discussions/1")
     assert [(c["ref"], c["description"]) for c in hub.commits] == [("refs/pr/1", "from tests")]
     assert committed(hub, "org/model", "refs/pr/1") == local_files(local_out)
     pr = wb.open_checkpoint("hf://org/model@refs%2Fpr%2F1")

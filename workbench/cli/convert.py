@@ -283,7 +283,7 @@ def _verdict(report) -> int:
             print(f"  {status}: {name} ({check}): {detail}")
         sys.stderr.write(
             f"workbench convert: {len(rows)} output tensors do not match the source (e.g. {rows[0][0]!r}, listed above). "
-            f"Do not use {report.dest}: re-run the conversion with --overwrite and check the disk.\n"
+            f"Do not use {report.where}: re-run the conversion with --overwrite and check the disk.\n"
         )
         return EXIT_MISMATCH
     return EXIT_OK

@@ -410,13 +410,19 @@ def _model_statement(plan, written: dict) -> Any:
 
     from ..output.statement import nearest_statement, unchecked
 
-    if plan.dest is None or "config.json" not in plan.extras or getattr(plan, "remote", None) is not None:
-        return None  # (a remote output's config.json is not re-read: its spool copy is gone)
+    if plan.dest is None or "config.json" not in plan.extras:
+        return None
     from ..errors import MapperError
     from ..mapper.presets.transformers_declared import declared_layouts
     from ..planning.config_dtype import read_config
 
-    raw = read_config(plan.dest / "config.json")
+    remote = getattr(plan, "remote", None)
+    if remote is not None:  # read back from the destination: the spool copy is gone
+        raw = _remote_config(remote.read_url)
+        if raw is None:
+            return unchecked("transformers", f"the output's config.json could not be read back from {remote.read_url}")
+    else:
+        raw = read_config(plan.dest / "config.json")
     try:
         config = json.loads(raw) if raw is not None else None
     except (ValueError, RecursionError):
@@ -428,6 +434,22 @@ def _model_statement(plan, written: dict) -> Any:
     except MapperError as exc:
         return unchecked("transformers", exc.message)
     return nearest_statement(family, layouts, optional, written)
+
+
+def _remote_config(url: str) -> bytes | None:
+    """The bytes of config.json under a remote output `url` (`s3://`, `hf://…@commit`), or None when it is missing,
+    implausibly large or cannot be read."""
+    from ..formats.remote import open_store
+    from ..planning.config_dtype import MAX_CONFIG_BYTES
+
+    try:
+        store = open_store(url)
+        info = store.file("config.json")
+        if info is None or info.size > MAX_CONFIG_BYTES:
+            return None
+        return bytes(store.read("config.json", 0, info.size))
+    except (WorkbenchError, OSError):
+        return None
 
 
 def _not_stated(statement: Any, plan, rows: list) -> str | None:

@@ -69,6 +69,13 @@ class RunReport:
     output_check: Any = None  # an OutputCheck when the run was verified (convert(..., verify=True))
     already_complete: bool = False  # the destination held this conversion's finished output: nothing ran
     launcher: str = "in process"  # what ran the ranks: "in process", "local", "torchrun" or "in place" (user's torchrun)
+    url: str | None = None  # a remote destination: where the output is read from (`plan.remote.read_url`)
+    pr_url: str | None = None  # a Hub destination with create_pr: the pull request's page, to review and merge
+
+    @property
+    def where(self) -> str:
+        """Where the output is, for people: the remote URL, else the local folder (never a remote run's spool)."""
+        return self.url if self.url is not None else str(self.dest)
 
     @classmethod
     def nothing_to_do(cls, plan: Any) -> RunReport:
@@ -77,6 +84,7 @@ class RunReport:
             dest=plan.dest, ranks=[], seconds=0.0, predicted_peak_bytes=0, predicted_files=[], predicted_bytes_read=0,
             predicted_bytes_written=0, files=[f.name for f in plan.output_file_list] + list(plan.commit_files),
             kept=[f.name for f in plan.output_file_list], extras=list(plan.extras), already_complete=True,
+            **remote_names(plan),
         )
 
     @property
@@ -276,16 +284,18 @@ class RunReport:
 
     def summary(self) -> str:
         """Text report: status line, predicted vs measured, per-rank lines."""
-        head = (f"Converted into {self.dest} in {self.seconds:.2f}s ({len(self.files)} files"
+        head = (f"Converted into {self.where} in {self.seconds:.2f}s ({len(self.files)} files"
                 + (f", {len(self.kept)} kept from an earlier run" if self.kept else "") + ")")
         if not self.ok:
-            head = f"Conversion into {self.dest} FAILED"
+            head = f"Conversion into {self.where} FAILED"
         if self.already_complete:
-            parts = [f"Already complete, nothing to do: {self.dest} holds this conversion's finished output "
+            parts = [f"Already complete, nothing to do: {self.where} holds this conversion's finished output "
                      f"({len(self.files)} files, same source, mapper and options); nothing was read or written."]
             if self.output_check is not None:
                 parts.append(self.output_check.summary())
             return "\n".join(parts)
+        if self.pr_url is not None:
+            head += f"; pull request to review: {self.pr_url}"
         check = "yes" if self.files_match_plan else "NO"
         parts = [head, text_table(["", "predicted", "measured"], self._rows()), f"  files opened match the plan: {check}"]
         if self.nproc > 1:
@@ -311,6 +321,18 @@ class RunReport:
         balance = f"<div>{html.escape(self._balance_line().strip())}</div>" if self.nproc > 1 else ""
         return (f"<div><b>{head}</b></div>" + html_table(["", "predicted", "measured"], self._rows()) + note
                 + html_table(list(self._RANK_HEADERS), self._rank_rows()) + balance)
+
+
+def remote_names(plan: Any) -> dict[str, str | None]:
+    """`url` and `pr_url` of a run report for `plan`: where a remote destination's output is read from (a Hub commit's
+    `hf://org/repo@<commit>` once published) and the Hub pull request, if one was opened; empty for a local folder."""
+    remote = getattr(plan, "remote", None)
+    if remote is None:
+        return {}
+    try:
+        return {"url": remote.read_url, "pr_url": getattr(remote, "pr_url", None)}
+    except Exception:  # noqa: BLE001 - records that cannot be read back: name the URL as the user wrote it
+        return {"url": remote.url}
 
 
 def _times(ratio: float) -> str:

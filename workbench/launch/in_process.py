@@ -12,7 +12,7 @@ import time
 from ..engine.finalize import finalize_destination, prepare_destination, remove_partials, require_runnable
 from ..engine.progress import Progress, ProgressCallback
 from ..engine.rank import run_rank, write_failure
-from ..engine.report import RunReport
+from ..engine.report import RunReport, remote_names
 from ..engine.source_guard import snapshot_for
 from ..output.lock import DestinationLock
 from ..planning.model import Plan
@@ -45,5 +45,5 @@ def run_local(plan: Plan, *, quiet: bool = False, on_progress: ProgressCallback 
         predicted_files=plan.source_paths(), predicted_bytes_read=plan.bytes_read,
         predicted_bytes_written=plan.bytes_written,
         files=[f.name for f in plan.output_file_list] + (plan.commit_files if index_written else []),
-        kept=sorted(plan.kept), extras=list(plan.extras), index_written=index_written,
+        kept=sorted(plan.kept), extras=list(plan.extras), index_written=index_written, **remote_names(plan),
     )

@@ -17,7 +17,7 @@ from typing import Any
 from ..engine.finalize import finalize_destination, prepare_destination, remove_partials
 from ..engine.progress import Progress, ProgressCallback
 from ..engine.rank import run_rank
-from ..engine.report import RankResult, RunReport
+from ..engine.report import RankResult, RunReport, remote_names
 from ..engine.source_guard import snapshot_for
 from ..engine.status import describe_failure, failure_message
 from ..errors import PlanError
@@ -125,5 +125,5 @@ def _run_locked(dist, source, dest, mapper, options, quiet, on_progress, locks: 
         predicted_files=plan.source_paths(), predicted_bytes_read=plan.bytes_read, predicted_bytes_written=plan.bytes_written,
         files=[f.name for f in plan.output_file_list] + (plan.commit_files if outcome["index"] else []),
         kept=sorted(plan.kept), extras=list(plan.extras),
-        index_written=outcome["index"], launcher="in place",
+        index_written=outcome["index"], launcher="in place", **remote_names(plan),
     )

@@ -27,7 +27,7 @@ from pathlib import Path
 from ..api_types import Launcher
 from ..engine.finalize import prepare_destination, remove_partials, require_runnable
 from ..engine.progress import PROGRESS_TAG, ProgressCallback, make_bar, parse_progress_line
-from ..engine.report import RankResult, RunReport
+from ..engine.report import RankResult, RunReport, remote_names
 from ..engine.source_guard import snapshot_for
 from ..engine.status import FINAL_FILE, JOB_FILE, Cancelled, failure_message, read_json, status_path
 from ..errors import PlanError
@@ -245,7 +245,7 @@ class Launch:
             predicted_bytes_read=self.plan.bytes_read, predicted_bytes_written=self.plan.bytes_written,
             files=[f.name for f in self.plan.output_file_list] + (self.plan.commit_files if final.get("index_written") else []),
             kept=sorted(self.plan.kept), extras=list(self.plan.extras), index_written=bool(final.get("index_written")),
-            launcher=self.launcher,
+            launcher=self.launcher, **remote_names(self.plan),
         )
 
     def _tail(self) -> str:

@@ -428,7 +428,10 @@ def plan(
     `dest` may be `s3://bucket/prefix/` or `hf://org/repo[@revision]`: files are written into a local spool
     (`spool_dir`, else $WORKBENCH_SPOOL_DIR, else the temporary folder) holding at most `spool_size` bytes
     of finished files per rank (default 4 GiB; `plan.spool_bytes`), uploaded as they finish, the index last;
-    `remote_options`: the destination's own settings (S3: `part_size`; see docs/remote.md).
+    `remote_options`: the destination's own settings, see docs/remote.md: S3 `part_size` (bytes or '64MiB'),
+    `part_threads` (parts of a file in flight at once, default 4);
+    hf:// `create` (make the repo or branch when missing), `private` (a created repo is private), `create_pr`
+    (publish as a pull request, `report.pr_url`), `commit_message`, `commit_description`.
     """
     options = make_options(shard_size, nproc, rest, dtype, extras, overwrite, chunk_size, to, on_overflow,
                            page_align=page_align, nproc_mp=nproc_mp, spool_size=spool_size, spool_dir=spool_dir,

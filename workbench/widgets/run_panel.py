@@ -61,7 +61,7 @@ AGAIN_TOOLTIP = ("run the conversion again, as `workbench convert` run twice doe
 def done_text(report: RunReport) -> str:
     """The status line of a finished run, in words that say what happened."""
     if report.already_complete:
-        return (f"Already complete, nothing written: {report.dest} holds this conversion's finished output "
+        return (f"Already complete, nothing written: {report.where} holds this conversion's finished output "
                 f"({format_count(len(report.files), 'file')}, same source, mapper and options).")
     index = "index written" if report.index_written else "single file, no index"
     kept = f", {len(report.kept)} already there" if report.kept else ""

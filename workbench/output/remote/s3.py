@@ -39,7 +39,8 @@ OWN_NAMES = (LOCK_NAME, MANIFEST_NAME, COMPLETE_NAME)
 FINGERPRINT_KEY = "workbench-fingerprint"
 SHA256_KEY = "workbench-sha256"
 MIN_PART = 5 << 20  # S3's smallest part (all but the last)
-DEFAULT_PART = 16 << 20  # held in memory while it uploads (one part at a time per rank)
+DEFAULT_PART = 16 << 20  # held in memory while it uploads
+DEFAULT_PART_THREADS = 4  # parts of one file in flight at once (per rank): each holds one part in memory
 MAX_PARTS = 10_000
 
 
@@ -85,6 +86,14 @@ class S3Destination(RemoteDestination):
             raise PlanError(f"Cannot write to {url} with part_size={part}: S3 parts are at least {MIN_PART} bytes. "
                             "Choose a larger part size.", file=url)
         self.part_size = part
+        threads = self.options.get("part_threads", DEFAULT_PART_THREADS)
+        try:
+            self.part_threads = int(threads)
+        except (TypeError, ValueError):
+            self.part_threads = 0
+        if not 1 <= self.part_threads <= 64:
+            raise PlanError(f"Cannot write to {url} with part_threads={threads!r}: write a whole number of parts to "
+                            "upload at once, from 1 to 64.", file=url)
         self._fs = None
         self._uploads: dict[str, str] = {}  # key -> UploadId of this process's unfinished multipart uploads
         self._guard = threading.Lock()
@@ -173,8 +182,10 @@ class S3Destination(RemoteDestination):
     # --- the interface ------------------------------------------------------------------------------------------
 
     def memory_terms(self) -> list[tuple[str, int, str]]:
-        """One part in memory while it uploads, and the copy botocore's request holds of it."""
-        return [("upload", 2 * self.part_size, f"an S3 part of {self.part_size:,} bytes and botocore's copy of it")]
+        """The parts in flight (`part_threads` of them), each in memory with the copy botocore's request holds."""
+        many = f"{self.part_threads} S3 parts" if self.part_threads > 1 else "an S3 part"
+        return [("upload", 2 * self.part_threads * self.part_size,
+                 f"{many} of {self.part_size:,} bytes in flight and botocore's copy of each")]
 
     def state(self, files: Mapping[str, int], *, overwrite: bool) -> RemoteState:
         """What the prefix holds for this plan (see `RemoteDestination.state`)."""
@@ -286,26 +297,68 @@ class S3Destination(RemoteDestination):
                 answer = self.call("put_object", name, Key=key, Body=body, Metadata=metadata)
                 etag = answer.get("ETag")
             else:
-                part = max(self.part_size, -(-size // MAX_PARTS))
-                upload = self.call("create_multipart_upload", name, Key=key, Metadata=metadata)["UploadId"]
-                with self._guard:
-                    self._uploads[key] = upload
-                parts, md5s = [], []
-                for number in range(1, -(-size // part) + 1):
-                    chunk = f.read(part)
-                    md5s.append(hashlib.md5(chunk).digest())  # noqa: S324
-                    answer = self.call("upload_part", name, Key=key, UploadId=upload, PartNumber=number, Body=chunk)
-                    parts.append({"PartNumber": number, "ETag": answer["ETag"]})
-                answer = self.call("complete_multipart_upload", name, Key=key, UploadId=upload,
-                                   MultipartUpload={"Parts": parts})
-                with self._guard:
-                    self._uploads.pop(key, None)
-                expected, etag = multipart_etag(md5s), answer.get("ETag")
+                expected, etag = self._multipart(name, f.fileno(), size, metadata)
         head = self.call("head_object", name, Key=key)
         if int(head.get("ContentLength", -1)) != size or (etag is not None and etag != expected):
             raise PlanError(f"Cannot upload {name} to {self.where(name)}: the stored object has {head.get('ContentLength')} bytes "
                             f"and ETag {etag} where {size} bytes and {expected} were sent. Run the same conversion again.",
                             file=self.where(name))
+
+    def _multipart(self, name: str, fd: int, size: int, metadata: dict[str, str]) -> tuple[str, str | None]:
+        """Upload the file open as `fd` in parts, `part_threads` at a time; (expected ETag, S3's ETag).
+
+        Each part is read (`os.pread`) by the thread that uploads it, so at most `part_threads` parts are in memory
+        (`memory_terms`). On any failure the parts not started are cancelled, the running ones waited for, and the
+        multipart upload aborted before the error is raised: no part lands after the abort, none is left behind.
+        """
+        from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+
+        key = self.key(name)
+        part = max(self.part_size, -(-size // MAX_PARTS))
+        upload = self.call("create_multipart_upload", name, Key=key, Metadata=metadata)["UploadId"]
+        with self._guard:
+            self._uploads[key] = upload
+
+        failed = threading.Event()  # a part failed: the parts not yet started are not sent
+
+        def one(number: int) -> tuple[bytes, str] | None:
+            if failed.is_set():
+                return None
+            try:
+                chunk = os.pread(fd, min(part, size - (number - 1) * part), (number - 1) * part)
+                digest = hashlib.md5(chunk).digest()  # noqa: S324 - S3's ETag scheme
+                answer = self.call("upload_part", name, Key=key, UploadId=upload, PartNumber=number, Body=chunk)
+            except BaseException:
+                failed.set()
+                raise
+            return digest, answer["ETag"]
+
+        count = -(-size // part)
+        try:
+            with ThreadPoolExecutor(min(self.part_threads, count), thread_name_prefix="workbench-s3-part") as pool:
+                futures = [pool.submit(one, number) for number in range(1, count + 1)]
+                wait(futures, return_when=FIRST_EXCEPTION)
+                for future in futures:
+                    future.cancel()  # only those not started: the pool's exit waits for the running ones
+            errors = [f.exception() for f in futures if not f.cancelled() and f.exception() is not None]
+            if errors:
+                raise errors[0]
+            results = [f.result() for f in futures]
+            answer = self.call("complete_multipart_upload", name, Key=key, UploadId=upload,
+                               MultipartUpload={"Parts": [{"PartNumber": n, "ETag": r[1]}
+                                                          for n, r in enumerate(results, 1) if r is not None]})
+        except BaseException:
+            with self._guard:
+                mine = self._uploads.pop(key, None) == upload  # else abort() took it over meanwhile
+            if mine:
+                try:
+                    self.call("abort_multipart_upload", name, Key=key, UploadId=upload)
+                except Exception:  # noqa: BLE001 - cleanup: the next run's begin aborts what is left
+                    pass
+            raise
+        with self._guard:
+            self._uploads.pop(key, None)
+        return multipart_etag([r[0] for r in results if r is not None]), answer.get("ETag")
 
     def completed(self) -> dict[str, FinishedFile]:
         """The objects under the prefix recorded with this plan's fingerprint (size and SHA-256 from their metadata)."""
