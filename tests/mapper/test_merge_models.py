@@ -83,3 +83,16 @@ def test_average_is_the_linear_merge_and_binds_before_any_source_is_opened(tmp_p
     for x, w in zip(xs, (1.0, 1.0, 2.0), strict=True):
         acc.addcmul_(x, torch.tensor(w))
     assert torch.equal(got, acc / 4.0)
+
+
+def test_the_short_form_names_the_base_and_global_parameters_as_keywords() -> None:
+    import pytest
+
+    from workbench.errors import MapperError
+
+    long = M.presets.merge("slerp", ["a", "b"], base_model="a", parameters={"t": 0.3})
+    assert M.presets.merge("slerp", ["a", "b"], base="a", t=0.3) == long  # DESIGN.md's `merge(method, sources, base=, **p)`
+    with pytest.raises(MapperError, match="two base models"):
+        M.presets.merge("slerp", ["a", "b"], base="a", base_model="b", t=0.3)
+    with pytest.raises(MapperError, match="given twice"):
+        M.presets.merge("slerp", ["a", "b"], base="a", parameters={"t": 0.3}, t=0.5)

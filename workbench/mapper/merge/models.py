@@ -195,10 +195,22 @@ def _known(name: str) -> Any:
 
 def merge(method: str, models: Sequence[str], *, base_model: str | None = None, parameters: Mapping[str, Any] | None = None,
           model_parameters: Mapping[str, Mapping[str, Any]] | None = None, dtype: str | None = None,
-          out_dtype: str | None = None, seed: int | None = None) -> MergeModels:
+          out_dtype: str | None = None, seed: int | None = None, base: str | None = None,
+          **more_parameters: Any) -> MergeModels:
     """A mapper merging whole checkpoints (the sources `models` of a multi-source checkpoint) by a mergekit method:
     linear, slerp, nuslerp, multislerp, karcher, task_arithmetic, ties, dare_linear, dare_ties, breadcrumbs,
     breadcrumbs_ties, della, della_linear, sce, model_stock, nearswap, passthrough. `parameters` and
-    `model_parameters` take mergekit's forms (scalars, gradients over layers, filtered lists); see docs/merging.md."""
-    return MergeModels(method, models, base_model=base_model, parameters=parameters, model_parameters=model_parameters,
-                       dtype=dtype, out_dtype=out_dtype, seed=seed)
+    `model_parameters` take mergekit's forms (scalars, gradients over layers, filtered lists); see docs/merging.md.
+    The short form `merge("slerp", ["a", "b"], base="a", t=0.5)` is the same: `base` names the base model and
+    further keywords are global parameters."""
+    if base is not None and base_model is not None and base != base_model:
+        raise MapperError(f"Cannot merge: base={base!r} and base_model={base_model!r} name two base models. Pass one.")
+    if more_parameters:
+        clash = sorted(set(more_parameters) & set(parameters or {}))
+        if clash:
+            raise MapperError(f"Cannot merge: parameter {clash[0]!r} is given twice (as a keyword and in parameters=). "
+                              "Pass it once.")
+        parameters = {**(parameters or {}), **more_parameters}
+    return MergeModels(method, models, base_model=base_model if base_model is not None else base,
+                       parameters=parameters, model_parameters=model_parameters, dtype=dtype, out_dtype=out_dtype,
+                       seed=seed)
