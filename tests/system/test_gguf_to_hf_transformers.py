@@ -37,6 +37,28 @@ def kquant(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build(reference_gguf("llama", "f16"), tmp_path_factory.mktemp("kq") / "kquant.gguf")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_gguf_parse_per_file() -> object:
+    """gguf-py's GGUFReader, made once per file for the module: transformers opens a GGUF file anew for its config,
+    its weights and its tokenizer (and the workbench, in this process since transformers and torch are imported, for
+    the tokenizer files), and each open parses every vocabulary entry in Python (~5-10 s for Qwen2's 150k tokens).
+    The files are never written while the module runs; what each open reads is the same reader's."""
+    import gguf
+
+    made: dict[str, object] = {}
+    original = gguf.GGUFReader
+
+    def reader(path: object, mode: str = "r") -> object:
+        key = str(Path(path).resolve())
+        if mode != "r" or key not in made:
+            made[key] = original(path, mode)
+        return made[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "GGUFReader", reader)
+        yield made
+
+
 def _quiet_load(folder: Path, **kwargs: object) -> object:
     import transformers.utils.logging as logging
 
