@@ -39,24 +39,38 @@ def kquant(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module", autouse=True)
 def one_gguf_parse_per_file() -> object:
-    """gguf-py's GGUFReader, made once per file for the module: transformers opens a GGUF file anew for its config,
-    its weights and its tokenizer (and the workbench, in this process since transformers and torch are imported, for
-    the tokenizer files), and each open parses every vocabulary entry in Python (~5-10 s for Qwen2's 150k tokens).
-    The files are never written while the module runs; what each open reads is the same reader's."""
-    import gguf
+    """gguf-py's GGUFReader made once per file for the module, and transformers' metadata of a file (its
+    `load_gguf_checkpoint` without tensors) read once: transformers opens a GGUF file anew for its config, its weights
+    and each tokenizer's config (the workbench's tokenizer files among them: built in this process, which holds
+    transformers and torch), and each open parses every vocabulary entry in Python (~5-10 s for Qwen2's 150k tokens).
+    The files are never written while the module runs; each caller gets its own copy of the metadata."""
+    import copy
 
-    made: dict[str, object] = {}
-    original = gguf.GGUFReader
+    import gguf
+    from transformers import modeling_gguf_pytorch_utils as utils
+
+    readers: dict[str, object] = {}
+    metadata: dict[str, dict] = {}
+    new_reader, new_checkpoint = gguf.GGUFReader, utils.load_gguf_checkpoint
 
     def reader(path: object, mode: str = "r") -> object:
         key = str(Path(path).resolve())
-        if mode != "r" or key not in made:
-            made[key] = original(path, mode)
-        return made[key]
+        if mode != "r" or key not in readers:
+            readers[key] = new_reader(path, mode)
+        return readers[key]
+
+    def checkpoint(path: object, return_tensors: bool = False, **kwargs: object) -> dict:
+        if return_tensors or kwargs:
+            return new_checkpoint(path, return_tensors=return_tensors, **kwargs)
+        key = str(Path(path).resolve())
+        if key not in metadata:
+            metadata[key] = new_checkpoint(path)
+        return copy.deepcopy(metadata[key])
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(gguf, "GGUFReader", reader)
-        yield made
+        patch.setattr(utils, "load_gguf_checkpoint", checkpoint)
+        yield readers
 
 
 def _quiet_load(folder: Path, **kwargs: object) -> object:
