@@ -129,20 +129,29 @@ def model_folder(family: str, tokenizer: str | None = None) -> Path:
     """A cached tiny random `family` HF model with a tokenizer: "fallback" (byte-fallback BPE), "spm" (SentencePiece)
     "gpt2" (GPT-2's byte-level BPE), "qwen2" (Qwen2's) or "llama3" (Llama 3's); the family's usual kind by default. Built once per seed.
     `family` "<family>-fp8": that model's FP8 block-quantised copy (gguf_support/fp8.py)."""
-    from gguf_support.models import SEED, build
+    from gguf_support.models import build
 
     base, _, variant = family.partition("-")
     if variant == "fp8":
         return _fp8_folder(base, tokenizer)
     kind = tokenizer or DEFAULT_TOKENIZERS[family]
-    recipe = hashlib.sha256((Path(__file__).parent / "models.py").read_bytes()).hexdigest()[:8]  # a changed recipe is a new model
-    folder = CACHE / "gguf-models" / (f"{family}-{SEED}-{recipe}" if kind == "fallback" else f"{family}-{kind}-{SEED}-{recipe}")
+    folder = CACHE / "gguf-models" / folder_name(family, tokenizer)
     if (folder / "model.safetensors").is_file():
         return folder
     if kind != "fallback":
         converter()  # the sdist holds the GPT-2 vocabulary and the sentencepiece trainer
     vocab = SCRIPT.parent / "models" / f"ggml-vocab-{ {'qwen2': 'qwen2', 'llama3': 'llama-bpe'}.get(kind, 'gpt-2')}.gguf"
     return cached_folder(folder, lambda aside: build(aside, family, tokenizer=kind, vocab_gguf=vocab, train=_train_sentencepiece))
+
+
+def folder_name(family: str, tokenizer: str | None = None) -> str:
+    """The cached folder's name of `model_folder(family, tokenizer)` (not an FP8 copy), without building it: a changed
+    recipe (models.py) is a new model, whose llama.cpp references the committed manifest must know anew."""
+    from gguf_support.models import SEED
+
+    kind = tokenizer or DEFAULT_TOKENIZERS[family]
+    recipe = hashlib.sha256((Path(__file__).parent / "models.py").read_bytes()).hexdigest()[:8]
+    return f"{family}-{SEED}-{recipe}" if kind == "fallback" else f"{family}-{kind}-{SEED}-{recipe}"
 
 
 def _fp8_folder(family: str, tokenizer: str | None) -> Path:
