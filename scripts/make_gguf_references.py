@@ -38,6 +38,8 @@ def record_from_cache() -> None:
 
     os.environ["WB_LLAMA_CPP_RECORD"] = str(RECORD)
     recipe = hashlib.sha256(Path(models.__file__).read_bytes()).hexdigest()[:8]
+    families = hashlib.sha256(Path(models.__file__).with_name("families.py").read_bytes() +
+                              Path(models.__file__).read_bytes()).hexdigest()[:8]  # gguf_support/families.py's models
     for path in sorted((reference.ROOT / "references").iterdir()):
         if path.name.startswith(".") or path.name.endswith((".tmp", ".building")):
             continue
@@ -48,7 +50,7 @@ def record_from_cache() -> None:
             extra = ("--split-max-size", size)
         folder_name, outtype = stem.rsplit("-", 1)
         folder = reference.CACHE / "gguf-models" / folder_name
-        if f"-{models.SEED}-" in folder_name and f"-{models.SEED}-{recipe}" not in folder_name:
+        if f"-{models.SEED}-" in folder_name and not any(f"-{models.SEED}-{r}" in folder_name for r in (recipe, families)):
             continue  # a model of another version of gguf_support/models.py
         if outtype not in OUTTYPES or not (folder / "model.safetensors").is_file():
             print(f"skip {path.name}: no cached input folder", file=sys.stderr)

@@ -13,7 +13,8 @@ The converter's outputs are committed as digests (tests/fixtures/llama_cpp/MANIF
 input folder's files, the outtype and the converter's extra arguments), with the small files themselves beside it.
 `_run_converter` answers from there when it can: a stored file is copied; otherwise the workbench writes the file
 and it counts as llama.cpp's only when its SHA-256 is the one llama.cpp's converter wrote (a difference fails
-there, naming both digests). Only an input the manifest does not know runs the converter. `make fixtures` runs the
+there, naming both digests). Only an input the manifest does not know runs the converter, or one whose output is
+too large to store and of a family the workbench does not write (families.py's Gemma 3 F16: ~10 s, in the pre-build). `make fixtures` runs the
 GGUF tests with the real converter (WB_LLAMA_CPP=real) and records what it wrote (WB_LLAMA_CPP_RECORD=<folder>);
 tests/system/test_fixtures_committed.py compares that record with the manifest, and scripts/make_gguf_references.py
 `--commit` replaces the committed set.
@@ -129,20 +130,29 @@ def model_folder(family: str, tokenizer: str | None = None) -> Path:
     """A cached tiny random `family` HF model with a tokenizer: "fallback" (byte-fallback BPE), "spm" (SentencePiece)
     "gpt2" (GPT-2's byte-level BPE), "qwen2" (Qwen2's) or "llama3" (Llama 3's); the family's usual kind by default. Built once per seed.
     `family` "<family>-fp8": that model's FP8 block-quantised copy (gguf_support/fp8.py)."""
-    from gguf_support.models import SEED, build
+    from gguf_support.models import build
 
     base, _, variant = family.partition("-")
     if variant == "fp8":
         return _fp8_folder(base, tokenizer)
     kind = tokenizer or DEFAULT_TOKENIZERS[family]
-    recipe = hashlib.sha256((Path(__file__).parent / "models.py").read_bytes()).hexdigest()[:8]  # a changed recipe is a new model
-    folder = CACHE / "gguf-models" / (f"{family}-{SEED}-{recipe}" if kind == "fallback" else f"{family}-{kind}-{SEED}-{recipe}")
+    folder = CACHE / "gguf-models" / folder_name(family, tokenizer)
     if (folder / "model.safetensors").is_file():
         return folder
     if kind != "fallback":
         converter()  # the sdist holds the GPT-2 vocabulary and the sentencepiece trainer
     vocab = SCRIPT.parent / "models" / f"ggml-vocab-{ {'qwen2': 'qwen2', 'llama3': 'llama-bpe'}.get(kind, 'gpt-2')}.gguf"
     return cached_folder(folder, lambda aside: build(aside, family, tokenizer=kind, vocab_gguf=vocab, train=_train_sentencepiece))
+
+
+def folder_name(family: str, tokenizer: str | None = None) -> str:
+    """The cached folder's name of `model_folder(family, tokenizer)` (not an FP8 copy), without building it: a changed
+    recipe (models.py) is a new model, whose llama.cpp references the committed manifest must know anew."""
+    from gguf_support.models import SEED
+
+    kind = tokenizer or DEFAULT_TOKENIZERS[family]
+    recipe = hashlib.sha256((Path(__file__).parent / "models.py").read_bytes()).hexdigest()[:8]
+    return f"{family}-{SEED}-{recipe}" if kind == "fallback" else f"{family}-{kind}-{SEED}-{recipe}"
 
 
 def _fp8_folder(family: str, tokenizer: str | None) -> Path:
@@ -216,6 +226,8 @@ def _from_committed(folder: Path, outtype: str, out: Path, extra: tuple[str, ...
     entry = committed_manifest().get("outputs", {}).get(key)
     if entry is None:
         return False
+    if not entry["stored"] and not _workbench_writes(folder):
+        return False  # a family only llama.cpp writes (families.py's Gemma 3), too large to commit: the converter runs
     target = Path(str(out) + ".tmp") if replace else out
     if entry["stored"]:
         for name in entry["files"]:
@@ -239,6 +251,13 @@ def _from_committed(folder: Path, outtype: str, out: Path, extra: tuple[str, ...
     if replace:
         os.replace(target, out)
     return True
+
+
+def _workbench_writes(folder: Path) -> bool:
+    """Whether the workbench writes GGUF for the model in `folder` (its config.json's model_type)."""
+    from workbench.mapper.presets.gguf_preset import ARCHITECTURES
+
+    return json.loads((folder / "config.json").read_text()).get("model_type") in ARCHITECTURES
 
 
 def _record(folder: Path, outtype: str, written: list[Path], extra: tuple[str, ...]) -> None:

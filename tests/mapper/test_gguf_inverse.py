@@ -124,6 +124,8 @@ def test_config_and_generation_config_from_metadata(tmp_path: Path) -> None:
     """The generated config.json has the source config's values (epsilon as written, not its float32 digits)."""
     from gguf_support.reference import model_folder, reference_gguf
 
+    pytest.importorskip("transformers")  # held here: the tokenizer files are built in this process, no child importing
+    pytest.importorskip("torch")  # both again (the child's route: tests/output/test_gguf_hf_tokenizer.py)
     path = reference_gguf("qwen2_moe", "q8_0")
     plan = wb.plan(path, M.presets.gguf_to_hf(path), dest=tmp_path / "out")
     generated = {e.path: e for e in plan.extra_files}

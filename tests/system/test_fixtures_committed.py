@@ -101,3 +101,20 @@ def test_llama_cpp_references_are_what_the_converter_wrote() -> None:
     assert rebuilt, f"no record of the converter's outputs in {RECORD}; run `make fixtures`"
     differ = sorted(k for k in rebuilt if committed.get(k) != rebuilt[k])  # committed ones no test asked for are stale only
     assert not differ, f"the converter's outputs differ from (or are missing in) the committed ones: {differ}"
+
+
+def test_llama_cpp_references_know_the_current_models() -> None:
+    """The committed manifest has an output for every model and outtype the GGUF tests (and their pre-build) ask the
+    converter for. Its keys name the input folder, whose name holds a digest of gguf_support/models.py (families.py):
+    any edit there, an import line included, makes new models, and a fresh clone would then run llama.cpp's converter
+    for each (minutes of `make test`). Fix: `python scripts/make_gguf_references.py --from-cache` after a GGUF test
+    run with WB_LLAMA_CPP=real, then `--commit`."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from gguf_support import families
+    from gguf_support.prebuild import FAMILY_CASES
+    from gguf_support.reference import CASES, committed_manifest, folder_name
+
+    known = {(entry["input"], key.split("-", 1)[1]) for key, entry in committed_manifest()["outputs"].items()}
+    wanted = {(folder_name(family, tokenizer), outtype) for family, outtype, tokenizer in CASES if "-" not in family}
+    wanted |= {(families.model_folder(family).name, outtype) for family, outtype in FAMILY_CASES}
+    assert not wanted - known, f"no committed llama.cpp output for {sorted(wanted - known)}"

@@ -37,6 +37,42 @@ def kquant(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build(reference_gguf("llama", "f16"), tmp_path_factory.mktemp("kq") / "kquant.gguf")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_gguf_parse_per_file() -> object:
+    """gguf-py's GGUFReader made once per file for the module, and transformers' metadata of a file (its
+    `load_gguf_checkpoint` without tensors) read once: transformers opens a GGUF file anew for its config, its weights
+    and each tokenizer's config (the workbench's tokenizer files among them: built in this process, which holds
+    transformers and torch), and each open parses every vocabulary entry in Python (~5-10 s for Qwen2's 150k tokens).
+    The files are never written while the module runs; each caller gets its own copy of the metadata."""
+    import copy
+
+    import gguf
+    from transformers import modeling_gguf_pytorch_utils as utils
+
+    readers: dict[str, object] = {}
+    metadata: dict[str, dict] = {}
+    new_reader, new_checkpoint = gguf.GGUFReader, utils.load_gguf_checkpoint
+
+    def reader(path: object, mode: str = "r") -> object:
+        key = str(Path(path).resolve())
+        if mode != "r" or key not in readers:
+            readers[key] = new_reader(path, mode)
+        return readers[key]
+
+    def checkpoint(path: object, return_tensors: bool = False, **kwargs: object) -> dict:
+        if return_tensors or kwargs:
+            return new_checkpoint(path, return_tensors=return_tensors, **kwargs)
+        key = str(Path(path).resolve())
+        if key not in metadata:
+            metadata[key] = new_checkpoint(path)
+        return copy.deepcopy(metadata[key])
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "GGUFReader", reader)
+        patch.setattr(utils, "load_gguf_checkpoint", checkpoint)
+        yield readers
+
+
 def _quiet_load(folder: Path, **kwargs: object) -> object:
     import transformers.utils.logging as logging
 

@@ -113,13 +113,13 @@ def _gguf_hf_files(catalog: Catalog, binding: Binding, dtype: str | None) -> tup
     if embed is None:
         return [], []
     path = catalog.root if catalog.root.is_file() else catalog.root / next(iter(catalog.files))
-    tokenizer, missing = tokenizer_files(path)
-    tokenizer = dict(tokenizer)  # the cached answer stays whole
     code = dtype if dtype in ("F32", "F16", "BF16") else embed.dtype
     why = "from the GGUF metadata"
     try:
         values = gguf_values(catalog)
         family = model_type(values, catalog.tensors)
+        tokenizer, missing = tokenizer_files(path, config=family not in CLASSES)  # transformers' config: only when needed
+        tokenizer = dict(tokenizer)  # the cached answer stays whole
         if family in CLASSES:
             config = hf_config(values, family, {n: tuple(t.shape) for n, t in outputs.items()}, code)
         elif TRANSFORMERS_CONFIG in tokenizer:

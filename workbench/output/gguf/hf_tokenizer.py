@@ -5,8 +5,11 @@ transformers converts a GGUF vocabulary (`tokenizer.ggml.*`: SentencePiece-style
 merges, token types and special ids) into a fast tokenizer when it opens `from_pretrained(..., gguf_file=...)`. The
 files are that tokenizer saved, so the converted folder tokenises as transformers does with the GGUF file. It runs in
 a child process: transformers' GGUF path imports torch, which the conversion process never needs (its memory plan
-leaves torch out), and the parent holds only the files' text. Results are kept per file (path, size, mtime) for the
-life of the process, so planning again costs nothing.
+leaves torch out), and the parent holds only the files' text. A process that has imported transformers and torch
+already (a notebook, a test) builds them in-process instead: the child would import both again for nothing. Each
+transformers GGUF open parses the whole vocabulary with gguf-py (seconds for a 150k-token one), so transformers' config
+is built only when asked for. Results are kept per file (path, size, mtime) for the life of the process, so planning
+again costs nothing.
 """
 
 from __future__ import annotations
@@ -24,36 +27,43 @@ FILES = ("tokenizer.json", "tokenizer_config.json")
 _LOAD_KEYS = ("is_local", "local_files_only", "name_or_path")
 TIMEOUT = 600
 MAX_TEXT = 256 << 20  # a tokenizer.json larger than this is not read back
-_CHILD = """
-import os, sys
-from transformers import AutoConfig, AutoTokenizer
-folder, name, out = sys.argv[1:4]
-AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out)
-try:
-    AutoConfig.from_pretrained(folder, gguf_file=name).save_pretrained(os.path.join(out, "transformers"))
-except Exception:
-    pass
-"""
+_CHILD = "import sys; from workbench.output.gguf.hf_tokenizer import save; save(*sys.argv[1:4], config=sys.argv[4] == '1')"
 TRANSFORMERS_CONFIG = "transformers/config.json"  # transformers' own config of the GGUF file, when it has one
-_cache: dict[tuple[str, int, int], tuple[dict[str, str], str]] = {}
+_cache: dict[tuple[str, int, int, bool], tuple[dict[str, str], str]] = {}
 
 
-def tokenizer_files(path: str | os.PathLike) -> tuple[dict[str, str], str]:
-    """({file name: text} of the tokenizer files for GGUF file `path`, why none: '' when made). Needs transformers
-    (and the `tokenizers` and `gguf` packages) installed; otherwise returns no files and says so."""
+def save(folder: str, name: str, out: str, config: bool = False) -> None:
+    """Save transformers' tokenizer of GGUF file `folder`/`name` into `out` (and with `config`, its config into
+    `out`/transformers): what the child process runs, or this process when it holds transformers already."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out)
+    if config:
+        try:
+            AutoConfig.from_pretrained(folder, gguf_file=name).save_pretrained(os.path.join(out, "transformers"))
+        except Exception:  # noqa: BLE001 - no config for an architecture transformers does not know: none is returned
+            pass
+
+
+def tokenizer_files(path: str | os.PathLike, config: bool = False, *, child: bool | None = None) -> tuple[dict[str, str], str]:
+    """({file name: text} of the tokenizer files for GGUF file `path`, why none: '' when made); with `config`,
+    transformers' config.json of the file as well (TRANSFORMERS_CONFIG) when it has one. `child`: build them in a
+    child process (True) or in this one (False); by default in this one only when it has imported transformers and
+    torch already. Needs transformers (and the `tokenizers` and `gguf` packages) installed; otherwise returns no files
+    and says so."""
     path = Path(path)
     stat = path.stat()
-    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, config)
     if key in _cache:
         return _cache[key]
     if importlib.util.find_spec("transformers") is None:
         return {}, "transformers is not installed (pip install transformers) to build them from the GGUF vocabulary"
+    if child is None:
+        child = not {"transformers", "torch"} <= set(sys.modules)
     with tempfile.TemporaryDirectory(prefix="wb-gguf-tokenizer-") as out:
-        done = subprocess.run([sys.executable, "-c", _CHILD, str(path.parent), path.name, out], capture_output=True, text=True,
-                              timeout=TIMEOUT)
-        if done.returncode:
-            last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-            result: tuple[dict[str, str], str] = ({}, f"transformers could not build them from the GGUF vocabulary ({last[:300]})")
+        failed = _run_child(path, out, config) if child else _run_here(path, out, config)
+        if failed:
+            result: tuple[dict[str, str], str] = ({}, f"transformers could not build them from the GGUF vocabulary ({failed[:300]})")
         else:
             files = {}
             for name in (*FILES, TRANSFORMERS_CONFIG):
@@ -73,4 +83,22 @@ def tokenizer_files(path: str | os.PathLike) -> tuple[dict[str, str], str]:
     return result
 
 
-__all__ = ["FILES", "TRANSFORMERS_CONFIG", "tokenizer_files"]
+def _run_child(path: Path, out: str, config: bool) -> str:
+    """`save` in a child process; its last error line, '' when done."""
+    where = str(Path(__file__).resolve().parents[3])  # the child imports this very workbench
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [where, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", _CHILD, str(path.parent), path.name, out, "1" if config else "0"],
+                          capture_output=True, text=True, timeout=TIMEOUT, env=env)
+    return (done.stderr.strip().splitlines() or ["no message"])[-1] if done.returncode else ""
+
+
+def _run_here(path: Path, out: str, config: bool) -> str:
+    """`save` in this process; the error, '' when done."""
+    try:
+        save(str(path.parent), path.name, out, config)
+    except Exception as exc:  # noqa: BLE001 - reported as the child's failure is: no tokenizer files, and why
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
+__all__ = ["FILES", "TRANSFORMERS_CONFIG", "save", "tokenizer_files"]
