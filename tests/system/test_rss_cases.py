@@ -139,7 +139,7 @@ def test_an_fp8_dequantisation_peaks_within_15_percent_of_the_prediction(tmp_pat
     mapper = M.presets.dequantize_fp8(source)
     (tmp_path / "mapper.py").write_text(mapper.to_code())
     plan = wb.plan(source, mapper)
-    assert plan.ok and plan.peak_bytes > 40 * MIB
+    assert plan.ok and plan.peak_bytes > 24 * MIB  # row blocks of the largest tensor, its scales and output
     assert {p.part: p.bytes for p in rss_parts(plan, 0)}["intermediates"] == 0  # was a float32 copy of the largest output
     out = tmp_path / "out"
     args = ["convert", str(source), str(out), "--mapper", str(tmp_path / "mapper.py")]

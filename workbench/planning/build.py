@@ -327,7 +327,7 @@ def _build_plan(
         meta_config, meta_problems = _meta_hf_config(catalog, binding)
         problems += meta_problems
         extra_files = with_generated_config(extra_files, meta_config, dtype, "from params.json")
-    if options.extras and output.copies_extras and catalog.format == "gguf":
+    if options.extras and output.copies_extras and callable(getattr(catalog.reader, "key_values", None)):  # a GGUF header
         gguf_files, gguf_problems = _gguf_hf_files(catalog, binding, dtype)
         problems += gguf_problems
         extra_files = [*gguf_files, *(e for e in extra_files if e.path not in {g.path for g in gguf_files})]
