@@ -192,6 +192,6 @@ def test_dequantising_128_mib_tensors_stays_within_the_predicted_rss(tmp_path: P
     imported, measured = run_cli_measured(["convert", str(path), str(tmp_path / "out"), "--preset", "gguf_to_hf", "--no-extras",
                                            "--quiet"], whole_process=True)
     assert not imported & {"torch", "transformers"}
-    assert abs(plan.rss_bytes - measured) <= 0.15 * measured, (plan.rss_bytes, measured)
+    assert abs(plan.rss_bytes - measured) <= max(0.15 * measured, 8 << 20), (plan.rss_bytes, measured)  # the RSS rule
     out = wb.open_checkpoint(tmp_path / "out")
     assert out.tensors.loc["model.embed_tokens.weight", "nbytes"] == 128 << 20

@@ -19,6 +19,7 @@ from workbench import mapper as M
 from workbench.catalog import TensorInfo
 from workbench.output.safetensors import layout_file
 from workbench.planning.rss import calibration_mismatch, rss_parts
+from workbench.planning.rss_calibration import LIBRARY, LIBRARY_SPREAD
 
 MIB = 1 << 20
 HIDDEN, KV, INTERMEDIATE, VOCAB = 1531, 389, 4111, 12347
@@ -55,8 +56,18 @@ def odd_llama(tmp_path_factory) -> Path:
     return write_headers_only(tmp_path_factory.mktemp("odd") / "src", infos)
 
 
+def _torch_spread(plan, rank: int) -> int:
+    """How much less torch costs with its files paged in by faults (a long-used venv) than just installed (a clean
+    clone, CI), which the prediction counts: a measurement near either state is the prediction holding."""
+    imports = {p.part: p.bytes for p in rss_parts(plan, rank)}["imports"]
+    return LIBRARY_SPREAD.get("torch", 0) if imports >= LIBRARY.get("torch", 0) else 0
+
+
 def assert_within(predicted: int, measured: int, plan, rank: int = 0) -> None:
-    assert abs(predicted - measured) <= max(0.15 * measured, 8 * MIB), json.dumps(
+    tolerance = max(0.15 * measured, 8 * MIB)
+    if abs(predicted - _torch_spread(plan, rank) - measured) <= tolerance:
+        return
+    assert abs(predicted - measured) <= tolerance, json.dumps(
         {"predicted": predicted, "measured": measured, "error %": round(100 * (predicted - measured) / measured, 1),
          "parts": {p.part: p.bytes for p in rss_parts(plan, rank)}, "calibrated for another build": calibration_mismatch(),
          "fix": "python scripts/calibrate_rss.py --write re-measures the constants here"})

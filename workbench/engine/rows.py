@@ -71,6 +71,7 @@ def run_rows(ctx: RankContext, step: Step) -> None:
                     writer.start_writeback(out.name, at, data.nbytes)
                 at += n * out_row
                 ctx.done_bytes += n * out_row
+                del data  # freed before the next chunk is converted: one chunk's output at a time, as `held` counts
     finally:
         ctx.held.release(held)
 
