@@ -67,7 +67,9 @@ def _check_rss(plan: wb.Plan, rank: int, measured: int, where: str) -> None:
     low = predicted - LIBRARY_SPREAD.get("torch", 0)
     assert 0.85 * low <= measured <= 1.15 * predicted, (where, rank, measured, predicted)
     expert = 3 * MOE * HIDDEN * 2  # one expert in bf16
-    assert measured <= predicted - plan.rank_peak_bytes(rank) + 2 * expert, (where, rank, measured, predicted)
+    # the constant terms are measured figures with a few MiB of noise: the RSS rule's 8 MiB floor (a whole stack held
+    # would be 16 experts, 96 MiB, over)
+    assert measured <= predicted - plan.rank_peak_bytes(rank) + 2 * expert + (8 << 20), (where, rank, measured, predicted)
 
 
 @pytest.mark.serial  # measures RSS
