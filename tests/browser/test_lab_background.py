@@ -131,7 +131,9 @@ def test_cancel_a_read_watch_a_run_and_read_the_graph(browser: object, lab: LabF
                                timeout=20_000)
         # the kernel sends the text and the hidden buttons as two updates: the button goes within moments, not at once
         explorer.locator(".wb-explorer-task .wb-task-cancel").wait_for(state="hidden", timeout=10_000)
-        page.wait_for_function("() => !document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .wb-explorer-stats').disabled",
+        # both buttons come back, each by its own widget update: wait for the two, not the first
+        page.wait_for_function("() => ['.wb-explorer-stats', '.wb-explorer-hist'].every(c => "
+                               "!document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) ' + c).disabled)",
                                timeout=10_000)
         assert not any(b.is_disabled() for b in read_buttons)  # usable again after the cancel
         assert "min" not in explorer.locator(".wb-explorer-details ~ *").first.inner_text()  # no stats shown

