@@ -41,6 +41,7 @@ from ..mapper.compose import PrefixScope
 from ..mapper.describe import describe_step
 from ..mapper.export import code_expr
 from ..mapper.groups import Problem
+from ..mapper.merge.models import MergeModels
 from ..mapper.op import Op
 from ..mapper.patterns import is_glob
 from ..mapper.patterns import matcher as glob_matcher
@@ -54,25 +55,29 @@ from .common import (
     replace_output,
     set_options,
 )
+from .merge_form import MergeForm, merge_label
 
 COMBINE = {"Sequential": "Sequential — each step sees the previous result", "Parallel": "Parallel — every step reads the source"}
 CODE = "Code"  # the form mode that takes any mapper expression (M.…) — also how composite steps are edited
-OPERATIONS = ("Rename", "Concat", "Split", "Stack", "Unstack", "Transpose", "Reshape", "Cast", "Identity", "Drop", CODE)
+MERGE = "Merge"  # the form mode that merges whole models (sources of a multi-source checkpoint): see merge_form
+OPERATIONS = ("Rename", "Concat", "Split", "Stack", "Unstack", "Transpose", "Reshape", "Cast", "Identity", "Drop", MERGE, CODE)
 # Which parameter controls each operation shows (sources and outputs are always shown).
 PARAMETERS: dict[str, tuple[str, ...]] = {
     "Rename": ("prefix",), "Identity": (), "Drop": (),
     "Concat": ("dim",), "Stack": ("dim",), "Split": ("sizes", "dim"), "Unstack": ("dim",),
-    "Transpose": ("dim0", "dim1"), "Reshape": ("shape",), "Cast": ("dtype", "keep"), CODE: ("code",),
+    "Transpose": ("dim0", "dim1"), "Reshape": ("shape",), "Cast": ("dtype", "keep"), MERGE: (), CODE: ("code",),
 }
 OUTPUT_HINTS = {
     "Rename": "new name", "Concat": "output name", "Stack": "output name",
     "Split": "names of the parts, comma-separated", "Unstack": "one name per index, comma-separated",
     "Transpose": "optional: write to this name", "Reshape": "optional: write to this name",
-    "Cast": "optional: write to this name", "Identity": "(none)", "Drop": "(none)", CODE: "(in the code)",
+    "Cast": "optional: write to this name", "Identity": "(none)", "Drop": "(none)", MERGE: "merge whole models",
+    CODE: "(in the code)",
 }
 SINGLE_SOURCE = ("Rename", "Split", "Unstack", "Transpose", "Reshape", "Cast", "Identity", "Drop")
 PER_SOURCE = ("Cast", "Identity", "Drop")  # several sources and no output name: one operation each
-NO_OUTPUTS = ("Identity", "Drop", CODE)
+NO_OUTPUTS = ("Identity", "Drop", MERGE, CODE)
+NO_NAMES = (MERGE, CODE)  # form modes without the name pickers
 DEFAULT_ROWS = 60
 SHOWN_PER_GROUP = 5  # problems listed under each group heading (the rest counted)
 MAX_MOVE_TRIALS = 8  # positions tried (each a binding) when looking for where a step's names exist
@@ -491,6 +496,7 @@ class MapperBuilder(Panel):
                        layout=W.Layout(width="620px", height="76px")),
             "wb-builder-code",
         )
+        self.merge_form = MergeForm(self.source_names, self._merge_target, active=False)
         self.add_button = labelled(W.Button(description="Add step", button_style="primary", icon="plus"), "wb-builder-add")
         self.cancel_button = W.Button(description="Cancel edit", layout=W.Layout(display="none"))
         self.form_message = labelled(W.HTML(), "wb-builder-form-message")
@@ -542,6 +548,7 @@ class MapperBuilder(Panel):
                 self.sources_box,
                 self.outputs_box,
                 self.params_box,
+                self.merge_form.box,
                 self.code_box,
                 W.HBox([self.add_button, self.cancel_button]),
                 self.form_message,
@@ -724,9 +731,12 @@ class MapperBuilder(Panel):
         for box in (self.prefix_box, self.prefix_action):
             box.layout.display = None if "prefix" in shown else "none"
         self.code_box.layout.display = None if kind == CODE else "none"
+        self.merge_form.box.layout.display = None if kind == MERGE else "none"
+        self.merge_form.active = kind == MERGE
+        self.merge_form.update()
         for box in (self.sources_box, self.suggestions, self.add_source_button, self.clear_sources_button, self.name_search,
                     self.add_pattern_button):
-            box.layout.display = "none" if kind == CODE else None
+            box.layout.display = "none" if kind in NO_NAMES else None
         self.outputs_box.layout.display = "none" if kind in NO_OUTPUTS else None
         self.outputs_box.placeholder = OUTPUT_HINTS[kind]
         self._suggest_output()
@@ -774,6 +784,8 @@ class MapperBuilder(Panel):
         kind = self.op_picker.value
         if kind == CODE:
             return self._from_code(self.code_box.value)
+        if kind == MERGE:
+            return self.merge_form.build()
         sources = _split_names(self.sources_box.value)
         outputs = _split_names(self.outputs_box.value) if kind not in NO_OUTPUTS else []
         prefix = self.prefix_box.value.strip() if kind == "Rename" else ""
@@ -923,6 +935,9 @@ class MapperBuilder(Panel):
             self.sources_box.value = self.outputs_box.value = ""
             self.prefix_action.value = "strip" if step.source_prefix else "add"
             self.prefix_box.value = step.source_prefix or step.target_prefix
+        elif isinstance(step, MergeModels):
+            self.op_picker.value = MERGE
+            self.merge_form.load(step)
         elif isinstance(step, Op) and kind in PARAMETERS:
             self.op_picker.value = kind
             self.sources_box.value = "\n".join(step.inputs)
@@ -979,6 +994,9 @@ class MapperBuilder(Panel):
         self._show_problems()
         self._check_target()
         self._show_code()
+        self.merge_form.set_sources(self.source_names())
+        if self.op_picker.value == MERGE:
+            self.merge_form.update()  # the names where a merge step would run may have changed
         self._graph_stale = True
         if self.tabs.selected_index == 1:
             self.draw_graph()
@@ -987,9 +1005,23 @@ class MapperBuilder(Panel):
         """Each step in words ("strip prefix `model.`", "cast 24 tensors → BF16, norms kept F32"); the code is in
         the list's tooltip and under the list for the chosen step."""
         wise = self.stepwise
-        if wise is None or len(wise.instances) != len(self.steps):
-            return [describe_step(step) for step in self.steps]
-        return [describe_step(step, wise.before[k], wise.instances[k]) for k, step in enumerate(self.steps)]
+        bound = wise is not None and len(wise.instances) == len(self.steps)
+        return [merge_label(step, wise.instances[k] if bound else None) if isinstance(step, MergeModels)  # type: ignore[union-attr]
+                else describe_step(step, wise.before[k], wise.instances[k]) if bound else describe_step(step)  # type: ignore[union-attr]
+                for k, step in enumerate(self.steps)]
+
+    def source_names(self) -> list[str]:
+        """The source names of a multi-source checkpoint (the primary first): the models a Merge step can name;
+        [] for a single checkpoint."""
+        return list(getattr(self.source.catalog, "sources", None) or {})
+
+    def _merge_target(self) -> Any:
+        """What a Merge step added (or edited) now would read: the checkpoint when it comes first or the steps run in
+        Parallel, else the names the steps before it produce."""
+        position = len(self.steps) if self._editing is None else self._editing
+        if position == 0 or self.combine_picker.value == "Parallel" or self.stepwise is None:
+            return self.source
+        return self.names_before(position)
 
     def names_before(self, index: int | None = None) -> Mapping[str, TensorInfo]:
         """The tensors (name -> TensorInfo) a step at position `index` reads: in Sequential the result of the
