@@ -33,11 +33,11 @@ from ..mapper.merge.methods import METHODS, Method, Parameter
 from ..mapper.merge.models import MergeModels
 from ..mapper.merge.op import Merge
 from ..mapper.merge.parameters import layer_of
-from .common import frame_table, labelled, message_html
+from .common import fit_narrow, frame_table, labelled, message_html
 
 OUTSIDE = "outside layers"  # the table's row for embeddings, final norm, lm_head (mergekit evaluates them at t=0)
 NO_BASE = ""
-SCOPES = {"shared": "one value", "input": "per model", "non_base": "per model but the base"}
+SCOPES = {"shared": "same for every model", "input": "per model", "non_base": "per model but the base"}
 EXAMPLE = "0.5 · gradient 0, 0.5, 1 · self_attn: 0, 1; mlp: 1, 0; 0.5"
 SHOWN_PROBLEMS = 3
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
@@ -304,7 +304,7 @@ class MergeForm:
         self.parameter_boxes: dict[str, widgets.Text] = {}
         self.message = labelled(W.HTML(), "wb-merge-message")
         self.table = labelled(W.HTML(layout=W.Layout(max_height="320px", overflow="auto")), "wb-merge-table")
-        self.box = labelled(W.VBox([W.HBox([self.models_picker, W.VBox([self.method_picker, self.base_picker])]), self.method_info,
+        self.box = labelled(W.VBox([W.HTML("<b>Merge whole models</b> (the sources of a multi-source checkpoint)"), W.HBox([self.models_picker, W.VBox([self.method_picker, self.base_picker])]), self.method_info,
                                     self.parameters_box, self.seed_box, self.message, self.table]), "wb-merge-form")
         for control in (self.models_picker, self.base_picker, self.seed_box):
             control.observe(lambda _: self.update(), names="value")
@@ -360,6 +360,7 @@ class MergeForm:
                                 f"{html.escape(default)}</span>")
             self.parameter_boxes[parameter.name] = box
             rows.append(widgets.HBox([box, note]))
+        fit_narrow(*rows)  # built after the builder's layout was fitted: rows wrap, fields shrink to the row
         self.parameters_box.children = tuple(rows)
         self.base_picker.layout.display = None if spec is None or spec.base != "ignored" else "none"
         self.seed_box.layout.display = None if spec is not None and spec.random else "none"
@@ -469,7 +470,8 @@ class MergeForm:
                 if spec is not None else []
             note = ("<div class='wb-note'>at their default: " + html.escape(", ".join(f"{p.name} = {setting_text(p.default)}"
                                                                                      for p in rest)) + "</div>") if rest else ""
-            self.table.value = frame_table(shown, max_rows=400, noun="layers") + note
+            self.table.value = ("<b>Values per layer</b> (what the merge computes with)"
+                                + frame_table(shown, max_rows=400, noun="rows") + note)
         else:
             self.table.value = ""
 
