@@ -66,7 +66,7 @@ def _values(text: str, parameter: Parameter) -> Any:
     body = text.strip()
     if body.startswith("[") and body.endswith("]"):
         body = body[1:-1]
-    parts = [part for part in body.split(",")]
+    parts = body.split(",")
     if not body.strip() or any(not part.strip() for part in parts):
         raise FormError(f"Cannot read {parameter.name} {text.strip()!r}: a value is missing. Write e.g. 0.5 or 0, 0.5, 1.")
     values = [_token(part, parameter) for part in parts]
@@ -162,7 +162,7 @@ def method_summary(spec: Method) -> str:
 
 
 # --- the per-layer table ----------------------------------------------------------------------------------------
-def _groups(filters: Sequence[str], name: str) -> str | None:
+def _group_of(filters: Sequence[str], name: str) -> str | None:
     return next((flt for flt in filters if flt in name), None)
 
 
@@ -215,7 +215,7 @@ def layer_table(step: MergeModels, merges: Sequence[Merge]) -> pd.DataFrame:
             for model, item in items:
                 # a model's value comes from its own setting, else the global one: their filters split its column
                 filters = every if model is None else list(dict.fromkeys([*own.get(model, ()), *shared]))
-                group = _groups(filters, merge.output)
+                group = _group_of(filters, merge.output)
                 where = f" · {group}" if group else " · rest" if filters else ""
                 column = parameter.name + (f"[{model}]" if model is not None else "") + where
                 columns.setdefault(column, (index, models.index(model) if model in models else -1,
