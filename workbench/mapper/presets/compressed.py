@@ -29,6 +29,7 @@ from typing import Any
 from ...catalog import TensorInfo
 from ...errors import MapperError
 from .quantized import PIECE, _out, _output_code
+from .scaled_rows import ScaledRows
 
 HERE = "workbench.mapper.presets.compressed"
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # e2m1 magnitudes by the low three bits
@@ -289,51 +290,23 @@ def check_parts(parts: dict[str, TensorInfo], *, format: str, bits: int, strateg
 
 
 # -- row job: a few output rows at a time, straight from the packed bytes ----------------------------------
-class PackedRows:
+class PackedRows(ScaledRows):
     """The row job of `decompress_tensor` (`mapper.row_jobs`): the packed (or int8 / float8) weight read a chunk of
     rows at a time, its scales, zero points and global scale read whole beside it."""
 
-    libraries = ("ml_dtypes",)
-    library_bytes = 2_720_000  # as quantized.ML_DTYPES_BYTES: ml_dtypes imported and used on top of numpy
     library_detail = "ml_dtypes: packed weights dequantised by rows"
 
     def __init__(self, infos: dict[str, TensorInfo], output: TensorInfo, kwargs: dict[str, Any]) -> None:
+        super().__init__(infos["packed"], output, tuple(infos[r] for r in kwargs["roles"] if r != "packed"),
+                         kwargs.get("dtype", "BF16"))  # weight_shape read whole too: checked
         self.kwargs, self.parts = kwargs, infos
-        self.inputs, self.output = (infos["packed"],), output
-        self.code = kwargs.get("dtype", "BF16")
-        self.overflow_dtype = self.value_dtype = self.code
-        self.extra = tuple(infos[r] for r in kwargs["roles"] if r != "packed")  # weight_shape too: checked
 
-    @property
-    def rows(self) -> int:
-        return self.inputs[0].shape[0]
-
-    @property
-    def in_row(self) -> int:
-        return self.inputs[0].nbytes // max(1, self.rows)
-
-    @property
-    def out_row(self) -> int:
-        return self.output.nbytes // max(1, self.rows)
-
-    def whole(self, k: int) -> tuple[TensorInfo, ...]:
-        return self.extra
-
-    def budget(self, chunk_bytes: int) -> int:
-        return chunk_bytes
-
-    def chunk_rows(self, budget: int) -> int:
-        return max(1, min(self.rows, budget // max(1, self.in_row + self.out_row)))
-
-    def held(self, rows: int) -> int:
-        """The chunk in and out, the parts read whole and their float32 copies, and the kernel's scratch."""
+    def scratch(self, rows: int) -> int:
+        """The parts' float32 copies (zero points unpacked) and the kernel's pieces."""
         decoded = sum(4 * math.prod(t.shape) for t in self.extra)
         if self.kwargs["format"] == "pack-quantized" and "zero_point" in self.kwargs["roles"]:
             decoded += 4 * self.output.shape[0] * math.prod(self.parts["scale"].shape[1:])  # unpacked zero points
-        return rows * (self.in_row + self.out_row) + sum(t.nbytes for t in self.extra) + decoded + SCRATCH
-
-    def held_bytes(self, chunk_bytes: int) -> int:
-        return self.held(self.chunk_rows(self.budget(chunk_bytes)))
+        return decoded + SCRATCH
 
     def converter(self, rows: int) -> Any:
         import numpy as np

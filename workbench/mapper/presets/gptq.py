@@ -30,6 +30,7 @@ from ...errors import MapperError
 from .compressed import SCRATCH, _np_dtype, _numpy, _round_twice, _scale_code
 from .packed import PackedModule, gptq_shape
 from .quantized import PIECE, _out, _output_code
+from .scaled_rows import ScaledRows
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble k of a word holds value AWQ_ORDER[k] of its 8 output columns
 BITS = (2, 4, 8)
@@ -91,48 +92,26 @@ def dequantize_gptq_tensor(*tensors: Any, roles: Sequence[str], method: str, bit
     return _out(out, code, torch_in)
 
 
-class GptqRows:
+class GptqRows(ScaledRows):
     """The row job of `dequantize_gptq_tensor` (`mapper.row_jobs`) with one "row", the whole linear: packed along its
     input dim, a weight cannot be cut into output rows on disk, but as a row job it is converted with numpy alone
     (no torch in the process), its qweight read raw, its scales, zeros and g_idx read whole beside it."""
 
-    libraries = ("ml_dtypes",)
-    library_bytes = 2_720_000  # as quantized.ML_DTYPES_BYTES
     library_detail = "ml_dtypes: GPTQ / AWQ weights dequantised with numpy"
 
     def __init__(self, parts: dict[str, TensorInfo], output: TensorInfo, kwargs: dict[str, Any]) -> None:
+        super().__init__(parts["packed"], output, tuple(parts[r] for r in kwargs["roles"] if r != "packed"),
+                         kwargs.get("dtype", "BF16"))
         self.parts, self.kwargs = parts, kwargs
-        self.inputs, self.output = (parts["packed"],), output
-        self.code = kwargs.get("dtype", "BF16")
-        self.overflow_dtype = self.value_dtype = self.code
-        self.extra = tuple(parts[r] for r in kwargs["roles"] if r != "packed")
 
     rows = 1
-
-    @property
-    def in_row(self) -> int:
-        return self.inputs[0].nbytes
-
-    @property
-    def out_row(self) -> int:
-        return self.output.nbytes
-
-    def whole(self, k: int) -> tuple[TensorInfo, ...]:
-        return self.extra
-
-    def budget(self, chunk_bytes: int) -> int:
-        return chunk_bytes
 
     def chunk_rows(self, budget: int) -> int:
         return 1
 
-    def held(self, rows: int) -> int:
-        """qweight in, the weight out, the parts read whole and their decoded copies, and the kernel's scratch."""
-        decoded = 4 * math.prod(self.parts["scale"].shape) + 8 * self.output.shape[1]  # float32 scales, int64 g_idx
-        return self.in_row + self.out_row + sum(t.nbytes for t in self.extra) + decoded + SCRATCH
-
-    def held_bytes(self, chunk_bytes: int) -> int:
-        return self.held(1)
+    def scratch(self, rows: int) -> int:
+        """float32 scales, int64 g_idx and the kernel's pieces."""
+        return 4 * math.prod(self.parts["scale"].shape) + 8 * self.output.shape[1] + SCRATCH
 
     def converter(self, rows: int) -> Any:
         import numpy as np

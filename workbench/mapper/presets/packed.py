@@ -303,17 +303,19 @@ def annotate(catalog: Any, config: Any) -> bool:
     return True
 
 
-def annotate_local(catalog: Any) -> bool:
-    """`annotate` with the config.json beside a local catalog (its folder, or the folder of its file); remote
-    catalogs are left as they are (no request is made for a column)."""
-    catalog = getattr(catalog, "catalog", catalog)
-    root = getattr(catalog, "root", None)
-    if getattr(catalog, "url", "") or root is None:
-        return False
-    from pathlib import Path
+# names that only a packed weight's parts carry: a catalog without any is not asked for its config.json
+PACKED_LEAVES = (".weight_packed", ".weight_scale", ".qweight", ".compressed", ".bitmask")
 
-    root = Path(root)
-    found = next((f / "config.json" for f in ((root,) if root.is_dir() else (root.parent,)) if (f / "config.json").is_file()), None)
+
+def annotate_found(catalog: Any) -> bool:
+    """`annotate` with the config.json of a catalog's checkpoint: beside a local one (its folder, or the folder of its
+    file), or, for a remote one (hf://, https://, s3://), the server's, fetched once per version into the catalog's
+    cached folder (`RemoteReader.fetch_file`). Nothing is read (no request made) unless a tensor name is one only a
+    packed weight's parts carry (`PACKED_LEAVES`)."""
+    catalog = getattr(catalog, "catalog", catalog)
+    if not any(name.endswith(PACKED_LEAVES) for name in getattr(catalog, "tensors", {})):
+        return False
+    found = _remote_config(catalog) if getattr(catalog, "url", "") else _local_config(getattr(catalog, "root", None))
     if found is None:
         return False
     try:
@@ -325,5 +327,27 @@ def annotate_local(catalog: Any) -> bool:
     return annotate(catalog, found)
 
 
-__all__ = ["CT_FORMATS", "COLUMNS", "PackedModule", "annotate", "annotate_local", "dense_shape", "gptq_shape", "packed_shape", "method_of", "packed_columns", "packed_modules",
+def _local_config(root: Any) -> Any:
+    from pathlib import Path
+
+    if root is None:
+        return None
+    root = Path(root)
+    return next((f / "config.json" for f in ((root,) if root.is_dir() else (root.parent,)) if (f / "config.json").is_file()), None)
+
+
+def _remote_config(catalog: Any) -> Any:
+    from ...errors import WorkbenchError
+
+    fetch = getattr(getattr(catalog, "reader", None), "fetch_file", None)
+    if fetch is None:
+        return None
+    try:
+        found = fetch("config.json")
+    except (WorkbenchError, OSError):  # a column is not worth a failed open: the table is shown without it
+        return None
+    return found if found is not None and found.is_file() else None
+
+
+__all__ = ["CT_FORMATS", "COLUMNS", "PackedModule", "annotate", "annotate_found", "dense_shape", "gptq_shape", "packed_shape", "method_of", "packed_columns", "packed_modules",
            "quant_config"]
