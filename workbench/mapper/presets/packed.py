@@ -250,14 +250,15 @@ def gptq_shape(module: PackedModule, infos: Mapping[str, Any]) -> tuple[int, int
     """The dense shape [out, in] of a GPTQ / AWQ `module`'s weight, from qweight and scales (metadata only)."""
     packed = _need(module, "packed", infos)
     scale = _need(module, "scale", infos)
-    if len(packed.shape) != 2 or len(scale.shape) != 2 or module.bits not in (2, 4, 8):
+    if len(packed.shape) != 2 or len(scale.shape) != 2 or module.bits not in (2, 3, 4, 8):
         raise MapperError(f"Cannot dequantise {packed.name!r}: qweight {list(packed.shape)} and scales {list(scale.shape)} "
-                          f"({module.bits} bits) do not describe a {module.format} weight: both need 2 dims, bits 2, 4 or 8.",
-                          tensor=packed.name)
-    per = 32 // module.bits
-    if module.method == "gptq":
-        return (scale.shape[1], packed.shape[0] * per)
-    return (packed.shape[1] * per, packed.shape[0])
+                          f"({module.bits} bits) do not describe a {module.format} weight: both need 2 dims, bits 2, 3, 4 "
+                          "or 8.", tensor=packed.name)
+    if module.method == "gptq":  # 32 input rows in `bits` words (3 bits: values cross word boundaries)
+        return (scale.shape[1], packed.shape[0] * 32 // module.bits)
+    if module.variant == "gemv":  # AutoAWQ GEMV: by output rows, packed along the input dim
+        return (packed.shape[0], packed.shape[1] * 32 // module.bits)
+    return (packed.shape[1] * 32 // module.bits, packed.shape[0])
 
 
 def dense_shape(module: PackedModule, infos: Mapping[str, Any]) -> tuple[int, ...]:
