@@ -284,6 +284,7 @@ def test_gpu_kernel_packings_are_refused_with_the_reason(tmp_path, method, key, 
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(MapperError, match=why):
         M.presets.decompress(folder)
+    assert "decompress" not in list(wb.open_checkpoint(folder).suggest()["preset"])  # not offered: it would refuse
 
 
 def test_awq_gemv_streams_by_rows(tmp_path):
@@ -296,6 +297,7 @@ def test_awq_gemv_streams_by_rows(tmp_path):
     plan = wb.plan(folder, M.presets.decompress(folder), chunk_size=4096)
     steps = [s for s in plan.steps if s.group.outputs[0].name.endswith("proj.weight")]
     assert len(steps) == 14 and {s.kind for s in steps} == {"rows"}
+    assert list(wb.open_checkpoint(folder).suggest()["why"])[0].startswith("AWQ 4-bit (gemv) packed weights")
     job = row_job(next(s for s in steps if s.group.outputs[0].name == "model.layers.0.mlp.gate_proj.weight").group)
     assert (job.rows, job.chunk_rows(job.budget(4096))) == (96, 4096 // (64 // 2 + 64 * 2))  # a chunk of whole rows
     wb.convert(folder, tmp_path / "out", M.presets.decompress(folder, dtype="fp16"), chunk_size=4096)

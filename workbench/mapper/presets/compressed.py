@@ -111,12 +111,21 @@ class _Decoder:
     """Dequantises rows of one compressed-tensors weight (scales and zero points decoded once)."""
 
     def __init__(self, parts: dict[str, Any], *, format: str, bits: int, strategy: str, group_size: int | None,
-                 symmetric: bool, block: Sequence[int] | None, shape: Sequence[int], scale_code: str, dtype: str) -> None:
+                 symmetric: bool, block: Sequence[int] | None, shape: Sequence[int], scale_code: str, dtype: str,
+                 sparse: str = "") -> None:
         import numpy as np
 
         self.format, self.bits, self.strategy, self.group = format, bits, strategy, group_size
         self.block, self.shape, self.code = block, tuple(shape), dtype
-        self.scale = np.asarray(parts["scale"]).astype(np.float32)
+        self.bitmask = parts.get("bitmask") if sparse else None
+        if sparse and format == "dense":
+            self.scale_code, self.zero, self.global_scale = dtype, None, None
+            return
+        if sparse:  # the library holds an int8 / float8 weight's scale as float16 and multiplies in float16
+            scale_code = "F16"
+            self.scale = np.asarray(parts["scale"]).astype(np.float16).astype(np.float32)
+        else:
+            self.scale = np.asarray(parts["scale"]).astype(np.float32)
         if self.scale.ndim == 1 and strategy in ("group", "tensor_group", "channel", "block"):
             self.scale = self.scale.reshape(-1, 1)
         self.scale_code = scale_code
@@ -154,6 +163,10 @@ class _Decoder:
 
         n, cols = stored.shape[0], self.shape[-1]
         rows = slice(first, first + n)
+        if self.bitmask is not None:
+            stored = _expand_24(stored, self.bitmask[first:first + n], cols)
+            if self.format == "dense":
+                return stored if stored.dtype == _np_dtype(self.code) else _round_twice(stored.astype(np.float32), "F32", self.code)
         if self.format == "pack-quantized":
             values = unpack_bits(stored, self.bits, cols).astype(np.float32)
             values -= float(1 << (self.bits - 1))
@@ -184,6 +197,23 @@ class _Decoder:
         return _round_twice(values, "BF16", self.code)
 
 
+def _expand_24(values: Any, bitmask: Any, cols: int) -> Any:
+    """2:4 sparse rows back to dense: `values` [n, cols / 2] (the kept values of each row, in order) placed where the
+    little-endian bits of `bitmask` [n, ceil(cols / 8)] are set, zeros elsewhere (the stored dtype kept)."""
+    import numpy as np
+
+    mask = np.unpackbits(np.ascontiguousarray(bitmask), axis=1, count=cols, bitorder="little").view(bool)
+    kept = mask.sum(axis=1)
+    if (kept != values.shape[1]).any():
+        row = int(np.argmax(kept != values.shape[1]))
+        raise MapperError(f"Cannot decompress a 2:4 sparse weight: row {row} of its bitmask sets {int(kept[row])} bits for "
+                          f"{values.shape[1]} stored values. The checkpoint is inconsistent.")
+    raw = np.ascontiguousarray(values).view(f"u{values.dtype.itemsize}")
+    dense = np.zeros((values.shape[0], cols), raw.dtype)
+    dense[mask] = raw.reshape(-1)
+    return dense.view(values.dtype)
+
+
 def _round_twice(values: Any, compute: str, code: str) -> Any:
     """`values` (float32) rounded to the library's compute dtype, then cast to the output dtype."""
     rounded = values.astype(_np_dtype(compute)) if compute != "F32" else values
@@ -192,18 +222,19 @@ def _round_twice(values: Any, compute: str, code: str) -> Any:
 
 def decompress_tensor(*tensors: Any, roles: Sequence[str], format: str, bits: int, strategy: str,
                       group_size: int | None = None, symmetric: bool = True, block: Sequence[int] | None = None,
-                      shape: Sequence[int], dtype: str = "BF16") -> Any:
+                      shape: Sequence[int], dtype: str = "BF16", sparse: str = "") -> Any:
     """One compressed-tensors weight, its tensors given in `roles` order ('packed', 'scale', 'zero_point', 'shape',
-    'global_scale') -> the dense weight of `shape` in `dtype`, a few rows at a time."""
+    'global_scale', 'bitmask') -> the dense weight of `shape` in `dtype`, a few rows at a time. `sparse`:
+    'sparse-24-bitmask' when 'packed' holds the kept half of each row of a 2:4 sparse weight."""
 
     code = _output_code(dtype)
     arrays = [_numpy(t) for t in tensors]
     torch_in = any(flag for _, flag in arrays)
     parts = _parts([a for a, _ in arrays], roles)
     _check_stored_shape(parts.get("shape"), shape)
-    scale_code = _scale_code(tensors[list(roles).index("scale")])
+    scale_code = _scale_code(tensors[list(roles).index("scale")]) if "scale" in roles else code
     decoder = _Decoder(parts, format=format, bits=bits, strategy=strategy, group_size=group_size, symmetric=symmetric,
-                       block=block, shape=shape, scale_code=scale_code, dtype=code)
+                       block=block, shape=shape, scale_code=scale_code, dtype=code, sparse=sparse)
     return _out(decoder.rows(parts["packed"], 0).reshape(tuple(shape)), code, torch_in)
 
 
@@ -232,27 +263,41 @@ def _scale_code(tensor: Any) -> str:
 
 def infer_decompress(*infos: TensorInfo, roles: Sequence[str], format: str, bits: int, strategy: str,
                      group_size: int | None = None, symmetric: bool = True, block: Sequence[int] | None = None,
-                     shape: Sequence[int], dtype: str = "BF16") -> list:
+                     shape: Sequence[int], dtype: str = "BF16", sparse: str = "") -> list:
     """Metadata of `decompress_tensor`: checks every part's dtype and shape against the weight's `shape`."""
     code = _output_code(dtype)
     parts = _parts(infos, roles)
     check_parts(parts, format=format, bits=bits, strategy=strategy, group_size=group_size, symmetric=symmetric,
-                block=block, shape=tuple(shape))
+                block=block, shape=tuple(shape), sparse=sparse)
     return [(code, tuple(shape))]
 
 
 def check_parts(parts: dict[str, TensorInfo], *, format: str, bits: int, strategy: str, group_size: int | None,
-                symmetric: bool, block: Sequence[int] | None, shape: tuple[int, ...]) -> None:
+                symmetric: bool, block: Sequence[int] | None, shape: tuple[int, ...], sparse: str = "") -> None:
     """Refuse parts whose dtype or shape does not fit the weight (a clear error naming the tensor)."""
-    packed, scale = parts["packed"], parts["scale"]
+    packed, scale = parts["packed"], parts.get("scale")
     rows, cols = shape
 
     def bad(info: TensorInfo, expected: str) -> MapperError:
-        return MapperError(f"Cannot decompress {packed.name!r} ({format}, {bits} bits, {strategy}): {info.name!r} is "
-                           f"{info.dtype} {list(info.shape)}, expected {expected}. The checkpoint does not match its "
-                           "quantization_config.", tensor=info.name)
+        return MapperError(f"Cannot decompress {packed.name!r} ({sparse + ' + ' if sparse else ''}{format}, {bits} bits, "
+                           f"{strategy}): {info.name!r} is {info.dtype} {list(info.shape)}, expected {expected}. The "
+                           "checkpoint does not match its quantization_config.", tensor=info.name)
 
-    if format == "pack-quantized":
+    if sparse:
+        mask = parts.get("bitmask")
+        if mask is None or mask.dtype not in ("U8", "I8") or tuple(mask.shape) != (rows, math.ceil(cols / 8)):
+            raise bad(mask if mask is not None else packed, f"a U8 bitmask [{rows}, {math.ceil(cols / 8)}] beside it")
+        allowed = ("BF16", "F16", "F32") if format == "dense" else ("I8", "F8_E4M3", "F8_E5M2")
+        if packed.dtype not in allowed or tuple(packed.shape) != (rows, cols // 2) or cols % 4:
+            raise bad(packed, f"{' / '.join(allowed)} [{rows}, {cols // 2}] (half of each row's values, 2:4)")
+        if format == "dense":
+            return
+    if scale is None:
+        raise MapperError(f"Cannot decompress {packed.name!r} ({format}): its weight_scale tensor is missing. The "
+                          "checkpoint is incomplete.", tensor=packed.name)
+    if sparse:  # int8 / float8 values checked above
+        pass
+    elif format == "pack-quantized":
         words = math.ceil(cols * bits / 32)
         if packed.dtype != "I32" or tuple(packed.shape) != (rows, words):
             raise bad(packed, f"I32 [{rows}, {words}]")
@@ -303,7 +348,7 @@ class PackedRows(ScaledRows):
 
     def scratch(self, rows: int) -> int:
         """The parts' float32 copies (zero points unpacked) and the kernel's pieces."""
-        decoded = sum(4 * math.prod(t.shape) for t in self.extra)
+        decoded = sum(4 * math.prod(t.shape) for t in self.extra if t is not self.parts.get("bitmask"))
         if self.kwargs["format"] == "pack-quantized" and "zero_point" in self.kwargs["roles"]:
             decoded += 4 * self.output.shape[0] * math.prod(self.parts["scale"].shape[1:])  # unpacked zero points
         return decoded + SCRATCH
@@ -324,7 +369,8 @@ class PackedRows(ScaledRows):
                 decoder.append(_Decoder(parts, format=kwargs["format"], bits=kwargs["bits"], strategy=kwargs["strategy"],
                                         group_size=kwargs.get("group_size"), symmetric=kwargs.get("symmetric", True),
                                         block=kwargs.get("block"), shape=kwargs["shape"],
-                                        scale_code=_code_of(self.parts["scale"].dtype), dtype=self.code))
+                                        scale_code=_code_of(self.parts["scale"].dtype) if "scale" in self.parts else
+                                        self.code, dtype=self.code, sparse=kwargs.get("sparse", "")))
             stored = np.frombuffer(raw, stored_dtype).reshape(-1, *packed.shape[1:])
             out = decoder[0].rows(stored, first)
             return np.ascontiguousarray(out).reshape(-1).view(np.uint8), 0, 0.0
