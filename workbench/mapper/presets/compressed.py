@@ -126,6 +126,8 @@ class _Decoder:
             self.scale = np.asarray(parts["scale"]).astype(np.float16).astype(np.float32)
         else:
             self.scale = np.asarray(parts["scale"]).astype(np.float32)
+        if len(self.shape) == 3:  # stacked experts: their rows one after another, each row's scales as in 2-D
+            self.scale = self.scale.reshape(-1, self.scale.shape[-1])
         if self.scale.ndim == 1 and strategy in ("group", "tensor_group", "channel", "block"):
             self.scale = self.scale.reshape(-1, 1)
         self.scale_code = scale_code
@@ -134,8 +136,11 @@ class _Decoder:
         if zero is not None and not symmetric:
             zero = np.asarray(zero)
             if format == "pack-quantized" and strategy in ("group", "channel"):
-                unpacked = unpack_bits(np.ascontiguousarray(zero.T), bits, self.shape[0])  # packed along the output dim
-                zero = unpacked.astype(np.int16).T - (1 << (bits - 1))
+                experts = zero.reshape(-1, *zero.shape[-2:])  # packed along the output dim, each expert on its own
+                unpacked = np.concatenate([unpack_bits(np.ascontiguousarray(z.T), bits, self.shape[-2]).T for z in experts])
+                zero = unpacked.astype(np.int16) - (1 << (bits - 1))
+            elif len(self.shape) == 3:
+                zero = zero.reshape(-1, zero.shape[-1])
             self.zero = zero.astype(np.float32)
             if self.zero.ndim == 1 and strategy != "tensor":
                 self.zero = self.zero.reshape(-1, 1)
@@ -235,7 +240,8 @@ def decompress_tensor(*tensors: Any, roles: Sequence[str], format: str, bits: in
     scale_code = _scale_code(tensors[list(roles).index("scale")]) if "scale" in roles else code
     decoder = _Decoder(parts, format=format, bits=bits, strategy=strategy, group_size=group_size, symmetric=symmetric,
                        block=block, shape=shape, scale_code=scale_code, dtype=code, sparse=sparse)
-    return _out(decoder.rows(parts["packed"], 0).reshape(tuple(shape)), code, torch_in)
+    stored = parts["packed"]
+    return _out(decoder.rows(stored.reshape(-1, stored.shape[-1]), 0).reshape(tuple(shape)), code, torch_in)
 
 
 def _check_stored_shape(stored: Any, shape: Sequence[int], name: str = "") -> None:
@@ -276,7 +282,12 @@ def check_parts(parts: dict[str, TensorInfo], *, format: str, bits: int, strateg
                 symmetric: bool, block: Sequence[int] | None, shape: tuple[int, ...], sparse: str = "") -> None:
     """Refuse parts whose dtype or shape does not fit the weight (a clear error naming the tensor)."""
     packed, scale = parts["packed"], parts.get("scale")
-    rows, cols = shape
+    *lead, rows, cols = shape
+    if lead and (sparse or format == "nvfp4-pack-quantized" or strategy not in ("group", "channel")):
+        raise MapperError(f"Cannot decompress {packed.name!r}: stacked experts {list(shape)} are read for group and channel "
+                          f"scales of pack-quantized / int / float weights, not {sparse or format} with {strategy} scales. "
+                          "Unstack the experts first (one 2-D weight each).", tensor=packed.name)
+    lead = tuple(lead)
 
     def bad(info: TensorInfo, expected: str) -> MapperError:
         return MapperError(f"Cannot decompress {packed.name!r} ({sparse + ' + ' if sparse else ''}{format}, {bits} bits, "
@@ -299,12 +310,12 @@ def check_parts(parts: dict[str, TensorInfo], *, format: str, bits: int, strateg
         pass
     elif format == "pack-quantized":
         words = math.ceil(cols * bits / 32)
-        if packed.dtype != "I32" or tuple(packed.shape) != (rows, words):
-            raise bad(packed, f"I32 [{rows}, {words}]")
+        if packed.dtype != "I32" or tuple(packed.shape) != (*lead, rows, words):
+            raise bad(packed, f"I32 {[*lead, rows, words]}")
     elif format == "nvfp4-pack-quantized":
         if packed.dtype != "U8" or tuple(packed.shape) != (rows, cols // 2):
             raise bad(packed, f"U8 [{rows}, {cols // 2}]")
-    elif packed.dtype not in ("I8", "F8_E4M3", "F8_E5M2", "U8") or tuple(packed.shape) != shape:
+    elif packed.dtype not in ("I8", "F8_E4M3", "F8_E5M2", "U8") or tuple(packed.shape) != tuple(shape):
         raise bad(packed, f"int8 / float8 {list(shape)}")
     group = NVFP4_GROUP if format == "nvfp4-pack-quantized" else group_size
     if strategy in ("group", "tensor_group"):
@@ -317,14 +328,15 @@ def check_parts(parts: dict[str, TensorInfo], *, format: str, bits: int, strateg
         grid = (math.ceil(rows / block[0]), math.ceil(cols / block[1]))
     else:
         grid = (1,)
-    if math.prod(scale.shape) != math.prod(grid) or (strategy != "tensor" and tuple(scale.shape) not in (grid, grid[:1])):
+    grid = (*lead, *grid)
+    if math.prod(scale.shape) != math.prod(grid) or (strategy != "tensor" and tuple(scale.shape) not in (grid, grid[:-1])):
         raise bad(scale, f"a scale grid {list(grid)}")
     zero = parts.get("zero_point")
     if not symmetric and format == "pack-quantized" and strategy in ("group", "channel"):
         if zero is None:
             raise MapperError(f"Cannot decompress {packed.name!r}: it is asymmetric ({format}) but has no weight_zero_point "
                               "beside it. The checkpoint is incomplete.", tensor=packed.name)
-        expected = (math.ceil(rows * bits / 32), grid[1])
+        expected = (*lead, math.ceil(rows * bits / 32), grid[-1])
         if zero.dtype != "I32" or tuple(zero.shape) != expected:
             raise bad(zero, f"I32 {list(expected)} (zero points packed along the rows)")
     elif zero is not None and not symmetric and math.prod(zero.shape) != math.prod(grid):
@@ -346,11 +358,16 @@ class PackedRows(ScaledRows):
                          kwargs.get("dtype", "BF16"))  # weight_shape read whole too: checked
         self.kwargs, self.parts = kwargs, infos
 
+    @property
+    def rows(self) -> int:
+        """Rows of the weight; of stacked experts, all experts' rows one after another."""
+        return math.prod(self.inputs[0].shape[:-1])
+
     def scratch(self, rows: int) -> int:
         """The parts' float32 copies (zero points unpacked) and the kernel's pieces."""
         decoded = sum(4 * math.prod(t.shape) for t in self.extra if t is not self.parts.get("bitmask"))
         if self.kwargs["format"] == "pack-quantized" and "zero_point" in self.kwargs["roles"]:
-            decoded += 4 * self.output.shape[0] * math.prod(self.parts["scale"].shape[1:])  # unpacked zero points
+            decoded += 4 * math.prod(self.parts["scale"].shape)  # unpacked zero points, one a scale
         return decoded + SCRATCH
 
     def converter(self, rows: int) -> Any:
@@ -371,7 +388,7 @@ class PackedRows(ScaledRows):
                                         block=kwargs.get("block"), shape=kwargs["shape"],
                                         scale_code=_code_of(self.parts["scale"].dtype) if "scale" in self.parts else
                                         self.code, dtype=self.code, sparse=kwargs.get("sparse", "")))
-            stored = np.frombuffer(raw, stored_dtype).reshape(-1, *packed.shape[1:])
+            stored = np.frombuffer(raw, stored_dtype).reshape(-1, packed.shape[-1])
             out = decoder[0].rows(stored, first)
             return np.ascontiguousarray(out).reshape(-1).view(np.uint8), 0, 0.0
 
@@ -392,7 +409,7 @@ def _packed_rows(op: Any, group: Any, ahead: tuple[Any, ...] = ()) -> PackedRows
     if len(roles) != len(op.inputs) or any(name not in infos for name in op.inputs):
         return None
     parts = {role: infos[name] for role, name in zip(roles, op.inputs, strict=True)}
-    if len(parts["packed"].shape) != 2 or parts["packed"].shape[0] < 1:
+    if len(parts["packed"].shape) not in (2, 3) or parts["packed"].shape[0] < 1:
         return None
     return PackedRows(parts, group.outputs[0], kwargs)
 

@@ -271,24 +271,24 @@ def _gptq_modules(names: list[str], quant: Mapping[str, Any], method: str) -> li
 
 
 def packed_shape(module: PackedModule, infos: Mapping[str, Any]) -> tuple[int, ...]:
-    """The dense shape of `module`'s weight, from the packed tensor and its scales (metadata only)."""
+    """The dense shape of `module`'s weight, from the packed tensor and its scales (metadata only): [rows, cols], or
+    [experts, rows, cols] for stacked experts (a 3-D packed tensor, each expert packed as a 2-D weight)."""
     packed = _need(module, "packed", infos)
-    if len(packed.shape) != 2:
+    if len(packed.shape) not in (2, 3):
         raise MapperError(f"Cannot decompress {packed.name!r}: it is {list(packed.shape)}; a packed weight has 2 dims "
-                          "[rows, packed columns].", tensor=packed.name)
-    rows = packed.shape[0]
+                          "[rows, packed columns], or 3 for stacked experts [experts, rows, packed columns].",
+                          tensor=packed.name)
+    *lead, rows, stored = packed.shape
     if module.format == "pack-quantized":
         scale = _need(module, "scale", infos)
-        widest = packed.shape[1] * 32 // module.bits  # the last word may be partly padding
-        if module.strategy == "group" and module.group_size and len(scale.shape) == 2:
+        widest = stored * 32 // module.bits  # the last word may be partly padding
+        if module.strategy == "group" and module.group_size and len(scale.shape) == len(packed.shape):
             by_scale = scale.shape[-1] * module.group_size
             if widest - 32 // module.bits < by_scale <= widest:
-                return (rows, by_scale)
-        return (rows, widest)
-    if module.format == "nvfp4-pack-quantized":
-        return (rows, packed.shape[1] * 2)
-    if module.sparse:  # 2:4: half of every row's values kept
-        return (rows, packed.shape[1] * 2)
+                return (*lead, rows, by_scale)
+        return (*lead, rows, widest)
+    if module.format == "nvfp4-pack-quantized" or module.sparse:  # two FP4 values a byte; 2:4: half of each row kept
+        return (*lead, rows, stored * 2)
     return tuple(packed.shape)
 
 
