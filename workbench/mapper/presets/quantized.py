@@ -523,7 +523,8 @@ def _packed_view(tensors: dict[str, TensorInfo], config: Any, code: str) -> dict
 
 # the parts of packed weights (compressed-tensors, GPTQ, AWQ) a layout preset leaves to `decompress`
 PACKED_SUFFIXES = (r"\.weight_packed", r"\.weight_scale", r"\.weight_zero_point", r"\.weight_shape", r"\.weight_global_scale",
-                   r"\.input_scale", r"\.input_global_scale", r"\.qweight", r"\.qzeros", r"\.g_idx", r"\.scales")
+                   r"\.input_scale", r"\.input_global_scale", r"\.qweight", r"\.qzeros", r"\.g_idx", r"\.scales",
+                   r"\.compressed", r"\.bitmask")
 
 
 def quantised_claim(kinds: Sequence[str], family: str) -> Any:
@@ -556,7 +557,7 @@ def fp8_quantization_config(block: Sequence[int]) -> dict[str, Any]:
 
 
 QUANTISED_NAMES = (SCALE_SUFFIX, "_blocks", "_scales", ".activation_scale", ".weight_packed", ".weight_scale", ".weight_zero_point",
-                   ".weight_shape", ".weight_global_scale", ".qweight", ".qzeros", ".g_idx")
+                   ".weight_shape", ".weight_global_scale", ".qweight", ".qzeros", ".g_idx", ".compressed", ".bitmask")
 # every op that turns quantised weights into plain ones (a conversion with one drops quantization_config)
 DEQUANTIZING = (f"{HERE}:dequantize_fp8_tensor", f"{HERE}:dequantize_mxfp4_tensor",
                 "workbench.mapper.presets.compressed:decompress_tensor", "workbench.mapper.presets.gptq:dequantize_gptq_tensor")
