@@ -7,6 +7,7 @@ pack-quantized decompression, and to the same torch reference."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -26,14 +27,38 @@ AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
 
 def pack_rows(values: torch.Tensor, bits: int) -> torch.Tensor:
     """GPTQ: [in, out] unsigned ints -> int32 [in * bits / 32, out], row i at bit (i mod 32/bits) * bits of word i // (32/bits)."""
+    if bits == 3:
+        return pack_3bit(values.T).T.contiguous()
     per = 32 // bits
     v = values.to(torch.int64).reshape(-1, per, values.shape[1])
     words = sum(v[:, k] << (k * bits) for k in range(per))
     return ((words + 2**31) % 2**32 - 2**31).to(torch.int32)
 
 
+def pack_3bit(values: torch.Tensor) -> torch.Tensor:
+    """[rows, cols] 3-bit values -> int32 [rows, cols * 3 / 32] as AutoGPTQ's `pack` writes them: per 32 values three
+    words, ten values in each and the 11th and 22nd split across two words (2 + 1 and 1 + 2 bits)."""
+    v = values.to(torch.int64)
+    words = torch.zeros(v.shape[0], v.shape[1] // 32 * 3, dtype=torch.int64)
+    for block in range(v.shape[1] // 32):
+        i, w = 32 * block, 3 * block
+        for j in range(10):
+            words[:, w] |= v[:, i + j] << (3 * j)
+        words[:, w] |= (v[:, i + 10] << 30) & 0xFFFFFFFF
+        words[:, w + 1] |= (v[:, i + 10] >> 2) & 1
+        for j in range(10):
+            words[:, w + 1] |= v[:, i + 11 + j] << (3 * j + 1)
+        words[:, w + 1] |= (v[:, i + 21] << 31) & 0xFFFFFFFF
+        words[:, w + 2] |= (v[:, i + 21] >> 1) & 3
+        for j in range(10):
+            words[:, w + 2] |= v[:, i + 22 + j] << (3 * j + 2)
+    return ((words + 2**31) % 2**32 - 2**31).to(torch.int32)
+
+
 def pack_columns(values: torch.Tensor, bits: int, order: list[int] | None = None) -> torch.Tensor:
     """[rows, cols] unsigned ints -> int32 [rows, cols * bits / 32], packed along the columns (AWQ: in `order`)."""
+    if bits == 3:
+        return pack_3bit(values)
     per = 32 // bits
     order = order or list(range(per))
     v = values.to(torch.int64).reshape(values.shape[0], -1, per)
@@ -41,8 +66,14 @@ def pack_columns(values: torch.Tensor, bits: int, order: list[int] | None = None
     return ((words + 2**31) % 2**32 - 2**31).to(torch.int32)
 
 
+def gemv_zeros_width(in_features: int, group: int) -> int:
+    """AutoAWQ GEMV's width of qzeros (and of scales, times 8): groups in words of 8, rounded up for small groups."""
+    multiple = 1 if group >= 128 else {64: 2, 32: 4}[group]
+    return math.ceil(math.ceil(in_features // group / 8) / multiple) * multiple
+
+
 def make_gptq(folder: Path, *, method: str = "gptq", bits: int = 4, group: int = 32, sym: bool = True,
-              desc_act: bool = False, v2: bool = False, seed: int = 0) -> dict[str, torch.Tensor]:
+              desc_act: bool = False, v2: bool = False, seed: int = 0, version: str = "gemm") -> dict[str, torch.Tensor]:
     """A Llama-shaped 2-layer GPTQ / AWQ checkpoint from random integers; returns the reference weights [out, in]
     (float16, computed from the integers before packing)."""
     gen = torch.Generator().manual_seed(seed)
@@ -70,6 +101,13 @@ def make_gptq(folder: Path, *, method: str = "gptq", bits: int = 4, group: int =
                 tensors[f"{name}.qweight"] = pack_rows(q, bits)
                 tensors[f"{name}.qzeros"] = pack_columns(stored_zeros, bits)
                 tensors[f"{name}.g_idx"] = g_idx
+            elif version == "gemv":  # AutoAWQ's WQLinear_GEMV.from_linear: by output rows, natural order, padded
+                width = gemv_zeros_width(in_f, size)
+                tensors[f"{name}.qweight"] = pack_columns(q.T.contiguous(), bits)
+                tensors[f"{name}.qzeros"] = torch.nn.functional.pad(pack_columns(
+                    torch.nn.functional.pad(zeros.T, (0, -groups % 8)), bits), (0, width - math.ceil(groups / 8)))
+                tensors[f"{name}.scales"] = torch.nn.functional.pad(scales.T, (0, width * 8 - groups)).contiguous()
+                continue
             else:
                 tensors[f"{name}.qweight"] = pack_columns(q, bits, AWQ_ORDER)
                 tensors[f"{name}.qzeros"] = pack_columns(zeros, bits, AWQ_ORDER)
@@ -80,7 +118,7 @@ def make_gptq(folder: Path, *, method: str = "gptq", bits: int = 4, group: int =
         quant = {"quant_method": "gptq", "bits": bits, "group_size": group, "desc_act": desc_act, "sym": sym,
                  "checkpoint_format": "gptq_v2" if v2 else "gptq"}
     else:
-        quant = {"quant_method": "awq", "bits": bits, "group_size": group, "zero_point": not sym, "version": "gemm"}
+        quant = {"quant_method": "awq", "bits": bits, "group_size": group, "zero_point": not sym, "version": version}
     config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
               "torch_dtype": "float16", "quantization_config": quant}
@@ -102,6 +140,11 @@ CASES = {
     "gptq-4-asym-v2": dict(bits=4, sym=False, v2=True),
     "gptq-4-channel": dict(bits=4, sym=False, group=-1),
     "awq-4-zero-point": dict(method="awq", bits=4, sym=False),
+    "gptq-3-asym-desc-act": dict(bits=3, sym=False, desc_act=True),
+    "gptq-3-sym": dict(bits=3, sym=True),
+    "gptq-3-asym-v2-channel": dict(bits=3, sym=False, v2=True, group=-1),
+    "awq-gemv-4-zero-point": dict(method="awq", bits=4, sym=False, version="gemv"),
+    "awq-gemv-4-midpoint": dict(method="awq", bits=4, sym=True, version="gemv", seed=5),
 }
 
 
@@ -184,9 +227,9 @@ def test_malformed_gptq_is_refused_naming_the_tensor(tmp_path):
     with pytest.raises(WorkbenchError, match="o_proj.scales.*expected"):
         M.presets.decompress(folder)
     config = json.loads((folder / "config.json").read_text())
-    config["quantization_config"]["bits"] = 3
+    config["quantization_config"]["bits"] = 5
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(MapperError, match="3 bits"):
+    with pytest.raises(MapperError, match="5 bits is not supported"):
         M.presets.decompress(folder)
 
 
@@ -225,3 +268,38 @@ def test_a_g_idx_outside_the_groups_stops_the_run(tmp_path):
     save_file({**tensors, name: torch.full_like(tensors[name], 7)}, folder / "model.safetensors")
     with pytest.raises(WorkbenchError, match="g_idx model.layers.0.self_attn.q_proj.g_idx names groups outside 0..1"):
         wb.convert(folder, tmp_path / "out", M.presets.decompress(folder), quiet=True)
+
+
+@pytest.mark.parametrize(("method", "key", "value", "why"), [
+    ("gptq", "checkpoint_format", "marlin", "Marlin's GPU tile permutation"),
+    ("awq", "version", "gemv_fast", "interleaved tile layout"),
+    ("awq", "version", "marlin", "interleaved tile layout"),
+    ("awq", "version", "exllama", "not one the workbench reads"),
+])
+def test_gpu_kernel_packings_are_refused_with_the_reason(tmp_path, method, key, value, why):
+    folder = tmp_path / "q"
+    make_gptq(folder, method=method, bits=4, sym=False)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"][key] = value
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(MapperError, match=why):
+        M.presets.decompress(folder)
+    assert "decompress" not in list(wb.open_checkpoint(folder).suggest()["preset"])  # not offered: it would refuse
+
+
+def test_awq_gemv_streams_by_rows(tmp_path):
+    """GEMV stores each output row's values together: its plan reads qweight by chunks of rows (a 'rows' step held
+    below the whole weight in and out), and the output is the same at any chunk size."""
+    folder = tmp_path / "gemv"
+    expected = make_gptq(folder, method="awq", bits=4, sym=False, version="gemv")
+    from workbench.mapper.row_jobs import row_job
+
+    plan = wb.plan(folder, M.presets.decompress(folder), chunk_size=4096)
+    steps = [s for s in plan.steps if s.group.outputs[0].name.endswith("proj.weight")]
+    assert len(steps) == 14 and {s.kind for s in steps} == {"rows"}
+    assert list(wb.open_checkpoint(folder).suggest()["why"])[0].startswith("AWQ 4-bit (gemv) packed weights")
+    job = row_job(next(s for s in steps if s.group.outputs[0].name == "model.layers.0.mlp.gate_proj.weight").group)
+    assert (job.rows, job.chunk_rows(job.budget(4096))) == (96, 4096 // (64 // 2 + 64 * 2))  # a chunk of whole rows
+    wb.convert(folder, tmp_path / "out", M.presets.decompress(folder, dtype="fp16"), chunk_size=4096)
+    got = load_file(tmp_path / "out" / "model.safetensors")
+    assert all(_same_bits(got[n], w) for n, w in expected.items())

@@ -197,9 +197,9 @@ def run_inspect(args: argparse.Namespace) -> int:
     from ..formats import open_catalog
 
     catalog = open_catalog(args.path, **open_options(args))
-    from ..mapper.presets.packed import annotate_local
+    from ..mapper.presets.packed import annotate_found
 
-    annotate_local(catalog)  # packed quantised tensors: format, role, bits, group, which scales belong to which
+    annotate_found(catalog)  # packed quantised tensors: format, role, bits, group, which scales belong to which
     names = _selected(sorted(catalog.tensors, key=natural_key), args.filter)
     if args.filter and not names:
         hints = " ".join(filter(None, map(no_match_hint, args.filter)))

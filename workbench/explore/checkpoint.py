@@ -499,8 +499,8 @@ def open_checkpoint(path: CheckpointLike, **options: object) -> Checkpoint:
 
         return Checkpoint(open_sources(path))
     from ..formats import open_catalog
-    from ..mapper.presets.packed import annotate_local
+    from ..mapper.presets.packed import annotate_found
 
     catalog = open_catalog(path, **options)
-    annotate_local(catalog)  # packed quantised tensors (compressed-tensors, GPTQ, AWQ): what each one is
+    annotate_found(catalog)  # packed quantised tensors (compressed-tensors, GPTQ, AWQ): what each one is
     return Checkpoint(catalog)

@@ -29,6 +29,7 @@ from typing import Any
 from ...catalog import TensorInfo
 from ...errors import MapperError
 from .quantized import PIECE, _out, _output_code
+from .scaled_rows import ScaledRows
 
 HERE = "workbench.mapper.presets.compressed"
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # e2m1 magnitudes by the low three bits
@@ -110,12 +111,23 @@ class _Decoder:
     """Dequantises rows of one compressed-tensors weight (scales and zero points decoded once)."""
 
     def __init__(self, parts: dict[str, Any], *, format: str, bits: int, strategy: str, group_size: int | None,
-                 symmetric: bool, block: Sequence[int] | None, shape: Sequence[int], scale_code: str, dtype: str) -> None:
+                 symmetric: bool, block: Sequence[int] | None, shape: Sequence[int], scale_code: str, dtype: str,
+                 sparse: str = "") -> None:
         import numpy as np
 
         self.format, self.bits, self.strategy, self.group = format, bits, strategy, group_size
         self.block, self.shape, self.code = block, tuple(shape), dtype
-        self.scale = np.asarray(parts["scale"]).astype(np.float32)
+        self.bitmask = parts.get("bitmask") if sparse else None
+        if sparse and format == "dense":
+            self.scale_code, self.zero, self.global_scale = dtype, None, None
+            return
+        if sparse:  # the library holds an int8 / float8 weight's scale as float16 and multiplies in float16
+            scale_code = "F16"
+            self.scale = np.asarray(parts["scale"]).astype(np.float16).astype(np.float32)
+        else:
+            self.scale = np.asarray(parts["scale"]).astype(np.float32)
+        if len(self.shape) == 3:  # stacked experts: their rows one after another, each row's scales as in 2-D
+            self.scale = self.scale.reshape(-1, self.scale.shape[-1])
         if self.scale.ndim == 1 and strategy in ("group", "tensor_group", "channel", "block"):
             self.scale = self.scale.reshape(-1, 1)
         self.scale_code = scale_code
@@ -124,8 +136,11 @@ class _Decoder:
         if zero is not None and not symmetric:
             zero = np.asarray(zero)
             if format == "pack-quantized" and strategy in ("group", "channel"):
-                unpacked = unpack_bits(np.ascontiguousarray(zero.T), bits, self.shape[0])  # packed along the output dim
-                zero = unpacked.astype(np.int16).T - (1 << (bits - 1))
+                experts = zero.reshape(-1, *zero.shape[-2:])  # packed along the output dim, each expert on its own
+                unpacked = np.concatenate([unpack_bits(np.ascontiguousarray(z.T), bits, self.shape[-2]).T for z in experts])
+                zero = unpacked.astype(np.int16) - (1 << (bits - 1))
+            elif len(self.shape) == 3:
+                zero = zero.reshape(-1, zero.shape[-1])
             self.zero = zero.astype(np.float32)
             if self.zero.ndim == 1 and strategy != "tensor":
                 self.zero = self.zero.reshape(-1, 1)
@@ -153,6 +168,10 @@ class _Decoder:
 
         n, cols = stored.shape[0], self.shape[-1]
         rows = slice(first, first + n)
+        if self.bitmask is not None:
+            stored = _expand_24(stored, self.bitmask[first:first + n], cols)
+            if self.format == "dense":
+                return stored if stored.dtype == _np_dtype(self.code) else _round_twice(stored.astype(np.float32), "F32", self.code)
         if self.format == "pack-quantized":
             values = unpack_bits(stored, self.bits, cols).astype(np.float32)
             values -= float(1 << (self.bits - 1))
@@ -183,6 +202,23 @@ class _Decoder:
         return _round_twice(values, "BF16", self.code)
 
 
+def _expand_24(values: Any, bitmask: Any, cols: int) -> Any:
+    """2:4 sparse rows back to dense: `values` [n, cols / 2] (the kept values of each row, in order) placed where the
+    little-endian bits of `bitmask` [n, ceil(cols / 8)] are set, zeros elsewhere (the stored dtype kept)."""
+    import numpy as np
+
+    mask = np.unpackbits(np.ascontiguousarray(bitmask), axis=1, count=cols, bitorder="little").view(bool)
+    kept = mask.sum(axis=1)
+    if (kept != values.shape[1]).any():
+        row = int(np.argmax(kept != values.shape[1]))
+        raise MapperError(f"Cannot decompress a 2:4 sparse weight: row {row} of its bitmask sets {int(kept[row])} bits for "
+                          f"{values.shape[1]} stored values. The checkpoint is inconsistent.")
+    raw = np.ascontiguousarray(values).view(f"u{values.dtype.itemsize}")
+    dense = np.zeros((values.shape[0], cols), raw.dtype)
+    dense[mask] = raw.reshape(-1)
+    return dense.view(values.dtype)
+
+
 def _round_twice(values: Any, compute: str, code: str) -> Any:
     """`values` (float32) rounded to the library's compute dtype, then cast to the output dtype."""
     rounded = values.astype(_np_dtype(compute)) if compute != "F32" else values
@@ -191,19 +227,21 @@ def _round_twice(values: Any, compute: str, code: str) -> Any:
 
 def decompress_tensor(*tensors: Any, roles: Sequence[str], format: str, bits: int, strategy: str,
                       group_size: int | None = None, symmetric: bool = True, block: Sequence[int] | None = None,
-                      shape: Sequence[int], dtype: str = "BF16") -> Any:
+                      shape: Sequence[int], dtype: str = "BF16", sparse: str = "") -> Any:
     """One compressed-tensors weight, its tensors given in `roles` order ('packed', 'scale', 'zero_point', 'shape',
-    'global_scale') -> the dense weight of `shape` in `dtype`, a few rows at a time."""
+    'global_scale', 'bitmask') -> the dense weight of `shape` in `dtype`, a few rows at a time. `sparse`:
+    'sparse-24-bitmask' when 'packed' holds the kept half of each row of a 2:4 sparse weight."""
 
     code = _output_code(dtype)
     arrays = [_numpy(t) for t in tensors]
     torch_in = any(flag for _, flag in arrays)
     parts = _parts([a for a, _ in arrays], roles)
     _check_stored_shape(parts.get("shape"), shape)
-    scale_code = _scale_code(tensors[list(roles).index("scale")])
+    scale_code = _scale_code(tensors[list(roles).index("scale")]) if "scale" in roles else code
     decoder = _Decoder(parts, format=format, bits=bits, strategy=strategy, group_size=group_size, symmetric=symmetric,
-                       block=block, shape=shape, scale_code=scale_code, dtype=code)
-    return _out(decoder.rows(parts["packed"], 0).reshape(tuple(shape)), code, torch_in)
+                       block=block, shape=shape, scale_code=scale_code, dtype=code, sparse=sparse)
+    stored = parts["packed"]
+    return _out(decoder.rows(stored.reshape(-1, stored.shape[-1]), 0).reshape(tuple(shape)), code, torch_in)
 
 
 def _check_stored_shape(stored: Any, shape: Sequence[int], name: str = "") -> None:
@@ -231,34 +269,53 @@ def _scale_code(tensor: Any) -> str:
 
 def infer_decompress(*infos: TensorInfo, roles: Sequence[str], format: str, bits: int, strategy: str,
                      group_size: int | None = None, symmetric: bool = True, block: Sequence[int] | None = None,
-                     shape: Sequence[int], dtype: str = "BF16") -> list:
+                     shape: Sequence[int], dtype: str = "BF16", sparse: str = "") -> list:
     """Metadata of `decompress_tensor`: checks every part's dtype and shape against the weight's `shape`."""
     code = _output_code(dtype)
     parts = _parts(infos, roles)
     check_parts(parts, format=format, bits=bits, strategy=strategy, group_size=group_size, symmetric=symmetric,
-                block=block, shape=tuple(shape))
+                block=block, shape=tuple(shape), sparse=sparse)
     return [(code, tuple(shape))]
 
 
 def check_parts(parts: dict[str, TensorInfo], *, format: str, bits: int, strategy: str, group_size: int | None,
-                symmetric: bool, block: Sequence[int] | None, shape: tuple[int, ...]) -> None:
+                symmetric: bool, block: Sequence[int] | None, shape: tuple[int, ...], sparse: str = "") -> None:
     """Refuse parts whose dtype or shape does not fit the weight (a clear error naming the tensor)."""
-    packed, scale = parts["packed"], parts["scale"]
-    rows, cols = shape
+    packed, scale = parts["packed"], parts.get("scale")
+    *lead, rows, cols = shape
+    if lead and (sparse or format == "nvfp4-pack-quantized" or strategy not in ("group", "channel")):
+        raise MapperError(f"Cannot decompress {packed.name!r}: stacked experts {list(shape)} are read for group and channel "
+                          f"scales of pack-quantized / int / float weights, not {sparse or format} with {strategy} scales. "
+                          "Unstack the experts first (one 2-D weight each).", tensor=packed.name)
+    lead = tuple(lead)
 
     def bad(info: TensorInfo, expected: str) -> MapperError:
-        return MapperError(f"Cannot decompress {packed.name!r} ({format}, {bits} bits, {strategy}): {info.name!r} is "
-                           f"{info.dtype} {list(info.shape)}, expected {expected}. The checkpoint does not match its "
-                           "quantization_config.", tensor=info.name)
+        return MapperError(f"Cannot decompress {packed.name!r} ({sparse + ' + ' if sparse else ''}{format}, {bits} bits, "
+                           f"{strategy}): {info.name!r} is {info.dtype} {list(info.shape)}, expected {expected}. The "
+                           "checkpoint does not match its quantization_config.", tensor=info.name)
 
-    if format == "pack-quantized":
+    if sparse:
+        mask = parts.get("bitmask")
+        if mask is None or mask.dtype not in ("U8", "I8") or tuple(mask.shape) != (rows, math.ceil(cols / 8)):
+            raise bad(mask if mask is not None else packed, f"a U8 bitmask [{rows}, {math.ceil(cols / 8)}] beside it")
+        allowed = ("BF16", "F16", "F32") if format == "dense" else ("I8", "F8_E4M3", "F8_E5M2")
+        if packed.dtype not in allowed or tuple(packed.shape) != (rows, cols // 2) or cols % 4:
+            raise bad(packed, f"{' / '.join(allowed)} [{rows}, {cols // 2}] (half of each row's values, 2:4)")
+        if format == "dense":
+            return
+    if scale is None:
+        raise MapperError(f"Cannot decompress {packed.name!r} ({format}): its weight_scale tensor is missing. The "
+                          "checkpoint is incomplete.", tensor=packed.name)
+    if sparse:  # int8 / float8 values checked above
+        pass
+    elif format == "pack-quantized":
         words = math.ceil(cols * bits / 32)
-        if packed.dtype != "I32" or tuple(packed.shape) != (rows, words):
-            raise bad(packed, f"I32 [{rows}, {words}]")
+        if packed.dtype != "I32" or tuple(packed.shape) != (*lead, rows, words):
+            raise bad(packed, f"I32 {[*lead, rows, words]}")
     elif format == "nvfp4-pack-quantized":
         if packed.dtype != "U8" or tuple(packed.shape) != (rows, cols // 2):
             raise bad(packed, f"U8 [{rows}, {cols // 2}]")
-    elif packed.dtype not in ("I8", "F8_E4M3", "F8_E5M2", "U8") or tuple(packed.shape) != shape:
+    elif packed.dtype not in ("I8", "F8_E4M3", "F8_E5M2", "U8") or tuple(packed.shape) != tuple(shape):
         raise bad(packed, f"int8 / float8 {list(shape)}")
     group = NVFP4_GROUP if format == "nvfp4-pack-quantized" else group_size
     if strategy in ("group", "tensor_group"):
@@ -271,14 +328,15 @@ def check_parts(parts: dict[str, TensorInfo], *, format: str, bits: int, strateg
         grid = (math.ceil(rows / block[0]), math.ceil(cols / block[1]))
     else:
         grid = (1,)
-    if math.prod(scale.shape) != math.prod(grid) or (strategy != "tensor" and tuple(scale.shape) not in (grid, grid[:1])):
+    grid = (*lead, *grid)
+    if math.prod(scale.shape) != math.prod(grid) or (strategy != "tensor" and tuple(scale.shape) not in (grid, grid[:-1])):
         raise bad(scale, f"a scale grid {list(grid)}")
     zero = parts.get("zero_point")
     if not symmetric and format == "pack-quantized" and strategy in ("group", "channel"):
         if zero is None:
             raise MapperError(f"Cannot decompress {packed.name!r}: it is asymmetric ({format}) but has no weight_zero_point "
                               "beside it. The checkpoint is incomplete.", tensor=packed.name)
-        expected = (math.ceil(rows * bits / 32), grid[1])
+        expected = (*lead, math.ceil(rows * bits / 32), grid[-1])
         if zero.dtype != "I32" or tuple(zero.shape) != expected:
             raise bad(zero, f"I32 {list(expected)} (zero points packed along the rows)")
     elif zero is not None and not symmetric and math.prod(zero.shape) != math.prod(grid):
@@ -289,51 +347,28 @@ def check_parts(parts: dict[str, TensorInfo], *, format: str, bits: int, strateg
 
 
 # -- row job: a few output rows at a time, straight from the packed bytes ----------------------------------
-class PackedRows:
+class PackedRows(ScaledRows):
     """The row job of `decompress_tensor` (`mapper.row_jobs`): the packed (or int8 / float8) weight read a chunk of
     rows at a time, its scales, zero points and global scale read whole beside it."""
 
-    libraries = ("ml_dtypes",)
-    library_bytes = 2_720_000  # as quantized.ML_DTYPES_BYTES: ml_dtypes imported and used on top of numpy
     library_detail = "ml_dtypes: packed weights dequantised by rows"
 
     def __init__(self, infos: dict[str, TensorInfo], output: TensorInfo, kwargs: dict[str, Any]) -> None:
+        super().__init__(infos["packed"], output, tuple(infos[r] for r in kwargs["roles"] if r != "packed"),
+                         kwargs.get("dtype", "BF16"))  # weight_shape read whole too: checked
         self.kwargs, self.parts = kwargs, infos
-        self.inputs, self.output = (infos["packed"],), output
-        self.code = kwargs.get("dtype", "BF16")
-        self.overflow_dtype = self.value_dtype = self.code
-        self.extra = tuple(infos[r] for r in kwargs["roles"] if r != "packed")  # weight_shape too: checked
 
     @property
     def rows(self) -> int:
-        return self.inputs[0].shape[0]
+        """Rows of the weight; of stacked experts, all experts' rows one after another."""
+        return math.prod(self.inputs[0].shape[:-1])
 
-    @property
-    def in_row(self) -> int:
-        return self.inputs[0].nbytes // max(1, self.rows)
-
-    @property
-    def out_row(self) -> int:
-        return self.output.nbytes // max(1, self.rows)
-
-    def whole(self, k: int) -> tuple[TensorInfo, ...]:
-        return self.extra
-
-    def budget(self, chunk_bytes: int) -> int:
-        return chunk_bytes
-
-    def chunk_rows(self, budget: int) -> int:
-        return max(1, min(self.rows, budget // max(1, self.in_row + self.out_row)))
-
-    def held(self, rows: int) -> int:
-        """The chunk in and out, the parts read whole and their float32 copies, and the kernel's scratch."""
-        decoded = sum(4 * math.prod(t.shape) for t in self.extra)
+    def scratch(self, rows: int) -> int:
+        """The parts' float32 copies (zero points unpacked) and the kernel's pieces."""
+        decoded = sum(4 * math.prod(t.shape) for t in self.extra if t is not self.parts.get("bitmask"))
         if self.kwargs["format"] == "pack-quantized" and "zero_point" in self.kwargs["roles"]:
-            decoded += 4 * self.output.shape[0] * math.prod(self.parts["scale"].shape[1:])  # unpacked zero points
-        return rows * (self.in_row + self.out_row) + sum(t.nbytes for t in self.extra) + decoded + SCRATCH
-
-    def held_bytes(self, chunk_bytes: int) -> int:
-        return self.held(self.chunk_rows(self.budget(chunk_bytes)))
+            decoded += 4 * math.prod(self.parts["scale"].shape)  # unpacked zero points, one a scale
+        return decoded + SCRATCH
 
     def converter(self, rows: int) -> Any:
         import numpy as np
@@ -351,8 +386,9 @@ class PackedRows:
                 decoder.append(_Decoder(parts, format=kwargs["format"], bits=kwargs["bits"], strategy=kwargs["strategy"],
                                         group_size=kwargs.get("group_size"), symmetric=kwargs.get("symmetric", True),
                                         block=kwargs.get("block"), shape=kwargs["shape"],
-                                        scale_code=_code_of(self.parts["scale"].dtype), dtype=self.code))
-            stored = np.frombuffer(raw, stored_dtype).reshape(-1, *packed.shape[1:])
+                                        scale_code=_code_of(self.parts["scale"].dtype) if "scale" in self.parts else
+                                        self.code, dtype=self.code, sparse=kwargs.get("sparse", "")))
+            stored = np.frombuffer(raw, stored_dtype).reshape(-1, packed.shape[-1])
             out = decoder[0].rows(stored, first)
             return np.ascontiguousarray(out).reshape(-1).view(np.uint8), 0, 0.0
 
@@ -373,7 +409,7 @@ def _packed_rows(op: Any, group: Any, ahead: tuple[Any, ...] = ()) -> PackedRows
     if len(roles) != len(op.inputs) or any(name not in infos for name in op.inputs):
         return None
     parts = {role: infos[name] for role, name in zip(roles, op.inputs, strict=True)}
-    if len(parts["packed"].shape) != 2 or parts["packed"].shape[0] < 1:
+    if len(parts["packed"].shape) not in (2, 3) or parts["packed"].shape[0] < 1:
         return None
     return PackedRows(parts, group.outputs[0], kwargs)
 

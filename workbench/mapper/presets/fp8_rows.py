@@ -13,51 +13,28 @@ from collections.abc import Callable
 from typing import Any
 
 from ...catalog import TensorInfo
+from .scaled_rows import ScaledRows
 
 PIECE = 1 << 16  # as quantized.PIECE: float32 values the kernel converts at a time
 
 
-class Fp8Rows:
+class Fp8Rows(ScaledRows):
     """The row job of a dense 2-D FP8 weight and its scale grid: chunks of whole tile rows (`block[0]` rows)."""
 
-    libraries = ("ml_dtypes",)
-    library_bytes = 2_720_000  # as quantized.ML_DTYPES_BYTES
     library_detail = "ml_dtypes: FP8 weights dequantised by rows"
 
     def __init__(self, weight: TensorInfo, scales: TensorInfo, output: TensorInfo, block: tuple[int, int], code: str,
                  kernel: Callable[..., Any], numpy_dtype: Callable[[str], Any]) -> None:
-        self.inputs, self.output, self.scales, self.block, self.code = (weight,), output, scales, block, code
+        super().__init__(weight, output, (scales,), code)
+        self.scales, self.block = scales, block
         self.kernel, self.numpy_dtype = kernel, numpy_dtype  # quantized.dequantize_fp8_tensor and its dtype table
-        self.overflow_dtype = self.value_dtype = code
-
-    @property
-    def rows(self) -> int:
-        return self.inputs[0].shape[0]
-
-    @property
-    def in_row(self) -> int:
-        return self.inputs[0].nbytes // self.rows
-
-    @property
-    def out_row(self) -> int:
-        return self.output.nbytes // self.rows
-
-    def whole(self, k: int) -> tuple[TensorInfo, ...]:
-        return (self.scales,)
-
-    def budget(self, chunk_bytes: int) -> int:
-        return chunk_bytes
 
     def chunk_rows(self, budget: int) -> int:
         b0 = self.block[0]
         return min(self.rows, max(1, budget // (b0 * (self.in_row + self.out_row))) * b0)  # whole tile rows
 
-    def held(self, rows: int) -> int:
-        cols = self.inputs[0].shape[1]
-        return rows * (self.in_row + self.out_row) + self.scales.nbytes + 4 * (PIECE + cols)  # float32 piece, row scales
-
-    def held_bytes(self, chunk_bytes: int) -> int:
-        return self.held(self.chunk_rows(self.budget(chunk_bytes)))
+    def scratch(self, rows: int) -> int:
+        return 4 * (PIECE + self.inputs[0].shape[1])  # a float32 piece and a row of scales
 
     def converter(self, rows: int) -> Any:
         import numpy as np

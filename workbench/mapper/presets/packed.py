@@ -5,7 +5,9 @@ densely) or `X.weight` (int8 / float8) beside `X.weight_scale`, maybe `X.weight_
 `X.weight_global_scale` and activation scales; GPTQ writes `X.qweight`, `X.qzeros`, `X.scales`, `X.g_idx`; AWQ the
 same without `g_idx`. Which format, how many bits, which group size and whether a zero point is used are in
 `quantization_config` (compressed-tensors: `config_groups` with `targets`, `weights` and `format`; GPTQ / AWQ: `bits`,
-`group_size`, `sym` / `zero_point`, `desc_act`, `version`, `checkpoint_format`).
+`group_size`, `sym` / `zero_point`, `desc_act`, `version`, `checkpoint_format`). A 2:4 sparse compressed-tensors
+weight (`sparsity_config.format: sparse-24-bitmask`) is `X.compressed` (the kept half of each row), `X.bitmask` (which
+values were kept, a bit each) and `X.shape`, int8 / float8 with `X.weight_scale` when quantised under the sparsity.
 
 `packed_modules(names, config)` pairs the two, from metadata alone: one `PackedModule` per quantised linear, naming
 its tensors by role. The catalog columns (`packed_columns`), the dequantising preset (`decompress`) and `suggest`
@@ -40,7 +42,7 @@ class PackedModule:
 
     module: str
     method: str  # 'compressed-tensors' | 'gptq' | 'awq'
-    format: str  # one of CT_FORMATS, or 'gptq' / 'awq'
+    format: str  # one of CT_FORMATS ('dense': a 2:4 sparse weight not quantised), 'marlin-24', or 'gptq' / 'awq'
     bits: int
     kind: str  # 'int' | 'float'
     strategy: str  # 'group' | 'channel' | 'tensor' | 'block' | 'tensor_group'
@@ -50,7 +52,15 @@ class PackedModule:
     extras: tuple[str, ...] = ()  # activation scales of the module, dropped when it is dequantised
     block: tuple[int, int] | None = None
     desc_act: bool = False  # GPTQ: rows reordered by activation (g_idx says each row's group)
-    variant: str = ""  # GPTQ: 'gptq' (zeros stored minus one) or 'gptq_v2'; AWQ: 'gemm'
+    variant: str = ""  # GPTQ: 'gptq' (zeros stored minus one) or 'gptq_v2'; AWQ: 'gemm' / 'gemv'
+    sparse: str = ""  # compressed-tensors sparsity: 'sparse-24-bitmask' (values + bitmask), stacked on `format`
+
+    @property
+    def label(self) -> str:
+        """What the catalog's `quant_format` column says: the format, with the sparsity stacked under it."""
+        if not self.sparse:
+            return self.format
+        return self.sparse if self.format == "dense" else f"{self.sparse} + {self.format}"
 
     @property
     def output(self) -> str:
@@ -63,7 +73,7 @@ class PackedModule:
         return tuple(self.parts[role] for role in ROLE_ORDER if role in self.parts)
 
 
-ROLE_ORDER = ("packed", "scale", "zero_point", "g_idx", "shape", "global_scale")
+ROLE_ORDER = ("packed", "scale", "zero_point", "g_idx", "shape", "global_scale", "bitmask")
 
 
 def quant_config(config: Any) -> dict[str, Any]:
@@ -148,12 +158,55 @@ def _group_for(module: str, groups: list[_Group], stored: str) -> _Group:
     return fits[0]
 
 
+SPARSE_FORMATS = ("sparse-24-bitmask",)
+# compressed-tensors' legacy sparse formats whose tensors are listed but not dequantised: `marlin-24` is a GPU kernel's
+# tile layout the library itself never decompressed (Marlin24Compressor.decompress raised NotImplementedError up to
+# 0.14.0, the last release holding it); `sparse-bitmask` (unstructured) is not read here
+REFUSED_SPARSE = ("marlin-24", "sparse-bitmask")
+
+
+def _sparse_config(quant: Mapping[str, Any]) -> dict[str, Any]:
+    sparsity = quant.get("sparsity_config") or {}
+    return dict(sparsity) if isinstance(sparsity, Mapping) else {}
+
+
+def _sparse_module(module: str, quant: Mapping[str, Any], groups: list[_Group], present: set[str],
+                   dtypes: Mapping[str, Any]) -> PackedModule:
+    """A 2:4 sparse weight (`X.compressed` values, `X.bitmask`, `X.shape`), maybe quantised under it (int8 / float8
+    with `X.weight_scale`)."""
+    sparse = str(_sparse_config(quant).get("format") or "sparse-24-bitmask")
+    stored = str(dtypes.get(f"{module}.compressed") or "")
+    parts = {"packed": f"{module}.compressed", "bitmask": f"{module}.bitmask"}
+    parts |= {role: f"{module}.{suffix}" for suffix, role in (("shape", "shape"), ("weight_scale", "scale"),
+                                                              ("weight_zero_point", "zero_point")) if f"{module}.{suffix}" in present}
+    extras = tuple(f"{module}.{e}" for e in CT_EXTRAS if f"{module}.{e}" in present)
+    if "scale" not in parts:
+        bits = {"BF16": 16, "F16": 16, "F32": 32}.get(stored, 16)
+        return PackedModule(module=module, method="compressed-tensors", format="dense", bits=bits, kind="float",
+                            strategy="tensor", group_size=None, symmetric=True, parts=parts, extras=extras, sparse=sparse)
+    group = _group_for(module, groups, "float8" if stored.startswith("F8") else "int8") if groups else None
+    weights = group.weights if group else {}
+    fmt = group.format if group and group.format in ("int-quantized", "float-quantized", "naive-quantized") else (
+        "float-quantized" if stored.startswith("F8") else "int-quantized")
+    return PackedModule(module=module, method="compressed-tensors", format=fmt, bits=int(weights.get("num_bits", 8)),
+                        kind="float" if stored.startswith("F8") else "int",
+                        strategy=str(weights.get("strategy") or "channel").lower(),
+                        group_size=int(weights["group_size"]) if weights.get("group_size") else None,
+                        symmetric=bool(weights.get("symmetric", True)), parts=parts, extras=extras, sparse=sparse)
+
+
 def _ct_modules(names: list[str], quant: Mapping[str, Any], dtypes: Mapping[str, Any]) -> list[PackedModule]:
-    groups = _ct_groups(quant)
     present = set(names)
+    sparse = {name.rpartition(".")[0] for name in names if name.endswith(".compressed")
+              and f"{name.rpartition('.')[0]}.bitmask" in present}
+    groups = _ct_groups(quant) if quant.get("config_groups") or not sparse else []
     modules: list[PackedModule] = []
     for name in names:
         module, _, leaf = name.rpartition(".")
+        if module in sparse:
+            if leaf == "compressed":
+                modules.append(_sparse_module(module, quant, groups, present, dtypes))
+            continue
         if leaf == "weight_packed":
             stored = "nvfp4" if f"{module}.weight_global_scale" in present else "packed"
         elif leaf == "weight" and f"{module}.weight_scale" in present:
@@ -170,7 +223,9 @@ def _ct_modules(names: list[str], quant: Mapping[str, Any], dtypes: Mapping[str,
         weights = group.weights
         fmt = group.format if group.format in CT_FORMATS else {"packed": "pack-quantized", "nvfp4": "nvfp4-pack-quantized",
                                                                "int8": "int-quantized", "float8": "float-quantized"}[stored]
-        if stored in ("packed", "nvfp4") and fmt not in ("pack-quantized", "nvfp4-pack-quantized"):
+        if group.format in REFUSED_SPARSE:
+            fmt = group.format  # listed as what it is; decompress refuses it with the reason
+        elif stored in ("packed", "nvfp4") and fmt not in ("pack-quantized", "nvfp4-pack-quantized"):
             fmt = "pack-quantized" if stored == "packed" else "nvfp4-pack-quantized"
         parts = {role: f"{module}.{suffix}" for suffix, role in CT_ROLES.items() if f"{module}.{suffix}" in present}
         if stored not in ("packed", "nvfp4"):
@@ -216,22 +271,24 @@ def _gptq_modules(names: list[str], quant: Mapping[str, Any], method: str) -> li
 
 
 def packed_shape(module: PackedModule, infos: Mapping[str, Any]) -> tuple[int, ...]:
-    """The dense shape of `module`'s weight, from the packed tensor and its scales (metadata only)."""
+    """The dense shape of `module`'s weight, from the packed tensor and its scales (metadata only): [rows, cols], or
+    [experts, rows, cols] for stacked experts (a 3-D packed tensor, each expert packed as a 2-D weight)."""
     packed = _need(module, "packed", infos)
-    scale = _need(module, "scale", infos)
-    if len(packed.shape) != 2:
+    if len(packed.shape) not in (2, 3):
         raise MapperError(f"Cannot decompress {packed.name!r}: it is {list(packed.shape)}; a packed weight has 2 dims "
-                          "[rows, packed columns].", tensor=packed.name)
-    rows = packed.shape[0]
+                          "[rows, packed columns], or 3 for stacked experts [experts, rows, packed columns].",
+                          tensor=packed.name)
+    *lead, rows, stored = packed.shape
     if module.format == "pack-quantized":
-        widest = packed.shape[1] * 32 // module.bits  # the last word may be partly padding
-        if module.strategy == "group" and module.group_size and len(scale.shape) == 2:
+        scale = _need(module, "scale", infos)
+        widest = stored * 32 // module.bits  # the last word may be partly padding
+        if module.strategy == "group" and module.group_size and len(scale.shape) == len(packed.shape):
             by_scale = scale.shape[-1] * module.group_size
             if widest - 32 // module.bits < by_scale <= widest:
-                return (rows, by_scale)
-        return (rows, widest)
-    if module.format == "nvfp4-pack-quantized":
-        return (rows, packed.shape[1] * 2)
+                return (*lead, rows, by_scale)
+        return (*lead, rows, widest)
+    if module.format == "nvfp4-pack-quantized" or module.sparse:  # two FP4 values a byte; 2:4: half of each row kept
+        return (*lead, rows, stored * 2)
     return tuple(packed.shape)
 
 
@@ -250,14 +307,15 @@ def gptq_shape(module: PackedModule, infos: Mapping[str, Any]) -> tuple[int, int
     """The dense shape [out, in] of a GPTQ / AWQ `module`'s weight, from qweight and scales (metadata only)."""
     packed = _need(module, "packed", infos)
     scale = _need(module, "scale", infos)
-    if len(packed.shape) != 2 or len(scale.shape) != 2 or module.bits not in (2, 4, 8):
+    if len(packed.shape) != 2 or len(scale.shape) != 2 or module.bits not in (2, 3, 4, 8):
         raise MapperError(f"Cannot dequantise {packed.name!r}: qweight {list(packed.shape)} and scales {list(scale.shape)} "
-                          f"({module.bits} bits) do not describe a {module.format} weight: both need 2 dims, bits 2, 4 or 8.",
-                          tensor=packed.name)
-    per = 32 // module.bits
-    if module.method == "gptq":
-        return (scale.shape[1], packed.shape[0] * per)
-    return (packed.shape[1] * per, packed.shape[0])
+                          f"({module.bits} bits) do not describe a {module.format} weight: both need 2 dims, bits 2, 3, 4 "
+                          "or 8.", tensor=packed.name)
+    if module.method == "gptq":  # 32 input rows in `bits` words (3 bits: values cross word boundaries)
+        return (scale.shape[1], packed.shape[0] * 32 // module.bits)
+    if module.variant == "gemv":  # AutoAWQ GEMV: by output rows, packed along the input dim
+        return (packed.shape[0], packed.shape[1] * 32 // module.bits)
+    return (packed.shape[1] * 32 // module.bits, packed.shape[0])
 
 
 def dense_shape(module: PackedModule, infos: Mapping[str, Any]) -> tuple[int, ...]:
@@ -271,15 +329,15 @@ COLUMNS = ("quant_format", "quant_role", "quant_bits", "quant_group", "quant_sym
 
 def packed_columns(modules: Iterable[PackedModule]) -> dict[str, dict[str, object]]:
     """Catalog columns (`Catalog.columns`: column -> {tensor -> value}) for the tensors of `modules`:
-    `quant_format` ('pack-quantized', 'gptq', ...), `quant_role` ('packed', 'scale', 'zero_point', 'g_idx', 'shape',
-    'global_scale', 'activation'), `quant_bits`, `quant_group` (group size; 'channel' / 'tensor' / 'RxC' block),
+    `quant_format` ('pack-quantized', 'gptq', 'sparse-24-bitmask + float-quantized', ...), `quant_role` ('packed',
+    'scale', 'zero_point', 'g_idx', 'shape', 'global_scale', 'bitmask', 'activation'), `quant_bits`, `quant_group` (group size; 'channel' / 'tensor' / 'RxC' block),
     `quant_sym`, and on the packed tensor `quant_parts`: the tensors that belong to it."""
     columns: dict[str, dict[str, object]] = {name: {} for name in COLUMNS}
     for m in modules:
         group = (str(m.group_size) if m.group_size else f"{m.block[0]}x{m.block[1]}" if m.block else m.strategy)
         roles = {name: role for role, name in m.parts.items()} | {name: "activation" for name in m.extras}
         for name, role in roles.items():
-            columns["quant_format"][name] = m.format
+            columns["quant_format"][name] = m.label
             columns["quant_role"][name] = role
             columns["quant_bits"][name] = m.bits
             columns["quant_group"][name] = group
@@ -303,17 +361,19 @@ def annotate(catalog: Any, config: Any) -> bool:
     return True
 
 
-def annotate_local(catalog: Any) -> bool:
-    """`annotate` with the config.json beside a local catalog (its folder, or the folder of its file); remote
-    catalogs are left as they are (no request is made for a column)."""
-    catalog = getattr(catalog, "catalog", catalog)
-    root = getattr(catalog, "root", None)
-    if getattr(catalog, "url", "") or root is None:
-        return False
-    from pathlib import Path
+# names that only a packed weight's parts carry: a catalog without any is not asked for its config.json
+PACKED_LEAVES = (".weight_packed", ".weight_scale", ".qweight", ".compressed", ".bitmask")
 
-    root = Path(root)
-    found = next((f / "config.json" for f in ((root,) if root.is_dir() else (root.parent,)) if (f / "config.json").is_file()), None)
+
+def annotate_found(catalog: Any) -> bool:
+    """`annotate` with the config.json of a catalog's checkpoint: beside a local one (its folder, or the folder of its
+    file), or, for a remote one (hf://, https://, s3://), the server's, fetched once per version into the catalog's
+    cached folder (`RemoteReader.fetch_file`). Nothing is read (no request made) unless a tensor name is one only a
+    packed weight's parts carry (`PACKED_LEAVES`)."""
+    catalog = getattr(catalog, "catalog", catalog)
+    if not any(name.endswith(PACKED_LEAVES) for name in getattr(catalog, "tensors", {})):
+        return False
+    found = _remote_config(catalog) if getattr(catalog, "url", "") else _local_config(getattr(catalog, "root", None))
     if found is None:
         return False
     try:
@@ -325,5 +385,27 @@ def annotate_local(catalog: Any) -> bool:
     return annotate(catalog, found)
 
 
-__all__ = ["CT_FORMATS", "COLUMNS", "PackedModule", "annotate", "annotate_local", "dense_shape", "gptq_shape", "packed_shape", "method_of", "packed_columns", "packed_modules",
+def _local_config(root: Any) -> Any:
+    from pathlib import Path
+
+    if root is None:
+        return None
+    root = Path(root)
+    return next((f / "config.json" for f in ((root,) if root.is_dir() else (root.parent,)) if (f / "config.json").is_file()), None)
+
+
+def _remote_config(catalog: Any) -> Any:
+    from ...errors import WorkbenchError
+
+    fetch = getattr(getattr(catalog, "reader", None), "fetch_file", None)
+    if fetch is None:
+        return None
+    try:
+        found = fetch("config.json")
+    except (WorkbenchError, OSError):  # a column is not worth a failed open: the table is shown without it
+        return None
+    return found if found is not None and found.is_file() else None
+
+
+__all__ = ["CT_FORMATS", "COLUMNS", "PackedModule", "annotate", "annotate_found", "dense_shape", "gptq_shape", "packed_shape", "method_of", "packed_columns", "packed_modules",
            "quant_config"]

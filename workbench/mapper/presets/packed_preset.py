@@ -13,10 +13,17 @@ from ..function import Function
 from .compressed import check_parts
 from .gptq import gptq_params
 from .model_shape import read_config
-from .packed import method_of, packed_modules, packed_shape, quant_config
+from .packed import REFUSED_SPARSE, method_of, packed_modules, packed_shape, quant_config
 from .quantized import _functions, _infos, _output_code
 
 HERE = "workbench.mapper.presets.compressed"
+REFUSALS = {
+    "marlin-24": "is Marlin's GPU tile layout of 2:4 sparse int4 weights, which the library itself never decompressed "
+                 "(no reference to check against). Re-save the model with llm-compressor in 'sparse-24-bitmask' or a "
+                 "dense format.",
+    "sparse-bitmask": "(unstructured bitmask sparsity) is not read by the workbench. Decompress it with "
+                      "compressed-tensors <= 0.14 first.",
+}
 
 def default_dtype(config: Any) -> str:
     """The config's `torch_dtype` / `dtype` when it is bf16 / fp16 / fp32, else bf16."""
@@ -31,8 +38,9 @@ def default_dtype(config: Any) -> str:
 
 def decompress(config: Any, source: Any = None, *, dtype: str | None = None) -> Mapper:
     """Quantised linears -> dense weights in `dtype` (the config's torch_dtype, else bf16), for every format of
-    compressed-tensors (`pack-quantized` int4/int8 groups, symmetric or not; `int-quantized`, `float-quantized`,
-    `naive-quantized`, `nvfp4-pack-quantized`), GPTQ and AWQ (`quant_method` in config.json's quantization_config).
+    compressed-tensors (`pack-quantized` int3/int4/int8 groups, symmetric or not; `int-quantized`, `float-quantized`,
+    `naive-quantized`, `nvfp4-pack-quantized`; 2:4 sparse `sparse-24-bitmask`, quantised under it or not; stacked
+    experts [E, rows, cols]), GPTQ (2, 3, 4, 8 bits) and AWQ (GEMM, GEMV) (`quant_method` in config.json's quantization_config).
 
     `config` is a config.json path, its folder, a dict or a transformers config; the tensor names come from `source`
     (a checkpoint, catalog, folder or name -> TensorInfo mapping; default: the checkpoint in the config's folder).
@@ -62,16 +70,22 @@ def decompress(config: Any, source: Any = None, *, dtype: str | None = None) -> 
     for module in modules:
         first = module.parts.get("packed")
         if method == "compressed-tensors":
+            if module.format in REFUSED_SPARSE:
+                raise MapperError(f"Cannot decompress {module.module!r}: compressed-tensors format {module.format!r} "
+                                  f"{REFUSALS[module.format]}", tensor=module.module)
             shape = packed_shape(module, infos)
-            roles = tuple(r for r in ("packed", "scale", "zero_point", "shape", "global_scale") if r in module.parts)
+            roles = tuple(r for r in ("packed", "scale", "zero_point", "shape", "global_scale", "bitmask")
+                          if r in module.parts)
             if module.symmetric and "zero_point" in roles:
                 roles = tuple(r for r in roles if r != "zero_point")
             kwargs = {"roles": list(roles), "format": module.format, "bits": module.bits, "strategy": module.strategy,
                       "group_size": module.group_size, "symmetric": module.symmetric,
                       "block": list(module.block) if module.block else None, "shape": list(shape), "dtype": code}
+            if module.sparse:
+                kwargs["sparse"] = module.sparse
             check_parts({r: infos[module.parts[r]] for r in roles}, format=module.format, bits=module.bits,
                         strategy=module.strategy, group_size=module.group_size, symmetric=module.symmetric,
-                        block=module.block, shape=shape)
+                        block=module.block, shape=shape, sparse=module.sparse)
         else:
             roles, kwargs = gptq_params(module, infos, code)
         inputs = tuple(module.parts[r] for r in roles)

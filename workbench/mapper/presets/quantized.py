@@ -34,6 +34,7 @@ from ..groups import Problem
 from ..state import Node, State
 from .layouts import fold_names
 from .model_shape import read_config
+from .scaled_rows import ScaledRows
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 MXFP4_BLOCK = 32  # values per e8m0 scale
@@ -251,51 +252,19 @@ def infer_dequantize_mxfp4(blocks: TensorInfo, scales: TensorInfo, *, dtype: str
 
 
 # -- MXFP4 experts by rows: one expert (or a few) at a time -------------------------------------------
-# ml_dtypes imported and used (an FP4 decode) on top of numpy: VmHWM 2.6 MiB more (2 runs, CPython 3.11, ml_dtypes 0.6).
-ML_DTYPES_BYTES = 2_720_000
-
-
-class Mxfp4Rows:
+class Mxfp4Rows(ScaledRows):
     """The row job of `dequantize_mxfp4_tensor` on stacked experts (`mapper.row_jobs`): a "row" is one expert, its
     blocks read raw and dequantised with that expert's scales (read whole beside it), so a step holds a few experts'
     bytes instead of the whole stack in and out."""
 
-    libraries = ("ml_dtypes",)
-    library_bytes = ML_DTYPES_BYTES
     library_detail = "ml_dtypes: MXFP4 experts dequantised by rows"
 
     def __init__(self, blocks: TensorInfo, scales: TensorInfo, output: TensorInfo, code: str, transpose: bool) -> None:
-        self.inputs, self.output, self.scales = (blocks,), output, scales
-        self.code, self.transpose = code, transpose
-        self.overflow_dtype = self.value_dtype = code
+        super().__init__(blocks, output, (scales,), code)
+        self.scales, self.transpose = scales, transpose
 
-    @property
-    def rows(self) -> int:
-        return self.inputs[0].shape[0]
-
-    @property
-    def in_row(self) -> int:
-        return self.inputs[0].nbytes // self.rows
-
-    @property
-    def out_row(self) -> int:
-        return self.output.nbytes // self.rows
-
-    def whole(self, k: int) -> tuple[TensorInfo, ...]:
-        return (self.scales,)
-
-    def budget(self, chunk_bytes: int) -> int:
-        return chunk_bytes
-
-    def chunk_rows(self, budget: int) -> int:
-        return max(1, min(self.rows, budget // (self.in_row + self.out_row)))
-
-    def held(self, rows: int) -> int:
-        scratch = 3 * 4 * PIECE  # the kernel's float32 pieces (decoded values and their transpose)
-        return rows * (self.in_row + self.out_row) + self.scales.nbytes + scratch
-
-    def held_bytes(self, chunk_bytes: int) -> int:
-        return self.held(self.chunk_rows(self.budget(chunk_bytes)))
+    def scratch(self, rows: int) -> int:
+        return 3 * 4 * PIECE  # the kernel's float32 pieces (decoded values and their transpose)
 
     def converter(self, rows: int) -> Any:
         import numpy as np
@@ -554,7 +523,8 @@ def _packed_view(tensors: dict[str, TensorInfo], config: Any, code: str) -> dict
 
 # the parts of packed weights (compressed-tensors, GPTQ, AWQ) a layout preset leaves to `decompress`
 PACKED_SUFFIXES = (r"\.weight_packed", r"\.weight_scale", r"\.weight_zero_point", r"\.weight_shape", r"\.weight_global_scale",
-                   r"\.input_scale", r"\.input_global_scale", r"\.qweight", r"\.qzeros", r"\.g_idx", r"\.scales")
+                   r"\.input_scale", r"\.input_global_scale", r"\.qweight", r"\.qzeros", r"\.g_idx", r"\.scales",
+                   r"\.compressed", r"\.bitmask")
 
 
 def quantised_claim(kinds: Sequence[str], family: str) -> Any:
@@ -587,7 +557,7 @@ def fp8_quantization_config(block: Sequence[int]) -> dict[str, Any]:
 
 
 QUANTISED_NAMES = (SCALE_SUFFIX, "_blocks", "_scales", ".activation_scale", ".weight_packed", ".weight_scale", ".weight_zero_point",
-                   ".weight_shape", ".weight_global_scale", ".qweight", ".qzeros", ".g_idx")
+                   ".weight_shape", ".weight_global_scale", ".qweight", ".qzeros", ".g_idx", ".compressed", ".bitmask")
 # every op that turns quantised weights into plain ones (a conversion with one drops quantization_config)
 DEQUANTIZING = (f"{HERE}:dequantize_fp8_tensor", f"{HERE}:dequantize_mxfp4_tensor",
                 "workbench.mapper.presets.compressed:decompress_tensor", "workbench.mapper.presets.gptq:dequantize_gptq_tensor")

@@ -147,11 +147,20 @@ def _packed_method(quant: Any, method: str, names: list[str]) -> str:
     hold such weights, else ''."""
     if not isinstance(quant, dict):
         return ""
+    sparsity = quant.get("sparsity_config") if isinstance(quant.get("sparsity_config"), dict) else {}
+    if method in ("compressed-tensors", "compressed_tensors") and sparsity and any(n.endswith(".bitmask") for n in names):
+        under = quant.get("format") if quant.get("config_groups") else None
+        return f"compressed-tensors {sparsity.get('format') or 'sparse'}{f' + {under}' if under else ''}"
+    if str(quant.get("format") or "") in ("marlin-24", "sparse-bitmask"):  # listed, but decompress refuses them
+        return ""
     if method in ("compressed-tensors", "compressed_tensors") and any(
             n.endswith((".weight_packed", ".weight_scale")) for n in names):
         return f"compressed-tensors {quant.get('format') or 'packed'}"
     if method in ("gptq", "awq") and any(n.endswith(".qweight") for n in names):
-        return f"{method.upper()} {quant.get('bits', 4)}-bit"
+        variant = quant.get("version") if method == "awq" else quant.get("checkpoint_format")
+        if str(variant or "").lower() not in ("", "gptq", "gptq_v2", "gemm", "gemv"):  # Marlin and other GPU layouts
+            return ""
+        return f"{method.upper()} {quant.get('bits', 4)}-bit{f' ({variant})' if variant else ''}"
     return ""
 
 
