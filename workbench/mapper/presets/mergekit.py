@@ -19,7 +19,7 @@ merge, `names` mapping each model reference of the config to its source name in 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...errors import MapperError
@@ -54,6 +54,9 @@ def model_references(config: Mapping[str, Any]) -> list[str]:
             refs.append(_reference(item["base_model"], f"slices[{i}].base_model"))
     if isinstance(config.get("tokenizer_source"), str) and config["tokenizer_source"] not in ("base", "union"):
         refs.append(_reference(config["tokenizer_source"], "tokenizer_source"))
+    section = config.get("tokenizer")
+    if isinstance(section, Mapping) and isinstance(section.get("source"), str) and section["source"] not in ("base", "union"):
+        refs.append(_reference(section["source"], "tokenizer.source"))
     return list(dict.fromkeys(refs))
 
 
@@ -84,11 +87,14 @@ def tokenizer_source(config: Mapping[str, Any]) -> tuple[str | None, list[Refuse
 
 
 def config_mapper(config: Mapping[str, Any], names: Mapping[str, str], *, same_vocabulary: bool = True,
-                  seed: int | None = None, align: Mapper | None = None) -> Mapper:
+                  seed: int | None = None, align: Mapper | None = None, tokenizer: Sequence[Mapper] | None = None) -> Mapper:
     """The mapper doing the merge `config` describes (see the module docstring); `names`: model reference -> source
     name; `same_vocabulary`: whether every model's tokenizer has the same tokens at the same ids (the tokenizer
     settings are refused otherwise, unless `align` is given: the step moving every model's vocabulary rows to the
-    output vocabulary, run before the merge); `seed`: the random methods' seed (mergekit's `--random-seed`)."""
+    output vocabulary, run before the merge); `seed`: the random methods' seed (mergekit's `--random-seed`);
+    `tokenizer`: the steps carrying out `tokenizer_source` / `tokenizer.source` and `chat_template` (row moves,
+    vocab_size, tokenizer files, refusals; built by `wb.merge_config`, which reads the models' tokenizer files) —
+    given, they replace the refusals of those keys and run before the merge."""
     if not isinstance(config, Mapping):
         raise MapperError(f"Cannot read merge config: expected a mapping of keys such as merge_method, models (got {type(config).__name__}).")
     refused: list[Refused] = []
@@ -98,12 +104,12 @@ def config_mapper(config: Mapping[str, Any], names: Mapping[str, str], *, same_v
                                    f"{', '.join(k for k in TOP_KEYS if k not in ('modules', 'chat_template'))}."))
     if config.get("modules") is not None:
         refused.append(Refused("modules", "multi-module (vision/text) merges are not supported; merge with models: or slices:."))
-    if config.get("chat_template") is not None:
+    if config.get("chat_template") is not None and tokenizer is None:
         refused.append(Refused("chat_template", "the workbench copies the primary model's tokenizer files as they are; set the "
                                "chat template in the output's tokenizer_config.json yourself."))
     source, more = tokenizer_source(config)
     refused += more
-    if source is not None and not same_vocabulary and align is None:
+    if source is not None and not same_vocabulary and align is None and tokenizer is None:
         if source == "base":
             why = ("moving the embedding and lm_head rows to the base vocabulary (the models' vocabularies differ) needs "
                    "base_model, models: (not slices) and a readable tokenizer.json in every model folder.")
@@ -126,6 +132,7 @@ def config_mapper(config: Mapping[str, Any], names: Mapping[str, str], *, same_v
     if not isinstance(common["parameters"], Mapping):
         raise MapperError(f"Cannot read merge config: parameters is {common['parameters']!r}; give a mapping name -> value.")
     steps: list[Mapper] = [align] if align is not None and not same_vocabulary else []
+    steps += list(tokenizer or [])
     if models:
         model_names, model_parameters = [], {}
         for i, entry in enumerate(models):
