@@ -235,6 +235,7 @@ def _vocabulary_steps(config: dict, refs: list[str], names: dict[str, str], path
 
 def _align_steps(models: list[str], names: dict[str, str], refs: list[str], checkpoint: Any, tables: Any,
                  dtype: Any) -> list[Any]:
+    from .mapper import Parallel
     from .mapper.merge.vocabulary import AlignVocabulary
 
     primary = names[refs[0]]
@@ -243,8 +244,9 @@ def _align_steps(models: list[str], names: dict[str, str], refs: list[str], chec
     def scoped(model: str, tensor: str) -> str:
         return tensor if names[model] == primary else f"{names[model]}::{tensor}"
 
-    return [AlignVocabulary([scoped(m, t) for m in models], [scoped(m, t) for m in models], tables, dtype=dtype)
-            for t in sorted(tensors)]
+    steps = [AlignVocabulary([scoped(m, t) for m in models], [scoped(m, t) for m in models], tables, dtype=dtype)
+             for t in sorted(tensors)]
+    return [Parallel(*steps)] if len(steps) > 1 else steps
 
 
 def _copied_files(folder: str, primary: str, output_file: Any) -> list[Any]:
