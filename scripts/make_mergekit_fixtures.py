@@ -399,6 +399,13 @@ def tokenizer_record(out: Path) -> dict:
             "chat_template": template, "rows": rows}
 
 
+def comparable(entry: dict) -> dict:
+    """What a rebuild must reproduce of a case: its tensor digests, the vocabulary-indexed tensors' rows by token when
+    the case records a tokenizer (a union's new tokens come in mergekit's hash-map order, different per run)."""
+    rows = (entry.get("tokenizer") or {}).get("rows") or {}
+    return {name: rows.get(name, digest) for name, digest in (entry.get("tensors") or {}).items()}
+
+
 def add_cases(names: list[str]) -> int:
     """Run mergekit on the named cases only and add them (configs, entries, input digests) to the committed fixture,
     leaving every other recorded case as it is; an existing case gets its tokenizer record added."""
