@@ -7,7 +7,9 @@
 Model references are local folders or files (relative ones resolve against the config file's folder, or `root`),
 `hf://`, `https://` and `s3://` URLs, or Hub ids `org/name` (read as `hf://org/name`, as mergekit reads them). Each
 model becomes one source of the checkpoint, named after its folder (`base`, `ft1`, ...; made unique); the base
-model (else the first model) is the primary source, whose config.json and tokenizer files the output gets.
+model (else the first model) is the primary source, whose config.json and tokenizer files the output gets (the
+tokenizer settings may replace the latter: `tokenizer_source` union or a model, `chat_template`; see
+workbench/mergekit_tokenizer.py).
 `model+lora` references (mergekit's LoRA shorthand) are refused: open the adapter as a source and use
 `M.presets.lora_merge` first.
 """

@@ -9,12 +9,13 @@ merge, `names` mapping each model reference of the config to its source name in 
 - `slices:` (each with `sources`: `model`, `layer_range`, `parameters`; and its own `base_model` /
   `parameters`) -> `MergeSlices` plus a config.json update of `num_hidden_layers`;
 - `merge_method`, `base_model`, `parameters`, `dtype`, `out_dtype` -> the same-named arguments;
-- `tokenizer_source` / `tokenizer.source`: `base`, `union` or a model, carried out where every model's
-  vocabulary is the same (then the embeddings need no remapping: `same_vocabulary=True`); `base` over different
-  vocabularies with the `align` step (`merge/vocabulary.py`'s `AlignVocabulary`, built by `wb.merge_config`);
-  otherwise refused;
-- anything else (`modules:`, `chat_template`, `tokenizer.tokens`, a misspelt key) -> `Refused`, a plan problem
-  naming the key: mergekit ignores unknown keys silently, the workbench does not.
+- `tokenizer_source` / `tokenizer.source` (`base`, `union`, a model) and `chat_template`: the `tokenizer` steps
+  `wb.merge_config` builds from the models' tokenizer files (`workbench/mergekit_tokenizer.py`: rows moved by
+  token with `AlignVocabulary`, config.json's vocab_size, the tokenizer files as `OutputFile` statements);
+  without them (a config mapped on its own) carried out where every model's vocabulary is the same
+  (`same_vocabulary=True`), `base` over different vocabularies with the `align` step, otherwise refused;
+- anything else (`modules:`, `tokenizer.tokens`, `tokenizer.pad_to_multiple_of`, a misspelt key) -> `Refused`, a
+  plan problem naming the key: mergekit ignores unknown keys silently, the workbench does not.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def config_mapper(config: Mapping[str, Any], names: Mapping[str, str], *, same_v
     for key in config:
         if key not in TOP_KEYS:
             refused.append(Refused(str(key), f"mergekit does not document it (it would ignore it silently). Supported keys: "
-                                   f"{', '.join(k for k in TOP_KEYS if k not in ('modules', 'chat_template'))}."))
+                                   f"{', '.join(k for k in TOP_KEYS if k != 'modules')}."))
     if config.get("modules") is not None:
         refused.append(Refused("modules", "multi-module (vision/text) merges are not supported; merge with models: or slices:."))
     if config.get("chat_template") is not None and tokenizer is None:
