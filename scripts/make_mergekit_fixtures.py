@@ -367,6 +367,20 @@ def tokenizer_cases() -> dict[str, dict]:
                                         "tokenizer_source": "union", "chat_template": "chatml", "dtype": "float32"},
         "linear-chat-template-auto": {"merge_method": "linear", "models": pair, "base_model": "tok/base",
                                       "tokenizer_source": "base", "chat_template": "auto", "dtype": "float32"},
+        # per-token embedding sources (a model, a model's token by string or id, zeros; forced or not), a new token,
+        # and the vocabulary padded to a multiple (the padding rows: the mean of the others)
+        "linear-tokenizer-tokens": {"merge_method": "linear", "models": three, "base_model": "tok/base", "dtype": "float32",
+                                    "tokenizer": {"source": "union", "pad_to_multiple_of": 32, "tokens": {
+                                        "<|im_start|>": {"source": "tok/ft5"},
+                                        "<|im_end|>": {"source": {"kind": "model_token", "model": "tok/ft5", "token": "</s>"},
+                                                       "force": True},
+                                        "w3": {"source": {"kind": "zero"}, "force": True},
+                                        "zeta": {"source": "tok/ft3"},
+                                        "<new>": {"source": {"kind": "model_token", "model": "tok/base", "token_id": 5}}}}},
+        "ties-tokenizer-pad": {"merge_method": "ties", "base_model": "tok/base", "dtype": "float32",
+                               "models": _models("tok", ["ft1", "ft3"], [{"weight": 0.6, "density": 0.5},
+                                                                         {"weight": 0.4, "density": 0.7}]),
+                               "tokenizer": {"source": "base", "pad_to_multiple_of": 48}},
     }
 
 
@@ -480,8 +494,8 @@ def _absolute(config: dict, inputs: Path) -> dict:
     """The config with model paths under `inputs` (mergekit reads them relative to its working folder otherwise)."""
     def fix(value):
         if isinstance(value, dict):
-            return {k: (str(inputs / v) if k in ("model", "base_model") and isinstance(v, str) else fix(v))
-                    for k, v in value.items()}
+            return {k: (str(inputs / v) if (k in ("model", "base_model") or k == "source" and v not in ("base", "union"))
+                        and isinstance(v, str) else fix(v)) for k, v in value.items()}
         if isinstance(value, list):
             return [fix(v) for v in value]
         return value

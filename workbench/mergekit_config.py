@@ -35,6 +35,7 @@ from .mergekit_tokenizer import (
     contiguous,
     has_template,
     read_tokenizer,
+    token_sources,
     union_vocabulary,
 )
 
@@ -151,92 +152,120 @@ def same_vocabulary(paths: list[str]) -> bool:
 def _tokenizer_steps(config: dict, refs: list[str], names: dict[str, str], paths: dict[str, str], checkpoint: Any,
                      source: Any, same: bool) -> list[Any]:
     """The steps carrying out the config's tokenizer settings (mergekit_tokenizer's docstring): over different
-    vocabularies, the rows of every model moved to the output vocabulary (`AlignVocabulary`, before the merge) and
-    config.json's vocab_size; the tokenizer files the output needs (`OutputFile`); the chat template. A setting that
-    cannot be matched is a `Refused` step naming its key."""
+    vocabularies (or with per-token settings or padding), the rows of every model moved to the output vocabulary
+    (`AlignVocabulary`, before the merge) and config.json's vocab_size; the tokenizer files the output needs
+    (`OutputFile`); the chat template. A setting that cannot be matched is a `Refused` step naming its key."""
     from .mapper.output_file import OutputFile
 
     steps: list[Any] = []
-    primary = paths[refs[0]]
-    folder = primary  # where the output's tokenizer files come from
+    folder, added = paths[refs[0]], []  # where the output's tokenizer files come from; tokens they gain
     if source is not None:
-        vocab_steps, folder = _vocabulary_steps(config, refs, names, paths, checkpoint, source, same)
-        steps += vocab_steps
+        steps, folder, added = _vocabulary_steps(config, refs, names, paths, checkpoint, source, same)
+    drop_template = False
     if config.get("chat_template") is not None:
-        steps += _template_steps(config["chat_template"], [paths[r] for r in refs], folder, OutputFile)
+        template = _template_steps(config["chat_template"], [paths[r] for r in refs], folder, OutputFile)
+        replaced = {getattr(s, "path", None) for s in template} - {None}
+        steps = [s for s in steps if getattr(s, "path", None) not in replaced] + template
+        drop_template = any(getattr(s, "path", None) == TEMPLATE_FILE for s in template) and has_template(folder)
+    text = config_with(folder, added=added, drop_template=drop_template)
+    if text is not None:
+        why = "; ".join(w for w, on in (("the added tokens listed", bool(added)),
+                                         ("its chat_template moved to chat_template.jinja", drop_template)) if on)
+        steps = [s for s in steps if getattr(s, "path", None) != TOKENIZER_CONFIG]
+        steps.append(OutputFile(TOKENIZER_CONFIG, text=text, why=why))
     return steps
 
 
 def _vocabulary_steps(config: dict, refs: list[str], names: dict[str, str], paths: dict[str, str], checkpoint: Any,
-                      source: Any, same: bool) -> tuple[list[Any], str]:
-    """(steps, the folder the output's tokenizer files come from) for `tokenizer_source` (or tokenizer.source)."""
+                      source: Any, same: bool) -> tuple[list[Any], str, list[dict]]:
+    """(steps, the folder the output's tokenizer files come from, the added-token entries its tokenizer.json gains)
+    for `tokenizer_source` (or the tokenizer section: source, tokens, pad_to_multiple_of)."""
     from .mapper.config_update import ConfigUpdate
     from .mapper.merge.refusal import Refused
-    from .mapper.merge.vocabulary import align_rows
+    from .mapper.merge.vocabulary import align_rows, token_rows
     from .mapper.output_file import OutputFile
 
     primary = paths[refs[0]]
     if not isinstance(source, str) or not source:
-        return [Refused("tokenizer_source", f"expected 'base', 'union' or a model (got {source!r}).")], primary
+        return [Refused("tokenizer_source", f"expected 'base', 'union' or a model (got {source!r}).")], primary, []
     model_source = source not in ("base", "union")
     files: list[Any] = []
     if model_source and paths.get(source) != primary:
         files = _copied_files(paths[source], primary, OutputFile)
     folder = paths[source] if model_source else primary
-    if same and (not model_source or same_vocabulary([paths[source], primary])):
-        return files, folder
+    section = config.get("tokenizer") if isinstance(config.get("tokenizer"), Mapping) else {}
+    tokens, pad = section.get("tokens") or {}, section.get("pad_to_multiple_of")
+    if same and not tokens and not pad and (not model_source or same_vocabulary([paths[source], primary])):
+        return files, folder, []
     base = config.get("base_model")
+    key = "tokenizer_source" if config.get("tokenizer_source") is not None else "tokenizer"
+
+    def refuse(why: str, named: str = key) -> tuple[list[Any], str, list[dict]]:
+        return [Refused(named, why)], primary, []
+
     if config.get("slices") or not config.get("models"):
-        return [Refused("tokenizer_source", "moving the embedding and lm_head rows to another vocabulary (the models' "
-                        "vocabularies differ) is carried out for models: configs, not slices: (mergekit plans slices' "
-                        "vocabularies otherwise). Merge the slices of models sharing one tokenizer.")], primary
+        return refuse("moving the embedding and lm_head rows to another vocabulary (the models' vocabularies differ, or "
+                      "tokens / pad_to_multiple_of are set) is carried out for models: configs, not slices: (mergekit plans "
+                      "slices' vocabularies otherwise). Merge the slices of models sharing one tokenizer.")
     if source == "base" and base is None:
-        return [Refused("tokenizer_source", "'base' over different vocabularies needs base_model (the vocabulary to move "
-                        "the rows to).")], primary
+        return refuse("'base' over different vocabularies needs base_model (the vocabulary to move the rows to).")
+    if pad is not None and (isinstance(pad, bool) or not isinstance(pad, int) or pad < 1):
+        return refuse(f"expected a positive whole number (got {pad!r}).", "tokenizer.pad_to_multiple_of")
+    if not isinstance(tokens, Mapping):
+        return refuse(f"expected a mapping token -> {{source, force}} (got {tokens!r}).", "tokenizer.tokens")
     models = [entry["model"] for entry in config["models"]]
     models += [base] if base is not None and base not in models else []
     tokenizers = [read_tokenizer(paths[m]) for m in models]
     missing = [m for m, t in zip(models, tokenizers, strict=True) if t is None]
     if missing:
-        return [Refused("tokenizer_source", f"the models' vocabularies differ and {missing[0]!r} has no readable "
-                        "tokenizer.json (mergekit would assume the base's vocabulary). Add its tokenizer files.")], primary
+        return refuse(f"the models' vocabularies differ and {missing[0]!r} has no readable tokenizer.json (mergekit would "
+                      "assume the base's vocabulary). Add its tokenizer files.")
     added: list[dict] = []
     if source == "base":
         base_tok = tokenizers[models.index(base)]
-        out = {tok: i for tok, i in base_tok.vocab.items() if i < base_tok.size}
+        out = {tok: i for tok, i in base_tok.vocab.items() if i < base_tok.size}  # type: ignore[union-attr]
     elif source == "union":
-        order = [refs[0]] + [m for m in models if m != refs[0]]
-        union_from = [read_tokenizer(paths[m]) for m in order]
+        union_from = [read_tokenizer(paths[m]) for m in [refs[0]] + [m for m in models if m != refs[0]]]
         first = union_from[0]
         if first is None or any(i >= first.size for i in first.vocab.values()) or not contiguous(first.vocab):
-            return [Refused("tokenizer_source", f"'union' extends {refs[0]!r}'s tokenizer, whose ids have gaps or reach "
-                            "beyond its config.json vocab_size (mergekit strips such tokens from a BPE tokenizer, which the "
-                            "workbench does not). Use tokenizer_source: base, or run mergekit.")], primary
+            return refuse(f"'union' extends {refs[0]!r}'s tokenizer, whose ids have gaps or reach beyond its config.json "
+                          "vocab_size (mergekit strips such tokens from a BPE tokenizer, which the workbench does not). Use "
+                          "tokenizer_source: base, or run mergekit.")
         out, added = union_vocabulary(union_from)  # type: ignore[arg-type]
     else:
         tokenizer = read_tokenizer(paths[source])
-        out = tokenizer.vocab if tokenizer is not None else {}
+        out = dict(tokenizer.vocab) if tokenizer is not None else {}
     if not contiguous(out):
-        return [Refused("tokenizer_source", f"the output vocabulary ({source!r}) has gaps in its ids, which rows cannot "
-                        "follow. Use another tokenizer source.")], primary
-    tables = align_rows(out, [t.vocab for t in tokenizers], [t.size for t in tokenizers],  # type: ignore[union-attr]
-                        models.index(base) if base in models else None)
-    steps = _align_steps(models, names, refs, checkpoint, tables, config.get("dtype"))
-    steps.append(ConfigUpdate("vocab_size", len(out), why=f"tokenizer_source {source}: the output vocabulary"))
+        return refuse(f"the output vocabulary ({source!r}) has gaps in its ids, which rows cannot follow. Use another "
+                      "tokenizer source.")
+    for token in tokens:  # mergekit adds the tokens it is told about, as plain added tokens, after the rest
+        if isinstance(token, str) and token not in out:
+            out[token] = len(out)
+            added.append({"id": out[token], "content": token, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": True, "special": False})
+    vocabularies = [t.vocab for t in tokenizers]  # type: ignore[union-attr]
+    sizes = [t.size for t in tokenizers]  # type: ignore[union-attr]
+    sources, why = token_sources(tokens, models, vocabularies, sizes, models.index(base) if base in models else None)
+    if why is not None:
+        return refuse(why, "tokenizer.tokens")
+    tables = token_rows(align_rows(out, vocabularies, sizes, models.index(base) if base in models else None),
+                        out, vocabularies, sizes, sources)
+    padded = -(-len(out) // pad) * pad if pad else len(out)
+    steps = _align_steps(models, names, refs, checkpoint, tables, config.get("dtype"), padded - len(out))
+    steps.append(ConfigUpdate("vocab_size", padded, why=f"tokenizer {source}: the output vocabulary"
+                              + (f", padded to a multiple of {pad}" if padded != len(out) else "")))
     if added:
-        steps.append(OutputFile(TOKENIZER_JSON, source=str(Path(primary) / TOKENIZER_JSON),
-                                added=tuple(json.dumps(e) for e in added), why="tokenizer_source union: the base's "
-                                f"tokenizer and {len(added)} tokens of the other models"))
-        text = config_with(primary, added=added)
-        if text is not None:
-            steps.append(OutputFile(TOKENIZER_CONFIG, text=text, why="tokenizer_source union: the added tokens listed"))
-        steps += [OutputFile(name, why="tokenizer_source union: it does not hold the new tokens")
-                  for name in SLOW_FILES if (Path(primary) / name).is_file()]
-    return files + steps, folder
+        files = [f for f in files if f.path not in (TOKENIZER_JSON, *SLOW_FILES)]
+        steps.append(OutputFile(TOKENIZER_JSON, source=str(Path(folder) / TOKENIZER_JSON),
+                                added=tuple(json.dumps(e) for e in added),
+                                why=f"tokenizer {source}: {Path(folder).name}'s tokenizer and {len(added)} more tokens"))
+        stale = sorted({n for n in SLOW_FILES for f in (folder, primary) if (Path(f) / n).is_file()})
+        steps += [OutputFile(name, why=f"tokenizer {source}: it does not hold the new tokens") for name in stale]
+    return files + steps, folder, added
 
 
 def _align_steps(models: list[str], names: dict[str, str], refs: list[str], checkpoint: Any, tables: Any,
-                 dtype: Any) -> list[Any]:
+                 dtype: Any, pad: int = 0) -> list[Any]:
     from .mapper import Parallel
     from .mapper.merge.vocabulary import AlignVocabulary
 
@@ -246,8 +275,8 @@ def _align_steps(models: list[str], names: dict[str, str], refs: list[str], chec
     def scoped(model: str, tensor: str) -> str:
         return tensor if names[model] == primary else f"{names[model]}::{tensor}"
 
-    steps = [AlignVocabulary([scoped(m, t) for m in models], [scoped(m, t) for m in models], tables, dtype=dtype)
-             for t in sorted(tensors)]
+    steps = [AlignVocabulary([scoped(m, t) for m in models], [scoped(m, t) for m in models], tables, dtype=dtype,
+                             pad=pad) for t in sorted(tensors)]
     return [Parallel(*steps)] if len(steps) > 1 else steps
 
 
@@ -262,8 +291,9 @@ def _copied_files(folder: str, primary: str, output_file: Any) -> list[Any]:
 
 
 def _template_steps(value: Any, folders: list[str], folder: str, output_file: Any) -> list[Any]:
-    """chat_template.jinja holding the config's chat template, and the tokenizer_config.json of `folder` (the
-    output's) without a chat_template key of its own; a refusal naming chat_template when it cannot be matched."""
+    """chat_template.jinja holding the config's chat template (and `folder`'s chat_template.json, the output's,
+    left out); a refusal naming chat_template when it cannot be matched. The caller removes a chat_template key
+    from the output's tokenizer_config.json."""
     from .mapper.merge.refusal import Refused
 
     text, why = chat_template(value, folders)
@@ -273,9 +303,6 @@ def _template_steps(value: Any, folders: list[str], folder: str, output_file: An
         return []
     what = "chat_template " + (repr(value) if len(value) < 40 else "(a Jinja template)")
     steps = [output_file(TEMPLATE_FILE, text=text, why=what)]
-    if has_template(folder):
-        config_text = config_with(folder, drop_template=True)
-        steps.append(output_file(TOKENIZER_CONFIG, text=config_text, why=what + " (written to chat_template.jinja)"))
     steps += [output_file("chat_template.json", why=what)] if (Path(folder) / "chat_template.json").is_file() else []
     return steps
 

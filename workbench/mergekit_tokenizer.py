@@ -23,8 +23,10 @@ from __future__ import annotations
 import importlib.util
 import json
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -196,3 +198,65 @@ def chat_template(value: object, folders: list[str]) -> tuple[str | None, str | 
     if len(value) < 20 or "{" not in value:
         return None, f"{value!r} is neither a built-in template name nor a Jinja template (mergekit refuses it too)."
     return value, None
+
+
+def token_sources(tokens: Mapping, models: list[str], vocabularies: list[dict[str, int]], sizes: list[int],
+                  base: int | None = None) -> tuple[dict, str | None]:
+    """(token -> `TokenSource` of mergekit's `tokenizer.tokens` settings, why they are refused or None). `models`:
+    the merged models in the row tables' order, with their vocabularies and rows (`base`: the base's index, whose
+    vocabulary mergekit reads below its vocab_size only). A setting no model needs (every model has the token and it
+    is not forced) changes nothing, as in mergekit."""
+    from .mapper.merge.vocabulary import TokenSource
+
+    out: dict[str, TokenSource] = {}
+    for token, setting in tokens.items():
+        setting = {} if setting is None else setting
+        if not isinstance(token, str) or not isinstance(setting, Mapping) or set(setting) - {"source", "force"}:
+            return {}, f"token {token!r}: expected {{source, force}} (got {setting!r})."
+        force = setting.get("force", False)
+        if not isinstance(force, bool):
+            return {}, f"token {token!r}: force is true or false (got {force!r})."
+        has = [0 <= v.get(token, -1) < n for v, n in zip(vocabularies, sizes, strict=True)]
+        if not force and all(has):
+            continue
+        row, why = _token_row(token, setting.get("source"), models, vocabularies, sizes, base)
+        if why is not None:
+            return {}, why
+        out[token] = TokenSource(row, force)
+    return out, None
+
+
+def _token_row(token: str, source: Any, models: list[str], vocabularies: list[dict[str, int]], sizes: list[int],
+               base: int | None) -> tuple[tuple, str | None]:
+    """The row table entry of one token's source (see token_sources)."""
+    def model_index(ref: Any) -> int | None:
+        return models.index(ref) if isinstance(ref, str) and ref in models else None
+
+    if source is None:
+        return (), f"token {token!r}: a model lacks it (or it is forced), so it needs a source (mergekit fails without one)."
+    if isinstance(source, str):
+        i = model_index(source)
+        if i is None:
+            return (), f"token {token!r}: its source {source!r} is not one of the merged models {models}."
+        if not 0 <= vocabularies[i].get(token, -1) < sizes[i]:
+            return (), f"token {token!r}: its source {source!r} does not have it."
+        return ((i, vocabularies[i][token]),), None
+    if isinstance(source, Mapping) and source.get("kind") == "zero" and set(source) == {"kind"}:
+        return (), None
+    if isinstance(source, Mapping) and source.get("kind") == "model_token" and set(source) <= {"kind", "model", "token", "token_id"}:
+        i = model_index(source.get("model"))
+        if i is None:
+            return (), f"token {token!r}: its source model {source.get('model')!r} is not one of the merged models {models}."
+        if ("token" in source) == ("token_id" in source):
+            return (), f"token {token!r}: give exactly one of token and token_id (mergekit's rule)."
+        if "token_id" in source:
+            row = source["token_id"]
+            if isinstance(row, bool) or not isinstance(row, int) or row < 0:
+                return (), f"token {token!r}: token_id is a row number (got {row!r})."
+            return ((i, row),), None
+        vocab = vocabularies[i] if i != base else {t: r for t, r in vocabularies[i].items() if r < sizes[i]}
+        if source["token"] not in vocab:
+            return (), f"token {token!r}: {source['token']!r} is not in {models[i]!r}'s vocabulary."
+        return ((i, vocab[source["token"]]),), None
+    return (), (f"token {token!r}: source is a model, {{kind: zero}} or {{kind: model_token, model, token | token_id}} "
+                f"(got {source!r}).")

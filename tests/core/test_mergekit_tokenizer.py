@@ -93,3 +93,39 @@ def test_a_template_name_without_mergekit_installed_says_how_to_get_it(monkeypat
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     text, why = chat_template("chatml", [])
     assert text is None and "built-in templates" in why and "Install mergekit" in why
+
+
+def test_token_settings_become_rows_where_mergekit_uses_them() -> None:
+    from workbench.mapper.merge.vocabulary import TokenSource, align_rows, token_rows
+    from workbench.mergekit_tokenizer import token_sources
+
+    models = ["base", "ft"]
+    vocabs, sizes = [{"a": 0, "b": 1}, {"b": 0, "c": 1, "d": 2}], [2, 2]  # ft's "d" is beyond its 2 rows
+    tokens = {"a": {"source": {"kind": "zero"}}, "b": {"source": "ft"},  # b: both have it, not forced: nothing
+              "c": {"source": {"kind": "model_token", "model": "base", "token": "a"}, "force": True},
+              "d": {"source": {"kind": "model_token", "model": "ft", "token_id": 2}}}
+    found, why = token_sources(tokens, models, vocabs, sizes, base=0)
+    assert why is None and found == {"a": TokenSource(()), "c": TokenSource(((0, 0),), True), "d": TokenSource(((1, 2),))}
+    out = {"a": 0, "b": 1, "c": 2, "d": 3}
+    tables = token_rows(align_rows(out, vocabs, sizes, 0), out, vocabs, sizes, found)
+    assert tables[0] == (((0, 0),), ((0, 1),), ((0, 0),), ((1, 2),))  # base keeps a; forced c from base's a
+    assert tables[1] == ((), ((1, 0),), ((0, 0),), ((1, 2),))  # ft lacks a: zeros; c forced over its own row
+    for bad, words in (({"x": {"source": "other"}}, "not one of the merged models"),
+                       ({"x": {}}, "needs a source"), ({"x": {"source": "ft", "weight": 1}}, "expected {source, force}"),
+                       ({"c": {"source": "base"}}, "does not have it"),
+                       ({"x": {"source": {"kind": "model_token", "model": "ft", "token": "b", "token_id": 0}}}, "exactly one")):
+        assert words in token_sources(bad, models, vocabs, sizes)[1]
+
+
+def test_padding_rows_are_the_mean_of_the_rows_above() -> None:
+    import torch
+
+    from workbench import mapper as M
+
+    op = M.AlignVocabulary(["e"], ["e"], [[[[0, 1]], [[0, 0]], []]], pad=2)
+    assert M.from_json(op.to_json()) == op
+    (out,) = op._compute([torch.tensor([[1.0, 2.0], [3.0, 5.0]])])
+    assert out[:3].tolist() == [[3.0, 5.0], [1.0, 2.0], [0.0, 0.0]]
+    assert torch.equal(out[3:], torch.mean(out[:3], dim=0).expand(2, 2))  # mergekit's mean, bit for bit
+    with pytest.raises(Exception, match="pad"):
+        M.AlignVocabulary(["e"], ["e"], [[[[0, 0]]]], pad=-1)

@@ -82,7 +82,7 @@ def test_mapper_round_trips_through_code() -> None:
 
 
 @pytest.mark.parametrize(("key", "value"), [("modules", {"text": {}}), ("chat_template", "x"), ("lora_rank", 8),
-                                            ("tokenizer", {"source": "base", "tokens": {"<x>": {"source": "base"}}})])
+                                            ("tokenizer", {"source": "union", "tokens": {"<x>": {"source": "nowhere"}}})])
 def test_unsupported_keys_are_plan_problems_naming_the_key(key: str, value: object) -> None:
     cfg = {**config("linear-fp32"), key: value}
     ck, mapper = wb.merge_config(cfg, root=inputs_folder())
@@ -114,7 +114,7 @@ def test_tokenizer_union_builds_the_vocabulary_and_moves_rows_by_token(tmp_path)
     assert plan.ok, plan.problems
     assert tuple(plan.outputs.loc["model.embed_tokens.weight", "shape"]) == (70, 32)
     generated = {e.path: e for e in plan.extra_files if e.action == "generate"}
-    assert "tokenizer.json" in generated and "6 tokens of the other models" in generated["tokenizer.json"].reason
+    assert "tokenizer.json" in generated and "and 6 more tokens" in generated["tokenizer.json"].reason
     wb.convert(ck, tmp_path / "out", mapper, quiet=True)
     assert token_differences(case, tmp_path / "out") == []
     import json

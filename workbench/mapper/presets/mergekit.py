@@ -34,6 +34,7 @@ from ..merge.slices import check_slices, merge_slices, num_layers
 TOP_KEYS = ("models", "slices", "merge_method", "base_model", "parameters", "dtype", "out_dtype", "tokenizer_source",
             "tokenizer", "chat_template", "modules")
 MODEL_KEYS = {"model", "parameters"}
+SECTION_SETTINGS = ("tokens", "pad_to_multiple_of")  # of the tokenizer section, carried out by the `tokenizer` steps
 
 
 def model_references(config: Mapping[str, Any]) -> list[str]:
@@ -79,11 +80,15 @@ def tokenizer_source(config: Mapping[str, Any]) -> tuple[str | None, list[Refuse
         if not isinstance(tokenizer, Mapping):
             refused.append(Refused("tokenizer", f"expected a mapping with 'source' (got {tokenizer!r})."))
         else:
-            source = tokenizer.get("source", source)
+            source = tokenizer.get("source", "union")  # mergekit's default for a tokenizer section
             for key in tokenizer:
-                if key != "source" and tokenizer[key] not in (None, {}, []):
-                    refused.append(Refused(f"tokenizer.{key}", "adding tokens or padding the vocabulary is not done by the "
-                                           "workbench; remove it, or run mergekit for this merge."))
+                if key in SECTION_SETTINGS and tokenizer[key] not in (None, {}, []):
+                    refused.append(Refused(f"tokenizer.{key}", "per-token embeddings and padding the vocabulary are carried "
+                                           "out by wb.merge_config (it reads the models' tokenizers); this mapper was built "
+                                           "without them. Use wb.merge_config, or remove the key."))
+                elif key not in ("source", *SECTION_SETTINGS):
+                    refused.append(Refused(f"tokenizer.{key}", f"mergekit's tokenizer section takes source, "
+                                           f"{', '.join(SECTION_SETTINGS)}."))
     return source, refused
 
 
@@ -109,7 +114,8 @@ def config_mapper(config: Mapping[str, Any], names: Mapping[str, str], *, same_v
         refused.append(Refused("chat_template", "the workbench copies the primary model's tokenizer files as they are; set the "
                                "chat template in the output's tokenizer_config.json yourself."))
     source, more = tokenizer_source(config)
-    refused += more
+    handled = {f"tokenizer.{key}" for key in SECTION_SETTINGS} if tokenizer is not None else set()
+    refused += [r for r in more if r.key not in handled]
     if source is not None and not same_vocabulary and align is None and tokenizer is None:
         if source == "base":
             why = ("moving the embedding and lm_head rows to the base vocabulary (the models' vocabularies differ) needs "
