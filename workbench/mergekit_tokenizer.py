@@ -11,6 +11,10 @@
   models in config order (base first) and each model's tokens by id. The rows of every token are the same as
   mergekit's — only their order among the new tokens can differ — and the tests compare rows by token string.
 
+The tokenizer section's `tokens` (a token's row from a model, a model's other token, or zeros; `force` for every
+model) become row-table entries (`token_sources`), tokens the vocabulary lacks being added after the others, and
+`pad_to_multiple_of` padding rows (`AlignVocabulary(pad=...)`, the mean of the rows above).
+
 `chat_template` is written as chat_template.jinja (what transformers 5's save_pretrained, which mergekit calls,
 writes): a literal Jinja template as given; `auto` the template most of the models carry (stripped, ties to the
 first in config order); a built-in name (`chatml`, `llama3`, ...) the template file of an installed mergekit

@@ -14,7 +14,8 @@ merge, `names` mapping each model reference of the config to its source name in 
   token with `AlignVocabulary`, config.json's vocab_size, the tokenizer files as `OutputFile` statements);
   without them (a config mapped on its own) carried out where every model's vocabulary is the same
   (`same_vocabulary=True`), `base` over different vocabularies with the `align` step, otherwise refused;
-- anything else (`modules:`, `tokenizer.tokens`, `tokenizer.pad_to_multiple_of`, a misspelt key) -> `Refused`, a
+- `tokenizer.tokens`, `tokenizer.pad_to_multiple_of`: carried out by those `tokenizer` steps, refused without;
+- anything else (`modules:`, a misspelt key) -> `Refused`, a
   plan problem naming the key: mergekit ignores unknown keys silently, the workbench does not.
 """
 
