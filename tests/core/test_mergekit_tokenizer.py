@@ -129,3 +129,14 @@ def test_padding_rows_are_the_mean_of_the_rows_above() -> None:
     assert torch.equal(out[3:], torch.mean(out[:3], dim=0).expand(2, 2))  # mergekit's mean, bit for bit
     with pytest.raises(Exception, match="pad"):
         M.AlignVocabulary(["e"], ["e"], [[[[0, 0]]]], pad=-1)
+
+
+def test_the_plan_counts_the_rebuilt_rows_of_a_group() -> None:
+    """Bound with the merge that follows, the rebuilt tensors are intermediates: the op's scratch counts them (and
+    a dtype cast's copies), so the dry-run's peak covers them."""
+    from workbench import mapper as M
+    from workbench.catalog import TensorInfo
+
+    op = M.AlignVocabulary(["a", "b"], ["a", "b"], [[[[0, 0]]] * 5, [[[1, 0]]] * 5], dtype="F32", pad=3)
+    inputs = [TensorInfo("a", "BF16", (4, 8), "f", 0, 64), TensorInfo("b", "F32", (4, 8), "f", 0, 128)]
+    assert op.scratch_bytes(inputs) == 4 * 8 * 4 + 8 * 4 + 2 * (5 + 3) * 8 * 4  # a's cast, one row, two outputs

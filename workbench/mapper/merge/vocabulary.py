@@ -91,6 +91,23 @@ class AlignVocabulary(Op):
         tail = next(iter(tails))
         return [(dtype, (len(table) + self.pad, *tail)) for table in self.rows]
 
+    def scratch_bytes(self, inputs: Sequence[Any]) -> int:
+        """Work bytes besides the group's inputs and outputs, for the plan's memory: a copy of each input the `dtype`
+        cast changes, one row for an average, and the rebuilt tensors themselves — bound in one group with the merge
+        that follows, they are intermediates the group's outputs do not count (alone, they are counted twice: the
+        prediction errs high)."""
+        from math import prod
+
+        from ...dtypes import dtype_bits
+
+        if not inputs:
+            return 0
+        dtype = self.dtype or promote([info.dtype for info in inputs])
+        width = max(1, dtype_bits(dtype) // 8)
+        casts = sum(prod(info.shape) * width for info in inputs if self.dtype is not None and info.dtype != self.dtype)
+        row = prod(inputs[0].shape[1:]) * width
+        return casts + row + sum(len(table) + self.pad for table in self.rows) * row
+
     def _compute(self, tensors: list[Any]) -> list[Any]:
         import torch
 
