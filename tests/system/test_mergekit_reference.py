@@ -121,3 +121,15 @@ def test_logits_of_a_new_vocabulary_equal_mergekits_by_token(case: str, tmp_path
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([inputs])).logits[0]
     torch.testing.assert_close(logits[:, ids], torch.tensor(maker.logits_values(entry)), rtol=1e-6, atol=1e-6)
+
+
+def test_workbench_merge_dry_run_shows_the_new_vocabulary_before_reading(tmp_path: Path) -> None:
+    config = inputs_folder() / "linear-tokenizer-tokens.yml"  # union, per-token settings, padding
+    shutil.copy(FIXTURE / "configs" / "linear-tokenizer-tokens.yml", config)
+    dry = _cli("merge", str(config), str(tmp_path / "out"), "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "extra generated: tokenizer.json" in dry.stdout and "vocab_size 64 -> 96" in dry.stdout
+    assert not (tmp_path / "out").exists()
+    done = _cli("merge", str(config), str(tmp_path / "out"), "--quiet", "--verify")
+    assert done.returncode == 0, done.stderr
+    assert token_differences("linear-tokenizer-tokens", tmp_path / "out") == []
