@@ -166,6 +166,7 @@ def build_inputs(folder: Path) -> Path:
         (folder / "llama" / f"ft{i}").mkdir(parents=True, exist_ok=True)
         shutil.copy(SAMPLE / "config.json", folder / "llama" / f"ft{i}" / "config.json")
         save_file(sample_fine_tune(i), str(folder / "llama" / f"ft{i}" / "model.safetensors"), metadata={"format": "pt"})
+    build_tokenizer_inputs(folder)
     return folder
 
 
@@ -194,7 +195,7 @@ def logits_values(entry: dict) -> list[list[float]]:
 def input_digests(folder: Path) -> dict[str, dict[str, str]]:
     """model name -> {tensor name -> sha256 of dtype|shape|bytes} (the committed check that inputs did not change)."""
     out = {}
-    for model in INPUT_MODELS:
+    for model in INPUT_MODELS + TOKENIZER_MODELS:
         tensors = tensor_digests(folder / model)
         digest = hashlib.sha256()
         for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
@@ -294,6 +295,7 @@ def cases() -> dict[str, dict]:
     out["notebook-ties"] = {"merge_method": "ties", "base_model": "llama/base", "dtype": "float32",
                             "models": _models("llama", ["ft1", "ft2"], [{"weight": 0.6, "density": 0.5},
                                                                         {"weight": 0.4, "density": 0.5}])}
+    out.update(tokenizer_cases())
     return out
 
 
@@ -315,6 +317,141 @@ for folder in sys.argv[2:]:
         out[folder] = f"{type(exc).__name__}: {exc}"
 print(json.dumps(out))
 '''
+
+
+# Tokenizer settings (tokenizer_source union / a model, chat_template): their own inputs, cases and records, kept
+# apart from the method cases above.
+TOKENIZER_MODELS = ["tok/ft5"]
+TOKENIZER_KEYS = ("tokenizer_source", "tokenizer", "chat_template")
+CHAT_SPECIALS = ["<|im_start|>", "<|im_end|>"]
+FT5_WORDS = WORDS[:40] + list(reversed(WORDS[45:])) + ["alpha", "zeta", "beta"]  # w40-w44 missing, zeta shared with ft3
+FT5_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+                "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}\n")
+LITERAL_TEMPLATE = "{% for message in messages %}[{{ message['role'] }}] {{ message['content'] }}\n{% endfor %}"
+
+
+def build_tokenizer_inputs(folder: Path) -> None:
+    """tok/ft5: a vocabulary that lacks five of the base's words, moves fifteen, adds three words (zeta also in ft3)
+    and two added special tokens; its tokenizer_config.json carries a chat template."""
+    vocab = len(SPECIALS) + len(FT5_WORDS) + len(CHAT_SPECIALS)
+    base = _weights(1000, len(SPECIALS) + len(WORDS))
+    where = folder / "tok" / "ft5"
+    _write_model(where, _weights(1005, vocab, base), "float32", FT5_WORDS + CHAT_SPECIALS)
+    tokenizer = json.loads((where / "tokenizer.json").read_text())
+    first = len(SPECIALS) + len(FT5_WORDS)
+    tokenizer["added_tokens"] += [{"id": first + i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                                   "normalized": False, "special": True} for i, t in enumerate(CHAT_SPECIALS)]
+    (where / "tokenizer.json").write_text(json.dumps(tokenizer, indent=1) + "\n")
+    tok_config = json.loads((where / "tokenizer_config.json").read_text())
+    tok_config["chat_template"] = FT5_TEMPLATE
+    (where / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=1, sort_keys=True) + "\n")
+
+
+def tokenizer_cases() -> dict[str, dict]:
+    """The tokenizer cases: union over three vocabularies (a token two models add is averaged), a model as the
+    tokenizer source, and chat templates (a literal one, a built-in name, 'auto')."""
+    three = _models("tok", ["base", "ft3", "ft5"], [{"weight": 0.5}, {"weight": 0.3}, {"weight": 0.2}])
+    pair = _models("tok", ["base", "ft5"], [{"weight": 0.6}, {"weight": 0.4}])
+    return {
+        "linear-tokenizer-union-added": {"merge_method": "linear", "models": three, "base_model": "tok/base",
+                                         "tokenizer_source": "union", "dtype": "float32"},
+        "ties-tokenizer-model": {"merge_method": "ties", "base_model": "tok/base", "tokenizer_source": "tok/ft5",
+                                 "models": _models("tok", ["ft3", "ft5"], [{"weight": 0.6, "density": 0.5},
+                                                                           {"weight": 0.4, "density": 0.7}]),
+                                 "dtype": "float32"},
+        "linear-tokenizer-section": {"merge_method": "linear", "models": pair, "base_model": "tok/base",
+                                     "tokenizer": {"source": "union"}, "dtype": "float32"},
+        "linear-chat-template-literal": {"merge_method": "linear", "models": pair, "base_model": "tok/base",
+                                         "tokenizer_source": "base", "chat_template": LITERAL_TEMPLATE, "dtype": "float32"},
+        "linear-chat-template-chatml": {"merge_method": "linear", "models": pair, "base_model": "tok/base",
+                                        "tokenizer_source": "union", "chat_template": "chatml", "dtype": "float32"},
+        "linear-chat-template-auto": {"merge_method": "linear", "models": pair, "base_model": "tok/base",
+                                      "tokenizer_source": "base", "chat_template": "auto", "dtype": "float32"},
+        # per-token embedding sources (a model, a model's token by string or id, zeros; forced or not), a new token,
+        # and the vocabulary padded to a multiple (the padding rows: the mean of the others)
+        "linear-tokenizer-tokens": {"merge_method": "linear", "models": three, "base_model": "tok/base", "dtype": "float32",
+                                    "tokenizer": {"source": "union", "pad_to_multiple_of": 32, "tokens": {
+                                        "<|im_start|>": {"source": "tok/ft5"},
+                                        "<|im_end|>": {"source": {"kind": "model_token", "model": "tok/ft5", "token": "</s>"},
+                                                       "force": True},
+                                        "w3": {"source": {"kind": "zero"}, "force": True},
+                                        "zeta": {"source": "tok/ft3"},
+                                        "<new>": {"source": {"kind": "model_token", "model": "tok/base", "token_id": 5}}}}},
+        "ties-tokenizer-pad": {"merge_method": "ties", "base_model": "tok/base", "dtype": "float32",
+                               "models": _models("tok", ["ft1", "ft3"], [{"weight": 0.6, "density": 0.5},
+                                                                         {"weight": 0.4, "density": 0.7}]),
+                               "tokenizer": {"source": "base", "pad_to_multiple_of": 48}},
+    }
+
+
+def tokenizer_record(out: Path) -> dict:
+    """What a merge with tokenizer settings wrote: the vocabulary (token -> id, the model's and the added tokens),
+    the added tokens' entries, the chat template (chat_template.jinja, else tokenizer_config.json's), and for each
+    vocabulary-indexed tensor the SHA-256 of every token's row (mergekit orders a union's new tokens by hash-map
+    iteration, different from run to run: rows are compared by token)."""
+    tokenizer = json.loads((out / "tokenizer.json").read_text(encoding="utf-8"))
+    raw = tokenizer["model"]["vocab"]
+    vocab = {t[0]: i for i, t in enumerate(raw)} if isinstance(raw, list) else dict(raw)
+    vocab.update({t["content"]: t["id"] for t in tokenizer["added_tokens"]})
+    config = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+    jinja = out / "chat_template.jinja"
+    template = jinja.read_text(encoding="utf-8") if jinja.is_file() else config.get("chat_template")
+    by_id = {i: t for t, i in vocab.items()}
+    data = (out / "model.safetensors").read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8: 8 + size])
+    rows: dict[str, dict[str, str]] = {}
+    for name, entry in sorted(header.items()):
+        if name == "__metadata__" or not name.endswith(("embed_tokens.weight", "lm_head.weight")):
+            continue
+        begin, end = entry["data_offsets"]
+        width = (end - begin) // entry["shape"][0]
+        body = data[8 + size + begin: 8 + size + end]
+        rows[name] = {by_id.get(j, f"#{j}"): hashlib.sha256(body[j * width:(j + 1) * width]).hexdigest()
+                      for j in range(entry["shape"][0])}
+    return {"vocab": dict(sorted(vocab.items(), key=lambda item: item[1])), "added_tokens": tokenizer["added_tokens"],
+            "chat_template": template, "rows": rows}
+
+
+def comparable(entry: dict) -> dict:
+    """What a rebuild must reproduce of a case: its tensor digests, the vocabulary-indexed tensors' rows by token when
+    the case records a tokenizer (a union's new tokens come in mergekit's hash-map order, different per run)."""
+    rows = (entry.get("tokenizer") or {}).get("rows") or {}
+    return {name: rows.get(name, digest) for name, digest in (entry.get("tensors") or {}).items()}
+
+
+def add_cases(names: list[str]) -> int:
+    """Run mergekit on the named cases only and add them (configs, entries, input digests) to the committed fixture,
+    leaving every other recorded case as it is; an existing case gets its tokenizer record added."""
+    import yaml
+
+    root = fixture_root()
+    bin_dir = build_venv()
+    inputs = root / "inputs"
+    if not (inputs / "tok" / "base").is_dir():
+        build_inputs(inputs)
+    build_tokenizer_inputs(inputs)
+    manifest = json.loads((COMMITTED / "MANIFEST.json").read_text())
+    every = cases()
+    results = {name: run_case(bin_dir, name, every[name], inputs, root) for name in names}
+    fresh = [n for n, e in results.items() if "failed" not in e and n not in manifest["cases"]]
+    logits = _logits(bin_dir, [root / "runs" / n / "out" for n in fresh]) if fresh else {}
+    for name, entry in results.items():
+        if "failed" in entry:
+            manifest["failed"][name] = entry["failed"]
+            continue
+        if name in manifest["cases"]:  # recorded before: keep its digests, add the tokenizer record
+            if "tokenizer" in entry:
+                manifest["cases"][name]["tokenizer"] = entry["tokenizer"]
+            continue
+        values = logits[str(root / "runs" / name / "out")]
+        entry["logits"] = {"input_ids": LOGITS_INPUT, **({"values": values} if isinstance(values, list) else {"error": values})}
+        manifest["cases"][name] = entry
+        (COMMITTED / "configs" / f"{name}.yml").write_text(yaml.safe_dump(every[name], sort_keys=False))
+    manifest["inputs"].update({k: v for k, v in input_digests(inputs).items() if k in TOKENIZER_MODELS})
+    (COMMITTED / "MANIFEST.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    print("added:", ", ".join(results), "failed:", ", ".join(manifest["failed"]) or "none")
+    return 0
 
 
 def venv_dir() -> Path:
@@ -357,8 +494,8 @@ def _absolute(config: dict, inputs: Path) -> dict:
     """The config with model paths under `inputs` (mergekit reads them relative to its working folder otherwise)."""
     def fix(value):
         if isinstance(value, dict):
-            return {k: (str(inputs / v) if k in ("model", "base_model") and isinstance(v, str) else fix(v))
-                    for k, v in value.items()}
+            return {k: (str(inputs / v) if (k in ("model", "base_model") or k == "source" and v not in ("base", "union"))
+                        and isinstance(v, str) else fix(v)) for k, v in value.items()}
         if isinstance(value, list):
             return [fix(v) for v in value]
         return value
@@ -392,6 +529,8 @@ def run_case(bin_dir: Path, name: str, config: dict, inputs: Path, root: Path) -
              "output_config": {k: cfg.get(k) for k in ("num_hidden_layers", "vocab_size", "dtype")}}
     if entry["random"]:
         entry["statistics"] = delta_statistics(out, inputs / config["base_model"])
+    if any(key in config for key in TOKENIZER_KEYS):
+        entry["tokenizer"] = tokenizer_record(out)
     return entry
 
 
@@ -466,6 +605,8 @@ def main() -> int:
     if "--print-built-root" in sys.argv:
         print(root)
         return 0
+    if "--add" in sys.argv:  # python scripts/make_mergekit_fixtures.py --add CASE,CASE (tokenizer cases)
+        return add_cases(sys.argv[sys.argv.index("--add") + 1].split(","))
     only = set(sys.argv[sys.argv.index("--only") + 1].split(",")) if "--only" in sys.argv else None
     try:
         root = build(root, only)

@@ -7,7 +7,9 @@
 Model references are local folders or files (relative ones resolve against the config file's folder, or `root`),
 `hf://`, `https://` and `s3://` URLs, or Hub ids `org/name` (read as `hf://org/name`, as mergekit reads them). Each
 model becomes one source of the checkpoint, named after its folder (`base`, `ft1`, ...; made unique); the base
-model (else the first model) is the primary source, whose config.json and tokenizer files the output gets.
+model (else the first model) is the primary source, whose config.json and tokenizer files the output gets (the
+tokenizer settings may replace the latter: `tokenizer_source` union or a model, `chat_template`; see
+workbench/mergekit_tokenizer.py).
 `model+lora` references (mergekit's LoRA shorthand) are refused: open the adapter as a source and use
 `M.presets.lora_merge` first.
 """
@@ -22,6 +24,20 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from .errors import MapperError
+from .mergekit_tokenizer import (
+    SLOW_FILES,
+    TEMPLATE_FILE,
+    TOKENIZER_CONFIG,
+    TOKENIZER_FILES,
+    TOKENIZER_JSON,
+    chat_template,
+    config_with,
+    contiguous,
+    has_template,
+    read_tokenizer,
+    token_sources,
+    union_vocabulary,
+)
 
 URL = re.compile(r"^[a-z0-9+.-]+://", re.IGNORECASE)
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -118,69 +134,177 @@ def source_names(refs: list[str]) -> dict[str, str]:
 
 
 def _vocabulary(path: str) -> dict | None:
-    """token -> id of a local model folder's tokenizer.json (the model's vocabulary, a Unigram list by position, and
-    the added tokens), as transformers' get_vocab() gives it; None when absent or unreadable."""
-    file = Path(path) / "tokenizer.json"
-    if not file.is_file():
-        return None
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-        raw = data.get("model", {}).get("vocab") or {}
-        vocab = {str(entry[0]): i for i, entry in enumerate(raw)} if isinstance(raw, list) else {str(k): int(v) for k, v in raw.items()}
-        vocab.update({str(t["content"]): int(t["id"]) for t in data.get("added_tokens") or []})
-        return vocab
-    except (OSError, ValueError, TypeError, KeyError, AttributeError, IndexError):
-        return None
-
-
-def _vocab_size(path: str, fallback: int) -> int:
-    """config.json's vocab_size of a local model folder (the rows its embeddings have), else `fallback`."""
-    try:
-        value = json.loads((Path(path) / "config.json").read_text(encoding="utf-8")).get("vocab_size")
-    except (OSError, ValueError, AttributeError):
-        return fallback
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else fallback
+    """token -> id of a local model folder's tokenizer.json (its vocabulary, a Unigram list by position, and its
+    added tokens), as transformers' get_vocab() gives it; None when absent or unreadable."""
+    tokenizer = read_tokenizer(path)
+    return None if tokenizer is None else tokenizer.vocab
 
 
 VOCAB_TENSOR = re.compile(r"(?:^|\.)(?:embed_tokens|lm_head|wte|word_embeddings|embed_out)\.weight$")
-
-
-def _alignment(config: dict, refs: list[str], names: dict[str, str], paths: dict[str, str], checkpoint: Any) -> Any:
-    """For `tokenizer_source: base` over models of different vocabularies: the step moving every model's embedding
-    and lm_head rows to the base model's vocabulary (mergekit's rule); None when it cannot be matched (the preset then
-    refuses the key): no base model, slices, a model without a readable tokenizer.json, a base vocabulary with gaps."""
-    from .mapper import Parallel
-    from .mapper.merge.vocabulary import AlignVocabulary, align_rows
-
-    base = config.get("base_model")
-    if base is None or not config.get("models") or config.get("slices"):
-        return None
-    models = [entry["model"] for entry in config["models"]]
-    models += [base] if base not in models else []
-    vocabularies = [_vocabulary(paths[m]) for m in models]
-    if any(v is None for v in vocabularies):
-        return None
-    sizes = [_vocab_size(paths[m], len(v)) for m, v in zip(models, vocabularies, strict=True)]
-    b = models.index(base)
-    out_vocab = {tok: i for tok, i in vocabularies[b].items() if i < sizes[b]}
-    if sorted(out_vocab.values()) != list(range(len(out_vocab))):
-        return None
-    tables = align_rows(out_vocab, vocabularies, sizes, b)
-    primary = names[refs[0]]
-    tensors = [n for n in checkpoint.catalog.sources[primary].tensors if VOCAB_TENSOR.search(n)]
-
-    def scoped(model: str, tensor: str) -> str:
-        return tensor if names[model] == primary else f"{names[model]}::{tensor}"
-
-    steps = [AlignVocabulary([scoped(m, t) for m in models], [scoped(m, t) for m in models], tables, dtype=config.get("dtype"))
-             for t in sorted(tensors)]
-    return steps[0] if len(steps) == 1 else Parallel(*steps) if steps else None
 
 
 def same_vocabulary(paths: list[str]) -> bool:
     """True when every model has the same tokenizer vocabulary (token -> id) and it can be read; False otherwise."""
     vocabularies = [_vocabulary(p) for p in paths]
     return all(v is not None and v == vocabularies[0] for v in vocabularies)
+
+
+def _tokenizer_steps(config: dict, refs: list[str], names: dict[str, str], paths: dict[str, str], checkpoint: Any,
+                     source: Any, same: bool) -> list[Any]:
+    """The steps carrying out the config's tokenizer settings (mergekit_tokenizer's docstring): over different
+    vocabularies (or with per-token settings or padding), the rows of every model moved to the output vocabulary
+    (`AlignVocabulary`, before the merge) and config.json's vocab_size; the tokenizer files the output needs
+    (`OutputFile`); the chat template. A setting that cannot be matched is a `Refused` step naming its key."""
+    from .mapper.output_file import OutputFile
+
+    steps: list[Any] = []
+    folder, added = paths[refs[0]], []  # where the output's tokenizer files come from; tokens they gain
+    if source is not None:
+        steps, folder, added = _vocabulary_steps(config, refs, names, paths, checkpoint, source, same)
+    drop_template = False
+    if config.get("chat_template") is not None:
+        template = _template_steps(config["chat_template"], [paths[r] for r in refs], folder, OutputFile)
+        replaced = {getattr(s, "path", None) for s in template} - {None}
+        steps = [s for s in steps if getattr(s, "path", None) not in replaced] + template
+        drop_template = any(getattr(s, "path", None) == TEMPLATE_FILE for s in template) and has_template(folder)
+    text = config_with(folder, added=added, drop_template=drop_template)
+    if text is not None:
+        why = "; ".join(w for w, on in (("the added tokens listed", bool(added)),
+                                         ("its chat_template moved to chat_template.jinja", drop_template)) if on)
+        steps = [s for s in steps if getattr(s, "path", None) != TOKENIZER_CONFIG]
+        steps.append(OutputFile(TOKENIZER_CONFIG, text=text, why=why))
+    return steps
+
+
+def _vocabulary_steps(config: dict, refs: list[str], names: dict[str, str], paths: dict[str, str], checkpoint: Any,
+                      source: Any, same: bool) -> tuple[list[Any], str, list[dict]]:
+    """(steps, the folder the output's tokenizer files come from, the added-token entries its tokenizer.json gains)
+    for `tokenizer_source` (or the tokenizer section: source, tokens, pad_to_multiple_of)."""
+    from .mapper.config_update import ConfigUpdate
+    from .mapper.merge.refusal import Refused
+    from .mapper.merge.vocabulary import align_rows, token_rows
+    from .mapper.output_file import OutputFile
+
+    primary = paths[refs[0]]
+    if not isinstance(source, str) or not source:
+        return [Refused("tokenizer_source", f"expected 'base', 'union' or a model (got {source!r}).")], primary, []
+    model_source = source not in ("base", "union")
+    files: list[Any] = []
+    if model_source and paths.get(source) != primary:
+        files = _copied_files(paths[source], primary, OutputFile)
+    folder = paths[source] if model_source else primary
+    section = config.get("tokenizer") if isinstance(config.get("tokenizer"), Mapping) else {}
+    tokens, pad = section.get("tokens") or {}, section.get("pad_to_multiple_of")
+    if same and not tokens and not pad and (not model_source or same_vocabulary([paths[source], primary])):
+        return files, folder, []
+    base = config.get("base_model")
+    key = "tokenizer_source" if config.get("tokenizer_source") is not None else "tokenizer"
+
+    def refuse(why: str, named: str = key) -> tuple[list[Any], str, list[dict]]:
+        return [Refused(named, why)], primary, []
+
+    if config.get("slices") or not config.get("models"):
+        return refuse("moving the embedding and lm_head rows to another vocabulary (the models' vocabularies differ, or "
+                      "tokens / pad_to_multiple_of are set) is carried out for models: configs, not slices: (mergekit plans "
+                      "slices' vocabularies otherwise). Merge the slices of models sharing one tokenizer.")
+    if source == "base" and base is None:
+        return refuse("'base' over different vocabularies needs base_model (the vocabulary to move the rows to).")
+    if pad is not None and (isinstance(pad, bool) or not isinstance(pad, int) or pad < 1):
+        return refuse(f"expected a positive whole number (got {pad!r}).", "tokenizer.pad_to_multiple_of")
+    if not isinstance(tokens, Mapping):
+        return refuse(f"expected a mapping token -> {{source, force}} (got {tokens!r}).", "tokenizer.tokens")
+    models = [entry["model"] for entry in config["models"]]
+    models += [base] if base is not None and base not in models else []
+    tokenizers = [read_tokenizer(paths[m]) for m in models]
+    missing = [m for m, t in zip(models, tokenizers, strict=True) if t is None]
+    if missing:
+        return refuse(f"the models' vocabularies differ and {missing[0]!r} has no readable tokenizer.json (mergekit would "
+                      "assume the base's vocabulary). Add its tokenizer files.")
+    added: list[dict] = []
+    if source == "base":
+        base_tok = tokenizers[models.index(base)]
+        out = {tok: i for tok, i in base_tok.vocab.items() if i < base_tok.size}  # type: ignore[union-attr]
+    elif source == "union":
+        union_from = [read_tokenizer(paths[m]) for m in [refs[0]] + [m for m in models if m != refs[0]]]
+        first = union_from[0]
+        if first is None or any(i >= first.size for i in first.vocab.values()) or not contiguous(first.vocab):
+            return refuse(f"'union' extends {refs[0]!r}'s tokenizer, whose ids have gaps or reach beyond its config.json "
+                          "vocab_size (mergekit strips such tokens from a BPE tokenizer, which the workbench does not). Use "
+                          "tokenizer_source: base, or run mergekit.")
+        out, added = union_vocabulary(union_from)  # type: ignore[arg-type]
+    else:
+        tokenizer = read_tokenizer(paths[source])
+        out = dict(tokenizer.vocab) if tokenizer is not None else {}
+    if not contiguous(out):
+        return refuse(f"the output vocabulary ({source!r}) has gaps in its ids, which rows cannot follow. Use another "
+                      "tokenizer source.")
+    for token in tokens:  # mergekit adds the tokens it is told about, as plain added tokens, after the rest
+        if isinstance(token, str) and token not in out:
+            out[token] = len(out)
+            added.append({"id": out[token], "content": token, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": True, "special": False})
+    vocabularies = [t.vocab for t in tokenizers]  # type: ignore[union-attr]
+    sizes = [t.size for t in tokenizers]  # type: ignore[union-attr]
+    sources, why = token_sources(tokens, models, vocabularies, sizes, models.index(base) if base in models else None)
+    if why is not None:
+        return refuse(why, "tokenizer.tokens")
+    tables = token_rows(align_rows(out, vocabularies, sizes, models.index(base) if base in models else None),
+                        out, vocabularies, sizes, sources)
+    padded = -(-len(out) // pad) * pad if pad else len(out)
+    steps = _align_steps(models, names, refs, checkpoint, tables, config.get("dtype"), padded - len(out))
+    steps.append(ConfigUpdate("vocab_size", padded, why=f"tokenizer {source}: the output vocabulary"
+                              + (f", padded to a multiple of {pad}" if padded != len(out) else "")))
+    if added:
+        files = [f for f in files if f.path not in (TOKENIZER_JSON, *SLOW_FILES)]
+        steps.append(OutputFile(TOKENIZER_JSON, source=str(Path(folder) / TOKENIZER_JSON),
+                                added=tuple(json.dumps(e) for e in added),
+                                why=f"tokenizer {source}: {Path(folder).name}'s tokenizer and {len(added)} more tokens"))
+        stale = sorted({n for n in SLOW_FILES for f in (folder, primary) if (Path(f) / n).is_file()})
+        steps += [OutputFile(name, why=f"tokenizer {source}: it does not hold the new tokens") for name in stale]
+    return files + steps, folder, added
+
+
+def _align_steps(models: list[str], names: dict[str, str], refs: list[str], checkpoint: Any, tables: Any,
+                 dtype: Any, pad: int = 0) -> list[Any]:
+    from .mapper import Parallel
+    from .mapper.merge.vocabulary import AlignVocabulary
+
+    primary = names[refs[0]]
+    tensors = [n for n in checkpoint.catalog.sources[primary].tensors if VOCAB_TENSOR.search(n)]
+
+    def scoped(model: str, tensor: str) -> str:
+        return tensor if names[model] == primary else f"{names[model]}::{tensor}"
+
+    steps = [AlignVocabulary([scoped(m, t) for m in models], [scoped(m, t) for m in models], tables, dtype=dtype,
+                             pad=pad) for t in sorted(tensors)]
+    return [Parallel(*steps)] if len(steps) > 1 else steps
+
+
+def _copied_files(folder: str, primary: str, output_file: Any) -> list[Any]:
+    """The tokenizer files of the model `folder` as the output's, and the primary's other ones left out."""
+    why = f"tokenizer_source: the tokenizer of {Path(folder).name}"
+    steps = [output_file(name, source=str(Path(folder) / name), why=why) for name in TOKENIZER_FILES
+             if (Path(folder) / name).is_file()]
+    steps += [output_file(name, why=why + " (which has no such file)") for name in (*TOKENIZER_FILES, *SLOW_FILES)
+              if not (Path(folder) / name).is_file() and (Path(primary) / name).is_file()]
+    return steps
+
+
+def _template_steps(value: Any, folders: list[str], folder: str, output_file: Any) -> list[Any]:
+    """chat_template.jinja holding the config's chat template (and `folder`'s chat_template.json, the output's,
+    left out); a refusal naming chat_template when it cannot be matched. The caller removes a chat_template key
+    from the output's tokenizer_config.json."""
+    from .mapper.merge.refusal import Refused
+
+    text, why = chat_template(value, folders)
+    if why is not None:
+        return [Refused("chat_template", why)]
+    if text is None:  # 'auto' and no model has a template: mergekit leaves the tokenizer as it is
+        return []
+    what = "chat_template " + (repr(value) if len(value) < 40 else "(a Jinja template)")
+    steps = [output_file(TEMPLATE_FILE, text=text, why=what)]
+    steps += [output_file("chat_template.json", why=what)] if (Path(folder) / "chat_template.json").is_file() else []
+    return steps
 
 
 def merge_config(path_or_dict: Any, *, root: str | os.PathLike | None = None, seed: int | None = None) -> MergeSetup:
@@ -202,5 +326,5 @@ def merge_config(path_or_dict: Any, *, root: str | os.PathLike | None = None, se
     source, _ = tokenizer_source(config)
     same = True if source is None else same_vocabulary([paths[r] for r in refs])
     checkpoint = open_checkpoint({names[ref]: paths[ref] for ref in refs})
-    align = _alignment(config, refs, names, paths, checkpoint) if source == "base" and not same else None
-    return MergeSetup(checkpoint, config_mapper(config, names, same_vocabulary=same, seed=seed, align=align))
+    steps = _tokenizer_steps(config, refs, names, paths, checkpoint, source, same)
+    return MergeSetup(checkpoint, config_mapper(config, names, same_vocabulary=same, seed=seed, tokenizer=steps))

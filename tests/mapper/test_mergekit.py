@@ -4,10 +4,19 @@ slices renumber and copy bytes, and every key the workbench does not carry out i
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 import workbench as wb
-from tests.mergekit_reference import config, differences, inputs_folder, manifest, merge_case
+from tests.mergekit_reference import (
+    config,
+    differences,
+    inputs_folder,
+    manifest,
+    merge_case,
+    token_differences,
+)
 from workbench import mapper as M
 from workbench.errors import MapperError
 from workbench.mapper.merge.slices import MergeSlices, SliceCopies, merge_slices, rereads
@@ -72,8 +81,8 @@ def test_mapper_round_trips_through_code() -> None:
     assert M.from_json(mapper.to_json()) == mapper  # what workers receive
 
 
-@pytest.mark.parametrize(("key", "value"), [("modules", {"text": {}}), ("chat_template", "chatml"), ("lora_rank", 8),
-                                            ("tokenizer", {"source": "base", "tokens": {"<x>": {"source": "base"}}})])
+@pytest.mark.parametrize(("key", "value"), [("modules", {"text": {}}), ("chat_template", "x"), ("lora_rank", 8),
+                                            ("tokenizer", {"source": "union", "tokens": {"<x>": {"source": "nowhere"}}})])
 def test_unsupported_keys_are_plan_problems_naming_the_key(key: str, value: object) -> None:
     cfg = {**config("linear-fp32"), key: value}
     ck, mapper = wb.merge_config(cfg, root=inputs_folder())
@@ -93,10 +102,84 @@ def test_unknown_parameters_and_model_keys_are_refused() -> None:
     assert any("'models[0].weights'" in m for m in messages)
 
 
-def test_tokenizer_union_over_different_vocabularies_is_refused() -> None:
-    ck, mapper = wb.merge_config(config("task_arithmetic-tokenizer-union"), root=inputs_folder())
-    problems = wb.plan(ck, mapper).problems
-    assert any("'tokenizer_source'" in p.message and "vocabularies differ" in p.message for p in problems)
+def test_tokenizer_union_builds_the_vocabulary_and_moves_rows_by_token(tmp_path) -> None:
+    # tok/ft3 adds zeta and omega, tok/ft5 lacks five of the base's words and adds alpha, zeta (averaged with ft3's,
+    # the base lacks it), beta and two special tokens: 70 rows, each equal to mergekit's row of the same token
+    case = "linear-tokenizer-union-added"
+    ck, mapper = wb.merge_config(config(case), root=inputs_folder())
+    namespace: dict = {}
+    exec(mapper.to_code(), namespace)
+    assert namespace["mapper"] == mapper and M.from_json(mapper.to_json()) == mapper
+    plan = wb.plan(ck, mapper)  # the dry-run: the new shapes, vocab_size and the tokenizer file, nothing read yet
+    assert plan.ok, plan.problems
+    assert tuple(plan.outputs.loc["model.embed_tokens.weight", "shape"]) == (70, 32)
+    generated = {e.path: e for e in plan.extra_files if e.action == "generate"}
+    assert "tokenizer.json" in generated and "and 6 more tokens" in generated["tokenizer.json"].reason
+    wb.convert(ck, tmp_path / "out", mapper, quiet=True)
+    assert token_differences(case, tmp_path / "out") == []
+    import json
+
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["vocab_size"] == 70
+    added = json.loads((tmp_path / "out" / "tokenizer.json").read_text())["added_tokens"]
+    # the workbench's order: models in config order, each model's tokens by id, the added tokens last
+    assert [(a["id"], a["content"], a["special"]) for a in added[4:]] == [
+        (64, "zeta", False), (65, "omega", False), (66, "alpha", False), (67, "beta", False),
+        (68, "<|im_start|>", True), (69, "<|im_end|>", True)]
+
+
+def test_a_model_as_tokenizer_source_gives_its_vocabulary_and_files(tmp_path) -> None:
+    case = "ties-tokenizer-model"
+    ck, mapper = wb.merge_config(config(case), root=inputs_folder())
+    wb.convert(ck, tmp_path / "out", mapper, quiet=True)
+    assert differences(case, tmp_path / "out") == []  # one order: bit for bit
+    assert token_differences(case, tmp_path / "out") == []
+    ft5 = inputs_folder() / "tok" / "ft5"
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / "out" / name).read_bytes() == (ft5 / name).read_bytes()
+
+
+@pytest.mark.parametrize("case", ["linear-chat-template-literal", "linear-chat-template-auto"])
+def test_chat_template_is_written_as_mergekit_writes_it(case: str, tmp_path) -> None:
+    merge_case(case, tmp_path / "out")
+    want = manifest()["cases"][case]["tokenizer"]["chat_template"]
+    assert (tmp_path / "out" / "chat_template.jinja").read_text(encoding="utf-8") == want  # byte for byte
+    import json
+
+    assert "chat_template" not in json.loads((tmp_path / "out" / "tokenizer_config.json").read_text())
+    assert token_differences(case, tmp_path / "out") == []
+
+
+def test_a_built_in_chat_template_is_read_from_an_installed_mergekit(tmp_path, monkeypatch) -> None:
+    case = "linear-chat-template-chatml"
+    refused = wb.plan(*wb.merge_config(config(case), root=inputs_folder())).problems
+    if importlib.util.find_spec("mergekit") is None:
+        assert any("'chat_template'" in p.message and "Install mergekit" in p.message for p in refused)
+    # a mergekit package (its template file: the text mergekit wrote for this case) found on the path
+    want = manifest()["cases"][case]["tokenizer"]["chat_template"]
+    package = tmp_path / "site" / "mergekit"
+    (package / "_data" / "chat_templates").mkdir(parents=True)
+    (package / "__init__.py").write_text("raise ImportError('never imported')\n")
+    (package / "_data" / "chat_templates" / "chatml.jinja").write_text(want, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    importlib.invalidate_caches()
+    merge_case(case, tmp_path / "out")
+    assert (tmp_path / "out" / "chat_template.jinja").read_text(encoding="utf-8") == want
+    assert token_differences(case, tmp_path / "out") == []
+
+
+def test_tokenizer_settings_that_cannot_be_matched_name_their_key() -> None:
+    cases = [({"chat_template": "{bad"}, "chat_template", "neither a built-in"),
+             ({"tokenizer_source": "union", "slices": [{"sources": [{"model": "tok/base", "layer_range": [0, 4]},
+                                                                     {"model": "tok/ft5", "layer_range": [0, 4]}]}]},
+              "tokenizer_source", "not slices")]
+    for change, key, why in cases:
+        cfg = {**config("linear-tokenizer-section"), **change}
+        if "slices" in change:
+            cfg.pop("models")
+            cfg.pop("tokenizer")
+        ck, mapper = wb.merge_config(cfg, root=inputs_folder())
+        messages = [p.message for p in wb.plan(ck, mapper).problems]
+        assert any(f"{key!r}" in m and why in m for m in messages), messages
 
 
 def test_tokenizer_source_base_moves_rows_by_token_as_mergekit(tmp_path) -> None:

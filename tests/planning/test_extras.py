@@ -126,3 +126,33 @@ def test_a_generated_config_follows_the_dtype_policy_and_the_mapper_edits(tmp_pa
     assert json.loads(updated_bytes(tmp_path, edited[0], "BF16"))["tie_word_embeddings"] is True
     source_has_one = [Extra("config.json", COPIED, 5)]
     assert with_generated_config(source_has_one, config, None, "from params.json") == source_has_one
+
+
+def test_output_file_statements_replace_add_and_leave_out_extras(tmp_path: Path) -> None:
+    """A mapper's `OutputFile` statements: the written file replaces the copy (generated, with its text), a new one
+    is added, a left-out one is skipped with its reason; the conversion writes exactly those bytes."""
+    from workbench import mapper as M
+
+    src = tmp_path / "src"
+    src.mkdir()
+    save_file({"w": np.ones((2, 2), dtype=np.float32)}, str(src / "model.safetensors"))
+    for name, text in (("config.json", "{}"), ("tokenizer.json", '{"added_tokens": [], "model": {}}'),
+                       ("tokenizer_config.json", '{"chat_template": "old"}'), ("vocab.json", "{}")):
+        (src / name).write_text(text)
+    mapper = M.Sequential(M.Identity("w"), M.OutputFile("tokenizer_config.json", text="{}\n", why="template moved"),
+                          M.OutputFile("chat_template.jinja", text="{{ new }}", why="chat_template"),
+                          M.OutputFile("vocab.json", why="stale beside the new vocabulary"),
+                          M.OutputFile("tokenizer.json", source=str(src / "tokenizer.json"), added=['{"id": 3, "content": "z"}']))
+    plan = wb.plan(wb.open_checkpoint(src), mapper)
+    assert plan.ok, plan.problems
+    actions = {e.path: (e.action, e.reason) for e in plan.extra_files}
+    assert actions["chat_template.jinja"] == ("generate", "chat_template")
+    assert actions["vocab.json"] == ("skip", "stale beside the new vocabulary")
+    assert actions["config.json"][0] == "copy"
+    wb.convert(wb.open_checkpoint(src), tmp_path / "out", mapper, quiet=True)
+    out = tmp_path / "out"
+    assert (out / "chat_template.jinja").read_text() == "{{ new }}" and (out / "tokenizer_config.json").read_text() == "{}\n"
+    assert not (out / "vocab.json").exists()
+    assert json.loads((out / "tokenizer.json").read_text())["added_tokens"] == [{"id": 3, "content": "z"}]
+    gone = M.Sequential(M.Identity("w"), M.OutputFile("tokenizer.json", source=str(tmp_path / "missing.json")))
+    assert any("cannot be read" in p.message for p in wb.plan(wb.open_checkpoint(src), gone).problems)

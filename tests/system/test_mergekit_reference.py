@@ -14,12 +14,14 @@ import pytest
 
 from tests.mergekit_reference import (
     FIXTURE,
+    builtin_template_case,
     deterministic_cases,
     differences,
     inputs_folder,
     maker,
     manifest,
     merge_case,
+    token_differences,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,3 +91,45 @@ def test_workbench_merge_refuses_an_unknown_key_before_reading(tmp_path: Path) -
     done = _cli("merge", str(config), str(tmp_path / "out"))
     assert done.returncode == 2
     assert "'merge_methd'" in done.stderr and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("case", sorted(k for k in manifest()["cases"] if "tokenizer" in manifest()["cases"][k]
+                                        and not builtin_template_case(k)))
+def test_tokenizer_cases_equal_mergekits_row_by_token(case: str, tmp_path: Path) -> None:
+    """Every tokenizer case (union, a model as source, chat templates): the tensors outside the vocabulary bit for
+    bit, each token's embedding and lm_head row bit for bit, the vocabulary, the added tokens and the chat template."""
+    merge_case(case, tmp_path / "out")
+    assert token_differences(case, tmp_path / "out") == []
+    got = json.loads((tmp_path / "out" / "config.json").read_text())["vocab_size"]
+    assert got == manifest()["cases"][case]["output_config"]["vocab_size"]
+
+
+@pytest.mark.parametrize("case", ["linear-tokenizer-union-added", "ties-tokenizer-model"])
+def test_logits_of_a_new_vocabulary_equal_mergekits_by_token(case: str, tmp_path: Path) -> None:
+    """The merged model's logits in transformers, each vocabulary column matched by token string."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    merge_case(case, tmp_path / "out")
+    entry = manifest()["cases"][case]
+    ref_vocab, mine = entry["tokenizer"]["vocab"], maker.tokenizer_record(tmp_path / "out")["vocab"]
+    ids = [mine[tok] for tok in sorted(ref_vocab, key=ref_vocab.get)]  # my column of each of mergekit's tokens
+    inputs = [mine[next(t for t, i in ref_vocab.items() if i == j)] for j in entry["logits"]["input_ids"]]
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([inputs])).logits[0]
+    torch.testing.assert_close(logits[:, ids], torch.tensor(maker.logits_values(entry)), rtol=1e-6, atol=1e-6)
+
+
+def test_workbench_merge_dry_run_shows_the_new_vocabulary_before_reading(tmp_path: Path) -> None:
+    config = inputs_folder() / "linear-tokenizer-tokens.yml"  # union, per-token settings, padding
+    shutil.copy(FIXTURE / "configs" / "linear-tokenizer-tokens.yml", config)
+    dry = _cli("merge", str(config), str(tmp_path / "out"), "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "extra generated: tokenizer.json" in dry.stdout and "vocab_size 64 -> 96" in dry.stdout
+    assert not (tmp_path / "out").exists()
+    done = _cli("merge", str(config), str(tmp_path / "out"), "--quiet", "--verify")
+    assert done.returncode == 0, done.stderr
+    assert token_differences("linear-tokenizer-tokens", tmp_path / "out") == []

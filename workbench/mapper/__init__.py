@@ -26,11 +26,11 @@ _LAZY = {
     "Cast": "ops", "Concat": "ops", "Drop": "ops", "Identity": "ops", "Rename": "ops", "Reshape": "ops", "Split": "ops",
     "Stack": "ops", "Transpose": "ops", "Unstack": "ops", "TargetReport": "target", "check_target": "target",
     "Unsupported": "unsupported", "Merge": "merge", "MergeModels": "merge", "MergeSlices": "merge.slices", "SliceCopies": "merge.slices", "Duplicate": "merge.slices",
-    "Refused": "merge.refusal", "AlignVocabulary": "merge.vocabulary",
+    "Refused": "merge.refusal", "AlignVocabulary": "merge.vocabulary", "OutputFile": "output_file",
 }
 
 __all__ = [
-    "AlignVocabulary", "Binding", "ByteSlice", "Cast", "Claim", "Concat", "ConfigUpdate", "Drop", "Function", "Group", "Identity", "Mapper", "Duplicate", "Merge", "MergeModels", "MergeSlices", "Op", "Refused", "SliceCopies",
+    "AlignVocabulary", "Binding", "ByteSlice", "Cast", "Claim", "Concat", "ConfigUpdate", "Drop", "Function", "Group", "Identity", "Mapper", "Duplicate", "Merge", "MergeModels", "MergeSlices", "Op", "OutputFile", "Refused", "SliceCopies",
     "Parallel", "PrefixScope", "Problem", "Rename", "Reshape", "Sequential", "Split", "Stack", "TargetReport",
     "Transpose", "Unstack", "Unsupported", "check_module", "check_target", "from_json", "from_module", "presets",
 ]

@@ -24,6 +24,7 @@ from .compose import Parallel, PrefixScope, Sequential
 from .config_update import ConfigUpdate
 from .groups import Binding, Problem, ProblemKind
 from .op import Op
+from .output_file import OutputFile
 from .patterns import has_globs, no_match_message
 from .patterns import instances as glob_instances
 from .patterns import matcher as glob_matcher
@@ -197,7 +198,7 @@ class Binder:
             self.run_scope(mapper, state, path)
         elif isinstance(mapper, Claim):
             self.check_claim(mapper, state)
-        elif isinstance(mapper, ConfigUpdate):
+        elif isinstance(mapper, (ConfigUpdate, OutputFile)):
             pass  # a statement about config.json, which the planner carries; no tensor is read or written
         else:  # pragma: no cover
             raise MapperError(f"Cannot bind {mapper!r}: unknown mapper type {type(mapper).__name__}.")

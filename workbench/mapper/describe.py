@@ -20,6 +20,7 @@ from .compose import Parallel, PrefixScope, Sequential
 from .config_update import ConfigUpdate
 from .op import Op
 from .ops import Cast, Concat, Drop, Identity, Rename, Split
+from .output_file import OutputFile
 from .patterns import has_globs
 
 LABEL_WIDTH = 110
@@ -46,12 +47,14 @@ def _describe(step: Mapper, before: Mapping[str, TensorInfo], instances: list[Op
         return f"check: nothing of {_family(step)} left unconverted"
     if isinstance(step, ConfigUpdate):
         return f"config.json: {step.key} -> {json.dumps(step.value)}"
-    leaves = [leaf for leaf in step.leaves() if not isinstance(leaf, (Claim, ConfigUpdate))]
+    if isinstance(step, OutputFile):
+        return f"{step.path}: {'written' if step.written else 'left out'}" + (f" ({step.why})" if step.why else "")
+    leaves = [leaf for leaf in step.leaves() if not isinstance(leaf, (Claim, ConfigUpdate, OutputFile))]
     checked = " + check" if any(isinstance(leaf, Claim) for leaf in step.leaves()) and leaves else ""
     if not leaves:
         return step.short()
     kinds = {type(leaf) for leaf in leaves}
-    done = [op for op in instances if not isinstance(op, (Claim, ConfigUpdate))]
+    done = [op for op in instances if not isinstance(op, (Claim, ConfigUpdate, OutputFile))]
     if kinds == {Cast}:
         if len(leaves) == 1 and not leaves[0].is_template and not has_globs(leaves[0]):
             return f"cast {leaves[0].name} → {leaves[0].dtype}"  # type: ignore[attr-defined]

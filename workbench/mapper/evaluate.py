@@ -17,6 +17,7 @@ from .claim import Claim
 from .compose import Parallel, PrefixScope, Sequential
 from .config_update import ConfigUpdate
 from .op import Op
+from .output_file import OutputFile
 
 LeafFn = Callable[[Op, list[Any]], list[Any]]
 _MISSING = object()
@@ -34,7 +35,7 @@ def run(mapper: Mapper, state: dict[str, Any], leaf_fn: LeafFn) -> None:
         _run_parallel(mapper, state, leaf_fn)
     elif isinstance(mapper, PrefixScope):
         _run_scope(mapper, state, leaf_fn)
-    elif isinstance(mapper, (Claim, ConfigUpdate)):
+    elif isinstance(mapper, (Claim, ConfigUpdate, OutputFile)):
         pass  # a check on the source, made by binding (`apply_mapper` binds mappers that hold one)
     else:  # pragma: no cover - every Mapper subclass is one of the above
         raise MapperError(f"Cannot apply {mapper!r}: unknown mapper type {type(mapper).__name__}.")

@@ -23,6 +23,7 @@ from .merge.slices import Duplicate, MergeSlices, SliceCopies
 from .merge.vocabulary import AlignVocabulary
 from .op import Op
 from .ops import Cast, Concat, Drop, Identity, Rename, Reshape, Split, Stack, Transpose, Unstack
+from .output_file import OutputFile
 from .ranges import ORDER_NOTE, has_ranges
 from .unsupported import Unsupported
 
@@ -33,7 +34,7 @@ SHORT_WIDTH = 160
 
 OPERATIONS: dict[str, type[Mapper]] = {
     cls.__name__: cls
-    for cls in (Rename, Identity, Drop, Concat, Stack, Split, Unstack, Transpose, Reshape, Cast, Unsupported, Function, Merge, MergeModels, MergeSlices, SliceCopies, Duplicate, Refused, AlignVocabulary, Sequential, Parallel, PrefixScope, Claim, ConfigUpdate)
+    for cls in (Rename, Identity, Drop, Concat, Stack, Split, Unstack, Transpose, Reshape, Cast, Unsupported, Function, Merge, MergeModels, MergeSlices, SliceCopies, Duplicate, Refused, AlignVocabulary, Sequential, Parallel, PrefixScope, Claim, ConfigUpdate, OutputFile)
 }
 
 
@@ -85,7 +86,7 @@ def _pretty_leaf_args(op: Op, indent: int) -> list[str]:
 
 def _parts(mapper: Mapper, prefix: str) -> tuple[str, list[str]]:
     """Callable name and argument expressions (children rendered recursively, one line each)."""
-    if isinstance(mapper, (Op, Claim, ConfigUpdate)):  # a Claim is a dataclass of plain fields, written like a leaf
+    if isinstance(mapper, (Op, Claim, ConfigUpdate, OutputFile)):  # a Claim is a dataclass of plain fields, written like a leaf
         return prefix + type(mapper).__name__, _leaf_args(mapper)  # type: ignore[arg-type]
     if isinstance(mapper, (Sequential, Parallel)):
         return prefix + type(mapper).__name__, [code_expr(child, prefix) for child in mapper.mappers]
@@ -142,7 +143,7 @@ def to_dict(mapper: Mapper) -> dict[str, Any]:
     """A JSON-ready dict describing `mapper`."""
     if isinstance(mapper, (Merge, MergeModels, MergeSlices, AlignVocabulary)):  # SliceCopies is a MergeSlices
         return {"op": type(mapper).__name__, **mapper.arguments()}
-    if isinstance(mapper, (Op, Claim, ConfigUpdate)):
+    if isinstance(mapper, (Op, Claim, ConfigUpdate, OutputFile)):
         out: dict[str, Any] = {"op": type(mapper).__name__}
         for field in dataclasses.fields(mapper):  # type: ignore[arg-type]
             value = getattr(mapper, field.name)

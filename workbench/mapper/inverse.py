@@ -16,6 +16,7 @@ from .claim import Claim
 from .compose import Parallel, PrefixScope, Sequential
 from .config_update import ConfigUpdate
 from .op import Op
+from .output_file import OutputFile
 from .patterns import has_globs, inverse_keeps_glob
 from .ranges import has_ranges, zero_based
 
@@ -54,7 +55,7 @@ def _invert(mapper: Mapper, path: tuple[int, ...], binder: Any) -> Mapper | None
             )
         inner = _invert(mapper.mapper, path + (0,), binder)
         return PrefixScope(inner if inner is not None else Sequential(), mapper.target_prefix, mapper.source_prefix)
-    if isinstance(mapper, (Claim, ConfigUpdate)):
+    if isinstance(mapper, (Claim, ConfigUpdate, OutputFile)):
         return None  # a check on this mapper's source; the inverse reads another layout
     raise MapperError(f"Cannot invert {mapper!r}: unknown mapper type {type(mapper).__name__}.")
 

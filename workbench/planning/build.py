@@ -17,6 +17,7 @@ from ..mapper.config_update import config_updates
 from ..mapper.files import code_digest
 from ..mapper.groups import Binding, Problem
 from ..mapper.op import Op
+from ..mapper.output_file import output_files
 from ..mapper.presets.output_presets import OUTPUT_PRESETS
 from ..output import OutputFormat, output_format
 from ..output.destination import local_destination, remote_url
@@ -30,6 +31,7 @@ from .extras import (
     with_config_updates,
     with_generated_config,
     with_layout_note,
+    with_output_files,
 )
 from .fingerprint import changed_sources, layout_fingerprint, run_fingerprint
 from .gc_pause import gc_paused
@@ -338,6 +340,11 @@ def _build_plan(
         problems += [Problem("warning", f"The mapper states a config.json edit that this conversion cannot make ({why}): "
                                         "edit the output's config.json yourself, or convert with extras.", kind="preset")
                      for why in not_made]
+    stated_files, file_conflicts = output_files(mapper)
+    problems += [Problem("error", why, kind="clash") for why in file_conflicts]
+    if stated_files and options.extras and output.copies_extras:
+        extra_files, not_made = with_output_files(extra_files, stated_files)
+        problems += [Problem("error", why, kind="preset") for why in not_made]
     if mapper is not None and extra_files and quant_changes is None and not edits:
         extra_files = with_layout_note(extra_files, layout_change(binding.groups))
     extras = [e.path for e in extra_files if e.written]

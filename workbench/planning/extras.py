@@ -393,3 +393,34 @@ def updated_bytes(root: Path, extra: Extra, dtype: str | None) -> bytes | None:
         return None
     raw = read_config(root / extra.path)
     return None if raw is None else config_dtype_update(raw, CONFIG_NAMES[dtype])[0]
+
+
+def with_output_files(extras: list[Extra], files: Iterable) -> tuple[list[Extra], list[str]]:
+    """Apply the mapper's `OutputFile` statements (`mapper.output_file`): each written one replaces the copy of the
+    same name (or is added) as a generated extra carrying its text; one left out turns the copy into a skip with its
+    reason. Returns the extras and why a file could not be made (its source unreadable, not UTF-8 text)."""
+    from ..errors import MapperError
+
+    out = list(extras)
+    failed: list[str] = []
+    for statement in files:
+        index = next((i for i, e in enumerate(out) if e.path == statement.path), None)
+        if not statement.written:
+            if index is not None and out[index].written:
+                old = out[index]
+                out[index] = Extra(old.path, SKIPPED, old.size, statement.why or "the mapper leaves it out of the output")
+            continue
+        try:
+            text = statement.content().decode("utf-8")
+        except MapperError as exc:
+            failed.append(str(exc))
+            continue
+        except UnicodeDecodeError:
+            failed.append(f"Cannot write {statement.path!r}: its source {statement.source} is not UTF-8 text. Give a text file.")
+            continue
+        extra = Extra(statement.path, GENERATED, len(text.encode("utf-8")), statement.why or "stated by the mapper", text)
+        if index is None:
+            out.append(extra)
+        else:
+            out[index] = extra
+    return out, failed

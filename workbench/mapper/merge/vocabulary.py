@@ -7,7 +7,9 @@ the base model's row when the base is among the inputs and has it; else the aver
 that have it (summed in order onto zeros, then divided by their count); a token no model has gets zeros.
 
 `rows[k][j]` says where output model `k`'s row `j` comes from: `((i, r),)` row `r` of input `i`; several pairs
-the average of those rows; `()` zeros. Inputs and outputs are the models' tensors in the same order (an output
+the average of those rows; `()` zeros. `pad` more rows follow (mergekit's `pad_to_multiple_of`), each the mean of
+that output's rows above them. mergekit's per-token settings (`tokenizer.tokens`: a model's row, a model's token by
+string or id, zeros, `force` for every model) are row tables too (`token_rows`). Inputs and outputs are the models' tensors in the same order (an output
 may keep its input's name). The op computes in the inputs' promoted dtype (after `dtype`, when given), as
 mergekit does, and holds one group of N inputs and N outputs.
 """
@@ -35,20 +37,23 @@ class AlignVocabulary(Op):
     outputs_: tuple[str, ...]
     rows: tuple[Rows, ...]
     dtype: str | None = None
+    pad: int = 0
 
     NAME_LIST_FIELDS = ("inputs_", "outputs_")
     POSITIONAL = ("inputs", "outputs", "rows")
 
     def __init__(self, inputs: Sequence[str], outputs: Sequence[str], rows: Sequence[Sequence[Sequence[Sequence[int]]]], *,
-                 dtype: str | None = None) -> None:
+                 dtype: str | None = None, pad: int = 0) -> None:
         frozen = tuple(tuple(tuple((int(i), int(r)) for i, r in row) for row in table) for table in rows)
         if len(inputs) != len(outputs) or len(frozen) != len(outputs) or not inputs:
             raise MapperError(f"Cannot build AlignVocabulary: give one output name and one row table per input "
                               f"({len(inputs)} inputs, {len(outputs)} outputs, {len(frozen)} tables).")
         if any(i < 0 or i >= len(inputs) or r < 0 for table in frozen for row in table for i, r in row):
             raise MapperError("Cannot build AlignVocabulary: a row names an input or a row index out of range.")
+        if isinstance(pad, bool) or not isinstance(pad, int) or pad < 0 or (pad and not all(frozen)):
+            raise MapperError(f"Cannot build AlignVocabulary: pad is a count of rows (got {pad!r}) after at least one row.")
         for name, value in (("inputs_", tuple(inputs)), ("outputs_", tuple(outputs)), ("rows", frozen),
-                            ("dtype", _dtype_or_none(dtype, "dtype", "AlignVocabulary"))):
+                            ("dtype", _dtype_or_none(dtype, "dtype", "AlignVocabulary")), ("pad", pad)):
             object.__setattr__(self, name, value)
         self._normalize()
 
@@ -66,6 +71,8 @@ class AlignVocabulary(Op):
                                "rows": [[[list(pair) for pair in row] for row in table] for table in self.rows]}
         if self.dtype is not None:
             out["dtype"] = self.dtype
+        if self.pad:
+            out["pad"] = self.pad
         return out
 
     def _infer(self, metas: list[Meta]) -> list[Meta]:
@@ -82,7 +89,24 @@ class AlignVocabulary(Op):
                                           tensor=self.inputs_[i])
         dtype = self.dtype or promote([d for d, _ in metas])
         tail = next(iter(tails))
-        return [(dtype, (len(table), *tail)) for table in self.rows]
+        return [(dtype, (len(table) + self.pad, *tail)) for table in self.rows]
+
+    def scratch_bytes(self, inputs: Sequence[Any]) -> int:
+        """Work bytes besides the group's inputs and outputs, for the plan's memory: a copy of each input the `dtype`
+        cast changes, one row for an average, and the rebuilt tensors themselves — bound in one group with the merge
+        that follows, they are intermediates the group's outputs do not count (alone, they are counted twice: the
+        prediction errs high)."""
+        from math import prod
+
+        from ...dtypes import dtype_bits
+
+        if not inputs:
+            return 0
+        dtype = self.dtype or promote([info.dtype for info in inputs])
+        width = max(1, dtype_bits(dtype) // 8)
+        casts = sum(prod(info.shape) * width for info in inputs if self.dtype is not None and info.dtype != self.dtype)
+        row = prod(inputs[0].shape[1:]) * width
+        return casts + row + sum(len(table) + self.pad for table in self.rows) * row
 
     def _compute(self, tensors: list[Any]) -> list[Any]:
         import torch
@@ -95,7 +119,7 @@ class AlignVocabulary(Op):
         tail = tensors[0].shape[1:]
         outputs = []
         for table in self.rows:
-            out = torch.zeros((len(table), *tail), dtype=dtype)
+            out = torch.zeros((len(table) + self.pad, *tail), dtype=dtype)
             for j, row in enumerate(table):
                 if len(row) == 1:
                     i, r = row[0]
@@ -106,6 +130,8 @@ class AlignVocabulary(Op):
                         embed = embed + tensors[i][r]
                     embed /= len(row)
                     out[j] = embed
+            if self.pad:
+                out[len(table):] = torch.mean(out[:len(table)], dim=0)
             outputs.append(out)
         return outputs
 
@@ -135,3 +161,29 @@ def align_rows(out_vocab: dict[str, int], vocabularies: Sequence[dict[str, int]]
                 table.append(tuple((m, where[m][j]) for m in present))
         tables.append(tuple(table))
     return tuple(tables)
+
+
+Row = tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class TokenSource:
+    """One entry of mergekit's `tokenizer.tokens`: the row a token gets — `row` (a row table entry: `((i, r),)` or
+    `()` for zeros) — given to the models that lack the token, or to every model when `force`."""
+
+    row: Row
+    force: bool = False
+
+
+def token_rows(tables: Sequence[Rows], out_vocab: dict[str, int], vocabularies: Sequence[dict[str, int]],
+               sizes: Sequence[int], tokens: dict[str, TokenSource]) -> tuple[Rows, ...]:
+    """`tables` (from `align_rows`) with the per-token settings applied: a token with a setting takes its row in
+    every model that lacks the token (in every model when forced) instead of mergekit's default."""
+    out = [list(table) for table in tables]
+    for token, source in tokens.items():
+        j = out_vocab[token]
+        for k, (vocab, size) in enumerate(zip(vocabularies, sizes, strict=True)):
+            has = 0 <= vocab.get(token, -1) < size
+            if source.force or not has:
+                out[k][j] = source.row
+    return tuple(tuple(table) for table in out)

@@ -9,17 +9,19 @@ merge, `names` mapping each model reference of the config to its source name in 
 - `slices:` (each with `sources`: `model`, `layer_range`, `parameters`; and its own `base_model` /
   `parameters`) -> `MergeSlices` plus a config.json update of `num_hidden_layers`;
 - `merge_method`, `base_model`, `parameters`, `dtype`, `out_dtype` -> the same-named arguments;
-- `tokenizer_source` / `tokenizer.source`: `base`, `union` or a model, carried out where every model's
-  vocabulary is the same (then the embeddings need no remapping: `same_vocabulary=True`); `base` over different
-  vocabularies with the `align` step (`merge/vocabulary.py`'s `AlignVocabulary`, built by `wb.merge_config`);
-  otherwise refused;
-- anything else (`modules:`, `chat_template`, `tokenizer.tokens`, a misspelt key) -> `Refused`, a plan problem
-  naming the key: mergekit ignores unknown keys silently, the workbench does not.
+- `tokenizer_source` / `tokenizer.source` (`base`, `union`, a model) and `chat_template`: the `tokenizer` steps
+  `wb.merge_config` builds from the models' tokenizer files (`workbench/mergekit_tokenizer.py`: rows moved by
+  token with `AlignVocabulary`, config.json's vocab_size, the tokenizer files as `OutputFile` statements);
+  without them (a config mapped on its own) carried out where every model's vocabulary is the same
+  (`same_vocabulary=True`), `base` over different vocabularies with the `align` step, otherwise refused;
+- `tokenizer.tokens`, `tokenizer.pad_to_multiple_of`: carried out by those `tokenizer` steps, refused without;
+- anything else (`modules:`, a misspelt key) -> `Refused`, a
+  plan problem naming the key: mergekit ignores unknown keys silently, the workbench does not.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...errors import MapperError
@@ -33,6 +35,7 @@ from ..merge.slices import check_slices, merge_slices, num_layers
 TOP_KEYS = ("models", "slices", "merge_method", "base_model", "parameters", "dtype", "out_dtype", "tokenizer_source",
             "tokenizer", "chat_template", "modules")
 MODEL_KEYS = {"model", "parameters"}
+SECTION_SETTINGS = ("tokens", "pad_to_multiple_of")  # of the tokenizer section, carried out by the `tokenizer` steps
 
 
 def model_references(config: Mapping[str, Any]) -> list[str]:
@@ -54,6 +57,9 @@ def model_references(config: Mapping[str, Any]) -> list[str]:
             refs.append(_reference(item["base_model"], f"slices[{i}].base_model"))
     if isinstance(config.get("tokenizer_source"), str) and config["tokenizer_source"] not in ("base", "union"):
         refs.append(_reference(config["tokenizer_source"], "tokenizer_source"))
+    section = config.get("tokenizer")
+    if isinstance(section, Mapping) and isinstance(section.get("source"), str) and section["source"] not in ("base", "union"):
+        refs.append(_reference(section["source"], "tokenizer.source"))
     return list(dict.fromkeys(refs))
 
 
@@ -75,35 +81,43 @@ def tokenizer_source(config: Mapping[str, Any]) -> tuple[str | None, list[Refuse
         if not isinstance(tokenizer, Mapping):
             refused.append(Refused("tokenizer", f"expected a mapping with 'source' (got {tokenizer!r})."))
         else:
-            source = tokenizer.get("source", source)
+            source = tokenizer.get("source", "union")  # mergekit's default for a tokenizer section
             for key in tokenizer:
-                if key != "source" and tokenizer[key] not in (None, {}, []):
-                    refused.append(Refused(f"tokenizer.{key}", "adding tokens or padding the vocabulary is not done by the "
-                                           "workbench; remove it, or run mergekit for this merge."))
+                if key in SECTION_SETTINGS and tokenizer[key] not in (None, {}, []):
+                    refused.append(Refused(f"tokenizer.{key}", "per-token embeddings and padding the vocabulary are carried "
+                                           "out by wb.merge_config (it reads the models' tokenizers); this mapper was built "
+                                           "without them. Use wb.merge_config, or remove the key."))
+                elif key not in ("source", *SECTION_SETTINGS):
+                    refused.append(Refused(f"tokenizer.{key}", f"mergekit's tokenizer section takes source, "
+                                           f"{', '.join(SECTION_SETTINGS)}."))
     return source, refused
 
 
 def config_mapper(config: Mapping[str, Any], names: Mapping[str, str], *, same_vocabulary: bool = True,
-                  seed: int | None = None, align: Mapper | None = None) -> Mapper:
+                  seed: int | None = None, align: Mapper | None = None, tokenizer: Sequence[Mapper] | None = None) -> Mapper:
     """The mapper doing the merge `config` describes (see the module docstring); `names`: model reference -> source
     name; `same_vocabulary`: whether every model's tokenizer has the same tokens at the same ids (the tokenizer
     settings are refused otherwise, unless `align` is given: the step moving every model's vocabulary rows to the
-    output vocabulary, run before the merge); `seed`: the random methods' seed (mergekit's `--random-seed`)."""
+    output vocabulary, run before the merge); `seed`: the random methods' seed (mergekit's `--random-seed`);
+    `tokenizer`: the steps carrying out `tokenizer_source` / `tokenizer.source` and `chat_template` (row moves,
+    vocab_size, tokenizer files, refusals; built by `wb.merge_config`, which reads the models' tokenizer files) —
+    given, they replace the refusals of those keys and run before the merge."""
     if not isinstance(config, Mapping):
         raise MapperError(f"Cannot read merge config: expected a mapping of keys such as merge_method, models (got {type(config).__name__}).")
     refused: list[Refused] = []
     for key in config:
         if key not in TOP_KEYS:
             refused.append(Refused(str(key), f"mergekit does not document it (it would ignore it silently). Supported keys: "
-                                   f"{', '.join(k for k in TOP_KEYS if k not in ('modules', 'chat_template'))}."))
+                                   f"{', '.join(k for k in TOP_KEYS if k != 'modules')}."))
     if config.get("modules") is not None:
         refused.append(Refused("modules", "multi-module (vision/text) merges are not supported; merge with models: or slices:."))
-    if config.get("chat_template") is not None:
+    if config.get("chat_template") is not None and tokenizer is None:
         refused.append(Refused("chat_template", "the workbench copies the primary model's tokenizer files as they are; set the "
                                "chat template in the output's tokenizer_config.json yourself."))
     source, more = tokenizer_source(config)
-    refused += more
-    if source is not None and not same_vocabulary and align is None:
+    handled = {f"tokenizer.{key}" for key in SECTION_SETTINGS} if tokenizer is not None else set()
+    refused += [r for r in more if r.key not in handled]
+    if source is not None and not same_vocabulary and align is None and tokenizer is None:
         if source == "base":
             why = ("moving the embedding and lm_head rows to the base vocabulary (the models' vocabularies differ) needs "
                    "base_model, models: (not slices) and a readable tokenizer.json in every model folder.")
@@ -126,6 +140,7 @@ def config_mapper(config: Mapping[str, Any], names: Mapping[str, str], *, same_v
     if not isinstance(common["parameters"], Mapping):
         raise MapperError(f"Cannot read merge config: parameters is {common['parameters']!r}; give a mapping name -> value.")
     steps: list[Mapper] = [align] if align is not None and not same_vocabulary else []
+    steps += list(tokenizer or [])
     if models:
         model_names, model_parameters = [], {}
         for i, entry in enumerate(models):
