@@ -175,16 +175,17 @@ def test_unknown_architecture_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.serial  # measures peak RSS: run alone (see conftest.SERIAL_MARKERS)
-def test_dequantising_128_mib_tensors_stays_within_the_predicted_rss(tmp_path: Path) -> None:
-    """`workbench convert X.gguf OUT --preset gguf_to_hf` on Q4_K / Q6_K embeddings that are 128 MiB each in float32:
-    ROWS steps, a tensor peak of one chunk, no torch, and a peak RSS (VmHWM, planning included) within 15 % of
-    plan.rss_bytes (holding one de-quantised embedding would add 128 MiB)."""
+@pytest.mark.parametrize("wide", [("Q4_K", "Q6_K"), ("IQ2_XXS", "IQ4_XS")])
+def test_dequantising_128_mib_tensors_stays_within_the_predicted_rss(wide: tuple[str, str], tmp_path: Path) -> None:
+    """`workbench convert X.gguf OUT --preset gguf_to_hf` on Q4_K / Q6_K (IQ2_XXS / IQ4_XS: grid look-ups) embeddings
+    that are 128 MiB each in float32: ROWS steps, a tensor peak of one chunk, no torch, and a peak RSS (VmHWM, planning
+    included) within 15 % of plan.rss_bytes (holding one de-quantised embedding would add 128 MiB)."""
     from conftest import run_cli_measured
     from gguf_support.kquants import build_wide
 
     from workbench.mapper.presets.gguf_dequant import ROW_BUDGET
 
-    path = build_wide(tmp_path / "wide.gguf")
+    path = build_wide(tmp_path / "wide.gguf", wide=wide)
     plan = wb.plan(path, M.presets.gguf_to_hf(path), extras=False, dest=tmp_path / "planned")
     kinds = {s.group.outputs[0].name: s.kind for s in plan.steps}
     assert kinds["model.embed_tokens.weight"] == kinds["lm_head.weight"] == "rows" and kinds["model.norm.weight"] == "copy"

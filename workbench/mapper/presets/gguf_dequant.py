@@ -1,7 +1,7 @@
 """One GGUF tensor turned back into HF tensor(s) a bounded number of rows at a time, with numpy and the `gguf` package.
 
-The inverse of `gguf_rows`: a GGUF tensor's rows (values, or blocks of a quantised type: Q8_0, Q4_0, Q4_K, Q6_K, ...
-every type `gguf.quants.dequantize` knows) are de-quantised to float32 by the `gguf` package, llama.cpp's q/k row
+The inverse of `gguf_rows`: a GGUF tensor's rows (values, or blocks of a quantised type: Q8_0, Q4_0, Q4_K, Q6_K, the
+IQ*, TQ*, MXFP4 and NVFP4 types, ... every type `gguf.quants.dequantize` knows) are de-quantised to float32 by the `gguf` package, llama.cpp's q/k row
 permutation is undone within each head (rows (half, 2) per head back to (2, half)), and the float32 values are
 rounded once to the output dtype (numpy's and ml_dtypes' round-to-nearest-even, as torch's `.to()`). A stacked
 expert tensor (experts, rows, columns) becomes one output per expert. No step mixes rows across a head or an expert,
@@ -29,9 +29,12 @@ OUTPUT_DTYPES = ("F32", "F16", "BF16")
 PLAIN = ("F32", "F16", "BF16")  # GGUF types whose stored elements are a safetensors dtype
 # Peak bytes `gguf.quants.dequantize` allocates per float32 value it returns (its result included), by type: measured
 # with tracemalloc on 64 x 1024 chunks (gguf 0.19, numpy 2.4; Q4_K's scale unpacking makes int64 temporaries), plus
-# a byte or two for the copies around it (un-permuting, rounding). Types not listed get the largest.
+# a byte or two for the copies around it (un-permuting, rounding); the IQ*, TQ* and FP4 types: 8.4-9 bytes on 256 x 1024
+# chunks, 10-11.5 on 64 x 1024 (their grids' lookups included). Types not listed get the largest.
 DEQUANT_BYTES_PER_VALUE = {"F32": 4, "F16": 6, "BF16": 11, "Q8_0": 11, "Q4_0": 11, "Q4_1": 12, "Q5_0": 12, "Q5_1": 12,
-                           "Q2_K": 12, "Q3_K": 12, "Q4_K": 60, "Q5_K": 13, "Q6_K": 12}
+                           "Q2_K": 12, "Q3_K": 12, "Q4_K": 60, "Q5_K": 13, "Q6_K": 12, "IQ1_S": 12, "IQ1_M": 12, "IQ2_XXS": 12,
+                           "IQ2_XS": 12, "IQ2_S": 12, "IQ3_XXS": 12, "IQ3_S": 12, "IQ4_NL": 12, "IQ4_XS": 12, "TQ1_0": 12,
+                           "TQ2_0": 12, "MXFP4": 12, "NVFP4": 12}
 ROW_BUDGET = 8 << 20  # bytes a row chunk holds at most (a plan's smaller chunk size wins), as the GGUF writer's
 # ml_dtypes and the gguf package, imported and used on top of numpy (as gguf_rows.GGUF_LIBRARIES measured it)
 GGUF_LIBRARIES = 8_110_000
