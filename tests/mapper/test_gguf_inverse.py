@@ -105,6 +105,24 @@ def test_round_trip_hf_gguf_hf_is_exact(family: str, outtype: str, dtype: str | 
         assert _same_bits(got, values), name
 
 
+def test_gpt2_round_trip_through_llama_cpp_is_exact(tmp_path: Path) -> None:
+    """HF GPT-2 (F16) -> llama.cpp's converter (F16: Conv1D weights transposed, (out, in)) -> HF: the same names, shapes
+    ((in, out) again) and bytes; the tied lm_head stays tied (the converter writes no output.weight)."""
+    from gguf_support.gpt2 import model_folder, reference_gguf
+
+    path = reference_gguf("f16")
+    mapper, planned = gguf_to_hf_plan(path)
+    assert planned["transformer.h.0.attn.c_attn.weight"].how == "copied, transposed"
+    wb.convert(path, tmp_path / "back", mapper, extras=False, quiet=True, verify=True)
+    original = load_file(model_folder() / "model.safetensors")
+    back = load_file(tmp_path / "back" / "model.safetensors")
+    assert sorted(back) == sorted(original)
+    assert original["transformer.h.0.attn.c_attn.weight"].shape == (64, 192)  # HF's Conv1D: (in, out)
+    for name, values in original.items():  # norms and biases come back F32 (llama.cpp keeps them F32): equal values
+        got = back[name] if back[name].dtype == values.dtype else back[name].astype(values.dtype)
+        assert _same_bits(got, values), name
+
+
 def test_experts_unstacked_equal_gguf_py(tmp_path: Path) -> None:
     from gguf_support.reference import reference_gguf
 

@@ -109,7 +109,7 @@ def _gguf_hf_files(catalog: Catalog, binding: Binding, dtype: str | None) -> tup
     from ..output.gguf.hf_tokenizer import TRANSFORMERS_CONFIG, tokenizer_files
 
     outputs = {t.name: t for group in binding.groups for t in group.outputs}
-    embed = outputs.get("model.embed_tokens.weight")
+    embed = outputs.get("model.embed_tokens.weight") or outputs.get("transformer.wte.weight")  # GPT-2's
     if embed is None:
         return [], []
     path = catalog.root if catalog.root.is_file() else catalog.root / next(iter(catalog.files))

@@ -28,7 +28,7 @@ from .gguf_preset import _LAYER, _SUFFIXES, _TOP
 ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False),
                  "qwen2moe": ("qwen2_moe", False), "qwen3moe": ("qwen3_moe", False), "olmoe": ("olmoe", False),
                  "phi3": ("phi3", False), "gemma2": ("gemma2", False), "gemma3": ("gemma3_text", False),
-                 "deepseek2": ("deepseek_v3", False)}
+                 "deepseek2": ("deepseek_v3", False), "gpt2": ("gpt2", False)}
 # Families the workbench does not write, read back by their own module tables (GGUF module -> HF module) as
 # llama.cpp's converters name them (`gguf.TensorNameMap`): GGUF's modules that differ from the Llama table.
 _GEMMA_LAYER = (("attn_norm", "input_layernorm"), ("post_attention_norm", "post_attention_layernorm"),
@@ -41,6 +41,13 @@ FAMILY_LAYERS = {
 }
 # GGUF tensors (not modules) a family names otherwise: DeepSeek's router bias
 FAMILY_TENSORS = {"deepseek2": {"exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}}
+# GPT-2 shares no HF name with the Llama table: its own, top level and per block (`transformer.h.{i}.`). Its Conv1D
+# weights are stored (in, out) by HF and transposed by llama.cpp's converter: transposed back (GPT2_TRANSPOSED).
+GPT2_TOP = {"token_embd": "transformer.wte", "position_embd": "transformer.wpe", "output_norm": "transformer.ln_f",
+            "output": "lm_head"}
+GPT2_LAYER = {"attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_norm": "ln_2",
+              "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
+GPT2_TRANSPOSED = ("attn_qkv", "attn_output", "ffn_up", "ffn_down")
 # MLA: llama.cpp splits kv_b_proj per head into attn_k_b (transposed) and attn_v_b; both come back as one kv_b_proj
 MLA_PARTS = ("attn_k_b", "attn_v_b")
 MLA_JOINED = "self_attn.kv_b_proj.weight"
@@ -122,6 +129,8 @@ def hf_name(gguf: str, family: str, arch: str = "") -> str | None:
     module, _, suffix = gguf.rpartition(".")
     if suffix not in _SUFFIXES:
         return None
+    if arch == "gpt2":
+        return _gpt2_name(module, suffix)
     for src, dst in _TOP:
         if module == dst:
             return f"{src}.{suffix}"
@@ -140,6 +149,16 @@ def hf_name(gguf: str, family: str, arch: str = "") -> str | None:
     for src, dst in _LAYER:
         if dst == what and not src.startswith(_SHARED[0]) and not (what == "ffn_gate_inp" and src.startswith("block_sparse_moe")):
             return f"model.layers.{layer}.{src}.{suffix}"
+    return None
+
+
+def _gpt2_name(module: str, suffix: str) -> str | None:
+    """The HF GPT-2 name of GGUF module `module` with `suffix`, or None."""
+    if module in GPT2_TOP:
+        return f"{GPT2_TOP[module]}.{suffix}"
+    parts = module.split(".")
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdecimal() and parts[2] in GPT2_LAYER:
+        return f"transformer.h.{parts[1]}.{GPT2_LAYER[parts[2]]}.{suffix}"
     return None
 
 
@@ -220,6 +239,16 @@ def gguf_to_hf_plan(source: Any, dtype: str | None = None) -> tuple[Mapper, dict
         if out is None:
             continue  # the claim at the end names it
         heads = _heads(values, arch, name) if permute else 0
+        if arch == "gpt2" and proj in GPT2_TRANSPOSED and suffix == "weight" and len(shape) == 2:
+            if kind in PLAIN and out_dtype == kind:  # bytes kept, transposed
+                stage1.append(Transpose(name, 0, 1, dst=out))
+                how = "copied, transposed"
+            else:
+                stage1.append(dequantize_gguf_function(name, (out,), kind, shape, out_dtype))
+                stage2.append(Transpose(out, 0, 1))
+                how = f"{_DEQUANTIZED if kind not in PLAIN else 'cast'}, transposed"
+            planned[out] = HfTensor(out, out_dtype, shape[::-1], name, kind, how)
+            continue
         target = _hf_shape(out, shape)
         shift = NORM_SHIFT.get(arch, 0.0) if name.endswith("norm.weight") else 0.0
         if shift:
