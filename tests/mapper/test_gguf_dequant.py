@@ -79,3 +79,20 @@ def test_rows_split_at_any_whole_row_give_the_whole_tensor(kind: str) -> None:
     as_bf16 = dequantized_rows(raw.reshape(-1), kind, cols, 0, "BF16")
     assert as_bf16.tobytes() == whole.astype(ml_dtypes.bfloat16).tobytes()
     assert dequantized_rows(raw.reshape(-1), kind, cols, 0, "F16").tobytes() == whole.astype(np.float16).tobytes()
+
+
+def test_a_type_gguf_py_cannot_dequantise_is_a_plan_problem_naming_the_tensor(tmp_path: Path) -> None:
+    path = tmp_path / "q8k.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_uint32("llama.block_count", 1)
+    writer.add_uint32("llama.attention.head_count", 4)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 292), np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q8_K)
+    writer.add_tensor("output_norm.weight", np.ones(256, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert "Q8_K" not in TYPES  # gguf 0.19 has no de-quantiser for it: the run would fail mid-way without this check
+    plan = wb.plan(path, M.presets.gguf_to_hf(path), extras=False, dest=tmp_path / "out")
+    assert not plan.ok
+    assert any("Cannot de-quantise 'token_embd.weight'" in p.message and "Q8_K" in p.message for p in plan.problems)

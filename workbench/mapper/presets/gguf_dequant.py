@@ -50,6 +50,16 @@ def block_of(kind: str) -> tuple[int, int]:
     raise MapperError(f"Cannot read GGUF type {kind!r}: the installed gguf package does not know it. Upgrade it: pip install -U gguf.")
 
 
+def dequantizable(kind: str) -> bool:
+    """Whether the installed `gguf` package de-quantises GGML type `kind` (`gguf.quants.dequantize` raises
+    NotImplementedError for the others: Q8_1, Q8_K, the integer types in gguf 0.19)."""
+    import gguf
+
+    member = gguf.GGMLQuantizationType.__members__.get(kind)
+    traits = getattr(gguf.quants, "_type_traits", None)
+    return member is not None and (kind in ("F32", "F16") or traits is None or member in traits)
+
+
 def stored_row_bytes(kind: str, cols: int) -> int:
     """Bytes one row of `cols` values takes in a GGUF tensor of type `kind`."""
     block, size = block_of(kind)
@@ -84,6 +94,10 @@ def infer_dequantize_gguf(info: TensorInfo, *, kind: str, shape: tuple[int, ...]
     if dtype not in OUTPUT_DTYPES:
         raise MapperError(f"Cannot de-quantise {info.name!r} to {dtype!r}: choose one of {', '.join(OUTPUT_DTYPES)}.", tensor=info.name)
     block, size = block_of(kind)
+    if not dequantizable(kind):
+        raise MapperError(f"Cannot de-quantise {info.name!r}: the installed gguf package has no de-quantiser for {kind}. "
+                          "Upgrade it (pip install -U gguf), or drop the tensor with a mapper given ahead (M.Drop(name)).",
+                          tensor=info.name)
     cols = shape[-1] if shape else 1
     if cols % block:
         raise MapperError(f"Cannot de-quantise {info.name!r} {list(shape)}: its rows are not whole {kind} blocks of {block}.",
@@ -265,5 +279,5 @@ def dequantize_gguf(tensor: Any, *, kind: str, shape: tuple[int, ...], dtype: st
 dequantize_gguf.rows = offer_rows  # type: ignore[attr-defined]  # the row job `Function.rows` finds (mapper.row_jobs)
 
 
-__all__ = ["DequantJob", "DEQUANTIZE_GGUF_FN", "OUTPUT_DTYPES", "block_of", "dequantized_rows", "dequantize_gguf", "dequantize_gguf_function",
+__all__ = ["DequantJob", "DEQUANTIZE_GGUF_FN", "OUTPUT_DTYPES", "block_of", "dequantizable", "dequantized_rows", "dequantize_gguf", "dequantize_gguf_function",
            "infer_dequantize_gguf", "offer_rows", "stored_row_bytes"]
