@@ -4,6 +4,7 @@ diff and the plan's memory. The transformers comparison is tests/system/test_ggu
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -171,6 +172,13 @@ def test_deepseek_v3_kv_b_rebuilt_from_k_b_and_v_b_equals_gguf_py(tmp_path: Path
                 "n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor", "scoring_func", "rope_parameters",
                 "intermediate_size", "rms_norm_eps", "tie_word_embeddings", "vocab_size"):
         assert config[key] == want_config[key], key
+    if importlib.util.find_spec("transformers") is not None:  # tokenizer files from the vocabulary, though transformers
+        from tokenizers import Tokenizer  # loads no deepseek2 model
+
+        ours = Tokenizer.from_str({e.path: e for e in plan.extra_files}["tokenizer.json"].config)
+        theirs = Tokenizer.from_file(str(model_folder("deepseek_v3") / "tokenizer.json"))
+        text = "Hello world, 1234 tokens!\n  indented"
+        assert ours.encode(text).ids == theirs.encode(text).ids
 
 
 def test_deepseek_v2_softmax_gating_is_refused(tmp_path: Path) -> None:
