@@ -122,6 +122,13 @@ def test_gpt2_round_trip_through_llama_cpp_is_exact(tmp_path: Path) -> None:
     for name, values in original.items():  # norms and biases come back F32 (llama.cpp keeps them F32): equal values
         got = back[name] if back[name].dtype == values.dtype else back[name].astype(values.dtype)
         assert _same_bits(got, values), name
+    if importlib.util.find_spec("transformers") is not None:  # config.json: transformers' own, corrected
+        config = json.loads({e.path: e for e in wb.plan(path, mapper, dest=tmp_path / "x").extra_files}["config.json"].config)
+        source = json.loads((model_folder() / "config.json").read_text())
+        for key in ("model_type", "n_embd", "n_layer", "n_head", "n_positions", "n_ctx", "vocab_size", "layer_norm_epsilon",
+                    "tie_word_embeddings", "activation_function"):
+            assert config[key] == source[key], key
+        assert "_model_name_or_path" not in config
 
 
 def test_experts_unstacked_equal_gguf_py(tmp_path: Path) -> None:

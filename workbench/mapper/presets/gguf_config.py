@@ -81,6 +81,20 @@ def hf_config(values: Mapping[str, Any], family: str, shapes: Mapping[str, tuple
     return config
 
 
+def adjust_transformers_config(config: dict[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
+    """transformers' own config of a GGUF file (families without a table here), corrected where it reads the file
+    otherwise than the weights say: GPT-2's n_positions (transformers maps the context length to n_ctx only and keeps
+    the default 1024) from the position table, and float32 epsilons written as their shortest decimal."""
+    wpe = shapes.get("transformer.wpe.weight")
+    if config.get("model_type") == "gpt2" and wpe:
+        config["n_positions"] = int(wpe[0])
+    for key in ("layer_norm_epsilon", "rms_norm_eps"):
+        if isinstance(config.get(key), float):
+            config[key] = _f32(config[key])
+    config.pop("_model_name_or_path", None)
+    return config
+
+
 def _deepseek_v3(get: Any, heads: int) -> dict[str, Any]:
     """DeepSeek-V3's MLA and MoE keys: llama.cpp writes MLA as one KV head of kv_lora_rank + rope width (key_length),
     the per-head widths as key_length_mla / value_length_mla."""
@@ -127,4 +141,4 @@ def generation_config(values: Mapping[str, Any]) -> dict[str, Any] | None:
     return dict(ids) if ids else None
 
 
-__all__ = ["CLASSES", "generation_config", "hf_config"]
+__all__ = ["CLASSES", "adjust_transformers_config", "generation_config", "hf_config"]
