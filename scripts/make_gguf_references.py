@@ -40,6 +40,8 @@ def record_from_cache() -> None:
     recipe = hashlib.sha256(Path(models.__file__).read_bytes()).hexdigest()[:8]
     families = hashlib.sha256(Path(models.__file__).with_name("families.py").read_bytes() +
                               Path(models.__file__).read_bytes()).hexdigest()[:8]  # gguf_support/families.py's models
+    gpt2 = hashlib.sha256(Path(models.__file__).with_name("gpt2.py").read_bytes() +
+                          Path(models.__file__).read_bytes()).hexdigest()[:8]  # gguf_support/gpt2.py's model
     for path in sorted((reference.ROOT / "references").iterdir()):
         if path.name.startswith(".") or path.name.endswith((".tmp", ".building")):
             continue
@@ -50,7 +52,7 @@ def record_from_cache() -> None:
             extra = ("--split-max-size", size)
         folder_name, outtype = stem.rsplit("-", 1)
         folder = reference.CACHE / "gguf-models" / folder_name
-        if f"-{models.SEED}-" in folder_name and not any(f"-{models.SEED}-{r}" in folder_name for r in (recipe, families)):
+        if f"-{models.SEED}-" in folder_name and not any(f"-{models.SEED}-{r}" in folder_name for r in (recipe, families, gpt2)):
             continue  # a model of another version of gguf_support/models.py
         if outtype not in OUTTYPES or not (folder / "model.safetensors").is_file():
             print(f"skip {path.name}: no cached input folder", file=sys.stderr)

@@ -9,8 +9,10 @@ from pathlib import Path
 import numpy as np
 
 # Offsets of each type's f16 scale fields within a block (d, and dmin where there is one): ggml's block structs.
-SCALE_AT = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2),
-            "Q5_K": (0, 2), "Q6_K": (208,)}
+SCALE_AT = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q2_K": (80, 82), "Q3_K": (108,),
+            "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ2_XXS": (0,), "IQ2_XS": (0,), "IQ2_S": (0,), "IQ3_XXS": (0,),
+            "IQ3_S": (0,), "IQ1_S": (0,), "IQ4_NL": (0,), "IQ4_XS": (0,), "TQ1_0": (52,), "TQ2_0": (64,),
+            "IQ1_M": (), "MXFP4": (), "NVFP4": ()}  # IQ1_M: d in the top nibbles of its scales; MXFP4: an e8m0 byte
 HIDDEN, FFN, HEADS, KV_HEADS = 256, 512, 4, 2  # K-quant blocks are 256 values: every row length a multiple of it
 # GGUF tensor -> type: every type once, the permuted q/k among them
 TYPES = {"token_embd.weight": "Q4_K", "blk.0.attn_q.weight": "Q4_K", "blk.0.attn_k.weight": "Q6_K", "blk.0.attn_v.weight": "Q8_0",
@@ -28,8 +30,21 @@ def random_blocks(rng: np.random.Generator, shape: tuple[int, ...], kind: str) -
     rows, cols = int(np.prod(shape[:-1])), shape[-1]
     raw = rng.integers(0, 256, size=(rows * cols // block, size), dtype=np.uint8)
     for at in SCALE_AT[kind]:
-        raw[:, at:at + 2] = rng.uniform(0.002, 0.02, size=raw.shape[0]).astype(np.float16).view(np.uint8).reshape(-1, 2)
+        raw[:, at:at + 2] = _scales(rng, raw.shape[0]).view(np.uint8).reshape(-1, 2)
+    if kind == "IQ1_M":  # the f16 d is spread over the top nibbles of the four uint16 scales (bytes 48..55)
+        d = _scales(rng, raw.shape[0]).view(np.uint16).astype(np.uint16)
+        scales = raw[:, 48:56].copy().view(np.uint16)
+        for k in range(4):
+            scales[:, k] = (scales[:, k] & 0x0FFF) | (((d >> (4 * k)) & 0xF) << 12)
+        raw[:, 48:56] = scales.view(np.uint8)
+    elif kind == "MXFP4":  # an e8m0 exponent byte: scales 2^-10 .. 2^2, far from float32's overflow
+        raw[:, 0] = rng.integers(117, 130, size=raw.shape[0], dtype=np.uint8)
     return raw.reshape(*shape[:-1], cols // block * size)
+
+
+def _scales(rng: np.random.Generator, n: int) -> np.ndarray:
+    """`n` finite, positive f16 block scales."""
+    return rng.uniform(0.002, 0.02, size=n).astype(np.float16)
 
 
 def shapes(vocab: int) -> dict[str, tuple[int, ...]]:
@@ -102,9 +117,9 @@ def reference_values(path: Path) -> dict[str, np.ndarray]:
     return found
 
 
-def build_wide(out: Path, vocab: int = 32768, hidden: int = 1024, seed: int = 0) -> Path:
-    """A one-layer Llama GGUF whose embeddings (Q4_K) and output (Q6_K) are `vocab` x `hidden`: 128 MiB each once
-    de-quantised to float32 at the defaults; no tokenizer (convert it without extras)."""
+def build_wide(out: Path, vocab: int = 32768, hidden: int = 1024, seed: int = 0, wide: tuple[str, str] = ("Q4_K", "Q6_K")) -> Path:
+    """A one-layer Llama GGUF whose embeddings and output (types `wide`: Q4_K and Q6_K by default) are `vocab` x
+    `hidden`: 128 MiB each once de-quantised to float32 at the defaults; no tokenizer (convert it without extras)."""
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -114,7 +129,7 @@ def build_wide(out: Path, vocab: int = 32768, hidden: int = 1024, seed: int = 0)
                        ("attention.head_count", heads), ("attention.head_count_kv", heads // 4), ("context_length", 2048)):
         writer.add_uint32(f"llama.{key}", value)
     writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    kinds = {"token_embd.weight": "Q4_K", "output.weight": "Q6_K", "blk.0.attn_q.weight": "Q4_K", "blk.0.attn_k.weight": "Q4_K",
+    kinds = {"token_embd.weight": wide[0], "output.weight": wide[1], "blk.0.attn_q.weight": "Q4_K", "blk.0.attn_k.weight": "Q4_K",
              "blk.0.attn_v.weight": "Q8_0", "blk.0.attn_output.weight": "Q4_K", "blk.0.ffn_gate.weight": "Q4_K",
              "blk.0.ffn_up.weight": "Q4_K", "blk.0.ffn_down.weight": "Q6_K"}
     kv = hidden // 4
@@ -127,6 +142,43 @@ def build_wide(out: Path, vocab: int = 32768, hidden: int = 1024, seed: int = 0)
         kind = kinds.get(name)
         if kind is None:
             writer.add_tensor(name, np.ones(shape, np.float32))
+        else:
+            writer.add_tensor(name, random_blocks(rng, shape, kind), raw_dtype=gguf.GGMLQuantizationType[kind])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def dequantisable_types() -> list[str]:
+    """Every GGML type the installed gguf-py de-quantises (`gguf.quants.dequantize`), F32 and F16 included."""
+    import gguf
+
+    return [t.name for t in gguf.GGMLQuantizationType if t.name in ("F32", "F16") or t in gguf.quants._type_traits]
+
+
+def build_one_type(out: Path, kind: str, rows: int = 37, seed: int = 0) -> Path:
+    """A Llama GGUF whose embeddings (`rows` x two blocks' columns, at least 512) and first layer's q projection (4 heads,
+    permuted rows) are `kind`, of random valid blocks, its norm F32: the smallest file `gguf_to_hf` reads one type from.
+    `rows` is odd so that row chunks end mid-tensor at whole rows, never at a multiple of the tensor."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]][0]
+    cols = max(512, 2 * block)
+    writer = gguf.GGUFWriter(str(out), "llama")
+    for key, value in (("block_count", 1), ("embedding_length", cols), ("attention.head_count", 4),
+                       ("attention.head_count_kv", 4), ("context_length", 128)):
+        writer.add_uint32(f"llama.{key}", value)
+    for name, shape in (("token_embd.weight", (rows, cols)), ("blk.0.attn_q.weight", (64, cols)), ("output_norm.weight", (cols,))):
+        if name == "output_norm.weight" or kind == "F32":
+            writer.add_tensor(name, rng.normal(0, 0.5, size=shape).astype(np.float32))
+        elif kind == "F16":
+            writer.add_tensor(name, rng.normal(0, 0.5, size=shape).astype(np.float16))
+        elif kind == "BF16":
+            bits = (rng.normal(0, 0.5, size=shape).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+            writer.add_tensor(name, bits.view(np.uint8).reshape(*shape[:-1], -1), raw_dtype=gguf.GGMLQuantizationType.BF16)
         else:
             writer.add_tensor(name, random_blocks(rng, shape, kind), raw_dtype=gguf.GGMLQuantizationType[kind])
     writer.write_header_to_file()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gguf_support import families  # noqa: E402
+from gguf_support import families, gpt2  # noqa: E402
 from gguf_support.reference import CASES, reference_gguf  # noqa: E402
 
 # What tests/system/test_gguf_to_hf_transformers.py reads of families.py (not kept there: its digest names the models)
@@ -29,6 +29,9 @@ def main() -> int:
     for family, outtype in FAMILY_CASES:
         families.reference_gguf(family, outtype)
         print(f"built {family} {outtype} (families.py)", flush=True)
+    for outtype in gpt2.CASES:
+        gpt2.reference_gguf(outtype)
+        print(f"built gpt2 {outtype} (gpt2.py)", flush=True)
     return 0
 
 

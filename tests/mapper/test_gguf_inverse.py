@@ -4,6 +4,7 @@ diff and the plan's memory. The transformers comparison is tests/system/test_ggu
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -85,7 +86,7 @@ def test_plan_memory_is_one_chunk_whatever_the_tensor(kquant: Path) -> None:
 
 
 @pytest.mark.parametrize(("family", "outtype", "dtype"), [("llama", "bf16", "BF16"), ("mixtral", "bf16", "BF16"),
-                                                         ("qwen2_moe", "f16", None)])
+                                                         ("qwen2_moe", "f16", None), ("deepseek_v3", "f16", None)])
 def test_round_trip_hf_gguf_hf_is_exact(family: str, outtype: str, dtype: str | None, tmp_path: Path) -> None:
     """HF -> the workbench's GGUF (llama.cpp's bytes) -> HF: the same names and values (F16: from an F16 copy)."""
     from gguf_support.reference import model_folder
@@ -105,6 +106,31 @@ def test_round_trip_hf_gguf_hf_is_exact(family: str, outtype: str, dtype: str | 
         assert _same_bits(got, values), name
 
 
+def test_gpt2_round_trip_through_llama_cpp_is_exact(tmp_path: Path) -> None:
+    """HF GPT-2 (F16) -> llama.cpp's converter (F16: Conv1D weights transposed, (out, in)) -> HF: the same names, shapes
+    ((in, out) again) and bytes; the tied lm_head stays tied (the converter writes no output.weight)."""
+    from gguf_support.gpt2 import model_folder, reference_gguf
+
+    path = reference_gguf("f16")
+    mapper, planned = gguf_to_hf_plan(path)
+    assert planned["transformer.h.0.attn.c_attn.weight"].how == "copied, transposed"
+    wb.convert(path, tmp_path / "back", mapper, extras=False, quiet=True, verify=True)
+    original = load_file(model_folder() / "model.safetensors")
+    back = load_file(tmp_path / "back" / "model.safetensors")
+    assert sorted(back) == sorted(original)
+    assert original["transformer.h.0.attn.c_attn.weight"].shape == (64, 192)  # HF's Conv1D: (in, out)
+    for name, values in original.items():  # norms and biases come back F32 (llama.cpp keeps them F32): equal values
+        got = back[name] if back[name].dtype == values.dtype else back[name].astype(values.dtype)
+        assert _same_bits(got, values), name
+    if importlib.util.find_spec("transformers") is not None:  # config.json: transformers' own, corrected
+        config = json.loads({e.path: e for e in wb.plan(path, mapper, dest=tmp_path / "x").extra_files}["config.json"].config)
+        source = json.loads((model_folder() / "config.json").read_text())
+        for key in ("model_type", "n_embd", "n_layer", "n_head", "n_positions", "n_ctx", "vocab_size", "layer_norm_epsilon",
+                    "tie_word_embeddings", "activation_function"):
+            assert config[key] == source[key], key
+        assert "_model_name_or_path" not in config
+
+
 def test_experts_unstacked_equal_gguf_py(tmp_path: Path) -> None:
     from gguf_support.reference import reference_gguf
 
@@ -118,6 +144,58 @@ def test_experts_unstacked_equal_gguf_py(tmp_path: Path) -> None:
         assert any(t.expert == 3 for t in planned.values())
         for name, values in expected.items():
             assert _same_bits(out[name], values), name
+
+
+def test_deepseek_v3_kv_b_rebuilt_from_k_b_and_v_b_equals_gguf_py(tmp_path: Path) -> None:
+    """llama.cpp's DeepSeek converter splits MLA's kv_b_proj per head into attn_k_b (transposed) and attn_v_b: from its
+    Q8_0 file, kv_b_proj comes back as gguf-py's de-quantised parts joined again, every other tensor as gguf-py
+    de-quantises it, and config.json has the source config's MLA and MoE values."""
+    from gguf_support.kquants import reference_values
+    from gguf_support.reference import model_folder, reference_gguf
+
+    path = reference_gguf("deepseek_v3", "q8_0")
+    mapper, planned = gguf_to_hf_plan(path, "F32")
+    plan = wb.plan(path, mapper, dest=tmp_path / "hf")
+    wb.convert(path, tmp_path / "hf", mapper, quiet=True, verify=True)
+    out = load_file(tmp_path / "hf" / "model.safetensors")
+    source = load_file(model_folder("deepseek_v3") / "model.safetensors")
+    assert sorted(out) == sorted(source)  # every HF name, shared experts and the router's bias included
+    ref = reference_values(path)
+    for name, t in planned.items():
+        if name.endswith("kv_b_proj.weight"):
+            layer = name.split(".")[2]
+            k_b, v_b = ref[f"blk.{layer}.attn_k_b.weight"], ref[f"blk.{layer}.attn_v_b.weight"]  # (4, 64, 32), (4, 32, 64)
+            want = np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1).reshape(-1, k_b.shape[1])
+            assert t.gguf_type == "Q8_0" and "attn_k_b" in t.how
+        else:
+            want = ref[t.source][t.expert] if t.expert >= 0 else ref[t.source]
+        assert out[name].shape == source[name].shape and _same_bits(out[name], np.ascontiguousarray(want).reshape(t.shape)), name
+        assert np.abs(out[name] - source[name].astype(np.float32)).max() < 0.1, name  # Q8_0's error: rows in their places
+    config = json.loads({e.path: e for e in plan.extra_files}["config.json"].config)
+    want_config = json.loads((model_folder("deepseek_v3") / "config.json").read_text())
+    for key in ("model_type", "architectures", "hidden_size", "num_attention_heads", "num_key_value_heads", "q_lora_rank",
+                "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "qk_head_dim", "head_dim",
+                "n_routed_experts", "n_shared_experts", "num_experts_per_tok", "moe_intermediate_size", "first_k_dense_replace",
+                "n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor", "scoring_func", "rope_parameters",
+                "intermediate_size", "rms_norm_eps", "tie_word_embeddings", "vocab_size"):
+        assert config[key] == want_config[key], key
+    if importlib.util.find_spec("transformers") is not None:  # tokenizer files from the vocabulary, though transformers
+        from tokenizers import Tokenizer  # loads no deepseek2 model
+
+        ours = Tokenizer.from_str({e.path: e for e in plan.extra_files}["tokenizer.json"].config)
+        theirs = Tokenizer.from_file(str(model_folder("deepseek_v3") / "tokenizer.json"))
+        text = "Hello world, 1234 tokens!\n  indented"
+        assert ours.encode(text).ids == theirs.encode(text).ids
+
+
+def test_deepseek_v2_softmax_gating_is_refused(tmp_path: Path) -> None:
+    from hostile import gguf_files as G
+
+    path = G.write(tmp_path / "v2.gguf", [G.kv("general.architecture", "STRING", "deepseek2"),
+                                          G.kv("deepseek2.expert_gating_func", "UINT32", 1)],
+                   [("token_embd.weight", (4, 32), "F32")], data={"token_embd.weight": bytes(512)})
+    with pytest.raises(MapperError, match="DeepSeek-V2"):
+        M.presets.gguf_to_hf(path)
 
 
 def test_config_and_generation_config_from_metadata(tmp_path: Path) -> None:
@@ -175,16 +253,17 @@ def test_unknown_architecture_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.serial  # measures peak RSS: run alone (see conftest.SERIAL_MARKERS)
-def test_dequantising_128_mib_tensors_stays_within_the_predicted_rss(tmp_path: Path) -> None:
-    """`workbench convert X.gguf OUT --preset gguf_to_hf` on Q4_K / Q6_K embeddings that are 128 MiB each in float32:
-    ROWS steps, a tensor peak of one chunk, no torch, and a peak RSS (VmHWM, planning included) within 15 % of
-    plan.rss_bytes (holding one de-quantised embedding would add 128 MiB)."""
+@pytest.mark.parametrize("wide", [("Q4_K", "Q6_K"), ("IQ2_XXS", "IQ4_XS")])
+def test_dequantising_128_mib_tensors_stays_within_the_predicted_rss(wide: tuple[str, str], tmp_path: Path) -> None:
+    """`workbench convert X.gguf OUT --preset gguf_to_hf` on Q4_K / Q6_K (IQ2_XXS / IQ4_XS: grid look-ups) embeddings
+    that are 128 MiB each in float32: ROWS steps, a tensor peak of one chunk, no torch, and a peak RSS (VmHWM, planning
+    included) within 15 % of plan.rss_bytes (holding one de-quantised embedding would add 128 MiB)."""
     from conftest import run_cli_measured
     from gguf_support.kquants import build_wide
 
     from workbench.mapper.presets.gguf_dequant import ROW_BUDGET
 
-    path = build_wide(tmp_path / "wide.gguf")
+    path = build_wide(tmp_path / "wide.gguf", wide=wide)
     plan = wb.plan(path, M.presets.gguf_to_hf(path), extras=False, dest=tmp_path / "planned")
     kinds = {s.group.outputs[0].name: s.kind for s in plan.steps}
     assert kinds["model.embed_tokens.weight"] == kinds["lm_head.weight"] == "rows" and kinds["model.norm.weight"] == "copy"

@@ -117,4 +117,7 @@ def test_llama_cpp_references_know_the_current_models() -> None:
     known = {(entry["input"], key.split("-", 1)[1]) for key, entry in committed_manifest()["outputs"].items()}
     wanted = {(folder_name(family, tokenizer), outtype) for family, outtype, tokenizer in CASES if "-" not in family}
     wanted |= {(families.model_folder(family).name, outtype) for family, outtype in FAMILY_CASES}
+    from gguf_support import gpt2
+
+    wanted |= {(gpt2.model_folder().name, outtype) for outtype in gpt2.CASES}
     assert not wanted - known, f"no committed llama.cpp output for {sorted(wanted - known)}"

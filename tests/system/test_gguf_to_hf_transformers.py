@@ -1,7 +1,8 @@
 """GGUF -> HF safetensors (`M.presets.gguf_to_hf`) against transformers' own GGUF loader
 (`from_pretrained(folder, gguf_file=name)`), for the families both transformers 5 and llama.cpp's converter handle here:
-Llama (F16, Q8_0), Mistral, Qwen2, Phi-3 and Gemma 2 (Q8_0), Gemma 3 (F16) from llama.cpp's converter (Gemma's norms,
-stored plus one, come back minus one in float32), and a Llama GGUF holding
+Llama (F16, Q8_0), Mistral, Qwen2, Phi-3 and Gemma 2 (Q8_0), Gemma 3 (F16), GPT-2 (F16, Q8_0: Conv1D weights
+transposed back) from llama.cpp's converter (Gemma's norms, stored plus one, come back minus one in float32), and a
+Llama GGUF holding
 Q4_0/Q4_1/Q5_0/Q8_0/Q2_K..Q6_K/F16/BF16/F32 tensors of random valid blocks. transformers de-quantises every tensor to
 float32 and keeps it float32 (its default dtype for GGUF files), so the folder is converted with dtype='F32' and
 compared in float32, bit for bit. The folder then loads in transformers (config.json, tokenizer files from the
@@ -25,7 +26,7 @@ transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
 CASES = [("llama", "f16"), ("llama", "q8_0"), ("mistral", "q8_0"), ("qwen2", "q8_0"), ("kquant", ""),  # BF16: in kquant
-         ("phi3", "q8_0"), ("gemma2", "q8_0"), ("gemma3", "f16")]
+         ("phi3", "q8_0"), ("gemma2", "q8_0"), ("gemma3", "f16"), ("gpt2", "f16"), ("gpt2", "q8_0")]
 FAMILIES = ("phi3", "gemma2", "gemma3")  # gguf_support/families.py: families the workbench reads back but does not write
 
 
@@ -83,10 +84,13 @@ def _quiet_load(folder: Path, **kwargs: object) -> object:
 @pytest.mark.parametrize(("family", "outtype"), CASES)
 def test_converted_folder_equals_what_transformers_loads_from_the_gguf(family: str, outtype: str, kquant: Path,
                                                                         tmp_path: Path) -> None:
-    from gguf_support import families
+    from gguf_support import families, gpt2
     from gguf_support.reference import reference_gguf
 
-    path = kquant if family == "kquant" else (families.reference_gguf if family in FAMILIES else reference_gguf)(family, outtype)
+    if family == "gpt2":  # gguf_support/gpt2.py
+        path = gpt2.reference_gguf(outtype)
+    else:
+        path = kquant if family == "kquant" else (families.reference_gguf if family in FAMILIES else reference_gguf)(family, outtype)
     out = tmp_path / "hf"
     wb.convert(path, out, M.presets.gguf_to_hf(path, dtype="F32"), quiet=True)
     from_gguf = _quiet_load(path.parent, gguf_file=path.name).state_dict()

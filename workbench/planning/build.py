@@ -106,12 +106,18 @@ def _gguf_hf_files(catalog: Catalog, binding: Binding, dtype: str | None) -> tup
     (`gguf_to_hf`): built from its key/values and vocabulary. None unless the output holds the HF embeddings."""
     import json
 
-    from ..mapper.presets.gguf_config import CLASSES, DTYPE_NAMES, generation_config, hf_config
+    from ..mapper.presets.gguf_config import (
+        CLASSES,
+        DTYPE_NAMES,
+        adjust_transformers_config,
+        generation_config,
+        hf_config,
+    )
     from ..mapper.presets.gguf_inverse import gguf_values, model_type
     from ..output.gguf.hf_tokenizer import TRANSFORMERS_CONFIG, tokenizer_files
 
     outputs = {t.name: t for group in binding.groups for t in group.outputs}
-    embed = outputs.get("model.embed_tokens.weight")
+    embed = outputs.get("model.embed_tokens.weight") or outputs.get("transformer.wte.weight")  # GPT-2's
     if embed is None:
         return [], []
     path = catalog.root if catalog.root.is_file() else catalog.root / next(iter(catalog.files))
@@ -125,7 +131,8 @@ def _gguf_hf_files(catalog: Catalog, binding: Binding, dtype: str | None) -> tup
         if family in CLASSES:
             config = hf_config(values, family, {n: tuple(t.shape) for n, t in outputs.items()}, code)
         elif TRANSFORMERS_CONFIG in tokenizer:
-            config = {**json.loads(tokenizer[TRANSFORMERS_CONFIG]), "dtype": DTYPE_NAMES[code]}
+            config = adjust_transformers_config({**json.loads(tokenizer[TRANSFORMERS_CONFIG]), "dtype": DTYPE_NAMES[code]},
+                                                {n: tuple(t.shape) for n, t in outputs.items()})
             why = "transformers' config of the GGUF file"
         else:
             raise WorkbenchError(f"the workbench has no config table for {family} and transformers gave none ({missing})")

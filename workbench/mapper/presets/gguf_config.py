@@ -15,7 +15,7 @@ from ...errors import MapperError
 
 CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM",
            "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-           "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
+           "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
 DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
 
@@ -74,8 +74,56 @@ def hf_config(values: Mapping[str, Any], family: str, shapes: Mapping[str, tuple
             config["intermediate_size"] = int(get("expert_feed_forward_length"))
         if get("expert_shared_feed_forward_length") is not None:
             config["shared_expert_intermediate_size"] = int(get("expert_shared_feed_forward_length"))
+    if family == "deepseek_v3":
+        config.update(_deepseek_v3(get, heads))
+        config["rope_parameters"].update(_yarn(get) if scaling == "yarn" else {})
     config.update(_token_ids(values))
     return config
+
+
+def adjust_transformers_config(config: dict[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
+    """transformers' own config of a GGUF file (families without a table here), corrected where it reads the file
+    otherwise than the weights say: GPT-2's n_positions (transformers maps the context length to n_ctx only and keeps
+    the default 1024) from the position table, and float32 epsilons written as their shortest decimal."""
+    wpe = shapes.get("transformer.wpe.weight")
+    if config.get("model_type") == "gpt2" and wpe:
+        config["n_positions"] = int(wpe[0])
+    for key in ("layer_norm_epsilon", "rms_norm_eps"):
+        if isinstance(config.get(key), float):
+            config[key] = _f32(config[key])
+    config.pop("_model_name_or_path", None)
+    return config
+
+
+def _deepseek_v3(get: Any, heads: int) -> dict[str, Any]:
+    """DeepSeek-V3's MLA and MoE keys: llama.cpp writes MLA as one KV head of kv_lora_rank + rope width (key_length),
+    the per-head widths as key_length_mla / value_length_mla."""
+    rope = int(get("rope.dimension_count"))
+    found = {"num_key_value_heads": heads, "head_dim": rope, "qk_rope_head_dim": rope,
+             "qk_nope_head_dim": int(get("attention.key_length_mla")) - rope, "v_head_dim": int(get("attention.value_length_mla")),
+             "kv_lora_rank": int(get("attention.kv_lora_rank")), "q_lora_rank": get("attention.q_lora_rank"),
+             "first_k_dense_replace": int(get("leading_dense_block_count") or 0), "n_routed_experts": int(get("expert_count") or 0),
+             "num_experts_per_tok": int(get("expert_used_count") or 0), "n_shared_experts": int(get("expert_shared_count") or 0),
+             "moe_intermediate_size": int(get("expert_feed_forward_length") or 0), "n_group": int(get("expert_group_count") or 1),
+             "topk_group": int(get("expert_group_used_count") or 1), "norm_topk_prob": bool(get("expert_weights_norm", False)),
+             "routed_scaling_factor": _f32(get("expert_weights_scale", 1.0)), "scoring_func": "sigmoid", "rope_interleave": True,
+             "attention_bias": False}
+    found["qk_head_dim"] = found["qk_nope_head_dim"] + rope
+    if found["q_lora_rank"] is not None:
+        found["q_lora_rank"] = int(found["q_lora_rank"])
+    return found
+
+
+def _yarn(get: Any) -> dict[str, Any]:
+    """YaRN's betas and mscale_all_dim (llama.cpp stores 0.1 x mscale_all_dim as the log multiplier of deepseek2)."""
+    found = {}
+    for key, name in (("rope.scaling.yarn_beta_fast", "beta_fast"), ("rope.scaling.yarn_beta_slow", "beta_slow")):
+        if get(key) is not None:
+            found[name] = _f32(get(key))
+    if get("rope.scaling.yarn_log_multiplier") is not None:
+        # mscale itself is not in the file: DeepSeek-V3's value (1.0), which transformers assumes without it as well
+        found.update(mscale=1.0, mscale_all_dim=_f32(float(get("rope.scaling.yarn_log_multiplier")) / 0.1))
+    return found
 
 
 def _token_ids(values: Mapping[str, Any]) -> dict[str, int]:
@@ -93,4 +141,4 @@ def generation_config(values: Mapping[str, Any]) -> dict[str, Any] | None:
     return dict(ids) if ids else None
 
 
-__all__ = ["CLASSES", "generation_config", "hf_config"]
+__all__ = ["CLASSES", "adjust_transformers_config", "generation_config", "hf_config"]

@@ -1,7 +1,7 @@
 """One GGUF tensor turned back into HF tensor(s) a bounded number of rows at a time, with numpy and the `gguf` package.
 
-The inverse of `gguf_rows`: a GGUF tensor's rows (values, or blocks of a quantised type: Q8_0, Q4_0, Q4_K, Q6_K, ...
-every type `gguf.quants.dequantize` knows) are de-quantised to float32 by the `gguf` package, llama.cpp's q/k row
+The inverse of `gguf_rows`: a GGUF tensor's rows (values, or blocks of a quantised type: Q8_0, Q4_0, Q4_K, Q6_K, the
+IQ*, TQ*, MXFP4 and NVFP4 types, ... every type `gguf.quants.dequantize` knows) are de-quantised to float32 by the `gguf` package, llama.cpp's q/k row
 permutation is undone within each head (rows (half, 2) per head back to (2, half)), and the float32 values are
 rounded once to the output dtype (numpy's and ml_dtypes' round-to-nearest-even, as torch's `.to()`). A stacked
 expert tensor (experts, rows, columns) becomes one output per expert. No step mixes rows across a head or an expert,
@@ -29,9 +29,12 @@ OUTPUT_DTYPES = ("F32", "F16", "BF16")
 PLAIN = ("F32", "F16", "BF16")  # GGUF types whose stored elements are a safetensors dtype
 # Peak bytes `gguf.quants.dequantize` allocates per float32 value it returns (its result included), by type: measured
 # with tracemalloc on 64 x 1024 chunks (gguf 0.19, numpy 2.4; Q4_K's scale unpacking makes int64 temporaries), plus
-# a byte or two for the copies around it (un-permuting, rounding). Types not listed get the largest.
+# a byte or two for the copies around it (un-permuting, rounding); the IQ*, TQ* and FP4 types: 8.4-9 bytes on 256 x 1024
+# chunks, 10-11.5 on 64 x 1024 (their grids' lookups included). Types not listed get the largest.
 DEQUANT_BYTES_PER_VALUE = {"F32": 4, "F16": 6, "BF16": 11, "Q8_0": 11, "Q4_0": 11, "Q4_1": 12, "Q5_0": 12, "Q5_1": 12,
-                           "Q2_K": 12, "Q3_K": 12, "Q4_K": 60, "Q5_K": 13, "Q6_K": 12}
+                           "Q2_K": 12, "Q3_K": 12, "Q4_K": 60, "Q5_K": 13, "Q6_K": 12, "IQ1_S": 12, "IQ1_M": 12, "IQ2_XXS": 12,
+                           "IQ2_XS": 12, "IQ2_S": 12, "IQ3_XXS": 12, "IQ3_S": 12, "IQ4_NL": 12, "IQ4_XS": 12, "TQ1_0": 12,
+                           "TQ2_0": 12, "MXFP4": 12, "NVFP4": 12}
 ROW_BUDGET = 8 << 20  # bytes a row chunk holds at most (a plan's smaller chunk size wins), as the GGUF writer's
 # ml_dtypes and the gguf package, imported and used on top of numpy (as gguf_rows.GGUF_LIBRARIES measured it)
 GGUF_LIBRARIES = 8_110_000
@@ -45,6 +48,16 @@ def block_of(kind: str) -> tuple[int, int]:
         if name == kind:
             return block, size
     raise MapperError(f"Cannot read GGUF type {kind!r}: the installed gguf package does not know it. Upgrade it: pip install -U gguf.")
+
+
+def dequantizable(kind: str) -> bool:
+    """Whether the installed `gguf` package de-quantises GGML type `kind` (`gguf.quants.dequantize` raises
+    NotImplementedError for the others: Q8_1, Q8_K, the integer types in gguf 0.19)."""
+    import gguf
+
+    member = gguf.GGMLQuantizationType.__members__.get(kind)
+    traits = getattr(gguf.quants, "_type_traits", None)
+    return member is not None and (kind in ("F32", "F16") or traits is None or member in traits)
 
 
 def stored_row_bytes(kind: str, cols: int) -> int:
@@ -81,6 +94,10 @@ def infer_dequantize_gguf(info: TensorInfo, *, kind: str, shape: tuple[int, ...]
     if dtype not in OUTPUT_DTYPES:
         raise MapperError(f"Cannot de-quantise {info.name!r} to {dtype!r}: choose one of {', '.join(OUTPUT_DTYPES)}.", tensor=info.name)
     block, size = block_of(kind)
+    if not dequantizable(kind):
+        raise MapperError(f"Cannot de-quantise {info.name!r}: the installed gguf package has no de-quantiser for {kind}. "
+                          "Upgrade it (pip install -U gguf), or drop the tensor with a mapper given ahead (M.Drop(name)).",
+                          tensor=info.name)
     cols = shape[-1] if shape else 1
     if cols % block:
         raise MapperError(f"Cannot de-quantise {info.name!r} {list(shape)}: its rows are not whole {kind} blocks of {block}.",
@@ -262,5 +279,5 @@ def dequantize_gguf(tensor: Any, *, kind: str, shape: tuple[int, ...], dtype: st
 dequantize_gguf.rows = offer_rows  # type: ignore[attr-defined]  # the row job `Function.rows` finds (mapper.row_jobs)
 
 
-__all__ = ["DequantJob", "DEQUANTIZE_GGUF_FN", "OUTPUT_DTYPES", "block_of", "dequantized_rows", "dequantize_gguf", "dequantize_gguf_function",
+__all__ = ["DequantJob", "DEQUANTIZE_GGUF_FN", "OUTPUT_DTYPES", "block_of", "dequantizable", "dequantized_rows", "dequantize_gguf", "dequantize_gguf_function",
            "infer_dequantize_gguf", "offer_rows", "stored_row_bytes"]

@@ -35,9 +35,15 @@ _cache: dict[tuple[str, int, int, bool], tuple[dict[str, str], str]] = {}
 def save(folder: str, name: str, out: str, config: bool = False) -> None:
     """Save transformers' tokenizer of GGUF file `folder`/`name` into `out` (and with `config`, its config into
     `out`/transformers): what the child process runs, or this process when it holds transformers already."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
 
-    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    except ValueError as exc:  # an architecture transformers does not load (deepseek2): its vocabulary it still reads
+        if "is not supported yet" not in str(exc):
+            raise
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(folder, gguf_file=name)
+    tokenizer.save_pretrained(out)
     if config:
         try:
             AutoConfig.from_pretrained(folder, gguf_file=name).save_pretrained(os.path.join(out, "transformers"))
