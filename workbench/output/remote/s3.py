@@ -96,6 +96,7 @@ class S3Destination(RemoteDestination):
                             "upload at once, from 1 to 64.", file=url)
         self._fs = None
         self._uploads: dict[str, str] = {}  # key -> UploadId of this process's unfinished multipart uploads
+        self._streams: dict[str, dict[int, tuple[bytes, str]]] = {}  # name -> part number -> (MD5, ETag) put so far
         self._guard = threading.Lock()
         self._locked = False
 
@@ -360,6 +361,49 @@ class S3Destination(RemoteDestination):
             self._uploads.pop(key, None)
         return multipart_etag([r[0] for r in results if r is not None]), answer.get("ETag")
 
+    def stream_part_size(self, size: int) -> int | None:
+        """Files are uploaded part by part while they are written: `part_size` (more for files above 10,000 parts)."""
+        return max(self.part_size, -(-size // MAX_PARTS))
+
+    def open_stream(self, name: str, size: int) -> None:
+        """Create the multipart upload of `name`, recorded with the fingerprint (the SHA-256 is not known yet: the
+        object's checked ETag, the MD5 of its parts' MD5s, is its digest)."""
+        key = self.key(name)
+        upload = self.call("create_multipart_upload", name, Key=key, Metadata={FINGERPRINT_KEY: self.fingerprint})["UploadId"]
+        with self._guard:
+            self._uploads[key] = upload
+            self._streams[name] = {}
+
+    def put_part(self, name: str, number: int, data: bytes) -> None:
+        """Upload one part of a streamed file (`open_stream`)."""
+        key = self.key(name)
+        with self._guard:
+            upload = self._uploads[key]
+        digest = hashlib.md5(data).digest()  # noqa: S324 - S3's ETag scheme
+        answer = self.call("upload_part", name, Key=key, UploadId=upload, PartNumber=number, Body=data)
+        with self._guard:
+            self._streams[name][number] = (digest, answer["ETag"])
+
+    def close_stream(self, name: str, size: int) -> None:
+        """Complete the multipart upload of `name` and check the object's size and ETag against the parts sent."""
+        key = self.key(name)
+        with self._guard:
+            upload, parts = self._uploads[key], self._streams.pop(name)
+        numbers = sorted(parts)
+        if numbers != list(range(1, len(numbers) + 1)) or not numbers:
+            raise PlanError(f"Cannot finish {self.where(name)}: parts {numbers[:5]} were uploaded, not every part from 1. "
+                            "Run the same conversion again.", file=self.where(name))
+        answer = self.call("complete_multipart_upload", name, Key=key, UploadId=upload,
+                           MultipartUpload={"Parts": [{"PartNumber": n, "ETag": parts[n][1]} for n in numbers]})
+        with self._guard:
+            self._uploads.pop(key, None)
+        expected, etag = multipart_etag([parts[n][0] for n in numbers]), answer.get("ETag")
+        head = self.call("head_object", name, Key=key)
+        if int(head.get("ContentLength", -1)) != size or (etag is not None and etag != expected):
+            raise PlanError(f"Cannot upload {name} to {self.where(name)}: the stored object has {head.get('ContentLength')} bytes "
+                            f"and ETag {etag} where {size} bytes and {expected} were sent. Run the same conversion again.",
+                            file=self.where(name))
+
     def completed(self) -> dict[str, FinishedFile]:
         """The objects under the prefix recorded with this plan's fingerprint (size and SHA-256 from their metadata)."""
         done: dict[str, FinishedFile] = {}
@@ -403,7 +447,7 @@ class S3Destination(RemoteDestination):
     def abort(self, *, keep_lock: bool = False) -> None:
         """Abort this process's unfinished multipart uploads; release the lock if this process took it."""
         with self._guard:
-            pending, self._uploads = dict(self._uploads), {}
+            pending, self._uploads, self._streams = dict(self._uploads), {}, {}
         for key, upload in pending.items():
             try:
                 self.call("abort_multipart_upload", key, Key=key, UploadId=upload)
