@@ -100,6 +100,16 @@ class RemoteDestination(ABC):
         """Every part of `name` was put: make the object appear, check it and record it (as `file_done` does)."""
         raise NotImplementedError(f"{type(self).__name__} uploads whole files")
 
+    def records(self) -> list[dict]:
+        """What this process (node) recorded locally about its finished uploads, as JSON values, for rank 0 to
+        `adopt` (a destination whose own store records every upload, like S3, has none: [])."""
+        return []
+
+    def adopt(self, records: Sequence[dict]) -> None:
+        """Rank 0, before `finish`: take over the other ranks' `records` (gathered over the process group), so a
+        job on nodes without a shared folder publishes every rank's files. Default: nothing to take over."""
+        return None
+
     @abstractmethod
     def state(self, files: Mapping[str, int], *, overwrite: bool) -> RemoteState:
         """What the destination holds for this plan; `files`: planned output file name -> size in bytes.
