@@ -96,6 +96,38 @@ def test_hub_source_to_hub_and_read_back_from_the_commit(hub, tmp_path, local_ou
     assert back.load(name).equal(ours.load(name))
 
 
+@pytest.mark.parametrize("kind", ["https", "s3"])
+def test_https_and_s3_sources_to_hub_are_the_local_conversion(hub, tmp_path, local_out, monkeypatch, kind):
+    """An nginx-served folder (read by range) and a moto S3 prefix, each converted into a repo: the local bytes."""
+    import shutil
+
+    from remote_servers import NGINX, MotoS3, Nginx
+
+    served = tmp_path / "served" / "src"
+    shutil.copytree(SAMPLES / "tiny-llama", served)
+    if kind == "https":
+        if NGINX is None:
+            pytest.skip("nginx is not installed (make test installs Debian's nginx; apt-get install nginx)")
+        server = Nginx(served.parent, tmp_path / "nginx")
+        url = f"{server.url}/src/"
+    else:
+        pytest.importorskip("moto.server")
+        server = MotoS3()
+        for key, value in server.env.items():
+            monkeypatch.setenv(key, value)
+        bucket = server.bucket()
+        url = server.upload_folder(served, bucket, "src")
+    try:
+        report = wb.convert(url, f"hf://org/{kind}", None, shard_size=SHARD, dtype="bf16", quiet=True,
+                            remote_options={"create": True})
+        assert committed(hub, f"org/{kind}") == local_files(local_out) and len(hub.commits) == 1
+        assert report.files_match_plan and spooled(tmp_path) == []
+        if kind == "https":
+            assert any(r[1].endswith(".safetensors") and r[4] for r in server.requests())  # read from nginx, by range
+    finally:
+        server.stop()
+
+
 def test_create_pr_and_read_the_pr(hub, local_out):
     hub.create("org/model")
     main = hub.main["org/model"]
