@@ -389,3 +389,35 @@ def test_the_cli_converts_into_s3_with_a_spool_and_verifies(s3: MotoS3, source: 
     assert s3.output(bucket, "cli") == reference
     assert cli.main(["convert", str(source), url, "--remote-option", "part_size"]) == 2
     assert "Cannot read --remote-option 'part_size': write it as KEY=VALUE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("part", ["5MiB", "8MiB"])  # the 6 MiB file streamed in two parts / uploaded once written
+def test_a_single_file_output_appears_only_when_the_run_finishes(s3: MotoS3, tmp_path: Path, part: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "one"  # one 6 MiB file and config.json
+    folder.mkdir()
+    save_file({"w": np.random.default_rng(3).standard_normal((1536, 1024), dtype=np.float32)}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    wb.convert(folder, tmp_path / "ref", shard_size="64MiB", quiet=True)
+    reference = folder_files(tmp_path / "ref")
+    assert sorted(reference) == ["config.json", "model.safetensors"]  # no index: the data file is the marker
+    bucket = s3.bucket()
+    url = f"s3://{bucket}/one/"
+    seen: list[set[str]] = []
+    complete = S3Destination._complete_deferred
+
+    def completing(self, name, size):  # config.json is up; the data file is not visible yet
+        seen.append(set(s3.objects(bucket, "one")))
+        if len(seen) == 1:
+            raise PlanError("Cannot publish: failure injected before the completion.")
+        return complete(self, name, size)
+
+    monkeypatch.setattr(S3Destination, "_complete_deferred", completing)
+    options = dict(shard_size="64MiB", remote_options={"part_size": part})
+    assert len(streamed_files(wb.plan(folder, dest=url, **options), 0)) == (part == "5MiB")
+    with pytest.raises(PlanError, match="failure injected"):
+        wb.convert(folder, url, quiet=True, **options)
+    assert "model.safetensors" not in s3.objects(bucket, "one")  # a failed run never showed the file
+    wb.convert(folder, url, quiet=True, **options)  # the re-run uploads it again (the open upload was aborted)
+    assert all("model.safetensors" not in names and "config.json" in names for names in seen)
+    assert s3.output(bucket, "one") == reference and s3.uploads(bucket) == []

@@ -230,6 +230,9 @@ def _finalize_remote(plan: Plan) -> bool:
     committed = plan.output_format.commit(plan.dest, [f.layout for f in plan.output_file_list], plan.source.reader,
                                           objects=bool(plan.copied_objects))
     names = [*copied, *(n for n in plan.commit_files if (plan.dest / n).is_file())]
+    from ..planning.spool import deferred_names
+
+    plan.remote.defer(deferred_names(plan))  # (this process may have run no rank: the launcher's)
     plan.remote.finish([(n, plan.dest / n) for n in names], {f.name: f.size for f in plan.output_file_list})
     _clear_spool(plan)
     return committed

@@ -25,7 +25,7 @@ from ..errors import PlanError
 from ..output.remote.spool import SpoolGate, file_sha256
 from ..planning.model import Plan
 from ..planning.schedule import Step
-from ..planning.spool import streamed_files
+from ..planning.spool import deferred_names, streamed_files
 
 _PUNCH_HOLE = 0x02 | 0x01  # <linux/falloc.h>: FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
 
@@ -73,6 +73,7 @@ class SpoolUploads:
         self.gate = SpoolGate(plan.options.spool_size)
         self.sizes = {f.name: f.size for f in plan.output_file_list}
         self.uploaded: list[str] = []
+        plan.remote.defer(deferred_names(plan))  # an output without an index: its file appears at the finish
         self.streams = {name: _Stream(f) for name, f in streamed_files(plan, rank).items()}
         self._pool: ThreadPoolExecutor | None = None
         if self.streams:

@@ -89,6 +89,12 @@ def streamed_files(plan: Plan, rank: int) -> dict[str, StreamedFile]:
     return found
 
 
+def deferred_names(plan: Plan) -> list[str]:
+    """The output files a remote destination must keep invisible until the finish: all of them when the output has
+    no index or other marker written last (`plan.commit_files` empty: one safetensors or GGUF file), else none."""
+    return [] if plan.commit_files else [f.name for f in plan.output_file_list]
+
+
 def open_bytes_peak(plan: Plan, rank: int) -> int:
     """The most bytes of `rank`'s spool units (whole files, or parts of streamed files) open at once: from the first
     step writing into a unit to the last (a part no step writes, header or padding only, opens and closes with its

@@ -100,6 +100,12 @@ class RemoteDestination(ABC):
         """Every part of `name` was put: make the object appear, check it and record it (as `file_done` does)."""
         raise NotImplementedError(f"{type(self).__name__} uploads whole files")
 
+    def defer(self, names: Sequence[str]) -> None:
+        """Files that must not appear before `finish` (every process of the job is told, before any upload): an
+        output with no index or other marker (one safetensors or GGUF file) is complete as soon as its one file is
+        readable, so that file itself is the marker. Default: nothing to do (a Hub commit shows everything at once)."""
+        return None
+
     def records(self) -> list[dict]:
         """What this process (node) recorded locally about its finished uploads, as JSON values, for rank 0 to
         `adopt` (a destination whose own store records every upload, like S3, has none: [])."""
