@@ -213,6 +213,13 @@ def _killed(source: Path, url: str, kill_at: int) -> tuple[int, int]:
         finally:
             os._exit(code)
     os.close(write)
+    import select
+
+    if not select.select([read], [], [], 120)[0]:  # a child stuck (e.g. on a lock held at the fork) fails, not hangs
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(read)
+        raise AssertionError(f"the child killed at event {kill_at} neither finished nor died within 120 s")
     with os.fdopen(read) as answer:
         counted_events = int(answer.read() or 0)
     return os.waitpid(pid, 0)[1], counted_events
