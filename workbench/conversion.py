@@ -7,7 +7,7 @@ import warnings
 from typing import Any
 
 from .api_types import CheckpointLike, Launcher, OnOverflow, OutputName, Rest
-from .engine.finalize import require_runnable
+from .engine.finalize import require_runnable, tidy_spool
 from .engine.output_check import check_outputs
 from .engine.progress import ProgressCallback, in_jupyter_kernel
 from .engine.report import RunReport
@@ -51,6 +51,7 @@ def execute(plan: Plan, *, quiet: bool = False, on_progress: ProgressCallback | 
     require_runnable(plan)
     check_launcher(launcher)
     if plan.complete:  # the destination holds this very conversion, finished: re-running it changes nothing
+        tidy_spool(plan)  # a remote destination: what a run killed after publishing left locally
         report = RunReport.nothing_to_do(plan)
         if verify:
             report.output_check = check_outputs(plan)

@@ -9,6 +9,7 @@ files larger than its chunk size.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sys
 from pathlib import Path
@@ -216,12 +217,25 @@ def test_a_read_only_token_may_open_a_pull_request(hub, tmp_path, monkeypatch):
     assert [c["ref"] for c in hub.commits] == ["refs/pr/1"]
 
 
-def test_several_nodes_need_a_shared_ledger(hub, tmp_path, monkeypatch):
+def test_rank0_adopts_the_other_nodes_records_and_commits_their_files(hub, tmp_path, monkeypatch):
     hub.create("org/nodes")
     monkeypatch.setenv("WORLD_SIZE", "4")
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two nodes of two ranks
-    errors = open_destination("hf://org/nodes", "fp").state({"model.safetensors": 8}, overwrite=False).errors
-    assert "several nodes" in errors[0] and "ledger_dir" in errors[0]
-    shared = open_destination("hf://org/nodes", "fp", {"ledger_dir": str(tmp_path / "shared")})
-    assert shared.state({"model.safetensors": 8}, overwrite=False).errors == []
-    assert shared.ledger.is_relative_to(tmp_path / "shared")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two nodes of two ranks: no shared folder needed any more
+    node0 = open_destination("hf://org/nodes", "fp", {"ledger_dir": str(tmp_path / "node0")})
+    node1 = open_destination("hf://org/nodes", "fp", {"ledger_dir": str(tmp_path / "node1")})
+    files = {"model-1.safetensors": b"1" * 64, "model-2.safetensors": b"2" * 64, "notes.txt": b"inline"}
+    assert node0.state({n: len(b) for n, b in files.items()}, overwrite=False).errors == []
+    node0.begin({n: len(b) for n, b in files.items()}, [])
+    for node, name in ((node0, "model-1.safetensors"), (node1, "model-2.safetensors"), (node1, "notes.txt")):
+        path = tmp_path / name
+        path.write_bytes(files[name])
+        node.file_done(name, path, len(files[name]), hashlib.sha256(files[name]).hexdigest())
+    sent = json.loads(json.dumps(node1.records()))  # as all_gather_object carries them: plain JSON values
+    sent.append({**sent[0], "fingerprint": "another plan", "name": "other.safetensors"})
+    node0.adopt(sent)
+    node0.adopt(sent)  # twice: nothing recorded twice
+    assert sorted(node0.completed()) == sorted(files)
+    node0.finish([], {n: len(b) for n, b in files.items()})
+    shown = files_at(hub, "org/nodes")
+    assert {n: b for n, b in shown.items() if n != ".gitattributes"} == files and len(hub.commits) == 1
+

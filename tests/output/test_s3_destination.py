@@ -16,6 +16,7 @@ from safetensors.numpy import save_file
 import workbench as wb
 from workbench.errors import PlanError
 from workbench.output.remote.s3 import LOCK_NAME, S3Destination
+from workbench.planning.spool import streamed_files
 
 pytestmark = pytest.mark.serial  # a server in this process
 
@@ -60,16 +61,26 @@ def reference(source: Path, tmp_path_factory) -> dict[str, bytes]:
     return folder_files(out)
 
 
+def _disk_bytes(spool: Path) -> int:
+    """Bytes the spool folder's files hold on disk (their allocated blocks: a streamed file is sparse)."""
+    return sum(p.stat().st_blocks * 512 for p in spool.rglob("*") if p.is_file() and not p.name.startswith(".workbench"))
+
+
 def _spool_bytes_at_uploads(monkeypatch: pytest.MonkeyPatch, spool: Path) -> list[int]:
-    """Bytes on disk in the spool folder each time a file starts uploading (the spool is fullest then)."""
+    """Bytes on disk in the spool folder each time a file or a streamed part starts uploading (the spool is fullest then)."""
     seen: list[int] = []
-    upload = S3Destination.file_done
+    upload, put = S3Destination.file_done, S3Destination.put_part
 
     def measured(self, name, local_path, size, sha256):
-        seen.append(sum(p.stat().st_size for p in spool.rglob("*") if p.is_file() and not p.name.startswith(".workbench")))
+        seen.append(_disk_bytes(spool))
         return upload(self, name, local_path, size, sha256)
 
+    def measured_part(self, name, number, data):
+        seen.append(_disk_bytes(spool))
+        return put(self, name, number, data)
+
     monkeypatch.setattr(S3Destination, "file_done", measured)
+    monkeypatch.setattr(S3Destination, "put_part", measured_part)
     return seen
 
 
@@ -89,7 +100,9 @@ def test_local_and_s3_sources_upload_the_local_bytes_within_the_spool(s3: MotoS3
     seen = _spool_bytes_at_uploads(monkeypatch, plan.dest)
     report = wb.convert(source, url, shard_size="6MiB", quiet=True, **SPOOL)
     assert s3.output(bucket, "out") == reference  # every file, config.json and the index, byte for byte
-    assert len(seen) == len(reference) and max(seen) <= plan.spool_bytes  # measured on disk, at every upload
+    parts = sum(len(f.bounds) for f in streamed_files(plan, 0).values())  # shards above 5 MiB go up part by part
+    assert len(seen) == parts + len(reference) - len(streamed_files(plan, 0))
+    assert max(seen) <= plan.spool_bytes  # measured on disk, at every upload
     assert 0 < report.spool_peak <= plan.spool_bytes == report.predicted_spool_bytes
     assert "spool peak" in report.summary()
     assert report.url == url and report.summary().startswith(f"Converted into {url} in ")  # the bucket, not the spool
@@ -102,6 +115,33 @@ def test_local_and_s3_sources_upload_the_local_bytes_within_the_spool(s3: MotoS3
     remote_source = s3.upload_folder(source, bucket, "src")  # an s3:// source into another prefix
     wb.convert(remote_source, f"s3://{bucket}/again/", shard_size="6MiB", quiet=True, **SPOOL)
     assert s3.output(bucket, "again") == reference
+
+
+def test_parts_upload_as_their_bytes_are_written_so_a_spool_smaller_than_a_shard_works(
+        s3: MotoS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "big"  # 96 MiB in 1 MiB tensors: 4x the 24 MiB spool, two shards of 64 and 32 MiB
+    folder.mkdir()
+    rng = np.random.default_rng(8)
+    save_file({f"layers.{i}.weight": rng.standard_normal((256, 1024), dtype=np.float32) for i in range(96)},
+              str(folder / "model.safetensors"))
+    options = dict(shard_size="64MiB", spool_size="24MiB", remote_options={"part_size": "8MiB"})
+    wb.convert(folder, tmp_path / "ref", shard_size="64MiB", quiet=True)
+    bucket = s3.bucket()
+    url = f"s3://{bucket}/big/"
+    plan = wb.plan(folder, dest=url, **options)
+    streamed = streamed_files(plan, 0)
+    assert max(f.size for f in plan.output_file_list) > 64 * MiB and len(streamed) == 2  # 64 MiB of tensors and a header
+    assert [len(f.bounds) for f in streamed.values()] == [9, 5]  # 8 MiB parts
+    assert plan.spool_bytes == 24 * MiB  # stated: the spool size (a part being written and parts waiting fit in it)
+    seen = _spool_bytes_at_uploads(monkeypatch, plan.dest)
+    opened: list[int] = []
+    close = S3Destination.close_stream
+    monkeypatch.setattr(S3Destination, "close_stream", lambda self, name, size: (opened.append(len(seen)), close(self, name, size)))
+    report = wb.convert(folder, url, quiet=True, **options)
+    assert s3.output(bucket, "big") == folder_files(tmp_path / "ref") and s3.uploads(bucket) == []
+    assert len(seen) == 14 + 1 and opened[0] >= 9  # 14 parts, then the index; the first shard completed after its 9 parts
+    assert max(seen) <= plan.spool_bytes and report.spool_peak <= plan.spool_bytes  # measured on disk and by the gate
+    assert max(seen) < 64 * MiB  # never a whole shard on disk
 
 
 def test_https_and_hf_sources_upload_the_local_bytes(s3: MotoS3, source: Path, reference: dict, tmp_path: Path,
@@ -211,20 +251,20 @@ def test_a_resumed_run_keeps_finished_objects_and_aborts_leftover_uploads(s3: Mo
     bucket = s3.bucket()
     url = f"s3://{bucket}/out/"
     calls: list[str] = []
-    upload = S3Destination.file_done
+    close = S3Destination.close_stream  # shards above the 5 MiB part go up part by part, completed here
 
-    def failing(self, name, local_path, size, sha256):
+    def failing(self, name, size):
         calls.append(name)
         if len(calls) == 3:  # the third file: a multipart upload started, then the connection "dropped"
             self.call("create_multipart_upload", name, Key=self.key(name))
             raise PlanError(f"Cannot upload {name}: injected failure.")
-        return upload(self, name, local_path, size, sha256)
+        return close(self, name, size)
 
-    monkeypatch.setattr(S3Destination, "file_done", failing)
+    monkeypatch.setattr(S3Destination, "close_stream", failing)
     with pytest.raises(PlanError, match="injected failure"):
         wb.convert(source, url, shard_size="6MiB", quiet=True, **SPOOL)
     assert INDEX not in s3.objects(bucket, "out") and len(s3.uploads(bucket)) == 1  # not visible; one upload left over
-    monkeypatch.setattr(S3Destination, "file_done", upload)
+    monkeypatch.setattr(S3Destination, "close_stream", close)
     plan = wb.plan(source, dest=url, shard_size="6MiB", **SPOOL)
     assert {"model-00001-of-00006.safetensors", "model-00002-of-00006.safetensors"} <= plan.kept
     assert calls[2] not in plan.kept and len(plan.kept) < 6
@@ -349,3 +389,35 @@ def test_the_cli_converts_into_s3_with_a_spool_and_verifies(s3: MotoS3, source: 
     assert s3.output(bucket, "cli") == reference
     assert cli.main(["convert", str(source), url, "--remote-option", "part_size"]) == 2
     assert "Cannot read --remote-option 'part_size': write it as KEY=VALUE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("part", ["5MiB", "8MiB"])  # the 6 MiB file streamed in two parts / uploaded once written
+def test_a_single_file_output_appears_only_when_the_run_finishes(s3: MotoS3, tmp_path: Path, part: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "one"  # one 6 MiB file and config.json
+    folder.mkdir()
+    save_file({"w": np.random.default_rng(3).standard_normal((1536, 1024), dtype=np.float32)}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    wb.convert(folder, tmp_path / "ref", shard_size="64MiB", quiet=True)
+    reference = folder_files(tmp_path / "ref")
+    assert sorted(reference) == ["config.json", "model.safetensors"]  # no index: the data file is the marker
+    bucket = s3.bucket()
+    url = f"s3://{bucket}/one/"
+    seen: list[set[str]] = []
+    complete = S3Destination._complete_deferred
+
+    def completing(self, name, size):  # config.json is up; the data file is not visible yet
+        seen.append(set(s3.objects(bucket, "one")))
+        if len(seen) == 1:
+            raise PlanError("Cannot publish: failure injected before the completion.")
+        return complete(self, name, size)
+
+    monkeypatch.setattr(S3Destination, "_complete_deferred", completing)
+    options = dict(shard_size="64MiB", remote_options={"part_size": part})
+    assert len(streamed_files(wb.plan(folder, dest=url, **options), 0)) == (part == "5MiB")
+    with pytest.raises(PlanError, match="failure injected"):
+        wb.convert(folder, url, quiet=True, **options)
+    assert "model.safetensors" not in s3.objects(bucket, "one")  # a failed run never showed the file
+    wb.convert(folder, url, quiet=True, **options)  # the re-run uploads it again (the open upload was aborted)
+    assert all("model.safetensors" not in names and "config.json" in names for names in seen)
+    assert s3.output(bucket, "one") == reference and s3.uploads(bucket) == []

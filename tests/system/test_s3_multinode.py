@@ -23,13 +23,18 @@ pytestmark = pytest.mark.distributed
 INDEX = "model.safetensors.index.json"
 
 
-def _agents(source: Path, url: str, spools: list[Path], env: dict[str, str]) -> list[subprocess.CompletedProcess]:
+def _agents(source: Path, url: str, spools: list[Path], env: dict[str, str],
+            caches: dict[str, str] | None = None) -> list[subprocess.CompletedProcess]:
+    """Two torchrun agents converting `source` into `url`, each with its own spool (and, from `caches`, its own
+    WORKBENCH_CACHE); their completed processes."""
     port = free_port()
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=wb-s3-{port}",
                "-m", "workbench", "convert", str(source), url, "--shard-size", "70KB", "--dtype", "bf16", "--quiet"]
     agents = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**env, "WORKBENCH_SPOOL_DIR": str(spool)}, start_new_session=True)
+                               env={**env, "WORKBENCH_SPOOL_DIR": str(spool),
+                                    **({"WORKBENCH_CACHE": caches[str(spool)]} if caches else {})},
+                               start_new_session=True)
               for spool in spools]
     done = []
     for agent in agents:

@@ -88,6 +88,27 @@ def _clear_spool(plan: Plan) -> None:
             remove_entry(path)
 
 
+def tidy_spool(plan: Plan) -> None:
+    """A remote destination that already holds this conversion (`plan.complete`): remove what a run killed after
+    its publication left in this plan's spool folder (its copies, temporary files, records and lock file). Skipped
+    while another run holds the spool's lock: its files are its own."""
+    from ..output.lock import DestinationLock
+
+    if plan.remote is None or plan.dest is None or not plan.dest.is_dir():
+        return
+    try:
+        lock = DestinationLock(plan.dest).acquire()
+    except PlanError:
+        return
+    try:
+        _clear_spool(plan)
+        remove_partials(plan, abort=False)
+        for name in (MANIFEST_NAME, COMPLETE_NAME):
+            remove_entry(plan.dest / name)
+    finally:
+        lock.release()  # removes the lock file a killed run left
+
+
 def _prepare_remote(plan: Plan) -> None:
     """Empty the spool of this plan's names (a killed run's copies are uploaded again, never trusted), then let the
     destination lock, hide its marker, clean up and record the plan."""
@@ -209,6 +230,9 @@ def _finalize_remote(plan: Plan) -> bool:
     committed = plan.output_format.commit(plan.dest, [f.layout for f in plan.output_file_list], plan.source.reader,
                                           objects=bool(plan.copied_objects))
     names = [*copied, *(n for n in plan.commit_files if (plan.dest / n).is_file())]
+    from ..planning.spool import deferred_names
+
+    plan.remote.defer(deferred_names(plan))  # (this process may have run no rank: the launcher's)
     plan.remote.finish([(n, plan.dest / n) for n in names], {f.name: f.size for f in plan.output_file_list})
     _clear_spool(plan)
     return committed

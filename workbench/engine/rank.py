@@ -88,6 +88,8 @@ def _run_lane(ctx: RankContext, steps: list[Step], files: dict, last_step: dict[
     last. On failure its own writers are aborted (after its copies have stopped) and the error is raised."""
     plan = ctx.plan
     commit_at = set(last_step.values())  # steps after which a file is complete
+    if spool is not None:  # streamed parts: copy stretches stop where a part opens or closes
+        commit_at |= spool.breaks(steps)
     try:
         index, count = 0, len(steps)
         while index < count:
@@ -100,7 +102,13 @@ def _run_lane(ctx: RankContext, steps: list[Step], files: dict, last_step: dict[
                     output = plan.output_format
                     if spool is not None:  # a remote destination: wait for room in the local spool
                         spool.opening(name, stop)
-                    ctx.writers[name] = (output.join_writer if file.ranks else output.open_writer)(plan.dest, file.layout)
+                    writer = spool.open_writer(name, file.layout) if spool is not None else None
+                    if writer is None:
+                        writer = (output.join_writer if file.ranks else output.open_writer)(plan.dest, file.layout)
+                    ctx.writers[name] = writer
+            if spool is not None:
+                spool.before(step, stop)
+            start = index
             try:
                 if step.kind == COPY:  # a stretch of copies into these files, queued in one call
                     index = run_copies(ctx, steps, index, commit_at)
@@ -116,6 +124,8 @@ def _run_lane(ctx: RankContext, steps: list[Step], files: dict, last_step: dict[
                 raise _step_error(step, exc) from exc
             if ctx.queue.full:
                 ctx.queue.flush()
+            if spool is not None:  # parts whose every byte is now written go up (after the queued writes land)
+                spool.after(steps[start:index], lambda: (ctx.cast.wait(), ctx.queue.flush()))
             for name in step.files:
                 if last_step.get(name) == step.index:
                     ctx.cast.wait()  # the file's last cast piece may still be being written
@@ -214,7 +224,7 @@ def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankRes
     spool = None
     if plan.remote is not None:  # files go through a local spool folder (this rank's, on its own node)
         plan.dest.mkdir(parents=True, exist_ok=True)
-        spool = SpoolUploads(plan)
+        spool = SpoolUploads(plan, rank)
     committer = Committer(spool.upload if spool is not None else None)
     contexts = [ctx]
     try:
@@ -228,12 +238,16 @@ def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankRes
         result.files_written.extend(committer.finish())
     except BaseException as exc:
         if plan.remote is not None:
-            committer.close()  # no upload may still be running when its multipart upload is aborted
+            if spool is not None:
+                spool.close()  # no part upload may still be running ...
+            committer.close()  # ... nor a file's upload when its multipart upload is aborted
             plan.remote.abort(keep_lock=True)  # the job's end (remove_partials) releases the lock
         if isinstance(exc, OSError):
             raise write_failure(plan.dest, exc) from exc
         raise
     finally:
+        if spool is not None:
+            spool.close()
         committer.close()  # before the launcher removes partial files: no commit may still be running
         _release_source_files(plan)
         if progress is not None:

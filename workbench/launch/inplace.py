@@ -22,6 +22,7 @@ from ..engine.source_guard import snapshot_for
 from ..engine.status import describe_failure, failure_message
 from ..errors import PlanError
 from ..output.lock import DestinationLock, lock_destination
+from ..output.remote import is_url
 from ..planning.build import build_plan
 from ..planning.model import PlanOptions
 from ..planning.sources import resolve_catalog
@@ -106,11 +107,25 @@ def _run_locked(dist, source, dest, mapper, options, quiet, on_progress, locks: 
     gathered = [None] * world
     dist.all_gather_object(gathered, result.to_dict())
     results = [RankResult.from_dict(r) for r in gathered]
+    records: list = [None] * world  # a remote destination's local upload records, for rank 0 (no shared folder)
+    if is_url(str(dest)):
+        mine = []
+        if plan is not None and plan.remote is not None and result.ok:
+            try:
+                mine = plan.remote.records()
+            except Exception as exc:  # noqa: BLE001 - reported as this rank's failure below
+                mine = {"error": describe_failure(exc)}
+        dist.all_gather_object(records, mine)
     outcome = None
     if rank == 0:
         outcome = {"ok": all(r.ok for r in results), "index": False, "error": ""}
         if outcome["ok"]:
             try:
+                if plan.remote is not None:
+                    failed = [r["error"] for r in records if isinstance(r, dict)]
+                    if failed:
+                        raise PlanError(failed[0])
+                    plan.remote.adopt([e for r in records if isinstance(r, list) for e in r])
                 outcome["index"] = finalize_destination(plan)
             except Exception as exc:
                 outcome = {"ok": False, "index": False, "error": describe_failure(exc)}

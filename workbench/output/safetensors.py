@@ -266,7 +266,7 @@ class SafetensorsWriter:
     _buffer: memoryview | None = None  # copies that are not page-congruent go through it (WRITE_CALL_MAX bytes)
     _direct: int | None | object = _UNOPENED  # the O_DIRECT descriptor (`assemble_span`), opened when first asked
 
-    def __init__(self, folder: str | os.PathLike, layout: FileLayout, *, joined: bool = False) -> None:
+    def __init__(self, folder: str | os.PathLike, layout: FileLayout, *, joined: bool = False, sparse: bool = False) -> None:
         self.folder = Path(folder)
         self.layout = layout
         self.final_path = self.folder / layout.file
@@ -278,7 +278,10 @@ class SafetensorsWriter:
             return
         self._fd = claim_temp(self.partial_path)  # exclusive, no-follow: nothing planted there is written through
         try:
-            preallocate(self._fd, layout.size)
+            if sparse:  # a remote destination's spool file uploaded part by part: blocks only where bytes are written
+                os.ftruncate(self._fd, layout.size)
+            else:
+                preallocate(self._fd, layout.size)
             self._pwrite(layout.header, 0)
         except BaseException:
             self.abort()

@@ -275,8 +275,9 @@ class Plan:
     @property
     def spool_bytes(self) -> int:
         """Local disk a remote destination needs per rank: the spool's bound, the largest over ranks (0 for a local
-        destination). Finished files wait there for their upload within `spool_size`; a rank never waits on files it
-        is still writing, so a step writing into files larger than the spool raises the bound to their size."""
+        destination). Finished files (S3: finished parts of a file still being written) wait there for their upload
+        within `spool_size`; a rank never waits on files (parts) it is still writing, so those open at once can raise
+        the bound above the spool size (`planning.spool`)."""
         return max((self.rank_spool_bytes(r) for r in range(self.nproc)), default=0)
 
     @property

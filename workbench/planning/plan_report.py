@@ -47,7 +47,7 @@ def headline(plan: Plan) -> list[str]:
         + f"; {library_note(plan)}",
     ]
     if plan.remote is not None:
-        lines.append(f"local disk to provision: {format_bytes(plan.spool_bytes)} per rank (spool of finished files waiting "
+        lines.append(f"local disk to provision: {format_bytes(plan.spool_bytes)} per rank (spool of finished files or parts waiting "
                      f"for upload, --spool-size {format_bytes(plan.options.spool_size)}); the index is uploaded last")
     lines += _dequantised_lines(plan)
     lines += _extras_lines(plan)

@@ -1,29 +1,128 @@
 """How much local disk a remote destination's spool needs: the bound `output/remote/spool.SpoolGate` keeps.
 
-A rank's files are open from their first step to their last; the gate lets finished files wait for upload only
-while everything fits in `spool_size`, and never waits on a file still being written. So a rank holds at most
-`max(spool_size, the most bytes of files open at once)`, and never more than the files it writes.
+The spool holds *units*: a whole output file, or, for a file the destination uploads in parts as they are written
+(`RemoteDestination.stream_part_size`: S3 multipart parts of a safetensors file that no other rank writes), one
+part of it. A unit is open from the first step writing into it to the last; then it waits for its upload and
+leaves the spool (a file is deleted, a part's blocks are freed: a hole punched in the sparse spool file). The gate
+lets finished units wait only while everything fits in `spool_size`, and never waits on a unit still being
+written. So a rank holds at most `max(spool_size, the most bytes of units open at once)`, never more than the
+files it writes: with parts, a spool smaller than one shard suffices.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .model import Plan
+    from .schedule import Step
+
+
+@dataclass
+class StreamedFile:
+    """One output file uploaded part by part as its byte ranges are written: part k is bytes `bounds[k]`."""
+
+    name: str
+    size: int
+    part_size: int
+    bounds: list[tuple[int, int]]
+    parts_of_step: dict[int, list[int]] = field(default_factory=dict)  # step.index -> the parts it writes into
+    first_step: dict[int, list[int]] = field(default_factory=dict)  # step.index -> the parts it is the first to write
+    steps_per_part: list[int] = field(default_factory=list)  # how many steps write into each part
+
+    def part_bytes(self, k: int) -> int:
+        """The size of part `k`."""
+        begin, end = self.bounds[k]
+        return end - begin
+
+
+def _step_ranges(step: Step, by_name: dict) -> list[tuple[int, int]]:
+    """The byte ranges of one file a step writes into (its tensors' slots; a batch's first step writes all of its
+    groups'). A superset is safe: a part is uploaded only after every step touching it ran."""
+    groups = (step.group, *(step.batch or ()))
+    ranges = []
+    for group in groups:
+        for info in group.outputs:
+            slot = by_name.get(info.name)
+            if slot is not None and slot.end > slot.begin:
+                ranges.append((slot.begin, slot.end))
+    if step.part is not None and ranges:
+        ranges = [(max(b, step.part[0]), min(e, step.part[1])) for b, e in ranges]
+        ranges = [(b, e) for b, e in ranges if e > b]
+    return ranges
+
+
+def streamed_files(plan: Plan, rank: int) -> dict[str, StreamedFile]:
+    """The files `rank` uploads part by part, with which steps write into which part (empty when none is)."""
+    from ..output.base import FileLayout
+
+    remote = plan.remote
+    part_size = getattr(remote, "stream_part_size", None)
+    if remote is None or part_size is None or getattr(plan.output_format, "name", "") != "safetensors":
+        return {}
+    found: dict[str, StreamedFile] = {}
+    slots: dict[str, dict] = {}
+    for f in plan.rank_files(rank):
+        size = part_size(f.size)
+        if f.ranks or not size or f.size <= size or not isinstance(f.layout, FileLayout):
+            continue
+        bounds = [(b, min(b + size, f.size)) for b in range(0, f.size, size)]
+        found[f.name] = StreamedFile(f.name, f.size, size, bounds, steps_per_part=[0] * len(bounds))
+        slots[f.name] = f.layout.by_name()
+    if not found:
+        return found
+    for step in plan.rank_steps(rank):
+        for name in step.files:
+            streamed = found.get(name)
+            if streamed is None:
+                continue
+            parts = sorted({k for b, e in _step_ranges(step, slots[name])
+                            for k in range(b // streamed.part_size, (e - 1) // streamed.part_size + 1)})
+            if not parts:
+                continue
+            streamed.parts_of_step[step.index] = parts
+            for k in parts:
+                if not streamed.steps_per_part[k]:
+                    streamed.first_step.setdefault(step.index, []).append(k)
+                streamed.steps_per_part[k] += 1
+    return found
+
+
+def deferred_names(plan: Plan) -> list[str]:
+    """The output files a remote destination must keep invisible until the finish: all of them when the output has
+    no index or other marker written last (`plan.commit_files` empty: one safetensors or GGUF file), else none."""
+    return [] if plan.commit_files else [f.name for f in plan.output_file_list]
 
 
 def open_bytes_peak(plan: Plan, rank: int) -> int:
-    """The most bytes of `rank`'s output files open (first step done, last step not yet) at once."""
+    """The most bytes of `rank`'s spool units (whole files, or parts of streamed files) open at once: from the first
+    step writing into a unit to the last (a part no step writes, header or padding only, opens and closes with its
+    file's first step)."""
+    streamed = streamed_files(plan, rank)
     files = {f.name: f.size for f in plan.rank_files(rank)}
-    first: dict[str, int] = {}
-    last: dict[str, int] = {}
+    first: dict[tuple[str, int], int] = {}
+    last: dict[tuple[str, int], int] = {}
+    sizes: dict[tuple[str, int], int] = {}
     for position, step in enumerate(plan.rank_steps(rank)):
         for name in step.files:
-            if name in files:
-                first.setdefault(name, position)
-                last[name] = position
-    events = sorted([(first[n], 0, files[n]) for n in first] + [(last[n], 1, -files[n]) for n in last])
+            if name not in files:
+                continue
+            s = streamed.get(name)
+            if s is None:
+                units = [(name, -1)]
+                sizes[(name, -1)] = files[name]
+            else:
+                units = [(name, k) for k in s.parts_of_step.get(step.index, ())]
+                if (name, -1) not in first:  # the file's first step: its parts no step writes open and close here
+                    first[(name, -1)] = last[(name, -1)] = position
+                    sizes[(name, -1)] = sum(s.part_bytes(k) for k in range(len(s.bounds)) if not s.steps_per_part[k])
+                for unit in units:
+                    sizes[unit] = s.part_bytes(unit[1])
+            for unit in units:
+                first.setdefault(unit, position)
+                last[unit] = position
+    events = sorted([(first[u], 0, sizes[u]) for u in first] + [(last[u], 1, -sizes[u]) for u in last])
     held = peak = 0
     for _, _, delta in events:  # at one position, opens (0) come before closes (1)
         held += delta

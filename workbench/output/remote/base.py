@@ -14,6 +14,10 @@ drives the destination through five calls, always in this order:
 3. `file_done(name, local_path, size, sha256)` (any rank, its own files, from the committer thread): the spool
    file is complete (closed, synced, renamed); upload it. When the call returns the object is finished in the
    destination and recognisable by `completed()` on any node; the engine then deletes the spool copy.
+   A destination that uploads byte ranges as they are written (`stream_part_size` not None: S3) gets instead,
+   for a file larger than one part: `open_stream` when the file is opened, `put_part` for each part once every
+   byte of it was written (from upload threads, in any order; the engine then frees the part's blocks in the
+   spool), and `close_stream` once the file is complete (the object appears only then).
 4. `finish(uploads)` (rank 0, after every rank reported success): check that every planned file is there
    (`completed()`: size and digest as recorded), then publish `uploads` -- the extras (config.json ...) and the
    commit files, in the order given, the index last -- so the output becomes visible at once (S3: the index
@@ -78,6 +82,39 @@ class RemoteDestination(ABC):
         """What uploading adds to a rank's predicted RSS (`plan.rss_bytes`): (part, bytes, detail) rows, e.g. the
         part buffer. The transport's libraries are counted by planning (`planning.rss.REMOTE_LIBRARIES`)."""
         return []
+
+    def stream_part_size(self, size: int) -> int | None:
+        """The part size a file of `size` bytes is uploaded in while it is written, or None: uploaded whole once
+        finished (`file_done`). Planning asks it too (`planning.spool.streamed_files`), so it must not call out."""
+        return None
+
+    def open_stream(self, name: str, size: int) -> None:
+        """Start the upload of `name` (`size` bytes) whose parts `put_part` sends as they are written."""
+        raise NotImplementedError(f"{type(self).__name__} uploads whole files")
+
+    def put_part(self, name: str, number: int, data: bytes) -> None:
+        """Upload part `number` (1-based, `stream_part_size` bytes but the last) of `name`; any thread, any order."""
+        raise NotImplementedError(f"{type(self).__name__} uploads whole files")
+
+    def close_stream(self, name: str, size: int) -> None:
+        """Every part of `name` was put: make the object appear, check it and record it (as `file_done` does)."""
+        raise NotImplementedError(f"{type(self).__name__} uploads whole files")
+
+    def defer(self, names: Sequence[str]) -> None:
+        """Files that must not appear before `finish` (every process of the job is told, before any upload): an
+        output with no index or other marker (one safetensors or GGUF file) is complete as soon as its one file is
+        readable, so that file itself is the marker. Default: nothing to do (a Hub commit shows everything at once)."""
+        return None
+
+    def records(self) -> list[dict]:
+        """What this process (node) recorded locally about its finished uploads, as JSON values, for rank 0 to
+        `adopt` (a destination whose own store records every upload, like S3, has none: [])."""
+        return []
+
+    def adopt(self, records: Sequence[dict]) -> None:
+        """Rank 0, before `finish`: take over the other ranks' `records` (gathered over the process group), so a
+        job on nodes without a shared folder publishes every rank's files. Default: nothing to take over."""
+        return None
 
     @abstractmethod
     def state(self, files: Mapping[str, int], *, overwrite: bool) -> RemoteState:

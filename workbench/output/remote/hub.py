@@ -13,8 +13,12 @@ but belongs to no commit, so nothing is visible in the repo until `finish` commi
 upload is recorded in a local ledger (one JSON line per file: name, size, sha256, fingerprint);
 a re-run reads it back and keeps the files whose objects the Hub still holds (asked through the LFS batch
 endpoint), so a killed conversion resumes without uploading them again. The ledger lives in
-`$WORKBENCH_CACHE/hub-ledger/` (default ~/.cache/workbench), one per endpoint and URL; ranks on several
-nodes need `ledger_dir` on a folder they share, for rank 0 to see every rank's uploads (refused otherwise).
+`$WORKBENCH_CACHE/hub-ledger/` (default ~/.cache/workbench, or the `ledger_dir` option), one per endpoint and
+URL. Ranks on several nodes need no shared folder: after the ranks ran, each sends its ledger's records (name,
+size, SHA-256 = the LFS oid; an inline file's bytes) to rank 0 over the job's process group (`records`,
+`adopt`), and rank 0 makes the one commit. A resumed multi-node run recognises rank 0's own records; the other
+ranks pre-upload their files again, which for LFS objects the Hub still holds is one batch request that answers
+"already present" (no bytes sent).
 """
 
 from __future__ import annotations
@@ -198,12 +202,6 @@ class HubDestination(RemoteDestination):
         from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 
         result = RemoteState()
-        world, here = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
-        if here and world > here and not self.options.get("ledger_dir"):
-            result.errors.append(f"Cannot write to {self.url} from {world} ranks on several nodes: the Hub destination "
-                                 "records its uploads on the local disk. Pass remote_options={'ledger_dir': FOLDER} with "
-                                 "a folder every node shares.")
-            return result
         if not self._token():
             result.errors.append(f"Cannot write to {self.url}: no Hugging Face token. Log in (`hf auth login`) or set "
                                  "HF_TOKEN to a token with write access.")
@@ -332,6 +330,45 @@ class HubDestination(RemoteDestination):
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(local_path, target)
         self._record({"name": name, "size": size, "sha256": sha256, "mode": "lfs" if mode == "lfs" else "regular"})
+
+    def records(self) -> list[dict]:
+        """This node's ledger records of uploaded files (an inline file's bytes included, base64), for rank 0."""
+        import base64
+
+        found = []
+        for e in self._entries():
+            if "name" not in e:
+                continue
+            entry = dict(e)
+            if e.get("mode") == "regular":
+                copy = self._regular_copy(e["sha256"])
+                if not copy.is_file():
+                    continue
+                entry["data"] = base64.b64encode(copy.read_bytes()).decode("ascii")
+            found.append(entry)
+        return found
+
+    def adopt(self, records: Sequence[dict]) -> None:
+        """Append the other nodes' upload records (of this fingerprint) that this ledger lacks (rank 0, before `finish`)."""
+        import base64
+
+        have = {(e["name"], e["size"], e["sha256"]) for e in self._entries() if "name" in e}
+        for e in records:
+            if not isinstance(e, dict) or e.get("fingerprint") != self.fingerprint or "name" not in e:
+                continue
+            key = (e["name"], e["size"], e["sha256"])
+            if key in have:
+                continue
+            mode = "regular" if e.get("mode") == "regular" else "lfs"
+            if mode == "regular":
+                data = base64.b64decode(e.get("data") or "")
+                if hashlib.sha256(data).hexdigest() != e["sha256"]:
+                    continue  # never commit bytes that are not the ones recorded
+                target = self._regular_copy(e["sha256"])
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+            self._record({"name": e["name"], "size": e["size"], "sha256": e["sha256"], "mode": mode})
+            have.add(key)
 
     def completed(self) -> dict[str, FinishedFile]:
         """The files this fingerprint's ledger records as uploaded (the last record of a name wins)."""

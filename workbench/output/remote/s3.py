@@ -96,6 +96,8 @@ class S3Destination(RemoteDestination):
                             "upload at once, from 1 to 64.", file=url)
         self._fs = None
         self._uploads: dict[str, str] = {}  # key -> UploadId of this process's unfinished multipart uploads
+        self._streams: dict[str, dict[int, tuple[bytes, str]]] = {}  # name -> part number -> (MD5, ETag) put so far
+        self.deferred: set[str] = set()  # files whose multipart upload is completed by `finish` (`defer`)
         self._guard = threading.Lock()
         self._locked = False
 
@@ -286,10 +288,24 @@ class S3Destination(RemoteDestination):
                 self.delete(name)
         self.put_json(MANIFEST_NAME, {"workbench_convert": 1, "fingerprint": self.fingerprint, "files": dict(files)})
 
+    def defer(self, names: Sequence[str]) -> None:
+        """These files are uploaded as multipart uploads left open; `finish` completes them last (see the base)."""
+        self.deferred = set(names)
+
     def file_done(self, name: str, local_path: Path, size: int, sha256: str) -> None:
-        """Upload `local_path` as `name` (multipart above the part size) and check the object's size and ETag."""
+        """Upload `local_path` as `name` (multipart above the part size) and check the object's size and ETag; a
+        deferred file's parts only (`defer`: `finish` completes it)."""
         metadata = {FINGERPRINT_KEY: self.fingerprint, SHA256_KEY: sha256}
         key = self.key(name)
+        if name in self.deferred:
+            self.open_stream(name, size)
+            part = self.stream_part_size(size) or size
+            with open(local_path, "rb") as f:
+                for number, begin in enumerate(range(0, max(size, 1), part), 1):
+                    self.put_part(name, number, os.pread(f.fileno(), min(part, size - begin), begin))
+            with self._guard:
+                self._streams.pop(name, None)
+            return
         with open(local_path, "rb") as f:
             if size <= self.part_size:
                 body = f.read()
@@ -360,6 +376,51 @@ class S3Destination(RemoteDestination):
             self._uploads.pop(key, None)
         return multipart_etag([r[0] for r in results if r is not None]), answer.get("ETag")
 
+    def stream_part_size(self, size: int) -> int | None:
+        """Files are uploaded part by part while they are written: `part_size` (more for files above 10,000 parts)."""
+        return max(self.part_size, -(-size // MAX_PARTS))
+
+    def open_stream(self, name: str, size: int) -> None:
+        """Create the multipart upload of `name`, recorded with the fingerprint (the SHA-256 is not known yet: the
+        object's checked ETag, the MD5 of its parts' MD5s, is its digest)."""
+        key = self.key(name)
+        upload = self.call("create_multipart_upload", name, Key=key, Metadata={FINGERPRINT_KEY: self.fingerprint})["UploadId"]
+        with self._guard:
+            self._uploads[key] = upload
+            self._streams[name] = {}
+
+    def put_part(self, name: str, number: int, data: bytes) -> None:
+        """Upload one part of a streamed file (`open_stream`)."""
+        key = self.key(name)
+        with self._guard:
+            upload = self._uploads[key]
+        digest = hashlib.md5(data).digest()  # noqa: S324 - S3's ETag scheme
+        answer = self.call("upload_part", name, Key=key, UploadId=upload, PartNumber=number, Body=data)
+        with self._guard:
+            self._streams[name][number] = (digest, answer["ETag"])
+
+    def close_stream(self, name: str, size: int) -> None:
+        """Complete the multipart upload of `name` and check the object's size and ETag against the parts sent."""
+        key = self.key(name)
+        with self._guard:
+            upload, parts = self._uploads[key], self._streams.pop(name)
+        if name in self.deferred:
+            return  # `finish` completes it, last
+        numbers = sorted(parts)
+        if numbers != list(range(1, len(numbers) + 1)) or not numbers:
+            raise PlanError(f"Cannot finish {self.where(name)}: parts {numbers[:5]} were uploaded, not every part from 1. "
+                            "Run the same conversion again.", file=self.where(name))
+        answer = self.call("complete_multipart_upload", name, Key=key, UploadId=upload,
+                           MultipartUpload={"Parts": [{"PartNumber": n, "ETag": parts[n][1]} for n in numbers]})
+        with self._guard:
+            self._uploads.pop(key, None)
+        expected, etag = multipart_etag([parts[n][0] for n in numbers]), answer.get("ETag")
+        head = self.call("head_object", name, Key=key)
+        if int(head.get("ContentLength", -1)) != size or (etag is not None and etag != expected):
+            raise PlanError(f"Cannot upload {name} to {self.where(name)}: the stored object has {head.get('ContentLength')} bytes "
+                            f"and ETag {etag} where {size} bytes and {expected} were sent. Run the same conversion again.",
+                            file=self.where(name))
+
     def completed(self) -> dict[str, FinishedFile]:
         """The objects under the prefix recorded with this plan's fingerprint (size and SHA-256 from their metadata)."""
         done: dict[str, FinishedFile] = {}
@@ -378,7 +439,11 @@ class S3Destination(RemoteDestination):
     def finish(self, uploads: Sequence[tuple[str, Path]], planned: Mapping[str, int]) -> None:
         """Check every planned object, upload `uploads` in order (the marker last), record completion, unlock."""
         done = self.completed()
-        missing = [n for n, s in planned.items() if n not in done or done[n].size != s]
+        missing = [n for n, s in planned.items() if n not in self.deferred and (n not in done or done[n].size != s)]
+        hidden = {n: s for n, s in planned.items()  # (one a killed finish completed already is there: kept)
+                  if n in self.deferred and not (n in done and done[n].size == s)}
+        pending = {key for key, _ in self.unfinished_uploads()}
+        missing += [n for n in hidden if self.key(n) not in pending]
         if missing:
             raise PlanError(f"Cannot publish {self.url}: {len(missing)} planned file(s) are not finished there (e.g. "
                             f"{missing[0]}). No index was written; run the same conversion again to resume.",
@@ -388,12 +453,48 @@ class S3Destination(RemoteDestination):
             size = path.stat().st_size
             self.file_done(name, path, size, "")
             others[name] = size
+        for name, size in hidden.items():  # the output's only files: readable only now, after config.json and co.
+            self._complete_deferred(name, size)
+        done = self.completed()
         self.put_json(COMPLETE_NAME, {"workbench_convert": 1, "complete": True, "fingerprint": self.fingerprint,
                                       "files": {n: {"size": f.size, "sha256": f.sha256} for n, f in sorted(done.items())
                                                 if n in planned},
                                       "others": others})
         self.delete(MANIFEST_NAME)
         self.release()
+
+    def _complete_deferred(self, name: str, size: int) -> None:
+        """Complete the open multipart upload of `name` (any process's: its parts are listed from S3) and check it."""
+        key = self.key(name)
+        uploads = [u for k, u in self.unfinished_uploads() if k == key]
+        if len(uploads) != 1:
+            raise PlanError(f"Cannot publish {self.where(name)}: {len(uploads)} unfinished uploads of it where one was "
+                            "expected. Run the same conversion again.", file=self.where(name))
+        parts: list[dict] = []
+        marker: dict[str, Any] = {}
+        for _ in range(MAX_PARTS):
+            page = self.call("list_parts", name, Key=key, UploadId=uploads[0], **marker)
+            parts += page.get("Parts") or []
+            if not page.get("IsTruncated"):
+                break
+            marker = {"PartNumberMarker": page.get("NextPartNumberMarker")}
+        numbers = [int(p["PartNumber"]) for p in parts]
+        if numbers != list(range(1, len(parts) + 1)) or sum(int(p["Size"]) for p in parts) != size:
+            raise PlanError(f"Cannot publish {self.where(name)}: its upload holds parts {numbers[:5]} of "
+                            f"{sum(int(p['Size']) for p in parts)} bytes where {size} were planned. Run the same "
+                            "conversion again.", file=self.where(name))
+        answer = self.call("complete_multipart_upload", name, Key=key, UploadId=uploads[0],
+                           MultipartUpload={"Parts": [{"PartNumber": int(p["PartNumber"]), "ETag": p["ETag"]}
+                                                      for p in parts]})
+        with self._guard:
+            self._uploads.pop(key, None)
+        expected = multipart_etag([bytes.fromhex(str(p["ETag"]).strip('"')) for p in parts])
+        head = self.call("head_object", name, Key=key)
+        etag = answer.get("ETag")
+        if int(head.get("ContentLength", -1)) != size or (etag is not None and etag != expected):
+            raise PlanError(f"Cannot publish {self.where(name)}: the stored object has {head.get('ContentLength')} bytes "
+                            f"and ETag {etag} where {size} bytes and {expected} were uploaded. Run the same conversion "
+                            "again.", file=self.where(name))
 
     def release(self) -> None:
         """Delete the lock object (the job's rank 0 owns it, whichever process took it)."""
@@ -403,7 +504,7 @@ class S3Destination(RemoteDestination):
     def abort(self, *, keep_lock: bool = False) -> None:
         """Abort this process's unfinished multipart uploads; release the lock if this process took it."""
         with self._guard:
-            pending, self._uploads = dict(self._uploads), {}
+            pending, self._uploads, self._streams = dict(self._uploads), {}, {}
         for key, upload in pending.items():
             try:
                 self.call("abort_multipart_upload", key, Key=key, UploadId=upload)
