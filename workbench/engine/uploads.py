@@ -116,10 +116,8 @@ class SpoolUploads:
         s = self.streams.get(name)
         if s is None:
             return None
-        from ..output.safetensors import SafetensorsWriter
-
         assert self.plan.dest is not None and self.plan.remote is not None
-        writer = SafetensorsWriter(self.plan.dest, layout, sparse=True)  # type: ignore[arg-type]
+        writer = self.plan.output_format.sparse_writer(self.plan.dest, layout)  # type: ignore[arg-type]
         s.path = writer.partial_path
         s.fd = os.open(s.path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))  # punching holes needs write access
         self.plan.remote.open_stream(name, s.file.size)

@@ -50,6 +50,9 @@ class OutputFormat:
     # whether several ranks may write disjoint byte ranges of one file (`join_writer`; `planning.parts`): its file is
     # created whole (header, size) before the ranks start, each rank writes and syncs its ranges, the finish renames it
     shares_files: bool = False
+    # whether a remote destination may upload its files part by part as their bytes are written (`sparse_writer`:
+    # a spool file with blocks only where bytes were written, holes punched after each part's upload)
+    streams_parts: bool = False
 
     def policy(self, dtype: Any) -> str:
         """The code a `dtype=` policy stands for in this format (default: a float dtype every tensor is cast to)."""
@@ -88,6 +91,10 @@ class OutputFormat:
 
     def open_writer(self, folder: str | os.PathLike, layout: FileLayout) -> Writer:
         """The streaming writer that fills one planned data file (temporary name until its commit)."""
+        raise NotImplementedError
+
+    def sparse_writer(self, folder: str | os.PathLike, layout: FileLayout) -> Writer:
+        """A writer of one planned data file that preallocates nothing (a spool file uploaded part by part)."""
         raise NotImplementedError
 
     def create_shared(self, folder: str | os.PathLike, layout: FileLayout) -> None:

@@ -672,6 +672,10 @@ class SafetensorsOutput(OutputFormat):
         return SafetensorsWriter(folder, layout)
 
     shares_files = True
+    streams_parts = True
+
+    def sparse_writer(self, folder: str | os.PathLike, layout: FileLayout) -> SafetensorsWriter:
+        return SafetensorsWriter(folder, layout, sparse=True)
 
     def create_shared(self, folder: str | os.PathLike, layout: FileLayout) -> None:
         SafetensorsWriter(folder, layout).release()

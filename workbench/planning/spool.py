@@ -59,7 +59,7 @@ def streamed_files(plan: Plan, rank: int) -> dict[str, StreamedFile]:
 
     remote = plan.remote
     part_size = getattr(remote, "stream_part_size", None)
-    if remote is None or part_size is None or getattr(plan.output_format, "name", "") != "safetensors":
+    if remote is None or part_size is None or not getattr(plan.output_format, "streams_parts", False):
         return {}
     found: dict[str, StreamedFile] = {}
     slots: dict[str, dict] = {}
