@@ -51,7 +51,7 @@ from ..mapper.recipes import LazyRecipe
 from ..overflow import cast
 from .schedule import CAST, COPY, Step, cast_chunk
 from .sources import PolicyGroups, copy_group
-from .span_runs import run_label, span_copy_size, span_run_group
+from .span_runs import run_label, span_pieces, span_run_group, whole_pieces
 
 if TYPE_CHECKING:
     from .sharding import OutputFile
@@ -244,28 +244,31 @@ def coalesce_copies(groups: list[Group]) -> list[Group]:
     byte ranges (a fused q/k/v: `planning.span_runs`) a span run; what a mapper keeps, renames or fuses one
     group at a time is then planned in runs too."""
 
-    def whole_key(item: tuple[Group, int | None, bool]) -> str:
+    def whole_key(item: tuple[Group, int | None, Any]) -> str:
         return item[0].label
 
-    def key(item: tuple[Group, int | None, bool]) -> str | None:
+    def key(item: tuple[Group, int | None, Any]) -> str | None:
         group, size, _ = item
         return group.inputs[0].file if size is not None and size < RUN_TENSOR_BYTES else None
 
-    items: list[tuple[Group, int | None, bool]] = []
+    items: list[tuple[Group, int | None, Any]] = []  # (group, output bytes, its byte ranges or None for a whole copy)
     for group in groups:
         size = whole_copy_size(group)
         if size is not None:
-            items.append((group, size, True))
-        else:
-            items.append((group, span_copy_size(group), False))
+            items.append((group, size, None))
+            continue
+        pieces = span_pieces(group)
+        items.append((group, None if pieces is None else group.outputs[0].nbytes, pieces))
     result: list[Group] = []
     for part in stretches(items, key):
         if len(part) == 1:
             result.append(part[0][0])
             continue
-        if not all(whole for _, _, whole in part):
+        if any(pieces is not None for _, _, pieces in part):
             members = tuple(group for group, _, _ in part)
-            result.append(span_run_group(members, run_label(members)))
+            ranges = tuple(whole_pieces(group.inputs[0], size) if pieces is None else pieces  # type: ignore[arg-type]
+                           for group, size, pieces in part)
+            result.append(span_run_group(members, ranges, run_label(members)))
             continue
         for same in stretches(part, whole_key):  # whole copies: a copy run per label, as one label's stretch
             if len(same) == 1:

@@ -34,9 +34,17 @@ def member_spans(group: Group, name: str) -> list[tuple[str, int, int]]:
     return [(p.source, p.begin, p.end) for p in recipe[name]]  # type: ignore[index]
 
 
-def span_copy_size(group: Group) -> int | None:
-    """The output bytes of a group whose one output is a concatenation of byte ranges of its inputs, all in one
-    source file (a fused q/k/v, a whole copy); None for any other group. The caller knows every input lies raw
+Pieces = tuple[tuple[TensorInfo, int, int], ...]  # one output's byte ranges: (input, begin, end), in order
+
+
+def whole_pieces(info: TensorInfo, size: int) -> Pieces:
+    """The byte ranges of a whole copy of `info` (`size` bytes, none when empty)."""
+    return ((info, 0, size),) if size else ()
+
+
+def span_pieces(group: Group) -> Pieces | None:
+    """The byte ranges making a group's one output when it is a concatenation of byte ranges of its inputs, all in
+    one source file (a fused q/k/v, a whole copy); None for any other group. The caller knows every input lies raw
     in place (the schedule joins runs only then)."""
     inputs, outputs, recipe = group.inputs, group.outputs, group.recipe
     if recipe is None or len(outputs) != 1 or len(recipe) != 1 or not inputs:
@@ -48,10 +56,16 @@ def span_copy_size(group: Group) -> int | None:
     out = outputs[0]
     if next(iter(recipe)) != out.name:  # (`in` would build a shared recipe's ByteSlices)
         return None
+    by_name = {t.name: t for t in inputs}
+    pieces = []
     total = 0
-    for _, begin, end in member_spans(group, out.name):
+    for source, begin, end in member_spans(group, out.name):
+        info = by_name.get(source)
+        if info is None:
+            return None
+        pieces.append((info, begin, end))
         total += end - begin
-    return total if total == out.nbytes else None
+    return tuple(pieces) if total == out.nbytes else None
 
 
 class SpanRun(Mapping[str, tuple[ByteSlice, ...]]):
@@ -63,29 +77,17 @@ class SpanRun(Mapping[str, tuple[ByteSlice, ...]]):
 
     __slots__ = ("members", "outputs", "out_sizes", "total", "_index", "_pieces")
 
-    def __init__(self, members: tuple[Group, ...]) -> None:
+    def __init__(self, members: tuple[Group, ...], pieces: tuple[Pieces, ...]) -> None:
         self.members = members
+        self._pieces = pieces
         self.outputs = tuple([g.outputs[0] for g in members])
         self.out_sizes = tuple([t.nbytes for t in self.outputs])
         self.total = sum(self.out_sizes)
         self._index: dict[str, int] | None = None
-        self._pieces: list[tuple[tuple[TensorInfo, int, int], ...]] | None = None
 
-    def pieces(self) -> list[tuple[tuple[TensorInfo, int, int], ...]]:
-        """Per member, its output's byte ranges as (input, begin, end), in order (made once: the fingerprint, the
-        page alignment and the engine each read them)."""
-        if self._pieces is None:
-            found = []
-            for group in self.members:
-                inputs, recipe = group.inputs, group.recipe
-                if len(inputs) == 1 and type(recipe) is dict:  # a whole copy or a rename: one input
-                    info = inputs[0]
-                    found.append(tuple([(info, p.begin, p.end) for p in next(iter(recipe.values()))]))
-                    continue
-                by_name = {t.name: t for t in inputs}
-                found.append(tuple([(by_name[source], begin, end)
-                                    for source, begin, end in member_spans(group, group.outputs[0].name)]))
-            self._pieces = found
+    def pieces(self) -> tuple[Pieces, ...]:
+        """Per member, its output's byte ranges as (input, begin, end), in order (what the fingerprint, the page
+        alignment and the engine read)."""
         return self._pieces
 
     def member(self, name: str) -> Group:
@@ -120,7 +122,7 @@ class SpanRun(Mapping[str, tuple[ByteSlice, ...]]):
     def part(self, start: int, end: int, label: str) -> Group:
         """The group of members [start, end) of this run, labelled `label` (a run cut where it crosses into the
         next output file)."""
-        return span_run_group(self.members[start:end], label)
+        return span_run_group(self.members[start:end], self._pieces[start:end], label)
 
     def __iter__(self) -> Iterator[str]:
         return iter([t.name for t in self.outputs])
@@ -151,12 +153,13 @@ class SpanRunOp:
         return f"SpanRunOp({len(self.members)} groups)"
 
 
-def span_run_group(members: tuple[Group, ...], label: str) -> Group:
-    """The group of a span run over `members` (neighbours in schedule order, inputs in one file)."""
+def span_run_group(members: tuple[Group, ...], pieces: tuple[Pieces, ...], label: str) -> Group:
+    """The group of a span run over `members` (neighbours in schedule order, inputs in one file; `pieces`: each
+    one's byte ranges, `span_pieces`)."""
     inputs: list[TensorInfo] = []
     for group in members:
         inputs.extend(group.inputs)
-    recipe = SpanRun(members)
+    recipe = SpanRun(members, pieces)
     return Group(tuple(inputs), recipe.outputs, SpanRunOp(members), recipe, None, label)
 
 
