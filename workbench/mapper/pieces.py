@@ -146,7 +146,16 @@ def _walk(group: Any) -> dict[str, Value]:
         args = tuple(values)
         return [Value((dtype, tuple(shape)), op, args, k) for k, (dtype, shape) in enumerate(metas)]
 
-    run(group.op, state, leaf)
+    op = group.op
+    after = getattr(op, "cast_after", None)  # a dtype policy's cast of some outputs (`planning.dtype_policy`)
+    if after is not None:
+        op, dtype, names = after
+    run(op, state, leaf)
+    if after is not None:
+        for name in names:
+            value = state.get(name)
+            if value is not None:
+                state[name] = Value((dtype, value.meta[1]), Cast(name, dtype), (value,))
     return state
 
 
