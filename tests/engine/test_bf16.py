@@ -104,13 +104,13 @@ def test_cast_is_bytewise_torch_and_peak_is_predicted(mixed_source: Path, tmp_pa
     assert not [n for n in os.listdir(dest) if n.endswith(".partial")]
 
 
-def test_fused_cast_mixes_compute_and_cast_steps_within_the_predicted_peak(llama_sample: Path, tmp_path: Path,
+def test_fused_cast_mixes_piece_and_cast_steps_within_the_predicted_peak(llama_sample: Path, tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cast_buffers, "WRITE_BEHIND_MIN", 0)
     mapper = presets.hf_to_fused(llama_sample / "config.json")
     plan = wb.plan(llama_sample, mapper, dtype="bf16", chunk_size="8KB")
     kinds = {s.kind for s in plan.steps}
-    assert kinds == {"cast", "compute"}
+    assert kinds == {"cast", "pieces"}  # the fused outputs: each input cast on its own (`mapper.pieces`)
     report = wb.convert(llama_sample, tmp_path / "out", mapper, dtype="bf16", chunk_size="8KB", quiet=True)
     assert report.peak_tensor_bytes == plan.peak_bytes  # the cast arena is freed before a compute step holds its own
 

@@ -110,3 +110,52 @@ def test_a_cast_after_a_stack_is_cast_piece_by_piece(fp8_experts: Path, tmp_path
     assert whole.ok
     expected = load_file(tmp_path / "ref" / "model.safetensors")[f"{PREFIX}.down_proj"].float()
     assert got.dtype == torch.float32 and torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("how", ["concat-of-casts", "cast-of-concat", "dtype-policy"])
+def test_a_concatenation_along_columns_is_written_by_row_blocks_equal_to_torch_cat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str,
+) -> None:
+    from workbench.mapper import pieces as pieces_module
+
+    monkeypatch.setattr(pieces_module, "ROW_BLOCK_BYTES", 32 << 10)  # many blocks, the last one short
+    gen = torch.Generator().manual_seed(3)
+    tensors = {"a": torch.randn(1001, 40, generator=gen), "b": torch.randn(1001, 13, generator=gen) * 1e3,
+               "c": torch.randn(1001, 7, generator=gen).double()}
+    save_file(tensors, tmp_path / "model.safetensors")
+    cast_first, dtype = how == "concat-of-casts", "bf16" if how == "dtype-policy" else None
+    if cast_first:
+        mapper = M.Sequential(*(M.Cast(n, "bf16") for n in "abc"), M.Concat(["a", "b", "c"], "abc", dim=1))
+    elif dtype:  # `dtype=` casts the concatenation's output (`planning.dtype_policy.CastOutputs`)
+        mapper = M.Sequential(M.Cast("c", "F32"), M.Concat(["a", "b", "c"], "abc", dim=1))
+    else:
+        mapper = M.Sequential(M.Cast("c", "F32"), M.Concat(["a", "b", "c"], "abc", dim=1), M.Cast("abc", "bf16"))
+    plan = wb.plan(tmp_path, mapper, dtype=dtype)
+    (step,) = plan.steps
+    pieces = output_pieces(step.group)
+    assert step.kind == "pieces" and pieces.row_blocks and len(pieces.pieces) > 12
+    assert sum(p.rows for p in pieces.pieces) == 1001 and step.held_bytes <= 32 << 10
+    report = wb.convert(tmp_path, tmp_path / "out", mapper, dtype=dtype, quiet=True, verify=True)
+    assert report.verified and list(report.verification["status"]) == ["ok"]  # re-computed block by block
+    got = load_file(tmp_path / "out" / "model.safetensors")["abc"]
+    if cast_first:
+        expected = torch.cat([tensors[n].to(torch.bfloat16) for n in "abc"], dim=1)
+    else:
+        expected = torch.cat([tensors["a"], tensors["b"], tensors["c"].float()], dim=1).to(torch.bfloat16)
+    assert torch.equal(got.view(torch.int16), expected.view(torch.int16))
+
+
+def test_rows_of_a_source_not_raw_on_disk_are_not_cut_into_blocks() -> None:
+    from workbench.catalog import TensorInfo
+    from workbench.mapper.groups import Group
+    from workbench.planning.schedule import step_kind
+
+    class Unlocated:  # a source whose tensors the reader assembles: no byte range to read rows from
+        def located(self, info: TensorInfo) -> bool:
+            return False
+
+    a, b = TensorInfo("a", "F32", (4096, 1024)), TensorInfo("b", "F32", (4096, 512))
+    op = M.Sequential(M.Concat(["a", "b"], "ab", dim=1), M.Cast("ab", "bf16"))
+    group = Group((a, b), (TensorInfo("ab", "BF16", (4096, 1536)),), op)
+    assert output_pieces(group).row_blocks
+    assert step_kind(group, Unlocated()) == "compute"

@@ -191,3 +191,18 @@ def test_gguf_rows_of_odd_widths_peak_within_15_percent_of_the_prediction(tmp_pa
                                           whole_process=True)
     assert "torch" not in imported
     assert_within(plan.rss_bytes, measured, plan)
+
+
+def test_a_concatenation_along_columns_of_casts_peaks_within_15_percent_of_the_prediction(tmp_path: Path) -> None:
+    """`Concat(dim=1)` of two float32 tensors cast to bf16 (odd widths): written by row blocks, each the same rows of
+    both inputs read as byte ranges, cast and joined (`mapper.pieces`), not the inputs and the output held whole."""
+    source = write_headers_only(tmp_path / "cols", [TensorInfo("a", "F32", (VOCAB, HIDDEN)), TensorInfo("b", "F32", (VOCAB, KV))])
+    expression = "M.Sequential(M.Concat(['a', 'b'], 'ab', dim=1), M.Cast('ab', 'bf16'))"
+    (tmp_path / "mapper.py").write_text(f"from workbench import mapper as M\nmapper = {expression}\n")
+    plan = wb.plan(source, eval(expression, {"M": M}))
+    (step,) = plan.steps
+    whole = VOCAB * (HIDDEN + KV) * (4 + 2 + 2)  # inputs, their casts, the output
+    assert step.kind == "pieces" and 8 * MIB < plan.peak_bytes <= 16 * MIB < whole // 8
+    out = tmp_path / "out"
+    args = ["convert", str(source), str(out), "--mapper", str(tmp_path / "mapper.py")]
+    assert_within(plan.rss_bytes, measured_min(args, out, plan.rss_bytes), plan)

@@ -230,9 +230,13 @@ def _check_pieces(group, source: _Bytes, output: _Bytes, out_catalog: Catalog, r
         return
     got = out_catalog[pieces.output.name]
 
-    def read(info):  # noqa: ANN001, ANN202 - a piece's source tensor, from the source's bytes
-        data = bytearray(source.read(info, 0, info.nbytes))
-        return torch.frombuffer(data, dtype=to_torch(info.dtype)).reshape(info.shape)
+    def read(info, rows=None):  # noqa: ANN001, ANN202 - a piece's source tensor (or dim-0 rows of it), from the source's bytes
+        begin, end, shape = 0, info.nbytes, info.shape
+        if rows is not None:
+            row = info.nbytes // info.shape[0]
+            begin, end, shape = rows[0] * row, rows[1] * row, (rows[1] - rows[0],) + tuple(info.shape[1:])
+        data = bytearray(source.read(info, begin, end))
+        return torch.frombuffer(data, dtype=to_torch(info.dtype)).reshape(shape)
 
     same, worst, overflowed, at = True, 0.0, 0, 0
     for piece in pieces.pieces:

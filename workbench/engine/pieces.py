@@ -8,7 +8,8 @@ the whole output and every input at once.
 from __future__ import annotations
 
 from ..errors import PlanError
-from ..mapper.pieces import output_pieces
+from ..iostats import read_into
+from ..mapper.pieces import output_pieces, row_range
 from ..overflow import collect
 from ..planning.schedule import Step
 from .steps import WRITEBACK_PIECE, RankContext, _as_tensor, _record_overflow, read_buffer
@@ -37,8 +38,16 @@ def run_pieces(ctx: RankContext, step: Step) -> None:
                 continue
             buffers = []
 
-            def read(info, buffers=buffers):  # noqa: ANN001, ANN202 - a piece's source tensors, read when it needs them
-                buffer = read_buffer(ctx, info)
+            def read(info, rows=None, buffers=buffers):  # noqa: ANN001, ANN202 - a piece's source tensors, read when it needs them
+                if rows is not None:  # dim-0 rows of a source raw on disk (the plan made row blocks only then)
+                    fd, begin = ctx.locate(info)  # type: ignore[misc]
+                    sliced = row_range(info, *rows)
+                    buffer = bytearray(sliced.nbytes)
+                    if sliced.nbytes:  # at the rows' offset from where the reader says the tensor starts
+                        read_into(fd, memoryview(buffer), begin + sliced.begin - info.begin)
+                    info = sliced
+                else:
+                    buffer = read_buffer(ctx, info)
                 buffers.append(buffer)
                 return _as_tensor(buffer, info)
 

@@ -21,6 +21,7 @@ from ..overflow import OverflowCounts, attributed, collect, count_torch, describ
 from ..planning.model import Plan
 from ..planning.rss import NUMPY, TORCH, libraries_for, row_libraries
 from ..planning.schedule import CAST, COPY, PIECES, ROWS, Step, cast_chunk
+from ..planning.span_runs import SpanRun
 from .cast_batch import run_cast_batch
 from .cast_buffers import CastBuffers
 from .copier import FLUSH_BYTES, FLUSH_PIECES, CopyQueue, Piece
@@ -217,6 +218,29 @@ def run_copies(ctx: RankContext, steps: list[Step], start: int, commit_at: set[i
                         batch.append((last_order, fd, info.begin + piece.begin, dst, out_name, 0, length))
                         queued += length
                     done += length
+            elif raw and type(recipe) is SpanRun:  # neighbours of one file copied in byte ranges (`planning.span_runs`)
+                name = None
+                fd = None  # opened at the first byte copied: every input lies in one file
+                for out, pieces in zip(recipe.outputs, recipe.pieces(), strict=True):
+                    name = out.name
+                    file, dst = placement[name]
+                    writer = writers.get(file)
+                    if writer is None:  # the file is not this rank's to write
+                        continue
+                    if writer is not last_writer:
+                        last_writer, last_order = writer, queue.order_of(writer)
+                    at = 0
+                    for info, piece_begin, piece_end in pieces:
+                        length = piece_end - piece_begin
+                        if length > 0:
+                            if fd is None:
+                                fd = fd_of_file.get(info.file)
+                                if fd is None:
+                                    fd = ctx.locate(info)[0]  # type: ignore[index]
+                            batch.append((last_order, fd, info.begin + piece_begin, dst + at, name, at, length))
+                            queued += length
+                        at += length
+                    done += at
             elif raw and step.run:  # neighbours of one file copied whole, maybe renamed (`planning.runs`)
                 name = None
                 inputs = group.inputs

@@ -30,6 +30,11 @@ class CastOutputs:
         """The inner op's outputs, with the named ones cast."""
         return {n: (cast(t, self.dtype, n) if n in self.names else t) for n, t in self.op.apply(tensors).items()}
 
+    @property
+    def cast_after(self) -> tuple[Any, str, frozenset[str]]:
+        """(inner op, dtype, names cast): what `mapper.pieces` walks to cut the output into pieces, each cast."""
+        return self.op, self.dtype, self.names
+
     def leaves(self) -> Any:
         """The inner op's leaf operations (the cast adds none a reader of the mapper would look for)."""
         leaves = getattr(self.op, "leaves", None)

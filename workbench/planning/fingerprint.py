@@ -18,6 +18,7 @@ from ..mapper.recipes import LazyRecipe
 from .runs import CastRun, CopyRun
 from .schedule import Step
 from .sharding import OutputFile
+from .span_runs import SpanRun
 
 _BATCH = 2048
 
@@ -85,7 +86,7 @@ def layout_fingerprint(catalog: Catalog, steps: list[Step], files: list[OutputFi
         head = heads.get(key)
         if head is None:
             head = heads[key] = f"\nstep {step.kind} {group.chunk_cast} {type(group.op).__name__} {group.label} <"
-        if type(recipe) is CopyRun:  # neighbours copied whole: names, offsets and sizes, joined once per run
+        if type(recipe) is CopyRun or type(recipe) is SpanRun:  # neighbours copied (whole or in ranges): once per run
             lines.append(f"{head}{recipe.text()}> <>")
         elif type(group.op) is CastRun:  # neighbours cast: the same, once per run
             lines.append(f"{head}{group.op.text()}> <>")

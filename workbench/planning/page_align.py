@@ -24,6 +24,7 @@ from ..catalog import TensorInfo
 from ..output.safetensors import PAGE
 from .runs import CopyRun
 from .schedule import COPY, Step
+from .span_runs import SpanRun
 
 ALIGN_MIN_BYTES = 1 << 20  # below this, copies cost microseconds: keep the minimal (reference) header
 
@@ -49,6 +50,19 @@ def congruent_bytes(steps: Iterable[Step], placed: Mapping[str, int], source_off
                     residue = (source.begin - at) % PAGE
                     if residue % 8 == 0:
                         weights[residue] = weights.get(residue, 0) + length
+            continue
+        if raw and type(recipe) is SpanRun:  # neighbours copied in byte ranges (`planning.span_runs`)
+            for out, pieces in zip(recipe.outputs, recipe.pieces(), strict=True):
+                at = placed.get(out.name)
+                if at is None:
+                    continue
+                for source, piece_begin, piece_end in pieces:
+                    length = piece_end - piece_begin
+                    if length > 0:
+                        residue = (source.begin + piece_begin - at) % PAGE
+                        if residue % 8 == 0:
+                            weights[residue] = weights.get(residue, 0) + length
+                    at += length
             continue
         if len(recipe) == 1 and len(group.inputs) == 1:  # one output, one input (once per tensor): spelled out
             ((out_name, pieces),) = recipe.items()

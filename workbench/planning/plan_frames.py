@@ -26,9 +26,10 @@ def outputs_frame(plan: Plan) -> pd.DataFrame:
     for step in plan.steps:
         if step.part is not None and step.part[0]:  # a later part of a tensor several ranks write: listed once
             continue
-        for t in step.group.outputs:
+        labels = getattr(step.group.recipe, "labels", None)  # a span run (`planning.span_runs`): each member's
+        for k, t in enumerate(step.group.outputs):
             file, offset = placement[t.name]
-            rows.append((t.name, t.dtype, t.shape, t.nbytes, file, offset, step.rank, step.group.label))
+            rows.append((t.name, t.dtype, t.shape, t.nbytes, file, offset, step.rank, step.group.label if labels is None else labels[k]))
     frame = pd.DataFrame(rows, columns=["name", "dtype", "shape", "nbytes", "file", "offset", "rank", "group"])
     return frame.set_index("name")
 

@@ -51,6 +51,7 @@ from ..mapper.recipes import LazyRecipe
 from ..overflow import cast
 from .schedule import CAST, COPY, Step, cast_chunk
 from .sources import PolicyGroups, copy_group
+from .span_runs import run_label, span_pieces, span_run_group, whole_pieces
 
 if TYPE_CHECKING:
     from .sharding import OutputFile
@@ -238,22 +239,44 @@ def whole_copy_size(group: Group) -> int | None:
 
 
 def coalesce_copies(groups: list[Group]) -> list[Group]:
-    """`groups` (in schedule order, inputs raw in place) with each stretch of neighbouring small whole copies from
-    one file with one label made one run (with that label); what a mapper keeps or renames one tensor at a time
-    is then planned in runs too."""
+    """`groups` (in schedule order, inputs raw in place) with each stretch of neighbouring small copies from one file
+    made one run: whole copies with one label a copy run (`CopyRun`), a stretch that also holds concatenations of
+    byte ranges (a fused q/k/v: `planning.span_runs`) a span run; what a mapper keeps, renames or fuses one
+    group at a time is then planned in runs too."""
 
-    def key(item: tuple[Group, int | None]) -> tuple[str, str] | None:
-        group, size = item
-        return (group.inputs[0].file, group.label) if size is not None and size < RUN_TENSOR_BYTES else None
+    def whole_key(item: tuple[Group, int | None, Any]) -> str:
+        return item[0].label
 
+    def key(item: tuple[Group, int | None, Any]) -> str | None:
+        group, size, _ = item
+        return group.inputs[0].file if size is not None and size < RUN_TENSOR_BYTES else None
+
+    items: list[tuple[Group, int | None, Any]] = []  # (group, output bytes, its byte ranges or None for a whole copy)
+    for group in groups:
+        size = whole_copy_size(group)
+        if size is not None:
+            items.append((group, size, None))
+            continue
+        pieces = span_pieces(group)
+        items.append((group, None if pieces is None else group.outputs[0].nbytes, pieces))
     result: list[Group] = []
-    for part in stretches([(group, whole_copy_size(group)) for group in groups], key):
-        if len(part) > 1:
-            members = [group for group, _ in part]
-            result.append(run_group(tuple(g.inputs[0] for g in members), tuple(size for _, size in part),  # type: ignore[misc]
-                                    tuple(g.outputs[0] for g in members), members[0].label))
-        else:
+    for part in stretches(items, key):
+        if len(part) == 1:
             result.append(part[0][0])
+            continue
+        if any(pieces is not None for _, _, pieces in part):
+            members = tuple(group for group, _, _ in part)
+            ranges = tuple(whole_pieces(group.inputs[0], size) if pieces is None else pieces  # type: ignore[arg-type]
+                           for group, size, pieces in part)
+            result.append(span_run_group(members, ranges, run_label(members)))
+            continue
+        for same in stretches(part, whole_key):  # whole copies: a copy run per label, as one label's stretch
+            if len(same) == 1:
+                result.append(same[0][0])
+                continue
+            members = [group for group, _, _ in same]
+            result.append(run_group(tuple(g.inputs[0] for g in members), tuple(size for _, size, _ in same),  # type: ignore[misc]
+                                    tuple(g.outputs[0] for g in members), members[0].label))
     return result
 
 

@@ -98,6 +98,8 @@ def step_kind(group: Group, access: SourceAccess | None = None) -> str:
     from ..mapper.pieces import output_pieces
 
     pieces = output_pieces(group)
+    if pieces is not None and pieces.row_blocks and not all(access.located(t) for t in group.inputs):
+        pieces = None  # rows of a source are read as a byte range: of a source raw on disk only
     _last_pieces[:] = [group, pieces]  # step_cost asks next for the same group
     return COMPUTE if pieces is None else PIECES
 

@@ -20,6 +20,7 @@ from ..output.base import FileLayout, OutputFormat
 from .page_align import SourceOffset, choose_residue
 from .runs import CopyRun
 from .schedule import Step, step_of_run
+from .span_runs import SpanRun
 
 
 @dataclass
@@ -112,7 +113,7 @@ def assign_shards(steps: list[Step], limit: int) -> tuple[list[list[TensorInfo]]
         outputs = step.group.outputs
         size = step.bytes_out
         recipe, op = step.group.recipe, step.group.op
-        sizes = (recipe.out_sizes if type(recipe) is CopyRun else op.out_sizes) if step.run else None
+        sizes = (recipe.out_sizes if type(recipe) is CopyRun or type(recipe) is SpanRun else op.out_sizes) if step.run else None
         if sizes is not None and (filled + size > limit or max(sizes) > limit):
             used = place_each(outputs, sizes)  # a run's tensors are independent: placed as one group each would be
             numbers = tuple(dict.fromkeys(used))
@@ -154,7 +155,8 @@ def split_runs(steps: list[Step], step_shards: list[tuple[int, ...]], crossing: 
             new_steps.append(step)
             new_shards.append(numbers)
             continue
-        run = step.group.recipe if type(step.group.recipe) is CopyRun else step.group.op
+        recipe = step.group.recipe
+        run = recipe if type(recipe) is CopyRun or type(recipe) is SpanRun else step.group.op
         start = 0
         for k, members in itertools.groupby(used):
             end = start + len(list(members))
