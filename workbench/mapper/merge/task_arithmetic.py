@@ -8,9 +8,10 @@ rescaled to its L1 norm when `rescale` (mergekit restores each tensor's sum of a
 1/density), weighted, optionally sign-elected (`sum`: the sign of the summed vectors, TIES), summed,
 normalised by the weights that voted, scaled by `lambda`, and added to the base. The operations and their
 order are mergekit 0.1.5's, in the inputs' dtype; ties in the magnitude ranking fall in `torch.argsort`'s
-order, as in mergekit. The random sparsifications draw from a generator seeded per output tensor (see
-`Merge.generator_seed`), so a merge is reproducible whatever the ranks; mergekit draws from one global stream
-in its own task order, so its random masks differ from these (same kept fraction, same rescaling).
+order, as in mergekit. The random sparsifications draw from the generator the op gives: one seeded per output
+tensor (`Merge.generator_seed`, rng='tensor'), or mergekit's one stream at this tensor's offset (`Merge.draws`,
+rng='mergekit', see `stream`: then the masks, and the bytes, are mergekit's under the same seed); either way a
+merge is reproducible whatever the ranks.
 """
 
 from __future__ import annotations
