@@ -34,35 +34,45 @@ def _rescaled(tensor: Any, mask: Any, rescale: bool) -> Any:
     return kept * (before / after)
 
 
-def _magnitude(tensor: Any, density: float, rescale: bool) -> Any:
+def _sort_keys(delta: Any) -> Any:
+    """The magnitudes mergekit sorts, in a dtype whose every comparison gives the same answer: |delta| as float32
+    (mergekit's cast on CPU) for float32 and float64 inputs, |delta| in bfloat16 / float16 themselves (their cast to
+    float32 is exact, so the sort swaps the same elements: measured identical, tests/mapper/test_merge_methods.py)."""
     import torch
 
-    if density >= 1:
-        return tensor
-    if density <= 0 or tensor.numel() == 0:
-        return torch.zeros_like(tensor)
-    keep = max(1, int(density * tensor.numel()))
-    order = torch.argsort(tensor.abs().reshape(-1).float(), descending=True)  # the peak: held alone, the mask comes after
-    mask = torch.zeros(tensor.numel(), dtype=tensor.dtype, device=tensor.device)
-    mask[order[:keep]] = 1
+    keys = delta.abs().reshape(-1)
+    return keys if keys.dtype in (torch.bfloat16, torch.float16, torch.float32) else keys.float()
+
+
+def rank_mask(tensor: Any, base: Any, start: int, stop: int, descending: bool) -> Any:
+    """Boolean mask of the elements of |tensor - base| whose position in torch's (unstable) sort of all of them lies in
+    [start, stop): mergekit's top-k (descending) or its window above the smallest (breadcrumbs). Ties fall in the
+    sort's order, as in mergekit; the sort runs in place on the magnitudes (no second copy of them), so the peak
+    is the magnitudes and the int64 indices, the mask (one byte an element) coming after the keys are gone."""
+    import torch
+
+    keys = _sort_keys(tensor - base)
+    count = keys.numel()
+    order = torch.empty(count, dtype=torch.int64, device=keys.device)
+    torch.sort(keys, descending=descending, out=(keys, order))
+    del keys
+    mask = torch.zeros(count, dtype=torch.bool, device=order.device)
+    mask[order[start:stop]] = True
     del order
-    return _rescaled(tensor, mask.reshape_as(tensor), rescale)
+    return mask.reshape(tensor.shape)
 
 
-def _magnitude_outliers(tensor: Any, density: float, rescale: bool, gamma: float) -> Any:
-    import torch
-
+def _window(count: int, density: float, sparsify: str, gamma: float) -> tuple[int, int, bool] | None:
+    """(start, stop, descending) of the kept positions in the magnitude sort, as mergekit's `magnitude` (the
+    `density` largest, at least one) and `magnitude_outliers` (the `gamma` largest dropped, then the smallest);
+    None when mergekit keeps the whole tensor."""
     if density >= 1:
-        return tensor
-    count = tensor.numel()
-    keep = int(density * count)
-    top = int(gamma * count)
+        return None
+    if sparsify == "magnitude":
+        return 0, max(1, int(density * count)), True
+    keep, top = int(density * count), int(gamma * count)
     bottom = max(0, count - keep - top)
-    order = torch.sort(tensor.abs().reshape(-1).float(), descending=False).indices
-    mask = torch.zeros(count, dtype=tensor.dtype, device=tensor.device)
-    mask[order[bottom:bottom + keep]] = 1
-    del order
-    return _rescaled(tensor, mask.reshape_as(tensor), rescale)
+    return bottom, bottom + keep, False
 
 
 def _random(tensor: Any, density: float, rescale: bool, generator: Any) -> Any:
@@ -114,20 +124,31 @@ def merge_task_vectors(tensors: Sequence[Any], models: Sequence[str], base: str 
     others = [(m, t) for m, t in zip(models, tensors, strict=True) if m != base]
     if not others:
         return base_tensor
+    masks: list[Any] = []
+    if sparsify in ("magnitude", "magnitude_outliers"):  # every sort first, while no task vector is held
+        for model, tensor in others:
+            density = params["density"][model]
+            window = _window(tensor.numel(), density, sparsify, params.get("gamma", {}).get(model, 0.0))
+            if window is None or (sparsify == "magnitude" and (density <= 0 or tensor.numel() == 0)):
+                masks.append(None)
+            else:
+                masks.append(rank_mask(tensor, base_tensor, *window))
     deltas = base_tensor.new_empty((len(others), *base_tensor.shape))
     for index, (model, tensor) in enumerate(others):
         delta = tensor - base_tensor
         density = params["density"][model]
-        if sparsify == "magnitude":
-            delta = _magnitude(delta, density, params["rescale"])
+        if sparsify == "magnitude" and (density <= 0 or tensor.numel() == 0):
+            delta = torch.zeros_like(delta)
+        elif masks and masks[index] is not None:
+            delta = _rescaled(delta, masks[index], params["rescale"])  # · True/False: the bits of · 1/0 in the dtype
+            masks[index] = None
         elif sparsify == "random":
             delta = _random(delta, density, params["rescale"], generator)
-        elif sparsify == "magnitude_outliers":
-            delta = _magnitude_outliers(delta, density, params["rescale"], params["gamma"][model])
         elif sparsify == "della_magprune":
             delta = _della(delta, density, params["rescale"], params["epsilon"][model], generator)
         deltas[index] = delta
         del delta
+    del masks
     weights = torch.tensor([params["weight"][m] for m, _ in others], dtype=deltas.dtype, device=deltas.device)
     while deltas.dim() > weights.dim():
         weights.unsqueeze_(-1)
