@@ -46,7 +46,7 @@ def _sort_keys(delta: Any) -> Any:
 
 def rank_mask(tensor: Any, base: Any, start: int, stop: int, descending: bool) -> Any:
     """Boolean mask of the elements of |tensor - base| whose position in torch's (unstable) sort of all of them lies in
-    [start, stop): mergekit's top-k (descending) or its window above the smallest (breadcrumbs). Ties fall in the
+    [start, stop) (flat): mergekit's top-k (descending) or its window above the smallest (breadcrumbs). Ties fall in the
     sort's order, as in mergekit; the sort runs in place on the magnitudes (no second copy of them), so the peak
     is the magnitudes and the int64 indices, the mask (one byte an element) coming after the keys are gone."""
     import torch
@@ -59,7 +59,34 @@ def rank_mask(tensor: Any, base: Any, start: int, stop: int, descending: bool) -
     mask = torch.zeros(count, dtype=torch.bool, device=order.device)
     mask[order[start:stop]] = True
     del order
-    return mask.reshape(tensor.shape)
+    return mask
+
+
+BITS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def pack_bits(mask: Any) -> Any:
+    """A flat boolean mask as one bit an element (uint8, little-endian bit order), packed in slices of CHUNK: the
+    masks of the models sorted first wait in an eighth of a byte an element while the next model sorts."""
+    import torch
+
+    count = mask.numel()
+    out = torch.zeros((count + 7) // 8, dtype=torch.uint8, device=mask.device)
+    weights = torch.tensor(BITS, dtype=torch.uint8, device=mask.device)
+    for start in range(0, count, CHUNK):  # CHUNK is a multiple of 8: slices start on a byte
+        part = mask[start:start + CHUNK]
+        if part.numel() % 8:
+            part = torch.cat([part, part.new_zeros(8 - part.numel() % 8)])
+        out[start // 8:start // 8 + part.numel() // 8] = (part.view(-1, 8).to(torch.uint8) * weights).sum(dim=1, dtype=torch.uint8)
+    return out
+
+
+def unpack_bits(packed: Any, count: int, shape: Any) -> Any:
+    """The boolean mask `pack_bits` packed, in `shape`."""
+    import torch
+
+    weights = torch.tensor(BITS, dtype=torch.uint8, device=packed.device)
+    return ((packed.unsqueeze(1) & weights) != 0).reshape(-1)[:count].reshape(shape)
 
 
 def _window(count: int, density: float, sparsify: str, gamma: float) -> tuple[int, int, bool] | None:
@@ -132,7 +159,7 @@ def merge_task_vectors(tensors: Sequence[Any], models: Sequence[str], base: str 
             if window is None or (sparsify == "magnitude" and (density <= 0 or tensor.numel() == 0)):
                 masks.append(None)
             else:
-                masks.append(rank_mask(tensor, base_tensor, *window))
+                masks.append(pack_bits(rank_mask(tensor, base_tensor, *window)))
     deltas = base_tensor.new_empty((len(others), *base_tensor.shape))
     for index, (model, tensor) in enumerate(others):
         delta = tensor - base_tensor
@@ -140,7 +167,9 @@ def merge_task_vectors(tensors: Sequence[Any], models: Sequence[str], base: str 
         if sparsify == "magnitude" and (density <= 0 or tensor.numel() == 0):
             delta = torch.zeros_like(delta)
         elif masks and masks[index] is not None:
-            delta = _rescaled(delta, masks[index], params["rescale"])  # · True/False: the bits of · 1/0 in the dtype
+            mask = unpack_bits(masks[index], delta.numel(), delta.shape)
+            delta = _rescaled(delta, mask, params["rescale"])  # · True/False: the bits of · 1/0 in the dtype
+            del mask
             masks[index] = None
         elif sparsify == "random":
             delta = _random(delta, density, params["rescale"], generator)
