@@ -44,6 +44,25 @@ def _sort_keys(delta: Any) -> Any:
     return keys if keys.dtype in (torch.bfloat16, torch.float16, torch.float32) else keys.float()
 
 
+def release_freed_heap() -> None:
+    """Give the C heap's freed pages back to the system before the sort's peak (glibc's `malloc_trim`; a no-op
+    elsewhere): the slices of the earlier groups' work leave freed pages the process would otherwise keep."""
+    global _TRIM
+    if _TRIM is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _TRIM = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _TRIM = False
+    if _TRIM:
+        _TRIM(0)
+
+
+_TRIM: Any = None
+
+
 def rank_mask(tensor: Any, base: Any, start: int, stop: int, descending: bool) -> Any:
     """Boolean mask of the elements of |tensor - base| whose position in torch's (unstable) sort of all of them lies in
     [start, stop) (flat): mergekit's top-k (descending) or its window above the smallest (breadcrumbs). Ties fall in the
@@ -51,6 +70,7 @@ def rank_mask(tensor: Any, base: Any, start: int, stop: int, descending: bool) -
     is the magnitudes and the int64 indices, the mask (one byte an element) coming after the keys are gone."""
     import torch
 
+    release_freed_heap()
     keys = _sort_keys(tensor - base)
     count = keys.numel()
     order = torch.empty(count, dtype=torch.int64, device=keys.device)
