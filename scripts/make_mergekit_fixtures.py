@@ -280,6 +280,20 @@ def cases() -> dict[str, dict]:
                          {"model": f"{store}/ft1", "layer_range": [2, 4], "parameters": {"weight": 0.5}},
                          {"model": b, "layer_range": [2, 4], "parameters": {"weight": 0.3}}],
              "base_model": f"{store}/ft3", "parameters": {"density": 0.6}}]}
+        # the random methods in mergekit's one stream (--random-seed): per-tensor densities (a filter, a gradient, 1 where
+        # nothing is drawn), three models, slices whose layers run in another order than the output's, a cast
+        out[f"dare_ties-gradient-{store}"] = {"merge_method": "dare_ties", "base_model": b, "models": _models(store, ["ft1", "ft2", "ft3"], [
+            {"weight": [0.2, 0.8], "density": [{"filter": "mlp", "value": [0.3, 0.9]}, {"filter": "self_attn", "value": 1.0},
+                                               {"value": 0.7}]},
+            {"weight": 0.5, "density": 0.5}, {"weight": 0.3, "density": 1.0}])}
+        out[f"della_linear-slices-{store}"] = {"merge_method": "della_linear", "base_model": b, "slices": [
+            {"sources": [{"model": b, "layer_range": [2, 4]},
+                         {"model": f"{store}/ft1", "layer_range": [2, 4], "parameters": {"weight": 0.7, "density": 0.4}}]},
+            {"sources": [{"model": b, "layer_range": [0, 2]},
+                         {"model": f"{store}/ft2", "layer_range": [0, 2], "parameters": {"weight": 0.5, "density": [0.3, 0.6]}}]}],
+            "parameters": {"epsilon": 0.1}}
+        if store == "bf16":
+            out["dare_linear-bf16-dtype"] = {**out["dare_linear-bf16"], "dtype": "float32", "out_dtype": "bfloat16"}
     # tokenizer_source: the vocabulary of the base, and the union of all (ft3 has two more tokens, ten moved)
     tok = _models("tok", ["base", "ft1", "ft3"], [{"weight": 0.2}, {"weight": 0.5}, {"weight": 0.3}])
     out["linear-tokenizer-base"] = {"merge_method": "linear", "models": tok, "base_model": "tok/base",

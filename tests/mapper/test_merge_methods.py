@@ -9,6 +9,7 @@ import torch
 
 from workbench import mapper as M
 from workbench.errors import MapperError
+from workbench.mapper.merge.task_arithmetic import merge_task_vectors
 
 
 def merge(method: str, tensors: dict[str, torch.Tensor], **kwargs) -> torch.Tensor:
@@ -54,6 +55,40 @@ def test_breadcrumbs_drops_the_largest_and_the_smallest() -> None:
     got = merge("breadcrumbs", {"base": base, "a": a}, base="base", params={"weight": 1.0, "density": 0.5, "gamma": 0.1})
     kept = a[got != 0]
     assert kept.tolist() == list(range(41, 91))  # 10 % outliers off the top, then the 50 % largest of the rest
+
+
+def _sorted_window(delta: torch.Tensor, start: int, stop: int, descending: bool) -> torch.Tensor:
+    """The reference selection: float32 magnitudes argsorted in full, positions [start, stop) kept (mergekit's way)."""
+    order = torch.argsort(delta.abs().reshape(-1).float(), descending=descending)
+    mask = torch.zeros(delta.numel(), dtype=delta.dtype)
+    mask[order[start:stop]] = 1
+    return delta * mask.reshape_as(delta)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_the_lean_magnitude_sort_keeps_the_full_float32_argsorts_ties(dtype) -> None:
+    """TIES and breadcrumbs sort the magnitudes in place in the input's half dtype (no float32 copy, no second
+    values array): the elements kept, ties at the threshold included, are those of a float32 argsort of all of them.
+    bf16 task vectors of 300,000 elements hold a few thousand distinct magnitudes: the threshold is a large tie."""
+    gen = torch.Generator().manual_seed(9)
+    base = (torch.randn(600, 500, generator=gen) * 0.1).to(dtype)
+    a = (base.float() + 0.01 * torch.randn(600, 500, generator=gen)).to(dtype)
+    b = (base.float() + 0.01 * torch.randn(600, 500, generator=gen)).to(dtype)
+    delta_a, delta_b = a - base, b - base
+    params = {"weight": {"a": 1.0, "b": 1.0}, "density": {"a": 0.37, "b": 0.61}, "normalize": False, "rescale": False,
+              "lambda": 1.0, "int8_mask": False}
+    got = merge_task_vectors([base, a, b], ["base", "a", "b"], "base", params, consensus=None, sparsify="magnitude")
+    count = base.numel()
+    want = base + (_sorted_window(delta_a, 0, int(0.37 * count), True) + _sorted_window(delta_b, 0, int(0.61 * count), True))
+    assert torch.equal(got, want)
+    ties = (delta_a.abs().reshape(-1).float() == delta_a.abs().reshape(-1).float().sort(descending=True).values[int(0.37 * count)])
+    assert int(ties.sum()) > 100 or dtype == torch.float32  # the threshold is a tie the sort's order decides
+    outliers = {**params, "density": {"a": 0.5, "b": 0.8}, "gamma": {"a": 0.05, "b": 0.01}}
+    got = merge_task_vectors([base, a, b], ["base", "a", "b"], "base", outliers, consensus=None, sparsify="magnitude_outliers")
+    low_a, low_b = count - int(0.5 * count) - int(0.05 * count), count - int(0.8 * count) - int(0.01 * count)
+    want = base + (_sorted_window(delta_a, low_a, low_a + int(0.5 * count), False)
+                   + _sorted_window(delta_b, low_b, low_b + int(0.8 * count), False))
+    assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("method", ["dare_linear", "dare_ties", "della", "della_linear"])

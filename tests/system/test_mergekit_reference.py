@@ -1,5 +1,6 @@
 """The workbench against mergekit 0.1.5 (tests/fixtures/mergekit): every deterministic case of the committed set is
-bit-identical to mergekit-yaml's output, the merged models' logits in transformers equal those of mergekit's, and
+bit-identical to mergekit-yaml's output, every random one (DARE, DELLA) too under the same --random-seed (mergekit's
+one stream, rng='mergekit', which wb.merge_config uses), the merged models' logits in transformers equal those of mergekit's, and
 `workbench merge` runs a config end to end (dry-run, refusal, run, verify)."""
 
 from __future__ import annotations
@@ -50,12 +51,28 @@ def test_logits_equal_mergekits(case: str, tmp_path: Path) -> None:
     torch.testing.assert_close(logits, torch.tensor(maker.logits_values(manifest()["cases"][case])), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("case", sorted(k for k, v in manifest()["cases"].items() if v["random"]))
-def test_random_methods_keep_what_mergekit_keeps(case: str, tmp_path: Path) -> None:
-    """DARE and DELLA draw their masks from the op's own per-tensor streams, not mergekit's one global stream, so the
-    bytes differ; what is kept must not: the fraction of elements that differ from the base model and the mean
-    absolute difference, over the whole model, match mergekit's under the same seed."""
+RANDOM = sorted(k for k, v in manifest()["cases"].items() if v["random"])
+
+
+@pytest.mark.parametrize("case", RANDOM)
+def test_every_random_case_is_bit_identical_under_the_same_seed(case: str, tmp_path: Path) -> None:
     merge_case(case, tmp_path / "out")
+    assert differences(case, tmp_path / "out") == []
+
+
+@pytest.mark.parametrize("case", ["dare_ties-fp32", "della-bf16"])
+def test_a_stream_per_tensor_keeps_what_mergekit_keeps(case: str, tmp_path: Path) -> None:
+    """With rng='tensor' (M.presets.merge's default: each tensor's own stream) DARE and DELLA draw other masks than
+    mergekit's one stream, so the bytes differ; what is kept must not: the fraction of elements that differ from the base
+    model and the mean absolute difference, over the whole model, match mergekit's."""
+    import workbench as wb
+    from workbench.mapper.merge.models import MergeModels
+
+    ck, mapper = wb.merge_config(FIXTURE / manifest()["cases"][case]["config"], root=inputs_folder(), seed=manifest()["seed"])
+    assert isinstance(mapper, MergeModels) and mapper.rng == "mergekit"
+    per_tensor = MergeModels(**{**mapper.arguments(), "rng": "tensor"})
+    wb.convert(ck, tmp_path / "out", per_tensor, quiet=True)
+    assert differences(case, tmp_path / "out") != []
     want = manifest()["cases"][case]["statistics"]
     got = maker.delta_statistics(tmp_path / "out", inputs_folder() / manifest_config(case)["base_model"])
     assert got["changed_fraction"] == pytest.approx(want["changed_fraction"], abs=0.02)

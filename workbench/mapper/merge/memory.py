@@ -2,8 +2,9 @@
 
 The planner counts a group's inputs and outputs; a merge also allocates work tensors whose size follows from
 the method's operations (see the kernel modules): `linear` one float32 accumulator, `slerp` a few slices of
-2^20 float32 elements, the task-arithmetic family its stacked task vectors plus the sparsification's sort
-(float32 magnitudes, int64 indices) or the sign vote's masks of one 2^20-element slice, and so on. The figures are the peak of live
+2^20 float32 elements, the task-arithmetic family its stacked task vectors plus the sparsification (TIES and
+breadcrumbs: an in-place sort of the magnitudes with int64 indices, before any task vector is stacked, the masks
+kept as bits) or the sign vote's masks of one 2^20-element slice, and so on. The figures are the peak of live
 work tensors in each kernel, counted from its code, in the compute dtype; a cast of the inputs into `dtype`
 adds one copy of each input it changes.
 """
@@ -49,8 +50,17 @@ def scratch_bytes(method: str, dtypes: Sequence[str], numel: int, compute: str, 
         work = 5 * non_base * n * c
     else:  # the task-arithmetic family: stacked task vectors, then one sparsification at a time, then the vote
         sparsify, consensus = options.get("sparsify"), options.get("consensus")
-        per_vector = {None: n * c, "magnitude": 3 * n * c + 24 * n, "magnitude_outliers": 3 * n * c + 24 * n,
-                      "random": 2 * n * c + 3 * n * 4, "della_magprune": 2 * n * c + 28 * n}[sparsify]
         vote = ((3 * non_base + 3) if consensus else 2) * min(n, CHUNK) * c  # per slice of CHUNK elements
-        work = non_base * n * c + max(per_vector, vote)
+        if sparsify in ("magnitude", "magnitude_outliers"):
+            # every sort first, before any task vector is stacked: the masks of the models sorted before (a bit an
+            # element), the magnitudes in the sort's dtype (the compute dtype; float32 for float64), torch.sort's int64
+            # indices and, as it starts, its int64 arange that fills them (measured); then the stacked vectors, the
+            # masks, a task vector, its unpacked mask (two bytes an element) and its masked copy (and |.| to rescale)
+            key = c if compute in ("BF16", "F16", "F32") else 4
+            bits = (n + 7) // 8
+            sort = (non_base - 1) * bits + max(n * key + 16 * n, 2 * n * c + n * key)
+            work = max(sort, non_base * bits + non_base * n * c + 3 * n * c + 2 * n, non_base * n * c + vote)
+        else:
+            per_vector = {None: n * c, "random": 2 * n * c + 3 * n * 4, "della_magprune": 2 * n * c + 28 * n}[sparsify]
+            work = non_base * n * c + max(per_vector, vote)
     return casts + work

@@ -9,7 +9,8 @@ gradient over the layers, `{"filter": ..., "value": ...}` lists; see `parameters
 `model_parameters` before the global `parameters`. The base model, when not among `models`, is merged as the
 last input (mergekit's order). Unknown parameters, a model that is not a source, a tensor some model lacks:
 plan problems naming the key, the model or the tensor. Tensors of the checkpoint's other sources are dropped
-(they would otherwise land on the merged names or keep their `NAME::` prefix).
+(they would otherwise land on the merged names or keep their `NAME::` prefix). `rng='mergekit'` places each random
+merge (DARE, DELLA) in mergekit's one stream (`stream.assign_draws`), as configs read by `wb.merge_config` do.
 """
 
 from __future__ import annotations
@@ -28,6 +29,14 @@ from .op import Merge, _dtype_or_none
 from .parameters import check, first_set, layer_of, position
 
 SCOPE = "::"
+RNG = ("tensor", "mergekit")  # the random methods' streams: one per output tensor, or mergekit's one stream
+
+
+def check_rng(rng: Any, where: str) -> None:
+    """MapperError unless `rng` names a stream kind of RNG."""
+    if rng not in RNG:
+        raise MapperError(f"Cannot {where}: rng {rng!r} is unknown. Use 'tensor' (a stream per output tensor) or 'mergekit' "
+                          "(mergekit's one stream, for its bytes under the same seed).")
 
 
 def _plain(value: Any) -> Any:
@@ -50,15 +59,17 @@ class MergeModels(Op):
     dtype: str | None = None
     out_dtype: str | None = None
     seed: int | None = None
+    rng: str = "tensor"
 
     POSITIONAL = ("method", "models")
     BIND_WITH_SOURCES = True  # the binder passes the checkpoint's source names to `bind_instances`
 
     def __init__(self, method: str, models: Sequence[str], *, base_model: str | None = None,
                  parameters: Mapping[str, Any] | None = None, model_parameters: Mapping[str, Mapping[str, Any]] | None = None,
-                 dtype: str | None = None, out_dtype: str | None = None, seed: int | None = None) -> None:
+                 dtype: str | None = None, out_dtype: str | None = None, seed: int | None = None, rng: str = "tensor") -> None:
         spec = _known(method)
         where = f"merge {spec.name!r}"
+        check_rng(rng, where)
         if isinstance(models, str) or not isinstance(models, Sequence) or not models or not all(isinstance(m, str) for m in models):
             raise MapperError(f"Cannot {where}: models must be a list of source names, e.g. ['a', 'b'] (got {models!r}).")
         names = list(models)
@@ -80,7 +91,7 @@ class MergeModels(Op):
         for name, value in (("method", spec.name), ("models", tuple(names)), ("base_model", base_model),
                             ("parameters", json.dumps(parameters)), ("model_parameters", json.dumps(model_parameters)),
                             ("dtype", _dtype_or_none(dtype, "dtype", where)), ("out_dtype", _dtype_or_none(out_dtype, "out_dtype", where)),
-                            ("seed", seed)):
+                            ("seed", seed), ("rng", rng)):
             object.__setattr__(self, name, value)
 
     # Every name present where the step runs is a candidate: the op reads like a glob (bound where its step runs).
@@ -104,6 +115,8 @@ class MergeModels(Op):
         for name in ("dtype", "out_dtype", "seed"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
+        if self.rng != "tensor":
+            out["rng"] = self.rng
         return out
 
     def _infer(self, metas: list[Meta]) -> list[Meta]:  # pragma: no cover - binding uses the instances
@@ -146,24 +159,18 @@ class MergeModels(Op):
                                      "architecture, or drop the tensor first.", tensors[next(m for m in self.models if m not in lacking)][name], "missing"))
                 continue
             t = position(layer_of(name), num_layers)
-            params: dict[str, Any] = {}
-            for parameter in spec.parameters:
-                if parameter.scope == "shared":
-                    value = first_set([parameters], parameter.name, name, t)
-                    if value is not None:
-                        params[parameter.name] = value
-                    continue
-                per = {}
-                for model in self.models:
-                    if parameter.scope == "non_base" and model == base:
-                        continue
-                    value = first_set([model_parameters.get(model), parameters], parameter.name, name, t)
-                    if value is not None:
-                        per[model] = value
-                if per:
-                    params[parameter.name] = per
-            ops.append(Merge(spec.name, name, {m: tensors[m][name] for m in self.models}, base=self.base_model,
-                             params=params, dtype=self.dtype, out_dtype=self.out_dtype, seed=self.seed))
+            inputs = {m: tensors[m][name] for m in self.models}
+            params = resolve_parameters(spec, inputs, base, [parameters], {m: [model_parameters.get(m)] for m in self.models},
+                                        name, t)
+            ops.append(Merge(spec.name, name, inputs, base=self.base_model, params=params, dtype=self.dtype,
+                             out_dtype=self.out_dtype, seed=self.seed))
+        if self.rng == "mergekit" and spec.random:
+            from .stream import assign_draws
+
+            merges = [op for op in ops if isinstance(op, Merge)]
+            placed, more = assign_draws(merges, nodes)
+            problems += more
+            ops = [op for op in ops if not isinstance(op, Merge)] + placed
         return ops, problems
 
     def _tensors_by_model(self, nodes: Mapping[str, Meta | None], problems: list[tuple[str, str | None, str]],
@@ -193,16 +200,43 @@ def _known(name: str) -> Any:
     return method(name)
 
 
+def resolve_parameters(spec: Any, inputs: Mapping[str, str], base: str | None, shared: Sequence[Mapping[str, Any] | None],
+                       own: Mapping[str, Sequence[Mapping[str, Any] | None]], output: str, t: float) -> dict[str, Any]:
+    """The parameters of `spec` (a Method) for one output tensor at gradient position `t`, as mergekit resolves them:
+    a shared parameter from the first of the `shared` scopes that sets it for `output`; a per-model one, for each model
+    of `inputs` (model -> input tensor name; the base skipped for 'non_base' ones), from the model's `own` scopes then
+    the shared ones, filtered on the model's input name. Unset values are left out (the method's default applies)."""
+    params: dict[str, Any] = {}
+    for parameter in spec.parameters:
+        if parameter.scope == "shared":
+            value = first_set(list(shared), parameter.name, output, t)
+            if value is not None:
+                params[parameter.name] = value
+            continue
+        per = {}
+        for model, full in inputs.items():
+            if parameter.scope == "non_base" and model == base:
+                continue
+            value = first_set([*own.get(model, ()), *shared], parameter.name, full.rpartition(SCOPE)[2], t)
+            if value is not None:
+                per[model] = value
+        if per:
+            params[parameter.name] = per
+    return params
+
+
 def merge(method: str, models: Sequence[str], *, base_model: str | None = None, parameters: Mapping[str, Any] | None = None,
           model_parameters: Mapping[str, Mapping[str, Any]] | None = None, dtype: str | None = None,
-          out_dtype: str | None = None, seed: int | None = None, base: str | None = None,
+          out_dtype: str | None = None, seed: int | None = None, base: str | None = None, rng: str = "tensor",
           **more_parameters: Any) -> MergeModels:
     """A mapper merging whole checkpoints (the sources `models` of a multi-source checkpoint) by a mergekit method:
     linear, slerp, nuslerp, multislerp, karcher, task_arithmetic, ties, dare_linear, dare_ties, breadcrumbs,
     breadcrumbs_ties, della, della_linear, sce, model_stock, nearswap, passthrough. `parameters` and
     `model_parameters` take mergekit's forms (scalars, gradients over layers, filtered lists); see docs/merging.md.
     The short form `merge("slerp", ["a", "b"], base="a", t=0.5)` is the same: `base` names the base model and
-    further keywords are global parameters."""
+    further keywords are global parameters. `seed` seeds the random methods (DARE, DELLA); `rng` picks their stream:
+    'tensor' (default: one per output tensor, independent of the other tensors) or 'mergekit' (mergekit's one
+    stream, so the bytes equal `mergekit-yaml --random-seed SEED`'s; see `stream`)."""
     if base is not None and base_model is not None and base != base_model:
         raise MapperError(f"Cannot merge: base={base!r} and base_model={base_model!r} name two base models. Pass one.")
     if more_parameters:
@@ -213,4 +247,4 @@ def merge(method: str, models: Sequence[str], *, base_model: str | None = None, 
         parameters = {**(parameters or {}), **more_parameters}
     return MergeModels(method, models, base_model=base_model if base_model is not None else base,
                        parameters=parameters, model_parameters=model_parameters, dtype=dtype, out_dtype=out_dtype,
-                       seed=seed)
+                       seed=seed, rng=rng)

@@ -11,9 +11,10 @@ values for this tensor: global (`{"t": 0.3}`) or per model (`{"weight": {"a": 0.
 ones take the method's default, unknown ones are a plan problem naming the key. `dtype` casts the inputs
 before merging (mergekit's `dtype`), `out_dtype` the result (mergekit's `out_dtype`); otherwise the method
 computes in the inputs' promoted dtype, accumulating in float32 where mergekit does. `seed` seeds the random
-methods (DARE, DELLA) per output tensor. Non-floating inputs (step counters, integer buffers) must be equal
-and are copied. A merge reads arithmetic, so it has no byte recipe (except an unscaled passthrough) and no
-inverse.
+methods (DARE, DELLA) per output tensor; with `draws` set, they draw instead from mergekit's one stream
+(`torch.manual_seed(seed)`) after that many draws, as `mergekit-yaml --random-seed` does (see `stream`).
+Non-floating inputs (step counters, integer buffers) must be equal and are copied. A merge reads arithmetic,
+so it has no byte recipe (except an unscaled passthrough) and no inverse.
 """
 
 from __future__ import annotations
@@ -84,13 +85,14 @@ class Merge(Op):
     dtype: str | None = None
     out_dtype: str | None = None
     seed: int | None = None
+    draws: int | None = None
 
     NAME_FIELDS = ("output",)
     NAME_LIST_FIELDS = ("inputs",)
 
     def __init__(self, method: str, output: str, inputs: Mapping[str, str] | Sequence[tuple[str, str]], *,
                  base: str | None = None, params: Mapping[str, Any] | None = None, dtype: str | None = None,
-                 out_dtype: str | None = None, seed: int | None = None) -> None:
+                 out_dtype: str | None = None, seed: int | None = None, draws: int | None = None) -> None:
         where = f"Merge({method!r}, {output!r})"
         spec = _method(method)
         pairs = list(inputs.items()) if isinstance(inputs, Mapping) else [tuple(pair) for pair in inputs]
@@ -105,11 +107,14 @@ class Merge(Op):
                               "Add the base model's tensor to inputs.")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise MapperError(f"Cannot build {where}: seed must be an integer (got {seed!r}).")
+        if draws is not None and (isinstance(draws, bool) or not isinstance(draws, int) or draws < 0):
+            raise MapperError(f"Cannot build {where}: draws must be a count >= 0 (got {draws!r}).")
         frozen = tuple((str(k), _freeze_value(v, where)) for k, v in (params or {}).items())
         for field_name, value in (("method", spec.name), ("output", output), ("inputs", tuple(name for _, name in pairs)),
                                   ("models", models), ("base", base), ("params", frozen),
                                   ("dtype", _dtype_or_none(dtype, "dtype", where)),
-                                  ("out_dtype", _dtype_or_none(out_dtype, "out_dtype", where)), ("seed", seed)):
+                                  ("out_dtype", _dtype_or_none(out_dtype, "out_dtype", where)), ("seed", seed),
+                                  ("draws", draws)):
             object.__setattr__(self, field_name, value)
         self._normalize()
 
@@ -130,10 +135,16 @@ class Merge(Op):
             out["base"] = self.base
         if self.params:
             out["params"] = {k: _thaw(v) for k, v in self.params}
-        for name in ("dtype", "out_dtype", "seed"):
+        for name in ("dtype", "out_dtype", "seed", "draws"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         return out
+
+    def with_draws(self, draws: int | None) -> Merge:
+        """This merge drawing from mergekit's stream after `draws` draws (None: its own stream per tensor)."""
+        return Merge(self.method, self.output, dict(zip(self.models, self.inputs, strict=True)), base=self.base,
+                     params={k: _thaw(v) for k, v in self.params}, dtype=self.dtype, out_dtype=self.out_dtype,
+                     seed=self.seed, draws=draws)
 
     POSITIONAL = POSITIONAL
 
@@ -242,7 +253,11 @@ class Merge(Op):
         tensors = [t.to(dtype=dtype) for t in tensors]
         spec = self.spec
         kwargs: dict[str, Any] = dict(spec.options)
-        if spec.random:
+        if spec.random and self.draws is not None:
+            from .stream import generator_at
+
+            kwargs["generator"] = generator_at(self.seed or 0, self.draws)
+        elif spec.random:
             generator = torch.Generator()
             generator.manual_seed(self.generator_seed())
             kwargs["generator"] = generator

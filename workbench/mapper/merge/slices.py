@@ -32,9 +32,9 @@ from ..layout import Sym
 from ..op import Op, build_unchecked
 from ..ops import Drop
 from .methods import method
-from .models import SCOPE, _plain
+from .models import SCOPE, _plain, check_rng, resolve_parameters
 from .op import Merge, _dtype_or_none, _thaw
-from .parameters import LAYER, check, first_set
+from .parameters import LAYER, check
 
 SLICE_KEYS = {"sources", "base_model", "parameters"}
 # Tensors before the layers (mergekit's "pre" weights: token and position embeddings); the others outside the layers
@@ -109,14 +109,16 @@ class MergeSlices(Op):
     dtype: str | None = None
     out_dtype: str | None = None
     seed: int | None = None
+    rng: str = "tensor"
 
     POSITIONAL = ("method", "slices")
 
     def __init__(self, method: str, slices: Sequence[Mapping[str, Any]], *, base_model: str | None = None,
                  parameters: Mapping[str, Any] | None = None, dtype: str | None = None, out_dtype: str | None = None,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, rng: str = "tensor") -> None:
         spec = _known(method)
         where = f"merge slices by {spec.name!r}"
+        check_rng(rng, where)
         plain = check_slices(slices)
         parameters = _plain(dict(parameters or {}))
         for key, value in parameters.items():
@@ -125,7 +127,7 @@ class MergeSlices(Op):
             raise MapperError(f"Cannot {where}: seed must be an integer (got {seed!r}).")
         for name, value in (("method", spec.name), ("slices", json.dumps(plain)), ("base_model", base_model),
                             ("parameters", json.dumps(parameters)), ("dtype", _dtype_or_none(dtype, "dtype", where)),
-                            ("out_dtype", _dtype_or_none(out_dtype, "out_dtype", where)), ("seed", seed)):
+                            ("out_dtype", _dtype_or_none(out_dtype, "out_dtype", where)), ("seed", seed), ("rng", rng)):
             object.__setattr__(self, name, value)
 
     @property
@@ -146,6 +148,8 @@ class MergeSlices(Op):
         for name in ("dtype", "out_dtype", "seed"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
+        if self.rng != "tensor":
+            out["rng"] = self.rng
         return out
 
     def _infer(self, metas: list[Meta]) -> list[Meta]:  # pragma: no cover - binding uses the instances
@@ -167,7 +171,7 @@ class MergeSlices(Op):
                 inputs[model] = name if uses[name] == 1 else copy_name(name, uses[name])
             ops.append(op if inputs == dict(zip(op.models, op.inputs, strict=True)) else
                        Merge(op.method, op.output, inputs, base=op.base, params={k: _thaw(v) for k, v in op.params},
-                             dtype=op.dtype, out_dtype=op.out_dtype, seed=op.seed))
+                             dtype=op.dtype, out_dtype=op.out_dtype, seed=op.seed, draws=op.draws))
         used = {name for op in ops for name in op.inputs}
         missing = sorted(name for name in used if name not in nodes)
         if missing:
@@ -234,30 +238,19 @@ class MergeSlices(Op):
                 continue
             inputs = {m: tensors[m][name] for m in models}
             ops.append(self._merge(spec, name, inputs, item.get("base_model") or self.base_model, item, parameters, 0.0))
+        if self.rng == "mergekit" and spec.random and not problems:
+            from .stream import assign_draws
+
+            ops, more = assign_draws(ops, nodes)
+            problems += more
         return ops, problems
 
     def _merge(self, spec: Any, output: str, inputs: dict[str, str], base: str | None, item: Mapping[str, Any],
                parameters: Mapping[str, Any], t: float) -> Merge:
         """The Merge of one output tensor, parameters resolved as mergekit does for a slice at position t."""
         base = base if base in inputs else None
-        shared_scopes = [item.get("parameters"), parameters]
-        params: dict[str, Any] = {}
-        for parameter in spec.parameters:
-            if parameter.scope == "shared":
-                value = first_set(shared_scopes, parameter.name, output, t)
-                if value is not None:
-                    params[parameter.name] = value
-                continue
-            per = {}
-            for model, full in inputs.items():
-                if parameter.scope == "non_base" and model == base:
-                    continue
-                own = [src.get("parameters") for src in item["sources"] if src["model"] == model]
-                value = first_set([*own, *shared_scopes], parameter.name, full.rpartition(SCOPE)[2], t)
-                if value is not None:
-                    per[model] = value
-            if per:
-                params[parameter.name] = per
+        own = {model: [src.get("parameters") for src in item["sources"] if src["model"] == model] for model in inputs}
+        params = resolve_parameters(spec, inputs, base, [item.get("parameters"), parameters], own, output, t)
         return Merge(spec.name, output, inputs, base=base, params=params, dtype=self.dtype, out_dtype=self.out_dtype,
                      seed=self.seed)
 

@@ -8,9 +8,10 @@ rescaled to its L1 norm when `rescale` (mergekit restores each tensor's sum of a
 1/density), weighted, optionally sign-elected (`sum`: the sign of the summed vectors, TIES), summed,
 normalised by the weights that voted, scaled by `lambda`, and added to the base. The operations and their
 order are mergekit 0.1.5's, in the inputs' dtype; ties in the magnitude ranking fall in `torch.argsort`'s
-order, as in mergekit. The random sparsifications draw from a generator seeded per output tensor (see
-`Merge.generator_seed`), so a merge is reproducible whatever the ranks; mergekit draws from one global stream
-in its own task order, so its random masks differ from these (same kept fraction, same rescaling).
+order, as in mergekit. The random sparsifications draw from the generator the op gives: one seeded per output
+tensor (`Merge.generator_seed`, rng='tensor'), or mergekit's one stream at this tensor's offset (`Merge.draws`,
+rng='mergekit', see `stream`: then the masks, and the bytes, are mergekit's under the same seed); either way a
+merge is reproducible whatever the ranks.
 """
 
 from __future__ import annotations
@@ -33,35 +34,92 @@ def _rescaled(tensor: Any, mask: Any, rescale: bool) -> Any:
     return kept * (before / after)
 
 
-def _magnitude(tensor: Any, density: float, rescale: bool) -> Any:
+def _sort_keys(delta: Any) -> Any:
+    """The magnitudes mergekit sorts, in a dtype whose every comparison gives the same answer: |delta| as float32
+    (mergekit's cast on CPU) for float32 and float64 inputs, |delta| in bfloat16 / float16 themselves (their cast to
+    float32 is exact, so the sort swaps the same elements: measured identical, tests/mapper/test_merge_methods.py)."""
     import torch
 
-    if density >= 1:
-        return tensor
-    if density <= 0 or tensor.numel() == 0:
-        return torch.zeros_like(tensor)
-    keep = max(1, int(density * tensor.numel()))
-    order = torch.argsort(tensor.abs().reshape(-1).float(), descending=True)  # the peak: held alone, the mask comes after
-    mask = torch.zeros(tensor.numel(), dtype=tensor.dtype, device=tensor.device)
-    mask[order[:keep]] = 1
+    keys = delta.abs().reshape(-1)
+    return keys if keys.dtype in (torch.bfloat16, torch.float16, torch.float32) else keys.float()
+
+
+def release_freed_heap() -> None:
+    """Give the C heap's freed pages back to the system before the sort's peak (glibc's `malloc_trim`; a no-op
+    elsewhere): the slices of the earlier groups' work leave freed pages the process would otherwise keep."""
+    global _TRIM
+    if _TRIM is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _TRIM = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _TRIM = False
+    if _TRIM:
+        _TRIM(0)
+
+
+_TRIM: Any = None
+
+
+def rank_mask(tensor: Any, base: Any, start: int, stop: int, descending: bool) -> Any:
+    """Boolean mask of the elements of |tensor - base| whose position in torch's (unstable) sort of all of them lies in
+    [start, stop) (flat): mergekit's top-k (descending) or its window above the smallest (breadcrumbs). Ties fall in the
+    sort's order, as in mergekit; the sort runs in place on the magnitudes (no second copy of them), so the peak
+    is the magnitudes and the int64 indices, the mask (one byte an element) coming after the keys are gone."""
+    import torch
+
+    release_freed_heap()
+    keys = _sort_keys(tensor - base)
+    count = keys.numel()
+    order = torch.empty(count, dtype=torch.int64, device=keys.device)
+    torch.sort(keys, descending=descending, out=(keys, order))
+    del keys
+    mask = torch.zeros(count, dtype=torch.bool, device=order.device)
+    mask[order[start:stop]] = True
     del order
-    return _rescaled(tensor, mask.reshape_as(tensor), rescale)
+    return mask
 
 
-def _magnitude_outliers(tensor: Any, density: float, rescale: bool, gamma: float) -> Any:
+BITS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def pack_bits(mask: Any) -> Any:
+    """A flat boolean mask as one bit an element (uint8, little-endian bit order), packed in slices of CHUNK: the
+    masks of the models sorted first wait in an eighth of a byte an element while the next model sorts."""
     import torch
 
+    count = mask.numel()
+    out = torch.zeros((count + 7) // 8, dtype=torch.uint8, device=mask.device)
+    weights = torch.tensor(BITS, dtype=torch.uint8, device=mask.device)
+    for start in range(0, count, CHUNK):  # CHUNK is a multiple of 8: slices start on a byte
+        part = mask[start:start + CHUNK]
+        if part.numel() % 8:
+            part = torch.cat([part, part.new_zeros(8 - part.numel() % 8)])
+        out[start // 8:start // 8 + part.numel() // 8] = (part.view(-1, 8).to(torch.uint8) * weights).sum(dim=1, dtype=torch.uint8)
+    return out
+
+
+def unpack_bits(packed: Any, count: int, shape: Any) -> Any:
+    """The boolean mask `pack_bits` packed, in `shape`."""
+    import torch
+
+    weights = torch.tensor(BITS, dtype=torch.uint8, device=packed.device)
+    return ((packed.unsqueeze(1) & weights) != 0).reshape(-1)[:count].reshape(shape)
+
+
+def _window(count: int, density: float, sparsify: str, gamma: float) -> tuple[int, int, bool] | None:
+    """(start, stop, descending) of the kept positions in the magnitude sort, as mergekit's `magnitude` (the
+    `density` largest, at least one) and `magnitude_outliers` (the `gamma` largest dropped, then the smallest);
+    None when mergekit keeps the whole tensor."""
     if density >= 1:
-        return tensor
-    count = tensor.numel()
-    keep = int(density * count)
-    top = int(gamma * count)
+        return None
+    if sparsify == "magnitude":
+        return 0, max(1, int(density * count)), True
+    keep, top = int(density * count), int(gamma * count)
     bottom = max(0, count - keep - top)
-    order = torch.sort(tensor.abs().reshape(-1).float(), descending=False).indices
-    mask = torch.zeros(count, dtype=tensor.dtype, device=tensor.device)
-    mask[order[bottom:bottom + keep]] = 1
-    del order
-    return _rescaled(tensor, mask.reshape_as(tensor), rescale)
+    return bottom, bottom + keep, False
 
 
 def _random(tensor: Any, density: float, rescale: bool, generator: Any) -> Any:
@@ -113,20 +171,33 @@ def merge_task_vectors(tensors: Sequence[Any], models: Sequence[str], base: str 
     others = [(m, t) for m, t in zip(models, tensors, strict=True) if m != base]
     if not others:
         return base_tensor
+    masks: list[Any] = []
+    if sparsify in ("magnitude", "magnitude_outliers"):  # every sort first, while no task vector is held
+        for model, tensor in others:
+            density = params["density"][model]
+            window = _window(tensor.numel(), density, sparsify, params.get("gamma", {}).get(model, 0.0))
+            if window is None or (sparsify == "magnitude" and (density <= 0 or tensor.numel() == 0)):
+                masks.append(None)
+            else:
+                masks.append(pack_bits(rank_mask(tensor, base_tensor, *window)))
     deltas = base_tensor.new_empty((len(others), *base_tensor.shape))
     for index, (model, tensor) in enumerate(others):
         delta = tensor - base_tensor
         density = params["density"][model]
-        if sparsify == "magnitude":
-            delta = _magnitude(delta, density, params["rescale"])
+        if sparsify == "magnitude" and (density <= 0 or tensor.numel() == 0):
+            delta = torch.zeros_like(delta)
+        elif masks and masks[index] is not None:
+            mask = unpack_bits(masks[index], delta.numel(), delta.shape)
+            delta = _rescaled(delta, mask, params["rescale"])  # · True/False: the bits of · 1/0 in the dtype
+            del mask
+            masks[index] = None
         elif sparsify == "random":
             delta = _random(delta, density, params["rescale"], generator)
-        elif sparsify == "magnitude_outliers":
-            delta = _magnitude_outliers(delta, density, params["rescale"], params["gamma"][model])
         elif sparsify == "della_magprune":
             delta = _della(delta, density, params["rescale"], params["epsilon"][model], generator)
         deltas[index] = delta
         del delta
+    del masks
     weights = torch.tensor([params["weight"][m] for m, _ in others], dtype=deltas.dtype, device=deltas.device)
     while deltas.dim() > weights.dim():
         weights.unsqueeze_(-1)

@@ -136,7 +136,7 @@ def config_mapper(config: Mapping[str, Any], names: Mapping[str, str], *, same_v
         return Sequential(*refused)
     base = names[config["base_model"]] if config.get("base_model") is not None else None
     common = {"parameters": config.get("parameters") or {}, "dtype": config.get("dtype"), "out_dtype": config.get("out_dtype"),
-              "seed": seed}
+              "seed": seed, "rng": "mergekit"}  # mergekit's one random stream: its bytes under the same seed
     if not isinstance(common["parameters"], Mapping):
         raise MapperError(f"Cannot read merge config: parameters is {common['parameters']!r}; give a mapping name -> value.")
     steps: list[Mapper] = [align] if align is not None and not same_vocabulary else []
