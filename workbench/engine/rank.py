@@ -13,6 +13,7 @@ import os
 import signal
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from ..errors import PlanError, WorkbenchError
 from ..iostats import IO
@@ -26,10 +27,12 @@ from .progress import Progress
 from .report import RankResult
 from .source_guard import snapshot_for
 from .steps import RankContext, StepFailed, preload_libraries, run_copies, run_step
-from .uploads import SpoolUploads
 
 FAIL_RANK_ENV = "WORKBENCH_FAIL_RANK"  # tests: make this rank fail just before committing its last file
 KILL_RANK_ENV = "WORKBENCH_KILL_RANK"  # tests: SIGKILL this rank there instead (it dies without a status)
+
+if TYPE_CHECKING:
+    from .uploads import SpoolUploads
 
 
 def _injected_failure(rank: int, name: str) -> None:
@@ -224,6 +227,9 @@ def run_rank(plan: Plan, rank: int, progress: Progress | None = None) -> RankRes
     spool = None
     if plan.remote is not None:  # files go through a local spool folder (this rank's, on its own node)
         plan.dest.mkdir(parents=True, exist_ok=True)
+        # its thread pool is imported only where a remote destination needs it
+        from .uploads import SpoolUploads
+
         spool = SpoolUploads(plan, rank)
     committer = Committer(spool.upload if spool is not None else None)
     contexts = [ctx]
