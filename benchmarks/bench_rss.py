@@ -13,10 +13,11 @@ prediction is `wb.plan(...)` with the same arguments, made in this process witho
     transpose+cast  the transposes and bf16
     cast 2 ranks  the cast on 2 workers (launcher="local")
 
-Workloads that import torch run twice, once per page-cache state of torch's files (`calibrate_rss.py`):
-"faulted" (evicted, then paged in by the loader) and "read whole" (evicted, then read through once, as a
-fresh install leaves them); on a kernel with large page-cache folios the second maps ~75 MB more, and the
-prediction counts it.
+Every run imports its libraries from a private mirror of site-packages (`calibrate_rss.py`), so the page-cache
+state of torch's shared objects is the one chosen here, whatever the venv's: workloads that import torch run
+twice, "faulted" (the mirror's copies evicted, then paged in by the loader) and "written whole" (written again in
+large chunks, as an install or a copy leaves them); on a kernel with large page-cache folios the second maps
+~90 MiB more, and the prediction counts it.
 
 Prints a markdown table (median of --repeat runs). The machine may be shared: other processes do not
 change a process's RSS, but page-cache pressure and allocator state can move it by a few MiB.
@@ -41,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_llama_like import make_synthetic_llama  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from calibrate_rss import library_files, set_page_cache  # noqa: E402
+from calibrate_rss import environment, evict, library_files, mirror_site_packages, rewrite_large  # noqa: E402
 
 import workbench as wb  # noqa: E402
 from workbench.display import format_bytes  # noqa: E402
@@ -88,18 +89,18 @@ def mapper_of(code: str | None, source: Path):
     return scope["mapper"]
 
 
-def measured_rss(argv: list[str]) -> int:
+def measured_rss(argv: list[str], env: dict[str, str]) -> int:
     """Peak RSS in bytes by /usr/bin/time (not os.wait4: a forked child starts with our high-water mark)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))}
     proc = subprocess.run([TIME, "-f", "%M", *argv], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     return int(proc.stderr.strip().splitlines()[-1]) * 1024
 
 
-def run(workload: Workload, source: Path, scratch: Path, repeat: int) -> list[tuple[str, int, int, int]]:
+def run(workload: Workload, source: Path, scratch: Path, repeat: int, mirror: Path,
+        copied: list[Path]) -> list[tuple[str, int, int, int]]:
     """(libraries and page-cache state, predicted RSS, median measured RSS, predicted tensor peak) of one
-    workload: one row, or two for a torch workload (torch's files faulted in, then read whole)."""
+    workload: one row, or two for a torch workload (torch's files faulted in, then written whole)."""
     plan = wb.plan(source, mapper_of(workload.mapper_code, source), shard_size=SHARD, nproc=workload.nproc,
                    dtype=workload.dtype)
     argv = [sys.executable, "-m", "workbench", "convert", str(source), str(scratch / "out"), "--shard-size", SHARD,
@@ -111,14 +112,15 @@ def run(workload: Workload, source: Path, scratch: Path, repeat: int) -> list[tu
         mapper_file.write_text(workload.mapper_code.replace("SOURCE", repr(str(source))), encoding="utf-8")
         argv += ["--mapper", str(mapper_file)]
     libraries = "/".join(sorted({rank_libraries(plan, r) for r in range(plan.nproc)}))
-    states = [("faulted", False), ("read whole", True)] if "torch" in libraries else [("", None)]
+    states = [("faulted", evict), ("written whole", rewrite_large)] if "torch" in libraries else [("", None)]
+    torch_files = library_files(copied, mirror, "torch")
     rows = []
-    for state, sequential in states:
+    for state, set_state in states:
         samples = []
+        if set_state is not None:
+            set_state(torch_files)
         for _ in range(repeat):
-            if sequential is not None:
-                set_page_cache(library_files("torch"), sequential)
-            samples.append(measured_rss(argv))
+            samples.append(measured_rss(argv, environment(mirror)))
             shutil.rmtree(scratch / "out", ignore_errors=True)
         label = f"{libraries} ({state})" if state else libraries
         rows.append((label, plan.rss_bytes, int(statistics.median(samples)), plan.peak_bytes))
@@ -144,8 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---:|---:|---:|---:|")
     worst = 0.0
     with tempfile.TemporaryDirectory(prefix="wb-bench-rss-") as tmp:
+        mirror = Path(tmp) / "site-packages"
+        copied = mirror_site_packages(mirror)
         for workload in chosen:
-            for libraries, predicted, measured, peak in run(workload, source, Path(tmp), args.repeat):
+            for libraries, predicted, measured, peak in run(workload, source, Path(tmp), args.repeat, mirror, copied):
                 error = (predicted - measured) / measured
                 worst = max(worst, abs(error))
                 print(f"| {workload.name} | {libraries} | {format_bytes(peak)} | {format_bytes(predicted)} | "

@@ -271,6 +271,9 @@ def test_dequantising_128_mib_tensors_stays_within_the_predicted_rss(wide: tuple
     imported, measured = run_cli_measured(["convert", str(path), str(tmp_path / "out"), "--preset", "gguf_to_hf", "--no-extras",
                                            "--quiet"], whole_process=True)
     assert not imported & {"torch", "transformers"}
-    assert abs(plan.rss_bytes - measured) <= max(0.15 * measured, 8 << 20), (plan.rss_bytes, measured)  # the RSS rule
+    from workbench.planning.rss_calibration import LIBRARY_SPREAD
+
+    tolerance = max(0.15 * measured, 8 << 20)  # the RSS rule; numpy's shared objects may be faulted in, not written whole
+    assert plan.rss_bytes - LIBRARY_SPREAD.get("numpy", 0) - tolerance <= measured <= plan.rss_bytes + tolerance, (plan.rss_bytes, measured)
     out = wb.open_checkpoint(tmp_path / "out")
     assert out.tensors.loc["model.embed_tokens.weight", "nbytes"] == 128 << 20

@@ -16,6 +16,7 @@ from tests.conftest import run_cli_measured
 from workbench.catalog import TensorInfo
 from workbench.mapper.presets.gguf_rows import ROW_BUDGET, RowJob, convert_rows, numpy_dtype, row_bytes
 from workbench.planning.rss import rank_libraries, rss_parts
+from workbench.planning.rss_calibration import LIBRARY_SPREAD
 from workbench.planning.schedule import COPY, ROWS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,7 +84,8 @@ def test_a_128_mib_embedding_converts_in_row_chunks_without_torch_as_the_plan_pr
     imported, measured = run_cli_measured(["convert", str(wide_vocab_llama), str(out), "--to", "gguf", "--dtype", "q8_0", "--quiet"],
                                           whole_process=True)
     assert not imported & {"torch", "transformers"}
-    assert abs(plan.rss_bytes - measured) <= 0.15 * measured, json.dumps(
+    low = plan.rss_bytes - LIBRARY_SPREAD.get("numpy", 0)  # numpy's shared objects faulted in, not written whole
+    assert low - 0.15 * measured <= measured <= plan.rss_bytes + 0.15 * measured, json.dumps(
         {"predicted": plan.rss_bytes, "measured": measured, "parts": {p.part: p.bytes for p in rss_parts(plan, 0)}})
     import gguf
 
@@ -138,5 +140,6 @@ def test_a_128k_token_vocabulary_is_read_without_torch_within_the_predicted_rss(
     imported, measured = run_cli_measured(["convert", str(src), str(tmp_path / "out"), "--to", "gguf", "--dtype", "q8_0", "--quiet"],
                                           whole_process=True)
     assert not imported & {"torch", "transformers"}
-    assert abs(plan.rss_bytes - measured) <= 0.15 * measured, json.dumps(
+    low = plan.rss_bytes - LIBRARY_SPREAD.get("numpy", 0)  # numpy's shared objects faulted in, not written whole
+    assert low - 0.15 * measured <= measured <= plan.rss_bytes + 0.15 * measured, json.dumps(
         {"predicted": plan.rss_bytes, "measured": measured, "parts": parts})

@@ -206,17 +206,3 @@ def test_constants_say_which_build_they_were_measured_on(monkeypatch) -> None:
     assert calibrated.MEASURED_WITH.keys() == {"python", "numpy", "torch"}
     monkeypatch.setitem(calibrated.MEASURED_WITH, "numpy", "0.0.1")
     assert calibration_mismatch() == f"numpy 0.0.1, installed {numpy.__version__}"
-
-
-def test_the_calibration_script_writes_a_module_planning_can_load() -> None:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("calibrate_rss", REPO / "scripts" / "calibrate_rss.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    values = {"INTERPRETER": 1, "WORKBENCH": {"cli": 2, "worker": 3}, "LIBRARY": {"numpy": 4, "torch": 5},
-              "LIBRARY_SPREAD": {"numpy": 0, "torch": 7}, "PER_TENSOR": 6}
-    scope: dict = {}
-    exec(script.module_text(values, 3), scope)  # the text --write puts in workbench/planning/rss_calibration.py
-    assert {k: scope[k] for k in values} == values
-    assert scope["MEASURED_WITH"] == script.measured_with()

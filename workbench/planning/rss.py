@@ -17,9 +17,11 @@ A conversion process's resident memory is the sum of parts that are each either 
     intermediates what torch makes on the way in a compute step: an op followed by a cast (a fusion with
                   `dtype=`) first builds the op's result in the input dtype, then the cast output
 
-A library's resident pages depend on the page cache: where it uses large folios (ext4 on Linux >= 6.16,
-xfs), torch's files read whole (a fresh pip install, a copy) are mapped a folio per fault, ~75 MB more than
-when the loader paged them in. The prediction counts the larger, a bound to provision.
+A library's resident pages depend on the page cache: a page fault maps the whole folio it hits, and where the
+cache uses large folios (ext4 on Linux >= 6.16, xfs) a shared object written or read in large chunks (a pip
+install, a copy) sits in folios of up to 2 MiB, while one the loader paged in by faults sits in small ones: torch
+then maps ~90 MiB more. The constants are measured in the larger state (`scripts/calibrate_rss.py`), a bound to
+provision.
 
 The prediction is for a fresh process (`workbench convert` or a worker); inside a notebook the
 kernel's own memory comes on top. A numpy cast falls back to torch for a chunk holding NaN, which
@@ -153,19 +155,17 @@ def entry_point(plan: Plan) -> str:
     return CLI if plan.nproc == 1 else WORKER
 
 
-# What the transport of a remote source adds to a process (import and first use), by scheme: fsspec's HTTP file
-# system and aiohttp; huggingface_hub on top for the Hub; s3fs, aiobotocore and botocore for S3. Measured on the
-# calibration machine (python 3.11, fsspec/s3fs 2026.9, aiohttp 3.14, huggingface_hub 2.4) as the RSS an import adds
-# to a process that already imported the workbench CLI.
-REMOTE_LIBRARIES = {"http": 13_150_000, "hf": 22_250_000, "s3": 24_400_000}
+# What the transport of a remote source adds to a process (import and set-up), by scheme: fsspec's HTTP file system
+# and aiohttp; huggingface_hub on top for the Hub; s3fs, aiobotocore and botocore for S3. Measured by
+# scripts/calibrate_rss.py (in the page-cache state that maps the most of their shared objects).
+REMOTE_LIBRARIES = calibrated.REMOTE_LIBRARIES
 
 
 # What building a recipe from transformers' registry (`M.presets.from_transformers`) leaves resident in the process
-# that built it, on top of torch: transformers and its conversion modules (measured as REMOTE_LIBRARIES, 90 MB on
-# transformers 5 in a long-used venv; 130 MB just after installing, as a clean clone's `make test` measures it: the
-# larger page-cache state of freshly written files, as with torch's LIBRARY_SPREAD). Counted for one process (the CLI
-# plans and runs in the same process); workers re-plan from the exported recipe and never import it.
-TRANSFORMERS_BYTES = 130_000_000
+# that built it, on top of torch: transformers and its conversion modules (measured by scripts/calibrate_rss.py on a
+# scaled-down DeepSeek-V3). Counted for one process (the CLI plans and runs in the same process); workers re-plan
+# from the exported recipe and never import it.
+TRANSFORMERS_BYTES = calibrated.TRANSFORMERS_BYTES
 
 
 def built_with_transformers(plan: Plan) -> bool:
@@ -283,7 +283,7 @@ def _parts(plan: Plan, rank: int) -> list[RssPart]:
         spread = getattr(calibrated, "LIBRARY_SPREAD", {}).get(TORCH, 0)
         parts.append(RssPart("imports", calibrated.LIBRARY[TORCH],
                              f"torch: tensor ops or casts numpy does not do ({measured}; up to {spread / 2**20:.0f} MiB less "
-                             "when the kernel paged torch's files in by faults rather than reading them whole)"))
+                             "when the kernel paged torch's files in by faults rather than writing or reading them whole)"))
     if entry == CLI and built_with_transformers(plan):
         parts.append(RssPart("recipe", TRANSFORMERS_BYTES, "transformers, imported to build the recipe "
                              "(M.presets.from_transformers), stays resident in the process that built it (measured)"))

@@ -1,18 +1,17 @@
 """Measured memory of conversion processes before they hold any tensor (bytes): what `planning.rss` adds to
 the plan's tensor peak. Written by `python scripts/calibrate_rss.py --write` (see it for how each number is
-measured: peak RSS of real `workbench convert` runs on tiny checkpoints, median of 3); re-run it after a
-Python, numpy or torch upgrade, or on a new platform.
+measured: peak RSS of real `workbench convert` runs on tiny checkpoints, median of 3, the libraries' shared
+objects in the page-cache state that maps the most of them, whatever the state of the venv it ran in); re-run it
+after a Python, numpy, torch or transformers upgrade, or on a new platform.
 
-Measured 2026-11-28 on Linux x86_64 (kernel 6.18), CPython 3.11.7, numpy 2.4.6, torch 2.13.0+cpu, entered from the
-script's printed table (0.1 MiB steps) — except torch, whose figures are the 2026-11-24 ones: a torch just installed
-(a clean clone's `make test`, CI) costs 275.6 MiB with its files in the large page-cache state, 77.5 MiB more than
-in a long-used venv (198.7 MiB, where the spread measured 0.4 MiB); the plan predicts the larger state and the
-tests allow the spread below it.
+Measured 2026-11-28 on Linux x86_64 (kernel 6.18.44-fc-v669), CPython 3.11.7, numpy 2.4.6, torch 2.13.0+cpu.
 """
 
-INTERPRETER = 11042816  # python -c pass
-WORKBENCH = {"cli": 21600000, "worker": 15520000}  # the entry point's modules and run state
-LIBRARY = {"numpy": 13100000, "torch": 289009664}  # added by importing and using each (the larger page-cache state)
-LIBRARY_SPREAD = {"numpy": 90112, "torch": 81240064}  # how much less each costs when its files were paged in by faults
-PER_TENSOR = 1036  # catalog and plan, per source tensor
+INTERPRETER = 11165696  # python -c pass
+WORKBENCH = {"cli": 21900712, "worker": 15875496}  # the entry point's modules and run state
+LIBRARY = {"numpy": 20488192, "torch": 304832512}  # added by importing and using each (the large page-cache state)
+LIBRARY_SPREAD = {"numpy": 7692288, "torch": 96841728}  # how much less each costs when its files were paged in by faults
+PER_TENSOR = 1027  # catalog and plan, per source tensor
+REMOTE_LIBRARIES = {"http": 25489408, "hf": 33710080, "s3": 37068800}  # a remote source's transport (fsspec, aiohttp; huggingface_hub; s3fs, botocore), imported and set up
+TRANSFORMERS_BYTES = 136409088  # transformers and its conversion modules, left resident by M.presets.from_transformers
 MEASURED_WITH = {'python': '3.11.7', 'numpy': '2.4.6', 'torch': '2.13.0+cpu'}  # planning.rss.calibration_mismatch compares these with what is installed
