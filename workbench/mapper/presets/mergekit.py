@@ -28,6 +28,7 @@ from ...errors import MapperError
 from ..base import Mapper
 from ..compose import Sequential
 from ..config_update import ConfigUpdate
+from ..merge.methods import METHODS
 from ..merge.models import merge
 from ..merge.refusal import Refused
 from ..merge.slices import check_slices, merge_slices, num_layers
@@ -136,7 +137,8 @@ def config_mapper(config: Mapping[str, Any], names: Mapping[str, str], *, same_v
         return Sequential(*refused)
     base = names[config["base_model"]] if config.get("base_model") is not None else None
     common = {"parameters": config.get("parameters") or {}, "dtype": config.get("dtype"), "out_dtype": config.get("out_dtype"),
-              "seed": seed, "rng": "mergekit"}  # mergekit's one random stream: its bytes under the same seed
+              "seed": seed, "rng": "mergekit" if getattr(METHODS.get(method), "random", False) else "tensor"}
+    # random methods draw from mergekit's one stream (its bytes under the same seed); the others need no stream
     if not isinstance(common["parameters"], Mapping):
         raise MapperError(f"Cannot read merge config: parameters is {common['parameters']!r}; give a mapping name -> value.")
     steps: list[Mapper] = [align] if align is not None and not same_vocabulary else []
