@@ -53,14 +53,15 @@ fixtures: setup
 	$(BIN)/python scripts/make_mergekit_fixtures.py
 	WB_FIXTURES_REBUILT=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/system/test_fixtures_committed.py
 
-# pytest in two processes (pytest-xdist). Tests marked `serial` (they measure a peak RSS, or start torchrun, servers or
-# a browser: see tests/conftest.py) form one xdist group, so they run one after another on one worker while the
-# other worker runs the rest.
+# pytest in two processes (pytest-xdist), the notebooks (nbval) in the same session. Tests marked `serial` (they
+# measure a peak RSS, or start torchrun, servers or a browser: see tests/conftest.py) form one xdist group, so they run
+# one after another on one worker while the other worker runs the rest; each notebook's cells form a group too (one
+# kernel, in order).
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider --timeout=300
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 test: setup browser servers
 	$(BIN)/ruff check workbench tests benchmarks scripts
-	$(PYTEST) -n 2 --dist loadgroup tests
-	$(PYTEST) --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks
+	$(PYTEST) -n 2 --dist loadgroup $(NBVAL) tests notebooks
 
 # The documentation site from docs/ and the docstrings (mkdocs-material + mkdocstrings), in strict mode: a broken
 # link, a page missing from the nav or an API name that does not resolve fails. `make test` builds it too, in

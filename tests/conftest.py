@@ -50,7 +50,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 # again: two of them at once would oversubscribe the two cores and time out; tests that measure a peak RSS mark
 # themselves `serial`. What they measure is per process (a child's VmHWM; bytes read are the package's own
 # per-process counters, workbench.iostats), so a unit test on the other worker does not change it; only two
-# multi-process tests together would. `-m serial` / `-m "not serial"` select either part.
+# multi-process tests together would. `-m serial` / `-m "not serial"` select either part. `make test` runs the notebooks
+# (nbval) in the same session: each notebook's cells form an xdist group of their own, so one worker runs them in order
+# in one kernel while the other worker goes on with the rest.
 SERIAL_MARKERS = ("serial", "distributed", "browser")
 
 
@@ -58,10 +60,31 @@ SERIAL_MARKERS = ("serial", "distributed", "browser")
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the tests carrying one of SERIAL_MARKERS `serial`, and put every serial test in one xdist group (run
     before pytest-xdist's own hook reads the groups)."""
+    grouping = os.environ.get("PYTEST_XDIST_WORKER") is not None and bool(config.getvalue("loadgroup"))
     for item in items:
+        group = None
         if any(item.get_closest_marker(name) for name in SERIAL_MARKERS):
             item.add_marker(pytest.mark.serial)
-            item.add_marker(pytest.mark.xdist_group("serial"))
+            group = "serial"
+        elif item.nodeid.partition("::")[0].endswith(".ipynb"):  # nbval's cells of one notebook share one kernel
+            group = "notebook_" + Path(item.nodeid.partition("::")[0]).stem
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+            if grouping:
+                _join_xdist_group(item, group)
+
+
+def _join_xdist_group(item: pytest.Item, group: str) -> None:
+    """Give `item` the node id `ID@group` by which pytest-xdist's loadgroup scheduler groups it. pytest-xdist 3.8 writes
+    `item._nodeid`, which pytest 9.2 no longer reads (a node id is `item._id`, a NodeId): with that pair every test
+    was its own group and the `serial` tests ran on both workers at once. Writing the id here makes the group hold
+    whichever of them is installed (a second `@group` suffix, were xdist to add one too, names the same group)."""
+    nodeid = f"{item.nodeid}@{group}"
+    try:
+        from _pytest.nodeid import NodeId
+    except ImportError:  # pytest before 9.2: xdist's own `_nodeid` rewrite works
+        return
+    item._id = NodeId.parse(nodeid)
 
 
 # The group watch: a small process in pytest's own process group that logs every signal reaching the group. Run from

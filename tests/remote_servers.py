@@ -16,6 +16,9 @@
   (`gzip_bomb`: `Content-Encoding: gzip`, 2 GiB of zeros in 2 MB), HEAD and GET disagreeing about the size
   (`size_mismatch`: HEAD says 1,000 bytes, the GET announces and sends 3 GiB), a range shifted by 4 bytes at
   the asked length (`shift`), and a drip of one byte per `drip_seconds` (`drip`).
+- `MotoS3`: moto's S3 server in this process; the fixtures `s3` (`s3_server`, one per module) and `_env`
+  (`s3_destination_env`, autouse) are shared by the S3-destination modules, which import them.
+- `torchrun_nodes`: N torchrun agents on this host meeting through a c10d rendezvous on 127.0.0.1 ("nodes").
 """
 
 from __future__ import annotations
@@ -28,13 +31,18 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import zlib
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+import pytest
 
 SETTLE_PATH = "/__settle__/"  # marker requests of `Nginx._settle`, left out of `requests()`
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
@@ -983,6 +991,49 @@ class MotoS3:
     def output(self, bucket: str, prefix: str) -> dict[str, bytes]:
         """The conversion output under `prefix`: every object but the workbench's own records (`.workbench-*`)."""
         return {k: v for k, v in self.objects(bucket, prefix).items() if not k.startswith(".workbench-")}
+
+
+@pytest.fixture(scope="module", name="s3")
+def s3_server() -> Iterator[MotoS3]:
+    """Fixture `s3`: one moto S3 server for a module's tests (each takes a bucket of its own); skipped without moto.
+    A test module uses it by importing it: `from remote_servers import s3_server`."""
+    pytest.importorskip("moto.server")
+    server = MotoS3()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(name="_env", autouse=True)
+def s3_destination_env(s3: MotoS3, tmp_path: Path, monkeypatch) -> None:
+    """Autouse fixture `_env` of the S3-destination modules (imported beside `s3_server`): a header cache of the test's
+    own (`isolated_cache`), the credentials and endpoint of `s3`, and the spool under the test's tmp_path."""
+    isolated_cache(tmp_path, monkeypatch)
+    for key, value in s3.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("WORKBENCH_SPOOL_DIR", str(tmp_path / "spool"))
+
+
+def torchrun_nodes(args: list[str], envs: list[dict[str, str]], timeout: float = 240) -> list[subprocess.CompletedProcess]:
+    """`python -m torch.distributed.run --nnodes=N --nproc-per-node=1 ... ARGS`, one agent per env of `envs` (N of
+    them), meeting through a c10d rendezvous on 127.0.0.1: N "nodes" on this host. Each agent leads a session of its own
+    (torchrun passes SIGINT/SIGTERM on and stops worker groups; none of that may reach the test run's group); on a
+    timeout every agent's whole group, workers too, is killed."""
+    port = free_port()
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(envs)}", "--nproc-per-node=1",
+               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=wb-{port}", *args]
+    agents = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                               start_new_session=True) for env in envs]
+    done = []
+    for agent in agents:
+        try:
+            out, err = agent.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for other in agents:
+                if other.poll() is None:
+                    os.killpg(other.pid, signal.SIGKILL)
+            raise
+        done.append(subprocess.CompletedProcess(command, agent.returncode, out, err))
+    return done
 
 
 def folder_files(folder: Path) -> dict[str, bytes]:

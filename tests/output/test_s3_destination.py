@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from remote_servers import MotoS3, folder_files, isolated_cache
+from remote_servers import MotoS3, folder_files, s3_destination_env, s3_server  # noqa: F401 - fixtures s3, _env
 from safetensors.numpy import save_file
 
 import workbench as wb
@@ -23,22 +23,6 @@ pytestmark = pytest.mark.serial  # a server in this process
 MiB = 1 << 20
 SPOOL = dict(spool_size="8MiB", remote_options={"part_size": "5MiB"})  # 6 MiB shards: multipart, two parts each
 INDEX = "model.safetensors.index.json"
-
-
-@pytest.fixture(scope="module")
-def s3() -> MotoS3:
-    pytest.importorskip("moto.server")
-    server = MotoS3()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(autouse=True)
-def _env(s3: MotoS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    isolated_cache(tmp_path, monkeypatch)
-    for key, value in s3.env.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("WORKBENCH_SPOOL_DIR", str(tmp_path / "spool"))
 
 
 @pytest.fixture(scope="module")

@@ -5,14 +5,12 @@ two-node torchrun job (two agents on this machine, c10d rendezvous on 127.0.0.1)
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from remote_servers import free_port
+from remote_servers import torchrun_nodes
 from safetensors.numpy import save_file
 
 import workbench as wb
@@ -54,26 +52,8 @@ def test_explicit_torchrun_launcher_is_reported(balanced_source: Path, tmp_path:
 
 def _agents(source: Path, dest: Path, env: dict[str, str]) -> list[subprocess.CompletedProcess]:
     """Two torchrun agents, one rank each, that meet through a c10d rendezvous on 127.0.0.1."""
-    port = free_port()
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
-               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=wb-{port}",
-               "-m", "workbench", "convert", str(source), str(dest), "--shard-size", "70KB", "--dtype", "bf16",
-               "--quiet"]
-    # Each agent leads a session of its own: torchrun passes SIGINT/SIGTERM on and stops worker groups, and none of
-    # that may reach the test run's group; on a timeout the whole of each agent's group (workers too) is stopped.
-    agents = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                               start_new_session=True) for _ in range(2)]
-    done = []
-    for agent in agents:
-        try:
-            out, err = agent.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            for other in agents:
-                if other.poll() is None:
-                    os.killpg(other.pid, signal.SIGKILL)
-            raise
-        done.append(subprocess.CompletedProcess(command, agent.returncode, out, err))
-    return done
+    return torchrun_nodes(["-m", "workbench", "convert", str(source), str(dest), "--shard-size", "70KB", "--dtype", "bf16",
+                           "--quiet"], [env, env])
 
 
 def test_two_torchrun_nodes_write_one_destination_like_one_process(balanced_source: Path, tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from remote_servers import MotoS3, folder_files, isolated_cache
+from remote_servers import MotoS3, folder_files, s3_destination_env, s3_server  # noqa: F401 - fixtures s3, _env
 from safetensors.numpy import save_file
 
 import workbench as wb
@@ -48,22 +48,6 @@ for name in ("pwrite", "copy_file_range", "fsync", "replace", "unlink"):
 wb.convert(sys.argv[1], sys.argv[2], quiet=True, **json.loads(sys.argv[4]))
 print("EVENTS", events[0])
 """
-
-
-@pytest.fixture(scope="module")
-def s3() -> MotoS3:
-    pytest.importorskip("moto.server")
-    server = MotoS3()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(autouse=True)
-def _env(s3: MotoS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    isolated_cache(tmp_path, monkeypatch)
-    for key, value in s3.env.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("WORKBENCH_SPOOL_DIR", str(tmp_path / "spool"))
 
 
 def _child(source: Path, url: str, kill_at: int) -> subprocess.CompletedProcess:

@@ -18,7 +18,7 @@ import contextlib
 import os
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..errors import MapperError, WorkbenchError
@@ -235,25 +235,38 @@ def run_plan(args: argparse.Namespace) -> int:
 
 def run_convert(args: argparse.Namespace) -> int:
     """`workbench convert`: print the dry-run, run it, print the report."""
-    from ..launch.inplace import under_torchrun
 
-    if under_torchrun() and not args.dry_run:  # started by the user's torchrun: each rank does its share
+    def convert_share():
         from ..conversion import convert
 
         source = _source(args)
         mapper, rest = _mapper(args)
+        return convert(source, args.dest, mapper, shard_size=args.shard_size, rest=rest, dtype=args.dtype,
+                       extras=not args.no_extras, overwrite=args.overwrite, quiet=args.quiet, to=args.to,
+                       verify=args.verify, on_overflow=args.on_overflow, page_align=args.page_align,
+                       nproc_mp=args.nproc_mp, **_remote_arguments(args))
+
+    return plan_and_run("convert", args, lambda: _plan(args, args.dest), convert_share)
+
+
+def plan_and_run(command: str, args: argparse.Namespace, make_plan: Callable[[], Any],
+                 convert_share: Callable[[], Any]) -> int:
+    """The tail `workbench convert` and `workbench merge` share, so both answer alike. Started by the user's
+    torchrun (and not --dry-run): `convert_share()` does this rank's share and rank 0 prints the report. Otherwise:
+    print `make_plan()`'s dry-run, refuse on any problem (exit 2), stop at --dry-run, else run the plan (args.quiet,
+    args.verify, args.launcher) and print the report. The exit status says whether --verify found a mismatch."""
+    from ..launch.inplace import under_torchrun
+
+    if under_torchrun() and not args.dry_run:
         with _overflow_in_the_report():
-            report = convert(source, args.dest, mapper, shard_size=args.shard_size, rest=rest, dtype=args.dtype,
-                             extras=not args.no_extras, overwrite=args.overwrite, quiet=args.quiet, to=args.to,
-                             verify=args.verify, on_overflow=args.on_overflow, page_align=args.page_align,
-                             nproc_mp=args.nproc_mp, **_remote_arguments(args))
+            report = convert_share()
         if int(os.environ.get("RANK", "0")) == 0:
             print(report.summary())
         return _verdict(report)
-    the_plan = _plan(args, args.dest)
+    the_plan = make_plan()
     print(the_plan.summary())
     if not the_plan.ok:
-        return _refuse("convert", the_plan)
+        return _refuse(command, the_plan)
     if args.dry_run:
         return EXIT_OK
     from ..conversion import execute

@@ -12,9 +12,8 @@ a mismatch).
 from __future__ import annotations
 
 import argparse
-import sys
 
-from .convert import EXIT_OK, _overflow_in_the_report, _refuse, _verdict
+from .convert import plan_and_run
 
 
 def merge_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,33 +38,20 @@ def merge_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_merge(args: argparse.Namespace) -> int:
     """`workbench merge`: print the dry-run of the config's merge, run it, print the report."""
-    from ..launch.inplace import under_torchrun
     from ..mergekit_config import merge_config
-    from ..planning import plan
 
     checkpoint, mapper = merge_config(args.config, seed=args.random_seed)
-    if under_torchrun() and not args.dry_run:  # started by the user's torchrun: each rank does its share
-        import os
 
+    def make_plan():
+        from ..planning import plan
+
+        return plan(checkpoint, mapper, shard_size=args.shard_size, nproc=args.nproc, dest=args.dest, dtype=args.dtype,
+                    extras=not args.no_extras, overwrite=args.overwrite)
+
+    def convert_share():
         from ..conversion import convert
 
-        with _overflow_in_the_report():
-            report = convert(checkpoint, args.dest, mapper, shard_size=args.shard_size, dtype=args.dtype,
-                             extras=not args.no_extras, overwrite=args.overwrite, quiet=args.quiet, verify=args.verify)
-        if int(os.environ.get("RANK", "0")) == 0:
-            print(report.summary())
-        return _verdict(report)
-    the_plan = plan(checkpoint, mapper, shard_size=args.shard_size, nproc=args.nproc, dest=args.dest, dtype=args.dtype,
-                    extras=not args.no_extras, overwrite=args.overwrite)
-    print(the_plan.summary())
-    if not the_plan.ok:
-        return _refuse("merge", the_plan)
-    if args.dry_run:
-        return EXIT_OK
-    from ..conversion import execute
+        return convert(checkpoint, args.dest, mapper, shard_size=args.shard_size, dtype=args.dtype,
+                       extras=not args.no_extras, overwrite=args.overwrite, quiet=args.quiet, verify=args.verify)
 
-    sys.stdout.flush()
-    with _overflow_in_the_report():
-        report = execute(the_plan, quiet=args.quiet, verify=args.verify, launcher=args.launcher)
-    print(report.summary())
-    return _verdict(report)
+    return plan_and_run("merge", args, make_plan, convert_share)
