@@ -25,7 +25,7 @@ from ..base import Meta
 from ..op import Op, build_unchecked
 from ..ops import Drop
 from .methods import method
-from .op import Merge, _dtype_or_none
+from .op import Merge, _dtype_or_none, check_seed
 from .parameters import check, first_set, layer_of, position
 
 SCOPE = "::"
@@ -86,8 +86,7 @@ class MergeModels(Op):
                 raise MapperError(f"Cannot {where}: model_parameters names {model!r}, which is not among the models {names}.")
             for key, value in values.items():
                 check(value, key)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise MapperError(f"Cannot {where}: seed must be an integer (got {seed!r}).")
+        check_seed(seed, where)
         for name, value in (("method", spec.name), ("models", tuple(names)), ("base_model", base_model),
                             ("parameters", json.dumps(parameters)), ("model_parameters", json.dumps(model_parameters)),
                             ("dtype", _dtype_or_none(dtype, "dtype", where)), ("out_dtype", _dtype_or_none(out_dtype, "out_dtype", where)),

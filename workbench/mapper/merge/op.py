@@ -72,6 +72,12 @@ def _dtype_or_none(value: str | None, field: str, where: str) -> str | None:
     return dtype
 
 
+
+def check_seed(seed: Any, where: str) -> None:
+    """MapperError unless `seed` is None or an integer (a bool is not one): what seeds the random methods."""
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise MapperError(f"Cannot {where}: seed must be an integer (got {seed!r}).")
+
 @dataclass(frozen=True, init=False, repr=False)
 class Merge(Op):
     """Merge the tensors `inputs` (model name -> tensor name) into `output` by `method` (see module docstring)."""
@@ -105,8 +111,7 @@ class Merge(Op):
         if base is not None and base not in models:
             raise MapperError(f"Cannot build {where}: base {base!r} is not one of the inputs' models {list(models)}. "
                               "Add the base model's tensor to inputs.")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise MapperError(f"Cannot build {where}: seed must be an integer (got {seed!r}).")
+        check_seed(seed, f"build {where}")
         if draws is not None and (isinstance(draws, bool) or not isinstance(draws, int) or draws < 0):
             raise MapperError(f"Cannot build {where}: draws must be a count >= 0 (got {draws!r}).")
         frozen = tuple((str(k), _freeze_value(v, where)) for k, v in (params or {}).items())

@@ -33,7 +33,7 @@ from ..op import Op, build_unchecked
 from ..ops import Drop
 from .methods import method
 from .models import SCOPE, _plain, check_rng, resolve_parameters
-from .op import Merge, _dtype_or_none, _thaw
+from .op import Merge, _dtype_or_none, _thaw, check_seed
 from .parameters import LAYER, check
 
 SLICE_KEYS = {"sources", "base_model", "parameters"}
@@ -123,8 +123,7 @@ class MergeSlices(Op):
         parameters = _plain(dict(parameters or {}))
         for key, value in parameters.items():
             check(value, key)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise MapperError(f"Cannot {where}: seed must be an integer (got {seed!r}).")
+        check_seed(seed, where)
         for name, value in (("method", spec.name), ("slices", json.dumps(plain)), ("base_model", base_model),
                             ("parameters", json.dumps(parameters)), ("dtype", _dtype_or_none(dtype, "dtype", where)),
                             ("out_dtype", _dtype_or_none(out_dtype, "out_dtype", where)), ("seed", seed), ("rng", rng)):
