@@ -335,7 +335,7 @@ print(json.dumps(out))
 
 # Tokenizer settings (tokenizer_source union / a model, chat_template): their own inputs, cases and records, kept
 # apart from the method cases above.
-TOKENIZER_MODELS = ["tok/ft5"]
+TOKENIZER_MODELS = ["tok/ft5", "wide/base", "wide/ft1", "wide/ft2", "bpe/base", "bpe/ft1"]
 TOKENIZER_KEYS = ("tokenizer_source", "tokenizer", "chat_template")
 CHAT_SPECIALS = ["<|im_start|>", "<|im_end|>"]
 FT5_WORDS = WORDS[:40] + list(reversed(WORDS[45:])) + ["alpha", "zeta", "beta"]  # w40-w44 missing, zeta shared with ft3
@@ -359,6 +359,43 @@ def build_tokenizer_inputs(folder: Path) -> None:
     tok_config = json.loads((where / "tokenizer_config.json").read_text())
     tok_config["chat_template"] = FT5_TEMPLATE
     (where / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=1, sort_keys=True) + "\n")
+    build_cut_inputs(folder)
+
+
+WIDE_ROWS = 72  # wide/*: config.json's vocab_size and the embedding rows, beyond the tokenizer's 64 tokens (as Qwen2's)
+BPE_BELOW = WORDS[:57] + ["z", "y", "zy"]  # bpe/*: 64 tokens below vocab_size 64 ...
+BPE_BEYOND = ["yy", "yyy"]  # ... and two plain tokens and one added token beyond it, which mergekit strips
+BPE_EXTRA = "<|extra|>"
+
+
+def build_cut_inputs(folder: Path) -> None:
+    """wide/base, ft1, ft2: one shared word-level tokenizer of 64 tokens and 72 embedding rows (vocab_size 72);
+    bpe/base, ft1: one shared BPE tokenizer with 64 tokens below vocab_size 64 and three beyond (two plain tokens, one
+    merge that uses them, an added token), listed in tokenizer_config.json's added_tokens_decoder."""
+    base = _weights(1000, WIDE_ROWS)
+    for name, weights in (("base", base), ("ft1", _weights(1001, WIDE_ROWS, base)), ("ft2", _weights(1002, WIDE_ROWS, base))):
+        where = folder / "wide" / name
+        _write_model(where, weights, "float32", WORDS)
+        config = json.loads((where / "config.json").read_text())
+        config["vocab_size"] = WIDE_ROWS
+        (where / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    vocab = len(SPECIALS) + len(BPE_BELOW)
+    base = _weights(1100, vocab)
+    for name, weights in (("base", base), ("ft1", _weights(1101, vocab, base))):
+        where = folder / "bpe" / name
+        _write_model(where, weights, "float32", BPE_BELOW)
+        tokenizer = json.loads((where / "tokenizer.json").read_text())
+        words = {**tokenizer["model"]["vocab"], **{t: vocab + i for i, t in enumerate(BPE_BEYOND)}}
+        tokenizer["model"] = {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+                              "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                              "vocab": words, "merges": [["z", "y"], ["yy", "y"]]}
+        tokenizer["added_tokens"].append({"id": vocab + len(BPE_BEYOND), "content": BPE_EXTRA, "single_word": False,
+                                          "lstrip": False, "rstrip": False, "normalized": False, "special": True})
+        (where / "tokenizer.json").write_text(json.dumps(tokenizer, indent=1) + "\n")
+        tok_config = json.loads((where / "tokenizer_config.json").read_text())
+        tok_config["added_tokens_decoder"] = {str(t["id"]): {k: v for k, v in t.items() if k != "id"}
+                                              for t in tokenizer["added_tokens"]}
+        (where / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=1, sort_keys=True) + "\n")
 
 
 def tokenizer_cases() -> dict[str, dict]:
@@ -395,6 +432,27 @@ def tokenizer_cases() -> dict[str, dict]:
                                "models": _models("tok", ["ft1", "ft3"], [{"weight": 0.6, "density": 0.5},
                                                                          {"weight": 0.4, "density": 0.7}]),
                                "tokenizer": {"source": "base", "pad_to_multiple_of": 48}},
+        # one shared vocabulary, shorter than the embedding (Qwen2-like): mergekit keeps the tokenizer's rows only
+        "linear-tokenizer-base-cut": {"merge_method": "linear", "tokenizer_source": "base", "base_model": "wide/base",
+                                      "models": _models("wide", ["base", "ft1"], [{"weight": 0.6}, {"weight": 0.4}])},
+        "ties-tokenizer-union-cut": {"merge_method": "ties", "tokenizer_source": "union", "base_model": "wide/base",
+                                     "models": _models("wide", ["ft1", "ft2"], [{"weight": 0.6, "density": 0.5},
+                                                                                {"weight": 0.4, "density": 0.7}])},
+        "linear-tokenizer-model-cut": {"merge_method": "linear", "tokenizer_source": "wide/ft1",
+                                       "models": _models("wide", ["ft1", "ft2"], [{"weight": 0.5}, {"weight": 0.5}])},
+        "slerp-tokenizer-pad-cut": {"merge_method": "slerp", "base_model": "wide/base", "parameters": {"t": 0.3},
+                                    "models": _models("wide", ["base", "ft1"], [None, None]),
+                                    "tokenizer": {"source": "base", "pad_to_multiple_of": 48}},
+        # tokens beyond vocab_size in the base's BPE tokenizer: mergekit strips them (vocabulary, added tokens, merges)
+        "linear-tokenizer-base-strip": {"merge_method": "linear", "tokenizer_source": "base", "base_model": "bpe/base",
+                                        "models": _models("bpe", ["base", "ft1"], [{"weight": 0.3}, {"weight": 0.7}])},
+        # ... and over another vocabulary: rows moved by token to the stripped base, or to its union with the other
+        "linear-tokenizer-base-strip-align": {"merge_method": "linear", "tokenizer_source": "base", "base_model": "bpe/base",
+                                              "models": [{"model": "bpe/base", "parameters": {"weight": 0.5}},
+                                                         {"model": "tok/ft3", "parameters": {"weight": 0.5}}]},
+        "linear-tokenizer-union-strip": {"merge_method": "linear", "tokenizer_source": "union", "base_model": "bpe/base",
+                                         "models": [{"model": "bpe/base", "parameters": {"weight": 0.5}},
+                                                    {"model": "tok/ft3", "parameters": {"weight": 0.5}}]},
     }
 
 

@@ -158,18 +158,19 @@ def _tokenizer_steps(config: dict, refs: list[str], names: dict[str, str], paths
     from .mapper.output_file import OutputFile
 
     steps: list[Any] = []
-    folder, added = paths[refs[0]], []  # where the output's tokenizer files come from; tokens they gain
+    folder, added, keep_below = paths[refs[0]], [], 0  # where the output's tokenizer files come from; tokens they gain
     if source is not None:
-        steps, folder, added = _vocabulary_steps(config, refs, names, paths, checkpoint, source, same)
+        steps, folder, added, keep_below = _vocabulary_steps(config, refs, names, paths, checkpoint, source, same)
     drop_template = False
     if config.get("chat_template") is not None:
         template = _template_steps(config["chat_template"], [paths[r] for r in refs], folder, OutputFile)
         replaced = {getattr(s, "path", None) for s in template} - {None}
         steps = [s for s in steps if getattr(s, "path", None) not in replaced] + template
         drop_template = any(getattr(s, "path", None) == TEMPLATE_FILE for s in template) and has_template(folder)
-    text = config_with(folder, added=added, drop_template=drop_template)
+    text = config_with(folder, added=added, drop_template=drop_template, keep_below=keep_below)
     if text is not None:
         why = "; ".join(w for w, on in (("the added tokens listed", bool(added)),
+                                         (f"the added tokens from id {keep_below} on left out", bool(keep_below)),
                                          ("its chat_template moved to chat_template.jinja", drop_template)) if on)
         steps = [s for s in steps if getattr(s, "path", None) != TOKENIZER_CONFIG]
         steps.append(OutputFile(TOKENIZER_CONFIG, text=text, why=why))
@@ -177,9 +178,13 @@ def _tokenizer_steps(config: dict, refs: list[str], names: dict[str, str], paths
 
 
 def _vocabulary_steps(config: dict, refs: list[str], names: dict[str, str], paths: dict[str, str], checkpoint: Any,
-                      source: Any, same: bool) -> tuple[list[Any], str, list[dict]]:
-    """(steps, the folder the output's tokenizer files come from, the added-token entries its tokenizer.json gains)
-    for `tokenizer_source` (or the tokenizer section: source, tokens, pad_to_multiple_of)."""
+                      source: Any, same: bool) -> tuple[list[Any], str, list[dict], int]:
+    """(steps, the folder the output's tokenizer files come from, the added-token entries its tokenizer.json gains,
+    the id from which its tokens are stripped or 0) for `tokenizer_source` (or the tokenizer section: source, tokens,
+    pad_to_multiple_of). As mergekit, the output has one embedding (and lm_head) row per token of the output
+    tokenizer (padded when asked): where the models share one vocabulary shorter than their rows (Qwen2's
+    tokenizer has fewer tokens than its vocab_size), the rows beyond it are cut; `base` and `union` start from the
+    base's tokenizer stripped of its tokens beyond vocab_size."""
     from .mapper.config_update import ConfigUpdate
     from .mapper.merge.refusal import Refused
     from .mapper.merge.vocabulary import align_rows, token_rows
@@ -187,22 +192,33 @@ def _vocabulary_steps(config: dict, refs: list[str], names: dict[str, str], path
 
     primary = paths[refs[0]]
     if not isinstance(source, str) or not source:
-        return [Refused("tokenizer_source", f"expected 'base', 'union' or a model (got {source!r}).")], primary, []
+        return [Refused("tokenizer_source", f"expected 'base', 'union' or a model (got {source!r}).")], primary, [], 0
     model_source = source not in ("base", "union")
+    key = "tokenizer_source" if config.get("tokenizer_source") is not None else "tokenizer"
+
+    def refuse(why: str, named: str = key) -> tuple[list[Any], str, list[dict], int]:
+        return [Refused(named, why)], primary, [], 0
+
+    base_tok = read_tokenizer(primary)  # mergekit's base: base_model, else the first model
+    keep_below = 0
+    if not model_source and base_tok is not None and base_tok.beyond:
+        if base_tok.strip_refusal() is not None:
+            return refuse(base_tok.strip_refusal())  # type: ignore[arg-type]
+        keep_below = base_tok.size
+    out_tok = read_tokenizer(paths[source]) if model_source else base_tok
+    if model_source and out_tok is not None and out_tok.beyond:
+        return refuse(f"{source!r}'s tokenizer has tokens at or beyond its config.json vocab_size {out_tok.size} (e.g. "
+                      f"{out_tok.beyond[0]!r}), which mergekit keeps in the output vocabulary with no row and then fails "
+                      "the merge. Use a tokenizer source whose tokens all have rows.")
     files: list[Any] = []
     if model_source and paths.get(source) != primary:
         files = _copied_files(paths[source], primary, OutputFile)
     folder = paths[source] if model_source else primary
     section = config.get("tokenizer") if isinstance(config.get("tokenizer"), Mapping) else {}
     tokens, pad = section.get("tokens") or {}, section.get("pad_to_multiple_of")
-    if same and not tokens and not pad and (not model_source or same_vocabulary([paths[source], primary])):
-        return files, folder, []
     base = config.get("base_model")
-    key = "tokenizer_source" if config.get("tokenizer_source") is not None else "tokenizer"
-
-    def refuse(why: str, named: str = key) -> tuple[list[Any], str, list[dict]]:
-        return [Refused(named, why)], primary, []
-
+    if same and not tokens and not pad and (not model_source or same_vocabulary([paths[source], primary])):
+        return _shared_vocabulary(config, refs, names, checkpoint, source, files, folder, out_tok, keep_below, refuse)
     if config.get("slices") or not config.get("models"):
         return refuse("moving the embedding and lm_head rows to another vocabulary (the models' vocabularies differ, or "
                       "tokens / pad_to_multiple_of are set) is carried out for models: configs, not slices: (mergekit plans "
@@ -226,12 +242,11 @@ def _vocabulary_steps(config: dict, refs: list[str], names: dict[str, str], path
         out = {tok: i for tok, i in base_tok.vocab.items() if i < base_tok.size}  # type: ignore[union-attr]
     elif source == "union":
         union_from = [read_tokenizer(paths[m]) for m in [refs[0]] + [m for m in models if m != refs[0]]]
-        first = union_from[0]
-        if first is None or any(i >= first.size for i in first.vocab.values()) or not contiguous(first.vocab):
-            return refuse(f"'union' extends {refs[0]!r}'s tokenizer, whose ids have gaps or reach beyond its config.json "
-                          "vocab_size (mergekit strips such tokens from a BPE tokenizer, which the workbench does not). Use "
-                          "tokenizer_source: base, or run mergekit.")
-        out, added = union_vocabulary(union_from)  # type: ignore[arg-type]
+        first = union_from[0].stripped() if union_from[0] is not None else None
+        if first is None or not contiguous(first.vocab):
+            return refuse(f"'union' extends {refs[0]!r}'s tokenizer, whose ids below its config.json vocab_size have "
+                          "gaps (mergekit's rows follow the ids 0 .. n-1 and fail on them). Use another tokenizer source.")
+        out, added = union_vocabulary([first, *union_from[1:]])  # type: ignore[list-item]
     else:
         tokenizer = read_tokenizer(paths[source])
         out = dict(tokenizer.vocab) if tokenizer is not None else {}
@@ -254,14 +269,74 @@ def _vocabulary_steps(config: dict, refs: list[str], names: dict[str, str], path
     steps = _align_steps(models, names, refs, checkpoint, tables, config.get("dtype"), padded - len(out))
     steps.append(ConfigUpdate("vocab_size", padded, why=f"tokenizer {source}: the output vocabulary"
                               + (f", padded to a multiple of {pad}" if padded != len(out) else "")))
-    if added:
+    if added or keep_below:
         files = [f for f in files if f.path not in (TOKENIZER_JSON, *SLOW_FILES)]
-        steps.append(OutputFile(TOKENIZER_JSON, source=str(Path(folder) / TOKENIZER_JSON),
-                                added=tuple(json.dumps(e) for e in added),
-                                why=f"tokenizer {source}: {Path(folder).name}'s tokenizer and {len(added)} more tokens"))
-        stale = sorted({n for n in SLOW_FILES for f in (folder, primary) if (Path(f) / n).is_file()})
-        steps += [OutputFile(name, why=f"tokenizer {source}: it does not hold the new tokens") for name in stale]
-    return files + steps, folder, added
+        steps += _tokenizer_json(source, folder, primary, added, keep_below)
+    return files + steps, folder, added, keep_below
+
+
+def _tokenizer_json(source: str, folder: str, primary: str, added: list[dict], keep_below: int) -> list[Any]:
+    """The output's tokenizer.json: `folder`'s with its tokens from id `keep_below` on stripped (when > 0) and
+    `added` added; the slow tokenizer files, which would disagree, left out."""
+    from .mapper.output_file import OutputFile
+
+    what = (f"{Path(folder).name}'s tokenizer" + (f" with its tokens from id {keep_below} on stripped" if keep_below else "")
+            + (f" and {len(added)} more tokens" if added else ""))
+    steps = [OutputFile(TOKENIZER_JSON, source=str(Path(folder) / TOKENIZER_JSON), added=tuple(json.dumps(e) for e in added),
+                        keep_below=keep_below, why=f"tokenizer {source}: {what}")]
+    stale = sorted({n for n in SLOW_FILES for f in (folder, primary) if (Path(f) / n).is_file()})
+    return steps + [OutputFile(name, why=f"tokenizer {source}: it does not hold the output vocabulary") for name in stale]
+
+
+def _shared_vocabulary(config: dict, refs: list[str], names: dict[str, str], checkpoint: Any, source: str,
+                       files: list[Any], folder: str, out_tok: Any, keep_below: int,
+                       refuse: Any) -> tuple[list[Any], str, list[dict], int]:
+    """The steps when every model shares one vocabulary: the tokenizer files (stripped beyond vocab_size for `base`
+    and `union`) and, when the output tokenizer is shorter than the vocabulary tensors' rows, those rows cut to its
+    length and config.json's vocab_size set to it, as mergekit's output has them."""
+    from .mapper.config_update import ConfigUpdate
+
+    if out_tok is None:
+        return files, folder, [], 0
+    vocab = out_tok.stripped().vocab if keep_below else out_tok.vocab
+    primary = names[refs[0]]
+    rows = {t.shape[0] for n, t in checkpoint.catalog.sources[primary].tensors.items() if VOCAB_TENSOR.search(n) and t.shape}
+    steps: list[Any] = []
+    if any(r > len(vocab) for r in rows):
+        if not contiguous(vocab):
+            return refuse(f"the output tokenizer's ids have gaps ({len(vocab)} tokens, ids up to {max(vocab.values())}); "
+                          "mergekit's rows follow the ids 0 .. n-1 and fail on them. Use another tokenizer source.")
+        if config.get("slices") or not config.get("models"):
+            return refuse(f"the output tokenizer has {len(vocab)} tokens and the embedding {max(rows)} rows: mergekit cuts "
+                          "the rows to the tokenizer's length, which the workbench carries out for models: configs, not "
+                          "slices:. Merge with models:, or leave tokenizer_source out (the rows are then kept).")
+        models = [entry["model"] for entry in config["models"]]
+        base = config.get("base_model")
+        models += [base] if base is not None and base not in models else []
+        steps += _cut_steps(models, names, refs, checkpoint, len(vocab))
+        steps.append(ConfigUpdate("vocab_size", len(vocab), why=f"tokenizer {source}: the output tokenizer's length "
+                                  f"(the rows beyond it are cut, as mergekit does)"))
+    if keep_below:
+        files = [f for f in files if f.path not in (TOKENIZER_JSON, *SLOW_FILES)]
+        steps += _tokenizer_json(source, folder, folder, [], keep_below)
+    return files + steps, folder, [], keep_below
+
+
+def _cut_steps(models: list[str], names: dict[str, str], refs: list[str], checkpoint: Any, length: int) -> list[Any]:
+    """Each model's vocabulary tensors cut to their first `length` rows (the rest split off and dropped)."""
+    from .mapper import Drop, Parallel, Sequential, Split
+
+    primary = names[refs[0]]
+    tensors = checkpoint.catalog.sources[primary].tensors
+    steps = []
+    for model in dict.fromkeys(models):
+        for tensor in sorted(n for n in tensors if VOCAB_TENSOR.search(n)):
+            name = tensor if names[model] == primary else f"{names[model]}::{tensor}"
+            own = checkpoint.catalog.sources[names[model]].tensors.get(tensor)
+            rest = (own.shape[0] if own is not None else tensors[tensor].shape[0]) - length
+            steps.append(Sequential(Split(name, [name, name + ".beyond_tokenizer"], sizes=[length, rest]),
+                                    Drop(name + ".beyond_tokenizer")))
+    return [Parallel(*steps)] if len(steps) > 1 else steps
 
 
 def _align_steps(models: list[str], names: dict[str, str], refs: list[str], checkpoint: Any, tables: Any,

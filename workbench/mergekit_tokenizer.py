@@ -45,12 +45,34 @@ ADDED_FLAGS = ("single_word", "lstrip", "rstrip", "normalized", "special")
 @dataclass(frozen=True)
 class ModelTokenizer:
     """One model's tokenizer as a merge needs it: its folder, token -> id (model vocabulary and added tokens),
-    its added tokens' entries (tokenizer.json's), and its rows (config.json's vocab_size, else the token count)."""
+    its added tokens' entries (tokenizer.json's), its rows (config.json's vocab_size, else the token count) and its
+    model type (tokenizer.json's, e.g. 'BPE')."""
 
     folder: str
     vocab: dict[str, int]
     added: tuple[dict, ...]
     size: int
+    kind: str = ""
+
+    @property
+    def beyond(self) -> list[str]:
+        """The tokens whose id is vocab_size or more (the model has no row for them)."""
+        return [t for t, i in self.vocab.items() if i >= self.size]
+
+    def stripped(self) -> ModelTokenizer:
+        """This tokenizer without its tokens beyond vocab_size, as mergekit strips the base's (`strip_refusal` says
+        when it cannot)."""
+        return ModelTokenizer(self.folder, {t: i for t, i in self.vocab.items() if i < self.size},
+                              tuple(t for t in self.added if int(t["id"]) < self.size), self.size, self.kind)
+
+    def strip_refusal(self) -> str | None:
+        """Why mergekit cannot strip this tokenizer's tokens beyond vocab_size (it fails the merge), or None."""
+        if not self.beyond or self.kind == "BPE":
+            return None
+        return (f"{Path(self.folder).name}'s tokenizer has {len(self.beyond)} tokens at or beyond its config.json vocab_size "
+                f"{self.size} (e.g. {self.beyond[0]!r}) and is a {self.kind or 'non-BPE'} tokenizer; mergekit strips such "
+                "tokens from BPE tokenizers only and fails the merge otherwise. Set vocab_size to the tokenizer's length or "
+                "use another tokenizer source.")
 
 
 def read_tokenizer(folder: str) -> ModelTokenizer | None:
@@ -60,13 +82,14 @@ def read_tokenizer(folder: str) -> ModelTokenizer | None:
         if not file.is_file() or file.stat().st_size > MAX_TOKENIZER_BYTES:
             return None
         data = json.loads(file.read_text(encoding="utf-8"))
+        kind = str(data.get("model", {}).get("type") or "")
         raw = data.get("model", {}).get("vocab") or {}
         vocab = {str(entry[0]): i for i, entry in enumerate(raw)} if isinstance(raw, list) else {str(k): int(v) for k, v in raw.items()}
         added = tuple(dict(t) for t in data.get("added_tokens") or [])
         vocab.update({str(t["content"]): int(t["id"]) for t in added})
     except (OSError, ValueError, TypeError, KeyError, AttributeError, IndexError):
         return None
-    return ModelTokenizer(folder, vocab, added, _vocab_size(folder, len(vocab)))
+    return ModelTokenizer(folder, vocab, added, _vocab_size(folder, len(vocab)), kind)
 
 
 def _vocab_size(folder: str, fallback: int) -> int:
@@ -122,9 +145,10 @@ def _entry(new_id: int, entry: dict) -> dict:
     return {"id": new_id, "content": str(entry["content"]), **{k: bool(entry.get(k, False)) for k in ADDED_FLAGS}}
 
 
-def config_with(folder: str, *, added: list[dict] = (), drop_template: bool = False) -> str | None:
+def config_with(folder: str, *, added: list[dict] = (), drop_template: bool = False, keep_below: int = 0) -> str | None:
     """The text of `folder`'s tokenizer_config.json with the added tokens listed in its added_tokens_decoder (when
-    it has one) and its chat_template key removed (`drop_template`); None when nothing changes or it is absent."""
+    it has one), those of id `keep_below` or more (when > 0) taken out of it, and its chat_template key removed
+    (`drop_template`); None when nothing changes or it is absent."""
     file = Path(folder) / TOKENIZER_CONFIG
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
@@ -134,6 +158,10 @@ def config_with(folder: str, *, added: list[dict] = (), drop_template: bool = Fa
         return None
     changed = False
     decoder = data.get("added_tokens_decoder")
+    if keep_below and isinstance(decoder, dict):
+        kept = {k: v for k, v in decoder.items() if not (k.isdigit() and int(k) >= keep_below)}
+        changed = len(kept) != len(decoder)
+        data["added_tokens_decoder"] = decoder = kept
     if added and isinstance(decoder, dict):
         for entry in added:
             decoder[str(entry["id"])] = {"content": entry["content"], **{k: entry[k] for k in sorted(ADDED_FLAGS)}}

@@ -66,3 +66,41 @@ def test_yaml_anchor_bombs_and_huge_files_are_refused(tmp_path: Path) -> None:
     (tmp_path / "big.yml").write_text("# " + "x" * (1 << 20) + "\n")
     with pytest.raises(MapperError, match="larger than"):
         read_config(tmp_path / "big.yml")
+
+
+def _copy_model(src: Path, dst: Path, **config: object) -> Path:
+    import json
+    import shutil
+
+    shutil.copytree(src, dst)
+    data = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**data, **config}))
+    return dst
+
+
+def test_a_shared_vocabulary_shorter_than_the_rows_is_cut_or_refused_for_slices() -> None:
+    """mergekit cuts the rows to the tokenizer's length (the fixture case checks the bytes); over slices the
+    workbench does not, and says so naming tokenizer_source instead of keeping vocab_size rows."""
+    models = [{"model": "wide/base", "parameters": {"weight": 0.5}}, {"model": "wide/ft1", "parameters": {"weight": 0.5}}]
+    ck, mapper = wb.merge_config({"merge_method": "linear", "models": models, "tokenizer_source": "base",
+                                  "base_model": "wide/base"}, root=inputs_folder())
+    plan = wb.plan(ck, mapper)
+    assert plan.ok and plan.outputs.loc["model.embed_tokens.weight", "shape"] == (64, 32)
+    slices = {"merge_method": "passthrough", "tokenizer_source": "base",
+              "slices": [{"sources": [{"model": "wide/base", "layer_range": [0, 4]}]}]}
+    ck, mapper = wb.merge_config(slices, root=inputs_folder())
+    text = " ".join(str(p) for p in wb.plan(ck, mapper).problems)
+    assert "tokenizer_source" in text and "cuts the rows" in text
+
+
+def test_tokens_beyond_vocab_size_are_stripped_from_bpe_only(tmp_path: Path) -> None:
+    """A WordLevel tokenizer with tokens beyond vocab_size under `base`: mergekit fails, the plan refuses; a model
+    source with tokens beyond its rows likewise."""
+    short = _copy_model(inputs_folder() / "fp32" / "base", tmp_path / "short", vocab_size=60)
+    ck, mapper = wb.merge_config({"merge_method": "linear", "models": [{"model": str(short)}], "tokenizer_source": "base"})
+    text = " ".join(str(p) for p in wb.plan(ck, mapper).problems)
+    assert "tokenizer_source" in text and "BPE tokenizers only" in text
+    ck, mapper = wb.merge_config({"merge_method": "linear", "models": [{"model": "bpe/base", "parameters": {"weight": 1.0}}],
+                                  "tokenizer_source": "bpe/ft1"}, root=inputs_folder())
+    text = " ".join(str(p) for p in wb.plan(ck, mapper).problems)
+    assert "tokenizer_source" in text and "'yy'" in text

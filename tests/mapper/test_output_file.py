@@ -47,3 +47,21 @@ def test_content_adds_tokens_to_the_source_tokenizer(tmp_path: Path) -> None:
     assert M.OutputFile("x.json", source=str(source)).content() == source.read_bytes()
     with pytest.raises(MapperError, match="cannot be read"):
         M.OutputFile("x.json", source=str(tmp_path / "gone.json")).content()
+
+
+def test_content_strips_tokens_beyond_a_count_as_mergekit_does(tmp_path: Path) -> None:
+    """keep_below: tokens of that id and above leave the vocabulary, the added tokens and the BPE merges using one
+    (in either merges format); merges of kept tokens stay."""
+    source = tmp_path / "tokenizer.json"
+    source.write_text(json.dumps({"added_tokens": [{"id": 0, "content": "<s>"}, {"id": 5, "content": "<x>"}],
+                                  "model": {"type": "BPE", "vocab": {"<s>": 0, "a": 1, "b": 2, "ab": 3, "bb": 4},
+                                            "merges": [["a", "b"], "bb b", ["b", "bb"]]}}))
+    statement = M.OutputFile("tokenizer.json", source=str(source), keep_below=4)
+    data = json.loads(statement.content())
+    assert data["model"]["vocab"] == {"<s>": 0, "a": 1, "b": 2, "ab": 3} and data["model"]["merges"] == [["a", "b"]]
+    assert [t["content"] for t in data["added_tokens"]] == ["<s>"]
+    namespace: dict = {}
+    exec(M.Sequential(statement, M.OutputFile("x.txt", text="1")).to_code(), namespace)
+    assert namespace["mapper"].mappers[0] == statement
+    with pytest.raises(MapperError, match="keep_below"):
+        M.OutputFile("tokenizer.json", keep_below=4)

@@ -23,6 +23,7 @@ from tests.mergekit_reference import (
     manifest,
     merge_case,
     token_differences,
+    union_case,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,7 +37,8 @@ def test_every_deterministic_case_is_bit_identical_to_mergekit(case: str, tmp_pa
 
 @pytest.mark.parametrize("case", ["slerp-gradient-bf16", "ties-fp32", "passthrough-slices-fp32", "slerp-slices-bf16",
                                   "model_stock-bf16", "multislerp-fp32", "linear-tokenizer-base",
-                                  "notebook-ties"])
+                                  "notebook-ties", "linear-tokenizer-base-cut", "slerp-tokenizer-pad-cut",
+                                  "linear-tokenizer-base-strip"])
 def test_logits_equal_mergekits(case: str, tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     import torch
@@ -119,6 +121,24 @@ def test_tokenizer_cases_equal_mergekits_row_by_token(case: str, tmp_path: Path)
     assert token_differences(case, tmp_path / "out") == []
     got = json.loads((tmp_path / "out" / "config.json").read_text())["vocab_size"]
     assert got == manifest()["cases"][case]["output_config"]["vocab_size"]
+
+
+@pytest.mark.parametrize("case", ["linear-tokenizer-base-strip", "linear-tokenizer-union-added", "linear-tokenizer-tokens"])
+def test_transformers_loads_the_tokenizer_mergekit_wrote(case: str, tmp_path: Path) -> None:
+    """The output's tokenizer files are the sources' files edited, not transformers' re-serialisation: loaded by
+    transformers they give mergekit's tokens (and ids, but for a union's new tokens), added tokens and template."""
+    pytest.importorskip("transformers")
+    from transformers import AutoTokenizer
+
+    merge_case(case, tmp_path / "out")
+    want = manifest()["cases"][case]["tokenizer"]
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out")
+    vocab = tokenizer.get_vocab()
+    assert set(vocab) == set(want["vocab"])
+    assert union_case(case) or vocab == want["vocab"]
+    added = {t.content: t.special for t in tokenizer.added_tokens_decoder.values()}
+    assert added == {t["content"]: t["special"] for t in want["added_tokens"]}
+    assert tokenizer.chat_template == want["chat_template"]
 
 
 @pytest.mark.parametrize("case", ["linear-tokenizer-union-added", "ties-tokenizer-model"])

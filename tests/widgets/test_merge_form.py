@@ -185,3 +185,36 @@ def test_the_form_works_alone(sources):
     form.models_picker.value = ("ft1", "ft3")
     assert "39 tensors merged" in html.unescape(form.message.value)
     assert set(form.frame["t"]) == {0.001}
+
+
+def test_dtype_and_out_dtype_map_to_mergekits_keys_and_export(builder, sources):
+    """The dtype menus set the merge's accumulation and output dtypes as mergekit's `dtype` / `out_dtype` do: the
+    step equals what a config with those keys builds, its exported code rebuilds it, the plan writes out_dtype, and
+    loading the step shows them again. The static HTML copy carries the per-layer table."""
+    form = builder.merge_form
+    form.models_picker.value = ("ft1", "ft2")
+    form.method_picker.value = "linear"
+    form.parameter_boxes["weight"].value = "@ft1: 0.6; @ft2: 0.4"
+    form.dtype_picker.value = "float32"
+    form.out_dtype_picker.value = "bfloat16"
+    assert "39 tensors merged" in message(builder)
+    step = form.build()
+    assert step == M.presets.merge("linear", ["ft1", "ft2"], model_parameters={"ft1": {"weight": 0.6}, "ft2": {"weight": 0.4}},
+                                   dtype="float32", out_dtype="bfloat16")
+    from workbench.mapper.presets.mergekit import config_mapper
+    config = {"merge_method": "linear", "dtype": "float32", "out_dtype": "bfloat16",
+              "models": [{"model": "a", "parameters": {"weight": 0.6}}, {"model": "b", "parameters": {"weight": 0.4}}]}
+    assert config_mapper(config, {"a": "ft1", "b": "ft2"}) == step
+    html_copy = builder._repr_html_()
+    assert "Values per layer" in html_copy and "weight[ft1]" in html_copy
+    builder.add_button.click()
+    assert "(dtype F32, out_dtype BF16)" in builder.form_message.value
+    namespace: dict = {}
+    exec(builder.code(), namespace)
+    assert namespace["mapper"] == builder.mapper and "dtype='F32'" in builder.code() and "out_dtype='BF16'" in builder.code()
+    plan = wb.plan(wb.open_checkpoint(sources), namespace["mapper"])
+    assert plan.ok and set(plan.outputs["dtype"]) == {"BF16"}
+    form.dtype_picker.value, form.out_dtype_picker.value = "", ""
+    assert form.build().dtype is None and form.build().out_dtype is None
+    form.load(step)
+    assert (form.dtype_picker.value, form.out_dtype_picker.value) == ("float32", "bfloat16")

@@ -9,7 +9,10 @@ extras step writes it instead of the copy. The content is one of
 
 - `text`: the file's text;
 - `source`: a local file whose bytes the file gets (a tokenizer file of a model that is not the primary source),
-  with `added` (JSON texts of tokenizer.json `added_tokens` entries) added to its added tokens when given;
+  with `added` (JSON texts of tokenizer.json `added_tokens` entries) added to its added tokens when given, and with
+  `keep_below` (when > 0) its tokens of id `keep_below` and above removed first — from the model's vocabulary, the
+  added tokens and the BPE merges that use one of them (mergekit strips a tokenizer so beyond config.json's
+  vocab_size);
 - neither: the file is not written (a copied file the new ones would contradict), listed as skipped with `why`.
 
 The tokenizer.json edit is stated, not its text, so a 10 MB tokenizer does not travel inside the mapper.
@@ -37,6 +40,7 @@ class OutputFile(NoTensorLeaf):
     source: str = ""
     added: tuple[str, ...] = ()
     why: str = ""
+    keep_below: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path or "/" in self.path or "\\" in self.path or self.path.startswith("."):
@@ -56,6 +60,10 @@ class OutputFile(NoTensorLeaf):
                                   f"with 'id' and 'content' (got {str(entry)[:80]!r}).")
         if added and not self.source:
             raise MapperError(f"Cannot build OutputFile {self.path!r}: added tokens need the source tokenizer.json they are added to.")
+        if isinstance(self.keep_below, bool) or not isinstance(self.keep_below, int) or self.keep_below < 0 \
+                or (self.keep_below and not self.source):
+            raise MapperError(f"Cannot build OutputFile {self.path!r}: keep_below is a token count (got {self.keep_below!r}) "
+                              "of a source tokenizer.json.")
         object.__setattr__(self, "added", added)
 
     @property
@@ -77,17 +85,32 @@ class OutputFile(NoTensorLeaf):
         except OSError as exc:
             raise MapperError(f"Cannot write {self.path!r}: its source {path} cannot be read ({exc.strerror or exc}). "
                               "Check that the model folder is still there.") from None
-        if not self.added:
+        if not self.added and not self.keep_below:
             return raw
         try:
             data = json.loads(raw)
             tokens = list(data.get("added_tokens") or [])
-        except (ValueError, AttributeError):
+            if self.keep_below:
+                tokens = _strip(data, tokens, self.keep_below)
+        except (ValueError, AttributeError, TypeError, KeyError):
             raise MapperError(f"Cannot write {self.path!r}: its source {path} is not a tokenizer.json (JSON with "
-                              "added_tokens).") from None
+                              "added_tokens and a model vocabulary).") from None
         tokens += [json.loads(entry) for entry in self.added]
         data["added_tokens"] = sorted(tokens, key=lambda t: t.get("id", 0) if isinstance(t, dict) else 0)
         return (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def _strip(data: dict, tokens: list, below: int) -> list:
+    """Remove from the tokenizer.json `data` every token of id `below` or more (model vocabulary, BPE merges using
+    one) and return its added tokens without them."""
+    model = data["model"]
+    vocab = model["vocab"]
+    unused = {str(t) for t, i in vocab.items() if int(i) >= below} | {str(t["content"]) for t in tokens if int(t["id"]) >= below}
+    model["vocab"] = {t: i for t, i in vocab.items() if t not in unused}
+    if isinstance(model.get("merges"), list):
+        model["merges"] = [m for m in model["merges"]
+                           if not set(m.split(" ") if isinstance(m, str) else m) & unused]
+    return [t for t in tokens if int(t["id"]) < below]
 
 
 def output_files(mapper: Any) -> tuple[list[OutputFile], list[str]]:

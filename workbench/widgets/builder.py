@@ -1442,7 +1442,9 @@ class MapperBuilder(Panel):
         return (
             f'<div class="wb-builder-static">{self._header_html()}'
             f"<b>{html.escape(self.combine_picker.value)} steps</b><ol>{steps}</ol>{self.problems_html}"
-            f"<b>Preview</b>{self.preview_table.value}"
+            + (f"<div class='wb-merge-static'>{self.merge_form.table.value}</div>"  # the Merge form's per-layer values
+               if self.merge_form.active and self.merge_form.table.value else "")
+            + f"<b>Preview</b>{self.preview_table.value}"
             + (f"<b>Target</b>{self.target_view.value}" if self.target is not None else "")
             + f"<b>Code</b><pre>{html.escape(self.code_area.value)}</pre></div>"
         )

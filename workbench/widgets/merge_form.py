@@ -11,6 +11,10 @@ takes mergekit's value forms in a short text syntax (`parse_setting`):
 - `@ft1: 0.7; @ft2: 0.3` — one value per model, for the parameters mergekit takes per model (`weight`,
   `density`, ...); `@ft1 mlp: 0, 1` combines both.
 
+Two menus set the merge's dtypes as mergekit's config keys do: `dtype` (the inputs are cast to it and the method
+computes in it; unset, the inputs' promoted dtype) and `out_dtype` (the dtype the merged tensors are written in;
+unset, the one the method computed in).
+
 The form builds `M.MergeModels(...)` (what `M.presets.merge` returns), binds it to the names where the step would
 run, and shows a table of layer × parameter built from the bound `Merge` operations (`bound_parameters()`),
 so it shows what the merge will compute with, defaults included. Mistakes are messages in the form, never
@@ -27,6 +31,7 @@ from typing import Any
 import ipywidgets as widgets
 import pandas as pd
 
+from ..dtypes import normalize_dtype
 from ..errors import MapperError, WorkbenchError
 from ..mapper.bind import source_names
 from ..mapper.merge.methods import METHODS, Method, Parameter
@@ -40,6 +45,7 @@ NO_BASE = ""
 SCOPES = {"shared": "same for every model", "input": "per model", "non_base": "per model but the base"}
 EXAMPLE = "0.5 · gradient 0, 0.5, 1 · self_attn: 0, 1; mlp: 1, 0; 0.5"
 SHOWN_PROBLEMS = 3
+DTYPES = ("float32", "bfloat16", "float16", "float64")  # the merge's dtype / out_dtype menus (mergekit's names)
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 
 
@@ -269,9 +275,11 @@ def _show(value: Any) -> str:
 
 def merge_label(step: MergeModels, instances: Sequence[Any] | None = None) -> str:
     """A Merge step in words for the builder's list: "merge ft1 + ft2 by slerp (base ft1) → 39 tensors"."""
-    base = f" (base {step.base_model})" if step.base_model else ""
+    notes = [f"base {step.base_model}"] if step.base_model else []
+    notes += [f"{field} {getattr(step, field)}" for field in ("dtype", "out_dtype") if getattr(step, field)]
     count = sum(isinstance(op, Merge) for op in instances or ())
-    return f"merge {' + '.join(step.models)} by {step.method}{base}" + (f" → {count} tensors" if count else "")
+    return (f"merge {' + '.join(step.models)} by {step.method}" + (f" ({', '.join(notes)})" if notes else "")
+            + (f" → {count} tensors" if count else ""))
 
 
 # --- the form ---------------------------------------------------------------------------------------------------
@@ -299,14 +307,23 @@ class MergeForm:
         self.base_picker = labelled(W.Dropdown(options=[("(none)", NO_BASE)], value=NO_BASE, description="Base",
                                                layout=W.Layout(width="300px")), "wb-merge-base")
         self.seed_box = labelled(W.Text(placeholder="e.g. 0", description="seed", layout=W.Layout(width="200px")), "wb-merge-seed")
+        self.dtype_picker = labelled(W.Dropdown(options=[("(inputs' dtype)", "")] + [(d, d) for d in DTYPES], value="",
+                                                description="dtype", layout=W.Layout(width="240px"),
+                                                tooltip="mergekit's dtype: the inputs are cast to it and the merge computes in it"),
+                                     "wb-merge-dtype")
+        self.out_dtype_picker = labelled(W.Dropdown(options=[("(the merge's dtype)", "")] + [(d, d) for d in DTYPES], value="",
+                                                    description="out_dtype", layout=W.Layout(width="260px"),
+                                                    tooltip="mergekit's out_dtype: the dtype the merged tensors are written in"),
+                                         "wb-merge-out-dtype")
         self.method_info = labelled(W.HTML(), "wb-merge-info")
         self.parameters_box = labelled(W.VBox(), "wb-merge-parameters")
         self.parameter_boxes: dict[str, widgets.Text] = {}
         self.message = labelled(W.HTML(), "wb-merge-message")
         self.table = labelled(W.HTML(layout=W.Layout(max_height="320px", overflow="auto")), "wb-merge-table")
         self.box = labelled(W.VBox([W.HTML("<b>Merge whole models</b> (the sources of a multi-source checkpoint)"), W.HBox([self.models_picker, W.VBox([self.method_picker, self.base_picker])]), self.method_info,
-                                    self.parameters_box, self.seed_box, self.message, self.table]), "wb-merge-form")
-        for control in (self.models_picker, self.base_picker, self.seed_box):
+                                    self.parameters_box, W.HBox([self.dtype_picker, self.out_dtype_picker]), self.seed_box,
+                                    self.message, self.table]), "wb-merge-form")
+        for control in (self.models_picker, self.base_picker, self.seed_box, self.dtype_picker, self.out_dtype_picker):
             control.observe(lambda _: self.update(), names="value")
         self.method_picker.observe(lambda _: self._method_changed(), names="value")
         self.set_sources(list(sources()))
@@ -400,7 +417,8 @@ class MergeForm:
                 raise FormError(f"Cannot use seed {text!r}: write a whole number such as 0.")
             seed = int(text)
         return MergeModels(spec.name, models, base_model=base, parameters=parameters or None,
-                           model_parameters=model_parameters or None, seed=seed)
+                           model_parameters=model_parameters or None, dtype=self.dtype_picker.value or None,
+                           out_dtype=self.out_dtype_picker.value or None, seed=seed)
 
     def load(self, step: MergeModels) -> None:
         """Show `step` in the fields (to edit it)."""
@@ -412,6 +430,9 @@ class MergeForm:
             self.models_picker.value = tuple(m for m in step.models if m in self.models_picker.options)
             self.base_picker.value = base if base in self.models_picker.options else NO_BASE
             self.seed_box.value = "" if step.seed is None else str(step.seed)
+            names = {normalize_dtype(d): d for d in DTYPES}
+            self.dtype_picker.value = names.get(step.dtype, "") if step.dtype else ""
+            self.out_dtype_picker.value = names.get(step.out_dtype, "") if step.out_dtype else ""
             for name, box in self.parameter_boxes.items():
                 parts = []
                 if name in args.get("parameters", {}):
