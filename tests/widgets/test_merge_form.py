@@ -209,6 +209,8 @@ def test_dtype_and_out_dtype_map_to_mergekits_keys_and_export(builder, sources):
     assert "Values per layer" in html_copy and "weight[ft1]" in html_copy
     builder.add_button.click()
     assert "(dtype F32, out_dtype BF16)" in builder.form_message.value
+    html_copy = builder._repr_html_()  # the added step's values, where it runs
+    assert "step 1: <b>Values per layer</b>" in html_copy and "weight[ft2]" in html_copy
     namespace: dict = {}
     exec(builder.code(), namespace)
     assert namespace["mapper"] == builder.mapper and "dtype='F32'" in builder.code() and "out_dtype='BF16'" in builder.code()

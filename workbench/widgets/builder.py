@@ -55,7 +55,7 @@ from .common import (
     replace_output,
     set_options,
 )
-from .merge_form import MergeForm, merge_label
+from .merge_form import MergeForm, merge_label, step_table_html
 
 COMBINE = {"Sequential": "Sequential — each step sees the previous result", "Parallel": "Parallel — every step reads the source"}
 CODE = "Code"  # the form mode that takes any mapper expression (M.…) — also how composite steps are edited
@@ -1437,13 +1437,25 @@ class MapperBuilder(Panel):
         n_problems = len(self.binding.problems) if self.binding is not None else 0
         return f"MapperBuilder over {self.source.path.name}: {len(self.steps)} step(s), {n_out} outputs, {n_problems} problem(s)"
 
+    def _merge_tables_html(self) -> str:
+        """The per-layer values of each Merge step (where it runs), and the Merge form's live table when it shows one."""
+        parts = []
+        for k, step in enumerate(self.steps):
+            if isinstance(step, MergeModels):
+                target = self.source if k == 0 or self.combine_picker.value == "Parallel" or self.stepwise is None \
+                    else self.names_before(k)
+                table = step_table_html(step, target)
+                parts += [f"<div class='wb-merge-static'>step {k + 1}: {table}</div>"] if table else []
+        if self.merge_form.active and self.merge_form.table.value:
+            parts.append(f"<div class='wb-merge-static'>Merge form: {self.merge_form.table.value}</div>")
+        return "".join(parts)
+
     def _repr_html_(self) -> str:
         steps = "".join(f"<li>{html.escape(label)}</li>" for label in self.step_labels()) or "<li>(no steps)</li>"
         return (
             f'<div class="wb-builder-static">{self._header_html()}'
             f"<b>{html.escape(self.combine_picker.value)} steps</b><ol>{steps}</ol>{self.problems_html}"
-            + (f"<div class='wb-merge-static'>{self.merge_form.table.value}</div>"  # the Merge form's per-layer values
-               if self.merge_form.active and self.merge_form.table.value else "")
+            + self._merge_tables_html()
             + f"<b>Preview</b>{self.preview_table.value}"
             + (f"<b>Target</b>{self.target_view.value}" if self.target is not None else "")
             + f"<b>Code</b><pre>{html.escape(self.code_area.value)}</pre></div>"

@@ -485,16 +485,32 @@ class MergeForm:
     def _say(self, text: str, kind: str, keep_table: bool = False) -> None:
         self.message.value = message_html(text, kind)
         if keep_table and not self.frame.empty:
-            shown = self.frame.map(_show)
-            spec = self._spec()
-            rest = [p for p in spec.parameters if not any(c.split("[")[0].split(" · ")[0] == p.name for c in self.frame.columns)] \
-                if spec is not None else []
-            note = ("<div class='wb-note'>at their default: " + html.escape(", ".join(f"{p.name} = {setting_text(p.default)}"
-                                                                                     for p in rest)) + "</div>") if rest else ""
-            self.table.value = ("<b>Values per layer</b> (what the merge computes with)"
-                                + frame_table(shown, max_rows=400, noun="rows") + note)
+            self.table.value = table_html(self.frame, self._spec())
         else:
             self.table.value = ""
 
 
-__all__ = ["MergeForm", "layer_table", "merge_label", "method_summary", "parse_setting", "setting_text"]
+def table_html(frame: pd.DataFrame, spec: Method | None) -> str:
+    """The per-layer table as HTML, with the parameters left at their default named below it."""
+    shown = frame.map(_show)
+    rest = [p for p in spec.parameters if not any(c.split("[")[0].split(" · ")[0] == p.name for c in frame.columns)] \
+        if spec is not None else []
+    note = ("<div class='wb-note'>at their default: " + html.escape(", ".join(f"{p.name} = {setting_text(p.default)}"
+                                                                             for p in rest)) + "</div>") if rest else ""
+    return "<b>Values per layer</b> (what the merge computes with)" + frame_table(shown, max_rows=400, noun="rows") + note
+
+
+def step_table_html(step: MergeModels, target: Any) -> str:
+    """The per-layer table of a Merge step bound where it runs (`target`: a checkpoint or the names before it), as
+    HTML for the builder's static copy; '' when it does not bind."""
+    try:
+        names = getattr(getattr(target, "catalog", None), "tensors", target)
+        instances, _ = step.bind_instances(dict.fromkeys(names), source_names(target))
+        merges = [op for op in instances if isinstance(op, Merge)]
+        return table_html(layer_table(step, merges), METHODS[step.method]) if merges else ""
+    except WorkbenchError:
+        return ""
+
+
+__all__ = ["MergeForm", "layer_table", "merge_label", "method_summary", "parse_setting", "setting_text", "step_table_html",
+           "table_html"]
