@@ -11,6 +11,11 @@
   models in config order (base first) and each model's tokens by id. The rows of every token are the same as
   mergekit's — only their order among the new tokens can differ — and the tests compare rows by token string.
 
+Whatever the source, the output has one embedding (and lm_head) row per token of the output tokenizer, as in
+mergekit: models sharing one vocabulary shorter than their rows (Qwen2's vocab_size pads beyond its tokenizer) come
+out with the tokenizer's length. `base` and `union` start from the base's tokenizer stripped of its tokens at or
+beyond vocab_size (`ModelTokenizer.stripped`; mergekit does this for BPE tokenizers only and fails otherwise).
+
 The tokenizer section's `tokens` (a token's row from a model, a model's other token, or zeros; `force` for every
 model) become row-table entries (`token_sources`), tokens the vocabulary lacks being added after the others, and
 `pad_to_multiple_of` padding rows (`AlignVocabulary(pad=...)`, the mean of the rows above).
