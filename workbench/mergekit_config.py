@@ -299,8 +299,8 @@ def _shared_vocabulary(config: dict, refs: list[str], names: dict[str, str], che
     if out_tok is None:
         return files, folder, [], 0
     vocab = out_tok.stripped().vocab if keep_below else out_tok.vocab
-    primary = names[refs[0]]
-    rows = {t.shape[0] for n, t in checkpoint.catalog.sources[primary].tensors.items() if VOCAB_TENSOR.search(n) and t.shape}
+    rows = {t.shape[0] for ref in refs for n, t in checkpoint.catalog.sources[names[ref]].tensors.items()
+            if VOCAB_TENSOR.search(n) and t.shape}
     steps: list[Any] = []
     if any(r > len(vocab) for r in rows):
         if not contiguous(vocab):
@@ -333,7 +333,9 @@ def _cut_steps(models: list[str], names: dict[str, str], refs: list[str], checkp
         for tensor in sorted(n for n in tensors if VOCAB_TENSOR.search(n)):
             name = tensor if names[model] == primary else f"{names[model]}::{tensor}"
             own = checkpoint.catalog.sources[names[model]].tensors.get(tensor)
-            rest = (own.shape[0] if own is not None else tensors[tensor].shape[0]) - length
+            rest = (own.shape[0] if own is not None and own.shape else length) - length
+            if rest <= 0:  # already the tokenizer's length (or shorter: the merge then says the shapes differ)
+                continue
             steps.append(Sequential(Split(name, [name, name + ".beyond_tokenizer"], sizes=[length, rest]),
                                     Drop(name + ".beyond_tokenizer")))
     return [Parallel(*steps)] if len(steps) > 1 else steps
