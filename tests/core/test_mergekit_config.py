@@ -104,3 +104,15 @@ def test_tokens_beyond_vocab_size_are_stripped_from_bpe_only(tmp_path: Path) -> 
                                   "tokenizer_source": "bpe/ft1"}, root=inputs_folder())
     text = " ".join(str(p) for p in wb.plan(ck, mapper).problems)
     assert "tokenizer_source" in text and "'yy'" in text
+
+
+def test_each_model_longer_than_the_shared_tokenizer_is_cut() -> None:
+    """A base of 64 rows and a fine-tune padded to 72 (same tokenizer): only the fine-tune is cut, the merge binds."""
+    ck, mapper = wb.merge_config({"merge_method": "linear", "tokenizer_source": "base", "base_model": "fp32/base",
+                                  "models": [{"model": "fp32/base", "parameters": {"weight": 0.5}},
+                                             {"model": "wide/ft1", "parameters": {"weight": 0.5}}]}, root=inputs_folder())
+    plan = wb.plan(ck, mapper)
+    assert plan.ok, plan.problems
+    assert plan.outputs.loc["lm_head.weight", "shape"] == (64, 32)
+    code = mapper.to_code()
+    assert "'ft1::lm_head.weight.beyond_tokenizer'" in code and "'lm_head.weight.beyond_tokenizer'" not in code
