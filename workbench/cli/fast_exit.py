@@ -4,7 +4,7 @@ At exit Python frees every module and object one by one and runs several garbage
 30-60 ms of a `workbench convert` that copies 1 GiB in under a second (the file it wrote is already synced
 and renamed by then). `exit_now` flushes the standard streams and ends the process at once, but only when
 no exit work is registered: no `atexit` callback (logging's flush, coverage, a profiler, a caller's handler), no thread
-but this one still alive, no `threading` exit hook (thread pools). Otherwise it exits the ordinary way.
+the interpreter would wait for (a non-daemon one) still alive, no `threading` exit hook (thread pools). Otherwise it exits the ordinary way.
 Only the process entry points (`python -m workbench`, the console script) call it; `cli.main` itself
 returns its status, so code calling `main()` keeps running.
 """
@@ -21,8 +21,9 @@ def _quiet_exit_possible() -> bool:
     """True when leaving without tear-down skips nothing anyone registered."""
     if atexit._ncallbacks():  # noqa: SLF001 - the only way to ask whether exit callbacks are registered
         return False
-    if threading.active_count() > 1:
-        return False
+    main = threading.main_thread()
+    if any(thread is not main and not thread.daemon for thread in threading.enumerate()):
+        return False  # the interpreter would wait for it (daemon threads it abandons either way)
     return not getattr(threading, "_threading_atexits", None)  # concurrent.futures' pools register here
 
 
