@@ -1,5 +1,6 @@
 """`python -m workbench ...`: the same as the `workbench` command."""
 
 from .cli import main
+from .cli.fast_exit import exit_now
 
-raise SystemExit(main())
+exit_now(main())

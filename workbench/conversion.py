@@ -14,7 +14,7 @@ from .engine.report import RunReport
 from .errors import CastOverflowWarning
 from .launch.in_process import run_local
 from .launch.inplace import convert_in_place, under_torchrun
-from .launch.launcher import check_launcher, launch
+from .launch.launchers import check_launcher
 from .mapper.base import Mapper
 from .mapper.groups import Binding
 from .planning.build import DEFAULT_CHUNK, build_plan, make_options
@@ -62,6 +62,8 @@ def execute(plan: Plan, *, quiet: bool = False, on_progress: ProgressCallback | 
     elif plan.nproc == 1:
         report = run_local(plan, quiet=quiet, on_progress=on_progress)
     else:
+        from .launch.launcher import launch  # worker processes: their module only where they start
+
         report = launch(plan, quiet=quiet, on_progress=on_progress, launcher=launcher)
     if verify:
         report.output_check = check_outputs(plan)

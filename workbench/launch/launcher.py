@@ -36,13 +36,11 @@ from ..output.lock import DestinationLock, lock_destination
 from ..planning.model import Plan
 from .job import job_for
 from .jobdir import make_jobdir
+from .launchers import LAUNCHERS, check_launcher
 from .local_run import WORKER_MODULE
 from .processes import is_running, signal_worker
 
 KILL_GRACE_SECONDS = 5.0
-
-
-LAUNCHERS = ("auto", "torchrun", "local")
 
 
 def torchrun_command(nproc: int, jobdir: Path, python: str = sys.executable) -> list[str]:
@@ -56,14 +54,6 @@ def worker_command(launcher: str, nproc: int, jobdir: Path, python: str = sys.ex
     if resolve_launcher(launcher) == "local":
         return [python, "-m", "workbench.launch.local_run", str(nproc), str(jobdir)]
     return torchrun_command(nproc, jobdir, python)
-
-
-def check_launcher(launcher: str) -> str:
-    """`launcher` when it names a known way to start workers; a PlanError otherwise."""
-    if launcher not in LAUNCHERS:
-        raise PlanError(f"Cannot start workers: unknown launcher {launcher!r}. Use 'auto' (the default: the local "
-                        "launcher), 'local' (one machine, without torchrun's start-up) or 'torchrun'.")
-    return launcher
 
 
 def resolve_launcher(launcher: str) -> str:

@@ -7,6 +7,7 @@ the engine ships to torchrun workers; the code form is what users edit and pass 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from typing import Any
 
@@ -17,10 +18,6 @@ from .claim import Claim
 from .compose import Parallel, PrefixScope, Sequential
 from .config_update import ConfigUpdate
 from .function import Function
-from .merge import Merge, MergeModels
-from .merge.refusal import Refused
-from .merge.slices import Duplicate, MergeSlices, SliceCopies
-from .merge.vocabulary import AlignVocabulary
 from .op import Op
 from .ops import Cast, Concat, Drop, Identity, Rename, Reshape, Split, Stack, Transpose, Unstack
 from .output_file import OutputFile
@@ -32,10 +29,26 @@ VERSION = 1
 LINE_WIDTH = 100
 SHORT_WIDTH = 160
 
-OPERATIONS: dict[str, type[Mapper]] = {
-    cls.__name__: cls
-    for cls in (Rename, Identity, Drop, Concat, Stack, Split, Unstack, Transpose, Reshape, Cast, Unsupported, Function, Merge, MergeModels, MergeSlices, SliceCopies, Duplicate, Refused, AlignVocabulary, Sequential, Parallel, PrefixScope, Claim, ConfigUpdate, OutputFile)
-}
+
+
+@functools.cache
+def _operations() -> dict[str, type[Mapper]]:
+    """Operation name -> class, for reading JSON back. The merge operations are imported here, when a mapper is
+    read, not with this module: exporting a plan's mapper (every conversion fingerprints it) needs none of them."""
+    from .merge import Merge, MergeModels
+    from .merge.refusal import Refused
+    from .merge.slices import Duplicate, MergeSlices, SliceCopies
+    from .merge.vocabulary import AlignVocabulary
+
+    return {cls.__name__: cls for cls in (
+        Rename, Identity, Drop, Concat, Stack, Split, Unstack, Transpose, Reshape, Cast, Unsupported, Function, Merge, MergeModels,
+        MergeSlices, SliceCopies, Duplicate, Refused, AlignVocabulary, Sequential, Parallel, PrefixScope, Claim, ConfigUpdate, OutputFile)}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "OPERATIONS":  # the public table, built on first use (see `_operations`)
+        return _operations()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _literal(value: Any) -> str:
@@ -141,8 +154,9 @@ def to_code(mapper: Mapper) -> str:
 
 def to_dict(mapper: Mapper) -> dict[str, Any]:
     """A JSON-ready dict describing `mapper`."""
-    if isinstance(mapper, (Merge, MergeModels, MergeSlices, AlignVocabulary)):  # SliceCopies is a MergeSlices
-        return {"op": type(mapper).__name__, **mapper.arguments()}
+    arguments = getattr(mapper, "arguments", None)
+    if arguments is not None:  # Merge, MergeModels, MergeSlices (SliceCopies), AlignVocabulary: fields are not arguments
+        return {"op": type(mapper).__name__, **arguments()}
     if isinstance(mapper, (Op, Claim, ConfigUpdate, OutputFile)):
         out: dict[str, Any] = {"op": type(mapper).__name__}
         for field in dataclasses.fields(mapper):  # type: ignore[arg-type]
@@ -166,9 +180,10 @@ def from_dict(data: Any) -> Mapper:
         raise MapperError(f"Cannot read mapper JSON: expected an object with an 'op' key (got {str(data)[:80]!r}).")
     fields = dict(data)
     kind = fields.pop("op")
-    cls = OPERATIONS.get(kind)
+    operations = _operations()
+    cls = operations.get(kind)
     if cls is None:
-        raise MapperError(f"Cannot read mapper JSON: unknown operation {kind!r}. Known: {', '.join(OPERATIONS)}.")
+        raise MapperError(f"Cannot read mapper JSON: unknown operation {kind!r}. Known: {', '.join(operations)}.")
     try:
         if cls in (Sequential, Parallel):
             return cls(*[from_dict(child) for child in fields.pop("mappers")])

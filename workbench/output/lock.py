@@ -13,7 +13,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,18 @@ from ..files import open_or_create, open_regular
 
 LOCK_NAME = ".workbench.lock"
 _RETRY_SECONDS = 0.25  # a probe (`holder`) holds the lock for microseconds; do not mistake it for a run
+
+
+
+def _host() -> str:
+    """This machine's name, as `socket.gethostname()` gives it (uname's node name on POSIX, without importing
+    `socket`: a byte-copy conversion's start-up is measured against `cp -r`)."""
+    try:
+        return os.uname().nodename
+    except AttributeError:  # not POSIX
+        import socket
+
+        return socket.gethostname()
 
 
 def _holder_text(fd: int) -> str:
@@ -37,7 +48,7 @@ def _holder_text(fd: int) -> str:
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.get("started", 0)))
     text = f"pid {info.get('pid')} on host {info.get('host', '?')}, started {started}"
     pid = info.get("pid")
-    if info.get("host") != socket.gethostname() or not isinstance(pid, int) or _alive(pid):
+    if info.get("host") != _host() or not isinstance(pid, int) or _alive(pid):
         return text
     holders = _processes_holding(fd)
     if not holders:
@@ -161,7 +172,7 @@ class DestinationLock:
             if same:
                 break
             os.close(fd)
-        record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), "argv": sys.argv[:4]})
+        record = json.dumps({"pid": os.getpid(), "host": _host(), "started": time.time(), "argv": sys.argv[:4]})
         os.ftruncate(fd, 0)
         os.pwrite(fd, record.encode("utf-8"), 0)
         self._fd = fd

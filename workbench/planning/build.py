@@ -165,10 +165,20 @@ def _metadata_problems(header_metadata: HeaderMetadata, options: PlanOptions, ou
     ]
 
 
+def _runs_functions(mapper: Any) -> bool:
+    """False when `mapper` is a mapper tree none of whose leaves calls a function (only such leaves (de)quantise):
+    then the quantisation checks below need not import `mapper.presets.quantized` (a plain fusion or re-shard)."""
+    if not isinstance(mapper, Mapper):
+        return True
+    return any(getattr(leaf, "fn", None) is not None for leaf in mapper.leaves())
+
+
 def _quantisation_changes(binding: Binding, mapper: Any) -> dict | None:
     """What the mapper's (de)quantisation ops change in config.json (see `mapper.presets.quantized.config_changes`). The
     groups' ops are the mapper's leaves with their names filled (plus the dtype policy's casts, which never
     quantise): a mapper without such leaves changes nothing, found without a pass over the groups."""
+    if not _runs_functions(mapper):
+        return None
     from ..mapper.presets.quantized import changes_config, config_changes
 
     if not changes_config(mapper):
@@ -180,7 +190,7 @@ def _preset_warnings(binding: Binding, catalog: Catalog, mapper: Any) -> list[Pr
     """Warnings about outputs that are right as tensors but that other tools read wrongly: partial FP8 tiles
     (`mapper.presets.quantized.partial_block_problems`), a Megatron vocabulary still padded (`mapper.presets.megatron.vocab_padding_problems`)."""
     found: list[Problem] = []
-    if mapper is not None:  # (imported only then: a plain copy imports no mapper presets)
+    if mapper is not None and _runs_functions(mapper):  # (imported only then: a copy or fusion imports no quantisation)
         from ..mapper.presets.quantized import changes_config, partial_block_problems
 
         found += partial_block_problems(binding.groups) if changes_config(mapper) else []

@@ -218,8 +218,9 @@ def build_preset(name: str, source: Any, config: Any, options: dict[str, Any] | 
     from .. import presets
 
     factory = getattr(presets, name, None)
-    public = sorted(n for n in presets.__all__ if inspect.isfunction(getattr(presets, n)))
     if factory is None or not callable(factory) or name.startswith("_"):
+        # the list of known presets imports every family module: made only for this message
+        public = sorted(n for n in presets.__all__ if inspect.isfunction(getattr(presets, n)))
         raise MapperError(f"Cannot use preset {name!r}: workbench.mapper.presets has no such preset. Known: {', '.join(public)}.")
     params = _params(factory)
     first = next(iter(inspect.signature(factory).parameters), None)
