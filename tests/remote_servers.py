@@ -154,6 +154,9 @@ def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
 
 class _Quiet(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out as two writes on a kept-alive connection: with Nagle's algorithm on, the body waits
+    # for the client's delayed ACK of the headers (~40 ms a request on loopback), which made the Hub tests sleep.
+    disable_nagle_algorithm = True
     log: list
 
     def log_message(self, *args) -> None:  # keep test output clean
@@ -934,8 +937,10 @@ class MotoS3:
         import logging
 
         from moto.server import ThreadedMotoServer
+        from werkzeug.serving import WSGIRequestHandler
 
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto logs every request it serves
+        WSGIRequestHandler.disable_nagle_algorithm = True  # as `_Quiet`'s: no delayed-ACK wait per request
         self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self.server.start()
         host, port = self.server.get_host_and_port()

@@ -285,7 +285,9 @@ class RunPanel(Panel):
                 with self._phase_lock:
                     if self.phase == STARTING:
                         self._draw_phases(STARTING, f"{len(launch.worker_pids)} of {self.plan.nproc} up")
-            self.timing.value = f"<span class='wb-note'>{html.escape(self._timing_text(now))}</span>"
+            with self._state_lock:  # not after the run ended: the final timing (`_show_outcome`) must stay
+                if self.running:
+                    self.timing.value = f"<span class='wb-note'>{html.escape(self._timing_text(now))}</span>"
             time.sleep(TICK_SECONDS)
 
     def _repr_html_(self) -> str:
