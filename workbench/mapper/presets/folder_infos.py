@@ -1,9 +1,10 @@
 """The tensor list of a checkpoint folder, read once per recipe: presets composed in one recipe share it.
 
 `M.Sequential(M.presets.dequantize_fp8(cfg), M.presets.from_transformers(cfg))` names the same folder twice, and
-each preset needs its tensor names and shapes; opening a 163-shard folder costs ~0.5 s of header parsing. The
-last few folders read are kept, keyed by the folder and the size and modification time of its index and shard
-files, so a changed folder is read again.
+each preset needs its tensor names and shapes; opening a 163-shard folder costs ~0.5 s of header parsing. A
+catalog the caller still holds open is used (`formats.recent`); else the last folder read is kept, keyed by the
+folder and the sizes and modification times of its files, so a changed folder is read again. Planning drops it
+(`forget`).
 """
 
 from __future__ import annotations
@@ -20,28 +21,21 @@ _KEEP = 1
 _cache: OrderedDict[tuple, list[TensorInfo]] = OrderedDict()
 
 
-def _signature(folder: Path) -> tuple:
-    """What must stay the same for a kept tensor list to still hold: the folder's weight files and index."""
-    entries = []
-    with os.scandir(folder) as it:
-        for entry in it:
-            if entry.is_file():
-                st = entry.stat()
-                entries.append((entry.name, st.st_size, st.st_mtime_ns))
-    return (str(folder.resolve()), tuple(sorted(entries)))
-
-
 def folder_infos(path: str | os.PathLike) -> list[TensorInfo]:
     """The tensors of the checkpoint at `path` (a folder or one file) in source order, as `open_catalog` reads
     them; a folder read before and unchanged since is not read again. The list is a copy; its TensorInfos are
     shared, so callers must not modify them (they are metadata values)."""
     from ...formats import open_catalog
+    from ...formats.recent import folder_signature, recent
     from ..bind import source_infos
 
     folder = Path(path)
     if not folder.is_dir():
         return source_infos(open_catalog(folder))
-    key = _signature(folder)
+    opened = recent(folder)  # the user's own catalog of it, still open
+    if opened is not None:
+        return source_infos(opened)
+    key = (str(folder.resolve()), folder_signature(folder))
     infos = _cache.get(key)
     if infos is None:
         infos = source_infos(open_catalog(folder))
