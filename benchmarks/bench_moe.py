@@ -8,8 +8,10 @@ makes transformers 5's bf16 layout with experts stacked:
 - MXFP4: `M.Sequential(M.presets.dequantize_mxfp4(cfg), M.presets.from_transformers(cfg))`
 - bf16:  `M.presets.from_transformers(cfg)`
 
-The table shows wall seconds of open, of building the recipe (transformers imported once before: its import is
-a process's fixed cost, counted in the RSS prediction), of the plan for `--nproc` ranks, the predicted peak RSS of
+The table shows wall seconds of open, of the imports the recipe needs (torch, transformers' conversion registry and
+the family's modeling module: a process's fixed cost, counted in the RSS prediction, timed apart), of building the
+recipe (the two presets, each reading the folder's tensor list: read once, shared), of the plan for `--nproc`
+ranks, the predicted peak RSS of
 the largest rank, and the rank balance: the largest rank's bytes written over the smallest's (the run report's
 definition, over the planned bytes each rank writes). Times are wall seconds and, in brackets, this process's CPU
 seconds (on a shared machine the CPU seconds say what the work costs).
@@ -37,6 +39,7 @@ from workbench import mapper as M  # noqa: E402
 from workbench.formats import open_catalog  # noqa: E402
 
 GIB = 1 << 30
+PHASES = ("open", "imports", "recipe", "plan")
 
 
 def recipe(family: str, folder: Path) -> M.Mapper:
@@ -65,12 +68,26 @@ def balance(plan: Any) -> float:
     return max(written) / min(written) if min(written) else float("inf")
 
 
+def import_fixed(folder: Path) -> None:
+    """Import what building the recipe imports: torch, transformers' conversion registry, the family's modeling module."""
+    import importlib
+
+    import torch  # noqa: F401
+    import transformers.conversion_mapping  # noqa: F401
+    import transformers.core_model_loading  # noqa: F401
+
+    model_type = json.loads((folder / "config.json").read_text())["model_type"]
+    importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+
+
 def measure(family: str, folder: Path, nproc: int) -> dict:
-    """Open, recipe and plan times, predicted RSS per rank and balance of one shape."""
+    """Open, import, recipe and plan times, predicted RSS per rank and balance of one shape."""
     stamp = make_moe(folder, family)
     gc.collect()
     marks = [(time.perf_counter(), time.process_time())]
     catalog = open_catalog(folder)
+    marks.append((time.perf_counter(), time.process_time()))
+    import_fixed(folder)
     marks.append((time.perf_counter(), time.process_time()))
     mapper = recipe(family, folder)
     marks.append((time.perf_counter(), time.process_time()))
@@ -80,17 +97,17 @@ def measure(family: str, folder: Path, nproc: int) -> dict:
         raise SystemExit(f"{family}: the plan has errors: {[p.message for p in plan.errors][:3]}")
     row = {"family": family, "tensors": len(catalog), "bytes": stamp["bytes"], "rss_gib": plan.rss_bytes / GIB,
            "peak_gib": plan.peak_bytes / GIB, "balance": balance(plan), "files": len(plan.output_file_list), "nproc": nproc}
-    for phase, (wall0, cpu0), (wall1, cpu1) in zip(("open", "recipe", "plan"), marks, marks[1:], strict=False):
+    for phase, (wall0, cpu0), (wall1, cpu1) in zip(PHASES, marks, marks[1:], strict=False):
         row[f"{phase}_s"], row[f"{phase}_cpu_s"] = wall1 - wall0, cpu1 - cpu0
     return row
 
 
 def print_table(rows: list[dict]) -> None:
     """The rows as the markdown table the README shows: wall seconds, in brackets this process's CPU seconds."""
-    print(f"| shape | tensors | bytes | open s | recipe s | plan s ({rows[0]['nproc']} ranks) | RSS / rank | tensor peak | balance |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| shape | tensors | bytes | open s | imports s | recipe s | plan s ({rows[0]['nproc']} ranks) | RSS / rank | tensor peak | balance |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        times = " | ".join(f"{r[f'{p}_s']:.2f} ({r[f'{p}_cpu_s']:.2f})" for p in ("open", "recipe", "plan"))
+        times = " | ".join(f"{r[f'{p}_s']:.2f} ({r[f'{p}_cpu_s']:.2f})" for p in PHASES)
         print(f"| {r['family']} | {r['tensors']:,} | {r['bytes'] / 1e9:,.0f} GB | {times} | "
               f"{r['rss_gib']:.2f} GiB | {r['peak_gib']:.2f} GiB | {r['balance']:.2f} |")
 

@@ -59,6 +59,10 @@ N_SMALL = 200
 N_LARGE = 20200
 WRITE_CHUNK = 32 << 20  # a write this large is cached in the largest folios the file system makes (2 MiB, PMD-mapped)
 SCHEMES = ("http", "hf", "s3")
+# What row jobs import on top of numpy: the gguf package (with ml_dtypes), ml_dtypes alone. Only ml_dtypes is written
+# (ML_DTYPES_BYTES); the gguf figure is printed beside gguf_rows.GGUF_LIBRARIES: measured so (9.4 MB against 8.1) it
+# tips test_gguf_inverse's lower bound, where the whole prediction already sits ~23 % above the measured peak.
+ROW_LIBRARIES = ("gguf", "ml_dtypes")
 
 
 def environment(mirror: Path | None) -> dict[str, str]:
@@ -236,8 +240,24 @@ what = sys.argv[1]
 if what == "transformers":
     import torch
     torch.ones(8, 8).t().contiguous().to(torch.bfloat16)
+if what in ("gguf", "ml_dtypes"):  # on top of numpy, imported and used, as a conversion's row jobs run
+    import numpy as np
+    np.ones((64, 64), np.float32).astype(np.float16)
+    with open("/proc/self/clear_refs", "w") as fh:  # the peak so far is the baseline's, not the library's: reset it
+        fh.write("5")
 before = status("VmRSS")
-if what == "transformers":
+if what == "gguf":  # a Q8_0 quantisation, as gguf_rows converts
+    import gguf
+    import ml_dtypes
+    gguf.quants.quantize(np.linspace(-1, 1, 32 * 256, dtype=np.float32).reshape(32, 256), gguf.GGMLQuantizationType.Q8_0)
+    np.zeros(256, np.float32).astype(ml_dtypes.bfloat16)
+    added = status("VmHWM") - before
+elif what == "ml_dtypes":  # an FP4 decode, as the MXFP4 row jobs do
+    import ml_dtypes
+    np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    (np.arange(256, dtype=np.uint8) & 15).astype(ml_dtypes.float4_e2m1fn).astype(np.float32)
+    added = status("VmHWM") - before
+elif what == "transformers":
     from workbench import mapper as M
     M.presets.from_transformers(sys.argv[2])
     added = status("VmRSS") - before
@@ -307,6 +327,7 @@ def measure(repeat: int) -> dict:
         worker = median_of(repeat, lambda: worker_peak(small, out, env))
         remote = {scheme: median_of(repeat, lambda s=scheme: added_bytes(env, mirror, s)) for scheme in SCHEMES}
         transformers = median_of(repeat, lambda: added_bytes(env, mirror, "transformers", str(deepseek)))
+        row_libraries = {name: median_of(repeat, lambda n=name: added_bytes(env, mirror, n)) for name in ROW_LIBRARIES}
         spread = {}
         for name, argv in runs.items():  # the small state: the library's shared objects faulted in by the import
             evict(library_files(copied, mirror, name))
@@ -323,6 +344,7 @@ def measure(repeat: int) -> dict:
         "PER_TENSOR": per_tensor,
         "REMOTE_LIBRARIES": remote,
         "TRANSFORMERS_BYTES": transformers,
+        "ROW_LIBRARIES": row_libraries,
     }
 
 
@@ -360,6 +382,7 @@ LIBRARY_SPREAD = {{"numpy": {values["LIBRARY_SPREAD"]["numpy"]}, "torch": {value
 PER_TENSOR = {values["PER_TENSOR"]}  # catalog and plan, per source tensor
 REMOTE_LIBRARIES = {{{remote}}}  # a remote source's transport (fsspec, aiohttp; huggingface_hub; s3fs, botocore), imported and set up
 TRANSFORMERS_BYTES = {values["TRANSFORMERS_BYTES"]}  # transformers and its conversion modules, left resident by M.presets.from_transformers
+ML_DTYPES_BYTES = {values["ROW_LIBRARIES"]["ml_dtypes"]}  # ml_dtypes imported and used (an FP8 and an FP4 decode) on top of numpy
 MEASURED_WITH = {measured_with()!r}  # planning.rss.calibration_mismatch compares these with what is installed
 '''
 
@@ -382,6 +405,12 @@ def main(argv: list[str] | None = None) -> int:
     rows += [(f"{k} spread", getattr(current, "LIBRARY_SPREAD", {}).get(k, 0), v) for k, v in values["LIBRARY_SPREAD"].items()]
     rows += [(f"{k} transport", getattr(current, "REMOTE_LIBRARIES", {}).get(k, 0), v) for k, v in values["REMOTE_LIBRARIES"].items()]
     rows.append(("transformers recipe", getattr(current, "TRANSFORMERS_BYTES", 0), values["TRANSFORMERS_BYTES"]))
+    from workbench.mapper.presets.gguf_rows import (
+        GGUF_LIBRARIES,  # hand-set there (see ROW_LIBRARIES): shown, not written
+    )
+
+    rows.append(("gguf row libraries", GGUF_LIBRARIES, values["ROW_LIBRARIES"]["gguf"]))
+    rows.append(("ml_dtypes", getattr(current, "ML_DTYPES_BYTES", 0), values["ROW_LIBRARIES"]["ml_dtypes"]))
     rows.append(("per tensor (bytes)", current.PER_TENSOR, values["PER_TENSOR"]))
     print("| constant | current | measured now |\n|---|---:|---:|")
     for name, old, new in rows:

@@ -405,3 +405,77 @@ def test_a_single_file_output_appears_only_when_the_run_finishes(s3: MotoS3, tmp
     wb.convert(folder, url, quiet=True, **options)  # the re-run uploads it again (the open upload was aborted)
     assert all("model.safetensors" not in names and "config.json" in names for names in seen)
     assert s3.output(bucket, "one") == reference and s3.uploads(bucket) == []
+
+
+def _big_source(folder: Path) -> Path:
+    """96 MiB in 1 MiB tensors, one file: with 64 MiB shards, two output files of 64 and 32 MiB (and headers)."""
+    folder.mkdir()
+    rng = np.random.default_rng(8)
+    save_file({f"layers.{i}.weight": rng.standard_normal((256, 1024), dtype=np.float32) for i in range(96)},
+              str(folder / "model.safetensors"))
+    return folder
+
+
+def _convert_without_holes(s3: MotoS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spool_dir: Path) -> None:
+    """A streamed upload into a spool folder that cannot punch holes: planned and run as whole files, the plan
+    stating the disk that takes (the largest file, not the 24 MiB spool size), held on disk, byte-identical."""
+    from workbench.planning.spool import WHOLE_NO_HOLES, spool_route
+
+    folder = _big_source(tmp_path / "big")
+    options = dict(shard_size="64MiB", spool_size="24MiB", remote_options={"part_size": "8MiB"}, spool_dir=spool_dir)
+    wb.convert(folder, tmp_path / "ref", shard_size="64MiB", quiet=True)
+    bucket = s3.bucket()
+    url = f"s3://{bucket}/big/"
+    plan = wb.plan(folder, dest=url, **options)
+    assert plan.ok, plan.problems
+    assert spool_route(plan) == WHOLE_NO_HOLES and streamed_files(plan, 0) == {}  # would stream parts elsewhere
+    largest = max(f.size for f in plan.output_file_list)
+    assert largest > 64 * MiB and plan.spool_bytes == largest  # the stated need: one whole file, not --spool-size
+    assert "the spool folder cannot punch holes" in plan.summary()
+    seen = _spool_bytes_at_uploads(monkeypatch, plan.dest)
+    report = wb.convert(folder, url, quiet=True, **options)
+    assert s3.output(bucket, "big") == folder_files(tmp_path / "ref") and s3.uploads(bucket) == []
+    assert len(seen) == 2 + 1  # two files uploaded whole, then the index
+    assert max(seen) <= plan.spool_bytes + 4096  # on disk, one file at a time (its last block allocated whole)
+    assert report.spool_peak <= plan.spool_bytes == report.predicted_spool_bytes
+    assert not [p for p in plan.dest.rglob("*") if p.is_file() and not p.name.startswith(".workbench")]  # spool emptied
+
+
+def test_a_spool_that_cannot_punch_holes_spools_whole_files_and_says_so(s3: MotoS3, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The seam: the kernel call freeing a range's blocks answers what a file system without FALLOC_FL_PUNCH_HOLE
+    # (vfat, ramfs) answers, EOPNOTSUPP, so the spool folder's probe finds it cannot. The next test does it for real
+    # where this machine lets it mount one.
+    import errno
+
+    from workbench.output.remote import spool
+
+    assert spool.can_punch_holes(tmp_path / "spool" / "not-yet")  # this test's own folder can: the seam is what differs
+    monkeypatch.setattr(spool, "punch", lambda fd, offset, length: errno.EOPNOTSUPP)
+    assert not spool.can_punch_holes(tmp_path / "spool" / "not-yet") and not (tmp_path / "spool").exists()  # no probe left
+    _convert_without_holes(s3, tmp_path, monkeypatch, tmp_path / "spool")
+
+
+@pytest.fixture
+def ramfs(tmp_path: Path):
+    """A ramfs mount (no FALLOC_FL_PUNCH_HOLE: fallocate answers EOPNOTSUPP), unmounted after the test; skipped where
+    this process may not mount (not root, or a container without the capability)."""
+    import subprocess
+
+    point = tmp_path / "ramfs"
+    point.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "ramfs", "-o", "mode=0700", "wb-test-ramfs", str(point)],
+                                           capture_output=True).returncode:
+        pytest.skip("cannot mount a ramfs here (needs root and the mount capability)")
+    try:
+        yield point
+    finally:
+        subprocess.run(["umount", str(point)], check=True)
+
+
+def test_a_real_file_system_without_hole_punching_spools_whole_files(s3: MotoS3, tmp_path: Path, ramfs: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from workbench.output.remote.spool import can_punch_holes
+
+    assert not can_punch_holes(ramfs) and list(ramfs.iterdir()) == []
+    _convert_without_holes(s3, tmp_path, monkeypatch, ramfs / "spool")

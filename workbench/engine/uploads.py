@@ -13,8 +13,6 @@ then completes the object. So the spool holds parts, not files.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import os
 import threading
@@ -22,35 +20,22 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from ..errors import PlanError
-from ..output.remote.spool import SpoolGate, file_sha256
+from ..output.remote.spool import SpoolGate, file_sha256, punch
 from ..planning.model import Plan
 from ..planning.schedule import Step
 from ..planning.spool import deferred_names, streamed_files
 
-_PUNCH_HOLE = 0x02 | 0x01  # <linux/falloc.h>: FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
-
-
-def _fallocate():
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    call = libc.fallocate
-    call.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
-    return call
-
 
 def punch_hole(fd: int, offset: int, length: int, path: object = None) -> None:
-    """Free the disk blocks of bytes [offset, offset+length) of a spool file (they read back as zeros; its size stays)."""
+    """Free the disk blocks of bytes [offset, offset+length) of a spool file (they read back as zeros; its size stays).
+    Planning streams parts only into a spool folder that can (`output.remote.spool.can_punch_holes`)."""
     if length <= 0:
         return
-    if _fallocate.cached is None:  # type: ignore[attr-defined]
-        _fallocate.cached = _fallocate()  # type: ignore[attr-defined]
-    if _fallocate.cached(fd, _PUNCH_HOLE, offset, length) != 0:  # type: ignore[attr-defined]
-        code = ctypes.get_errno()
+    code = punch(fd, offset, length)
+    if code:
         raise PlanError(f"Cannot free uploaded parts of the spool file {path}: {os.strerror(code)} [errno {code}]. The spool "
                         "must be on a file system that can punch holes (ext4, xfs, btrfs, tmpfs): choose one with "
                         "--spool-dir.", file=str(path)) from OSError(code, os.strerror(code))
-
-
-_fallocate.cached = None  # type: ignore[attr-defined]
 
 
 class _Stream:

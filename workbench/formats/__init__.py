@@ -51,7 +51,12 @@ def open_catalog(path: str | os.PathLike, **options: object) -> Catalog:
 
     `options` go to the format's opener (e.g. `weights="module", moments=True` for a DeepSpeed run) and are
     recorded on the catalog, so that workers on other processes open the same selection."""
-    return _valid_names(_open_catalog(path, **options))
+    catalog = _valid_names(_open_catalog(path, **options))
+    if not options and not remote.is_remote(path) and os.path.isdir(path):
+        from .recent import remember
+
+        remember(Path(path), catalog)
+    return catalog
 
 
 def _valid_names(catalog: Catalog) -> Catalog:

@@ -34,7 +34,9 @@ class RowJob(Protocol):
     overflow_dtype: str  # the dtype overflow counts are reported for (`on_overflow`)
     value_dtype: str | None  # the output's element dtype when rows are values (a check reports how far), else None
     libraries: tuple[str, ...]  # modules the converter imports beyond numpy (imported before the memory baseline)
-    library_bytes: int  # what importing them adds to a process's RSS (measured)
+    # what importing them adds to a process's RSS (measured); ml_dtypes alone is counted by planning.rss from its
+    # calibration (`rss_calibration.ML_DTYPES_BYTES`, measured by scripts/calibrate_rss.py), so such a job states 0
+    library_bytes: int
     library_detail: str  # how the plan's RSS table names them
 
     @property

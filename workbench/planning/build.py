@@ -460,6 +460,9 @@ def plan(
     options = make_options(shard_size, nproc, rest, dtype, extras, overwrite, chunk_size, to, on_overflow,
                            page_align=page_align, nproc_mp=nproc_mp, spool_size=spool_size, spool_dir=spool_dir,
                            remote_options=remote_options)
+    from ..mapper.presets.folder_infos import forget
+
+    forget()  # the recipe is built: the tensor lists its presets shared are not needed any more
     with gc_paused():
         return build_plan(resolve_catalog(source), mapper, options, dest)
 

@@ -298,8 +298,9 @@ def spool_problems(plan) -> list[Problem]:
     """An error when the local spool of a remote destination cannot get the disk `plan.spool_bytes` says it needs."""
     assert plan.dest is not None and plan.remote is not None
     needed = plan.spool_bytes + sum(e.size for e in plan.extra_files if e.written)
-    free = shutil.disk_usage(_existing_ancestor(plan.dest)).free
-    if needed <= free:
+    usage = shutil.disk_usage(_existing_ancestor(plan.dest))
+    free = usage.free
+    if needed <= free or not usage.total:  # a file system stating no size at all (ramfs: RAM, no limit) cannot be checked
         return []
     return [Problem("error", f"Cannot spool the upload to {plan.remote.url} in {plan.dest}: the spool needs "
                              f"{format_bytes(needed)} per rank and {format_bytes(free)} are free. Lower --spool-size or "

@@ -47,8 +47,13 @@ def headline(plan: Plan) -> list[str]:
         + f"; {library_note(plan)}",
     ]
     if plan.remote is not None:
-        lines.append(f"local disk to provision: {format_bytes(plan.spool_bytes)} per rank (spool of finished files or parts waiting "
-                     f"for upload, --spool-size {format_bytes(plan.options.spool_size)}); the index is uploaded last")
+        from .spool import WHOLE_NO_HOLES, spool_route
+
+        held = ("whole files waiting for upload: the spool folder cannot punch holes, so a file leaves it only once "
+                "uploaded whole; --shard-size bounds a file" if spool_route(plan) == WHOLE_NO_HOLES
+                else "finished files or parts waiting for upload")
+        lines.append(f"local disk to provision: {format_bytes(plan.spool_bytes)} per rank (spool of {held}, "
+                     f"--spool-size {format_bytes(plan.options.spool_size)}); the index is uploaded last")
     lines += _dequantised_lines(plan)
     lines += _extras_lines(plan)
     lines += _metadata_lines(plan)

@@ -34,7 +34,7 @@ import functools
 import os
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
 from ..dtypes import numpy_castable
@@ -189,6 +189,12 @@ def remote_scheme(plan: Plan) -> str | None:
 CONNECTION_BYTES = 3_400_000
 
 
+def row_library_bytes(job: Any) -> int:
+    """What a row job's libraries add to a process on top of numpy: ml_dtypes alone is calibrated
+    (`rss_calibration.ML_DTYPES_BYTES`, measured by scripts/calibrate_rss.py); other libraries, as the job states."""
+    return (calibrated.ML_DTYPES_BYTES if tuple(job.libraries) == ("ml_dtypes",) else 0) + job.library_bytes
+
+
 def prefetch_bytes(plan: Plan, rank: int) -> int:
     """The remote reader's buffers for a URL source beyond the rank's tensor peak; 0 for local files (read straight
     into tensor buffers).
@@ -274,8 +280,8 @@ def _parts(plan: Plan, rank: int) -> list[RssPart]:
     if libraries == NONE:
         parts.append(RssPart("imports", 0, "none: byte copies need neither numpy nor torch"))
     elif libraries == NUMPY and (jobs := row_jobs(plan.rank_steps(rank))):
-        heaviest = max(jobs, key=lambda job: job.library_bytes)
-        parts.append(RssPart("imports", calibrated.LIBRARY[NUMPY] + heaviest.library_bytes,
+        heaviest = max(jobs, key=row_library_bytes)
+        parts.append(RssPart("imports", calibrated.LIBRARY[NUMPY] + row_library_bytes(heaviest),
                              f"numpy ({measured}), {heaviest.library_detail}, torch is not imported"))
     elif libraries == NUMPY:
         parts.append(RssPart("imports", calibrated.LIBRARY[NUMPY], f"numpy: casts numpy does, torch is not imported ({measured})"))

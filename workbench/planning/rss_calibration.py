@@ -14,4 +14,5 @@ LIBRARY_SPREAD = {"numpy": 7692288, "torch": 96841728}  # how much less each cos
 PER_TENSOR = 1027  # catalog and plan, per source tensor
 REMOTE_LIBRARIES = {"http": 25489408, "hf": 33710080, "s3": 37068800}  # a remote source's transport (fsspec, aiohttp; huggingface_hub; s3fs, botocore), imported and set up
 TRANSFORMERS_BYTES = 136409088  # transformers and its conversion modules, left resident by M.presets.from_transformers
+ML_DTYPES_BYTES = 4857856  # ml_dtypes imported and used (an FP8 and an FP4 decode) on top of numpy
 MEASURED_WITH = {'python': '3.11.7', 'numpy': '2.4.6', 'torch': '2.13.0+cpu'}  # planning.rss.calibration_mismatch compares these with what is installed

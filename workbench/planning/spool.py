@@ -7,6 +7,13 @@ leaves the spool (a file is deleted, a part's blocks are freed: a hole punched i
 lets finished units wait only while everything fits in `spool_size`, and never waits on a unit still being
 written. So a rank holds at most `max(spool_size, the most bytes of units open at once)`, never more than the
 files it writes: with parts, a spool smaller than one shard suffices.
+
+Freeing a part's blocks needs a file system that can punch holes (ext4, xfs, btrfs, tmpfs). On one that cannot
+(vfat, ramfs, some network mounts; `spool_route` asks the spool folder once per plan) the files are spooled whole:
+each is written, then uploaded and deleted, so a unit is a whole file and the bound above counts whole files (at
+least the largest file a rank writes). That route needs no file-system feature at all and is the one every
+destination already takes for files it uploads whole; spooling each part in its own file would need every engine
+write path (pwrite, copy_file_range, a format's header) to split at part boundaries. `--shard-size` bounds it.
 """
 
 from __future__ import annotations
@@ -53,14 +60,37 @@ def _step_ranges(step: Step, by_name: dict) -> list[tuple[int, int]]:
     return ranges
 
 
+PARTS, WHOLE, WHOLE_NO_HOLES = "parts", "whole files", "whole files (the spool folder cannot punch holes)"
+
+
+def spool_route(plan: Plan) -> str | None:
+    """How a remote destination's files go through the local spool: `PARTS` (uploaded part by part as they are
+    written, each part's blocks freed after its upload), `WHOLE` (written whole, then uploaded: the destination or
+    the format does not stream), `WHOLE_NO_HOLES` (it would stream, but the spool folder's file system cannot free
+    a part's blocks); None for a local destination. Asked of the spool folder once per plan."""
+    remote = plan.remote
+    if remote is None:
+        return None
+    if getattr(remote, "stream_part_size", None) is None or not getattr(plan.output_format, "streams_parts", False):
+        return WHOLE
+    route = plan.__dict__.get("_spool_route")
+    if route is None:
+        from ..output.remote.spool import can_punch_holes
+
+        route = PARTS if plan.dest is None or can_punch_holes(plan.dest) else WHOLE_NO_HOLES
+        plan.__dict__["_spool_route"] = route
+    return route
+
+
 def streamed_files(plan: Plan, rank: int) -> dict[str, StreamedFile]:
-    """The files `rank` uploads part by part, with which steps write into which part (empty when none is)."""
+    """The files `rank` uploads part by part, with which steps write into which part (empty when none is: see
+    `spool_route`)."""
     from ..output.base import FileLayout
 
-    remote = plan.remote
-    part_size = getattr(remote, "stream_part_size", None)
-    if remote is None or part_size is None or not getattr(plan.output_format, "streams_parts", False):
+    if spool_route(plan) != PARTS:
         return {}
+    remote = plan.remote
+    part_size = remote.stream_part_size
     found: dict[str, StreamedFile] = {}
     slots: dict[str, dict] = {}
     for f in plan.rank_files(rank):

@@ -31,7 +31,7 @@ from ..base import Mapper
 from ..compose import Parallel
 from ..function import Function
 from ..groups import Problem
-from ..state import Node, State
+from ..state import State
 from .layouts import fold_names
 from .model_shape import read_config
 from .scaled_rows import ScaledRows
@@ -300,17 +300,17 @@ def _infos(source: Any, config: Any) -> list[TensorInfo]:
     from ..bind import source_infos
 
     if source is None and isinstance(config, (str, os.PathLike)):
-        from ...formats import open_catalog
+        from .folder_infos import folder_infos
 
         path = Path(config)
-        source = open_catalog(path if path.is_dir() else path.parent)
+        return folder_infos(path if path.is_dir() else path.parent)
     if source is None:
         raise MapperError("Cannot build a quantisation preset without the tensor names: pass source=wb.open_checkpoint(path) "
                           "(or give config as the checkpoint folder).")
     if isinstance(source, (str, os.PathLike)):
-        from ...formats import open_catalog
+        from .folder_infos import folder_infos
 
-        source = open_catalog(source)
+        return folder_infos(source)
     return source_infos(source)
 
 
@@ -325,18 +325,19 @@ def _functions(pairs: dict[str, tuple[str, ...]], outputs: dict[str, tuple[str, 
                make: Any) -> Mapper:
     """One Function per folded template of `pairs` (first input -> all inputs), spelling out names whose
     template would also catch a tensor that is not part of a pair."""
-    names = list(all_names)
-    index = State({name: Node(None) for name in names})
+    index = State(dict.fromkeys(all_names))  # type: ignore[arg-type] - only its name index is used
     ops: list[Mapper] = []
     for template, members in sorted(fold_names(pairs).items()):
         instances = [template] if "{" in template else []
         if instances:
-            captured = set(members)
             for position in range(len(pairs[members[0]])):
                 text = _template_of(pairs[members[0]][position], members[0], template)
                 compiled = Template(text, placeholders_of(text))
-                found = [n for n in index.candidates(compiled) if n in index.nodes and compiled.match(n.split(".")) is not None]
-                expected = {pairs[m][position] for m in captured}
+                candidates = index.candidates(compiled)
+                expected = {pairs[m][position] for m in members}
+                if len(candidates) == len(expected) and expected.issuperset(candidates):
+                    continue  # the names sharing the template's literal segments are exactly the pairs'
+                found = [n for n in candidates if compiled.match(n.split(".")) is not None]
                 if set(found) != expected:
                     instances = []
                     break

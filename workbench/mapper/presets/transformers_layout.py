@@ -321,6 +321,17 @@ def derive(config: Any, source: Any | None = None) -> tuple[list[tuple[int, str,
     Without a source, the names are those transformers itself writes on save (its reverse conversion of
     the meta model's state dict). Returns the steps and the names they start from (name -> (dtype, shape)).
     """
+    steps, metas = _derive_slots(config, source)
+    return _named(steps), metas
+
+
+def _named(steps: list[tuple[int, str, list[Slot], list[Slot], dict[str, Any]]]) -> list[tuple[int, str, list[str], list[str], dict[str, Any]]]:
+    return [(stage, kind, [s.name for s in ins], [s.name for s in outs], params)  # type: ignore[misc]
+            for stage, kind, ins, outs, params in steps]
+
+
+def _derive_slots(config: Any, source: Any | None) -> tuple[list[tuple[int, str, list[Slot], list[Slot], dict[str, Any]]], dict[str, Any]]:
+    """`derive`, its steps over slots (names, dtypes and final shapes)."""
     try:
         from transformers.conversion_mapping import get_model_conversion_mapping
         from transformers.core_model_loading import (
@@ -354,6 +365,7 @@ def derive(config: Any, source: Any | None = None) -> tuple[list[tuple[int, str,
     groups: dict[str, tuple[Any, dict[str, list[str]]]] = {}
     slots: dict[str, Slot] = {}
     unexpected: list[str] = []
+    checked: set[tuple] = set()  # kinds of layer transformers' own converter agreed on
     for key in sorted(metas, key=dot_natural_key):
         renamed, pattern = rename_source_key(key, renamings, converters, model.base_model_prefix, expected)
         if renamed not in expected and key in expected:
@@ -387,7 +399,13 @@ def derive(config: Any, source: Any | None = None) -> tuple[list[tuple[int, str,
                               f"({type(exc).__name__}: {exc}).")
             continue
         named = _full_names(layer, state)
-        why = _check_with_transformers(converter, layer, collected, metas, model, named)
+        # Layers differing only in their numbers, with the same tensors, convert alike: transformers' own converter
+        # runs once for each such kind (58 MoE layers of DeepSeek-V3: 2 runs, not 116).
+        kind = (id(converter), _DIGIT_RUN.sub("#", layer), tuple((pattern, tuple(metas[k] for k in ks)) for pattern, ks in collected.items()),
+                tuple(sorted((_DIGIT_RUN.sub("#", name), slot.dtype, slot.shape) for name, slot in named.items())))
+        why = None if kind in checked else _check_with_transformers(converter, layer, collected, metas, model, named)
+        if why is None:
+            checked.add(kind)
         if why is None:
             why = next((f"transformers' model has no parameter {name!r} of shape {list(slot.shape)}" for name, slot in named.items()
                         if name not in expected or tuple(expected[name].shape) != slot.shape), None)
@@ -408,8 +426,7 @@ def derive(config: Any, source: Any | None = None) -> tuple[list[tuple[int, str,
         steps.emit("Unsupported", [Slot(*metas[key], name=key)], [],
                    reason=f"transformers' {type(model).__name__} has no parameter for it, so from_pretrained would drop it as "
                           "unexpected. Drop it explicitly (M.Drop) if that is intended, or check the model type and config.")
-    return [(stage, kind, [s.name for s in ins], [s.name for s in outs], params)  # type: ignore[misc]
-            for stage, kind, ins, outs, params in steps.steps], metas
+    return steps.steps, metas
 
 
 # -- building and folding ------------------------------------------------------------------------------------
@@ -433,6 +450,7 @@ def _leaf(kind: str, ins: list[str], outs: list[str], params: dict[str, Any]) ->
 
 
 _DIGITS = re.compile(r"^\d+$")
+_DIGIT_RUN = re.compile(r"\d+")
 _LETTERS = "ijklmnpqrs"
 
 
@@ -533,17 +551,16 @@ def from_transformers(config: Any, source: Any | None = None) -> Mapper:
         folder = folder if folder.is_dir() else folder.parent
         if any(folder.glob("*.safetensors")) or (folder / "model.safetensors.index.json").is_file():
             source = str(folder)
-    if source is not None and isinstance(source, (str, os.PathLike)):
-        from ...formats import open_catalog
-
-        source = open_catalog(source)
     kinds: list[str] = []
     if source is not None:
         from ..bind import source_infos
+        from .folder_infos import folder_infos
         from .quantized import dequantized_view
 
-        source, kinds = dequantized_view(source_infos(source), config=config)
-    steps, metas = derive(config, source)
+        infos = folder_infos(source) if isinstance(source, (str, os.PathLike)) else source_infos(source)
+        source, kinds = dequantized_view(infos, config=config)
+    slot_steps, metas = _derive_slots(config, source)
+    steps = _named(slot_steps)
     stages: dict[int, list[tuple[str, list[str], list[str], dict[str, Any]]]] = {}
     for stage, kind, ins, outs, params in steps:
         stages.setdefault(stage, []).append((kind, ins, outs, params))
@@ -553,7 +570,7 @@ def from_transformers(config: Any, source: Any | None = None) -> Mapper:
         from ...catalog import TensorInfo
 
         source = {name: TensorInfo(name, dtype, shape) for name, (dtype, shape) in metas.items()}
-    chosen = folded if _same_outputs(folded, concrete, source) else concrete
+    chosen = folded if _same_outputs(folded, concrete, source, _outputs_of(slot_steps, source)) else concrete
     if not kinds:
         return chosen
     from .quantized import quantised_claim
@@ -562,8 +579,30 @@ def from_transformers(config: Any, source: Any | None = None) -> Mapper:
     return Sequential(*steps_of, quantised_claim(kinds, "from_transformers"))
 
 
-def _same_outputs(folded: Mapper, concrete: Mapper, source: Any) -> bool:
-    a, b = folded.bind(source), concrete.bind(source)
-    if len(a.problems) != len(b.problems):
-        return False
-    return {k: (v.dtype, v.shape) for k, v in a.outputs.items()} == {k: (v.dtype, v.shape) for k, v in b.outputs.items()}
+def _outputs_of(steps: list[tuple[int, str, list[Slot], list[Slot], dict[str, Any]]], source: Any) -> dict[str, tuple] | None:
+    """What the concrete steps leave (name -> (dtype, shape)), worked out from their slots, stage by stage as the
+    concrete mapper runs them; None when a step is `Unsupported` (its problems are the binder's to count)."""
+    from ..bind import source_infos
+
+    if any(kind == "Unsupported" for _, kind, _, _, _ in steps):
+        return None
+    state = {info.name: (info.dtype, tuple(info.shape)) for info in source_infos(source)}
+    for stage in sorted({step[0] for step in steps}):
+        at = [step for step in steps if step[0] == stage]
+        for _, _, ins, _, _ in at:
+            for slot in ins:
+                state.pop(slot.name, None)
+        for _, _, _, outs, _ in at:
+            state.update((slot.name, (slot.dtype, slot.shape)) for slot in outs)
+    return state
+
+
+def _same_outputs(folded: Mapper, concrete: Mapper, source: Any, expected: dict[str, tuple] | None = None) -> bool:
+    """Whether the folded mapper does what the concrete one does on `source`: the same outputs (names, dtypes,
+    shapes) and as many problems. `expected`: the concrete one's outputs when known without binding it (no problems)."""
+    a = folded.bind(source)
+    ours = {k: (v.dtype, tuple(v.shape)) for k, v in a.outputs.items()}
+    if expected is not None:
+        return not a.problems and ours == expected
+    b = concrete.bind(source)
+    return len(a.problems) == len(b.problems) and ours == {k: (v.dtype, tuple(v.shape)) for k, v in b.outputs.items()}

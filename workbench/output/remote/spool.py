@@ -9,6 +9,9 @@ waits until the files still waiting for upload leave room for it. Files being wr
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
 import hashlib
 import os
 import tempfile
@@ -25,6 +28,44 @@ def spool_folder(url: str, spool_dir: str | None = None) -> Path:
     root = spool_dir or os.environ.get(SPOOL_DIR_ENV) or os.path.join(tempfile.gettempdir(), "workbench-spool")
     tag = hashlib.sha256(url.encode("utf-8")).hexdigest()[:16]
     return Path(os.path.abspath(root)) / tag
+
+
+_PUNCH_HOLE = 0x02 | 0x01  # <linux/falloc.h>: FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+_PROBE_BYTES = 1 << 16  # written, then its first half punched: larger than any file system's block
+_fallocate = None
+
+
+def punch(fd: int, offset: int, length: int) -> int:
+    """Free the disk blocks of bytes [offset, offset+length) of an open file (they read back as zeros, the size stays):
+    0, or the errno (EOPNOTSUPP on a file system that cannot punch holes: vfat, ramfs, some network mounts)."""
+    global _fallocate
+    if _fallocate is None:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        call = getattr(libc, "fallocate", None)
+        if call is None:  # not Linux
+            return errno.EOPNOTSUPP
+        call.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+        _fallocate = call
+    return 0 if _fallocate(fd, _PUNCH_HOLE, offset, length) == 0 else ctypes.get_errno()
+
+
+def can_punch_holes(folder: str | os.PathLike) -> bool:
+    """Whether files in `folder` (created later if missing: its nearest existing parent is asked, the same file
+    system) can free a range's blocks: tried on a small scratch file there, deleted at once. An unwritable
+    folder answers True, so the run names the real problem when it creates its files."""
+    probe_in = Path(folder)
+    while not probe_in.is_dir() and probe_in != probe_in.parent:
+        probe_in = probe_in.parent
+    try:
+        fd, name = tempfile.mkstemp(prefix=".workbench-probe-", dir=probe_in)
+    except OSError:
+        return True
+    try:
+        os.pwrite(fd, b"\0" * _PROBE_BYTES, 0)
+        return punch(fd, 0, _PROBE_BYTES // 2) == 0
+    finally:
+        os.close(fd)
+        os.unlink(name)
 
 
 def file_sha256(path: Path, chunk: int = 8 << 20) -> str:
