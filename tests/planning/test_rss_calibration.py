@@ -116,8 +116,10 @@ def test_the_calibration_script_writes_a_module_planning_can_load(script) -> Non
               "LIBRARY_SPREAD": {"numpy": 0, "torch": 7}, "PER_TENSOR": 6,
               "REMOTE_LIBRARIES": {"http": 8, "hf": 9, "s3": 10}, "TRANSFORMERS_BYTES": 11}
     scope: dict = {}
-    exec(script.module_text(values, 3), scope)  # the text --write puts in workbench/planning/rss_calibration.py
+    # the text --write puts in workbench/planning/rss_calibration.py
+    exec(script.module_text({**values, "ROW_LIBRARIES": {"ml_dtypes": 12}}, 3), scope)
     assert {k: scope[k] for k in values} == values
+    assert scope["ML_DTYPES_BYTES"] == 12
     assert scope["MEASURED_WITH"] == script.measured_with()
 
 
