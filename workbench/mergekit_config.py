@@ -229,8 +229,7 @@ def _vocabulary_steps(config: dict, refs: list[str], names: dict[str, str], path
         return refuse(f"expected a positive whole number (got {pad!r}).", "tokenizer.pad_to_multiple_of")
     if not isinstance(tokens, Mapping):
         return refuse(f"expected a mapping token -> {{source, force}} (got {tokens!r}).", "tokenizer.tokens")
-    models = [entry["model"] for entry in config["models"]]
-    models += [base] if base is not None and base not in models else []
+    models = _merged_models(config)
     tokenizers = [read_tokenizer(paths[m]) for m in models]
     missing = [m for m, t in zip(models, tokenizers, strict=True) if t is None]
     if missing:
@@ -275,6 +274,13 @@ def _vocabulary_steps(config: dict, refs: list[str], names: dict[str, str], path
     return files + steps, folder, added, keep_below
 
 
+def _merged_models(config: dict) -> list[str]:
+    """The models a `models:` config merges, in config order, with base_model last when it is not among them."""
+    models = [entry["model"] for entry in config["models"]]
+    base = config.get("base_model")
+    return models + ([base] if base is not None and base not in models else [])
+
+
 def _tokenizer_json(source: str, folder: str, primary: str, added: list[dict], keep_below: int) -> list[Any]:
     """The output's tokenizer.json: `folder`'s with its tokens from id `keep_below` on stripped (when > 0) and
     `added` added; the slow tokenizer files, which would disagree, left out."""
@@ -310,10 +316,7 @@ def _shared_vocabulary(config: dict, refs: list[str], names: dict[str, str], che
             return refuse(f"the output tokenizer has {len(vocab)} tokens and the embedding {max(rows)} rows: mergekit cuts "
                           "the rows to the tokenizer's length, which the workbench carries out for models: configs, not "
                           "slices:. Merge with models:, or leave tokenizer_source out (the rows are then kept).")
-        models = [entry["model"] for entry in config["models"]]
-        base = config.get("base_model")
-        models += [base] if base is not None and base not in models else []
-        steps += _cut_steps(models, names, refs, checkpoint, len(vocab))
+        steps += _cut_steps(_merged_models(config), names, refs, checkpoint, len(vocab))
         steps.append(ConfigUpdate("vocab_size", len(vocab), why=f"tokenizer {source}: the output tokenizer's length "
                                   f"(the rows beyond it are cut, as mergekit does)"))
     if keep_below:

@@ -30,7 +30,6 @@ LINE_WIDTH = 100
 SHORT_WIDTH = 160
 
 
-
 @functools.cache
 def _operations() -> dict[str, type[Mapper]]:
     """Operation name -> class, for reading JSON back. The merge operations are imported here, when a mapper is

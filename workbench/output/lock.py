@@ -24,7 +24,6 @@ LOCK_NAME = ".workbench.lock"
 _RETRY_SECONDS = 0.25  # a probe (`holder`) holds the lock for microseconds; do not mistake it for a run
 
 
-
 def _host() -> str:
     """This machine's name, as `socket.gethostname()` gives it (uname's node name on POSIX, without importing
     `socket`: a byte-copy conversion's start-up is measured against `cp -r`)."""

@@ -72,11 +72,11 @@ def _dtype_or_none(value: str | None, field: str, where: str) -> str | None:
     return dtype
 
 
-
 def check_seed(seed: Any, where: str) -> None:
     """MapperError unless `seed` is None or an integer (a bool is not one): what seeds the random methods."""
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise MapperError(f"Cannot {where}: seed must be an integer (got {seed!r}).")
+
 
 @dataclass(frozen=True, init=False, repr=False)
 class Merge(Op):

@@ -406,7 +406,6 @@ def _derive_slots(config: Any, source: Any | None) -> tuple[list[tuple[int, str,
         why = None if kind in checked else _check_with_transformers(converter, layer, collected, metas, model, named)
         if why is None:
             checked.add(kind)
-        if why is None:
             why = next((f"transformers' model has no parameter {name!r} of shape {list(slot.shape)}" for name, slot in named.items()
                         if name not in expected or tuple(expected[name].shape) != slot.shape), None)
         if why is not None:
