@@ -41,7 +41,8 @@ def test_a_merge_is_planned_as_groups_of_n_inputs_and_runs_on_two_ranks_alike(tm
     assert plan.ok, plan.problems
     embed = 64 * 16
     # the largest group: the embedding of 3 models (bf16) + its output + the method's work tensors
-    expected = 4 * embed * 2 + scratch_bytes("ties", ["BF16"] * 3, embed, "BF16", 2, {"sparsify": "magnitude", "consensus": "sum"})
+    expected = 4 * embed * 2 + scratch_bytes("ties", ["BF16"] * 3, embed, "BF16", 2, {"sparsify": "magnitude", "consensus": "sum"},
+                                             unmade=embed * 2)  # the output is made after the sorts and task vectors
     assert plan.peak_bytes == expected
     assert plan.outputs.loc["model.layers.2.mlp.up_proj.weight", "dtype"] == "BF16"
     wb.convert(ck, tmp_path / "one", mapper, quiet=True)
@@ -96,3 +97,36 @@ def test_the_short_form_names_the_base_and_global_parameters_as_keywords() -> No
         M.presets.merge("slerp", ["a", "b"], base="a", base_model="b", t=0.3)
     with pytest.raises(MapperError, match="given twice"):
         M.presets.merge("slerp", ["a", "b"], base="a", parameters={"t": 0.3}, t=0.5)
+
+
+def test_ties_maps_its_large_inputs_gives_them_back_for_the_sorts_and_writes_the_same_bits(tmp_path, monkeypatch) -> None:
+    """Inputs of >= 1 MiB lying raw on disk are mapped from their files (`mapped_inputs`) for the methods that sort;
+    the kernel gives their pages back before each sort and reads them again after: the output is bit for bit the
+    merge of plainly loaded tensors, and the plan counts the sorts without the inputs."""
+    from workbench.mapped_inputs import MAPPED_INPUT_BYTES
+    from workbench.mapper.merge import task_arithmetic
+
+    gen = torch.Generator().manual_seed(1)
+    name, shape = "model.layers.0.mlp.up_proj.weight", (1024, 768)  # 1.5 MiB in bf16
+    sources = {}
+    for model in ("base", "a", "b"):
+        (tmp_path / model).mkdir()
+        tensor = (torch.randn(shape, generator=gen) * 4).round().to(torch.bfloat16)  # many equal magnitudes: ties
+        save_file({name: tensor, "model.norm.weight": torch.ones(16)}, tmp_path / model / "model.safetensors")
+        sources[model] = tmp_path / model
+    assert MAPPED_INPUT_BYTES <= 1024 * 768 * 2
+    given_back = []
+    real = task_arithmetic.give_back
+    monkeypatch.setattr(task_arithmetic, "give_back", lambda tensors: given_back.append(real(tensors)) or given_back[-1])
+    mapper = M.presets.merge("ties", ["a", "b"], base_model="base", parameters={"density": 0.3, "weight": 0.7})
+    plan = wb.plan(sources, mapper)
+    numel = 1024 * 768
+    held = scratch_bytes("ties", ["BF16"] * 3, numel, "BF16", 2, {"sparsify": "magnitude", "consensus": "sum"},
+                         unmade=numel * 2)
+    assert plan.peak_bytes == 4 * numel * 2 + held  # the task vectors' phase: the sorts need less without the inputs
+    wb.convert(sources, tmp_path / "out", mapper, quiet=True)
+    large = [g for g in given_back if g]  # the norm's merge (64 bytes) was read as usual: nothing to give back
+    assert len(large) == 2 and all(g >= 2 * numel * 2 for g in large)  # a non-base input and the base, per sort
+    inputs = {m: load_file(p / "model.safetensors")[name] for m, p in sources.items()}
+    op = M.Merge("ties", name, {"a": "a", "b": "b", "base": "base"}, base="base", params={"density": 0.3, "weight": 0.7})
+    assert torch.equal(load_file(tmp_path / "out" / "model.safetensors")[name], op.apply(inputs)[name])

@@ -14,7 +14,8 @@ from typing import Any
 from ..catalog import Catalog, TensorInfo
 from ..dtypes import nbytes_of, to_torch
 from ..errors import CastOverflowError, PlanError, WorkbenchError
-from ..iostats import read_into
+from ..iostats import IO, read_into
+from ..mapped_inputs import MAPPED_INPUT_BYTES, map_tensor, unmap
 from ..mapper.groups import ByteSlice
 from ..output.safetensors import SafetensorsWriter
 from ..overflow import OverflowCounts, attributed, collect, count_torch, describe, may_overflow
@@ -391,13 +392,22 @@ def run_compute(ctx: RankContext, step: Step) -> None:
     """Read the inputs as tensors, apply the group's op, write the declared outputs."""
     group = step.group
     held = 0
+    tensors: dict[str, Any] = {}
+    mapped = []
     try:
-        tensors = {}
+        mappable = getattr(group.op, "gives_back_inputs", False) is True
         for info in group.inputs:
-            buffer = read_buffer(ctx, info)
-            held += len(buffer)
-            ctx.held.hold(len(buffer))
-            tensors[info.name] = _as_tensor(buffer, info)
+            tensor = _mapped_input(ctx, info) if mappable else None
+            if tensor is not None:
+                mapped.append(tensor)
+                size = info.nbytes
+            else:
+                buffer = read_buffer(ctx, info)
+                tensor = _as_tensor(buffer, info)
+                size = len(buffer)
+            held += size
+            ctx.held.hold(size)
+            tensors[info.name] = tensor
         with collect() as found:
             results = group.apply(tensors)
         _record_overflow(ctx, group, found)
@@ -416,7 +426,22 @@ def run_compute(ctx: RankContext, step: Step) -> None:
                 target[0].write_tensor(info.name, results[info.name])
                 ctx.done_bytes += info.nbytes
     finally:
+        unmap(mapped)
         ctx.held.release(held)
+
+
+def _mapped_input(ctx: RankContext, info: TensorInfo) -> Any | None:
+    """A group input mapped from its file (`mapped_inputs`) when it lies raw on disk and is large enough for its
+    pages to matter; None to read it as usual."""
+    if info.nbytes < MAPPED_INPUT_BYTES:
+        return None
+    where = ctx.locate(info)
+    if where is None:
+        return None
+    tensor = map_tensor(where[0], where[1], info.nbytes, to_torch(info.dtype), tuple(info.shape))
+    if tensor is not None:
+        IO.add_read(info.nbytes)  # counted once, as the read it replaces (pages faulted in again are not re-counted)
+    return tensor
 
 
 def _record_overflow(ctx: RankContext, group: Any, found: OverflowCounts) -> None:

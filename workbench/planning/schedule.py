@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ..catalog import TensorInfo
 from ..dtypes import dtype_bits, nbytes_of
+from ..mapped_inputs import MAPPED_INPUT_BYTES
 from ..mapper.groups import ByteSlice, Group
 from ..mapper.recipes import LazyRecipe
 
@@ -178,6 +179,9 @@ def step_cost(group: Group, kind: str, bytes_out: int, access: SourceAccess, chu
         if not access.located(src):  # read whole, converted chunk by chunk
             held = bytes_in + nbytes_of(out.dtype, per)
         return held, reads
+    if getattr(group.op, "gives_back_inputs", False) is True and all(
+            access.located(t) and t.nbytes >= MAPPED_INPUT_BYTES for t in group.inputs):
+        return bytes_in + bytes_out + int(group.op.scratch_bytes(group.inputs, mapped=True)), reads  # the engine maps them
     return bytes_in + bytes_out + group_scratch_bytes(group), reads
 
 

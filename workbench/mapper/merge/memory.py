@@ -6,7 +6,9 @@ the method's operations (see the kernel modules): `linear` one float32 accumulat
 breadcrumbs: an in-place sort of the magnitudes with int64 indices, before any task vector is stacked, the masks
 kept as bits) or the sign vote's masks of one 2^20-element slice, and so on. The figures are the peak of live
 work tensors in each kernel, counted from its code, in the compute dtype; a cast of the inputs into `dtype`
-adds one copy of each input it changes.
+adds one copy of each input it changes. TIES and breadcrumbs make their output last, and give their inputs' pages
+back for the sorts when the engine mapped them from their files (`mapped_inputs`): their sorts' phase then holds
+only the magnitudes, the indices and the masks, which is what makes a 3-model TIES peak at a fifth of mergekit's.
 """
 
 from __future__ import annotations
@@ -23,9 +25,13 @@ def _bytes(dtype: str) -> int:
     return max(1, dtype_bits(dtype) // 8)
 
 
-def scratch_bytes(method: str, dtypes: Sequence[str], numel: int, compute: str, non_base: int, options: Any = None) -> int:
+def scratch_bytes(method: str, dtypes: Sequence[str], numel: int, compute: str, non_base: int, options: Any = None,
+                  unmade: int = 0, given_back: int = 0) -> int:
     """Peak bytes of work tensors of `method` merging len(dtypes) inputs of `numel` elements in dtype `compute`
-    (`non_base` of them besides the base), beyond the inputs and the output."""
+    (`non_base` of them besides the base), beyond the inputs and the output the plan counts throughout. A kernel
+    whose first phases come before its output is made passes the output's bytes as `unmade`, and the inputs' bytes
+    as `given_back` when it gives their pages back for its sorts (`mapped_inputs`): those phases may then need less
+    than the inputs and the output (the figure is negative when they are the whole peak)."""
     n, c, count = numel, _bytes(compute), len(dtypes)
     casts = sum(n * c for dtype in dtypes if dtype != compute)
     wide = 8 if compute == "F64" else 4
@@ -58,8 +64,9 @@ def scratch_bytes(method: str, dtypes: Sequence[str], numel: int, compute: str, 
             # masks, a task vector, its unpacked mask (two bytes an element) and its masked copy (and |.| to rescale)
             key = c if compute in ("BF16", "F16", "F32") else 4
             bits = (n + 7) // 8
-            sort = (non_base - 1) * bits + max(n * key + 16 * n, 2 * n * c + n * key)
-            work = max(sort, non_base * bits + non_base * n * c + 3 * n * c + 2 * n, non_base * n * c + vote)
+            sort = casts + (non_base - 1) * bits + max(n * key + 16 * n, 2 * n * c + n * key) - unmade - given_back
+            vectors = non_base * bits + non_base * n * c + 3 * n * c + 2 * n - unmade
+            return max(sort, casts + max(vectors, non_base * n * c + vote))
         else:
             per_vector = {None: n * c, "random": 2 * n * c + 3 * n * 4, "della_magprune": 2 * n * c + 28 * n}[sparsify]
             work = non_base * n * c + max(per_vector, vote)

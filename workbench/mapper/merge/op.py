@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...dtypes import is_float, normalize_dtype, to_torch
+from ...dtypes import is_float, nbytes_of, normalize_dtype, to_torch
 from ...errors import MapperError, WorkbenchError
 from ..base import Meta
 from ..layout import Sym
@@ -220,9 +220,17 @@ class Merge(Op):
             return [syms[0]]  # an unscaled passthrough copies bytes
         return [Sym(dtype, shape, None)]
 
-    def scratch_bytes(self, inputs: Sequence[Any]) -> int:
+    @property
+    def gives_back_inputs(self) -> bool:
+        """True when the kernel gives its inputs' pages back before its peak (the sorts of TIES and breadcrumbs,
+        `mapped_inputs.give_back`): the engine then maps inputs that lie raw on disk instead of reading them, and
+        the plan counts the sorts without them (`scratch_bytes(..., mapped=True)`)."""
+        return self.spec.options.get("sparsify") in ("magnitude", "magnitude_outliers")
+
+    def scratch_bytes(self, inputs: Sequence[Any], mapped: bool = False) -> int:
         """Bytes of work tensors the method holds besides `inputs` (this merge's input TensorInfos) and the output:
-        what the plan adds to the group's memory (see `memory`)."""
+        what the plan adds to the group's memory (see `memory`); `mapped`: the inputs are mapped from their files, so
+        a kernel that gives them back holds none of them at its sorts."""
         from math import prod
 
         from .memory import scratch_bytes
@@ -232,8 +240,12 @@ class Merge(Op):
             return 0
         base = self.base if self.spec.base != "ignored" else None
         numel = prod(inputs[0].shape)
-        return scratch_bytes(self.method, dtypes, numel, self.compute_dtype(dtypes), len(self.models) - (base is not None),
-                             self.spec.options)
+        compute = self.compute_dtype(dtypes)
+        out_bytes = nbytes_of(self.out_dtype or compute, numel)
+        uncast = all(d == compute for d in dtypes)  # a cast copy is what the kernel holds: the originals stay resident
+        given_back = sum(info.nbytes for info in inputs) if mapped and uncast and self.gives_back_inputs else 0
+        return scratch_bytes(self.method, dtypes, numel, compute, len(self.models) - (base is not None),
+                             self.spec.options, unmade=out_bytes, given_back=given_back)
 
     def generator_seed(self) -> int:
         """The seed of this tensor's random stream: `seed` (0 when unset) with the output name, so every rank and every

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ...mapped_inputs import give_back
+
 CHUNK = 1 << 20  # elements per slice of the sign vote and the sum
 
 
@@ -72,6 +74,7 @@ def rank_mask(tensor: Any, base: Any, start: int, stop: int, descending: bool) -
 
     release_freed_heap()
     keys = _sort_keys(tensor - base)
+    give_back((tensor, base))  # mapped inputs leave the process for the sort; read again afterwards from the page cache
     count = keys.numel()
     order = torch.empty(count, dtype=torch.int64, device=keys.device)
     torch.sort(keys, descending=descending, out=(keys, order))
