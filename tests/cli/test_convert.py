@@ -46,13 +46,17 @@ def test_convert_from_the_shell_without_torch(llama_sample: Path, tmp_path: Path
 
 # What a byte-copy `workbench convert` process must not import: tensor libraries, the pandas tables, the mapper
 # family presets (the `presets` package itself only names them) and GGUF layout (an output format's preset is imported when that format is written), the other output
-# formats' writers and the GGUF row code (imported on first use), and the standard
+# formats' writers and the GGUF row code (imported on first use), the training-checkpoint readers (imported when
+# a path could be theirs: `formats.__init__`), and the standard
 # library's package metadata reader (the RSS calibration check reads dist-info folder names instead). Each is
 # start-up time that a copy measured against `cp -r` pays on every run (benchmarks/paired.py).
 NOT_IMPORTED_BY_A_BYTE_COPY = ("torch", "numpy", "pandas", "workbench.mapper.presets.layouts", "workbench.mapper.presets.gguf_preset",
                                "workbench.mapper.ops", "importlib.metadata", "concurrent.futures", "csv",
                                "workbench.output.gguf", "workbench.output.dcp", "workbench.output.pth",
-                               "workbench.mapper.presets.gguf_rows")
+                               "workbench.mapper.presets.gguf_rows", "workbench.formats.dcp", "workbench.formats.deepspeed",
+                               "workbench.formats.megatron", "workbench.formats.atorch", "workbench.formats.meta_pth",
+                               "workbench.formats.torch_folder", "workbench.formats.torch_zip", "workbench.formats.gguf",
+                               "workbench.formats.pickle")
 
 
 def test_a_byte_copy_convert_imports_only_what_it_uses(llama_sample: Path, tmp_path: Path) -> None:
@@ -66,6 +70,18 @@ def test_a_byte_copy_convert_imports_only_what_it_uses(llama_sample: Path, tmp_p
     assert "EXIT 0 []" in done.stdout, done.stdout[-2000:]
     assert "byte copies only" in done.stdout and "files opened match the plan: yes" in done.stdout
     assert len(open_catalog(dest)) == len(open_catalog(llama_sample))
+
+
+def test_a_preset_conversion_reads_the_source_headers_once(llama_sample: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import workbench.formats as formats
+
+    opened = []
+    real = formats.open_catalog
+    monkeypatch.setattr(formats, "open_catalog", lambda path, **options: opened.append(path) or real(path, **options))
+    dest = tmp_path / "out"
+    assert main(["convert", str(llama_sample), str(dest), "--preset", "hf_to_fused", "--quiet"]) == 0
+    assert opened == [str(llama_sample)]  # by the preset; the plan takes its catalog
+    assert "model.layers.0.self_attn.qkv_proj.weight" in open_catalog(dest)
 
 
 def test_plan_command_prints_the_dry_run(llama_sample: Path, mapper_file: Path, capsys: pytest.CaptureFixture) -> None:

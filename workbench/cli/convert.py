@@ -176,6 +176,7 @@ def _mapper(args: argparse.Namespace) -> tuple[Any, str]:
         from ..mapper.presets.suggest import build_chain, model_config
 
         source: Any = open_catalog(args.source, **open_options(args))
+        args.preset_catalog = source  # `_plan` plans from it: the folder's headers are read once
         preset = build_chain([part.strip() for part in args.preset.split(",") if part.strip()], source,
                              model_config(args.source, source))
         mapper = preset if mapper is None else Sequential(preset, mapper)
@@ -197,6 +198,8 @@ def _plan(args: argparse.Namespace, dest: str | None):
 
     source = _source(args)  # first: a --source that cannot mean anything is refused before the mapper is built
     mapper, rest = _mapper(args)
+    if source is args.source and getattr(args, "preset_catalog", None) is not None:
+        source = args.preset_catalog  # SRC alone, already opened for --preset
     return plan(
         source, mapper, shard_size=args.shard_size, nproc=args.nproc, rest=rest, dest=dest,
         dtype=args.dtype, extras=not args.no_extras, overwrite=args.overwrite, to=args.to,
