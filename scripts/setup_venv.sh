@@ -6,10 +6,7 @@
 # pip chooses the torch wheel (a dry run: pip's own configuration says where wheels lie, so the pinned CPU build is
 # the one chosen); uv then installs that very wheel together with the package and its extras when it can be installed
 # (it installs torch and the ~190 packages of the extras in seconds where pip takes a minute), reading the same
-# indexes as pip. Without uv, pip does it all. Both write the packages' bytecode at install (uv only when asked): under
-# PYTHONDONTWRITEBYTECODE=1 a process would otherwise compile every module it imports, each time (importing torch and
-# transformers: 4.2 s instead of 2.2 s; a notebook kernel's ipykernel, ipywidgets, matplotlib, pandas: 3.1 s instead of
-# 0.9 s), and the tests start hundreds of such processes.
+# indexes as pip. Without uv, pip does it all.
 set -euo pipefail
 venv=$1 torch_spec=$2 extras=$3
 python=$venv/bin/python
@@ -28,7 +25,7 @@ with_uv() {
     index=${PIP_INDEX_URL:-$("$python" -m pip config get global.index-url 2>/dev/null || true)}
     # pip's index first, then its extra ones: unsafe-best-match takes the best version among all, as pip does.
     UV_EXTRA_INDEX_URL=$extra UV_FIND_LINKS=${links// /,} "$venv/bin/uv" pip install -q --python "$python" \
-        ${index:+--default-index "$index"} --index-strategy unsafe-best-match --compile-bytecode "torch @ $torch_url" -e ".[$extras]"
+        ${index:+--default-index "$index"} --index-strategy unsafe-best-match "torch @ $torch_url" -e ".[$extras]"
 }
 
 if ! with_uv; then
