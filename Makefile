@@ -10,8 +10,8 @@ STAMP := $(VENV)/.installed
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# torch first, pinned to the CPU build, so that the package's range does not pull a CUDA build; then the package and
-# its extras with uv when it installs (seconds instead of pip's minute), else with pip: see scripts/setup_venv.sh.
+# torch pinned to the CPU build pip chooses, so that the package's range does not pull a CUDA build, installed with the
+# package and its extras by uv when it installs (seconds instead of pip's minute), else by pip: see scripts/setup_venv.sh.
 $(STAMP): $(BIN)/python pyproject.toml scripts/setup_venv.sh
 	bash scripts/setup_venv.sh $(VENV) "$(TORCH_SPEC)" notebook,dev
 	touch $(STAMP)

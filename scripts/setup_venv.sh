@@ -3,30 +3,36 @@
 #
 #   scripts/setup_venv.sh VENV TORCH_SPEC EXTRAS      e.g. .venv "torch==2.13.0" "notebook,dev"
 #
-# torch goes first, with pip, so the pinned CPU build is the one chosen (pip's own configuration says where wheels
-# lie); the rest then comes with uv when it can be installed (it installs the ~190 packages of the extras in seconds
-# where pip takes a minute), held to that same torch, and reading the same indexes as pip. Without uv, pip does it all.
+# pip chooses the torch wheel (a dry run: pip's own configuration says where wheels lie, so the pinned CPU build is
+# the one chosen); uv then installs that very wheel together with the package and its extras when it can be installed
+# (it installs torch and the ~190 packages of the extras in seconds where pip takes a minute), reading the same
+# indexes as pip. Without uv, pip does it all.
 set -euo pipefail
 venv=$1 torch_spec=$2 extras=$3
 python=$venv/bin/python
 
-"$python" -m pip install -q "$torch_spec"
-torch_version=$("$python" -c 'import importlib.metadata as m; print(m.version("torch"))')
+# The wheel pip would install for TORCH_SPEC (its URL: a file on this machine or an index's) and its version.
+read -r torch_url torch_version < <("$python" -m pip install -q --dry-run --ignore-installed --report - "$torch_spec" \
+    | "$python" -c 'import json, sys
+torch = next(i for i in json.load(sys.stdin)["install"] if i["metadata"]["name"].lower() == "torch")
+print(torch["download_info"]["url"], torch["metadata"]["version"])')
 
 with_uv() {
     "$python" -m pip install -q uv || return 1
-    local links extra
+    local links extra index
     links=${PIP_FIND_LINKS:-$("$python" -m pip config get global.find-links 2>/dev/null || true)}
     extra=${PIP_EXTRA_INDEX_URL:-$("$python" -m pip config get global.extra-index-url 2>/dev/null || true)}
+    index=${PIP_INDEX_URL:-$("$python" -m pip config get global.index-url 2>/dev/null || true)}
     # pip's index first, then its extra ones: unsafe-best-match takes the best version among all, as pip does.
     UV_EXTRA_INDEX_URL=$extra UV_FIND_LINKS=${links// /,} "$venv/bin/uv" pip install -q --python "$python" \
-        --index-strategy unsafe-best-match --constraint <(echo "torch==$torch_version") -e ".[$extras]"
+        ${index:+--default-index "$index"} --index-strategy unsafe-best-match "torch @ $torch_url" -e ".[$extras]"
 }
 
 if ! with_uv; then
     echo "setup: uv unavailable or failed; installing with pip" >&2
+    "$python" -m pip install -q "$torch_spec"
     "$python" -m pip install -q --upgrade pip
     "$python" -m pip install -q -e ".[$extras]"
 fi
-# Nothing above may have replaced the pinned build (a CUDA torch from an index would be gigabytes and slower).
+# Nothing above may have replaced the chosen build (a CUDA torch from an index would be gigabytes and slower).
 test "$("$python" -c 'import importlib.metadata as m; print(m.version("torch"))')" = "$torch_version"

@@ -7,6 +7,7 @@ and starts from the same user settings as a fresh server (see `lab_folder`)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -149,13 +150,10 @@ def browser_available() -> str | None:
     """None when the browser tests can run, else the reason they cannot."""
     if not os.path.exists(CHROMIUM):
         return f"{CHROMIUM} is not installed (make test installs Debian's chromium when it runs as root)"
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
+    # found, not imported: every pytest worker collects these modules, only the one running them needs the imports
+    if importlib.util.find_spec("playwright") is None or importlib.util.find_spec("playwright.sync_api") is None:
         return "python playwright is not installed"
-    try:
-        import jupyterlab  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("jupyterlab") is None:
         return "jupyterlab is not installed (pip install -e '.[notebook]')"
     if shutil.which("jupyter-lab") is None and not (Path(sys.executable).parent / "jupyter-lab").exists():
         return "jupyterlab is not installed"

@@ -3,7 +3,8 @@ chromium: a large value-stats read asks first, shows a moving bar with bytes, ke
 Histogram disabled while it runs, and stops on Cancel (the buttons come back); a 2-process
 run on the local launcher names that launcher, shows a "starting workers" phase and a time-left estimate, and
 offers Verify / Open in Explorer once done (Start no longer the primary button); the mapper graph is an SVG
-whose boxes carry shapes. Screenshots in light and dark themes go to the screenshot folder."""
+whose boxes carry shapes. One page does it all; each part is read and shot in the light and the dark theme (switched
+on that page: the behaviour does not depend on the theme, the colours do). Screenshots go to the screenshot folder."""
 
 from __future__ import annotations
 
@@ -48,9 +49,9 @@ with open(big, "wb") as fh:
 explorer = Explorer(big)
 explorer.task.confirm_above = 128 << 20  # this 256 MiB read asks first, as one over 1 GiB does by default
 read_stats = explorer.checkpoint.stats
-def slowed_stats(name, *, chunk_elements, on_read):  # ~40 MiB/s, so the test can watch the read before it ends
+def slowed_stats(name, *, chunk_elements, on_read):  # ~20 MiB/s, so the test can watch the read (in both themes) before it ends
     def hook(nbytes):
-        time.sleep(0.05)
+        time.sleep(0.1)
         on_read(nbytes)
     return read_stats(name, chunk_elements=chunk_elements, on_read=hook)
 explorer.checkpoint.stats = slowed_stats
@@ -58,7 +59,7 @@ explorer.select("model.big.weight")
 explorer''',
     '''import shutil
 source = "../sample_checkpoints/tiny-llama"
-shutil.rmtree("out-local", ignore_errors=True)  # each page (theme) runs the conversion afresh
+shutil.rmtree("out-local", ignore_errors=True)  # each run of the notebook converts afresh
 # a bf16 cast in 8-byte chunks: slow enough (~1.5 s of copying per rank on an idle machine) to see time left
 panel = RunPanel(source, "out-local", nproc=2, launcher="local", dtype="bf16", chunk_size="8B", shard_size="100KB")
 panel''',
@@ -92,13 +93,19 @@ def shoot(page: object, selector: str, name: str) -> None:
     assert path.stat().st_size > 5_000
 
 
-@pytest.mark.parametrize("theme", ["JupyterLab Light", "JupyterLab Dark"])
-def test_cancel_a_read_watch_a_run_and_read_the_graph(browser: object, lab: LabFolder, theme: str) -> None:
+LIGHT, DARK = "JupyterLab Light", "JupyterLab Dark"
+
+
+def suffix(theme: str) -> str:
+    """The screenshot names' ending for `theme` ("" for the light one)."""
+    return "_dark" if theme == DARK else ""
+
+
+def test_cancel_a_read_watch_a_run_and_read_the_graph(browser: object, lab: LabFolder) -> None:
     page = browser.new_page(viewport={"width": 1500, "height": 1300})  # type: ignore[attr-defined]
-    suffix = "_dark" if "Dark" in theme else ""
     try:
         open_notebook(page, lab, "notebooks/background.ipynb")
-        set_theme(page, theme)
+        set_theme(page, LIGHT)
         page.wait_for_selector(f"{PANEL} .jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
         run_all_cells(page)
         notebook = page.locator(PANEL)
@@ -123,9 +130,12 @@ def test_cancel_a_read_watch_a_run_and_read_the_graph(browser: object, lab: LabF
                 break
             page.wait_for_timeout(100)
         assert "Reading value stats of model.big.weight" in text and "of 256.0 MiB" in text and "/s" in text
-        readable = page.evaluate(CONTRAST, explorer.locator(".wb-explorer-task .wb-task-text").element_handle())
-        assert readable["ratio"] >= 3, readable  # the bar's text can be read in this theme
-        shoot(page, f"{PANEL} .wb-explorer-task", f"background_read{suffix}.png")
+        for theme in (LIGHT, DARK):  # the read goes on meanwhile (it is slowed to last ~13 s)
+            set_theme(page, theme)
+            readable = page.evaluate(CONTRAST, explorer.locator(".wb-explorer-task .wb-task-text").element_handle())
+            assert readable["ratio"] >= 3, (theme, readable)  # the bar's text can be read in this theme
+            shoot(page, f"{PANEL} .wb-explorer-task", f"background_read{suffix(theme)}.png")
+        assert "Reading value stats" in task_text.inner_text()  # still reading: the cancel below stops a running read
         explorer.locator(".wb-explorer-task .wb-task-cancel").click()
         page.wait_for_function("() => [...document.querySelectorAll('.wb-task-text')].some(e => e.innerText.includes('Cancelled reading'))",
                                timeout=20_000)
@@ -154,9 +164,11 @@ def test_cancel_a_read_watch_a_run_and_read_the_graph(browser: object, lab: LabF
         assert any("of 2 up" in p for p in phases), phases
         assert any("left" in t for t in timings) and any(t.startswith("elapsed") for t in timings), timings
         assert "mod-primary" not in (run.locator(".wb-run-start").get_attribute("class") or "")
-        for part in (".wb-run-status", ".wb-run-timing"):
-            readable = page.evaluate(CONTRAST, run.locator(part).element_handle())
-            assert readable["ratio"] >= 3, (part, readable)
+        for theme in (DARK, LIGHT):  # the page is dark since the read
+            set_theme(page, theme)
+            for part in (".wb-run-status", ".wb-run-timing"):
+                readable = page.evaluate(CONTRAST, run.locator(part).element_handle())
+                assert readable["ratio"] >= 3, (theme, part, readable)
         cancel = run.locator(".wb-run-cancel")
         assert cancel.is_disabled() and "mod-warning" not in (cancel.get_attribute("class") or "")
         run.locator(".wb-run-verify").click()
@@ -168,7 +180,9 @@ def test_cancel_a_read_watch_a_run_and_read_the_graph(browser: object, lab: LabF
         run.locator(".wb-explorer .wb-explorer-verify").click()  # the Explorer's own Verify: headers, index, sizes
         page.wait_for_function("() => [...document.querySelectorAll('.wb-run .wb-explorer-verified')].some(e => e.innerText.includes(': OK'))",
                                timeout=60_000)
-        shoot(page, f"{PANEL} .wb-run", f"run_panel_done{suffix}.png")
+        for theme in (LIGHT, DARK):
+            set_theme(page, theme)
+            shoot(page, f"{PANEL} .wb-run", f"run_panel_done{suffix(theme)}.png")
 
         # 3. the graph: an SVG whose boxes say shapes and dtypes, folded ×4
         graph = notebook.locator("svg.wbg").first
@@ -177,10 +191,11 @@ def test_cancel_a_read_watch_a_run_and_read_the_graph(browser: object, lab: LabF
         assert "F32 [128, 64]" in texts and any(t.endswith("×4") for t in texts), texts[:10]
         box = graph.bounding_box()
         assert box is not None and box["width"] > 600  # drawn at its own size, not shrunk into a thumbnail
-        shoot(page, f"{PANEL} .wb-graph", f"mapper_graph{suffix}.png")
-        if not suffix:
-            return
-        title_color = page.evaluate("() => getComputedStyle(document.querySelector('svg.wbg text.title')).fill")
-        assert title_color not in ("rgb(34, 34, 34)", "rgb(0, 0, 0)"), title_color  # the title follows the theme
+        for theme in (DARK, LIGHT):  # the page is dark since the run panel's screenshots
+            set_theme(page, theme)
+            shoot(page, f"{PANEL} .wb-graph", f"mapper_graph{suffix(theme)}.png")
+            if theme == DARK:
+                title_color = page.evaluate("() => getComputedStyle(document.querySelector('svg.wbg text.title')).fill")
+                assert title_color not in ("rgb(34, 34, 34)", "rgb(0, 0, 0)"), title_color  # the title follows the theme
     finally:
         page.close()  # type: ignore[attr-defined]

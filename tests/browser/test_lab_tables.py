@@ -74,7 +74,7 @@ def lab(lab_server: JupyterLab) -> Iterator[LabFolder]:
 
 
 def open_explorer(browser: object, lab: LabFolder, theme: str) -> tuple[object, object]:
-    """A page (with clipboard access) showing the notebook's Explorer in `theme`, every cell run."""
+    """A page (with clipboard access) showing the notebook's Explorer in `theme` ("light" / "dark"), every cell run."""
     context = browser.new_context(viewport={"width": 1400, "height": 1300}, permissions=["clipboard-read", "clipboard-write"])  # type: ignore[attr-defined]
     page = context.new_page()
     open_notebook(page, lab, "notebooks/tables.ipynb")
@@ -100,22 +100,30 @@ def as_bytes(text: str) -> float:
     return float(number) * SIZES[unit]
 
 
-@pytest.mark.parametrize("theme", ["light", "dark"])
-def test_explorer_tables_read_sort_select_page_and_copy(browser: object, lab: LabFolder, theme: str) -> None:
-    context, page = open_explorer(browser, lab, theme)
+def assert_readable(page: object, theme: str) -> None:
+    """Readable in `theme`: the table's headers and cells, the headline note, the count line and the details pane's
+    headers (a row is picked), at WCAG AA."""
+    checks = {
+        "table header": f"{TABLE} thead th",
+        "table cell": f"{TABLE} tbody td",
+        "headline note": f"{PANEL} .wb-explorer .wb-note",
+        "count line": f"{PANEL} .wb-explorer .wb-explorer-count .wb-message",
+        "details header": f"{PANEL} .wb-explorer .wb-explorer-details th",
+    }
+    for what, selector in checks.items():
+        found = page.locator(selector).all()[:6]  # type: ignore[attr-defined]
+        assert found, f"no {what} to read in the {theme} theme"
+        for element in found:
+            contrast = element.evaluate(CONTRAST)
+            assert contrast["ratio"] >= 4.5, f"{what} unreadable in the {theme} theme: {contrast}"
+
+
+def test_explorer_tables_read_sort_select_page_and_copy(browser: object, lab: LabFolder) -> None:
+    """The clicks in the light theme; then the Tensors and Bytes tabs are read (and shot) in each theme on the same
+    page: the sorting, picking, paging and copying do not depend on the theme, the colours do."""
+    context, page = open_explorer(browser, lab, "light")
     try:
         explorer = page.locator(f"{PANEL} .wb-explorer")
-        # Readable in this theme: every header of the table, the headline note, the count line and the pager.
-        checks = {
-            "table header": f"{TABLE} thead th",
-            "table cell": f"{TABLE} tbody td",
-            "headline note": f"{PANEL} .wb-explorer .wb-note",
-            "count line": f"{PANEL} .wb-explorer .wb-explorer-count .wb-message",
-        }
-        for what, selector in checks.items():
-            for found in page.locator(selector).all()[:6]:
-                contrast = found.evaluate(CONTRAST)
-                assert contrast["ratio"] >= 4.5, f"{what} unreadable in the {theme} theme: {contrast}"
 
         # A header click sorts: bytes, largest first; a second click reverses.
         before = keys(page)
@@ -133,9 +141,6 @@ def test_explorer_tables_read_sort_select_page_and_copy(browser: object, lab: La
         page.locator(f"{TABLE} tbody tr[data-key='model.layers.{{i}}.mlp.up_proj.weight']").click()
         explorer.locator(".wb-explorer-details").filter(has_text="model.layers.0.mlp.up_proj.weight").wait_for(timeout=20_000)
         page.wait_for_selector(f"{TABLE} tbody tr.wb-selected[data-key='model.layers.{{i}}.mlp.up_proj.weight']", timeout=20_000)
-        for found in page.locator(f"{PANEL} .wb-explorer .wb-explorer-details th").all()[:3]:
-            contrast = found.evaluate(CONTRAST)
-            assert contrast["ratio"] >= 4.5, f"details header unreadable in the {theme} theme: {contrast}"
 
         # Unfolded, 10 rows a page: the pager walks to the last page (39 tensors: rows 31-39).
         explorer.locator(".wb-explorer-fold input").uncheck()
@@ -161,19 +166,25 @@ def test_explorer_tables_read_sort_select_page_and_copy(browser: object, lab: La
         row.focus()  # rows answer the keyboard too
         row.press("Enter")
         explorer.locator(".wb-explorer-details").filter(has_text=name).wait_for(timeout=20_000)
-        explorer.scroll_into_view_if_needed()
-        explorer.screenshot(path=str(screenshot_dir() / f"explorer-{theme}.png"))
 
-        # The Bytes tab's chart lets the theme show through (a transparent corner), layers in order 0, 1, 2, 3.
-        explorer.locator(".lm-TabBar-tab", has_text="Bytes").click()
-        chart = explorer.locator(".wb-explorer-bytes-chart img")
-        chart.wait_for(timeout=30_000)
-        chart.evaluate("img => img.decode()")
-        corner = chart.evaluate(TRANSPARENT_CORNER)
-        assert corner == 0, f"the chart has an opaque background (corner alpha {corner}) in the {theme} theme"
-        layers = page.eval_on_selector_all(f"{PANEL} .wb-explorer-bytes-table tbody tr", "rows => rows.map(r => r.dataset.key)")
-        assert [k for k in layers if k.startswith("model.layers.")] == [f"model.layers.{n}" for n in range(4)]
-        explorer.screenshot(path=str(screenshot_dir() / f"explorer-bytes-{theme}.png"))
+        for theme, theme_name in THEMES.items():
+            set_theme(page, theme_name)
+            explorer.locator(".lm-TabBar-tab", has_text="Tensors").click()
+            page.locator(f"{TABLE} tbody tr").first.wait_for(state="visible", timeout=20_000)
+            assert_readable(page, theme)
+            explorer.scroll_into_view_if_needed()
+            explorer.screenshot(path=str(screenshot_dir() / f"explorer-{theme}.png"))
+
+            # The Bytes tab's chart lets the theme show through (a transparent corner), layers in order 0, 1, 2, 3.
+            explorer.locator(".lm-TabBar-tab", has_text="Bytes").click()
+            chart = explorer.locator(".wb-explorer-bytes-chart img")
+            chart.wait_for(timeout=30_000)
+            chart.evaluate("img => img.decode()")
+            corner = chart.evaluate(TRANSPARENT_CORNER)
+            assert corner == 0, f"the chart has an opaque background (corner alpha {corner}) in the {theme} theme"
+            layers = page.eval_on_selector_all(f"{PANEL} .wb-explorer-bytes-table tbody tr", "rows => rows.map(r => r.dataset.key)")
+            assert [k for k in layers if k.startswith("model.layers.")] == [f"model.layers.{n}" for n in range(4)]
+            explorer.screenshot(path=str(screenshot_dir() / f"explorer-bytes-{theme}.png"))
     finally:
         context.close()  # type: ignore[attr-defined]
 

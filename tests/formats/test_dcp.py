@@ -7,7 +7,6 @@ import pickle
 
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
 
 from tests.conftest import SAMPLES, load_checked
 from workbench.dtypes import to_torch
@@ -18,10 +17,14 @@ from workbench.iostats import IO
 
 TRAINING = SAMPLES / "training"
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+# torch.distributed.checkpoint is imported by the tests that save or load with it: the pytest worker running none of
+# them does not pay its import when collecting this module.
 
 
 def reference(folder, catalog, names) -> dict[str, torch.Tensor]:
     """What DCP itself loads, without a process group, into a template built from our metadata."""
+    import torch.distributed.checkpoint as dcp
+
     template = {n: torch.empty(catalog[n].shape, dtype=to_torch(catalog[n].dtype)) for n in names}
     dcp.load(template, checkpoint_id=str(folder), no_dist=True)
     return template
@@ -83,6 +86,8 @@ def test_pipeline_stages_merge_into_one_catalog():
 
 
 def test_duplicate_tensor_across_stages_warns(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
     for stage in (0, 1):
         dcp.save({"shared.weight": torch.full((2,), float(stage)), f"only{stage}": torch.ones(1)}, checkpoint_id=str(tmp_path / f"pp{stage}"), no_dist=True)
     catalog = open_catalog(tmp_path)
@@ -92,6 +97,8 @@ def test_duplicate_tensor_across_stages_warns(tmp_path):
 
 
 def test_single_process_checkpoint_with_many_dtypes(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
     state = {
         "bf16": torch.randn(4, 3).bfloat16(),
         "i64": torch.arange(5),
@@ -116,6 +123,8 @@ class _Marker:
 
 
 def test_metadata_with_foreign_globals_is_refused_never_run(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
     dcp.save({"w": torch.ones(2)}, checkpoint_id=str(tmp_path), no_dist=True)
     marker = tmp_path / "pwned"
     (tmp_path / ".metadata").write_bytes(pickle.dumps({"state_dict_metadata": _Marker(marker)}))
@@ -127,6 +136,8 @@ def test_metadata_with_foreign_globals_is_refused_never_run(tmp_path):
 
 @pytest.mark.parametrize("damage", ["missing_file", "truncated_file", "garbage_metadata", "not_metadata", "bad_chunk"])
 def test_damaged_checkpoints_raise_checkpoint_error_naming_the_file(tmp_path, damage):
+    import torch.distributed.checkpoint as dcp
+
     dcp.save({"w": torch.randn(64), "b": torch.ones(3)}, checkpoint_id=str(tmp_path), no_dist=True)
     data = tmp_path / "__0_0.distcp"
     if damage == "missing_file":

@@ -5,20 +5,22 @@ loads them, the ones no merge can reproduce are refused with the reason; trained
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import shutil
 
 import pytest
 import torch
+from peft_fixtures import base_model, make_case, randomise
 from safetensors.torch import load_file, save_file
 
 import workbench as wb
 from workbench import mapper as M
 from workbench.errors import WorkbenchError
 
-pytest.importorskip("peft")
-from peft_fixtures import base_model, make_case, randomise  # noqa: E402
+# peft (seconds to import) only where a test makes an adapter: the collection of both workers skips it
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="needs peft")
 
 
 @pytest.fixture(scope="module")

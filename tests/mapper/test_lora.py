@@ -3,18 +3,20 @@ against `PeftModel.merge_and_unload()`; multi-source planning; averaging; diff t
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 
 import pytest
 import torch
+from peft_fixtures import make_case
 from safetensors.torch import load_file, save_file
 
 import workbench as wb
 from workbench import mapper as M
 
-pytest.importorskip("peft")
-from peft_fixtures import make_case  # noqa: E402
+# peft (seconds to import) only where a test makes an adapter: the collection of both workers skips it
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="needs peft")
 
 CASES = {
     "lora": dict(kind="llama", r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]),

@@ -6,17 +6,19 @@ unties them and save_pretrained writes `lm_head.weight`. The merged folder must 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
 import torch
+from peft_fixtures import LLAMA, randomise
 from safetensors.torch import load_file
 
 import workbench as wb
 from workbench import mapper as M
 
-pytest.importorskip("peft")
-from peft_fixtures import LLAMA, randomise  # noqa: E402
+# peft (seconds to import) only where a test makes an adapter: the collection of both workers skips it
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="needs peft")
 
 QWEN2 = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, tie_word_embeddings=True)
