@@ -15,12 +15,20 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 MAPPED_INPUT_BYTES = 1 << 20  # inputs smaller than this are read as usual: their pages are not worth a mapping
 
 _MAPPED: dict[int, mmap.mmap] = {}  # data_ptr of a mapped tensor -> its mapping (entries leave with `unmap`)
+
+
+def maps_inputs(op: Any, inputs: Iterable[Any], located: Callable[[Any], bool]) -> bool:
+    """True when a group's inputs are mapped rather than read: its op gives them back (`gives_back_inputs`) and every
+    input (a TensorInfo) lies raw on disk (`located`) and is at least MAPPED_INPUT_BYTES. Asked by the plan, to
+    count the op's peak without them, and by the engine, to map them: one answer for both."""
+    return getattr(op, "gives_back_inputs", False) is True and all(
+        info.nbytes >= MAPPED_INPUT_BYTES and located(info) for info in inputs)
 
 
 def map_tensor(fd: int, begin: int, nbytes: int, dtype: Any, shape: tuple[int, ...]) -> Any | None:

@@ -15,7 +15,7 @@ from ..catalog import Catalog, TensorInfo
 from ..dtypes import nbytes_of, to_torch
 from ..errors import CastOverflowError, PlanError, WorkbenchError
 from ..iostats import IO, read_into
-from ..mapped_inputs import MAPPED_INPUT_BYTES, map_tensor, unmap
+from ..mapped_inputs import map_tensor, maps_inputs, unmap
 from ..mapper.groups import ByteSlice
 from ..output.safetensors import SafetensorsWriter
 from ..overflow import OverflowCounts, attributed, collect, count_torch, describe, may_overflow
@@ -395,7 +395,7 @@ def run_compute(ctx: RankContext, step: Step) -> None:
     tensors: dict[str, Any] = {}
     mapped = []
     try:
-        mappable = getattr(group.op, "gives_back_inputs", False) is True
+        mappable = maps_inputs(group.op, group.inputs, lambda info: ctx.locate(info) is not None)  # as the plan counted
         for info in group.inputs:
             tensor = _mapped_input(ctx, info) if mappable else None
             if tensor is not None:
@@ -431,14 +431,10 @@ def run_compute(ctx: RankContext, step: Step) -> None:
 
 
 def _mapped_input(ctx: RankContext, info: TensorInfo) -> Any | None:
-    """A group input mapped from its file (`mapped_inputs`) when it lies raw on disk and is large enough for its
-    pages to matter; None to read it as usual."""
-    if info.nbytes < MAPPED_INPUT_BYTES:
-        return None
+    """A group input (raw on disk) mapped from its file (`mapped_inputs`); None to read it as usual (bytes that
+    cannot be viewed in place)."""
     where = ctx.locate(info)
-    if where is None:
-        return None
-    tensor = map_tensor(where[0], where[1], info.nbytes, to_torch(info.dtype), tuple(info.shape))
+    tensor = None if where is None else map_tensor(where[0], where[1], info.nbytes, to_torch(info.dtype), tuple(info.shape))
     if tensor is not None:
         IO.add_read(info.nbytes)  # counted once, as the read it replaces (pages faulted in again are not re-counted)
     return tensor

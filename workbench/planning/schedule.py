@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ..catalog import TensorInfo
 from ..dtypes import dtype_bits, nbytes_of
-from ..mapped_inputs import MAPPED_INPUT_BYTES
+from ..mapped_inputs import maps_inputs
 from ..mapper.groups import ByteSlice, Group
 from ..mapper.recipes import LazyRecipe
 
@@ -53,14 +53,15 @@ class Step:
         return sum(self.reads.values())
 
 
-def group_scratch_bytes(group: Group) -> int:
+def group_scratch_bytes(group: Group, mapped: bool = False) -> int:
     """Work bytes (beyond inputs and outputs) of the operations of a bound group that declare them
     (`scratch_bytes(inputs)`: merges), at most the largest one's (the steps of a group run one after another); 0 for
-    every other group. Asked by duck typing, so a plan with no merge imports no merge module."""
+    every other group. `mapped`: the engine maps the group's inputs (`mapped_inputs.maps_inputs`), so an op that gives
+    them back counts its peak without them. Asked by duck typing, so a plan with no merge imports no merge module."""
     op = group.op
     own = getattr(op, "scratch_bytes", None)
     if own is not None:
-        return int(own(group.inputs))
+        return int(own(group.inputs, mapped=True) if mapped else own(group.inputs))
     if not hasattr(op, "mappers"):
         return 0
     by_name = {info.name: info for info in group.inputs}
@@ -179,10 +180,7 @@ def step_cost(group: Group, kind: str, bytes_out: int, access: SourceAccess, chu
         if not access.located(src):  # read whole, converted chunk by chunk
             held = bytes_in + nbytes_of(out.dtype, per)
         return held, reads
-    if getattr(group.op, "gives_back_inputs", False) is True and all(
-            access.located(t) and t.nbytes >= MAPPED_INPUT_BYTES for t in group.inputs):
-        return bytes_in + bytes_out + int(group.op.scratch_bytes(group.inputs, mapped=True)), reads  # the engine maps them
-    return bytes_in + bytes_out + group_scratch_bytes(group), reads
+    return bytes_in + bytes_out + group_scratch_bytes(group, mapped=maps_inputs(group.op, group.inputs, access.located)), reads
 
 
 def _located_copy_reads(info: TensorInfo, recipe: Mapping[str, tuple[ByteSlice, ...]]) -> dict[str, int] | None:
