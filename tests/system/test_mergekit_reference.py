@@ -6,6 +6,7 @@ one stream, rng='mergekit', which wb.merge_config uses), the merged models' logi
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -88,8 +89,11 @@ def manifest_config(case: str) -> dict:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
+    # The suite's bytecode setting passes through: a child writing .pyc files into the venv would change the memory
+    # later processes map (tests/system/test_rss_cases.py's GGUF case measured 24 % under its prediction after it).
+    keep = {k: v for k, v in os.environ.items() if k == "PYTHONDONTWRITEBYTECODE"}
     return subprocess.run([sys.executable, "-m", "workbench", *args], capture_output=True, text=True, cwd=REPO,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", **keep})
 
 
 def test_workbench_merge_runs_a_config_end_to_end(tmp_path: Path) -> None:
